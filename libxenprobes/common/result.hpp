@@ -52,6 +52,12 @@ std::unexpected<Error> fail_errno(int e, std::string what);
 
 const char* errc_name(Errc c);
 
+namespace detail {
+template <typename T>
+T take_value(std::expected<T, Error>&& r) { return std::move(*r); }
+inline void take_value(std::expected<void, Error>&&) {}
+}  // namespace detail
+
 }  // namespace xenprobes
 
 // Propagates the error of a Result-returning expression; yields its value otherwise.
@@ -60,5 +66,5 @@ const char* errc_name(Errc c);
   ({                                                             \
     auto&& xp_try_r_ = (expr);                                   \
     if (!xp_try_r_) return std::unexpected(std::move(xp_try_r_.error())); \
-    std::move(*xp_try_r_);                                       \
+    ::xenprobes::detail::take_value(std::move(xp_try_r_));        \
   })

@@ -1,0 +1,166 @@
+// SimHostImpl (the simulated host) and SimXenHandle (one Dom0 process's Hypervisor handle).
+// Locking: one host mutex (mu_) guards all host, domain and handle state; the per-domain
+// scheduler threads drop it only while Unicorn executes guest code.
+#pragma once
+
+#include <array>
+#include <list>
+#include <optional>
+
+#include "hv/sim/sim_internal.hpp"
+
+namespace xenprobes::hv::sim {
+
+class SimHostImpl final : public SimHost {
+ public:
+  explicit SimHostImpl(SimOptions);
+  ~SimHostImpl() override;
+
+  Result<DomId> create_domain(const DomainConfig&) override;
+  Result<void> destroy_domain(DomId) override;
+  std::unique_ptr<Hypervisor> open() override;
+  Result<GuestLayout> layout(DomId) override;
+  Result<std::uint64_t> symbol(DomId, const std::string&) override;
+  Result<void> peek(DomId, std::uint64_t va, std::span<std::byte> out) override;
+  std::string console(DomId) override;
+  std::string crash_reason(DomId) override;
+  bool wait_halted(DomId, std::chrono::milliseconds) override;
+  void fail_op(Op, Errc, unsigned skip, unsigned count) override;
+  void fail_nth_call(std::uint64_t n, Errc) override;
+  void clear_faults() override;
+  std::uint64_t op_count(Op) const override;
+  std::uint64_t total_calls() const override;
+  void reset_counts() override;
+  Result<unsigned> pause_count(DomId) override;
+  Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) override;
+  Result<void> guest_evtchn_notify(DomId, std::uint32_t port) override;
+  Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
+
+ private:
+  friend class SimXenHandle;
+  friend class SimRing;
+
+  struct Fault {
+    Op op;
+    Errc code;
+    unsigned skip, count;
+  };
+  struct Watch {
+    SimXenHandle* handle;
+    std::string path, token;
+  };
+
+  Result<void> check(Op);
+  Result<Domain*> dom(DomId);
+  Result<Vcpu*> vcpu(Domain&, VcpuId);
+  Result<void> setup_engine(Domain&, Vcpu&);
+
+  static void hook_intr(uc_engine*, std::uint32_t intno, void* ud);
+  static void hook_block(uc_engine*, std::uint64_t addr, std::uint32_t size, void* ud);
+  static void hook_out(uc_engine*, std::uint32_t port, int size, std::uint32_t value, void* ud);
+
+  bool runnable(const Domain&, const Vcpu&) const;
+  void run_domain(Domain&);
+  void handle_exit(Domain&, Vcpu&, uc_err);
+  void trap(Domain&, Vcpu&, TrapKind, std::uint64_t rip);
+  void crash(Domain&, const std::string& why);
+  void emulate_one(Domain&, Vcpu&);
+  void sync_code_writes(Domain&);
+  void post_request_locked(Domain&, Vcpu&, const VmEventRequest&);
+  std::uint64_t guest_gfn_of_va(const Domain&, std::uint64_t va) const;
+  void stop_vcpu_locked(std::unique_lock<std::mutex>&, Domain&, Vcpu&);
+  void resume_vcpu_locked(Vcpu&);
+  VcpuRegs read_regs(const Domain&, const Vcpu&) const;
+  void write_regs(Vcpu&, const VcpuRegs&, bool debugregs);
+  void raise_virq_locked(unsigned virq);
+  void fire_watches_locked(const std::string& path, bool removal);
+
+  SimOptions opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<DomId, std::unique_ptr<Domain>> domains_;
+  std::uint32_t next_domid_ = 1;
+  std::map<std::string, std::string> store_;
+  std::list<Watch> watches_;
+  std::array<SimXenHandle*, kNrVirqs> virq_binder_{};
+  std::array<EvtchnPort, kNrVirqs> virq_port_{};
+  std::array<std::uint64_t, static_cast<unsigned>(Op::Count_)> counts_{};
+  std::uint64_t total_calls_ = 0;
+  std::vector<Fault> faults_;
+  std::optional<std::pair<std::uint64_t, Errc>> nth_fault_;
+};
+
+class SimXenHandle final : public Hypervisor {
+ public:
+  explicit SimXenHandle(std::shared_ptr<SimHostImpl> host);
+  ~SimXenHandle() override;
+
+  SimHost& host() { return *host_; }
+
+  std::string name() const override { return "sim"; }
+  Result<std::string> version() override;
+  Result<Capabilities> capabilities() override;
+  Result<std::vector<DomainInfo>> list_domains() override;
+  Result<DomainInfo> domain_info(DomId) override;
+  Result<void> pause(DomId) override;
+  Result<void> unpause(DomId) override;
+  Result<VcpuRegs> get_vcpu_regs(DomId, VcpuId) override;
+  Result<void> set_vcpu_regs(DomId, VcpuId, const VcpuRegs&) override;
+  Result<ForeignMapping> map_frames(DomId, std::span<const Frame>, MapAccess) override;
+  Result<std::string> xs_read(const std::string&) override;
+  Result<void> xs_write(const std::string&, const std::string&) override;
+  Result<void> xs_rm(const std::string&) override;
+  Result<std::vector<std::string>> xs_directory(const std::string&) override;
+  Result<void> xs_grant_read(const std::string&, DomId) override;
+  Result<void> xs_watch(const std::string&, const std::string&) override;
+  Result<void> xs_unwatch(const std::string&, const std::string&) override;
+  int xs_fd() override { return xs_fd_.fd(); }
+  Result<std::vector<WatchEvent>> xs_read_watches() override;
+  Result<EvtchnPort> evtchn_bind_virq(unsigned) override;
+  Result<EvtchnPort> evtchn_bind_interdomain(DomId, std::uint32_t) override;
+  Result<void> evtchn_unbind(EvtchnPort) override;
+  Result<void> evtchn_notify(EvtchnPort) override;
+  int evtchn_fd() override { return ev_fd_.fd(); }
+  Result<std::optional<EvtchnPort>> evtchn_pending() override;
+  Result<void> evtchn_unmask(EvtchnPort) override;
+  Result<void> set_debugging(DomId, bool) override;
+  Result<GdbsxStatus> gdbsx_domstatus(DomId) override;
+  Result<std::unique_ptr<VmEventRing>> monitor_enable(DomId) override;
+  Result<void> monitor_disable(DomId) override;
+  Result<void> monitor_software_breakpoint(DomId, bool) override;
+  Result<void> monitor_debug_exceptions(DomId, bool, bool) override;
+  Result<void> inject_event(DomId, VcpuId, std::uint8_t, std::uint8_t, std::uint32_t,
+                            std::uint8_t) override;
+
+  // Called by the host with its mutex held.
+  void queue_watch(WatchEvent e);
+  void raise_port(EvtchnPort p);
+  void ring_signal() { ring_fd_.signal(); }
+  void peer_gone(EvtchnPort p);
+
+  // Used by SimRing (host mutex NOT held).
+  Result<std::optional<VmEventRequest>> ring_get(DomId);
+  Result<void> ring_put(DomId, const VmEventResponse&);
+  Result<void> ring_notify(DomId);
+  int ring_fd() const { return ring_fd_.fd(); }
+
+ private:
+  struct Port {
+    enum class Kind { Virq, Interdomain } kind;
+    unsigned virq = 0;
+    DomId dom;
+    std::uint32_t remote = 0;
+    bool pending = false, masked = false, dead = false;
+  };
+  DomainInfo info_locked(const Domain&) const;
+
+  std::shared_ptr<SimHostImpl> host_;
+  EventFd xs_fd_, ev_fd_, ring_fd_;
+  std::deque<WatchEvent> watch_queue_;
+  std::map<EvtchnPort, Port> ports_;
+  std::deque<EvtchnPort> pending_queue_;
+  EvtchnPort next_port_ = 1;
+};
+
+
+}  // namespace xenprobes::hv::sim

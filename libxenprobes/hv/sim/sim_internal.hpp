@@ -1,0 +1,126 @@
+// Internals of the simulated Xen shared by its .cpp files. Not installed.
+#pragma once
+
+#include <unicorn/unicorn.h>
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "hv/sim/elf_image.hpp"
+#include "hv/sim/sim.hpp"
+
+namespace xenprobes::hv::sim {
+
+class SimXenHandle;
+
+// A pollable counter (eventfd) that handles expose as their xs/evtchn/ring fds.
+class EventFd {
+ public:
+  EventFd();
+  ~EventFd();
+  EventFd(const EventFd&) = delete;
+  EventFd& operator=(const EventFd&) = delete;
+  int fd() const { return fd_; }
+  void signal();
+  void drain();
+
+ private:
+  int fd_ = -1;
+};
+
+// Guest RAM: a memfd so that foreign mappings can alias arbitrary frames page by page,
+// exactly like xenforeignmemory_map does, with real read-only protection.
+struct GuestRam {
+  int fd = -1;
+  std::uint8_t* base = nullptr;
+  std::size_t size = 0;
+  ~GuestRam();
+};
+
+struct Alias {
+  std::uint64_t va, gpa, len;
+};
+
+enum class TrapKind { Int3, Icebp, SingleStep };
+
+struct Vcpu {
+  unsigned id = 0;
+  uc_engine* uc = nullptr;
+  // Control state as Xen would report it (Unicorn runs with paging off; see sim.hpp).
+  std::uint64_t cr0 = 0x80050033, cr4 = 0x6a0, efer = 0xd01, cr2 = 0;
+  std::uint64_t dr6 = 0xffff0ff0, dr7 = 0x400;
+  bool halted = false;
+  bool done_port = false;       // wrote DEMO_PORT_DONE
+  unsigned vm_pause = 0;        // paused by a vm_event request
+  unsigned sync_pause = 0;      // paused by a Dom0 operation (get/set regs)
+  bool grace = false;           // may run once more before a nosync domain pause lands
+  unsigned gdbsx_event = 0;     // Xen's v->arch.gdbsx_vcpu_event
+  bool ring_wait = false;       // waiting for a free vm_event ring slot
+  VmEventRequest waiting_req;
+  bool pending_emulate = false; // a vm_event response asked to emulate emul[] at RIP
+  std::array<std::uint8_t, 16> emul{};
+  // Set by the Unicorn hooks during a quantum (scheduler thread only).
+  int exit_intno = -1;
+  bool quantum_expired = false;
+  std::atomic<bool> stop_requested{false};
+  std::uint64_t blocks = 0;
+  std::string console;
+};
+
+struct WritableFrame {
+  unsigned refs = 0;
+  std::array<std::uint8_t, 4096> shadow;
+};
+
+struct GuestPort {
+  SimXenHandle* peer = nullptr;  // bound Dom0 handle, or null while unbound
+  std::uint32_t peer_port = 0;
+  std::uint64_t notifications = 0;  // events Dom0 sent to the guest on this port
+};
+
+struct Domain {
+  DomId id;
+  DomainConfig cfg;
+  std::shared_ptr<GuestRam> ram;
+  std::uint64_t mfn_base = 0;  // PV: MFN = GFN + mfn_base; HVM: 0
+  std::uint64_t root_gpa = 0;  // L4 page table
+  std::vector<Alias> aliases;
+  GuestLayout layout;
+  ElfImage image;
+  std::vector<std::unique_ptr<Vcpu>> vcpus;
+
+  unsigned pause_count = 0;
+  bool debugging = false;
+  bool dying = false;
+  bool crashed = false;
+  std::string crash_reason;
+  std::string console;
+
+  bool monitor = false, mon_sw_bp = false, mon_debug = false;
+  SimXenHandle* monitor_owner = nullptr;
+  std::deque<VmEventRequest> requests;
+  std::deque<VmEventResponse> responses;
+  unsigned outstanding = 0;  // requests posted and not yet answered
+  std::deque<unsigned> ring_waiters;
+
+  std::map<std::uint64_t, WritableFrame> wframes;  // by GFN
+  std::map<std::uint32_t, GuestPort> guest_ports;
+  std::uint32_t next_guest_port = 1;
+
+  std::thread thread;
+  int running_vcpu = -1;
+  unsigned rr_next = 0;
+
+  std::uint64_t frame_count() const { return ram->size / 4096; }
+  std::uint64_t entry_frame(std::uint64_t gfn) const { return gfn + mfn_base; }
+};
+
+inline constexpr unsigned kRingSlots = 8;  // one 4 KiB page of 400-byte vm_event requests
+inline constexpr unsigned kNrVirqs = 24;
+
+}  // namespace xenprobes::hv::sim
