@@ -2,6 +2,7 @@
 // program must never silently watch a simulation, so "sim" is only ever chosen explicitly.
 #include <cstdlib>
 
+#include "common/result.hpp"
 #include "hv/hypervisor.hpp"
 #include "hv/sim/sim.hpp"
 #ifdef XENPROBES_HAVE_XEN

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/result.hpp"
 #include "hv/sim/sim.hpp"
 
 namespace xenprobes::hv::sim {

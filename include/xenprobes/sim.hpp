@@ -1,0 +1,143 @@
+// The simulated Xen: a host that runs real x86-64 guest kernels with Unicorn and models the
+// Xen 4.17 behaviour libxenprobes depends on (xen-facts.md):
+//
+//  - domains with reference-counted controller pauses (XEN_DOMCTL_pausedomain semantics);
+//  - one Unicorn engine per vCPU over one guest-RAM buffer. Unicorn's own paging stays off:
+//    every kernel mapping has real page-table entries in guest RAM (which the library walks)
+//    *and* a Unicorn alias at its virtual address. Writes through foreign mappings become
+//    visible to executing code at the next scheduling quantum (the sim compares writable
+//    mapped frames against a shadow copy and drops stale translated blocks in every engine);
+//  - debugging mode: with CONFIG_GDBSX an int3 in guest kernel mode pauses the whole domain
+//    with RIP = address + 1 and raises no VIRQ (gdbsx_vcpu_event = 3, cleared by
+//    gdbsx_domstatus); #DB (EFLAGS.TF single step, ICEBP 0xF1) pauses the domain and raises
+//    VIRQ_DEBUGGER unless that vCPU still has an unconsumed int3 record. Built without GDBSX
+//    (SimOptions::gdbsx = false, like Debian's hypervisor) both are swallowed: the vCPU just
+//    continues at address + 1, and the gdbsx domctls answer ENOSYS;
+//  - the vm_event monitor for HVM domains: software breakpoints and debug exceptions pause
+//    only the trapping vCPU and post a request (RIP = the breakpoint address) into an 8-slot
+//    ring; a full ring makes further trapping vCPUs wait; responses may set registers or ask
+//    for one instruction to be emulated from supplied bytes;
+//  - event channels (global VIRQ with one binder per host, interdomain, pending/mask with
+//    coalescing), xenstore with watches (@introduceDomain/@releaseDomain), domain death;
+//  - an exception the guest cannot take (it has no IDT: #UD, #GP, an unmapped access, an int3
+//    nobody intercepts) crashes the domain, as an oops would; the reason is kept.
+//
+// Scheduling is deterministic per domain: one thread runs the domain's vCPUs round-robin,
+// each for a fixed number of translated blocks. Other vCPUs keep running while one vCPU is
+// stopped on a vm_event. Every Hypervisor operation can be made to fail on demand.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xenprobes/hypervisor.hpp"
+
+namespace xenprobes::hv::sim {
+
+// Every Hypervisor operation, for fault injection and call counting.
+enum class Op : unsigned {
+  Version, Capabilities, ListDomains, DomainInfo, Pause, Unpause, GetRegs, SetRegs, MapFrames,
+  XsRead, XsWrite, XsRm, XsDirectory, XsGrantRead, XsWatch, XsUnwatch, XsReadWatches,
+  EvtchnBindVirq, EvtchnBindInterdomain, EvtchnUnbind, EvtchnNotify, EvtchnPending,
+  EvtchnUnmask, SetDebugging, GdbsxDomstatus, MonitorEnable, MonitorDisable,
+  MonitorSoftwareBreakpoint, MonitorDebugExceptions, InjectEvent, RingGetRequest,
+  RingPutResponse, RingNotify,
+  Count_
+};
+XENPROBES_API const char* op_name(Op);
+
+struct SimOptions {
+  bool gdbsx = true;          // hypervisor built with CONFIG_GDBSX
+  std::string xen_version = "4.17.5-sim";
+  unsigned quantum_blocks = 512;  // translated blocks a vCPU runs before the next is scheduled
+  unsigned ring_slots = 8;        // vm_event ring capacity (one 4 KiB page holds 8 requests)
+};
+
+struct DomainConfig {
+  std::string name = "demo";
+  GuestType type = GuestType::Pv;
+  unsigned vcpus = 1;
+  std::size_t ram_mb = 64;
+  std::string image;            // guest ELF; "" = the demo guest
+  std::uint64_t iterations = 0; // passed to the demo guest entry (0 = run forever)
+  bool start_paused = false;    // created with one controller pause (like `xl create -p`)
+  std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
+  bool publish_module = true;   // publish the guest module's xenstore keys
+};
+
+// Where the guest's pieces are (virtual addresses), for tests and for users of the sim.
+struct GuestLayout {
+  std::uint64_t text_start = 0, text_end = 0;  // _text, _etext
+  std::uint64_t image_end = 0;                 // _end
+  std::uint64_t oea_addr = 0, oea_size = 0;
+  std::uint64_t physmap_base = 0;              // direct map of all RAM (2 MiB pages)
+  std::uint64_t entry = 0;
+};
+
+class SimHost;
+
+// A handle on the simulated host: what one Dom0 process holds (its own event-channel handle,
+// xenstore connection and watches). Several handles may share one host.
+class SimXen;
+
+class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
+ public:
+  static std::shared_ptr<SimHost> create(SimOptions = {});
+  virtual ~SimHost() = default;
+
+  // Creates and starts a domain (domids count up from 1). Fails with the loader's reason.
+  virtual Result<DomId> create_domain(const DomainConfig&) = 0;
+  // xl destroy: the domain dies, @releaseDomain fires, later calls get ESRCH.
+  virtual Result<void> destroy_domain(DomId) = 0;
+  // A new Hypervisor handle on this host.
+  virtual std::unique_ptr<Hypervisor> open() = 0;
+
+  virtual Result<GuestLayout> layout(DomId) = 0;
+  // Guest symbol (from the ELF symbol table), e.g. "sys_open" or "demo_stats".
+  virtual Result<std::uint64_t> symbol(DomId, const std::string& name) = 0;
+  // Reads guest-virtual memory the simple way (through the sim's own mappings, not the
+  // page tables): for test oracles only.
+  virtual Result<void> peek(DomId, std::uint64_t va, std::span<std::byte> out) = 0;
+  virtual std::string console(DomId) = 0;
+  virtual std::string crash_reason(DomId) = 0;  // "" if the domain has not crashed
+
+  // Blocks until every vCPU of the domain has executed hlt (the demo workload finished),
+  // the domain crashed or died, or the timeout passed. Returns true if all halted.
+  virtual bool wait_halted(DomId, std::chrono::milliseconds timeout) = 0;
+
+  // ---- fault injection and accounting ----
+  // The next `count` calls of `op` (after skipping `skip` of them) fail with `code`.
+  virtual void fail_op(Op op, Errc code, unsigned skip = 0, unsigned count = 1) = 0;
+  // The n-th Hypervisor call from now (0-based, any operation) fails with `code`.
+  virtual void fail_nth_call(std::uint64_t n, Errc code) = 0;
+  virtual void clear_faults() = 0;
+  virtual std::uint64_t op_count(Op) const = 0;
+  virtual std::uint64_t total_calls() const = 0;
+  virtual void reset_counts() = 0;
+  // Internal pause reference count (the real Xen does not expose it): for tests.
+  virtual Result<unsigned> pause_count(DomId) = 0;
+
+  // ---- the guest's side of event channels (what a guest kernel module does) ----
+  // EVTCHNOP_alloc_unbound for remote domain 0: a port Dom0 can bind interdomain.
+  virtual Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) = 0;
+  // The guest notifies Dom0 over its port.
+  virtual Result<void> guest_evtchn_notify(DomId, std::uint32_t port) = 0;
+  // How many notifications Dom0 has sent the guest on its port.
+  virtual Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) = 0;
+};
+
+// The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.
+XENPROBES_API SimHost* sim_host_of(Hypervisor&);
+
+// Where the demo guest was built/installed: vmlinux and System.map.
+XENPROBES_API std::string default_guest_dir();
+
+// What `XENPROBES_BACKEND=sim` opens: a host with one domain (domid 1) running
+// XENPROBES_SIM_GUEST or the demo guest. XENPROBES_SIM_VCPUS (default 2),
+// XENPROBES_SIM_TYPE=pv|hvm (default pv) and XENPROBES_SIM_GDBSX=0|1 (default 1) adjust it.
+XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_default_sim();
+
+}  // namespace xenprobes::hv::sim
