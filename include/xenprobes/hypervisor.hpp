@@ -121,14 +121,15 @@ struct GdbsxStatus {
 enum class VmEventReason : std::uint32_t {
   SoftwareBreakpoint = 6,  // VM_EVENT_REASON_SOFTWARE_BREAKPOINT
   Singlestep = 7,          // VM_EVENT_REASON_SINGLESTEP
-  DebugException = 10,     // VM_EVENT_REASON_DEBUG_EXCEPTION
+  DebugException = 9,      // VM_EVENT_REASON_DEBUG_EXCEPTION
 };
 
 inline constexpr std::uint32_t kVmEventFlagVcpuPaused = 1u << 0;
-inline constexpr std::uint32_t kVmEventFlagToggleSinglestep = 1u << 2;
-inline constexpr std::uint32_t kVmEventFlagEmulate = 1u << 3;
-inline constexpr std::uint32_t kVmEventFlagSetEmulInsnData = 1u << 7;
+// Same values as VM_EVENT_FLAG_* in xen/include/public/vm_event.h (interface version 7).
+inline constexpr std::uint32_t kVmEventFlagEmulate = 1u << 2;
+inline constexpr std::uint32_t kVmEventFlagToggleSinglestep = 1u << 4;
 inline constexpr std::uint32_t kVmEventFlagSetRegisters = 1u << 8;
+inline constexpr std::uint32_t kVmEventFlagSetEmulInsnData = 1u << 9;
 
 struct VmEventRequest {
   std::uint32_t vcpu = 0;

@@ -21,6 +21,7 @@ using hv::GuestType;
 
 DomainConfig finite(unsigned vcpus, std::uint64_t iterations, GuestType type = GuestType::Pv) {
   DomainConfig c;
+  // A finite workload finishes in milliseconds: tests that probe it create it paused.
   c.vcpus = vcpus;
   c.iterations = iterations;
   c.type = type;
@@ -214,7 +215,9 @@ std::vector<Stop> wait_stops(SimGuest& g, unsigned vcpus, std::uint64_t rip) {
 }
 
 TEST(SimDebugger, Int3PausesTheDomainWithoutVirq) {
-  SimGuest g(finite(1, 30));
+  DomainConfig c = finite(1, 30);
+  c.start_paused = true;  // probe before the first iteration
+  SimGuest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
@@ -224,6 +227,7 @@ TEST(SimDebugger, Int3PausesTheDomainWithoutVirq) {
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(g.hv->unpause(g.dom));  // the creation pause
 
   auto stops = wait_stops(g, 1, fn + 1);
   ASSERT_EQ(stops.size(), 1u) << "int3 must leave RIP = address + 1";
@@ -247,7 +251,9 @@ TEST(SimDebugger, Int3PausesTheDomainWithoutVirq) {
 }
 
 TEST(SimDebugger, IcebpRaisesVirqOnEveryHit) {
-  SimGuest g(finite(1, 30));
+  DomainConfig c = finite(1, 30);
+  c.start_paused = true;  // probe before the first iteration
+  SimGuest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
@@ -257,6 +263,7 @@ TEST(SimDebugger, IcebpRaisesVirqOnEveryHit) {
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xf1));
   ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(g.hv->unpause(g.dom));  // the creation pause
 
   // Three hits: each one pauses the domain and raises the VIRQ.
   for (int hit = 0; hit < 3; ++hit) {
@@ -291,12 +298,12 @@ TEST(SimDebugger, IcebpRaisesVirqOnEveryHit) {
 }
 
 TEST(SimDebugger, TrapFlagStepsOneInstructionAndRaisesVirq) {
-  SimGuest g(finite(1, 20));
+  DomainConfig c = finite(1, 20);
+  c.start_paused = true;  // step the first instruction of the entry point
+  SimGuest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
-  ASSERT_TRUE(eventually([&] { return g.stats(0).iterations > 2; }));
-  ASSERT_TRUE(g.hv->pause(g.dom));
   auto r = g.hv->get_vcpu_regs(g.dom, VcpuId{0});
   ASSERT_TRUE(r);
   std::uint64_t before = r->rip;

@@ -136,7 +136,9 @@ TEST(SimVmEvent, OnlyTheTrappingVcpuPauses) {
 }
 
 TEST(SimVmEvent, SetRegistersRedirectsTheVcpu) {
-  SimGuest g(hvm(1, 10));
+  DomainConfig c = hvm(1, 10);
+  c.start_paused = true;  // probe before the first iteration
+  SimGuest g(c);
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_TRUE(ring);
   ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
@@ -145,6 +147,7 @@ TEST(SimVmEvent, SetRegistersRedirectsTheVcpu) {
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(g.hv->unpause(g.dom));  // the creation pause
   // Every hit returns 7 at once through SET_REGISTERS (rip = return address, rsp += 8).
   for (std::uint64_t i = 0; i < expected_calls(DEMO_FN_GETPPID, 10); ++i) {
     auto req = next_request(**ring);
@@ -170,7 +173,9 @@ TEST(SimVmEvent, SetRegistersRedirectsTheVcpu) {
 }
 
 TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
-  SimGuest g(hvm(1, 5));
+  DomainConfig c = hvm(1, 5);
+  c.start_paused = true;  // probe before the first iteration
+  SimGuest g(c);
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_TRUE(ring);
   ASSERT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
@@ -181,6 +186,7 @@ TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xf1));
   ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(g.hv->unpause(g.dom));  // the creation pause
   for (std::uint64_t i = 0; i < expected_calls(DEMO_FN_UNLINK, 5); ++i) {
     auto req = next_request(**ring);
     ASSERT_TRUE(req) << g.host->crash_reason(g.dom);

@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs what libxenprobes needs to build and test on Debian 12 (run as root).
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+pkgs="build-essential cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
+      googletest libgtest-dev libgmock-dev libbenchmark-dev"
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "install-deps: installing$missing"
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+echo "install-deps: all build dependencies present"
