@@ -1,0 +1,296 @@
+// The only Capstone user of libxenprobes: turns bytes into our Insn (insn.hpp).
+#include <capstone/capstone.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "x86/insn.hpp"
+
+namespace xenprobes::x86 {
+namespace {
+
+// One handle per thread: cs_disasm on a shared handle is not documented as thread-safe.
+class Handle {
+ public:
+  Handle() {
+    ok_ = cs_open(CS_ARCH_X86, CS_MODE_64, &h_) == CS_ERR_OK &&
+          cs_option(h_, CS_OPT_DETAIL, CS_OPT_ON) == CS_ERR_OK;
+  }
+  ~Handle() {
+    if (h_ != 0) cs_close(&h_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  bool ok() const { return ok_; }
+  csh get() const { return h_; }
+
+ private:
+  csh h_ = 0;
+  bool ok_ = false;
+};
+
+Handle& handle() {
+  thread_local Handle h;
+  return h;
+}
+
+// Frees what cs_disasm allocated, whatever path we leave by.
+struct InsnGuard {
+  cs_insn* p = nullptr;
+  std::size_t n = 0;
+  ~InsnGuard() {
+    if (p != nullptr) cs_free(p, n);
+  }
+};
+
+Reg reg_of(unsigned r) {
+  switch (r) {
+    case X86_REG_RAX: case X86_REG_EAX: return Reg::Rax;
+    case X86_REG_RCX: case X86_REG_ECX: return Reg::Rcx;
+    case X86_REG_RDX: case X86_REG_EDX: return Reg::Rdx;
+    case X86_REG_RBX: case X86_REG_EBX: return Reg::Rbx;
+    case X86_REG_RSP: case X86_REG_ESP: return Reg::Rsp;
+    case X86_REG_RBP: case X86_REG_EBP: return Reg::Rbp;
+    case X86_REG_RSI: case X86_REG_ESI: return Reg::Rsi;
+    case X86_REG_RDI: case X86_REG_EDI: return Reg::Rdi;
+    case X86_REG_R8: case X86_REG_R8D: return Reg::R8;
+    case X86_REG_R9: case X86_REG_R9D: return Reg::R9;
+    case X86_REG_R10: case X86_REG_R10D: return Reg::R10;
+    case X86_REG_R11: case X86_REG_R11D: return Reg::R11;
+    case X86_REG_R12: case X86_REG_R12D: return Reg::R12;
+    case X86_REG_R13: case X86_REG_R13D: return Reg::R13;
+    case X86_REG_R14: case X86_REG_R14D: return Reg::R14;
+    case X86_REG_R15: case X86_REG_R15D: return Reg::R15;
+    case X86_REG_RIP: case X86_REG_EIP: return Reg::Rip;
+    default: return Reg::None;
+  }
+}
+
+Seg seg_of(unsigned r) {
+  switch (r) {
+    case X86_REG_ES: return Seg::Es;
+    case X86_REG_CS: return Seg::Cs;
+    case X86_REG_SS: return Seg::Ss;
+    case X86_REG_DS: return Seg::Ds;
+    case X86_REG_FS: return Seg::Fs;
+    case X86_REG_GS: return Seg::Gs;
+    default: return Seg::None;
+  }
+}
+
+bool jcc_cond(unsigned id, Cond& cc) {
+  switch (id) {
+    case X86_INS_JO: cc = Cond::O; return true;
+    case X86_INS_JNO: cc = Cond::NO; return true;
+    case X86_INS_JB: cc = Cond::B; return true;
+    case X86_INS_JAE: cc = Cond::AE; return true;
+    case X86_INS_JE: cc = Cond::E; return true;
+    case X86_INS_JNE: cc = Cond::NE; return true;
+    case X86_INS_JBE: cc = Cond::BE; return true;
+    case X86_INS_JA: cc = Cond::A; return true;
+    case X86_INS_JS: cc = Cond::S; return true;
+    case X86_INS_JNS: cc = Cond::NS; return true;
+    case X86_INS_JP: cc = Cond::P; return true;
+    case X86_INS_JNP: cc = Cond::NP; return true;
+    case X86_INS_JL: cc = Cond::L; return true;
+    case X86_INS_JGE: cc = Cond::GE; return true;
+    case X86_INS_JLE: cc = Cond::LE; return true;
+    case X86_INS_JG: cc = Cond::G; return true;
+    default: return false;
+  }
+}
+
+// Sets kind/branch (and the branch's operands) from Capstone's instruction id.
+void classify(const cs_insn& ci, Insn& out) {
+  const cs_x86& x = ci.detail->x86;
+  const bool op0_imm = x.op_count > 0 && x.operands[0].type == X86_OP_IMM;
+  const bool op0_reg = x.op_count > 0 && x.operands[0].type == X86_OP_REG;
+  auto relative = [&](BranchKind b) {
+    out.kind = Kind::Branch;
+    out.branch = b;
+    if (op0_imm) out.branch_target = Gva{static_cast<std::uint64_t>(x.operands[0].imm)};
+  };
+  switch (ci.id) {
+    case X86_INS_NOP: out.kind = Kind::Nop; return;
+    case X86_INS_ENDBR64: case X86_INS_ENDBR32: out.kind = Kind::Endbr; return;
+    case X86_INS_INT3: out.kind = Kind::Int3; return;
+    case X86_INS_INT1: out.kind = Kind::Int1; return;
+    case X86_INS_INT: out.kind = Kind::IntN; return;
+    case X86_INS_INTO: out.kind = Kind::Into; return;
+    case X86_INS_HLT: out.kind = Kind::Hlt; return;
+    case X86_INS_IRET: case X86_INS_IRETD: case X86_INS_IRETQ: out.kind = Kind::Iret; return;
+    case X86_INS_SYSRET: out.kind = Kind::Sysret; return;
+    case X86_INS_SYSEXIT: out.kind = Kind::Sysexit; return;
+    case X86_INS_SYSCALL: out.kind = Kind::Syscall; return;
+    case X86_INS_SYSENTER: out.kind = Kind::Sysenter; return;
+    case X86_INS_UD0: case X86_INS_UD2: case X86_INS_UD2B: out.kind = Kind::Ud; return;
+    case X86_INS_SWAPGS: out.kind = Kind::Swapgs; return;
+    case X86_INS_PUSHF: case X86_INS_PUSHFD: case X86_INS_PUSHFQ: out.kind = Kind::Pushf; return;
+    case X86_INS_POPF: case X86_INS_POPFD: case X86_INS_POPFQ: out.kind = Kind::Popf; return;
+    case X86_INS_CLI: out.kind = Kind::Cli; return;
+    case X86_INS_STI: out.kind = Kind::Sti; return;
+    case X86_INS_MOV: case X86_INS_POP:
+      if (op0_reg && x.operands[0].reg == X86_REG_SS) out.kind = Kind::LoadSs;
+      return;
+    case X86_INS_XBEGIN:
+      out.kind = Kind::Xbegin;
+      if (op0_imm) out.branch_target = Gva{static_cast<std::uint64_t>(x.operands[0].imm)};
+      return;
+    case X86_INS_JMP:
+      if (op0_imm) {
+        relative(BranchKind::Jmp);
+      } else {
+        out.kind = Kind::Branch;
+        out.branch = BranchKind::JmpIndirect;
+        if (op0_reg) out.indirect_reg = reg_of(x.operands[0].reg);
+      }
+      return;
+    case X86_INS_CALL:
+      if (op0_imm) {
+        relative(BranchKind::Call);
+      } else {
+        out.kind = Kind::Branch;
+        out.branch = BranchKind::CallIndirect;
+        if (op0_reg) out.indirect_reg = reg_of(x.operands[0].reg);
+      }
+      return;
+    case X86_INS_LOOP: relative(BranchKind::Loop); return;
+    case X86_INS_LOOPE: relative(BranchKind::Loope); return;
+    case X86_INS_LOOPNE: relative(BranchKind::Loopne); return;
+    case X86_INS_JRCXZ: case X86_INS_JECXZ: case X86_INS_JCXZ: relative(BranchKind::Jrcxz); return;
+    case X86_INS_RET:
+      out.kind = Kind::Branch;
+      out.branch = BranchKind::Ret;
+      if (op0_imm) out.ret_imm = static_cast<std::uint16_t>(x.operands[0].imm);
+      return;
+    case X86_INS_LJMP: case X86_INS_LCALL: case X86_INS_RETF: case X86_INS_RETFQ:
+      out.kind = Kind::Branch;
+      out.branch = BranchKind::Far;
+      return;
+    default: {
+      Cond cc{};
+      if (jcc_cond(ci.id, cc)) {
+        relative(BranchKind::Jcc);
+        out.cc = cc;
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string hex_addr(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string hex_bytes(std::span<const std::uint8_t> bytes) {
+  std::string s;
+  for (std::uint8_t b : bytes) {
+    char buf[4];
+    std::snprintf(buf, sizeof buf, s.empty() ? "%02x" : " %02x", b);
+    s += buf;
+  }
+  return s;
+}
+
+std::string Insn::describe() const {
+  return hex_addr(address.value) + ": " + hex_bytes(code()) + " (" + mnemonic +
+         (op_str.empty() ? "" : " " + op_str) + ")";
+}
+
+Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
+  Handle& h = handle();
+  if (!h.ok()) return fail(Errc::NotSupported, "capstone: cannot open an x86-64 handle");
+  const std::size_t avail = std::min(bytes.size(), kMaxInsnLen);
+  InsnGuard g;
+  g.n = cs_disasm(h.get(), bytes.data(), avail, addr.value, 1, &g.p);
+  if (g.n == 0) {
+    // Capstone reports truncated and invalid input the same way (cs_errno stays CS_ERR_OK).
+    return fail(Errc::IllegalSequence,
+                "no valid x86-64 instruction at " + hex_addr(addr.value) + ": bytes [" +
+                    hex_bytes(bytes.first(avail)) + "]" +
+                    (avail < kMaxInsnLen ? " (invalid, or truncated: only " +
+                                               std::to_string(avail) + " byte(s) given)"
+                                         : " (invalid)"));
+  }
+  const cs_insn& ci = g.p[0];
+  const cs_x86& x = ci.detail->x86;
+
+  Insn out;
+  out.address = addr;
+  out.length = static_cast<std::uint8_t>(ci.size);
+  std::copy_n(ci.bytes, ci.size, out.bytes.begin());
+  out.mnemonic = ci.mnemonic;
+  out.op_str = ci.op_str;
+  for (int i = 0; i < 4; ++i) out.prefixes[i] = x.prefix[i];
+  out.rex = x.rex;
+  out.has_modrm = x.encoding.modrm_offset != 0;
+  out.disp_offset = x.encoding.disp_offset;
+  out.disp_size = x.encoding.disp_size;
+  out.imm_offset = x.encoding.imm_offset;
+  out.imm_size = x.encoding.imm_size;
+
+  for (int i = 0; i < x.op_count; ++i) {
+    const cs_x86_op& op = x.operands[i];
+    if (op.type != X86_OP_MEM) continue;
+    out.mem.present = true;
+    out.mem.seg = seg_of(op.mem.segment);
+    out.mem.base = reg_of(op.mem.base);
+    out.mem.index = reg_of(op.mem.index);
+    out.mem.scale = static_cast<std::uint8_t>(op.mem.scale);
+    out.mem.disp = op.mem.disp;
+    out.mem.addr32 = x.prefix[3] == 0x67;
+    // addr32 RIP-relative shows as EIP (unicorn-capstone.md §6); reg_of maps both to Rip.
+    out.is_rip_relative = out.mem.base == Reg::Rip;
+    break;
+  }
+  classify(ci, out);
+  return out;
+}
+
+Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes, Gva start) {
+  std::vector<Insn> out;
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    auto r = decode(bytes.subspan(off), start + off);
+    if (!r) {
+      return fail(Errc::IllegalSequence, "function at " + hex_addr(start.value) + ", offset " +
+                                             hex_addr(off) + ": " + r.error().what);
+    }
+    off += r->length;
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_start, Gva target) {
+  if (target.value < func_start.value || target.value - func_start.value >= function_bytes.size()) {
+    return fail(Errc::InvalidArgument, hex_addr(target.value) + " is outside the function at " +
+                                           hex_addr(func_start.value) + " (" +
+                                           std::to_string(function_bytes.size()) + " bytes)");
+  }
+  const std::uint64_t want = target.value - func_start.value;
+  std::size_t off = 0;
+  while (off < function_bytes.size()) {
+    auto r = decode(function_bytes.subspan(off), func_start + off);
+    if (!r) {
+      return fail(Errc::IllegalSequence,
+                  "cannot reach " + hex_addr(target.value) + " from the function start " +
+                      hex_addr(func_start.value) + ": " + r.error().what);
+    }
+    if (off == want) return std::move(*r);
+    if (want < off + r->length) {
+      return fail(Errc::IllegalSequence,
+                  hex_addr(target.value) + " is not an instruction boundary: it is byte " +
+                      std::to_string(want - off) + " of the instruction starting at " +
+                      r->describe());
+    }
+    off += r->length;
+  }
+  return fail(Errc::IllegalSequence, "unreachable: " + hex_addr(target.value));  // not reached
+}
+
+}  // namespace xenprobes::x86

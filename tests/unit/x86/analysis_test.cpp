@@ -1,0 +1,169 @@
+// The gate and its rules: each refusal is tripped by an instruction that trips only that rule.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "x86/analysis.hpp"
+
+namespace xenprobes::x86 {
+namespace {
+
+constexpr Gva kBase{0xffffffff81000000};
+
+Insn dec(std::vector<std::uint8_t> b) {
+  auto r = decode(b, kBase);
+  EXPECT_TRUE(r) << r.error().what;
+  return r ? *r : Insn{};
+}
+
+using Pred = bool (*)(const Insn&);
+struct NamedPred {
+  const char* name;
+  Pred p;
+};
+const NamedPred kRefusals[] = {
+    {"is_trap_byte", is_trap_byte},
+    {"is_context_return", is_context_return},
+    {"is_software_interrupt", is_software_interrupt},
+    {"is_halt", is_halt},
+    {"is_deliberate_ud", is_deliberate_ud},
+    {"is_gs_swap", is_gs_swap},
+    {"is_ss_load", is_ss_load},
+    {"is_far_transfer", is_far_transfer},
+    {"is_transaction_begin", is_transaction_begin},
+    {"is_opsize_relative_branch", is_opsize_relative_branch},
+    {"is_addr32_rip_relative", is_addr32_rip_relative},
+};
+
+struct RefusalCase {
+  const char* pred;
+  std::vector<std::uint8_t> bytes;
+  Errc code;
+  const char* reason_word;
+};
+
+class Refusal : public ::testing::TestWithParam<RefusalCase> {};
+
+TEST_P(Refusal, TripsOnlyItsRule) {
+  const RefusalCase& c = GetParam();
+  const Insn i = dec(c.bytes);
+  ASSERT_EQ(i.length, c.bytes.size()) << i.describe();
+  for (const NamedPred& np : kRefusals)
+    EXPECT_EQ(np.p(i), std::string(np.name) == c.pred) << np.name << " on " << i.describe();
+  EXPECT_FALSE(can_boost(i));
+  auto plan = analyze(i);
+  ASSERT_FALSE(plan) << i.describe();
+  EXPECT_EQ(plan.error().code, c.code);
+  EXPECT_NE(plan.error().what.find(c.reason_word), std::string::npos) << plan.error().what;
+  EXPECT_NE(plan.error().what.find(hex_bytes(c.bytes)), std::string::npos) << plan.error().what;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    X86, Refusal,
+    ::testing::Values(
+        RefusalCase{"is_trap_byte", {0xcc}, Errc::Busy, "foreign breakpoint"},        // int3
+        RefusalCase{"is_trap_byte", {0xf1}, Errc::Busy, "foreign breakpoint"},        // int1
+        RefusalCase{"is_context_return", {0x48, 0xcf}, Errc::InvalidArgument, "iret"},  // iretq
+        RefusalCase{"is_context_return", {0x48, 0x0f, 0x07}, Errc::InvalidArgument, "sysret"},
+        RefusalCase{"is_context_return", {0x0f, 0x35}, Errc::InvalidArgument, "sysexit"},
+        RefusalCase{"is_software_interrupt", {0xcd, 0x80}, Errc::InvalidArgument, "interrupt"},
+        RefusalCase{"is_software_interrupt", {0x0f, 0x05}, Errc::InvalidArgument, "system call"},
+        RefusalCase{"is_software_interrupt", {0x0f, 0x34}, Errc::InvalidArgument, "system call"},
+        RefusalCase{"is_halt", {0xf4}, Errc::InvalidArgument, "hlt"},                  // hlt
+        RefusalCase{"is_deliberate_ud", {0x0f, 0x0b}, Errc::InvalidArgument, "BUG"},   // ud2
+        RefusalCase{"is_gs_swap", {0x0f, 0x01, 0xf8}, Errc::InvalidArgument, "swapgs"},
+        RefusalCase{"is_ss_load", {0x8e, 0xd0}, Errc::InvalidArgument, "SS"},          // mov ss,eax
+        RefusalCase{"is_far_transfer", {0x48, 0xcb}, Errc::InvalidArgument, "far"},    // retfq
+        RefusalCase{"is_far_transfer", {0xff, 0x2f}, Errc::InvalidArgument, "far"},    // ljmp [rdi]
+        RefusalCase{"is_transaction_begin", {0xc7, 0xf8, 0, 0, 0, 0}, Errc::InvalidArgument,
+                    "xbegin"},
+        RefusalCase{"is_opsize_relative_branch", {0x66, 0x0f, 0x84, 0x10, 0x00},
+                    Errc::InvalidArgument, "operand-size"},  // 66 je rel16 (AMD reading)
+        RefusalCase{"is_addr32_rip_relative", {0x67, 0x8b, 0x05, 0x10, 0, 0, 0},
+                    Errc::InvalidArgument, "addr32"}));  // mov eax, [eip + 0x10]
+
+TEST(Analyze, BoostablePlain) {
+  // 48 89 e5   mov rbp, rsp ; 55 push rbp ; f0 48 0f b1 0e lock cmpxchg [rsi], rcx
+  // 9c pushfq ; 9d popfq ; fa cli ; fb sti ; e6 e9 out 0xe9, al ; f3 a4 rep movsb
+  const std::vector<std::vector<std::uint8_t>> boost = {
+      {0x48, 0x89, 0xe5}, {0x55}, {0xf0, 0x48, 0x0f, 0xb1, 0x0e}, {0x9c}, {0x9d},
+      {0xfa}, {0xfb}, {0xe6, 0xe9}, {0xf3, 0xa4}};
+  for (const auto& b : boost) {
+    const Insn i = dec(b);
+    EXPECT_TRUE(can_boost(i)) << i.describe();
+    auto p = analyze(i);
+    ASSERT_TRUE(p) << p.error().what;
+    EXPECT_EQ(*p, Plan::Boost) << i.describe();
+  }
+}
+
+TEST(Analyze, RipRelativeIsBoostRipRel) {
+  // 48 8b 05 f9 0f 00 00   mov rax, [rip + 0xff9]
+  const Insn i = dec({0x48, 0x8b, 0x05, 0xf9, 0x0f, 0x00, 0x00});
+  EXPECT_TRUE(is_rip_relative(i));
+  EXPECT_TRUE(can_boost(i));
+  EXPECT_EQ(analyze(i).value(), Plan::BoostRipRel);
+}
+
+TEST(Analyze, BranchesAreEmulated) {
+  struct C {
+    std::vector<std::uint8_t> b;
+    Plan plan;
+  } cases[] = {
+      {{0xeb, 0x10}, Plan::EmulateBranch},                       // jmp $+0x12
+      {{0xe9, 0, 1, 0, 0}, Plan::EmulateBranch},                 // jmp rel32
+      {{0x74, 0x05}, Plan::EmulateBranch},                       // je
+      {{0xe8, 0, 0, 0, 0}, Plan::EmulateBranch},                 // call $+5
+      {{0xe2, 0xfe}, Plan::EmulateBranch},                       // loop
+      {{0xe3, 0xfe}, Plan::EmulateBranch},                       // jrcxz
+      {{0xff, 0xe0}, Plan::EmulateBranch},                       // jmp rax
+      {{0xff, 0xd0}, Plan::EmulateBranch},                       // call rax
+      {{0xc3}, Plan::EmulateLoaded},                             // ret
+      {{0xc2, 0x08, 0x00}, Plan::EmulateLoaded},                 // ret 8
+      {{0xff, 0x25, 0x10, 0, 0, 0}, Plan::EmulateLoaded},        // jmp [rip + 0x10]
+      {{0xff, 0x14, 0xc5, 0, 0x10, 0, 0x81}, Plan::EmulateLoaded},  // call [rax*8 + tbl]
+      {{0x3e, 0xff, 0xe0}, Plan::EmulateBranch},                 // notrack jmp rax
+  };
+  for (const auto& c : cases) {
+    const Insn i = dec(c.b);
+    EXPECT_FALSE(can_boost(i)) << i.describe();
+    auto p = analyze(i);
+    ASSERT_TRUE(p) << p.error().what;
+    EXPECT_EQ(*p, c.plan) << i.describe() << " → " << plan_name(*p);
+  }
+  EXPECT_TRUE(is_relative_branch(dec({0x74, 0x05})));
+  EXPECT_FALSE(is_relative_branch(dec({0xff, 0xe0})));
+}
+
+TEST(Analyze, NopsAndEndbrAreSkipped) {
+  const Insn nop5 = dec({0x0f, 0x1f, 0x44, 0x00, 0x00});  // nop dword ptr [rax + rax] (ftrace)
+  EXPECT_TRUE(is_ftrace_nop(nop5));
+  EXPECT_EQ(analyze(nop5).value(), Plan::Skip);
+  const Insn nop7 = dec({0x0f, 0x1f, 0x80, 0, 0, 0, 0});  // nop dword ptr [rax]
+  EXPECT_FALSE(is_ftrace_nop(nop7));
+  EXPECT_EQ(analyze(nop7).value(), Plan::Skip);
+  const Insn endbr = dec({0xf3, 0x0f, 0x1e, 0xfa});  // endbr64
+  EXPECT_TRUE(is_endbr(endbr));
+  EXPECT_EQ(analyze(endbr).value(), Plan::Skip);
+}
+
+TEST(AdjustProbeAddress, MovesPastEntryEndbrOnly) {
+  //   +0 f3 0f 1e fa       endbr64
+  //   +4 0f 1f 44 00 00    nop5 (ftrace)
+  //   +9 f3 0f 1e fa       endbr64 (e.g. an indirect-jump target inside the function)
+  //   +d c3                ret
+  const std::vector<std::uint8_t> b = {0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44, 0x00,
+                                       0x00, 0xf3, 0x0f, 0x1e, 0xfa, 0xc3};
+  auto f = decode_function(b, kBase);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(adjust_probe_address(*f, kBase), kBase + 4);
+  EXPECT_EQ(adjust_probe_address(*f, kBase + 4), kBase + 4);
+  EXPECT_EQ(adjust_probe_address(*f, kBase + 9), kBase + 9);
+  // No endbr at the entry: unchanged.
+  auto g = decode_function(std::span(b).subspan(4), kBase);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(adjust_probe_address(*g, kBase), kBase);
+}
+
+}  // namespace
+}  // namespace xenprobes::x86
