@@ -3,6 +3,8 @@
 #include <elf.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -117,3 +119,38 @@ TEST(DemoGuestSweep, EveryFunctionDecodesAndClassifies) {
 
 }  // namespace
 }  // namespace xenprobes::x86
+
+#ifdef XP_OBJDUMP
+namespace xenprobes::x86 {
+namespace {
+
+// Differential against binutils: the instruction starts objdump finds in .text are exactly ours.
+TEST(DemoGuestSweep, BoundariesMatchObjdump) {
+  Text text;
+  ASSERT_TRUE(load_text(XENPROBES_DEMO_GUEST_VMLINUX, text));
+  const std::string cmd =
+      std::string(XP_OBJDUMP) + " -d -j .text --no-show-raw-insn " + XENPROBES_DEMO_GUEST_VMLINUX;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) GTEST_SKIP() << "cannot run " << cmd;
+  std::vector<std::uint64_t> theirs;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) {
+    // "ffffffff81000001:\txor    %ebp,%ebp"
+    char* colon = std::strchr(buf, ':');
+    if (colon == nullptr || colon[1] != '\t') continue;
+    char* endp = nullptr;
+    const std::uint64_t a = std::strtoull(buf, &endp, 16);
+    if (endp != colon) continue;
+    theirs.push_back(a);
+  }
+  if (pclose(p) != 0 || theirs.empty()) GTEST_SKIP() << "objdump unavailable";
+  auto ours = decode_function(text.bytes, Gva{text.addr});
+  ASSERT_TRUE(ours) << ours.error().what;
+  std::vector<std::uint64_t> mine;
+  for (const Insn& i : *ours) mine.push_back(i.address.value);
+  EXPECT_EQ(mine, theirs);
+}
+
+}  // namespace
+}  // namespace xenprobes::x86
+#endif
