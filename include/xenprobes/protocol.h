@@ -19,6 +19,26 @@
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`.
+ *
+ * What Dom0 checks (libxenprobes/probe/module_info.hpp): numbers are strict (decimal without
+ * sign, blanks or leading zeros; hex with a 0x prefix; no trailing junk, no overflow); at
+ * least one and at most XENPROBES_OEA_MAX_AREAS areas; each area page aligned, size a nonzero
+ * multiple of 4096 and at most XENPROBES_OEA_MAX_SIZE, no wrap-around, in the canonical upper
+ * half, every byte within rel32 reach (+-2 GiB) of kernel-text, outside the first 16 MiB of
+ * the kernel image, disjoint from the other areas, and every page mapped and executable.
+ *
+ * Growing the OEA (Dom0 asks, the module answers):
+ *
+ *   oea-request   written by Dom0: decimal bytes wanted (a nonzero multiple of the page
+ *                 size, at most XENPROBES_OEA_MAX_SIZE). The module watches this key. For
+ *                 every new value it allocates one more area of at least that size, writes
+ *                 oea/<n>/addr and oea/<n>/size for n = the current count, and only then
+ *                 bumps oea/count to n + 1 (Dom0 watches oea/count). Published areas never
+ *                 change or disappear while the module is loaded: Dom0 refuses a re-read in
+ *                 which a known area moved. At XENPROBES_OEA_MAX_AREAS areas, or when the
+ *                 allocation fails, the module leaves oea/count alone and writes
+ *   oea-error     a one-line reason (e.g. "vmalloc failed", "area limit reached"); Dom0 then
+ *                 stops asking. Dom0 removes oea-error before writing a new oea-request.
  */
 #ifndef XENPROBES_PROTOCOL_H
 #define XENPROBES_PROTOCOL_H
@@ -35,6 +55,8 @@
 #define XENPROBES_XS_OEA_SIZE_FMT "oea/%u/size"
 #define XENPROBES_XS_STATE "state"
 #define XENPROBES_XS_STATE_READY "ready"
+#define XENPROBES_XS_OEA_REQUEST "oea-request"
+#define XENPROBES_XS_OEA_ERROR "oea-error"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16

@@ -66,6 +66,9 @@ struct DomainConfig {
   bool start_paused = false;    // created with one controller pause (like `xl create -p`)
   std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
   bool publish_module = true;   // publish the guest module's xenstore keys
+  // Test oracle: count how often control reaches each of these guest-virtual addresses
+  // (instruction starts), read back with SimHost::executions().
+  std::vector<std::uint64_t> count_executions;
 };
 
 // Where the guest's pieces are (virtual addresses), for tests and for users of the sim.
@@ -119,6 +122,8 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   virtual void reset_counts() = 0;
   // Internal pause reference count (the real Xen does not expose it): for tests.
   virtual Result<unsigned> pause_count(DomId) = 0;
+  // How often control reached `va` (one of DomainConfig::count_executions).
+  virtual Result<std::uint64_t> executions(DomId, std::uint64_t va) = 0;
 
   // ---- the guest's side of event channels (what a guest kernel module does) ----
   // EVTCHNOP_alloc_unbound for remote domain 0: a port Dom0 can bind interdomain.

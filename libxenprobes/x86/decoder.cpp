@@ -247,6 +247,25 @@ Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
     out.is_rip_relative = out.mem.base == Reg::Rip;
     break;
   }
+  if (out.is_rip_relative) {
+    // RIP-relative is always ModRM mod=00 rm=101 followed by a disp32 (never a SIB). Capstone
+    // 4.0.2 reports disp_size 2 when a 66 prefix is present (`66 89 05 <disp32>` = mov word
+    // [rip+X], ax), so derive the field from the ModRM offset and cross-check its value.
+    const unsigned at = x.encoding.modrm_offset + 1u;
+    std::int32_t d = 0;
+    if (x.encoding.modrm_offset != 0 && at + 4u <= out.length) {
+      std::uint32_t u = 0;
+      for (unsigned k = 0; k < 4; ++k) u |= static_cast<std::uint32_t>(out.bytes[at + k]) << (8 * k);
+      d = static_cast<std::int32_t>(u);
+    }
+    if (x.encoding.modrm_offset == 0 || at + 4u > out.length || d != out.mem.disp) {
+      return fail(Errc::IllegalSequence, "RIP-relative operand without a disp32 after ModRM at " +
+                                             hex_addr(addr.value) + ": bytes [" +
+                                             hex_bytes(out.code()) + "]");
+    }
+    out.disp_offset = static_cast<std::uint8_t>(at);
+    out.disp_size = 4;
+  }
   classify(ci, out);
   return out;
 }

@@ -282,6 +282,10 @@ Result<void> SimHostImpl::setup_engine(Domain& d, Vcpu& v) {
   uc_hook_add(v.uc, &h, UC_HOOK_BLOCK, reinterpret_cast<void*>(&SimHostImpl::hook_block), this, 1, 0);
   uc_hook_add(v.uc, &h, UC_HOOK_INSN, reinterpret_cast<void*>(&SimHostImpl::hook_out), &v, 1, 0,
               UC_X86_INS_OUT);
+  for (std::uint64_t va : d.cfg.count_executions) {
+    d.executions.try_emplace(va, 0);
+    uc_hook_add(v.uc, &h, UC_HOOK_CODE, reinterpret_cast<void*>(&SimHostImpl::hook_code), &d, va, va);
+  }
   // Unicorn's CR3 only stores the value (paging stays off); keep it consistent anyway.
   std::uint64_t cr3 = d.root_gpa;
   uc_reg_write(v.uc, UC_X86_REG_CR3, &cr3);
@@ -306,6 +310,13 @@ void SimHostImpl::hook_block(uc_engine* uc, std::uint64_t, std::uint32_t, void* 
     v->quantum_expired = true;
     uc_emu_stop(uc);
   }
+}
+
+void SimHostImpl::hook_code(uc_engine*, std::uint64_t addr, std::uint32_t, void* ud) {
+  // Only the domain's scheduler thread runs its engines: no lock needed for the counter.
+  auto* d = static_cast<Domain*>(ud);
+  auto it = d->executions.find(addr);
+  if (it != d->executions.end()) it->second++;
 }
 
 void SimHostImpl::hook_out(uc_engine*, std::uint32_t port, int, std::uint32_t value, void* ud) {
@@ -701,6 +712,14 @@ bool SimHostImpl::wait_halted(DomId id, std::chrono::milliseconds timeout) {
         std::chrono::steady_clock::now() >= deadline)
       return false;
   }
+}
+
+Result<std::uint64_t> SimHostImpl::executions(DomId id, std::uint64_t va) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  auto it = d->executions.find(va);
+  if (it == d->executions.end()) return fail(Errc::NotFound, "sim: executions at this address are not counted");
+  return it->second;
 }
 
 Result<unsigned> SimHostImpl::pause_count(DomId id) {

@@ -32,6 +32,7 @@ class SimHostImpl final : public SimHost {
   std::uint64_t total_calls() const override;
   void reset_counts() override;
   Result<unsigned> pause_count(DomId) override;
+  Result<std::uint64_t> executions(DomId, std::uint64_t va) override;
   Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) override;
   Result<void> guest_evtchn_notify(DomId, std::uint32_t port) override;
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
@@ -57,6 +58,7 @@ class SimHostImpl final : public SimHost {
 
   static void hook_intr(uc_engine*, std::uint32_t intno, void* ud);
   static void hook_block(uc_engine*, std::uint64_t addr, std::uint32_t size, void* ud);
+  static void hook_code(uc_engine*, std::uint64_t addr, std::uint32_t size, void* ud);
   static void hook_out(uc_engine*, std::uint32_t port, int size, std::uint32_t value, void* ud);
 
   bool runnable(const Domain&, const Vcpu&) const;

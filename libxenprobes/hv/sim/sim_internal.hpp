@@ -112,6 +112,9 @@ struct Domain {
   std::map<std::uint32_t, GuestPort> guest_ports;
   std::uint32_t next_guest_port = 1;
 
+  // Execution counters (DomainConfig::count_executions), updated by the scheduler thread.
+  std::map<std::uint64_t, std::uint64_t> executions;
+
   std::thread thread;
   int running_vcpu = -1;
   unsigned rr_next = 0;

@@ -40,6 +40,25 @@ TEST(Decode, CmpRipRelativeWithImmediate) {
   EXPECT_EQ(r->imm_size, 1);
 }
 
+TEST(Decode, RipRelativeDispFieldUnderOperandSizePrefix) {
+  // Capstone 4.0.2 reports disp_size 2 for these; the field is a disp32 all the same.
+  // 66 89 05 10 00 00 00            mov word ptr [rip + 0x10], ax
+  // 66 c7 05 10 00 00 00 34 12      mov word ptr [rip + 0x10], 0x1234
+  // 66 0f 6f 05 10 00 00 00         movdqa xmm0, xmmword ptr [rip + 0x10]
+  const std::vector<std::vector<std::uint8_t>> cases = {
+      {0x66, 0x89, 0x05, 0x10, 0x00, 0x00, 0x00},
+      {0x66, 0xc7, 0x05, 0x10, 0x00, 0x00, 0x00, 0x34, 0x12},
+      {0x66, 0x0f, 0x6f, 0x05, 0x10, 0x00, 0x00, 0x00}};
+  const unsigned offsets[] = {3, 3, 4};
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    auto r = decode(cases[k], kBase);
+    ASSERT_TRUE(r) << r.error().what;
+    EXPECT_TRUE(r->is_rip_relative);
+    EXPECT_EQ(r->disp_offset, offsets[k]) << r->describe();
+    EXPECT_EQ(r->disp_size, 4) << r->describe();
+  }
+}
+
 TEST(Decode, RelativeBranchTargets) {
   // ffffffff81000000: e8 fb 0f 00 00    call 0xffffffff81001000
   auto call = decode(std::vector<std::uint8_t>{0xe8, 0xfb, 0x0f, 0x00, 0x00}, kBase);

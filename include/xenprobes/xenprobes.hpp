@@ -1,0 +1,152 @@
+// libxenprobes, the C++ API: probes in running Xen guest kernels, handled in Dom0.
+//
+//   auto s = xenprobes::Session::open();                 // XENPROBES_BACKEND=xen|sim
+//   s.value()->load_symbols(DomId{1}, "System.map");
+//   auto p = (*s)->probe(DomId{1}, "sys_open", [](xenprobes::HitContext& c) {
+//     auto path = c.read_string(xenprobes::Gva{c.regs().rdi}, 256);
+//     std::printf("open(%s)\n", path ? path->c_str() : "?");
+//     return 0;
+//   });
+//   (*s)->run();                                          // until stop()
+//
+// Handlers run in the thread that calls run(), one hit at a time, while the hit vCPU waits.
+// A probe is an RAII handle: destroying it unregisters the probe (bytes restored exactly).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "xenprobes/export.h"
+#include "xenprobes/hypervisor.hpp"
+#include "xenprobes/result.hpp"
+#include "xenprobes/types.hpp"
+
+namespace xenprobes {
+
+using Regs = hv::VcpuRegs;
+
+// What a handler sees of one hit. Valid only during the handler call.
+class XENPROBES_API HitContext {
+ public:
+  virtual ~HitContext() = default;
+  virtual DomId domain() const = 0;
+  virtual VcpuId vcpu() const = 0;
+  // The probe point. Pre-handlers see regs().rip == address(); a pre-handler that changes
+  // rip (or returns nonzero) makes the vCPU continue there, skipping the probed instruction
+  // and the post-handlers (kprobes' "return 1").
+  virtual Gva address() const = 0;
+  // The registers of the hit vCPU; changes are written back when the vCPU resumes.
+  virtual Regs& regs() = 0;
+  virtual Result<void> read(Gva va, std::span<std::byte> out) = 0;
+  virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
+  virtual Result<std::uint64_t> read_u64(Gva va) = 0;
+  virtual Result<std::string> read_string(Gva va, std::size_t max_len) = 0;
+  // Makes run() return once this hit has been handled.
+  virtual void stop() = 0;
+};
+
+// Return nonzero to skip the probed instruction (after setting regs().rip yourself).
+using PreHandler = std::function<int(HitContext&)>;
+using PostHandler = std::function<void(HitContext&)>;
+
+struct ProbeStats {
+  std::uint64_t hits = 0;    // handler calls
+  std::uint64_t missed = 0;  // hits the guest went through without the handler (see docs)
+};
+
+// How the probed instruction runs after the pre-handlers.
+enum class ExecMode { Boosted, Emulated, Skipped, TrapAfter };
+
+struct ProbeInfo {
+  Gva address;
+  std::string instruction;  // "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)"
+  ExecMode mode = ExecMode::Boosted;
+  Gva slot;                 // out-of-line slot (0 for emulated and skipped instructions)
+};
+
+class Session;
+
+// An RAII probe handle; move-only. Destruction unregisters.
+class XENPROBES_API Probe {
+ public:
+  Probe() = default;
+  Probe(Probe&&) noexcept;
+  Probe& operator=(Probe&&) noexcept;
+  Probe(const Probe&) = delete;
+  Probe& operator=(const Probe&) = delete;
+  ~Probe();
+
+  explicit operator bool() const { return session_ != nullptr && alive_ && *alive_; }
+  std::uint64_t id() const { return id_; }
+  Result<void> enable();
+  Result<void> disable();
+  Result<void> unregister();
+  ProbeStats stats() const;
+  Result<ProbeInfo> info() const;
+  // Gives up ownership: the probe stays registered until the session ends.
+  std::uint64_t release();
+
+ private:
+  friend class Session;
+  Probe(Session* s, std::shared_ptr<bool> alive, std::uint64_t id)
+      : session_(s), alive_(std::move(alive)), id_(id) {}
+  Session* live() const { return alive_ && *alive_ ? session_ : nullptr; }
+  Session* session_ = nullptr;
+  std::shared_ptr<bool> alive_;  // false once the session is gone: the probe went with it
+  std::uint64_t id_ = 0;
+};
+
+enum class ChannelKind { Auto, Debugger };
+
+struct SessionOptions {
+  ChannelKind channel = ChannelKind::Auto;
+};
+
+// One hypervisor connection, its channel, and every probe it owns, in any number of domains.
+// Not thread-safe, except stop(), which any thread (or a handler) may call.
+class XENPROBES_API Session {
+ public:
+  static Result<std::unique_ptr<Session>> open(SessionOptions = {});
+  static Result<std::unique_ptr<Session>> open(std::unique_ptr<hv::Hypervisor>, SessionOptions = {});
+  ~Session();  // unregisters every probe and restores every byte, in every domain
+
+  hv::Hypervisor& hypervisor();
+  const char* channel_name() const;
+
+  // Symbols for `symbol+offset` probe points: a System.map (or /proc/kallsyms copy) of the
+  // guest's kernel. KASLR: the slide comes from the kernel-text address the guest module
+  // publishes, when it does.
+  Result<void> load_symbols(DomId, const std::string& system_map);
+
+  Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
+  Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
+
+  // Registrations between begin_batch() and end_batch() pause each domain once.
+  Result<void> begin_batch();
+  Result<void> end_batch();
+
+  // Handles hits until stop() (returns Ok) or a fatal channel error.
+  Result<void> run();
+  // Handles what arrives within `timeout_ms` (0: only what is pending); returns hits handled.
+  Result<unsigned> run_once(int timeout_ms);
+  void stop();
+
+  // Used by Probe.
+  Result<void> set_enabled(std::uint64_t id, bool on);
+  Result<void> unregister(std::uint64_t id);
+  ProbeStats stats(std::uint64_t id) const;
+  Result<ProbeInfo> info(std::uint64_t id) const;
+
+  struct Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl>);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace xenprobes

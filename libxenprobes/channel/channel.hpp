@@ -1,0 +1,61 @@
+// A channel carries probe hits from the guest to Dom0 and sends the guest on: the engine
+// (probe/) decides what a hit means, the channel only finds the stopped vCPUs and resumes
+// them (design.md "Trap channels").
+#pragma once
+
+#include <cstdint>
+
+#include "common/result.hpp"
+#include "hv/hypervisor.hpp"
+
+namespace xenprobes::channel {
+
+// One vCPU stopped on a trap byte the channel patched for the engine.
+struct Stop {
+  DomId domain;
+  VcpuId vcpu;
+  Gva trap;             // address of the trap byte the vCPU executed
+  hv::VcpuRegs regs;    // as the vCPU stopped; the engine edits them for the resume
+};
+
+enum class Verdict {
+  Resume,   // the engine handled the stop: resume the vCPU with Stop::regs
+  NotOurs,  // no trap of ours at that address (any more): let the guest re-execute it
+};
+
+// The engine side of a channel.
+class StopSink {
+ public:
+  virtual ~StopSink() = default;
+  // True when the engine has (or had, until its slot is reclaimed) a trap byte at `addr`.
+  virtual bool owns_trap(DomId, Gva addr) const = 0;
+  virtual Verdict on_stop(Stop&) = 0;
+  // The channel can no longer serve the domain (e.g. a guest breakpoint it cannot hand back):
+  // the engine must disarm every probe there before the channel lets go of the domain.
+  virtual void on_channel_failure(DomId, const Error&) = 0;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  virtual const char* name() const = 0;
+  // The byte patched at probe points and after slot copies that need a second stop.
+  virtual std::uint8_t trap_byte() const = 0;
+  // Prepares the domain (or refuses, saying why and what would work). Patches nothing.
+  [[nodiscard]] virtual Result<void> attach(DomId) = 0;
+  // Undoes attach. The engine has already restored every byte and released its stops.
+  [[nodiscard]] virtual Result<void> detach(DomId) = 0;
+  // Pollable; readable when stops may be waiting.
+  virtual int fd() const = 0;
+  // How often process() must run even when fd() stays quiet (0 = never): some stops raise
+  // no event (a guest's own int3 under debugging mode).
+  virtual int poll_interval_ms() const = 0;
+  // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
+  // Returns the number of stops handled.
+  [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;
+  // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
+  // `sink` and resumes it (used before disarming, so no stop is left behind).
+  [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;
+};
+
+}  // namespace xenprobes::channel

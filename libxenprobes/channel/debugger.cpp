@@ -1,0 +1,160 @@
+#include "channel/debugger.hpp"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "common/log.hpp"
+
+namespace xenprobes::channel {
+namespace {
+
+std::string hex(std::uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+  return b;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DebuggerChannel>> DebuggerChannel::open(hv::Hypervisor& hv) {
+  auto caps = hv.capabilities();
+  if (!caps) return std::unexpected(caps.error());
+  if (!caps->gdbsx)
+    return fail(Errc::NotSupported,
+                "the debugger channel needs a Xen built with CONFIG_GDBSX (this hypervisor answers "
+                "ENOSYS to the gdbsx domctls, as Debian's does): without it debugging mode swallows "
+                "breakpoints and the guest would crash. Use the guest channel (load the xenprobesU "
+                "module in the guest) or, for HVM/PVH guests, the vmevent channel");
+  auto port = hv.evtchn_bind_virq(hv::kVirqDebugger);
+  if (!port) {
+    if (port.error().code == Errc::Exists)
+      return fail(Errc::Busy,
+                  "VIRQ_DEBUGGER is already bound by another process on this host (one binder per "
+                  "host: another xenprobes program or gdbsx); stop it or use another channel");
+    return std::unexpected(port.error());
+  }
+  return std::unique_ptr<DebuggerChannel>(new DebuggerChannel(hv, *port));
+}
+
+DebuggerChannel::~DebuggerChannel() {
+  for (auto& [dom, a] : domains_) (void)hv_.set_debugging(dom, false);
+  (void)hv_.evtchn_unbind(port_);
+}
+
+Result<void> DebuggerChannel::attach(DomId dom) {
+  if (domains_.contains(dom)) return {};
+  hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
+  if (info.guest_width != 8)
+    return fail(Errc::NotSupported, "domain " + std::to_string(dom.value) + " is a 32-bit guest: not supported");
+  XP_TRY(hv_.set_debugging(dom, true));
+  domains_[dom] = Attached{info.vcpus};
+  return {};
+}
+
+Result<void> DebuggerChannel::detach(DomId dom) {
+  auto it = domains_.find(dom);
+  if (it == domains_.end()) return {};
+  for (int attempt = 0; attempt < 3 && it->second.owed > 0; ++attempt) (void)pay(dom, it->second);
+  if (it->second.owed > 0)
+    XP_LOG(Error, "domain %u: %u pause references could not be released", dom.value, it->second.owed);
+  domains_.erase(it);
+  auto r = hv_.set_debugging(dom, false);
+  if (!r && r.error().code != Errc::NoSuchDomain) return r;
+  return {};
+}
+
+Result<unsigned> DebuggerChannel::process(StopSink& sink) {
+  // Acknowledge the VIRQ first: a stop that lands after this raises it again.
+  for (;;) {
+    auto p = XP_TRY(hv_.evtchn_pending());
+    if (!p) break;
+    XP_TRY(hv_.evtchn_unmask(*p));
+  }
+  unsigned handled = 0;
+  for (auto it = domains_.begin(); it != domains_.end();) {
+    auto n = scan(it->first, it->second, sink, true);
+    if (!n) {
+      if (n.error().code == Errc::NoSuchDomain) {  // died under us: nothing left to resume
+        it = domains_.erase(it);
+        continue;
+      }
+      return std::unexpected(n.error());
+    }
+    handled += *n;
+    if (it->second.given_up)
+      it = domains_.erase(it);
+    else
+      ++it;
+  }
+  return handled;
+}
+
+Result<unsigned> DebuggerChannel::flush(DomId dom, StopSink& sink) {
+  auto it = domains_.find(dom);
+  if (it == domains_.end()) return 0u;
+  auto n = scan(dom, it->second, sink, false);
+  if (n && it->second.given_up) domains_.erase(it);
+  return n;
+}
+
+Result<void> DebuggerChannel::pay(DomId dom, Attached& a) {
+  while (a.owed > 0) {
+    XP_TRY(hv_.unpause(dom));
+    --a.owed;
+  }
+  return {};
+}
+
+Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, bool require_paused) {
+  XP_TRY(pay(dom, a));
+  if (require_paused) {
+    hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
+    if (!info.paused) return 0u;  // nothing stopped (a coalesced VIRQ for stops already handled)
+  }
+  unsigned stops = 0;
+  for (unsigned v = 0; v < a.vcpus; ++v) {
+    hv::VcpuRegs regs = XP_TRY(hv_.get_vcpu_regs(dom, VcpuId{v}));
+    if (regs.rip == 0) continue;
+    Gva trap{regs.rip - 1};
+    if (!sink.owns_trap(dom, trap)) continue;
+    // Nothing else leaves a vCPU one byte into an instruction we patched: this is a stop.
+    Stop s{dom, VcpuId{v}, trap, regs};
+    if (sink.on_stop(s) == Verdict::NotOurs) {
+      s.regs = regs;
+      s.regs.rip = trap.value;  // the byte is the original again: execute it
+    }
+    XP_TRY(hv_.set_vcpu_regs(dom, VcpuId{v}, s.regs));
+    ++stops;
+    ++a.owed;  // resumed: its pause reference is now ours to release
+  }
+  // Guest int3s (ours are ICEBPs) leave a gdbsx record; consume every record, or later #DB
+  // stops of that vCPU would raise no VIRQ. Each one is rewound and retried.
+  for (;;) {
+    auto st = hv_.gdbsx_domstatus(dom);
+    if (!st) return std::unexpected(st.error());
+    if (!st->vcpu) break;
+    if (*st->vcpu >= a.vcpus) continue;  // hostile or stale: ignore
+    hv::VcpuRegs regs = XP_TRY(hv_.get_vcpu_regs(dom, VcpuId{*st->vcpu}));
+    std::uint64_t at = regs.rip - 1;
+    a.foreign_retries = at == a.foreign_addr ? a.foreign_retries + 1 : 1;
+    a.foreign_addr = at;
+    if (a.foreign_retries > kForeignRetryLimit) {
+      Error e{Errc::Busy, "domain " + std::to_string(dom.value) + ": the guest's own breakpoint at " + hex(at) +
+                              " keeps firing under debugging mode; the debugger channel gives the domain up"};
+      XP_LOG(Error, "%s", e.what.c_str());
+      sink.on_channel_failure(dom, e);  // disarms every probe (bytes restored)
+      XP_TRY(hv_.set_debugging(dom, false));
+      a.given_up = true;  // the vCPU re-executes the int3 and now takes its own #BP
+    }
+    regs.rip = at;
+    XP_TRY(hv_.set_vcpu_regs(dom, VcpuId{*st->vcpu}, regs));
+    ++stops;
+    ++a.owed;
+  }
+  // One unpause per stop found, never more: an extra one would release another vCPU's
+  // unhandled stop (real-xen.md).
+  XP_TRY(pay(dom, a));
+  return stops;
+}
+
+}  // namespace xenprobes::channel

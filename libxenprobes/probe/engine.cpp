@@ -1,0 +1,670 @@
+#include "probe/engine.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "common/log.hpp"
+#include "mem/paging.hpp"
+#include "x86/relocate.hpp"
+
+namespace xenprobes::probe {
+namespace {
+
+constexpr std::size_t kSlotSize = 32;
+constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // larger "functions" are symbol gaps
+
+std::string hex(std::uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+  return b;
+}
+
+x86::CpuState cpu_state(const Regs& r) {
+  x86::CpuState s;
+  s.gpr = {r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi,
+           r.r8,  r.r9,  r.r10, r.r11, r.r12, r.r13, r.r14, r.r15};
+  s.rflags = r.rflags;
+  s.fs_base = r.fs_base;
+  s.gs_base = r.gs_base;
+  return s;
+}
+
+ExecMode exec_mode(x86::Plan p, bool trap_tail) {
+  switch (p) {
+    case x86::Plan::Boost:
+    case x86::Plan::BoostRipRel:
+      return trap_tail ? ExecMode::TrapAfter : ExecMode::Boosted;
+    case x86::Plan::Skip:
+      return ExecMode::Skipped;
+    default:
+      return ExecMode::Emulated;
+  }
+}
+
+}  // namespace
+
+// ---- pausing -------------------------------------------------------------------------
+
+// Holds one pause of a domain for its lifetime; nested holds pause Xen only once. A failed
+// unpause is retried: leaving a guest paused is the one failure a probe must never cause.
+class Engine::Pause {
+ public:
+  static Result<Pause> take(Engine& e, Domain& d) {
+    XP_TRY(e.pause(d));
+    return Pause(e, d);
+  }
+  Pause(Pause&& o) noexcept : e_(o.e_), d_(std::exchange(o.d_, nullptr)) {}
+  Pause& operator=(Pause&&) = delete;
+  ~Pause() {
+    if (d_) (void)e_.unpause(*d_);
+  }
+
+ private:
+  Pause(Engine& e, Domain& d) : e_(e), d_(&d) {}
+  Engine& e_;
+  Domain* d_;
+};
+
+Result<void> Engine::pause(Domain& d) {
+  if (batching_ && std::find(batch_paused_.begin(), batch_paused_.end(), &d) == batch_paused_.end()) {
+    // The batch's own hold, released by end_batch().
+    if (d.pause_depth == 0) {
+      XP_TRY(hv_.pause(d.id));
+      counters_.pauses++;
+    }
+    d.pause_depth++;
+    batch_paused_.push_back(&d);
+  }
+  if (d.pause_depth == 0) {
+    XP_TRY(hv_.pause(d.id));
+    counters_.pauses++;
+  }
+  d.pause_depth++;
+  return {};
+}
+
+Result<void> Engine::unpause(Domain& d) {
+  if (d.pause_depth == 0) return {};
+  if (--d.pause_depth > 0) return {};
+  Result<void> r;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = hv_.unpause(d.id);
+    if (r || r.error().code == Errc::NoSuchDomain) return {};
+    XP_LOG(Warn, "domain %u: unpause failed (%s), retrying", d.id.value, r.error().what.c_str());
+  }
+  XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, r.error().what.c_str());
+  return r;
+}
+
+Result<void> Engine::begin_batch() {
+  if (batching_) return fail(Errc::Busy, "a batch is already open");
+  batching_ = true;
+  return {};
+}
+
+Result<void> Engine::end_batch() {
+  if (!batching_) return fail(Errc::InvalidArgument, "no batch is open");
+  batching_ = false;
+  Result<void> r;
+  for (Domain* d : batch_paused_)
+    if (auto u = unpause(*d); !u) r = u;
+  batch_paused_.clear();
+  return r;
+}
+
+// ---- handler context ---------------------------------------------------------------
+
+class Engine::Ctx final : public HitContext {
+ public:
+  Ctx(Engine& e, Domain& d, const channel::Stop& s, Regs& regs, Gva addr)
+      : e_(e), d_(d), vcpu_(s.vcpu), regs_(regs), addr_(addr) {}
+  DomId domain() const override { return d_.id; }
+  VcpuId vcpu() const override { return vcpu_; }
+  Gva address() const override { return addr_; }
+  Regs& regs() override { return regs_; }
+  Result<void> read(Gva va, std::span<std::byte> out) override { return d_.memory->read(va, out); }
+  Result<void> write(Gva va, std::span<const std::byte> data) override { return d_.memory->write(va, data); }
+  Result<std::uint64_t> read_u64(Gva va) override { return d_.memory->read_u64(va); }
+  Result<std::string> read_string(Gva va, std::size_t max_len) override {
+    return d_.memory->read_string(va, max_len);
+  }
+  void stop() override { e_.request_stop(); }
+
+ private:
+  Engine& e_;
+  Domain& d_;
+  VcpuId vcpu_;
+  Regs& regs_;
+  Gva addr_;
+};
+
+// ---- construction, domains ----------------------------------------------------------
+
+Engine::Engine(hv::Hypervisor& hv, channel::Channel& ch) : hv_(hv), ch_(ch) {}
+
+Engine::~Engine() {
+  batching_ = false;
+  for (Domain* d : batch_paused_) (void)unpause(*d);
+  batch_paused_.clear();
+  for (DomId id : domains()) {
+    if (auto r = detach(id); !r)
+      XP_LOG(Error, "domain %u: detach failed: %s", id.value, r.error().what.c_str());
+  }
+}
+
+std::vector<DomId> Engine::domains() const {
+  std::vector<DomId> out;
+  for (const auto& [id, d] : domains_) out.push_back(id);
+  return out;
+}
+
+Result<Engine::Domain*> Engine::domain(DomId id) {
+  auto it = domains_.find(id);
+  if (it == domains_.end()) return fail(Errc::NoSuchDomain, "domain " + std::to_string(id.value) + " is not attached");
+  return it->second.get();
+}
+
+Engine::Domain* Engine::domain_of(const Point& p) {
+  auto it = domains_.find(p.dom);
+  if (it == domains_.end()) return nullptr;
+  auto pt = it->second->points.find(p.addr);
+  return pt != it->second->points.end() && pt->second.get() == &p ? it->second.get() : nullptr;
+}
+
+Result<void> Engine::refresh_context(Domain& d) {
+  hv::DomainInfo info = XP_TRY(hv_.domain_info(d.id));
+  hv::VcpuRegs r = XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{0}));
+  mem::PagingContext ctx = XP_TRY(mem::paging_context(info, r));
+  d.memory->set_context(ctx);
+  return {};
+}
+
+Result<void> Engine::attach(DomId id) {
+  if (domains_.contains(id)) return {};
+  auto d = std::make_unique<Domain>();
+  d->id = id;
+  hv::DomainInfo info = XP_TRY(hv_.domain_info(id));
+  if (info.dying || info.crashed)
+    return fail(Errc::NoSuchDomain, "domain " + std::to_string(id.value) + " is dying or crashed");
+  d->vcpus = info.vcpus;
+  d->source = std::make_unique<mem::HypervisorFrameSource>(hv_, id);
+  d->memory = std::make_unique<mem::GuestMemory>(*d->source);
+  XP_TRY(refresh_context(*d));
+  ModuleInfo mi = XP_TRY(read_module_info(hv_, id, check_mapped_via(*d->memory)));
+  d->kernel_text = mi.kernel_text;
+  d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi.areas, OeaPoolOptions{kSlotSize, 0})));
+  XP_TRY(ch_.attach(id));
+  domains_[id] = std::move(d);
+  return {};
+}
+
+Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
+  XP_TRY(attach(id));
+  Domain* d = XP_TRY(domain(id));
+  if (d->kernel_text.value) XP_TRY(t.slide_from_text(d->kernel_text));
+  d->syms = std::move(t);
+  return {};
+}
+
+const symbols::SymbolTable* Engine::symbols(DomId id) const {
+  auto it = domains_.find(id);
+  return it != domains_.end() && it->second->syms ? &*it->second->syms : nullptr;
+}
+
+void Engine::forget(DomId id) {
+  auto it = domains_.find(id);
+  if (it == domains_.end()) return;
+  std::erase(batch_paused_, it->second.get());
+  for (auto p = probes_.begin(); p != probes_.end();) {
+    if (p->second->point->dom == id)
+      p = probes_.erase(p);
+    else
+      ++p;
+  }
+  domains_.erase(it);
+  (void)ch_.detach(id);
+}
+
+Result<void> Engine::detach(DomId id) {
+  Domain* d = XP_TRY(domain(id));
+  {
+    auto hold = Pause::take(*this, *d);
+    if (!hold) {
+      if (hold.error().code == Errc::NoSuchDomain) {
+        forget(id);
+        return {};
+      }
+      return std::unexpected(hold.error());
+    }
+    for (auto& [addr, p] : d->points)
+      if (p->armed) XP_TRY(disarm(*d, *p));
+    // Stops that landed before the bytes went back are resumed now (rewound or sent on).
+    XP_TRY(ch_.flush(id, *this));
+    for (auto& [addr, p] : d->points) {
+      p->armed = false;
+      release_slot(*d, *p);
+    }
+  }
+  forget(id);
+  return {};
+}
+
+// ---- registration ---------------------------------------------------------------------
+
+Result<x86::Insn> Engine::decode_probe_point(Domain& d, Gva addr) {
+  if (d.syms) {
+    auto fn = d.syms->function_containing(addr);
+    if (fn && fn->size > 0 && fn->size <= kMaxFunctionBytes) {
+      std::vector<std::uint8_t> bytes(fn->size);
+      XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
+      // Bytes we patched ourselves read back as the original instruction.
+      for (auto& [a, p] : d.points)
+        if (p->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
+          bytes[a.value - fn->start.value] = p->original[0];
+      auto insn = x86::decode_at(bytes, fn->start, addr);
+      if (!insn) {
+        Error e = insn.error();
+        e.what = fn->name + ": " + e.what;
+        return std::unexpected(e);
+      }
+      return insn;
+    }
+  }
+  // No symbols for this address: the boundary cannot be checked; decode what is there.
+  std::array<std::uint8_t, x86::kMaxInsnLen> bytes{};
+  XP_TRY(d.memory->read(addr, std::as_writable_bytes(std::span(bytes))));
+  return x86::decode(bytes, addr);
+}
+
+bool Engine::needs_trap_tail(const Point& p) const {
+  return std::any_of(p.regs.begin(), p.regs.end(), [](const Registration* r) { return bool(r->post); });
+}
+
+bool Engine::any_enabled(const Point& p) const {
+  return std::any_of(p.regs.begin(), p.regs.end(), [](const Registration* r) { return r->enabled; });
+}
+
+Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<std::uint8_t, 32>* before) {
+  static_assert(kSlotSize == 32);
+  Gva slot = XP_TRY(d.pool->allocate());
+  if (before) {
+    if (auto r = d.memory->read(slot, std::as_writable_bytes(std::span(*before))); !r) {
+      (void)d.pool->release(slot);
+      return r;
+    }
+  }
+  std::array<std::uint8_t, kSlotSize> code{};
+  code.fill(0xcc);  // never executed: pads the slot
+  auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(),
+                          trap_tail ? x86::SlotTail::Trap : x86::SlotTail::JmpBack, ch_.trap_byte());
+  if (!n) {
+    (void)d.pool->release(slot);
+    return std::unexpected(n.error());
+  }
+  if (auto w = d.memory->write(slot, std::as_bytes(std::span(code))); !w) {
+    (void)d.pool->release(slot);
+    return w;
+  }
+  std::optional<Gva> old = p.slot;
+  bool old_tail = p.trap_tail;
+  p.slot = slot;
+  p.trap_tail = trap_tail;
+  if (trap_tail) d.slot_traps[slot + p.insn.length] = SlotTrap{&p, p.insn.next()};
+  if (old) {  // an armed point switches slots: the old one stays valid until reclaimed
+    if (old_tail) d.slot_traps[*old + p.insn.length].point = nullptr;
+    (void)d.pool->release(*old);
+  }
+  return {};
+}
+
+Result<void> Engine::arm(Domain& d, Point& p) {
+  if (p.armed) return {};
+  std::uint8_t b = ch_.trap_byte();
+  XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))));
+  p.armed = true;
+  return {};
+}
+
+Result<void> Engine::disarm(Domain& d, Point& p) {
+  if (!p.armed) return {};
+  XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(p.original.data(), 1))));
+  p.armed = false;
+  return {};
+}
+
+void Engine::release_slot(Domain& d, Point& p) {
+  if (!p.slot) return;
+  if (p.trap_tail) {
+    auto it = d.slot_traps.find(*p.slot + p.insn.length);
+    if (it != d.slot_traps.end()) it->second.point = nullptr;
+  }
+  (void)d.pool->release(*p.slot);
+  p.slot.reset();
+}
+
+Result<void> Engine::reclaim_slots(Domain& d) {
+  // With the domain paused: a dirty slot no vCPU is inside can be reused.
+  std::vector<std::uint64_t> rips;
+  for (unsigned v = 0; v < d.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
+  d.pool->reclaim(rips);
+  for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
+    auto slot = d.pool->slot_of(it->first);
+    if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty))
+      it = d.slot_traps.erase(it);
+    else
+      ++it;
+  }
+  return {};
+}
+
+Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post) {
+  if (!pre && !post) return fail(Errc::InvalidArgument, "a probe needs a pre-handler or a post-handler");
+  XP_TRY(attach(id));
+  Domain* d = XP_TRY(domain(id));
+  if (d->pool->contains(addr))
+    return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
+  for (auto& [slot, st] : d->slot_traps)
+    if (addr == slot) return fail(Errc::InvalidArgument, hex(addr.value) + " is a slot trap");
+
+  auto reg = std::make_unique<Registration>();
+  reg->id = next_id_;
+  reg->pre = std::move(pre);
+  reg->post = std::move(post);
+
+  auto existing = d->points.find(addr);
+  if (existing != d->points.end()) {
+    // Aggregate: the point is already decoded, slotted and (maybe) armed.
+    Point& p = *existing->second;
+    bool tail = reg->post && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel) && !p.trap_tail;
+    bool must_arm = !p.armed;
+    if (tail || must_arm) {
+      auto hold = XP_TRY(Pause::take(*this, *d));
+      if (tail) XP_TRY(write_slot(*d, p, true));
+      if (must_arm) XP_TRY(arm(*d, p));
+    }
+    reg->point = &p;
+    p.regs.push_back(reg.get());
+    ProbeId rid = next_id_++;
+    probes_[rid] = std::move(reg);
+    return rid;
+  }
+
+  auto point = std::make_unique<Point>();
+  point->dom = id;
+  point->addr = addr;
+  point->insn = XP_TRY(decode_probe_point(*d, addr));
+  point->plan = XP_TRY(x86::analyze(point->insn));
+  std::copy(point->insn.bytes.begin(), point->insn.bytes.end(), point->original.begin());
+
+  {
+    auto hold = XP_TRY(Pause::take(*this, *d));
+    XP_TRY(refresh_context(*d));
+    // The bytes may have changed since we decoded them (the guest patches itself too).
+    std::array<std::uint8_t, x86::kMaxInsnLen> now{};
+    XP_TRY(d->memory->read(addr, std::as_writable_bytes(std::span(now.data(), point->insn.length))));
+    if (!std::equal(now.begin(), now.begin() + point->insn.length, point->original.begin()))
+      return fail(Errc::Again, hex(addr.value) + ": the guest changed this instruction while we looked at it; retry");
+    bool boost = point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel;
+    std::array<std::uint8_t, kSlotSize> slot_before{};
+    if (boost) {
+      // Remember what the slot held, to put it back if arming fails.
+      auto r = write_slot(*d, *point, bool(reg->post), &slot_before);
+      if (!r) return std::unexpected(r.error());
+    }
+    if (auto r = arm(*d, *point); !r) {
+      if (point->slot) {
+        (void)d->memory->write(*point->slot, std::as_bytes(std::span(slot_before)));
+        d->slot_traps.erase(*point->slot + point->insn.length);
+        (void)d->pool->release(*point->slot);
+        point->slot.reset();
+      }
+      return std::unexpected(r.error());
+    }
+  }
+  reg->point = point.get();
+  point->regs.push_back(reg.get());
+  d->points[addr] = std::move(point);
+  ProbeId rid = next_id_++;
+  probes_[rid] = std::move(reg);
+  return rid;
+}
+
+Result<void> Engine::set_enabled(ProbeId id, bool on) {
+  auto it = probes_.find(id);
+  if (it == probes_.end()) return fail(Errc::NotFound, "no probe " + std::to_string(id));
+  Registration& r = *it->second;
+  if (r.enabled == on) return {};
+  Point& p = *r.point;
+  Domain* d = domain_of(p);
+  if (!d) return fail(Errc::NoSuchDomain, "the probe's domain is gone");
+  bool was = any_enabled(p);
+  r.enabled = on;
+  bool now = any_enabled(p);
+  if (was == now) return {};
+  auto hold = Pause::take(*this, *d);
+  if (!hold) {
+    r.enabled = !on;
+    return std::unexpected(hold.error());
+  }
+  auto res = now ? arm(*d, p) : disarm(*d, p);
+  if (!res) {
+    r.enabled = !on;
+    return res;
+  }
+  if (!now) XP_TRY(ch_.flush(d->id, *this));
+  return {};
+}
+
+Result<void> Engine::remove(ProbeId id) {
+  if (!probes_.contains(id)) return fail(Errc::NotFound, "no probe " + std::to_string(id));
+  if (dispatching_) {  // from a handler: after the current hit
+    if (std::find(deferred_removals_.begin(), deferred_removals_.end(), id) == deferred_removals_.end())
+      deferred_removals_.push_back(id);
+    probes_[id]->enabled = false;
+    return {};
+  }
+  return remove_now(id);
+}
+
+Result<void> Engine::remove_now(ProbeId id) {
+  auto it = probes_.find(id);
+  if (it == probes_.end()) return {};
+  Registration& r = *it->second;
+  Point* p = r.point;
+  Domain* d = domain_of(*p);
+  if (!d) {
+    probes_.erase(it);
+    return {};
+  }
+  if (p->regs.size() > 1) {
+    std::erase(p->regs, &r);
+    bool tail_needed = needs_trap_tail(*p);
+    bool enabled = any_enabled(*p);
+    if ((p->trap_tail && !tail_needed) || (p->armed && !enabled)) {
+      auto hold = XP_TRY(Pause::take(*this, *d));
+      if (p->armed && !enabled) {
+        XP_TRY(disarm(*d, *p));
+        XP_TRY(ch_.flush(d->id, *this));
+      }
+      if (p->trap_tail && !tail_needed) XP_TRY(write_slot(*d, *p, false));
+      XP_TRY(reclaim_slots(*d));
+    }
+    probes_.erase(it);
+    return {};
+  }
+  // The last registration: restore the bytes, resume pending stops, free the slot.
+  auto hold = XP_TRY(Pause::take(*this, *d));
+  XP_TRY(disarm(*d, *p));
+  XP_TRY(ch_.flush(d->id, *this));
+  release_slot(*d, *p);
+  d->points.erase(p->addr);
+  probes_.erase(it);
+  XP_TRY(reclaim_slots(*d));
+  return {};
+}
+
+void Engine::flush_deferred() {
+  auto ids = std::move(deferred_removals_);
+  deferred_removals_.clear();
+  for (ProbeId id : ids)
+    if (auto r = remove_now(id); !r) XP_LOG(Error, "probe %" PRIu64 ": deferred removal failed: %s", id, r.error().what.c_str());
+}
+
+ProbeStats Engine::stats(ProbeId id) const {
+  auto it = probes_.find(id);
+  return it == probes_.end() ? ProbeStats{} : it->second->stats;
+}
+
+Result<ProbeInfo> Engine::info(ProbeId id) const {
+  auto it = probes_.find(id);
+  if (it == probes_.end()) return fail(Errc::NotFound, "no probe " + std::to_string(id));
+  const Point& p = *it->second->point;
+  ProbeInfo i;
+  i.address = p.addr;
+  i.instruction = p.insn.describe();
+  i.mode = exec_mode(p.plan, p.trap_tail);
+  i.slot = p.slot.value_or(Gva{0});
+  return i;
+}
+
+// ---- hits ---------------------------------------------------------------------------
+
+bool Engine::owns_trap(DomId id, Gva addr) const {
+  auto it = domains_.find(id);
+  if (it == domains_.end()) return false;
+  const Domain& d = *it->second;
+  auto p = d.points.find(addr);
+  if (p != d.points.end() && p->second->armed) return true;
+  return d.slot_traps.contains(addr);
+}
+
+channel::Verdict Engine::on_stop(channel::Stop& s) {
+  auto it = domains_.find(s.domain);
+  if (it == domains_.end()) return channel::Verdict::NotOurs;
+  Domain& d = *it->second;
+  channel::Verdict v = channel::Verdict::NotOurs;
+  dispatching_ = true;
+  if (auto p = d.points.find(s.trap); p != d.points.end() && p->second->armed) {
+    v = hit_point(d, *p->second, s);
+  } else if (auto st = d.slot_traps.find(s.trap); st != d.slot_traps.end()) {
+    v = hit_slot(d, st->second, s);
+  }
+  dispatching_ = false;
+  if (!deferred_removals_.empty()) flush_deferred();
+  return v;
+}
+
+bool Engine::emulate(Domain& d, Point& p, Regs& r) {
+  x86::CpuState s = cpu_state(r);
+  Result<x86::BranchOutcome> out = fail(Errc::InvalidArgument, "");
+  if (p.plan == x86::Plan::EmulateBranch) {
+    out = x86::branch_outcome(p.insn, s);
+  } else {
+    Result<std::uint64_t> loaded = fail(Errc::InvalidArgument, "");
+    if (p.insn.branch == x86::BranchKind::Ret) {
+      loaded = d.memory->read_u64(Gva{r.rsp});
+    } else if (auto ea = x86::effective_address(p.insn, s)) {
+      loaded = d.memory->read_u64(*ea);
+    } else {
+      loaded = std::unexpected(ea.error());
+    }
+    if (!loaded) {
+      XP_LOG(Error, "%s: cannot read the branch target: %s", p.insn.describe().c_str(), loaded.error().what.c_str());
+      return false;
+    }
+    out = x86::loaded_branch_outcome(p.insn, *loaded);
+  }
+  if (!out) {
+    XP_LOG(Error, "%s: cannot emulate: %s", p.insn.describe().c_str(), out.error().what.c_str());
+    return false;
+  }
+  if (out->push_return) {
+    if (auto w = d.memory->write_u64(Gva{r.rsp - 8}, out->return_addr.value); !w) {
+      XP_LOG(Error, "%s: cannot push the return address: %s", p.insn.describe().c_str(), w.error().what.c_str());
+      return false;
+    }
+    r.rsp -= 8;
+  }
+  r.rsp += out->release_bytes;
+  if (out->writes_rcx) r.rcx = out->rcx;
+  r.rip = out->next_rip.value;
+  return true;
+}
+
+void Engine::run_post(Domain& d, Point& p, channel::Stop& s) {
+  Ctx ctx(*this, d, s, s.regs, p.addr);
+  for (Registration* r : p.regs)
+    if (r->enabled && r->post) r->post(ctx);
+}
+
+channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
+  counters_.hits++;
+  Regs& r = s.regs;
+  r.rip = p.addr.value;
+  Ctx ctx(*this, d, s, r, p.addr);
+  for (Registration* reg : p.regs) {
+    if (!reg->enabled) continue;
+    reg->stats.hits++;
+    if (!reg->pre) continue;
+    int rc = reg->pre(ctx);
+    if (rc != 0 || r.rip != p.addr.value) {
+      // The handler sent the vCPU elsewhere: the probed instruction does not run.
+      counters_.redirected++;
+      if (r.rip == p.addr.value) {
+        XP_LOG(Warn, "probe at %s: pre-handler returned %d without changing rip; running the instruction",
+               hex(p.addr.value).c_str(), rc);
+        break;
+      }
+      return channel::Verdict::Resume;
+    }
+  }
+  switch (p.plan) {
+    case x86::Plan::Skip:
+      counters_.skipped++;
+      r.rip = p.insn.next().value;
+      run_post(d, p, s);
+      break;
+    case x86::Plan::Boost:
+    case x86::Plan::BoostRipRel:
+      if (p.trap_tail)
+        counters_.trap_after++;
+      else
+        counters_.boosted++;
+      r.rip = p.slot->value;
+      break;
+    case x86::Plan::EmulateBranch:
+    case x86::Plan::EmulateLoaded:
+      if (!emulate(d, p, r)) {
+        // Give the instruction back to the guest rather than guess: restore it and re-run it.
+        for (Registration* reg : p.regs) reg->stats.missed++;
+        (void)disarm(d, p);
+        r.rip = p.addr.value;
+        return channel::Verdict::Resume;
+      }
+      counters_.emulated++;
+      run_post(d, p, s);
+      break;
+  }
+  return channel::Verdict::Resume;
+}
+
+channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& s) {
+  counters_.slot_traps++;
+  s.regs.rip = st.resume.value;
+  if (st.point) run_post(d, *st.point, s);
+  return channel::Verdict::Resume;
+}
+
+void Engine::on_channel_failure(DomId id, const Error& e) {
+  auto it = domains_.find(id);
+  if (it == domains_.end()) return;
+  for (auto& [addr, p] : it->second->points) {
+    if (auto r = disarm(*it->second, *p); !r)
+      XP_LOG(Error, "domain %u: cannot restore %s: %s", id.value, hex(addr.value).c_str(), r.error().what.c_str());
+    for (Registration* reg : p->regs) reg->enabled = false;
+  }
+  XP_LOG(Error, "domain %u: every probe disarmed: %s", id.value, e.what.c_str());
+}
+
+}  // namespace xenprobes::probe

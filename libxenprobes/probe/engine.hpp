@@ -1,0 +1,147 @@
+// The probe engine: probe points per domain (aggregates), their slots, arming and disarming
+// under pause, and what a hit means (design.md "One XP hit, end to end"). Channel-agnostic:
+// a channel finds stopped vCPUs and hands them to on_stop().
+#pragma once
+
+#include <array>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "channel/channel.hpp"
+#include "mem/frame_source.hpp"
+#include "mem/guest_memory.hpp"
+#include "probe/module_info.hpp"
+#include "probe/oea_pool.hpp"
+#include "symbols/symbol_table.hpp"
+#include "x86/analysis.hpp"
+#include "x86/insn.hpp"
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobes::probe {
+
+using ProbeId = std::uint64_t;
+
+class Engine final : public channel::StopSink {
+ public:
+  Engine(hv::Hypervisor& hv, channel::Channel& ch);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Attaches on first use: reads the guest module's keys (OEA), attaches the channel.
+  [[nodiscard]] Result<void> attach(DomId);
+  // Disarms every probe in the domain (restoring bytes, resuming pending stops), detaches.
+  [[nodiscard]] Result<void> detach(DomId);
+  [[nodiscard]] Result<void> set_symbols(DomId, symbols::SymbolTable);
+  const symbols::SymbolTable* symbols(DomId) const;
+
+  [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler);
+  [[nodiscard]] Result<void> remove(ProbeId);
+  [[nodiscard]] Result<void> set_enabled(ProbeId, bool);
+  ProbeStats stats(ProbeId) const;
+  [[nodiscard]] Result<ProbeInfo> info(ProbeId) const;
+
+  // Batches: every domain touched between begin and end is paused once.
+  [[nodiscard]] Result<void> begin_batch();
+  [[nodiscard]] Result<void> end_batch();
+
+  // A domain is gone (released): forget it without touching it.
+  void forget(DomId);
+  std::vector<DomId> domains() const;
+
+  bool stop_requested() const { return stop_requested_; }
+  void clear_stop() { stop_requested_ = false; }
+  void request_stop() { stop_requested_ = true; }
+
+  // StopSink
+  bool owns_trap(DomId, Gva) const override;
+  channel::Verdict on_stop(channel::Stop&) override;
+  void on_channel_failure(DomId, const Error&) override;
+
+  // Counters for tests and benchmarks.
+  struct Counters {
+    std::uint64_t hits = 0, boosted = 0, emulated = 0, skipped = 0, trap_after = 0,
+                  redirected = 0, slot_traps = 0;
+    std::uint64_t pauses = 0;  // domain pauses the engine itself took
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  struct Point;
+  struct Registration {
+    ProbeId id;
+    Point* point;
+    PreHandler pre;
+    PostHandler post;
+    bool enabled = true;
+    ProbeStats stats;
+  };
+  struct Point {
+    DomId dom;
+    Gva addr;
+    x86::Insn insn;
+    x86::Plan plan = x86::Plan::Boost;
+    std::array<std::uint8_t, x86::kMaxInsnLen> original{};
+    std::optional<Gva> slot;     // Boost plans
+    bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
+    bool armed = false;
+    std::vector<Registration*> regs;  // registration order
+  };
+  // A slot trap that still resolves after its point went away (until the slot is reclaimed).
+  struct SlotTrap {
+    Point* point;   // null once the point is gone
+    Gva resume;     // the instruction after the probed one
+  };
+  struct Domain {
+    DomId id;
+    unsigned vcpus = 0;
+    std::unique_ptr<mem::HypervisorFrameSource> source;
+    std::unique_ptr<mem::GuestMemory> memory;
+    std::unique_ptr<OeaPool> pool;
+    std::optional<symbols::SymbolTable> syms;
+    Gva kernel_text;
+    std::map<Gva, std::unique_ptr<Point>> points;
+    std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
+    unsigned pause_depth = 0;
+  };
+  class Pause;  // RAII domain pause, nested through Domain::pause_depth
+  class Ctx;    // HitContext implementation
+
+  Result<Domain*> domain(DomId);
+  Domain* domain_of(const Point&);
+  Result<void> pause(Domain&);
+  Result<void> unpause(Domain&);
+  Result<void> refresh_context(Domain&);
+  Result<x86::Insn> decode_probe_point(Domain&, Gva);
+  // Allocates and writes a new slot for the point; `before` receives what the slot held.
+  Result<void> write_slot(Domain&, Point&, bool trap_tail, std::array<std::uint8_t, 32>* before = nullptr);
+  Result<void> arm(Domain&, Point&);
+  Result<void> disarm(Domain&, Point&);
+  Result<void> remove_now(ProbeId);
+  void release_slot(Domain&, Point&);
+  Result<void> reclaim_slots(Domain&);
+  bool needs_trap_tail(const Point&) const;
+  bool any_enabled(const Point&) const;
+  void run_post(Domain&, Point&, channel::Stop&);
+  channel::Verdict hit_point(Domain&, Point&, channel::Stop&);
+  channel::Verdict hit_slot(Domain&, const SlotTrap&, channel::Stop&);
+  bool emulate(Domain&, Point&, Regs&);
+  void flush_deferred();
+
+  hv::Hypervisor& hv_;
+  channel::Channel& ch_;
+  std::map<DomId, std::unique_ptr<Domain>> domains_;
+  std::map<ProbeId, std::unique_ptr<Registration>> probes_;
+  ProbeId next_id_ = 1;
+  bool batching_ = false;
+  std::vector<Domain*> batch_paused_;
+  bool dispatching_ = false;
+  std::vector<ProbeId> deferred_removals_;
+  bool stop_requested_ = false;
+  Counters counters_;
+};
+
+}  // namespace xenprobes::probe

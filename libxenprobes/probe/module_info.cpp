@@ -1,0 +1,259 @@
+#include "probe/module_info.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <limits>
+
+#include "mem/guest_memory.hpp"
+#include "xenprobes/protocol.h"
+
+namespace xenprobes::probe {
+
+namespace {
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+// "xenstore key <path> = '<value>': <why>"
+std::string bad(const std::string& path, std::string_view value, std::string_view why) {
+  return "xenstore key " + path + " = '" + sanitize(value) + "': " + std::string(why);
+}
+
+bool ranges_overlap(std::uint64_t a_first, std::uint64_t a_last, std::uint64_t b_first,
+                    std::uint64_t b_last) {
+  return a_first <= b_last && b_first <= a_last;
+}
+
+// Reads a key the module must have written; a missing key is NotFound naming it.
+Result<std::string> read_required(hv::Hypervisor& hv, const std::string& path) {
+  auto v = hv.xs_read(path);
+  if (!v) {
+    if (v.error().code == Errc::NotFound)
+      return fail(Errc::NotFound,
+                  "xenstore key " + path + " is missing although the guest module says it is ready");
+    return fail(v.error().code, "reading xenstore key " + path + ": " + v.error().what);
+  }
+  return *v;
+}
+
+Result<std::uint64_t> read_decimal(hv::Hypervisor& hv, const std::string& path, std::uint64_t min,
+                                   std::uint64_t max) {
+  auto s = XP_TRY(read_required(hv, path));
+  auto v = parse_decimal(s, max);
+  if (!v) return fail(Errc::InvalidArgument, bad(path, s, "not a decimal number up to " + std::to_string(max)));
+  if (*v < min) return fail(Errc::InvalidArgument, bad(path, s, "must be at least " + std::to_string(min)));
+  return *v;
+}
+
+// Every byte of [first, last] within rel32 reach of `text`: a jmp rel32 from a slot back to
+// the kernel (and a RIP-relative operand aimed at the kernel) must be encodable. The x86
+// relocator still checks each displacement exactly; this refuses areas where no slot could.
+bool within_rel32(std::uint64_t first, std::uint64_t last, std::uint64_t text) {
+  auto lo = static_cast<std::int64_t>(first - text);
+  auto hi = static_cast<std::int64_t>(last - text);
+  return lo >= std::numeric_limits<std::int32_t>::min() && hi <= std::numeric_limits<std::int32_t>::max();
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> parse_decimal(std::string_view s, std::uint64_t max) {
+  if (s.empty() || s.size() > 20) return std::nullopt;
+  if (s.size() > 1 && s[0] == '0') return std::nullopt;  // no leading zeros (octal ambiguity)
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    auto d = static_cast<std::uint64_t>(c - '0');
+    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  if (v > max) return std::nullopt;
+  return v;
+}
+
+std::optional<std::uint64_t> parse_hex(std::string_view s) {
+  if (s.size() < 3 || s.size() > 18 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s.substr(2)) {
+    unsigned d;
+    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
+    else return std::nullopt;
+    v = (v << 4) | d;  // at most 16 digits: cannot overflow
+  }
+  return v;
+}
+
+std::string sanitize(std::string_view s) {
+  constexpr std::size_t kMax = 40;
+  std::string out;
+  for (char c : s.substr(0, kMax)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (s.size() > kMax) out += "...";
+  return out;
+}
+
+std::string module_dir(DomId dom) {
+  return "/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR;
+}
+
+std::string module_key(DomId dom, std::string_view key) {
+  return module_dir(dom) + "/" + std::string(key);
+}
+
+Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMapped& check_mapped,
+                                    const ModuleInfoOptions& options) {
+  if (!check_mapped) return fail(Errc::InvalidArgument, "read_module_info: no check_mapped callback");
+  const std::string domstr = std::to_string(dom.value);
+  ModuleInfo info;
+
+  // version: its absence means the module is not loaded at all.
+  const std::string vpath = module_key(dom, XENPROBES_XS_VERSION);
+  auto vs = hv.xs_read(vpath);
+  if (!vs) {
+    if (vs.error().code == Errc::NotFound)
+      return fail(Errc::NotFound,
+                  "the guest module xenprobesU is not loaded in domain " + domstr + " (no " + vpath +
+                      "): load it in the guest (insmod xenprobesU.ko), or use the agentless vmevent "
+                      "channel in int3 mode, which needs no out-of-line execution area (HVM/PVH only)");
+    return fail(vs.error().code, "reading xenstore key " + vpath + ": " + vs.error().what);
+  }
+  auto version = parse_decimal(*vs, std::numeric_limits<unsigned>::max());
+  if (!version) return fail(Errc::InvalidArgument, bad(vpath, *vs, "not a decimal protocol version"));
+  if (*version != XENPROBES_PROTOCOL_VERSION)
+    return fail(Errc::NotSupported, "guest module speaks protocol " + std::to_string(*version) +
+                                        ", this library speaks " +
+                                        std::to_string(XENPROBES_PROTOCOL_VERSION) +
+                                        ": install matching versions of xenprobesU and libxenprobes");
+  info.version = static_cast<unsigned>(*version);
+
+  // state: written last by the module, so checking it before the rest avoids half a set.
+  const std::string spath = module_key(dom, XENPROBES_XS_STATE);
+  auto st = hv.xs_read(spath);
+  if (!st) {
+    if (st.error().code == Errc::NotFound)
+      return fail(Errc::Again, "guest module not ready in domain " + domstr + " (no " + spath +
+                                   " yet): watch it and retry");
+    return fail(st.error().code, "reading xenstore key " + spath + ": " + st.error().what);
+  }
+  if (*st != XENPROBES_XS_STATE_READY)
+    return fail(Errc::Again, "guest module not ready in domain " + domstr + " (" + spath + " = '" +
+                                 sanitize(*st) + "'): watch it and retry");
+
+  // kernel-text: canonical upper half, page aligned, and the guard above it must not wrap.
+  const std::string tpath = module_key(dom, XENPROBES_XS_KERNEL_TEXT);
+  auto ts = XP_TRY(read_required(hv, tpath));
+  auto text = parse_hex(ts);
+  if (!text) return fail(Errc::InvalidArgument, bad(tpath, ts, "not a 0x-prefixed 64-bit hex address"));
+  if (*text < kUpperHalfStart)
+    return fail(Errc::InvalidArgument, bad(tpath, ts, "not a canonical kernel (upper-half) address"));
+  if (*text % kPageSize)
+    return fail(Errc::InvalidArgument, bad(tpath, ts, "not page aligned"));
+  if (options.kernel_text_guard > std::numeric_limits<std::uint64_t>::max() - *text)
+    return fail(Errc::InvalidArgument, bad(tpath, ts, "too close to the top of the address space"));
+  info.kernel_text = Gva{*text};
+
+  // release: printable, bounded (it ends up in messages and in System.map lookups).
+  const std::string rpath = module_key(dom, XENPROBES_XS_RELEASE);
+  auto rel = XP_TRY(read_required(hv, rpath));
+  if (rel.empty() || rel.size() > kMaxReleaseLen ||
+      !std::all_of(rel.begin(), rel.end(), [](char c) { return c > 0x20 && c < 0x7f; }))
+    return fail(Errc::InvalidArgument,
+                bad(rpath, rel, "not a kernel release (1.." + std::to_string(kMaxReleaseLen) +
+                                    " printable characters, no blanks)"));
+  info.release = std::move(rel);
+
+  info.nr_cpus = static_cast<unsigned>(
+      XP_TRY(read_decimal(hv, module_key(dom, XENPROBES_XS_NR_CPUS), 1, kMaxNrCpus)));
+  auto count = XP_TRY(read_decimal(hv, module_key(dom, XENPROBES_XS_OEA_COUNT), 1, XENPROBES_OEA_MAX_AREAS));
+
+  const std::uint64_t guard_first = *text, guard_last = *text + options.kernel_text_guard - 1;
+  for (unsigned i = 0; i < count; ++i) {
+    char key[64];
+    std::snprintf(key, sizeof key, XENPROBES_XS_OEA_ADDR_FMT, i);
+    const std::string apath = module_key(dom, key);
+    std::snprintf(key, sizeof key, XENPROBES_XS_OEA_SIZE_FMT, i);
+    const std::string zpath = module_key(dom, key);
+    auto as = XP_TRY(read_required(hv, apath));
+    auto zs = XP_TRY(read_required(hv, zpath));
+
+    auto addr = parse_hex(as);
+    if (!addr) return fail(Errc::InvalidArgument, bad(apath, as, "not a 0x-prefixed 64-bit hex address"));
+    auto size = parse_decimal(zs, std::numeric_limits<std::uint64_t>::max());
+    if (!size) return fail(Errc::InvalidArgument, bad(zpath, zs, "not a decimal size"));
+    if (*size == 0 || *size % kPageSize)
+      return fail(Errc::InvalidArgument, bad(zpath, zs, "not a nonzero multiple of 4096"));
+    if (*size > XENPROBES_OEA_MAX_SIZE)
+      return fail(Errc::InvalidArgument,
+                  bad(zpath, zs, "larger than " + std::to_string(XENPROBES_OEA_MAX_SIZE) + " bytes"));
+    if (*addr % kPageSize) return fail(Errc::InvalidArgument, bad(apath, as, "not page aligned"));
+    if (*size - 1 > std::numeric_limits<std::uint64_t>::max() - *addr)
+      return fail(Errc::InvalidArgument,
+                  bad(apath, as, "area of " + zs + " bytes wraps around the address space"));
+    const OeaArea area{Gva{*addr}, *size};
+    if (*addr < kUpperHalfStart)
+      return fail(Errc::InvalidArgument, bad(apath, as, "not a canonical kernel (upper-half) address"));
+    if (!within_rel32(*addr, area.last(), *text))
+      return fail(Errc::InvalidArgument,
+                  bad(apath, as, "area [" + hex(*addr) + ", " + hex(area.last()) +
+                                     "] is not entirely within +-2 GiB (rel32) of kernel text " + hex(*text)));
+    if (ranges_overlap(*addr, area.last(), guard_first, guard_last))
+      return fail(Errc::InvalidArgument,
+                  bad(apath, as, "area overlaps the kernel image [" + hex(guard_first) + ", " +
+                                     hex(guard_last) + "]"));
+    for (unsigned j = 0; j < info.areas.size(); ++j) {
+      const auto& o = info.areas[j];
+      if (ranges_overlap(*addr, area.last(), o.addr.value, o.last()))
+        return fail(Errc::InvalidArgument, bad(apath, as, "area overlaps oea/" + std::to_string(j)));
+    }
+    for (std::uint64_t off = 0; off < *size; off += kPageSize) {
+      if (auto r = check_mapped(Gva{*addr + off}); !r)
+        return fail(Errc::Fault, bad(apath, as, "page " + hex(*addr + off) + " is not usable: " + r.error().what));
+    }
+    info.areas.push_back(area);
+  }
+  return info;
+}
+
+Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<const OeaArea> known) {
+  if (fresh.areas.size() < known.size())
+    return fail(Errc::Io, "the guest module now publishes " + std::to_string(fresh.areas.size()) +
+                              " out-of-line execution areas, " + std::to_string(known.size()) +
+                              " were known: published areas must never disappear");
+  for (std::size_t i = 0; i < known.size(); ++i)
+    if (!(fresh.areas[i] == known[i]))
+      return fail(Errc::Io, "the guest module moved out-of-line execution area oea/" + std::to_string(i) +
+                                " from " + hex(known[i].addr.value) + " (" + std::to_string(known[i].size) +
+                                " bytes) to " + hex(fresh.areas[i].addr.value) + " (" +
+                                std::to_string(fresh.areas[i].size) + " bytes)");
+  return std::vector<OeaArea>(fresh.areas.begin() + static_cast<std::ptrdiff_t>(known.size()),
+                              fresh.areas.end());
+}
+
+Result<void> request_growth(hv::Hypervisor& hv, DomId dom, std::size_t bytes) {
+  if (bytes == 0 || bytes > XENPROBES_OEA_MAX_SIZE)
+    return fail(Errc::InvalidArgument, "an out-of-line execution area grows by 1.." +
+                                           std::to_string(XENPROBES_OEA_MAX_SIZE) + " bytes, not " +
+                                           std::to_string(bytes));
+  const std::uint64_t rounded = (bytes + kPageSize - 1) / kPageSize * kPageSize;
+  if (auto r = hv.xs_rm(module_key(dom, XENPROBES_XS_OEA_ERROR)); !r && r.error().code != Errc::NotFound)
+    return fail(r.error().code, "clearing " + module_key(dom, XENPROBES_XS_OEA_ERROR) + ": " + r.error().what);
+  const std::string path = module_key(dom, XENPROBES_XS_OEA_REQUEST);
+  if (auto r = hv.xs_write(path, std::to_string(rounded)); !r)
+    return fail(r.error().code, "asking the guest module for a larger area (" + path + "): " + r.error().what);
+  return {};
+}
+
+CheckMapped check_mapped_via(mem::GuestMemory& memory) {
+  return [&memory](Gva page) -> Result<void> {
+    auto t = memory.translate(page);
+    if (!t) return std::unexpected(std::move(t.error()));
+    if (t->nx) return fail(Errc::Fault, "mapped no-execute (NX)");
+    return {};
+  };
+}
+
+}  // namespace xenprobes::probe

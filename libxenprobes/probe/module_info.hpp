@@ -1,0 +1,100 @@
+// What the guest module (xenprobesU) publishes in xenstore, read and validated as hostile
+// input. The key set and the growth protocol are documented in include/xenprobes/protocol.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.hpp"
+#include "common/types.hpp"
+#include "hv/hypervisor.hpp"
+
+namespace xenprobes::mem {
+class GuestMemory;
+}
+
+namespace xenprobes::probe {
+
+// One out-of-line execution area: [addr, addr + size), guest-virtual.
+struct OeaArea {
+  Gva addr;
+  std::uint64_t size = 0;
+
+  Gva end() const { return addr + size; }  // may be 0 for an area ending at the top: use last()
+  std::uint64_t last() const { return addr.value + size - 1; }
+  bool contains(Gva va) const { return va.value >= addr.value && va.value - addr.value < size; }
+  bool operator==(const OeaArea&) const = default;
+};
+
+struct ModuleInfo {
+  unsigned version = 0;
+  Gva kernel_text;          // the running kernel's _text (KASLR slide = kernel_text - link address)
+  std::string release;      // uname -r
+  unsigned nr_cpus = 0;
+  std::vector<OeaArea> areas;  // in publication order (oea/0 first)
+};
+
+// Tells whether the guest page at `page` (4 KiB aligned) is mapped (and executable) in the
+// guest; an error says why not. The engine passes check_mapped_via(GuestMemory).
+using CheckMapped = std::function<Result<void>(Gva page)>;
+
+struct ModuleInfoOptions {
+  // An area must not overlap [kernel_text, kernel_text + kernel_text_guard). We are not told
+  // where the kernel image ends, so this is a lower bound on its size: every x86-64 Linux
+  // image is larger than 16 MiB with a distribution config, and module memory (where a real
+  // OEA lives: MODULES_VADDR) always starts past the image's end. It catches a module that
+  // publishes kernel text itself as its "area"; it is not a proof that the area is free.
+  std::uint64_t kernel_text_guard = 16ull << 20;
+};
+
+inline constexpr unsigned kMaxNrCpus = 8192;          // Linux CONFIG_NR_CPUS upper bound
+inline constexpr std::size_t kMaxReleaseLen = 64;     // utsname.release without the NUL
+inline constexpr std::uint64_t kUpperHalfStart = 0xffff800000000000ull;  // canonical with LA48 and LA57
+
+// "/local/domain/<id>/data/xenprobes" and "/local/domain/<id>/data/xenprobes/<key>".
+std::string module_dir(DomId);
+std::string module_key(DomId, std::string_view key);
+
+// Reads and validates everything the module publishes (the order of the checks: version,
+// state, kernel-text, release, nr-cpus, oea/count, then each area). Errors:
+//  - NotFound: no version key (module not loaded), or a required key is missing;
+//  - NotSupported: another protocol version;
+//  - Again: state is not "ready" (the module is still publishing: watch the state key);
+//  - InvalidArgument: a value is malformed or breaks a rule; the message names the key and
+//    the (sanitised) value;
+//  - Fault: a page of an area is not mapped (check_mapped's reason appended);
+//  - whatever xs_read fails with otherwise.
+[[nodiscard]] Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom,
+                                                  const CheckMapped& check_mapped,
+                                                  const ModuleInfoOptions& options = {});
+
+// The areas of `fresh` (a re-read after growth) that `known` does not have yet. A known area
+// that moved or vanished is refused with Io: Dom0 may have slot code in it.
+[[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh,
+                                                       std::span<const OeaArea> known);
+
+// Asks the module for one more area of at least `bytes` (rounded up to whole pages): removes
+// a stale oea-error, then writes oea-request. InvalidArgument for 0 or more than
+// XENPROBES_OEA_MAX_SIZE. Watch module_key(dom, XENPROBES_XS_OEA_COUNT) (and oea-error), then
+// read_module_info + added_areas + OeaPool::add_area.
+[[nodiscard]] Result<void> request_growth(hv::Hypervisor& hv, DomId dom, std::size_t bytes);
+
+// A CheckMapped that walks the guest's page tables: the page must translate and must not be
+// NX (the guest executes slot code). The GuestMemory must outlive the callback.
+CheckMapped check_mapped_via(mem::GuestMemory& memory);
+
+// Strict parsers for hostile strings (exposed for tests).
+// Decimal: 1..20 digits, no sign, blanks or leading zeros ("0" itself is fine), value <= max.
+[[nodiscard]] std::optional<std::uint64_t> parse_decimal(std::string_view s, std::uint64_t max);
+// Hex: "0x" or "0X" then 1..16 hex digits, nothing else.
+[[nodiscard]] std::optional<std::uint64_t> parse_hex(std::string_view s);
+// A hostile value made safe for an error message: printable ASCII, at most 40 characters.
+std::string sanitize(std::string_view s);
+
+}  // namespace xenprobes::probe

@@ -1,0 +1,101 @@
+// Probe-engine tests: the public Session API over the simulated Xen running the demo guest.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "demo_abi.h"
+#include "symbols/symbol_table.hpp"
+#include "x86/insn.hpp"
+#include "xenprobes/sim.hpp"
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobes::testing {
+
+using namespace std::chrono_literals;
+
+inline std::string demo_map() { return hv::sim::default_guest_dir() + "/System.map"; }
+
+inline hv::sim::DomainConfig demo_config(unsigned vcpus = 1, std::uint64_t iterations = 5) {
+  hv::sim::DomainConfig c;
+  c.vcpus = vcpus;
+  c.iterations = iterations;
+  return c;
+}
+
+// A host, a demo-guest domain (created paused so probes are in place before it runs) and a
+// Session on a Dom0 handle of that host.
+struct ProbedGuest {
+  std::shared_ptr<hv::sim::SimHost> host;
+  DomId dom;
+  std::unique_ptr<Session> session;
+
+  explicit ProbedGuest(hv::sim::DomainConfig cfg = demo_config(), hv::sim::SimOptions opts = {}) {
+    host = hv::sim::SimHost::create(opts);
+    cfg.start_paused = true;
+    auto id = host->create_domain(cfg);
+    if (!id) throw std::runtime_error(id.error().what);
+    dom = *id;
+    auto s = Session::open(host->open());
+    if (!s) throw std::runtime_error(s.error().what);
+    session = std::move(*s);
+    auto l = session->load_symbols(dom, demo_map());
+    if (!l) throw std::runtime_error(l.error().what);
+  }
+
+  void start() {
+    auto r = session->hypervisor().unpause(dom);
+    if (!r) throw std::runtime_error(r.error().what);
+  }
+
+  // Runs the session's loop until the workload has finished (true) or something went wrong.
+  bool run_to_completion(std::chrono::milliseconds timeout = 60s) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      auto r = session->run_once(2);
+      if (!r) {
+        ADD_FAILURE() << "run_once: " << r.error().what;
+        return false;
+      }
+      if (!host->crash_reason(dom).empty()) return false;
+      if (host->wait_halted(dom, 0ms)) return true;
+    }
+    return false;
+  }
+
+  std::uint64_t sym(const char* name) { return *host->symbol(dom, name); }
+
+  demo_stats stats(unsigned vcpu) {
+    demo_stats st{};
+    (void)host->peek(dom, sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
+    return st;
+  }
+
+  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) {
+    std::vector<std::uint8_t> b(n);
+    auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b)));
+    if (!r) throw std::runtime_error(r.error().what);
+    return b;
+  }
+};
+
+// The reference: the same workload without probes.
+inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsigned vcpus = 1) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(vcpus, iterations);
+  DomId dom = *host->create_domain(c);
+  if (!host->wait_halted(dom, 60s)) throw std::runtime_error("reference run did not finish");
+  demo_stats st{};
+  (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS) + vcpu * sizeof(demo_stats),
+                   std::as_writable_bytes(std::span(&st, 1)));
+  return st;
+}
+
+inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
+  static const std::uint64_t k[DEMO_NFUNCS] = DEMO_CALLS_PER_ITER_INIT;
+  return k[fn] * iterations;
+}
+
+}  // namespace xenprobes::testing

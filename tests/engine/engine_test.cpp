@@ -1,0 +1,405 @@
+// XP probes over the VIRQ_DEBUGGER channel on the simulated Xen: handlers, aggregates,
+// enable/disable, unregister, stop, two domains, refusals, ENOSPC, transactions.
+#include <set>
+#include <thread>
+
+#include "xenprobes/guest_view.hpp"
+
+#include "engine/engine_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+TEST(Probe, EntryHitsEqualCallsAndTheGuestIsUnchanged) {
+  ProbedGuest g;
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_open", [&](HitContext& c) {
+    EXPECT_EQ(c.address().value, g.sym("sys_open"));
+    EXPECT_EQ(c.regs().rip, g.sym("sys_open"));
+    ++hits;
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(hits, expected_calls(DEMO_FN_OPEN, 5));
+  EXPECT_EQ(p->stats().hits, hits);
+  EXPECT_EQ(p->stats().missed, 0u);
+  auto ref = reference_stats(0, 5);
+  EXPECT_EQ(g.stats(0).checksum, ref.checksum);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_OPEN], ref.calls[DEMO_FN_OPEN]);
+}
+
+TEST(Probe, HandlersSeeArgumentsAndGuestMemory) {
+  ProbedGuest g;
+  std::set<std::string> paths;
+  auto p = g.session->probe(g.dom, "sys_open", [&](HitContext& c) {
+    auto s = c.read_string(Gva{c.regs().rdi}, 128);  // first argument: the path
+    EXPECT_TRUE(s) << s.error().what;
+    if (s) paths.insert(*s);
+    return 0;
+  });
+  ASSERT_TRUE(p);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion());
+  ASSERT_FALSE(paths.empty());
+  for (const auto& s : paths) EXPECT_EQ(s.front(), '/') << "'" << s << "' is not a path";
+}
+
+TEST(Probe, PostHandlerSeesTheInstructionsEffect) {
+  ProbedGuest g;
+  // sys_getppid+0x38: movslq demo_ppid(%rip), %rax — RIP-relative, boosted through the slot.
+  std::uint64_t load = g.sym("sys_getppid") + 0x38;
+  std::uint64_t posts = 0;
+  auto p = g.session->probe(
+      g.dom, Gva{load}, [&](HitContext& c) { c.regs().rax = 0xdead; return 0; },
+      [&](HitContext& c) {
+        EXPECT_EQ(c.regs().rax, 1u) << "demo_ppid is 1";
+        EXPECT_EQ(c.regs().rip, load + 7) << "post-handlers see the next instruction";
+        ++posts;
+      });
+  ASSERT_TRUE(p) << p.error().what;
+  EXPECT_EQ(p->info()->mode, ExecMode::TrapAfter);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(posts, expected_calls(DEMO_FN_GETPPID, 5));
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
+TEST(Probe, ChangedRegistersAndMemoryTakeEffect) {
+  ProbedGuest g;
+  std::uint64_t ppid = g.sym(DEMO_SYM_PPID);
+  std::uint64_t ret = g.sym("sys_getppid") + 0x3f;  // ret
+  std::uint64_t seen = 0;
+  auto writer = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
+    std::int32_t v = 7;  // the guest's global, written from Dom0
+    EXPECT_TRUE(c.write(Gva{ppid}, std::as_bytes(std::span(&v, 1))));
+    return 0;
+  });
+  auto reader = g.session->probe(g.dom, Gva{ret}, [&](HitContext& c) {
+    EXPECT_EQ(c.regs().rax, 7u) << "the guest read what the handler wrote";
+    ++seen;
+    return 0;
+  });
+  ASSERT_TRUE(writer && reader);
+  EXPECT_EQ(reader->info()->mode, ExecMode::Emulated);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion());
+  EXPECT_EQ(seen, expected_calls(DEMO_FN_GETPPID, 5));
+  EXPECT_NE(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
+TEST(Probe, PreHandlerCanRedirect) {
+  ProbedGuest g;
+  // Return 42 from sys_getppid without running it (kprobes' "return 1").
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
+    auto ra = c.read_u64(Gva{c.regs().rsp});
+    EXPECT_TRUE(ra);
+    c.regs().rip = *ra;
+    c.regs().rsp += 8;
+    c.regs().rax = 42;
+    return 1;
+  });
+  ASSERT_TRUE(p);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], 0u) << "the body never ran";
+  EXPECT_EQ(g.stats(0).iterations, 5u);
+}
+
+TEST(Probe, AggregatesRunInRegistrationOrderAndLeaveEachOtherAlone) {
+  ProbedGuest g(demo_config(1, 6));
+  std::vector<int> order;
+  std::uint64_t a = 0, b = 0, post_b = 0;
+  auto pa = g.session->probe(g.dom, "sys_write", [&](HitContext&) { order.push_back(1); ++a; return 0; });
+  auto pb = g.session->probe(g.dom, "sys_write", [&](HitContext&) { order.push_back(2); ++b; return 0; },
+                             [&](HitContext&) { ++post_b; });
+  ASSERT_TRUE(pa && pb);
+  g.start();
+  // Run until a few hits, drop the first probe, run on: the second keeps counting exactly.
+  while (a < 4) ASSERT_TRUE(g.session->run_once(2));
+  ASSERT_TRUE(pa->unregister());
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(b, expected_calls(DEMO_FN_WRITE, 6));
+  EXPECT_EQ(post_b, b);
+  for (std::size_t i = 0; i + 1 < order.size() && i < 8; i += 2) {
+    EXPECT_EQ(order[i], 1);
+    EXPECT_EQ(order[i + 1], 2);
+  }
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 6).checksum);
+}
+
+TEST(Probe, DisableRestoresTheByteAndEnableRearms) {
+  ProbedGuest g(demo_config(1, 0));
+  std::uint64_t fn = g.sym("sys_unlink");
+  auto original = g.peek(fn, 16);
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_unlink", [&](HitContext&) { ++hits; return 0; });
+  ASSERT_TRUE(p);
+  EXPECT_EQ(g.peek(fn, 1)[0], 0xf1) << "armed with ICEBP";
+  g.start();
+  while (hits < 3) ASSERT_TRUE(g.session->run_once(2));
+  ASSERT_TRUE(p->disable());
+  EXPECT_EQ(g.peek(fn, 16), original);
+  std::uint64_t at_disable = hits;
+  auto it0 = g.stats(0).iterations;
+  while (g.stats(0).iterations < it0 + 5) ASSERT_TRUE(g.session->run_once(2));
+  EXPECT_EQ(hits, at_disable) << "no hits while disabled";
+  ASSERT_TRUE(p->enable());
+  while (hits < at_disable + 3) ASSERT_TRUE(g.session->run_once(2));
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+}
+
+TEST(Probe, UnregisterRestoresTextAndSlotExactly) {
+  ProbedGuest g(demo_config(2, 0));
+  auto layout = g.host->layout(g.dom);
+  std::uint64_t fn = g.sym("demo_classify");
+  auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  {
+    auto p1 = g.session->probe(g.dom, "demo_classify", [](HitContext&) { return 0; });
+    auto p2 = g.session->probe(g.dom, Gva{fn + 5}, [](HitContext&) { return 0; }, [](HitContext&) {});
+    ASSERT_TRUE(p1 && p2);
+    g.start();
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(g.session->run_once(2));
+    EXPECT_GT(p1->stats().hits, 0u);
+    EXPECT_GT(p2->stats().hits, 0u);
+  }  // RAII: both unregistered here
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(g.session->run_once(2));
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+  EXPECT_FALSE(g.session->hypervisor().domain_info(g.dom)->paused);
+}
+
+TEST(Probe, StopFromAHandler) {
+  ProbedGuest g(demo_config(1, 0));
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_open", [&](HitContext& c) {
+    if (++hits == 10) c.stop();
+    return 0;
+  });
+  ASSERT_TRUE(p);
+  g.start();
+  ASSERT_TRUE(g.session->run());
+  EXPECT_EQ(hits, 10u);
+}
+
+TEST(Probe, TwoDomainsAtOnce) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(2, 4);
+  c.start_paused = true;
+  DomId d1 = *host->create_domain(c), d2 = *host->create_domain(c);
+  auto s = Session::open(host->open());
+  ASSERT_TRUE(s) << s.error().what;
+  ASSERT_TRUE((*s)->load_symbols(d1, demo_map()));
+  ASSERT_TRUE((*s)->load_symbols(d2, demo_map()));
+  std::uint64_t h1 = 0, h2 = 0;
+  auto p1 = (*s)->probe(d1, "sys_read", [&](HitContext& x) { EXPECT_EQ(x.domain(), d1); ++h1; return 0; });
+  auto p2 = (*s)->probe(d2, "demo_recurse", [&](HitContext& x) { EXPECT_EQ(x.domain(), d2); ++h2; return 0; });
+  ASSERT_TRUE(p1 && p2);
+  ASSERT_TRUE((*s)->hypervisor().unpause(d1));
+  ASSERT_TRUE((*s)->hypervisor().unpause(d2));
+  auto end = std::chrono::steady_clock::now() + 60s;
+  while (!(host->wait_halted(d1, 0ms) && host->wait_halted(d2, 0ms)) && std::chrono::steady_clock::now() < end)
+    ASSERT_TRUE((*s)->run_once(2));
+  EXPECT_EQ(h1, 2 * expected_calls(DEMO_FN_READ, 4));
+  EXPECT_EQ(h2, 2 * expected_calls(DEMO_FN_RECURSE, 4));
+}
+
+TEST(Probe, BadProbePointsAreRefusedWithTheReason) {
+  ProbedGuest g;
+  auto nop = [](HitContext&) { return 0; };
+  auto text = g.peek(g.sym("sys_open"), 64);
+
+  auto unmapped = g.session->probe(g.dom, Gva{0xffffffff90000000ull}, nop);
+  ASSERT_FALSE(unmapped);
+  EXPECT_EQ(unmapped.error().code, Errc::Fault) << unmapped.error().what;
+
+  auto mid = g.session->probe(g.dom, Gva{g.sym("sys_open") + 6}, nop);  // inside mov %rsp,%rax
+  ASSERT_FALSE(mid);
+  EXPECT_EQ(mid.error().code, Errc::IllegalSequence) << mid.error().what;
+  EXPECT_NE(mid.error().what.find("sys_open"), std::string::npos) << mid.error().what;
+
+  auto layout = g.host->layout(g.dom);
+  auto slot = g.session->probe(g.dom, Gva{layout->oea_addr + 64}, nop);
+  ASSERT_FALSE(slot);
+  EXPECT_EQ(slot.error().code, Errc::InvalidArgument);
+  EXPECT_NE(slot.error().what.find("out-of-line"), std::string::npos) << slot.error().what;
+
+  auto unknown = g.session->probe(g.dom, "no_such_function", nop);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code, Errc::NotFound);
+
+  auto past = g.session->probe(g.dom, "sys_open+0x10000", nop);
+  ASSERT_FALSE(past);
+  EXPECT_EQ(past.error().code, Errc::Range);
+
+  EXPECT_EQ(g.peek(g.sym("sys_open"), 64), text) << "refusals patch nothing";
+}
+
+TEST(Probe, ForeignBreakpointIsRefused) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  std::uint64_t at = g.sym("demo_classify") + 5;
+  std::uint8_t orig = g.peek(at, 1)[0], cc = 0xcc;
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&cc, 1))));
+  auto r = g.session->probe(g.dom, Gva{at}, [](HitContext&) { return 0; });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::Busy);
+  EXPECT_NE(r.error().what.find("breakpoint"), std::string::npos) << r.error().what;
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&orig, 1))));
+}
+
+TEST(Probe, NoGdbsxHypervisorIsRefusedBeforeAnythingIsPatched) {
+  hv::sim::SimOptions o;
+  o.gdbsx = false;
+  auto host = hv::sim::SimHost::create(o);
+  DomId d = *host->create_domain(demo_config());
+  auto s = Session::open(host->open(), SessionOptions{ChannelKind::Debugger});
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, Errc::NotSupported);
+  EXPECT_NE(s.error().what.find("CONFIG_GDBSX"), std::string::npos) << s.error().what;
+  EXPECT_NE(s.error().what.find("guest channel"), std::string::npos) << s.error().what;
+  EXPECT_FALSE(host->open()->domain_info(d)->debugged) << "debugging mode was never switched on";
+}
+
+TEST(Probe, SecondSessionOnTheHostIsToldTheVirqIsTaken) {
+  ProbedGuest g;
+  auto second = Session::open(g.host->open());
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code, Errc::Busy);
+  EXPECT_NE(second.error().what.find("VIRQ_DEBUGGER"), std::string::npos);
+}
+
+TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
+  hv::sim::DomainConfig c = demo_config(1, 2);
+  c.oea_size = 4096;  // 128 slots of 32 bytes
+  ProbedGuest g(c);
+  // Boostable instructions of the demo guest, one probe each, until the area is full.
+  auto table = symbols::SymbolTable::load(demo_map());
+  ASSERT_TRUE(table);
+  std::vector<Probe> probes;
+  Result<Probe> last = std::unexpected(Error{});
+  std::uint64_t next_try = 0;
+  for (const char* fn : {"demo_dispatch", "sys_read", "sys_write", "sys_open", "sys_unlink", "demo_classify",
+                         "demo_recurse", "sys_getppid", "demo_workload"}) {
+    auto a = table->resolve(fn);
+    if (!a) continue;
+    auto f = table->function_containing(*a);
+    if (!f) continue;
+    for (std::uint64_t off = 0; off < f->size && probes.size() < 200; ++off) {
+      next_try = f->start.value + off;
+      last = g.session->probe(g.dom, Gva{next_try}, [](HitContext&) { return 0; });
+      if (last) {
+        if (last->info()->mode == ExecMode::Boosted) probes.push_back(std::move(*last));
+      } else if (last.error().code == Errc::NoSpace) {
+        break;
+      }
+    }
+    if (!last && last.error().code == Errc::NoSpace) break;
+  }
+  ASSERT_FALSE(last);
+  ASSERT_EQ(last.error().code, Errc::NoSpace) << last.error().what;
+  EXPECT_NE(last.error().what.find("exhausted"), std::string::npos) << last.error().what;
+  EXPECT_EQ(probes.size(), 128u);
+  EXPECT_NE(g.peek(next_try, 1)[0], 0xf1) << "the refused probe patched nothing";
+  probes.clear();  // frees the slots
+  auto again = g.session->probe(g.dom, Gva{next_try}, [](HitContext&) { return 0; });
+  EXPECT_TRUE(again) << again.error().what;
+  g.start();
+  ASSERT_TRUE(again->unregister());
+  ASSERT_TRUE(g.run_to_completion());
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 2).checksum);
+}
+
+TEST(Probe, BatchRegistrationPausesOnce) {
+  ProbedGuest g;
+  auto table = symbols::SymbolTable::load(demo_map());
+  auto f = table->function_containing(*table->resolve("demo_dispatch"));
+  ASSERT_TRUE(f);
+  std::uint64_t pauses_before = g.host->op_count(hv::sim::Op::Pause);
+  ASSERT_TRUE(g.session->begin_batch());
+  std::vector<Probe> probes;
+  for (std::uint64_t off = 0; off < f->size; ++off) {
+    auto p = g.session->probe(g.dom, Gva{f->start.value + off}, [](HitContext&) { return 0; });
+    if (p) probes.push_back(std::move(*p));
+  }
+  ASSERT_TRUE(g.session->end_batch());
+  EXPECT_GT(probes.size(), 10u);
+  EXPECT_EQ(g.host->op_count(hv::sim::Op::Pause) - pauses_before, 1u);
+  EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "only the creation pause is left";
+}
+
+// Registration is transactional: a fault in any hypervisor call leaves guest memory and the
+// library as they were, and the same registration succeeds once the fault is gone.
+TEST(Probe, FaultAtEveryHypervisorCallDuringRegistration) {
+  ProbedGuest g;
+  auto layout = g.host->layout(g.dom);
+  auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  auto oea = g.peek(layout->oea_addr, layout->oea_size);
+  // A post-handler: slot with a trap tail; the probe point: a RIP-relative instruction.
+  std::uint64_t at = g.sym("sys_getppid") + 0x38;
+  unsigned failures = 0;
+  for (std::uint64_t n = 0; n < 200; ++n) {
+    g.host->fail_nth_call(n, Errc::Io);
+    auto p = g.session->probe(g.dom, Gva{at}, [](HitContext&) { return 0; }, [](HitContext&) {});
+    g.host->clear_faults();
+    if (p) {
+      // The fault was past the last call: registration is done. Check it works, then stop.
+      EXPECT_EQ(g.peek(at, 1)[0], 0xf1);
+      ASSERT_TRUE(p->unregister());
+      break;
+    }
+    ++failures;
+    EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "fault at call " << n;
+    EXPECT_EQ(g.peek(layout->oea_addr, oea.size()), oea) << "fault at call " << n;
+    EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "fault at call " << n << " left a pause behind";
+  }
+  EXPECT_GT(failures, 3u);
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text);
+}
+
+// A fault in any hypervisor call while hits are handled: the loop reports it and the next
+// round finishes the job; the guest never notices.
+TEST(Probe, FaultsWhileHandlingHitsDoNotHurtTheGuest) {
+  ProbedGuest g(demo_config(2, 6));
+  auto p = g.session->probe(g.dom, "demo_classify", [](HitContext&) { return 0; }, [](HitContext&) {});
+  ASSERT_TRUE(p);
+  g.start();
+  unsigned errors = 0;
+  auto end = std::chrono::steady_clock::now() + 60s;
+  for (std::uint64_t n = 0; !g.host->wait_halted(g.dom, 0ms) && std::chrono::steady_clock::now() < end; ++n) {
+    g.host->fail_nth_call(n % 7, Errc::Io);
+    if (!g.session->run_once(2)) ++errors;
+    g.host->clear_faults();
+    ASSERT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+  }
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 0ms));
+  EXPECT_GT(errors, 0u);
+  for (unsigned v = 0; v < 2; ++v) EXPECT_EQ(g.stats(v).checksum, reference_stats(v, 6, 2).checksum);
+}
+
+TEST(Probe, SessionEndRestoresEverything) {
+  ProbedGuest g(demo_config(2, 0));
+  auto layout = g.host->layout(g.dom);
+  auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  for (const char* fn : {"sys_open", "sys_read", "demo_dispatch", "demo_recurse"}) {
+    auto p = g.session->probe(g.dom, fn, [](HitContext&) { return 0; }, [](HitContext&) {});
+    ASSERT_TRUE(p);
+    p->release();  // owned by the session from now on
+  }
+  g.start();
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(g.session->run_once(1));
+  g.session.reset();
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text);
+  auto hv = g.host->open();
+  EXPECT_FALSE(hv->domain_info(g.dom)->paused) << "a stop was left behind";
+  EXPECT_FALSE(hv->domain_info(g.dom)->debugged);
+  auto it = g.stats(0).iterations;
+  std::this_thread::sleep_for(50ms);
+  EXPECT_GT(g.stats(0).iterations, it) << "the guest runs on";
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
