@@ -26,7 +26,7 @@ struct OeaArea {
   Gva addr;
   std::uint64_t size = 0;
 
-  Gva end() const { return addr + size; }  // may be 0 for an area ending at the top: use last()
+  // The last byte (an area may end exactly at the top of the address space, so no end()).
   std::uint64_t last() const { return addr.value + size - 1; }
   bool contains(Gva va) const { return va.value >= addr.value && va.value - addr.value < size; }
   bool operator==(const OeaArea&) const = default;

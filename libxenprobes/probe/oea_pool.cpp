@@ -1,5 +1,6 @@
 #include "probe/oea_pool.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <limits>
 

@@ -282,9 +282,10 @@ Result<void> SimHostImpl::setup_engine(Domain& d, Vcpu& v) {
   uc_hook_add(v.uc, &h, UC_HOOK_BLOCK, reinterpret_cast<void*>(&SimHostImpl::hook_block), this, 1, 0);
   uc_hook_add(v.uc, &h, UC_HOOK_INSN, reinterpret_cast<void*>(&SimHostImpl::hook_out), &v, 1, 0,
               UC_X86_INS_OUT);
-  for (std::uint64_t va : d.cfg.count_executions) {
-    d.executions.try_emplace(va, 0);
-    uc_hook_add(v.uc, &h, UC_HOOK_CODE, reinterpret_cast<void*>(&SimHostImpl::hook_code), &d, va, va);
+  if (!d.cfg.count_executions.empty()) {
+    for (std::uint64_t va : d.cfg.count_executions) d.executions.try_emplace(va, 0);
+    v.executions = &d.executions;
+    uc_hook_add(v.uc, &h, UC_HOOK_CODE, reinterpret_cast<void*>(&SimHostImpl::hook_code), &v, 1, 0);
   }
   // Unicorn's CR3 only stores the value (paging stays off); keep it consistent anyway.
   std::uint64_t cr3 = d.root_gpa;
@@ -314,9 +315,13 @@ void SimHostImpl::hook_block(uc_engine* uc, std::uint64_t, std::uint32_t, void* 
 
 void SimHostImpl::hook_code(uc_engine*, std::uint64_t addr, std::uint32_t, void* ud) {
   // Only the domain's scheduler thread runs its engines: no lock needed for the counter.
-  auto* d = static_cast<Domain*>(ud);
-  auto it = d->executions.find(addr);
-  if (it != d->executions.end()) it->second++;
+  // The hook fires again for the same instruction on each repetition of a rep string
+  // instruction and when a quantum ends just before it: those are not new executions.
+  auto* v = static_cast<Vcpu*>(ud);
+  if (addr == v->last_code) return;
+  v->last_code = addr;
+  auto it = v->executions->find(addr);
+  if (it != v->executions->end()) it->second++;
 }
 
 void SimHostImpl::hook_out(uc_engine*, std::uint32_t port, int, std::uint32_t value, void* ud) {

@@ -70,6 +70,10 @@ struct Vcpu {
   std::atomic<bool> stop_requested{false};
   std::uint64_t blocks = 0;
   std::string console;
+  // Execution counting (DomainConfig::count_executions): the domain's counters, and the last
+  // instruction this vCPU started.
+  std::map<std::uint64_t, std::uint64_t>* executions = nullptr;
+  std::uint64_t last_code = 0;
 };
 
 struct WritableFrame {

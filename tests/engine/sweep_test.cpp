@@ -1,0 +1,129 @@
+// The transparency sweep: a probe on every instruction of every demo-guest function in turn,
+// with a pre-handler only and with a post-handler too. Each time the guest's results and
+// counters must equal an unprobed run's, and the hits must equal the times the instruction
+// really executed (counted by the simulated Xen in a reference run).
+#include <iostream>
+#include <map>
+
+#include "engine/engine_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+constexpr std::uint64_t kIterations = 2;
+
+struct Site {
+  std::string function;
+  std::uint64_t address;
+  std::string text;
+};
+
+std::vector<Site> all_instructions() {
+  auto table = symbols::SymbolTable::load(demo_map());
+  if (!table) throw std::runtime_error(table.error().what);
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(1, 1);
+  c.start_paused = true;
+  DomId dom = *host->create_domain(c);
+  auto layout = *host->layout(dom);
+  std::vector<Site> sites;
+  std::uint64_t at = layout.text_start;
+  while (at < layout.text_end) {
+    auto f = table->function_containing(Gva{at});
+    if (!f || f->size == 0) {
+      ++at;
+      continue;
+    }
+    std::vector<std::uint8_t> bytes(f->size);
+    if (!host->peek(dom, f->start.value, std::as_writable_bytes(std::span(bytes)))) break;
+    auto insns = x86::decode_function(bytes, f->start);
+    if (!insns) throw std::runtime_error(f->name + ": " + insns.error().what);
+    for (const auto& i : *insns) sites.push_back({f->name, i.address.value, i.describe()});
+    at = f->start.value + f->size;
+  }
+  return sites;
+}
+
+struct Reference {
+  std::map<std::uint64_t, std::uint64_t> executions;
+  demo_stats stats;
+};
+
+Reference reference(const std::vector<Site>& sites) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(1, kIterations);
+  for (const auto& s : sites) c.count_executions.push_back(s.address);
+  DomId dom = *host->create_domain(c);
+  if (!host->wait_halted(dom, 120s)) throw std::runtime_error("reference run did not finish");
+  Reference r;
+  for (const auto& s : sites) r.executions[s.address] = *host->executions(dom, s.address);
+  (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(&r.stats, 1)));
+  return r;
+}
+
+class Sweep : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Sweep, EveryInstructionIsTransparent) {
+  const bool with_post = GetParam();
+  auto sites = all_instructions();
+  ASSERT_GT(sites.size(), 300u);
+  Reference ref = reference(sites);
+  std::map<std::string, unsigned> modes;
+  std::map<std::string, unsigned> refusals;
+  std::uint64_t total_hits = 0;
+  for (const auto& site : sites) {
+    SCOPED_TRACE(site.text);
+    ProbedGuest g(demo_config(1, kIterations));
+    std::uint64_t pre = 0, post = 0;
+    PostHandler ph;
+    if (with_post) ph = [&](HitContext&) { ++post; };
+    auto p = g.session->probe(g.dom, Gva{site.address}, [&](HitContext& c) {
+      EXPECT_EQ(c.regs().rip, site.address);
+      ++pre;
+      return 0;
+    }, ph);
+    if (!p) {
+      // Refusals must say why, and only instructions that cannot be probed are refused.
+      EXPECT_TRUE(p.error().code == Errc::InvalidArgument || p.error().code == Errc::Busy) << p.error().what;
+      refusals[p.error().what.substr(p.error().what.find(')') + 1)]++;
+      continue;
+    }
+    switch (p->info()->mode) {
+      case ExecMode::Boosted:
+        modes["boosted"]++;
+        break;
+      case ExecMode::TrapAfter:
+        modes["trap-after"]++;
+        break;
+      case ExecMode::Emulated:
+        modes["emulated"]++;
+        break;
+      case ExecMode::Skipped:
+        modes["skipped"]++;
+        break;
+    }
+    g.start();
+    ASSERT_TRUE(g.run_to_completion()) << site.function << ": " << g.host->crash_reason(g.dom);
+    demo_stats st = g.stats(0);
+    EXPECT_EQ(st.checksum, ref.stats.checksum);
+    for (unsigned f = 0; f < DEMO_NFUNCS; ++f) EXPECT_EQ(st.calls[f], ref.stats.calls[f]) << "fn " << f;
+    EXPECT_EQ(pre, ref.executions[site.address]) << "hits must equal real executions";
+    if (with_post) {
+      EXPECT_EQ(post, pre);
+    }
+    EXPECT_EQ(p->stats().missed, 0u);
+    total_hits += pre;
+  }
+  std::cout << "[ sweep    ] " << sites.size() << " instructions, " << total_hits << " hits"
+            << (with_post ? " (pre+post)" : " (pre)") << ":";
+  for (auto& [m, n] : modes) std::cout << " " << m << " " << n;
+  for (auto& [why, n] : refusals) std::cout << " | refused " << n << ":" << why;
+  std::cout << "\n";
+  EXPECT_LE(refusals.size(), 1u) << "only the idle hlt may be refused";
+}
+
+INSTANTIATE_TEST_SUITE_P(Handlers, Sweep, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "PrePost" : "Pre"; });
+
+}  // namespace
+}  // namespace xenprobes::testing
