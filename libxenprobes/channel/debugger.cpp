@@ -64,12 +64,9 @@ Result<void> DebuggerChannel::detach(DomId dom) {
 }
 
 Result<unsigned> DebuggerChannel::process(StopSink& sink) {
-  // Acknowledge the VIRQ first: a stop that lands after this raises it again.
-  for (;;) {
-    auto p = XP_TRY(hv_.evtchn_pending());
-    if (!p) break;
-    XP_TRY(hv_.evtchn_unmask(*p));
-  }
+  // Acknowledge the VIRQ first: a stop that lands after this raises it again. Only our VIRQ
+  // port is bound on this handle, and it stays masked until unmasked: one pending() suffices.
+  if (auto p = XP_TRY(hv_.evtchn_pending())) XP_TRY(hv_.evtchn_unmask(*p));
   unsigned handled = 0;
   for (auto it = domains_.begin(); it != domains_.end();) {
     auto n = scan(it->first, it->second, sink, true);
@@ -127,9 +124,11 @@ Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, b
     ++stops;
     ++a.owed;  // resumed: its pause reference is now ours to release
   }
-  // Guest int3s (ours are ICEBPs) leave a gdbsx record; consume every record, or later #DB
-  // stops of that vCPU would raise no VIRQ. Each one is rewound and retried.
-  for (;;) {
+  // Guest int3s (ours are ICEBPs) leave a gdbsx record and raise no VIRQ: they are looked
+  // for when the domain is paused but holds none of our stops (the periodic poll finds them).
+  // Every record is consumed, or later #DB stops of that vCPU would raise no VIRQ. Each one
+  // is rewound and retried.
+  for (bool look = stops == 0; look;) {
     auto st = hv_.gdbsx_domstatus(dom);
     if (!st) return std::unexpected(st.error());
     if (!st->vcpu) break;

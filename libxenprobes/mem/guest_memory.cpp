@@ -1,5 +1,7 @@
 #include "mem/guest_memory.hpp"
 
+#include <array>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -84,17 +86,29 @@ Result<void> GuestMemory::read(Gva va, std::span<std::byte> out) {
 // writable every page, then copy. The second lookups are cache hits unless the range
 // outgrows the mapping cache.
 Result<void> GuestMemory::write(Gva va, std::span<const std::byte> data) {
-  std::vector<Chunk> chunks;
-  chunks.reserve(data.size() / kPageSize + 2);
+  // Small writes (the hit path: a pushed return address, a patched byte) keep their chunk
+  // list on the stack: no heap allocation per write.
+  constexpr std::size_t kInlineChunks = 4;
+  const std::size_t max_chunks = data.size() / kPageSize + 2;
+  std::array<Chunk, kInlineChunks> inline_chunks{};
+  std::vector<Chunk> heap_chunks;
+  if (max_chunks > kInlineChunks) heap_chunks.reserve(max_chunks);
+  std::size_t count = 0;
   auto collected = for_each_virtual_chunk(va, data.size(), [&](const Chunk& c) -> Result<void> {
     auto page = maps_.page(c.frame, hv::MapAccess::ReadWrite);
     if (!page)
       return fail(page.error().code, "cannot write gva " + detail::hex(va.value) + ": " +
                                          page.error().what);
-    chunks.push_back(c);
+    if (max_chunks > kInlineChunks)
+      heap_chunks.push_back(c);
+    else
+      inline_chunks[count++] = c;
     return {};
   });
   if (!collected) return collected;
+  std::span<const Chunk> chunks = max_chunks > kInlineChunks
+                                      ? std::span<const Chunk>(heap_chunks)
+                                      : std::span<const Chunk>(inline_chunks.data(), count);
   const std::byte* src = data.data();
   for (const Chunk& c : chunks) {
     auto page = maps_.page(c.frame, hv::MapAccess::ReadWrite);

@@ -362,6 +362,7 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
   if (!pre && !post) return fail(Errc::InvalidArgument, "a probe needs a pre-handler or a post-handler");
   XP_TRY(attach(id));
   Domain* d = XP_TRY(domain(id));
+  if (d->failed) return fail(Errc::Busy, "domain " + std::to_string(id.value) + ": " + d->failed->what);
   if (d->pool->contains(addr))
     return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
   for (auto& [slot, st] : d->slot_traps)
@@ -438,6 +439,7 @@ Result<void> Engine::set_enabled(ProbeId id, bool on) {
   Point& p = *r.point;
   Domain* d = domain_of(p);
   if (!d) return fail(Errc::NoSuchDomain, "the probe's domain is gone");
+  if (d->failed && on) return fail(Errc::Busy, "domain " + std::to_string(d->id.value) + ": " + d->failed->what);
   bool was = any_enabled(p);
   r.enabled = on;
   bool now = any_enabled(p);
@@ -659,6 +661,7 @@ channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& 
 void Engine::on_channel_failure(DomId id, const Error& e) {
   auto it = domains_.find(id);
   if (it == domains_.end()) return;
+  it->second->failed = e;
   for (auto& [addr, p] : it->second->points) {
     if (auto r = disarm(*it->second, *p); !r)
       XP_LOG(Error, "domain %u: cannot restore %s: %s", id.value, hex(addr.value).c_str(), r.error().what.c_str());

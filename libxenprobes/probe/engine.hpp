@@ -106,6 +106,7 @@ class Engine final : public channel::StopSink {
     std::map<Gva, std::unique_ptr<Point>> points;
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
     unsigned pause_depth = 0;
+    std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
   };
   class Pause;  // RAII domain pause, nested through Domain::pause_depth
   class Ctx;    // HitContext implementation

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "demo_abi.h"
@@ -91,6 +92,15 @@ inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsig
   (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS) + vcpu * sizeof(demo_stats),
                    std::as_writable_bytes(std::span(&st, 1)));
   return st;
+}
+
+inline bool eventually_crashed(ProbedGuest& g, std::chrono::milliseconds timeout = 10s) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (!g.host->crash_reason(g.dom).empty()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
 }
 
 inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {

@@ -403,3 +403,60 @@ TEST(Probe, SessionEndRestoresEverything) {
 
 }  // namespace
 }  // namespace xenprobes::testing
+
+namespace xenprobes::testing {
+namespace {
+
+// The guest's own int3 (text_poke_bp, an in-guest kprobe) stops the domain under debugging
+// mode without a VIRQ; the channel finds it by polling, rewinds the vCPU and lets it retry
+// until the guest has finished patching.
+TEST(ForeignInt3, RewoundAndRetriedUntilTheGuestRemovesIt) {
+  ProbedGuest g(demo_config(2, 8));
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_read", [&](HitContext&) { ++hits; return 0; });
+  ASSERT_TRUE(p);
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  std::uint64_t at = g.sym("demo_classify");  // the guest "patches" here: int3 over the nop5
+  std::uint8_t orig = g.peek(at, 1)[0], cc = 0xcc;
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&cc, 1))));
+  g.start();
+  // Let vCPUs run into it and be retried a while.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(g.session->run_once(1));
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&orig, 1))));  // patching done
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  auto ref = reference_stats(0, 8, 2);
+  EXPECT_EQ(g.stats(0).checksum, ref.checksum);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_CLASSIFY], ref.calls[DEMO_FN_CLASSIFY]);
+  EXPECT_EQ(hits, 2 * expected_calls(DEMO_FN_READ, 8));
+}
+
+// A guest breakpoint that never goes away: after a bounded number of retries the channel
+// gives the domain up — our probes are disarmed and debugging mode is switched off, so the
+// guest takes its own #BP (the demo guest has no handler for it and oopses, as it would).
+TEST(ForeignInt3, PermanentOneMakesTheChannelGiveUpCleanly) {
+  ProbedGuest g(demo_config(1, 0));
+  std::uint64_t open_fn = g.sym("sys_open");
+  auto text = g.peek(open_fn, 16);
+  auto p = g.session->probe(g.dom, "sys_open", [](HitContext&) { return 0; });
+  ASSERT_TRUE(p);
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  std::uint64_t at = g.sym("demo_classify");
+  std::uint8_t cc = 0xcc;
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&cc, 1))));
+  g.start();
+  auto end = std::chrono::steady_clock::now() + 60s;
+  while (g.session->hypervisor().domain_info(g.dom)->debugged && std::chrono::steady_clock::now() < end)
+    ASSERT_TRUE(g.session->run_once(0));
+  EXPECT_FALSE(g.session->hypervisor().domain_info(g.dom)->debugged);
+  EXPECT_EQ(g.peek(open_fn, 16), text) << "our probe was disarmed";
+  auto again = p->enable();
+  ASSERT_FALSE(again) << "nothing may be armed in a domain the channel gave up";
+  EXPECT_EQ(again.error().code, Errc::Busy);
+  EXPECT_EQ(g.peek(open_fn, 16), text);
+  ASSERT_TRUE(eventually_crashed(g));
+  EXPECT_NE(g.host->crash_reason(g.dom).find("#BP"), std::string::npos) << g.host->crash_reason(g.dom);
+}
+
+}  // namespace
+}  // namespace xenprobes::testing

@@ -13,6 +13,7 @@
 // no Xen header; tests/unit/hv_xen builds those structs from the public Xen headers by hand.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,7 @@ struct vcpu_guest_context_x86_64;   // xen/foreign/x86_64.h: the 64-bit PV vCPU 
 struct hvm_hw_cpu;                  // xen/arch-x86/hvm/save.h: HVM_SAVE_TYPE(CPU)
 struct vm_event_st;                 // xen/vm_event.h: vm_event_request_t / vm_event_response_t
 struct xen_domctl_getdomaininfo;    // xen/domctl.h: xc_domaininfo_t
+struct xen_domctl_vcpuextstate;     // xen/domctl.h: XEN_DOMCTL_{get,set}vcpuextstate
 
 namespace xenprobes::hv::xen {
 
@@ -83,6 +85,58 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
 // (data.regs and data.emul are a union in Xen), are InvalidArgument.
 [[nodiscard]] Result<void> vm_event_response_to_xen(const VmEventResponse& rsp,
                                                     vm_event_st& out);
+
+// ---------------------------------------------------------------------------------------------
+// XEN_DOMCTL_{get,set}vcpuextstate (xc_shim.cpp), with which set_pv_regs keeps the XSAVE state
+// that XEN_DOMCTL_setvcpucontext would reset (xen-facts §3.3). Pure, so that tests can play
+// Xen's part with hand-built buffers. Xen 4.17.7 refs: xen/arch/x86/domctl.c:913-1075 (the
+// domctl), xen/arch/x86/xstate.c:583-609 (valid_xcr0), :689-711 (validate_xstate).
+//
+//   buffer:  [u64 xcr0][u64 xcr0_accum][XSAVE image, standard (uncompressed) format:
+//             512-byte legacy FXSAVE region | 64-byte header (xstate_bv, xcomp_bv, reserved[6])
+//             | extended components]          (the image is absent when xcr0_accum == 0)
+//   size   = 16 + (CPUID 0xD size of xcr0_accum)  ("PV_XSAVE_SIZE(xcr0_accum)", domctl.c:921)
+
+inline constexpr std::size_t kExtStateHeaderSize = 16;       // xcr0, xcr0_accum
+inline constexpr std::size_t kXsaveAreaMinSize = 512 + 64;   // legacy region + XSAVE header
+// Sanity bound on what Xen may ask us to allocate (4.17's largest, AVX-512 + PKRU, is 2.7 KiB).
+inline constexpr std::size_t kExtStateMaxSize = 64 * 1024;
+
+// What the size query reveals about the host: its XSAVE feature mask and the largest buffer a
+// get may fill. xfeature_mask == 0: the host has no XSAVE, so the vCPU's FPU state is just the
+// FXSAVE image that setvcpucontext echoes, and nothing needs saving.
+struct ExtStateHost {
+  std::uint64_t xfeature_mask = 0;
+  std::size_t max_size = kExtStateHeaderSize;
+  bool has_xsave() const { return xfeature_mask != 0; }
+};
+
+// A validated getvcpuextstate answer.
+struct ExtStateImage {
+  std::uint64_t xcr0 = 0;
+  std::uint64_t xcr0_accum = 0;
+  std::uint64_t xstate_bv = 0;                // from the XSAVE header (0 without image)
+  std::size_t size = kExtStateHeaderSize;     // bytes written; exactly what set must be given
+  // size 16 (xcr0_accum 0): Xen has no XSAVE image for the vCPU and set would restore nothing.
+  bool needs_restore() const { return size > kExtStateHeaderSize; }
+};
+
+// The size query: vcpu, xfeature_mask 0, size 0, null buffer (domctl.c:938-949).
+void ext_state_prepare_query(xen_domctl_vcpuextstate& e, unsigned vcpu);
+// Validates the query's answer (hostile input: Io on nonsense).
+[[nodiscard]] Result<ExtStateHost> ext_state_host_from_query(const xen_domctl_vcpuextstate& e);
+// The data get: vcpu, the host's xfeature_mask (it must match, domctl.c:955) and the full
+// max_size. The buffer handle is the caller's (a hypercall buffer of max_size bytes).
+void ext_state_prepare_get(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateHost& h);
+// Validates the answer of a data get against what setvcpuextstate will accept (so that a bad
+// answer is refused before setcontext destroys anything): `buf` is the whole buffer handed to
+// Xen. Io on anything Xen would not have produced or would not take back.
+[[nodiscard]] Result<ExtStateImage> ext_state_parse(const xen_domctl_vcpuextstate& answered,
+                                                    unsigned vcpu, const ExtStateHost& h,
+                                                    std::span<const std::uint8_t> buf);
+// The write-back: vcpu and the size of the image; xfeature_mask is ignored by SET (domctl.h)
+// and zeroed. The buffer handle is the caller's (the one the get filled).
+void ext_state_prepare_set(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateImage& img);
 
 // ---------------------------------------------------------------------------------------------
 // The consumer ("back") side of a vm_event ring page (xc_shim.cpp), without its event channel,
@@ -207,7 +261,9 @@ class XcShim {
   [[nodiscard]] Result<void> unpause(DomId dom);
 
   [[nodiscard]] Result<VcpuRegs> get_pv_regs(DomId dom, VcpuId vcpu);
-  // FIXME(xen-facts §3.3): resets the vCPU's XSAVE extended state; see xc_shim.cpp.
+  // 64-bit PV. Pauses the domain around getcontext, getvcpuextstate, setcontext,
+  // setvcpuextstate, so the XSAVE state setcontext resets is put back as it was (see
+  // xc_shim.cpp). 6 hypercalls (+1 size query on the first call of this XcShim).
   [[nodiscard]] Result<void> set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r);
   [[nodiscard]] Result<VcpuRegs> get_hvm_regs(DomId dom, VcpuId vcpu);
   // Pauses the domain around a full-context get/patch/set (keeps the XSAVE record intact).
@@ -227,7 +283,12 @@ class XcShim {
  private:
   explicit XcShim(xc_interface_core* xch) : xch_(xch) {}
   xc_interface_core* xch_;
+  [[nodiscard]] Result<ExtStateHost> ext_state_host(DomId dom, VcpuId vcpu);
+
   std::mutex hvm_set_mu_;  // two concurrent full-context get/patch/set would undo each other
+  std::mutex pv_set_mu_;   // likewise for the PV context + extended-state get/set
+  std::mutex ext_host_mu_;
+  std::optional<ExtStateHost> ext_host_;  // the size query's answer: host-wide, constant
 };
 
 }  // namespace xenprobes::hv::xen

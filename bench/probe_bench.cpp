@@ -1,0 +1,202 @@
+// Probe engine costs (issue #3):
+//  - Dom0 CPU per hit inside the library, hypervisor excluded: Engine::on_stop() driven
+//    directly with a stopped-vCPU record, for boosted, emulated and post-handler (slot trap) hits;
+//  - heap allocations per hit (target: none), counted by replacing operator new;
+//  - hypervisor calls per hit through the whole VIRQ_DEBUGGER loop on the simulated Xen;
+//  - registering 1000 probes: time, and how many times the domain was paused.
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "channel/debugger.hpp"
+#include "demo_abi.h"
+#include "probe/engine.hpp"
+#include "xenprobes/sim.hpp"
+#include "xenprobes/xenprobes.hpp"
+
+namespace {
+std::atomic<std::uint64_t> g_allocs{0};
+}
+
+// Counting every allocation of the process; malloc/free underneath, so tell GCC the pairing
+// is deliberate.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+using namespace xenprobes;
+
+namespace {
+
+std::string demo_map() { return hv::sim::default_guest_dir() + "/System.map"; }
+
+// A paused demo guest with an engine on the debugger channel.
+struct Rig {
+  std::shared_ptr<hv::sim::SimHost> host = hv::sim::SimHost::create();
+  DomId dom;
+  std::unique_ptr<hv::Hypervisor> hv;
+  std::unique_ptr<channel::DebuggerChannel> ch;
+  std::unique_ptr<probe::Engine> engine;
+
+  Rig() {
+    hv::sim::DomainConfig c;
+    c.vcpus = 1;
+    c.start_paused = true;
+    dom = *host->create_domain(c);
+    hv = host->open();
+    ch = std::move(*channel::DebuggerChannel::open(*hv));
+    engine = std::make_unique<probe::Engine>(*hv, *ch);
+    (void)engine->set_symbols(dom, *symbols::SymbolTable::load(demo_map()));
+  }
+  std::uint64_t sym(const char* s) { return *host->symbol(dom, s); }
+};
+
+// One hit handled by the engine: `trap` is where the vCPU stopped.
+void hit_loop(benchmark::State& st, Rig& rig, Gva trap, const hv::VcpuRegs& regs) {
+  std::uint64_t allocs = 0, n = 0;
+  for (auto _ : st) {
+    channel::Stop s{rig.dom, VcpuId{0}, trap, regs};
+    std::uint64_t before = g_allocs.load(std::memory_order_relaxed);
+    auto v = rig.engine->on_stop(s);
+    allocs += g_allocs.load(std::memory_order_relaxed) - before;
+    ++n;
+    benchmark::DoNotOptimize(v);
+    benchmark::DoNotOptimize(s.regs.rip);
+  }
+  st.counters["allocs_per_hit"] = static_cast<double>(allocs) / static_cast<double>(n);
+}
+
+void BM_HitBoosted(benchmark::State& st) {
+  Rig rig;
+  std::uint64_t at = rig.sym("sys_getppid") + 5;  // mov %rsp,%rax
+  std::uint64_t calls = 0;
+  auto id = rig.engine->add(rig.dom, Gva{at}, [&](HitContext& c) { calls += c.regs().rax & 1; return 0; }, {});
+  if (!id) return st.SkipWithError(id.error().what.c_str());
+  auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
+  hit_loop(st, rig, Gva{at}, regs);
+  benchmark::DoNotOptimize(calls);
+}
+BENCHMARK(BM_HitBoosted);
+
+void BM_HitEmulatedCall(benchmark::State& st) {
+  Rig rig;
+  std::uint64_t at = rig.sym("demo_main") + 0x37;  // call demo_puts: pushes a return address
+  auto id = rig.engine->add(rig.dom, Gva{at}, [](HitContext&) { return 0; }, {});
+  if (!id) return st.SkipWithError(id.error().what.c_str());
+  auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
+  regs.rsp = rig.sym(DEMO_SYM_STACKS) + DEMO_STACK_SIZE - 64;
+  hit_loop(st, rig, Gva{at}, regs);
+}
+BENCHMARK(BM_HitEmulatedCall);
+
+void BM_HitPostHandlerSlotTrap(benchmark::State& st) {
+  Rig rig;
+  std::uint64_t at = rig.sym("sys_getppid") + 5;
+  std::uint64_t posts = 0;
+  auto id = rig.engine->add(rig.dom, Gva{at}, [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
+  if (!id) return st.SkipWithError(id.error().what.c_str());
+  auto info = rig.engine->info(*id);
+  auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
+  // The second stop of a post-handler hit: at the trap byte after the slot's copy (3 bytes).
+  hit_loop(st, rig, Gva{info->slot.value + 3}, regs);
+  benchmark::DoNotOptimize(posts);
+}
+BENCHMARK(BM_HitPostHandlerSlotTrap);
+
+// Whole hits through the VIRQ_DEBUGGER loop on the simulated Xen: hypervisor calls per hit.
+void full_loop(benchmark::State& st, const char* where, bool post) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c;
+  c.vcpus = 1;
+  DomId dom = *host->create_domain(c);
+  auto s = std::move(*Session::open(host->open()));
+  (void)s->load_symbols(dom, demo_map());
+  std::uint64_t hits = 0;
+  PostHandler ph;
+  if (post) ph = [](HitContext&) {};
+  auto p = s->probe(dom, where, [&](HitContext&) { ++hits; return 0; }, ph);
+  if (!p) return st.SkipWithError(p.error().what.c_str());
+  std::string mode;
+  switch (p->info()->mode) {
+    case ExecMode::Boosted: mode = "boosted"; break;
+    case ExecMode::Emulated: mode = "emulated"; break;
+    case ExecMode::TrapAfter: mode = "trap-after"; break;
+    case ExecMode::Skipped: mode = "skipped"; break;
+  }
+  st.SetLabel(mode);
+  (void)s->run_once(10);
+  host->reset_counts();
+  std::uint64_t calls0 = host->total_calls(), hits0 = hits;
+  for (auto _ : st) (void)s->run_once(5);
+  std::uint64_t dh = hits - hits0;
+  st.counters["hits"] = static_cast<double>(dh);
+  st.counters["hv_calls_per_hit"] = dh ? static_cast<double>(host->total_calls() - calls0) / static_cast<double>(dh) : 0;
+}
+void BM_LoopBoosted(benchmark::State& st) { full_loop(st, "sys_getppid+5", false); }
+void BM_LoopEmulated(benchmark::State& st) { full_loop(st, "sys_getppid+0x3f", false); }  // ret
+void BM_LoopPostHandler(benchmark::State& st) { full_loop(st, "sys_getppid+5", true); }
+BENCHMARK(BM_LoopBoosted)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_LoopEmulated)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_LoopPostHandler)->UseRealTime()->MinTime(0.5);
+
+// 1000 probes (two per instruction, in address order) registered on a paused guest.
+void register_1000(benchmark::State& st, bool batch) {
+  double pauses = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    auto host = hv::sim::SimHost::create();
+    hv::sim::DomainConfig c;
+    c.vcpus = 2;
+    c.oea_size = 1 << 20;
+    DomId dom = *host->create_domain(c);
+    auto s = std::move(*Session::open(host->open()));
+    (void)s->load_symbols(dom, demo_map());
+    auto layout = *host->layout(dom);
+    auto t = *symbols::SymbolTable::load(demo_map());
+    std::vector<Gva> points;
+    for (std::uint64_t a = layout.text_start; a < layout.text_end && points.size() < 500; ++a) {
+      auto f = t.function_containing(Gva{a});
+      if (!f) continue;
+      std::vector<std::uint8_t> bytes(f->size);
+      (void)host->peek(dom, f->start.value, std::as_writable_bytes(std::span(bytes)));
+      auto insns = x86::decode_function(bytes, f->start);
+      if (!insns) continue;
+      for (auto& i : *insns)
+        if (x86::analyze(i) && points.size() < 500) points.push_back(i.address);
+      a = f->start.value + f->size - 1;
+    }
+    std::vector<Probe> probes;
+    probes.reserve(1000);
+    host->reset_counts();
+    st.ResumeTiming();
+    if (batch) (void)s->begin_batch();
+    for (int round = 0; round < 2; ++round)
+      for (Gva g : points)
+        if (auto p = s->probe(dom, g, [](HitContext&) { return 0; })) probes.push_back(std::move(*p));
+    if (batch) (void)s->end_batch();
+    st.PauseTiming();
+    pauses = static_cast<double>(host->op_count(hv::sim::Op::Pause));
+    st.counters["probes"] = static_cast<double>(probes.size());
+    probes.clear();
+    s.reset();
+    st.ResumeTiming();
+  }
+  st.counters["pauses"] = pauses;
+}
+void BM_Register1000Batched(benchmark::State& st) { register_1000(st, true); }
+void BM_Register1000OneByOne(benchmark::State& st) { register_1000(st, false); }
+BENCHMARK(BM_Register1000Batched)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_Register1000OneByOne)->Unit(benchmark::kMillisecond)->Iterations(3);
+
+}  // namespace
+
+BENCHMARK_MAIN();

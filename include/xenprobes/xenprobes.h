@@ -1,0 +1,265 @@
+/*
+ * libxenprobes, the C API: the Xenprobes paper's Figure 1 interface, plus what a real user needs.
+ *
+ *   static void pre(xenprobes_handle_t h, struct cpu_user_regs *regs) {
+ *     char path[256];
+ *     if (xenprobes_read_string(h, regs->rdi, path, sizeof path) >= 0) printf("open(%s)\n", path);
+ *   }
+ *   ...
+ *   xenprobes_handle_t h = register_xenprobe_symbol(1, "sys_open", pre, NULL);
+ *   if (h == XENPROBES_HANDLE_ERROR) { perror(xenprobes_last_error()); ... }
+ *   xenprobes_loop();                    // handlers run here, until xenprobes_stop()
+ *   unregister_xenprobe(h);
+ *   xenprobes_close();
+ *
+ * Error contract (Xen's): functions returning int give 0 (or a documented non-negative value) on
+ * success and -1 with errno set on failure; handle-returning functions give a positive handle or
+ * XENPROBES_HANDLE_ERROR (-1) with errno set. Either way xenprobes_last_error() then holds a
+ * one-sentence, thread-local explanation. The errno values are those of the C++ API's Errc
+ * (xenprobes/result.hpp):
+ *   EINVAL     bad argument, unknown handle, wrong struct version, not inside a handler
+ *   ESRCH      the domain does not exist or is gone
+ *   ENOENT     symbol, System.map or key not found
+ *   EFAULT     guest address not mapped / page not present
+ *   EILSEQ     the address is not an instruction boundary (or does not decode)
+ *   EBUSY      the instruction cannot be probed there (foreign breakpoint, reserved), or the call
+ *              is not allowed now (a loop runs in another thread, a session is already open)
+ *   ERANGE     relocated instruction out of rel32 reach; a string longer than the buffer
+ *   ENOSPC     no out-of-line slot left in the guest's area
+ *   EOPNOTSUPP the backend/hypervisor lacks the feature, or it is not implemented yet
+ *   EPERM, EIO, ENOMEM, ETIMEDOUT, ENOSYS as reported by the hypervisor
+ * No C++ exception ever leaves this API.
+ *
+ * Sessions: there is one implicit, process-wide session. The first call that needs it opens it
+ * with the backend named by the XENPROBES_BACKEND environment variable (xen | sim; default xen);
+ * xenprobes_open() chooses explicitly; xenprobes_close() ends it (every probe is unregistered and
+ * every guest byte restored), after which the next call opens a new one lazily.
+ *
+ * Threads: handlers run in the thread calling xenprobes_loop(), one hit at a time, while the hit
+ * vCPU waits. Every function may be called from a handler except xenprobes_loop(). While a loop
+ * runs, other threads may only call xenprobes_stop() and xenprobes_last_error(); anything else
+ * fails with EBUSY.
+ */
+#ifndef XENPROBES_XENPROBES_H
+#define XENPROBES_XENPROBES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xenprobes/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Xen's domain id type (xen/xen.h). Defined here only when Xen's header did not define it. */
+#if !defined(__XEN_PUBLIC_XEN_H__) && !defined(XENPROBES_HAVE_DOMID_T)
+#define XENPROBES_HAVE_DOMID_T 1
+typedef uint16_t domid_t;
+#endif
+
+/*
+ * The register frame handlers receive: Xen's x86_64 struct cpu_user_regs
+ * (xen/arch-x86/xen-x86_64.h), the same layout and 64-bit member names. When that header was
+ * included before this one, its definition (with its 32/16/8-bit alias unions) is used; include
+ * Xen's headers first if a program needs both. Handlers may change the registers: the changes
+ * are written back when the vCPU resumes. Changing rip in a pre-handler makes the vCPU continue
+ * there without running the probed instruction (kprobes' "return 1"). error_code, entry_vector,
+ * saved_upcall_mask and es/ds/fs/gs are not provided (0) and writes to them are ignored.
+ */
+#ifndef __XEN_PUBLIC_ARCH_X86_XEN_X86_64_H__
+struct cpu_user_regs {
+  uint64_t r15;
+  uint64_t r14;
+  uint64_t r13;
+  uint64_t r12;
+  uint64_t rbp;
+  uint64_t rbx;
+  uint64_t r11;
+  uint64_t r10;
+  uint64_t r9;
+  uint64_t r8;
+  uint64_t rax;
+  uint64_t rcx;
+  uint64_t rdx;
+  uint64_t rsi;
+  uint64_t rdi;
+  uint32_t error_code;   /* private */
+  uint32_t entry_vector; /* private */
+  uint64_t rip;
+  uint16_t cs, _pad0[1];
+  uint8_t saved_upcall_mask;
+  uint8_t _pad1[3];
+  uint64_t rflags;
+  uint64_t rsp;
+  uint16_t ss, _pad2[3];
+  uint16_t es, _pad3[3];
+  uint16_t ds, _pad4[3];
+  uint16_t fs, _pad5[3];
+  uint16_t gs, _pad6[3];
+};
+#endif
+
+/* A probe handle: positive; XENPROBES_HANDLE_ERROR (with errno set) on failure. */
+typedef int xenprobes_handle_t;
+#define XENPROBES_HANDLE_ERROR (-1)
+
+/* A handler: the probe that hit and the hit vCPU's registers (valid only during the call). */
+typedef void (*xenprobe_handler_t)(xenprobes_handle_t, struct cpu_user_regs *);
+
+/* ---- The paper's Figure 1 ------------------------------------------------------------------ */
+
+/*
+ * Puts a probe on the instruction at guest-virtual `address` of domain `domid`'s kernel.
+ * pre_handler runs before the instruction, post_handler after it (each may be NULL; with a
+ * post_handler the instruction always traps after its out-of-line copy). Several probes on one
+ * address run in registration order. Opens the implicit session if needed.
+ * Returns a positive handle, or XENPROBES_HANDLE_ERROR with errno:
+ *   ESRCH no such domain · EFAULT address not mapped · EILSEQ not an instruction boundary
+ *   (known when the guest's symbols are loaded) or undecodable · EBUSY a breakpoint that is not
+ *   ours / a refused instruction · EINVAL an instruction that can never be probed (hlt, iret…)
+ *   · ERANGE out of rel32 reach · ENOSPC no slot left · EOPNOTSUPP channel unavailable (e.g. no
+ *   GDBSX in the hypervisor) · EBUSY a loop runs in another thread.
+ */
+XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address,
+                                                   xenprobe_handler_t pre_handler,
+                                                   xenprobe_handler_t post_handler);
+
+/*
+ * Removes a probe: the guest's original bytes are restored exactly and its slot is released
+ * once no vCPU can be executing in it. From a handler, removal happens when the hit has been
+ * handled. Returns 0, or -1 with errno: EINVAL unknown handle (never registered, already
+ * unregistered, or its session was closed); others from the hypervisor (the handle then stays
+ * valid, so the call can be retried).
+ */
+XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle);
+
+/*
+ * Return probes (entry_handler at function entry, return_handler when it returns, at most
+ * maxactive instances in flight). Not implemented yet: always XENPROBES_HANDLE_ERROR with
+ * errno EOPNOTSUPP ("return probes arrive with the XrP issue").
+ */
+XENPROBES_API xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address,
+                                                      xenprobe_handler_t entry_handler,
+                                                      xenprobe_handler_t return_handler, int maxactive);
+
+/* Not implemented yet: always -1 with errno EOPNOTSUPP (see register_xenretprobe). */
+XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle);
+
+/*
+ * Handles probe hits, calling the handlers, until xenprobes_stop(). Opens the implicit session
+ * if needed. Returns 0 after xenprobes_stop(), or -1 with errno: EBUSY called from a handler or
+ * while another thread runs the loop; other errno values for a fatal channel error (the session
+ * stays open; probes stay registered).
+ */
+XENPROBES_API int xenprobes_loop(void);
+
+/*
+ * Arms (enable != 0) or disarms (enable == 0) one probe without losing its slot; a disarmed
+ * probe's original byte is back in the guest and it counts no hits. (The paper names this
+ * function without defining it; this is our reading.) Returns 0, or -1 with errno: EINVAL
+ * unknown handle; others from the hypervisor.
+ */
+XENPROBES_API int xenprobes_enable(xenprobes_handle_t handle, int enable);
+
+/*
+ * Makes xenprobes_loop() return once the current hit has been handled. Callable from a handler
+ * or from another thread (not from a signal handler: it is not async-signal-safe). A stop while
+ * no loop runs is remembered by the next xenprobes_loop(). Never fails.
+ */
+XENPROBES_API void xenprobes_stop(void);
+
+/* ---- Sessions -------------------------------------------------------------------------------- */
+
+/*
+ * Opens the implicit session on `backend` ("xen" or "sim"; NULL or "" = XENPROBES_BACKEND, default
+ * xen). Returns 0, or -1 with errno: EBUSY a session is already open (xenprobes_close() first);
+ * EINVAL unknown backend; EOPNOTSUPP backend not built in, or not a Xen Dom0 / the debugger
+ * channel is unavailable (the message says why); EPERM not privileged.
+ */
+XENPROBES_API int xenprobes_open(const char *backend);
+
+/*
+ * Ends the implicit session: unregisters every probe (restoring every guest byte) and
+ * invalidates every handle. A no-op when nothing is open. Called from a handler, it happens when
+ * xenprobes_loop() returns (the loop is stopped). Never fails.
+ */
+XENPROBES_API void xenprobes_close(void);
+
+/* ---- Symbols --------------------------------------------------------------------------------- */
+
+/*
+ * Loads the guest kernel's symbols (a System.map or a /proc/kallsyms copy) for domain `domid`,
+ * for register_xenprobe_symbol() and for instruction-boundary checks. KASLR is handled with the
+ * kernel-text address the guest module publishes. With the simulated Xen the demo guest's
+ * System.map is loaded automatically on the first register_xenprobe_symbol(). Returns 0, or -1
+ * with errno: EINVAL NULL path; ENOENT no such file; EIO unreadable or malformed; ESRCH no such
+ * domain.
+ */
+XENPROBES_API int xenprobes_load_symbols(domid_t domid, const char *system_map);
+
+/*
+ * register_xenprobe() at "symbol" or "symbol+offset" (offset in hex with 0x, or decimal), e.g.
+ * "sys_open+0x4" ("0x<address>+offset" works too). Same errors as register_xenprobe(), plus:
+ * EINVAL NULL, malformed or ambiguous symbol; ENOENT no symbols loaded for the domain, or no such
+ * symbol; ERANGE offset beyond the symbol's end.
+ */
+XENPROBES_API xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char *symbol,
+                                                          xenprobe_handler_t pre_handler,
+                                                          xenprobe_handler_t post_handler);
+
+/* ---- Per-probe information ------------------------------------------------------------------- */
+
+#define XENPROBE_STATS_VERSION 1u
+
+/* Counters of one probe. The caller sets version to XENPROBE_STATS_VERSION. */
+struct xenprobe_stats {
+  uint32_t version;
+  uint64_t hits;   /* handler invocations (hits while enabled) */
+  uint64_t missed; /* hits the guest went through without the handlers */
+};
+
+/*
+ * Fills *out with the probe's counters. Returns 0, or -1 with errno: EINVAL unknown handle, NULL
+ * out, or out->version != XENPROBE_STATS_VERSION.
+ */
+XENPROBES_API int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats *out);
+
+/* The domain a probe is in (>= 0), or -1 with errno EINVAL for an unknown handle. */
+XENPROBES_API int xenprobes_domain_of(xenprobes_handle_t handle);
+
+/*
+ * The detail of the last failure in this thread ("" if none yet). The pointer stays valid until
+ * the next libxenprobes call in this thread.
+ */
+XENPROBES_API const char *xenprobes_last_error(void);
+
+/* ---- Guest memory, from inside a handler ----------------------------------------------------- */
+
+/*
+ * Copies `len` bytes of the hit guest's virtual memory at `gva` into `buf`, through the hit vCPU's
+ * domain page tables. Only inside a handler, with the handle it was called with. Returns 0, or -1
+ * with errno: EINVAL not inside a handler of `handle`, or NULL buf with len > 0; EFAULT not
+ * mapped (buf contents then unspecified).
+ */
+XENPROBES_API int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void *buf, size_t len);
+
+/*
+ * Writes `len` bytes from `buf` into the hit guest's virtual memory at `gva` (the guest sees
+ * them when the vCPU resumes). Only inside a handler of `handle`. Errors as xenprobes_read().
+ */
+XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void *buf, size_t len);
+
+/*
+ * Reads a NUL-terminated string at `gva` into `buf` (`size` bytes, always NUL-terminated when
+ * size > 0). Only inside a handler of `handle`. Returns its length, or -1 with errno: EINVAL not
+ * inside a handler of `handle`, NULL buf or size 0; EFAULT not mapped; ERANGE the string does
+ * not fit (buf then holds its first size-1 bytes, terminated).
+ */
+XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XENPROBES_XENPROBES_H */

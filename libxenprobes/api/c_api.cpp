@@ -1,0 +1,448 @@
+// The C API (include/xenprobes/xenprobes.h) over the C++ Session: one implicit, process-wide
+// session, integer handles mapped to probe ids, C handlers wrapped in C++ handlers that hand
+// them Xen's struct cpu_user_regs and write the changes back.
+//
+// Error policy (docs/style.md): every entry point is noexcept and runs its body through
+// entry(), the one try/catch that turns an Error or an exception into -1 + errno + a
+// thread-local message. No C++ exception leaves this file.
+//
+// Locking: Session is not thread-safe, so every call that touches it holds State::mu, and
+// xenprobes_loop() holds it for as long as it runs. It is recursive because handlers run inside
+// the loop, in the loop's thread, and may call the API. Another thread that finds the loop
+// running gets EBUSY instead of blocking until some handler calls xenprobes_stop().
+// xenprobes_stop() never takes State::mu: it only needs the session's wake-up, which Session
+// allows from any thread; State::stop_mu keeps that session alive while it is used.
+#include "xenprobes/xenprobes.h"
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "common/log.hpp"
+#include "common/result.hpp"
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobes {
+namespace {
+
+// The layout is Xen's (xen/arch-x86/xen-x86_64.h); a handler built against Xen's own
+// definition must find every register where ours puts it.
+static_assert(offsetof(cpu_user_regs, rdi) == 112);
+static_assert(offsetof(cpu_user_regs, error_code) == 120);
+static_assert(offsetof(cpu_user_regs, rip) == 128);
+static_assert(offsetof(cpu_user_regs, cs) == 136);
+static_assert(offsetof(cpu_user_regs, rflags) == 144);
+static_assert(offsetof(cpu_user_regs, rsp) == 152);
+static_assert(offsetof(cpu_user_regs, ss) == 160);
+static_assert(offsetof(cpu_user_regs, gs) == 192);
+static_assert(sizeof(cpu_user_regs) == 200);
+
+constexpr const char* kRetprobesLater = "return probes arrive with the XrP issue";
+
+struct CProbe {
+  std::uint64_t id = 0;  // the C++ probe id (Probe::release()d: the session owns the probe)
+  DomId dom;
+};
+
+struct State {
+  std::recursive_mutex mu;
+  std::unique_ptr<Session> session;  // guarded by mu
+  std::map<int, CProbe> probes;      // guarded by mu
+  int next_handle = 1;               // guarded by mu; handles are never reused
+  bool close_pending = false;        // guarded by mu: xenprobes_close() from a handler
+  std::atomic<std::thread::id> loop_thread{};  // the thread in xenprobes_loop(), if any
+
+  std::mutex stop_mu;
+  Session* live = nullptr;  // guarded by stop_mu: the session xenprobes_stop() wakes
+  std::atomic<bool> stop{false};
+
+  // At exit, a program that forgot xenprobes_close() still gets its guests' bytes back.
+  ~State() {
+    std::lock_guard l(mu);
+    close_now();
+  }
+
+  void close_now() {
+    {
+      std::lock_guard l(stop_mu);
+      live = nullptr;
+    }
+    probes.clear();
+    session.reset();  // unregisters every probe, restores every byte
+    close_pending = false;
+    stop = false;
+  }
+};
+
+// Constructed on first use, so destroyed before the library's own statics.
+State& state() {
+  static State s;
+  return s;
+}
+
+thread_local std::string t_last_error;
+
+// The hit being handled in this thread (for xenprobes_read and friends).
+struct CurrentHit {
+  HitContext* ctx = nullptr;
+  int handle = 0;
+};
+thread_local CurrentHit t_hit;
+// A handler let a C++ exception out (possible for a C++ function behind a C pointer): the loop
+// stops and reports it rather than let it unwind through the engine.
+thread_local std::string t_handler_exception;
+
+int set_error(int err, const char* what) noexcept {
+  try {
+    t_last_error = what;
+  } catch (...) {
+    t_last_error.clear();  // out of memory: errno still says what happened
+  }
+  errno = err;
+  return -1;
+}
+
+int set_error(const Error& e) noexcept {
+  int err = e.errno_value();
+  return set_error(err > 0 ? err : EIO, e.what.c_str());
+}
+
+// The one try/catch of every entry point: runs `body` (returning Result<int>) and translates.
+template <typename F>
+int entry(F&& body) noexcept {
+  try {
+    Result<int> r = body();
+    if (r) return *r;
+    return set_error(r.error());
+  } catch (const std::bad_alloc&) {
+    return set_error(ENOMEM, "out of memory");
+  } catch (const std::exception& e) {
+    std::string what = std::string("internal error: ") + e.what();
+    return set_error(EIO, what.c_str());
+  } catch (...) {
+    return set_error(EIO, "internal error: unknown exception");
+  }
+}
+
+// Takes State::mu, unless the loop holds it in another thread (EBUSY). The loop's own thread
+// (its handlers) gets it at once: the mutex is recursive.
+Result<std::unique_lock<std::recursive_mutex>> acquire() {
+  State& s = state();
+  std::unique_lock l(s.mu, std::try_to_lock);
+  while (!l.owns_lock()) {
+    std::thread::id t = s.loop_thread.load();
+    if (t != std::thread::id{} && t != std::this_thread::get_id())
+      return fail(Errc::Busy, "xenprobes_loop() is running in another thread: call this from a handler, "
+                              "or after xenprobes_stop() has ended the loop");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    l.try_lock();
+  }
+  return l;
+}
+
+Result<Session*> open_session(State& s, const char* backend) {
+  Result<std::unique_ptr<Session>> r = (backend && *backend) ? [&]() -> Result<std::unique_ptr<Session>> {
+    auto hv = XP_TRY(hv::open_hypervisor(backend));
+    return Session::open(std::move(hv));
+  }()
+                                                             : Session::open();
+  if (!r) {
+    Error e = r.error();
+    e.what = "cannot open a xenprobes session: " + e.what;
+    return std::unexpected(std::move(e));
+  }
+  s.session = std::move(*r);
+  std::lock_guard l(s.stop_mu);
+  s.live = s.session.get();
+  return s.session.get();
+}
+
+// The implicit session: opened by the first call that needs one.
+Result<Session*> session(State& s) {
+  if (s.session) return s.session.get();
+  return open_session(s, nullptr);
+}
+
+Result<CProbe*> find(State& s, int handle) {
+  auto it = s.probes.find(handle);
+  if (it == s.probes.end())
+    return fail(Errc::InvalidArgument, "unknown handle " + std::to_string(handle) +
+                                           " (never registered, already unregistered, or its session was closed)");
+  return &it->second;
+}
+
+void to_c(const Regs& r, cpu_user_regs& c) {
+  c = cpu_user_regs{};
+  c.r15 = r.r15, c.r14 = r.r14, c.r13 = r.r13, c.r12 = r.r12, c.rbp = r.rbp, c.rbx = r.rbx;
+  c.r11 = r.r11, c.r10 = r.r10, c.r9 = r.r9, c.r8 = r.r8, c.rax = r.rax, c.rcx = r.rcx;
+  c.rdx = r.rdx, c.rsi = r.rsi, c.rdi = r.rdi;
+  c.rip = r.rip, c.cs = r.cs, c.rflags = r.rflags, c.rsp = r.rsp, c.ss = r.ss;
+}
+
+// Segment selectors and the private fields are not written back: a handler has no business
+// changing them, and Xen's frame fields we do not fill must not reach the vCPU.
+void from_c(const cpu_user_regs& c, Regs& r) {
+  r.r15 = c.r15, r.r14 = c.r14, r.r13 = c.r13, r.r12 = c.r12, r.rbp = c.rbp, r.rbx = c.rbx;
+  r.r11 = c.r11, r.r10 = c.r10, r.r9 = c.r9, r.r8 = c.r8, r.rax = c.rax, r.rcx = c.rcx;
+  r.rdx = c.rdx, r.rsi = c.rsi, r.rdi = c.rdi;
+  r.rip = c.rip, r.rflags = c.rflags, r.rsp = c.rsp;
+}
+
+void request_stop(State& s) noexcept {
+  s.stop = true;
+  std::lock_guard l(s.stop_mu);
+  if (s.live) s.live->stop();
+}
+
+// Runs one C handler on a hit. A changed rip is honoured by the engine (kprobes' "return 1").
+void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
+  cpu_user_regs regs;
+  to_c(c.regs(), regs);
+  CurrentHit saved = t_hit;
+  t_hit = {&c, handle};
+  try {
+    fn(handle, &regs);
+  } catch (...) {
+    t_hit = saved;
+    if (t_handler_exception.empty())
+      t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
+    request_stop(state());
+    return;  // its register changes are dropped
+  }
+  t_hit = saved;
+  from_c(regs, c.regs());
+}
+
+xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
+                                  xenprobe_handler_t pre, xenprobe_handler_t post) noexcept {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    Session* ses = XP_TRY(session(s));
+    if (s.next_handle == INT_MAX) return fail(Errc::NoSpace, "out of probe handles");
+    const int h = s.next_handle;
+    PreHandler p;
+    PostHandler q;
+    if (pre) p = [h, pre](HitContext& c) { call_c(h, pre, c); return 0; };
+    if (post) q = [h, post](HitContext& c) { call_c(h, post, c); };
+    DomId dom{domid};
+    auto probe = symbol ? ses->probe(dom, std::string_view(symbol), std::move(p), std::move(q))
+                        : ses->probe(dom, Gva{address}, std::move(p), std::move(q));
+    if (!probe) return std::unexpected(probe.error());
+    std::uint64_t id = probe->release();
+    s.probes.emplace(h, CProbe{id, dom});
+    ++s.next_handle;
+    return h;
+  });
+}
+
+Result<HitContext*> current_hit(int handle, const char* fn) {
+  if (!t_hit.ctx)
+    return fail(Errc::InvalidArgument, std::string(fn) + "() works only inside a handler");
+  if (t_hit.handle != handle)
+    return fail(Errc::InvalidArgument, std::string(fn) + "(): handle " + std::to_string(handle) +
+                                           " is not the probe whose handler is running (" +
+                                           std::to_string(t_hit.handle) + ")");
+  return t_hit.ctx;
+}
+
+}  // namespace
+}  // namespace xenprobes
+
+using namespace xenprobes;
+
+extern "C" {
+
+xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address, xenprobe_handler_t pre_handler,
+                                     xenprobe_handler_t post_handler) {
+  return register_probe(domid, nullptr, address, pre_handler, post_handler);
+}
+
+xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t pre_handler,
+                                            xenprobe_handler_t post_handler) {
+  if (!symbol) return set_error(EINVAL, "register_xenprobe_symbol(): NULL symbol");
+  return register_probe(domid, symbol, 0, pre_handler, post_handler);
+}
+
+int unregister_xenprobe(xenprobes_handle_t handle) {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    CProbe* p = XP_TRY(find(s, handle));
+    if (auto r = s.session->unregister(p->id); !r && r.error().code != Errc::NotFound) {
+      // Still registered: the handle stays valid for a retry.
+      Error e = r.error();
+      e.what = "unregister_xenprobe(" + std::to_string(handle) + "): " + e.what;
+      return std::unexpected(std::move(e));
+    }
+    // NotFound: the engine already dropped it (its domain died); nothing left to restore.
+    s.probes.erase(handle);
+    return 0;
+  });
+}
+
+xenprobes_handle_t register_xenretprobe(domid_t, unsigned long, xenprobe_handler_t, xenprobe_handler_t, int) {
+  return set_error(EOPNOTSUPP, kRetprobesLater);
+}
+
+int unregister_xenretprobe(xenprobes_handle_t) { return set_error(EOPNOTSUPP, kRetprobesLater); }
+
+int xenprobes_loop(void) {
+  return entry([&]() -> Result<int> {
+    if (t_hit.ctx) return fail(Errc::Busy, "xenprobes_loop() cannot be called from a handler");
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    Session* ses = XP_TRY(session(s));
+    s.loop_thread = std::this_thread::get_id();
+    struct Leave {
+      State& s;
+      ~Leave() { s.loop_thread = std::thread::id{}; }
+    } leave{s};
+    t_handler_exception.clear();
+    Result<int> out = 0;
+    while (!s.stop.exchange(false)) {
+      if (auto r = ses->run_once(-1); !r) {
+        Error e = r.error();
+        e.what = "xenprobes_loop(): " + e.what;
+        out = std::unexpected(std::move(e));
+        break;
+      }
+      if (!t_handler_exception.empty()) {
+        out = fail(Errc::Io, "xenprobes_loop(): " + t_handler_exception);
+        t_handler_exception.clear();
+        s.stop = false;
+        break;
+      }
+    }
+    if (s.close_pending) s.close_now();
+    return out;
+  });
+}
+
+int xenprobes_enable(xenprobes_handle_t handle, int enable) {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    CProbe* p = XP_TRY(find(s, handle));
+    XP_TRY(s.session->set_enabled(p->id, enable != 0));
+    return 0;
+  });
+}
+
+void xenprobes_stop(void) {
+  // request_stop() cannot throw (lock_guard on a valid mutex, Session::stop writes an eventfd).
+  request_stop(state());
+}
+
+int xenprobes_open(const char* backend) {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    if (s.session)
+      return fail(Errc::Busy, std::string("a xenprobes session is already open (") + s.session->hypervisor().name() +
+                                  "): call xenprobes_close() first");
+    XP_TRY(open_session(s, backend));
+    return 0;
+  });
+}
+
+void xenprobes_close(void) {
+  entry([&]() -> Result<int> {
+    State& s = state();
+    if (t_hit.ctx) {  // the session is running this handler: close once the loop returns
+      std::lock_guard l(s.mu);
+      s.close_pending = true;
+      request_stop(s);
+      return 0;
+    }
+    std::thread::id t = s.loop_thread.load();
+    if (t != std::thread::id{} && t != std::this_thread::get_id()) request_stop(s);
+    std::lock_guard l(s.mu);  // waits for that loop to return
+    s.close_now();
+    return 0;
+  });
+}
+
+int xenprobes_load_symbols(domid_t domid, const char* system_map) {
+  return entry([&]() -> Result<int> {
+    if (!system_map) return fail(Errc::InvalidArgument, "xenprobes_load_symbols(): NULL path");
+    auto lock = XP_TRY(acquire());
+    Session* ses = XP_TRY(session(state()));
+    XP_TRY(ses->load_symbols(DomId{domid}, system_map));
+    return 0;
+  });
+}
+
+int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) {
+  return entry([&]() -> Result<int> {
+    if (!out) return fail(Errc::InvalidArgument, "xenprobes_stats(): NULL out");
+    if (out->version != XENPROBE_STATS_VERSION)
+      return fail(Errc::InvalidArgument, "xenprobes_stats(): struct xenprobe_stats version " +
+                                             std::to_string(out->version) + "; this library knows version " +
+                                             std::to_string(XENPROBE_STATS_VERSION) +
+                                             " (set out->version = XENPROBE_STATS_VERSION)");
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    CProbe* p = XP_TRY(find(s, handle));
+    ProbeStats st = s.session->stats(p->id);
+    out->hits = st.hits;
+    out->missed = st.missed;
+    return 0;
+  });
+}
+
+int xenprobes_domain_of(xenprobes_handle_t handle) {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    CProbe* p = XP_TRY(find(state(), handle));
+    return static_cast<int>(p->dom.value);
+  });
+}
+
+const char* xenprobes_last_error(void) { return t_last_error.c_str(); }
+
+int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void* buf, size_t len) {
+  return entry([&]() -> Result<int> {
+    HitContext* c = XP_TRY(current_hit(handle, "xenprobes_read"));
+    if (!buf && len) return fail(Errc::InvalidArgument, "xenprobes_read(): NULL buffer");
+    if (len) XP_TRY(c->read(Gva{gva}, std::span(static_cast<std::byte*>(buf), len)));
+    return 0;
+  });
+}
+
+int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void* buf, size_t len) {
+  return entry([&]() -> Result<int> {
+    HitContext* c = XP_TRY(current_hit(handle, "xenprobes_write"));
+    if (!buf && len) return fail(Errc::InvalidArgument, "xenprobes_write(): NULL buffer");
+    if (len) XP_TRY(c->write(Gva{gva}, std::span(static_cast<const std::byte*>(buf), len)));
+    return 0;
+  });
+}
+
+int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* buf, size_t size) {
+  return entry([&]() -> Result<int> {
+    HitContext* c = XP_TRY(current_hit(handle, "xenprobes_read_string"));
+    if (!buf || size == 0) return fail(Errc::InvalidArgument, "xenprobes_read_string(): no buffer");
+    if (size > INT_MAX) size = INT_MAX;  // the length must fit the return value
+    // Up to `size` characters: getting all of them means no NUL fits in the buffer.
+    std::string str = XP_TRY(c->read_string(Gva{gva}, size));
+    const std::size_t n = std::min(str.size(), size - 1);
+    std::memcpy(buf, str.data(), n);
+    buf[n] = '\0';
+    if (str.size() >= size)
+      return fail(Errc::Range, "xenprobes_read_string(): the string at " + std::to_string(gva) +
+                                   " is longer than the " + std::to_string(size) + "-byte buffer");
+    return static_cast<int>(n);
+  });
+}
+
+}  // extern "C"
