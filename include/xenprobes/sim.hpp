@@ -66,6 +66,9 @@ struct DomainConfig {
   bool start_paused = false;    // created with one controller pause (like `xl create -p`)
   std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
   bool publish_module = true;   // publish the guest module's xenstore keys
+  // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
+  // (the growth protocol in protocol.h); 0 = the module cannot grow.
+  unsigned oea_reserve_areas = 3;
   // Test oracle: count how often control reaches each of these guest-virtual addresses
   // (instruction starts), read back with SimHost::executions().
   std::vector<std::uint64_t> count_executions;

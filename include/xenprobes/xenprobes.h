@@ -48,6 +48,13 @@
 
 #include "xenprobes/export.h"
 
+/* Entry points never throw: C++ callers see them noexcept. */
+#ifdef __cplusplus
+#define XENPROBES_NOEXCEPT noexcept
+#else
+#define XENPROBES_NOEXCEPT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -123,7 +130,7 @@ typedef void (*xenprobe_handler_t)(xenprobes_handle_t, struct cpu_user_regs *);
  */
 XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address,
                                                    xenprobe_handler_t pre_handler,
-                                                   xenprobe_handler_t post_handler);
+                                                   xenprobe_handler_t post_handler) XENPROBES_NOEXCEPT;
 
 /*
  * Removes a probe: the guest's original bytes are restored exactly and its slot is released
@@ -132,7 +139,7 @@ XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long 
  * unregistered, or its session was closed); others from the hypervisor (the handle then stays
  * valid, so the call can be retried).
  */
-XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle);
+XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
  * Return probes (entry_handler at function entry, return_handler when it returns, at most
@@ -141,10 +148,10 @@ XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle);
  */
 XENPROBES_API xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address,
                                                       xenprobe_handler_t entry_handler,
-                                                      xenprobe_handler_t return_handler, int maxactive);
+                                                      xenprobe_handler_t return_handler, int maxactive) XENPROBES_NOEXCEPT;
 
 /* Not implemented yet: always -1 with errno EOPNOTSUPP (see register_xenretprobe). */
-XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle);
+XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
  * Handles probe hits, calling the handlers, until xenprobes_stop(). Opens the implicit session
@@ -152,7 +159,7 @@ XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle);
  * while another thread runs the loop; other errno values for a fatal channel error (the session
  * stays open; probes stay registered).
  */
-XENPROBES_API int xenprobes_loop(void);
+XENPROBES_API int xenprobes_loop(void) XENPROBES_NOEXCEPT;
 
 /*
  * Arms (enable != 0) or disarms (enable == 0) one probe without losing its slot; a disarmed
@@ -160,14 +167,14 @@ XENPROBES_API int xenprobes_loop(void);
  * function without defining it; this is our reading.) Returns 0, or -1 with errno: EINVAL
  * unknown handle; others from the hypervisor.
  */
-XENPROBES_API int xenprobes_enable(xenprobes_handle_t handle, int enable);
+XENPROBES_API int xenprobes_enable(xenprobes_handle_t handle, int enable) XENPROBES_NOEXCEPT;
 
 /*
  * Makes xenprobes_loop() return once the current hit has been handled. Callable from a handler
  * or from another thread (not from a signal handler: it is not async-signal-safe). A stop while
  * no loop runs is remembered by the next xenprobes_loop(). Never fails.
  */
-XENPROBES_API void xenprobes_stop(void);
+XENPROBES_API void xenprobes_stop(void) XENPROBES_NOEXCEPT;
 
 /* ---- Sessions -------------------------------------------------------------------------------- */
 
@@ -177,14 +184,14 @@ XENPROBES_API void xenprobes_stop(void);
  * EINVAL unknown backend; EOPNOTSUPP backend not built in, or not a Xen Dom0 / the debugger
  * channel is unavailable (the message says why); EPERM not privileged.
  */
-XENPROBES_API int xenprobes_open(const char *backend);
+XENPROBES_API int xenprobes_open(const char *backend) XENPROBES_NOEXCEPT;
 
 /*
  * Ends the implicit session: unregisters every probe (restoring every guest byte) and
  * invalidates every handle. A no-op when nothing is open. Called from a handler, it happens when
  * xenprobes_loop() returns (the loop is stopped). Never fails.
  */
-XENPROBES_API void xenprobes_close(void);
+XENPROBES_API void xenprobes_close(void) XENPROBES_NOEXCEPT;
 
 /* ---- Symbols --------------------------------------------------------------------------------- */
 
@@ -196,7 +203,7 @@ XENPROBES_API void xenprobes_close(void);
  * with errno: EINVAL NULL path; ENOENT no such file; EIO unreadable or malformed; ESRCH no such
  * domain.
  */
-XENPROBES_API int xenprobes_load_symbols(domid_t domid, const char *system_map);
+XENPROBES_API int xenprobes_load_symbols(domid_t domid, const char *system_map) XENPROBES_NOEXCEPT;
 
 /*
  * register_xenprobe() at "symbol" or "symbol+offset" (offset in hex with 0x, or decimal), e.g.
@@ -206,7 +213,7 @@ XENPROBES_API int xenprobes_load_symbols(domid_t domid, const char *system_map);
  */
 XENPROBES_API xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char *symbol,
                                                           xenprobe_handler_t pre_handler,
-                                                          xenprobe_handler_t post_handler);
+                                                          xenprobe_handler_t post_handler) XENPROBES_NOEXCEPT;
 
 /* ---- Per-probe information ------------------------------------------------------------------- */
 
@@ -223,16 +230,16 @@ struct xenprobe_stats {
  * Fills *out with the probe's counters. Returns 0, or -1 with errno: EINVAL unknown handle, NULL
  * out, or out->version != XENPROBE_STATS_VERSION.
  */
-XENPROBES_API int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats *out);
+XENPROBES_API int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats *out) XENPROBES_NOEXCEPT;
 
 /* The domain a probe is in (>= 0), or -1 with errno EINVAL for an unknown handle. */
-XENPROBES_API int xenprobes_domain_of(xenprobes_handle_t handle);
+XENPROBES_API int xenprobes_domain_of(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
  * The detail of the last failure in this thread ("" if none yet). The pointer stays valid until
  * the next libxenprobes call in this thread.
  */
-XENPROBES_API const char *xenprobes_last_error(void);
+XENPROBES_API const char *xenprobes_last_error(void) XENPROBES_NOEXCEPT;
 
 /* ---- Guest memory, from inside a handler ----------------------------------------------------- */
 
@@ -242,13 +249,13 @@ XENPROBES_API const char *xenprobes_last_error(void);
  * with errno: EINVAL not inside a handler of `handle`, or NULL buf with len > 0; EFAULT not
  * mapped (buf contents then unspecified).
  */
-XENPROBES_API int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void *buf, size_t len);
+XENPROBES_API int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void *buf, size_t len) XENPROBES_NOEXCEPT;
 
 /*
  * Writes `len` bytes from `buf` into the hit guest's virtual memory at `gva` (the guest sees
  * them when the vCPU resumes). Only inside a handler of `handle`. Errors as xenprobes_read().
  */
-XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void *buf, size_t len);
+XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void *buf, size_t len) XENPROBES_NOEXCEPT;
 
 /*
  * Reads a NUL-terminated string at `gva` into `buf` (`size` bytes, always NUL-terminated when
@@ -256,7 +263,7 @@ XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, 
  * inside a handler of `handle`, NULL buf or size 0; EFAULT not mapped; ERANGE the string does
  * not fit (buf then holds its first size-1 bytes, terminated).
  */
-XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size);
+XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size) XENPROBES_NOEXCEPT;
 
 #ifdef __cplusplus
 }

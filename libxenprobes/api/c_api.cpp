@@ -19,6 +19,7 @@
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -27,7 +28,6 @@
 #include <string>
 #include <thread>
 
-#include "common/log.hpp"
 #include "common/result.hpp"
 #include "xenprobes/xenprobes.hpp"
 
@@ -197,7 +197,7 @@ void from_c(const cpu_user_regs& c, Regs& r) {
   r.rip = c.rip, r.rflags = c.rflags, r.rsp = c.rsp;
 }
 
-void request_stop(State& s) noexcept {
+void request_stop(State& s) {
   s.stop = true;
   std::lock_guard l(s.stop_mu);
   if (s.live) s.live->stop();
@@ -245,6 +245,12 @@ xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned lo
   });
 }
 
+std::string hex(unsigned long v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%lx", v);
+  return b;
+}
+
 Result<HitContext*> current_hit(int handle, const char* fn) {
   if (!t_hit.ctx)
     return fail(Errc::InvalidArgument, std::string(fn) + "() works only inside a handler");
@@ -263,17 +269,17 @@ using namespace xenprobes;
 extern "C" {
 
 xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address, xenprobe_handler_t pre_handler,
-                                     xenprobe_handler_t post_handler) {
+                                     xenprobe_handler_t post_handler) noexcept {
   return register_probe(domid, nullptr, address, pre_handler, post_handler);
 }
 
 xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t pre_handler,
-                                            xenprobe_handler_t post_handler) {
+                                            xenprobe_handler_t post_handler) noexcept {
   if (!symbol) return set_error(EINVAL, "register_xenprobe_symbol(): NULL symbol");
   return register_probe(domid, symbol, 0, pre_handler, post_handler);
 }
 
-int unregister_xenprobe(xenprobes_handle_t handle) {
+int unregister_xenprobe(xenprobes_handle_t handle) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     State& s = state();
@@ -290,13 +296,13 @@ int unregister_xenprobe(xenprobes_handle_t handle) {
   });
 }
 
-xenprobes_handle_t register_xenretprobe(domid_t, unsigned long, xenprobe_handler_t, xenprobe_handler_t, int) {
+xenprobes_handle_t register_xenretprobe(domid_t, unsigned long, xenprobe_handler_t, xenprobe_handler_t, int) noexcept {
   return set_error(EOPNOTSUPP, kRetprobesLater);
 }
 
-int unregister_xenretprobe(xenprobes_handle_t) { return set_error(EOPNOTSUPP, kRetprobesLater); }
+int unregister_xenretprobe(xenprobes_handle_t) noexcept { return set_error(EOPNOTSUPP, kRetprobesLater); }
 
-int xenprobes_loop(void) {
+int xenprobes_loop(void) noexcept {
   return entry([&]() -> Result<int> {
     if (t_hit.ctx) return fail(Errc::Busy, "xenprobes_loop() cannot be called from a handler");
     auto lock = XP_TRY(acquire());
@@ -328,7 +334,7 @@ int xenprobes_loop(void) {
   });
 }
 
-int xenprobes_enable(xenprobes_handle_t handle, int enable) {
+int xenprobes_enable(xenprobes_handle_t handle, int enable) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     State& s = state();
@@ -338,12 +344,14 @@ int xenprobes_enable(xenprobes_handle_t handle, int enable) {
   });
 }
 
-void xenprobes_stop(void) {
-  // request_stop() cannot throw (lock_guard on a valid mutex, Session::stop writes an eventfd).
-  request_stop(state());
+void xenprobes_stop(void) noexcept {
+  entry([&]() -> Result<int> {
+    request_stop(state());
+    return 0;
+  });
 }
 
-int xenprobes_open(const char* backend) {
+int xenprobes_open(const char* backend) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     State& s = state();
@@ -355,7 +363,7 @@ int xenprobes_open(const char* backend) {
   });
 }
 
-void xenprobes_close(void) {
+void xenprobes_close(void) noexcept {
   entry([&]() -> Result<int> {
     State& s = state();
     if (t_hit.ctx) {  // the session is running this handler: close once the loop returns
@@ -372,7 +380,7 @@ void xenprobes_close(void) {
   });
 }
 
-int xenprobes_load_symbols(domid_t domid, const char* system_map) {
+int xenprobes_load_symbols(domid_t domid, const char* system_map) noexcept {
   return entry([&]() -> Result<int> {
     if (!system_map) return fail(Errc::InvalidArgument, "xenprobes_load_symbols(): NULL path");
     auto lock = XP_TRY(acquire());
@@ -382,7 +390,7 @@ int xenprobes_load_symbols(domid_t domid, const char* system_map) {
   });
 }
 
-int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) {
+int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) noexcept {
   return entry([&]() -> Result<int> {
     if (!out) return fail(Errc::InvalidArgument, "xenprobes_stats(): NULL out");
     if (out->version != XENPROBE_STATS_VERSION)
@@ -400,7 +408,7 @@ int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) {
   });
 }
 
-int xenprobes_domain_of(xenprobes_handle_t handle) {
+int xenprobes_domain_of(xenprobes_handle_t handle) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     CProbe* p = XP_TRY(find(state(), handle));
@@ -408,9 +416,9 @@ int xenprobes_domain_of(xenprobes_handle_t handle) {
   });
 }
 
-const char* xenprobes_last_error(void) { return t_last_error.c_str(); }
+const char* xenprobes_last_error(void) noexcept { return t_last_error.c_str(); }
 
-int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void* buf, size_t len) {
+int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void* buf, size_t len) noexcept {
   return entry([&]() -> Result<int> {
     HitContext* c = XP_TRY(current_hit(handle, "xenprobes_read"));
     if (!buf && len) return fail(Errc::InvalidArgument, "xenprobes_read(): NULL buffer");
@@ -419,7 +427,7 @@ int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void* buf, size
   });
 }
 
-int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void* buf, size_t len) {
+int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void* buf, size_t len) noexcept {
   return entry([&]() -> Result<int> {
     HitContext* c = XP_TRY(current_hit(handle, "xenprobes_write"));
     if (!buf && len) return fail(Errc::InvalidArgument, "xenprobes_write(): NULL buffer");
@@ -428,7 +436,7 @@ int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void* bu
   });
 }
 
-int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* buf, size_t size) {
+int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* buf, size_t size) noexcept {
   return entry([&]() -> Result<int> {
     HitContext* c = XP_TRY(current_hit(handle, "xenprobes_read_string"));
     if (!buf || size == 0) return fail(Errc::InvalidArgument, "xenprobes_read_string(): no buffer");
@@ -439,10 +447,16 @@ int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* bu
     std::memcpy(buf, str.data(), n);
     buf[n] = '\0';
     if (str.size() >= size)
-      return fail(Errc::Range, "xenprobes_read_string(): the string at " + std::to_string(gva) +
+      return fail(Errc::Range, "xenprobes_read_string(): the string at " + hex(gva) +
                                    " is longer than the " + std::to_string(size) + "-byte buffer");
     return static_cast<int>(n);
   });
 }
 
 }  // extern "C"
+
+namespace xenprobes::capi_testing {
+// For tests linked against the static layers (not exported from libxenprobes.so): the implicit
+// session, or null when none is open.
+Session* current_session() { return state().session.get(); }
+}  // namespace xenprobes::capi_testing

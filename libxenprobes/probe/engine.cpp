@@ -7,6 +7,7 @@
 #include "common/log.hpp"
 #include "mem/paging.hpp"
 #include "x86/relocate.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::probe {
 namespace {
@@ -287,7 +288,7 @@ bool Engine::any_enabled(const Point& p) const {
 
 Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<std::uint8_t, 32>* before) {
   static_assert(kSlotSize == 32);
-  Gva slot = XP_TRY(d.pool->allocate());
+  Gva slot = XP_TRY(allocate_slot(d));
   if (before) {
     if (auto r = d.memory->read(slot, std::as_writable_bytes(std::span(*before))); !r) {
       (void)d.pool->release(slot);
@@ -316,6 +317,34 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
     (void)d.pool->release(*old);
   }
   return {};
+}
+
+Result<void> Engine::refresh_areas(Domain& d) {
+  ModuleInfo mi = XP_TRY(read_module_info(hv_, d.id, check_mapped_via(*d.memory)));
+  auto added = XP_TRY(added_areas(mi, d.pool->areas()));
+  for (const OeaArea& a : added) XP_TRY(d.pool->add_area(a));
+  if (!added.empty()) d.growth_requested = false;
+  return {};
+}
+
+Result<Gva> Engine::allocate_slot(Domain& d) {
+  auto slot = d.pool->allocate();
+  if (!slot && slot.error().code == Errc::NoSpace) {
+    // The module may have published an area since we asked (or answer at once).
+    if (!d.growth_requested && d.pool->areas().size() < XENPROBES_OEA_MAX_AREAS &&
+        request_growth(hv_, d.id, d.pool->areas().back().size))
+      d.growth_requested = true;
+    if (d.growth_requested && refresh_areas(d)) slot = d.pool->allocate();
+    if (!slot && d.growth_requested) {
+      Error e = slot.error();
+      e.what += "; asked the guest module for another area: retry once it has published it";
+      return std::unexpected(e);
+    }
+  }
+  if (slot && d.pool->wants_growth() && !d.growth_requested &&
+      request_growth(hv_, d.id, d.pool->areas().back().size))
+    d.growth_requested = true;  // ahead of need: the module answers asynchronously
+  return slot;
 }
 
 Result<void> Engine::arm(Domain& d, Point& p) {

@@ -107,6 +107,7 @@ class Engine final : public channel::StopSink {
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
     unsigned pause_depth = 0;
     std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
+    bool growth_requested = false;  // oea-request written, new area not seen yet
   };
   class Pause;  // RAII domain pause, nested through Domain::pause_depth
   class Ctx;    // HitContext implementation
@@ -124,6 +125,10 @@ class Engine final : public channel::StopSink {
   Result<void> remove_now(ProbeId);
   void release_slot(Domain&, Point&);
   Result<void> reclaim_slots(Domain&);
+  // A Clean slot; asks the guest module for another area when the pool runs low, and picks
+  // up areas it has published since.
+  Result<Gva> allocate_slot(Domain&);
+  Result<void> refresh_areas(Domain&);
   bool needs_trap_tail(const Point&) const;
   bool any_enabled(const Point&) const;
   void run_post(Domain&, Point&, channel::Stop&);

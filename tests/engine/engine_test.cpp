@@ -274,6 +274,7 @@ TEST(Probe, SecondSessionOnTheHostIsToldTheVirqIsTaken) {
 TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
   hv::sim::DomainConfig c = demo_config(1, 2);
   c.oea_size = 4096;  // 128 slots of 32 bytes
+  c.oea_reserve_areas = 0;  // and a guest module that cannot grow the area
   ProbedGuest g(c);
   // Boostable instructions of the demo guest, one probe each, until the area is full.
   auto table = symbols::SymbolTable::load(demo_map());
@@ -309,6 +310,30 @@ TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
   g.start();
   ASSERT_TRUE(again->unregister());
   ASSERT_TRUE(g.run_to_completion());
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 2).checksum);
+}
+
+TEST(Probe, SlotAreaGrowsOnRequest) {
+  hv::sim::DomainConfig c = demo_config(1, 2);
+  c.oea_size = 4096;  // 128 slots per area; the simulated module can add 3 more areas
+  ProbedGuest g(c);
+  auto table = symbols::SymbolTable::load(demo_map());
+  ASSERT_TRUE(table);
+  std::vector<Probe> probes;
+  auto layout = g.host->layout(g.dom);
+  for (std::uint64_t a = layout->text_start; a < layout->text_end && probes.size() < 300; ++a) {
+    auto p = g.session->probe(g.dom, Gva{a}, [](HitContext&) { return 0; });
+    if (!p) {
+      ASSERT_NE(p.error().code, Errc::NoSpace) << p.error().what;
+      continue;
+    }
+    if (p->info()->mode == ExecMode::Boosted) probes.push_back(std::move(*p));
+  }
+  EXPECT_EQ(probes.size(), 300u);
+  std::string dir = "/local/domain/" + std::to_string(g.dom.value) + "/data/xenprobes/";
+  EXPECT_EQ(*g.session->hypervisor().xs_read(dir + "oea/count"), "3") << "two areas were added";
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 2).checksum);
 }
 

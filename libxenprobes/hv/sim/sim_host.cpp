@@ -194,6 +194,8 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   }
   std::uint64_t img_gpa = img_lo - kKernelMapBase;
   std::uint64_t oea_gpa = round_up(ram->size / 2, 2ull << 20);
+  if (oea_gpa + (cfg.oea_reserve_areas + 1ull) * cfg.oea_size > ram->size)
+    return fail(Errc::InvalidArgument, "sim: the OEA and its reserve do not fit in the upper half of guest RAM");
 
   // Page tables: the image (4 KiB pages, text read-only), the OEA in the module area, and a
   // direct map of all RAM with 2 MiB pages.
@@ -214,6 +216,13 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
 
   d->aliases.push_back({img_lo, img_gpa, img_hi - img_lo});
   d->aliases.push_back({kOeaVa, oea_gpa, cfg.oea_size});
+  // Reserve areas, 16 MiB apart in the module area, mapped now and published on request.
+  for (unsigned k = 1; k <= cfg.oea_reserve_areas; ++k) {
+    std::uint64_t va = kOeaVa + k * (16ull << 20), gpa = oea_gpa + k * cfg.oea_size;
+    XP_TRY(pt.map_4k(va, gpa, cfg.oea_size, PageTableBuilder::kGlobal | PageTableBuilder::kWrite));
+    d->aliases.push_back({va, gpa, cfg.oea_size});
+    d->oea_reserve.push_back(va);
+  }
   d->aliases.push_back({kPhysmapBase, 0, ram->size});
 
   auto sym = [&](const char* n, std::uint64_t dflt) {
@@ -735,6 +744,29 @@ Result<unsigned> SimHostImpl::pause_count(DomId id) {
 
 // ---------------------------------------------------------------------------------------
 // Xenstore
+
+// The guest module's side of the growth protocol (protocol.h): Dom0 wrote oea-request.
+void SimHostImpl::module_oea_request_locked(Domain& d, const std::string& value) {
+  std::string dir = "/local/domain/" + std::to_string(d.id.value) + "/" XENPROBES_XS_DIR "/";
+  char* end = nullptr;
+  unsigned long long want = std::strtoull(value.c_str(), &end, 10);
+  auto refuse = [&](const std::string& why) {
+    store_[dir + XENPROBES_XS_OEA_ERROR] = why;
+    fire_watches_locked(dir + XENPROBES_XS_OEA_ERROR, false);
+  };
+  if (value.empty() || *end || want == 0) return refuse("bad request '" + value + "'");
+  if (want > d.cfg.oea_size) return refuse("an area holds at most " + std::to_string(d.cfg.oea_size) + " bytes");
+  if (d.oea_reserve.empty()) return refuse("no memory for another area");
+  std::uint64_t va = d.oea_reserve.front();
+  d.oea_reserve.erase(d.oea_reserve.begin());
+  unsigned n = d.oea_published++;
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "0x%" PRIx64, va);
+  store_[dir + "oea/" + std::to_string(n) + "/addr"] = hex;
+  store_[dir + "oea/" + std::to_string(n) + "/size"] = std::to_string(d.cfg.oea_size);
+  store_[dir + XENPROBES_XS_OEA_COUNT] = std::to_string(n + 1);  // last: the area is complete
+  fire_watches_locked(dir + XENPROBES_XS_OEA_COUNT, false);
+}
 
 namespace {
 bool watch_matches(const std::string& watch, const std::string& changed, bool removal) {

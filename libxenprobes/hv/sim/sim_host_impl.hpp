@@ -76,6 +76,7 @@ class SimHostImpl final : public SimHost {
   void write_regs(Vcpu&, const VcpuRegs&, bool debugregs);
   void raise_virq_locked(unsigned virq);
   void fire_watches_locked(const std::string& path, bool removal);
+  void module_oea_request_locked(Domain&, const std::string& value);
 
   SimOptions opts_;
   mutable std::mutex mu_;

@@ -113,6 +113,9 @@ struct Domain {
   std::deque<unsigned> ring_waiters;
 
   std::map<std::uint64_t, WritableFrame> wframes;  // by GFN
+  // Growth: reserve areas mapped at creation, published one per oea-request.
+  std::vector<std::uint64_t> oea_reserve;  // guest-virtual starts, not yet published
+  unsigned oea_published = 1;
   std::map<std::uint32_t, GuestPort> guest_ports;
   std::uint32_t next_guest_port = 1;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "hv/sim/sim_host_impl.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::hv::sim {
 namespace {
@@ -206,6 +207,12 @@ Result<void> SimXenHandle::xs_write(const std::string& path, const std::string& 
   if (!valid_path(path) || path[0] == '@') return fail(Errc::InvalidArgument, "xenstore: bad path '" + path + "'");
   host_->store_[path] = value;
   host_->fire_watches_locked(path, false);
+  // The simulated guest module watches its oea-request key.
+  for (auto& [id, d] : host_->domains_) {
+    if (!d->cfg.publish_module || d->dying) continue;
+    if (path == "/local/domain/" + std::to_string(id.value) + "/" XENPROBES_XS_DIR "/" XENPROBES_XS_OEA_REQUEST)
+      host_->module_oea_request_locked(*d, value);
+  }
   return {};
 }
 

@@ -14,6 +14,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <string>
 
 extern "C" {
@@ -385,6 +387,135 @@ Result<void> hvm_context_set_cpu_regs(std::span<std::uint8_t> blob, unsigned vcp
               "HVM context has no CPU record for vCPU " + std::to_string(vcpu) + " (offline?)");
 }
 
+// ---- XEN_DOMCTL_{get,set}vcpuextstate buffers (layout: xen_internal.hpp) ------------------
+
+namespace {
+
+// XCR0 bits (Intel SDM vol. 1 §13.1; Xen's asm/x86-defns.h:81-100, not in the public headers).
+constexpr std::uint64_t kXcr0Fp = 1u << 0, kXcr0Sse = 1u << 1, kXcr0Ymm = 1u << 2;
+constexpr std::uint64_t kXcr0BndRegs = 1u << 3, kXcr0BndCsr = 1u << 4;
+constexpr std::uint64_t kXcr0Avx512 = (1u << 5) | (1u << 6) | (1u << 7);  // OPMASK ZMM HI_ZMM
+
+// Xen's valid_xcr0() (xstate.c:583-609): validate_xstate() refuses a set whose xcr0 or
+// xcr0_accum fails it.
+bool valid_xcr0(std::uint64_t x) {
+  if (!(x & kXcr0Fp)) return false;
+  if ((x & kXcr0Ymm) && !(x & kXcr0Sse)) return false;
+  if ((x & kXcr0Avx512) && (!(x & kXcr0Ymm) || (x & kXcr0Avx512) != kXcr0Avx512)) return false;
+  if (!(x & kXcr0BndRegs) != !(x & kXcr0BndCsr)) return false;
+  return true;
+}
+
+std::uint64_t load_u64(std::span<const std::uint8_t> b, std::size_t off) {
+  std::uint64_t v;
+  std::memcpy(&v, b.data() + off, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+void ext_state_prepare_query(xen_domctl_vcpuextstate& e, unsigned vcpu) {
+  e = xen_domctl_vcpuextstate{};
+  e.vcpu = vcpu;
+  e.xfeature_mask = 0;
+  e.size = 0;
+  set_xen_guest_handle_raw(e.buffer, static_cast<std::uint64_t*>(nullptr));
+}
+
+Result<ExtStateHost> ext_state_host_from_query(const xen_domctl_vcpuextstate& e) {
+  const std::string what = "XEN_DOMCTL_getvcpuextstate size query: ";
+  ExtStateHost h;
+  h.xfeature_mask = e.xfeature_mask;
+  if (e.xfeature_mask == 0) {
+    // No XSAVE on the host: PV_XSAVE_SIZE(0) = 16 + xstate_ctxt_size(0) = 16 (xstate.c:577).
+    if (e.size != kExtStateHeaderSize)
+      return fail(Errc::Io, what + "no XSAVE features but a size of " + std::to_string(e.size));
+    h.max_size = kExtStateHeaderSize;
+    return h;
+  }
+  // xstate_init() insists on FP|SSE whenever XSAVE is used, and the mask must itself be a
+  // valid XCR0 (the guest's xcr0_accum, a subset, is checked against it).
+  if ((e.xfeature_mask & (kXcr0Fp | kXcr0Sse)) != (kXcr0Fp | kXcr0Sse) ||
+      !valid_xcr0(e.xfeature_mask))
+    return fail(Errc::Io, what + "implausible xfeature_mask " + hex(e.xfeature_mask));
+  if (e.size < kExtStateHeaderSize + kXsaveAreaMinSize ||
+      e.size > kExtStateHeaderSize + kExtStateMaxSize)
+    return fail(Errc::Io, what + "implausible size " + std::to_string(e.size) + " for mask " +
+                              hex(e.xfeature_mask));
+  h.max_size = static_cast<std::size_t>(e.size);
+  return h;
+}
+
+void ext_state_prepare_get(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateHost& h) {
+  e = xen_domctl_vcpuextstate{};
+  e.vcpu = vcpu;
+  e.xfeature_mask = h.xfeature_mask;  // must equal Xen's, or EINVAL (domctl.c:955)
+  e.size = h.max_size;                // must be >= PV_XSAVE_SIZE(xcr0_accum) (domctl.c:955)
+}
+
+Result<ExtStateImage> ext_state_parse(const xen_domctl_vcpuextstate& a, unsigned vcpu,
+                                      const ExtStateHost& h, std::span<const std::uint8_t> buf) {
+  const std::string what = "XEN_DOMCTL_getvcpuextstate(vcpu " + std::to_string(vcpu) + "): ";
+  // The domctl is copied back whole (domctl.c:1072-1073): the inputs must come back unchanged.
+  if (a.vcpu != vcpu || a.xfeature_mask != h.xfeature_mask)
+    return fail(Errc::Io, what + "vcpu/xfeature_mask changed in the answer");
+  if (buf.size() < h.max_size)
+    return fail(Errc::InvalidArgument, what + "buffer smaller than the size query's answer");
+  if (a.size < kExtStateHeaderSize || a.size > h.max_size)
+    return fail(Errc::Io, what + "answered size " + std::to_string(a.size) + " outside [16, " +
+                              std::to_string(h.max_size) + "]");
+  ExtStateImage img;
+  img.size = static_cast<std::size_t>(a.size);
+  img.xcr0 = load_u64(buf, 0);
+  img.xcr0_accum = load_u64(buf, 8);
+
+  if (img.xcr0_accum == 0) {
+    // No XSAVE image (xstate_alloc_save_area leaves xcr0 = xcr0_accum = 0 until the guest's
+    // first XSETBV, xstate.c:545-546): size is PV_XSAVE_SIZE(0) = 16, and set accepts that
+    // only with xcr0 == 0 too (domctl.c:1027-1035).
+    if (img.xcr0 != 0 || img.size != kExtStateHeaderSize)
+      return fail(Errc::Io, what + "xcr0_accum 0 with xcr0 " + hex(img.xcr0) + " and size " +
+                                std::to_string(img.size));
+    return img;
+  }
+  // What validate_xstate() (xstate.c:689-711) and the size checks of the set (domctl.c:
+  // 1041-1048) will demand when the image is handed back.
+  if (img.size < kExtStateHeaderSize + kXsaveAreaMinSize)
+    return fail(Errc::Io, what + "size " + std::to_string(img.size) +
+                              " too small for an XSAVE image");
+  if (img.xcr0_accum & ~h.xfeature_mask)
+    return fail(Errc::Io, what + "xcr0_accum " + hex(img.xcr0_accum) +
+                              " beyond the host's mask " + hex(h.xfeature_mask));
+  if (!valid_xcr0(img.xcr0_accum) || !valid_xcr0(img.xcr0) || (img.xcr0 & ~img.xcr0_accum))
+    return fail(Errc::Io, what + "invalid xcr0 " + hex(img.xcr0) + " / xcr0_accum " +
+                              hex(img.xcr0_accum));
+  // Only when xcr0_accum is the host's full mask is the exact size known here (the query's);
+  // otherwise it is CPUID 0xD's for that subset, which Xen re-checks on set.
+  if (img.xcr0_accum == h.xfeature_mask && img.size != h.max_size)
+    return fail(Errc::Io, what + "size " + std::to_string(img.size) + " for the full mask, "
+                              "expected " + std::to_string(h.max_size));
+  const std::size_t hdr = kExtStateHeaderSize + 512;  // XSAVE header inside the buffer
+  img.xstate_bv = load_u64(buf, hdr);
+  const std::uint64_t xcomp_bv = load_u64(buf, hdr + 8);
+  if (img.xstate_bv & ~img.xcr0_accum)
+    return fail(Errc::Io, what + "xstate_bv " + hex(img.xstate_bv) + " beyond xcr0_accum " +
+                              hex(img.xcr0_accum));
+  if (xcomp_bv != 0)  // the toolstack ABI is strictly uncompressed (xstate.c:231-240)
+    return fail(Errc::Io, what + "compacted image (xcomp_bv " + hex(xcomp_bv) + ")");
+  for (std::size_t i = 0; i < 6; ++i)
+    if (load_u64(buf, hdr + 16 + 8 * i) != 0)
+      return fail(Errc::Io, what + "reserved XSAVE header word " + std::to_string(i) +
+                                " is not zero");
+  return img;
+}
+
+void ext_state_prepare_set(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateImage& img) {
+  e = xen_domctl_vcpuextstate{};
+  e.vcpu = vcpu;
+  e.xfeature_mask = 0;  // "SET: Ignored." (domctl.h)
+  e.size = img.size;    // must be PV_XSAVE_SIZE(xcr0_accum) exactly (domctl.c:1047)
+}
+
 DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& x) {
   DomainInfo d;
   d.domid = DomId{x.domain};
@@ -586,29 +717,128 @@ Result<VcpuRegs> XcShim::get_pv_regs(DomId dom, VcpuId vcpu) {
   return regs_from_pv(ctx.x64);
 }
 
-// FIXME(xen-facts §3.3, extended FPU state): XEN_DOMCTL_setvcpucontext runs
-// vcpu_setup_fpu(), which keeps only the 512-byte FXSAVE image and resets every other XSAVE
-// component (AVX, AVX-512, ...) of this vCPU to its init state; a user task's live YMM
-// registers can be wiped by a probe taken in kernel code. libxenctrl has no wrapper for
-// XEN_DOMCTL_{get,set}vcpuextstate to save and restore it around the call. Until that is added
-// (raw domctl, as the PV restore path does), keep PV setcontext off the hot path: prefer the
-// vm_event or guest channels, which never call it.
+// The size query, once per XcShim: its answer (the host's xfeature_mask and
+// PV_XSAVE_SIZE(xfeature_mask)) is host-wide and fixed at boot (xstate.c: xfeature_mask is
+// __read_mostly, set by xstate_init). The vCPU named must merely exist (domctl.c:923-930).
+Result<ExtStateHost> XcShim::ext_state_host(DomId dom, VcpuId vcpu) {
+  std::lock_guard lk(ext_host_mu_);
+  if (ext_host_) return *ext_host_;
+  xen_domctl dc{};
+  dc.cmd = XEN_DOMCTL_getvcpuextstate;
+  dc.domain = static_cast<domid_t>(dom.value);
+  ext_state_prepare_query(dc.u.vcpuextstate, vcpu.value);
+  if (int e = raw_domctl(xch_, dc))
+    return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate(size query)", dom, vcpu));
+  ext_host_ = XP_TRY(ext_state_host_from_query(dc.u.vcpuextstate));
+  return *ext_host_;
+}
+
+// 64-bit PV register write that keeps the extended FPU state (xen-facts §3.3).
+//
+// Why: XEN_DOMCTL_setvcpucontext -> arch_set_info_guest -> vcpu_setup_fpu (xen/arch/x86/
+// domain.c:1125-1127, RELEASE-4.17.7) copies only the 512-byte FXSAVE image and sets
+// xstate_bv = XSTATE_FP_SSE (xen/arch/x86/i387.c:353-358), so every other XSAVE component
+// (AVX, AVX-512, MPX, PKRU) of the vCPU returns to its init state. VGCF_I387_VALID, which
+// getcontext reports whenever fpu_initialised (domctl.c:1435-1436) and we echo, only saves
+// x87/SSE.
+//
+// How: XEN_DOMCTL_setvcpuextstate is usable for this in 4.17 (xen/arch/x86/domctl.c:
+// 913-1075): it refuses only v == current (:929, never true for a Dom0 caller and another
+// domain), needs no paused domain (it vcpu_pause()s itself, :1051-1062), and takes back
+// exactly what getvcpuextstate produced: xcr0/xcr0_accum/header are re-validated by
+// validate_xstate (:1027-1031, xstate.c:689-711) and the size must be PV_XSAVE_SIZE
+// (xcr0_accum) (:1047). It restores xcr0, xcr0_accum and the whole image, the FXSAVE region
+// included (compress_xsave_states, xstate.c:241-258), overwriting what setcontext reset.
+// ext_state_parse() checks the answer against those rules *before* setcontext, so a refused
+// or hostile answer leaves the vCPU untouched.
+//
+// The domain is paused (reference counted, harmless if the caller holds a pause) across the
+// sequence: otherwise the vCPU could run between the get and the set (its new state then lost
+// when the stale image is written back) and between setcontext and the write-back (running
+// with AVX state wiped). It also keeps the CR3/GDT/LDT echo exact (xen-facts §3.3).
+//
+// Cost: pause, getcontext, getvcpuextstate, setcontext, setvcpuextstate, unpause = 6
+// hypercalls (was 2), +1 size query on this XcShim's first call. Fewer when there is nothing to
+// keep: 5 if the vCPU has no XSAVE image yet (xcr0_accum 0), 4 on a host without XSAVE (the
+// FXSAVE image echoed through setcontext is then the whole FPU state).
+//
+// Preserved: xcr0, xcr0_accum and the whole XSAVE image, xstate_bv included. Residual gaps:
+// (1) a vCPU that never executed XSETBV (xcr0_accum 0) has no image to save; it keeps x87/SSE
+// through the echoed FXSAVE image, but setcontext marks them in use (xstate_bv = FP|SSE) even
+// if they were in their init state. (2) If setvcpuextstate fails after setcontext succeeded
+// (only ENOMEM/EFAULT remain plausible once the image passed ext_state_parse), the registers
+// are written but the extended state is reset: reported as Io, not retried.
 Result<void> XcShim::set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r) {
-  // Get -> modify -> set: an initialised PV vCPU must echo its current CR3 (ctrlreg[3] and
-  // [1]), GDT frames and LDT, or Xen answers EOPNOTSUPP (xen-facts §3.3). Debug registers are
-  // reloaded from the struct (clear DR6.BS here after a step).
-  vcpu_guest_context_any_t ctx{};
-  if (xc_vcpu_getcontext(xch_, dom.value, vcpu.value, &ctx) < 0)
-    return fail_errno(errno, on_vcpu("xc_vcpu_getcontext", dom, vcpu));
-  regs_to_pv(r, ctx.x64);
-  if (xc_vcpu_setcontext(xch_, dom.value, vcpu.value, &ctx) < 0) {
-    int e = errno;
-    if (e == EOPNOTSUPP)
-      return fail(Errc::Again, on_vcpu("xc_vcpu_setcontext", dom, vcpu) +
-                                   ": CR3/GDT/LDT changed since read; pause the domain first");
-    return fail_errno(e, on_vcpu("xc_vcpu_setcontext", dom, vcpu));
+  std::lock_guard lk(pv_set_mu_);
+  const ExtStateHost host = XP_TRY(ext_state_host(dom, vcpu));
+
+  // Hypercall-safe buffer for the image, shared by the get and the set.
+  xencall_handle* xcall = xc_interface_xcall_handle(xch_);
+  void* ext_buf = nullptr;
+  if (host.has_xsave()) {
+    ext_buf = xencall_alloc_buffer(xcall, host.max_size);
+    if (!ext_buf) return fail_errno(errno ? errno : ENOMEM, "xencall_alloc_buffer");
   }
-  return {};
+  struct BufFree {
+    xencall_handle* x;
+    void* b;
+    ~BufFree() {
+      if (b) xencall_free_buffer(x, b);
+    }
+  } ext_buf_free{xcall, ext_buf};
+
+  XP_TRY(pause(dom));
+  auto done = [&]() -> Result<void> {
+    // Get -> modify -> set: an initialised PV vCPU must echo its current CR3 (ctrlreg[3] and
+    // [1]), GDT frames and LDT, or Xen answers EOPNOTSUPP (xen-facts §3.3). Debug registers
+    // are reloaded from the struct (clear DR6.BS here after a step).
+    vcpu_guest_context_any_t ctx{};
+    if (xc_vcpu_getcontext(xch_, dom.value, vcpu.value, &ctx) < 0)
+      return fail_errno(errno, on_vcpu("xc_vcpu_getcontext", dom, vcpu));
+
+    std::optional<ExtStateImage> img;
+    xen_domctl dc{};
+    if (host.has_xsave()) {
+      std::memset(ext_buf, 0, host.max_size);
+      dc.cmd = XEN_DOMCTL_getvcpuextstate;
+      dc.domain = static_cast<domid_t>(dom.value);
+      ext_state_prepare_get(dc.u.vcpuextstate, vcpu.value, host);
+      set_xen_guest_handle_raw(dc.u.vcpuextstate.buffer, static_cast<std::uint64_t*>(ext_buf));
+      if (int e = raw_domctl(xch_, dc))
+        return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate", dom, vcpu) +
+                                 ": registers not written");
+      img = XP_TRY(ext_state_parse(
+          dc.u.vcpuextstate, vcpu.value, host,
+          std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(ext_buf),
+                                        host.max_size)));
+    }
+
+    regs_to_pv(r, ctx.x64);
+    if (xc_vcpu_setcontext(xch_, dom.value, vcpu.value, &ctx) < 0) {
+      int e = errno;
+      if (e == EOPNOTSUPP)
+        return fail(Errc::Again, on_vcpu("xc_vcpu_setcontext", dom, vcpu) +
+                                     ": CR3/GDT/LDT changed since read");
+      return fail_errno(e, on_vcpu("xc_vcpu_setcontext", dom, vcpu));
+    }
+
+    if (img && img->needs_restore()) {
+      dc = xen_domctl{};
+      dc.cmd = XEN_DOMCTL_setvcpuextstate;
+      dc.domain = static_cast<domid_t>(dom.value);
+      ext_state_prepare_set(dc.u.vcpuextstate, vcpu.value, *img);
+      set_xen_guest_handle_raw(dc.u.vcpuextstate.buffer, static_cast<std::uint64_t*>(ext_buf));
+      if (int e = raw_domctl(xch_, dc))
+        return fail(Errc::Io, on_vcpu("XEN_DOMCTL_setvcpuextstate", dom, vcpu) + ": " +
+                                  std::strerror(e) +
+                                  ": registers written, but the extended FPU state "
+                                  "(xcr0_accum " + hex(img->xcr0_accum) + ") was reset");
+    }
+    return {};
+  }();
+  auto resumed = unpause(dom);
+  if (!done) return done;
+  return resumed;
 }
 
 Result<VcpuRegs> XcShim::get_hvm_regs(DomId dom, VcpuId vcpu) {

@@ -392,6 +392,187 @@ TEST(HvmContext, UnexpectedCpuRecordLengthIsIo) {
 
 // ---- domain info --------------------------------------------------------------------------
 
+// ---- XEN_DOMCTL_{get,set}vcpuextstate buffers ----------------------------------------------
+// Xen's part is played by hand: an AVX host (xfeature_mask x87|SSE|YMM, CPUID 0xD size 832).
+
+constexpr std::uint64_t kAvxMask = 0x7;
+constexpr std::size_t kAvxMax = 16 + 832;
+
+ExtStateHost avx_host() {
+  xen_domctl_vcpuextstate q{};
+  q.vcpu = 1;
+  q.xfeature_mask = kAvxMask;
+  q.size = kAvxMax;
+  auto h = ext_state_host_from_query(q);
+  EXPECT_TRUE(h) << h.error().what;
+  return h ? *h : ExtStateHost{};
+}
+
+void put64(std::vector<std::uint8_t>& b, std::size_t off, std::uint64_t v) {
+  std::memcpy(b.data() + off, &v, sizeof v);
+}
+
+// A getvcpuextstate answer: the domctl as copied back and the buffer as filled.
+struct ExtAnswer {
+  xen_domctl_vcpuextstate dc{};
+  std::vector<std::uint8_t> buf;
+};
+
+ExtAnswer answer(unsigned vcpu, std::uint64_t xcr0, std::uint64_t accum, std::uint64_t bv,
+                 std::size_t size = kAvxMax) {
+  ExtAnswer a;
+  ext_state_prepare_get(a.dc, vcpu, avx_host());
+  a.buf.assign(kAvxMax, 0);
+  put64(a.buf, 0, xcr0);
+  put64(a.buf, 8, accum);
+  if (size > 16) {
+    a.buf[16] = 0x7f;                  // FCW, just to have some payload
+    put64(a.buf, 16 + 512, bv);        // xstate_bv
+    a.buf[16 + 576] = 0xa5;            // first YMM_Hi128 byte
+  }
+  a.dc.size = size;                    // Xen writes back the size it filled
+  return a;
+}
+
+Result<ExtStateImage> parse(const ExtAnswer& a, unsigned vcpu = 1) {
+  return ext_state_parse(a.dc, vcpu, avx_host(), a.buf);
+}
+
+TEST(ExtState, SizeQueryAsksWithZeroSizeMaskAndNullBuffer) {
+  xen_domctl_vcpuextstate q;
+  std::memset(&q, 0xff, sizeof q);
+  ext_state_prepare_query(q, 3);
+  EXPECT_EQ(q.vcpu, 3u);
+  EXPECT_EQ(q.xfeature_mask, 0u);
+  EXPECT_EQ(q.size, 0u);
+  EXPECT_EQ(q.buffer.p, nullptr);
+}
+
+TEST(ExtState, HostFromQuery) {
+  auto h = avx_host();
+  EXPECT_TRUE(h.has_xsave());
+  EXPECT_EQ(h.xfeature_mask, kAvxMask);
+  EXPECT_EQ(h.max_size, kAvxMax);
+
+  xen_domctl_vcpuextstate q{};  // no XSAVE: PV_XSAVE_SIZE(0) = 16
+  q.size = 16;
+  auto none = ext_state_host_from_query(q);
+  ASSERT_TRUE(none) << none.error().what;
+  EXPECT_FALSE(none->has_xsave());
+}
+
+TEST(ExtState, ImplausibleQueryAnswersAreIo) {
+  struct Case { std::uint64_t mask, size; };
+  for (auto c : {Case{0, 848},                 // no XSAVE, yet a size
+                 Case{0x5, kAvxMax},           // YMM without SSE
+                 Case{0x1, kAvxMax},           // no SSE
+                 Case{0x27, kAvxMax},          // OPMASK without ZMM/HI_ZMM
+                 Case{kAvxMask, 16 + 512},     // smaller than legacy + header
+                 Case{kAvxMask, 16 + 1024 * 1024},
+                 Case{kAvxMask, ~0ull}}) {
+    xen_domctl_vcpuextstate q{};
+    q.xfeature_mask = c.mask;
+    q.size = c.size;
+    auto h = ext_state_host_from_query(q);
+    ASSERT_FALSE(h) << std::hex << c.mask << " " << c.size;
+    EXPECT_EQ(h.error().code, Errc::Io);
+  }
+}
+
+TEST(ExtState, GetAsksWithTheHostMaskAndTheMaximumSize) {
+  xen_domctl_vcpuextstate g;
+  std::memset(&g, 0xff, sizeof g);
+  ext_state_prepare_get(g, 2, avx_host());
+  EXPECT_EQ(g.vcpu, 2u);
+  EXPECT_EQ(g.xfeature_mask, kAvxMask);
+  EXPECT_EQ(g.size, kAvxMax);
+}
+
+TEST(ExtState, ParsesAnAvxImageAndSetsItBackWithTheSameSize) {
+  auto a = answer(1, 0x7, 0x7, 0x6);
+  auto img = parse(a);
+  ASSERT_TRUE(img) << img.error().what;
+  EXPECT_EQ(img->xcr0, 0x7u);
+  EXPECT_EQ(img->xcr0_accum, 0x7u);
+  EXPECT_EQ(img->xstate_bv, 0x6u);
+  EXPECT_EQ(img->size, kAvxMax);
+  EXPECT_TRUE(img->needs_restore());
+
+  xen_domctl_vcpuextstate s;
+  std::memset(&s, 0xff, sizeof s);
+  ext_state_prepare_set(s, 1, *img);
+  EXPECT_EQ(s.vcpu, 1u);
+  EXPECT_EQ(s.xfeature_mask, 0u);  // ignored by SET
+  EXPECT_EQ(s.size, kAvxMax);      // PV_XSAVE_SIZE(xcr0_accum), as Xen reported it
+}
+
+TEST(ExtState, SubsetOfTheHostMaskMayBeSmaller) {
+  auto a = answer(1, 0x3, 0x3, 0x3, 16 + 576);  // guest never enabled AVX
+  auto img = parse(a);
+  ASSERT_TRUE(img) << img.error().what;
+  EXPECT_EQ(img->size, 16u + 576u);
+  EXPECT_TRUE(img->needs_restore());
+}
+
+TEST(ExtState, NoImageBeforeTheFirstXsetbvNeedsNoRestore) {
+  auto a = answer(1, 0, 0, 0, 16);
+  auto img = parse(a);
+  ASSERT_TRUE(img) << img.error().what;
+  EXPECT_FALSE(img->needs_restore());
+  EXPECT_EQ(img->size, 16u);
+}
+
+TEST(ExtState, HostileAnswersAreIo) {
+  struct Case {
+    const char* name;
+    ExtAnswer a;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"size beyond the buffer", answer(1, 7, 7, 7, kAvxMax + 8)});
+  cases.push_back({"size below the header", answer(1, 7, 7, 7, 8)});
+  cases.push_back({"image too small", answer(1, 3, 3, 3, 16 + 575)});
+  cases.push_back({"full mask, wrong size", answer(1, 7, 7, 7, kAvxMax - 64)});
+  cases.push_back({"accum 0 with xcr0", answer(1, 7, 0, 0, 16)});
+  cases.push_back({"accum 0 with an image", answer(1, 0, 0, 0, kAvxMax)});
+  cases.push_back({"accum beyond the host", answer(1, 0x7, 0x207, 0x7)});
+  cases.push_back({"xcr0 beyond accum", answer(1, 0x7, 0x3, 0x3, 16 + 576)});
+  cases.push_back({"xcr0 without FP", answer(1, 0x6, 0x7, 0x7)});
+  cases.push_back({"xstate_bv beyond accum", answer(1, 0x3, 0x3, 0x7, 16 + 576)});
+  {
+    auto a = answer(1, 7, 7, 7);
+    put64(a.buf, 16 + 512 + 8, 1ull << 63 | 7);  // compacted: not the toolstack ABI
+    cases.push_back({"compacted", std::move(a)});
+  }
+  {
+    auto a = answer(1, 7, 7, 7);
+    put64(a.buf, 16 + 512 + 16 + 5 * 8, 1);  // last reserved header word
+    cases.push_back({"reserved word", std::move(a)});
+  }
+  {
+    auto a = answer(1, 7, 7, 7);
+    a.dc.vcpu = 2;
+    cases.push_back({"vcpu changed", std::move(a)});
+  }
+  {
+    auto a = answer(1, 7, 7, 7);
+    a.dc.xfeature_mask = 0x3;
+    cases.push_back({"mask changed", std::move(a)});
+  }
+  for (const auto& c : cases) {
+    auto img = parse(c.a);
+    ASSERT_FALSE(img) << c.name;
+    EXPECT_EQ(img.error().code, Errc::Io) << c.name << ": " << img.error().what;
+  }
+}
+
+TEST(ExtState, BufferSmallerThanTheQueryAnswerIsRefused) {
+  auto a = answer(1, 7, 7, 7);
+  a.buf.resize(kAvxMax - 1);
+  auto img = parse(a);
+  ASSERT_FALSE(img);
+  EXPECT_EQ(img.error().code, Errc::InvalidArgument);
+}
+
 TEST(DomainInfo, FromGetdomaininfo) {
   xen_domctl_getdomaininfo x;
   std::memset(&x, 0, sizeof x);

@@ -1,0 +1,34 @@
+/* Scenarios of the C API written in C (capi_c_part.c, compiled as C11), driven by capi_test.cpp.
+ * Each returns 0, or the failing line with a message in msg. */
+#ifndef XENPROBES_TESTS_CAPI_C_PART_H
+#define XENPROBES_TESTS_CAPI_C_PART_H
+#include <stddef.h>
+
+#include "xenprobes/xenprobes.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Figure 2: sys_open by symbol, paths read through RDI, stop from the handler after `target`
+ * hits, counters, unregister. */
+int capi_c_fig2(int target, int exact, char *msg, size_t n);
+/* Every documented error: -1/handle error, errno, a useful xenprobes_last_error(). */
+int capi_c_errors(char *msg, size_t n);
+/* sys_getppid returns 42 without running: the pre-handler sets rip to the return address read
+ * from the stack, rsp += 8, rax = 42; a probe at that return site sees rax == 42. Leaves both
+ * probes registered (handles in *redirect and *site) for the caller to inspect the guest. */
+int capi_c_redirect_getppid(xenprobes_handle_t *redirect, xenprobes_handle_t *site, char *msg, size_t n);
+/* Runs xenprobes_loop() until the return-site probe of capi_c_redirect_getppid has `more` more
+ * hits, all with rax == 42. */
+int capi_c_redirect_more(int more, char *msg, size_t n);
+/* sizeof/offsetof of struct cpu_user_regs as C sees it (with or without Xen's header). */
+size_t capi_c_regs_size(void);
+size_t capi_c_regs_rip_offset(void);
+size_t capi_c_xen_regs_size(void);
+size_t capi_c_xen_regs_rip_offset(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
