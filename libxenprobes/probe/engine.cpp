@@ -241,7 +241,7 @@ Result<void> Engine::detach(DomId id) {
     for (auto& [addr, p] : d->points)
       if (p->armed) XP_TRY(disarm(*d, *p));
     // Stops that landed before the bytes went back are resumed now (rewound or sent on).
-    XP_TRY(ch_.flush(id, *this));
+    XP_TRY(flush(*d));
     for (auto& [addr, p] : d->points) {
       p->armed = false;
       release_slot(*d, *p);
@@ -359,6 +359,13 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
   if (!p.armed) return {};
   XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(p.original.data(), 1))));
   p.armed = false;
+  p.flush_pending = true;
+  return {};
+}
+
+Result<void> Engine::flush(Domain& d) {
+  XP_TRY(ch_.flush(d.id, *this));
+  for (auto& [addr, p] : d.points) p->flush_pending = false;
   return {};
 }
 
@@ -483,7 +490,7 @@ Result<void> Engine::set_enabled(ProbeId id, bool on) {
     r.enabled = !on;
     return res;
   }
-  if (!now) XP_TRY(ch_.flush(d->id, *this));
+  if (!now) XP_TRY(flush(*d));
   return {};
 }
 
@@ -516,7 +523,7 @@ Result<void> Engine::remove_now(ProbeId id) {
       auto hold = XP_TRY(Pause::take(*this, *d));
       if (p->armed && !enabled) {
         XP_TRY(disarm(*d, *p));
-        XP_TRY(ch_.flush(d->id, *this));
+        XP_TRY(flush(*d));
       }
       if (p->trap_tail && !tail_needed) XP_TRY(write_slot(*d, *p, false));
       XP_TRY(reclaim_slots(*d));
@@ -524,10 +531,11 @@ Result<void> Engine::remove_now(ProbeId id) {
     probes_.erase(it);
     return {};
   }
-  // The last registration: restore the bytes, resume pending stops, free the slot.
+  // The last registration: restore the bytes, resume pending stops (found through the
+  // disarmed point, then rewound onto the restored instruction), free the slot.
   auto hold = XP_TRY(Pause::take(*this, *d));
   XP_TRY(disarm(*d, *p));
-  XP_TRY(ch_.flush(d->id, *this));
+  XP_TRY(flush(*d));
   release_slot(*d, *p);
   d->points.erase(p->addr);
   probes_.erase(it);
@@ -566,7 +574,7 @@ bool Engine::owns_trap(DomId id, Gva addr) const {
   if (it == domains_.end()) return false;
   const Domain& d = *it->second;
   auto p = d.points.find(addr);
-  if (p != d.points.end() && p->second->armed) return true;
+  if (p != d.points.end() && (p->second->armed || p->second->flush_pending)) return true;
   return d.slot_traps.contains(addr);
 }
 

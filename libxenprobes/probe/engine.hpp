@@ -88,6 +88,9 @@ class Engine final : public channel::StopSink {
     std::optional<Gva> slot;     // Boost plans
     bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
     bool armed = false;
+    // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
+    // channel must still find it (and rewind it) until the next flush.
+    bool flush_pending = false;
     std::vector<Registration*> regs;  // registration order
   };
   // A slot trap that still resolves after its point went away (until the slot is reclaimed).
@@ -123,6 +126,8 @@ class Engine final : public channel::StopSink {
   Result<void> arm(Domain&, Point&);
   Result<void> disarm(Domain&, Point&);
   Result<void> remove_now(ProbeId);
+  // Resumes every vCPU stopped on one of our traps in the domain (the domain is paused).
+  Result<void> flush(Domain&);
   void release_slot(Domain&, Point&);
   Result<void> reclaim_slots(Domain&);
   // A Clean slot; asks the guest module for another area when the pool runs low, and picks

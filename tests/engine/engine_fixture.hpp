@@ -94,6 +94,15 @@ inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsig
   return st;
 }
 
+inline bool eventually_paused(ProbedGuest& g, std::chrono::milliseconds timeout = 10s) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (g.session->hypervisor().domain_info(g.dom)->paused) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
 inline bool eventually_crashed(ProbedGuest& g, std::chrono::milliseconds timeout = 10s) {
   auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {

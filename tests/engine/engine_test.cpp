@@ -485,3 +485,29 @@ TEST(ForeignInt3, PermanentOneMakesTheChannelGiveUpCleanly) {
 
 }  // namespace
 }  // namespace xenprobes::testing
+
+namespace xenprobes::testing {
+namespace {
+
+// Stops that landed before an unregister are found (through the now disarmed point) and
+// rewound onto the restored instruction: nothing stays paused, nothing runs mid-instruction.
+TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
+  for (unsigned round = 0; round < 5; ++round) {
+    ProbedGuest g(demo_config(2, 0));
+    auto p = g.session->probe(g.dom, "sys_read+5", [](HitContext&) { return 0; });
+    ASSERT_TRUE(p);
+    g.start();
+    // Nobody runs the loop: the vCPUs stop on the probe and stay stopped.
+    ASSERT_TRUE(eventually_paused(g));
+    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(p->unregister());
+    EXPECT_FALSE(g.session->hypervisor().domain_info(g.dom)->paused) << "round " << round;
+    auto it = g.stats(0).iterations + g.stats(1).iterations;
+    std::this_thread::sleep_for(50ms);
+    EXPECT_GT(g.stats(0).iterations + g.stats(1).iterations, it) << "round " << round;
+    EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+  }
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
