@@ -142,7 +142,7 @@ void full_loop(benchmark::State& st, const char* where, bool post) {
   st.counters["hv_calls_per_hit"] = dh ? static_cast<double>(host->total_calls() - calls0) / static_cast<double>(dh) : 0;
 }
 void BM_LoopBoosted(benchmark::State& st) { full_loop(st, "sys_getppid+5", false); }
-void BM_LoopEmulated(benchmark::State& st) { full_loop(st, "sys_getppid+0x3f", false); }  // ret
+void BM_LoopEmulated(benchmark::State& st) { full_loop(st, "sys_getppid+0x22", false); }  // ja
 void BM_LoopPostHandler(benchmark::State& st) { full_loop(st, "sys_getppid+5", true); }
 BENCHMARK(BM_LoopBoosted)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_LoopEmulated)->UseRealTime()->MinTime(0.5);

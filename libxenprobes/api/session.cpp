@@ -124,7 +124,9 @@ Result<unsigned> Session::run_once(int timeout_ms) {
   }
   if (fds[1].revents & POLLIN) impl_->reap();
   // Some stops raise no event (see Channel::poll_interval_ms): process on every wake-up.
-  return ch.process(*impl_->engine);
+  auto handled = ch.process(*impl_->engine);
+  XP_TRY(impl_->engine->after_dispatch());
+  return handled;
 }
 
 Result<void> Session::run() {

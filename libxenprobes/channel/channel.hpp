@@ -50,6 +50,10 @@ class Channel {
   // How often process() must run even when fd() stays quiet (0 = never): some stops raise
   // no event (a guest's own int3 under debugging mode).
   virtual int poll_interval_ms() const = 0;
+  // True when a stop is recognised only by where the vCPU stands (rip == trap + 1): then a
+  // vCPU must never be sent to the byte after a 1-byte probed instruction, where it would
+  // look stopped (the engine runs that next instruction from the slot instead).
+  virtual bool stops_found_by_rip() const = 0;
   // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
   // Returns the number of stops handled.
   [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;

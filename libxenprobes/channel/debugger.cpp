@@ -115,6 +115,7 @@ Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, b
     Gva trap{regs.rip - 1};
     if (!sink.owns_trap(dom, trap)) continue;
     // Nothing else leaves a vCPU one byte into an instruction we patched: this is a stop.
+    XP_LOG(Debug, "domain %u vcpu %u: stop at %s", dom.value, v, hex(trap.value).c_str());
     Stop s{dom, VcpuId{v}, trap, regs};
     if (sink.on_stop(s) == Verdict::NotOurs) {
       s.regs = regs;

@@ -26,6 +26,7 @@ class DebuggerChannel final : public Channel {
   Result<void> detach(DomId) override;
   int fd() const override { return hv_.evtchn_fd(); }
   int poll_interval_ms() const override { return 10; }
+  bool stops_found_by_rip() const override { return true; }
   Result<unsigned> process(StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
 

@@ -253,32 +253,86 @@ Result<void> Engine::detach(DomId id) {
 
 // ---- registration ---------------------------------------------------------------------
 
-Result<x86::Insn> Engine::decode_probe_point(Domain& d, Gva addr) {
+Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
+  const Gva addr = p.addr;
+  std::vector<x86::Insn> fn_insns;
+  std::string fn_name;
   if (d.syms) {
     auto fn = d.syms->function_containing(addr);
     if (fn && fn->size > 0 && fn->size <= kMaxFunctionBytes) {
       std::vector<std::uint8_t> bytes(fn->size);
       XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
       // Bytes we patched ourselves read back as the original instruction.
-      for (auto& [a, p] : d.points)
-        if (p->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
-          bytes[a.value - fn->start.value] = p->original[0];
+      for (auto& [a, q] : d.points)
+        if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
+          bytes[a.value - fn->start.value] = q->original[0];
       auto insn = x86::decode_at(bytes, fn->start, addr);
       if (!insn) {
         Error e = insn.error();
         e.what = fn->name + ": " + e.what;
         return std::unexpected(e);
       }
-      return insn;
+      p.insn = *insn;
+      fn_name = fn->name;
+      if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
     }
   }
-  // No symbols for this address: the boundary cannot be checked; decode what is there.
-  std::array<std::uint8_t, x86::kMaxInsnLen> bytes{};
-  XP_TRY(d.memory->read(addr, std::as_writable_bytes(std::span(bytes))));
-  return x86::decode(bytes, addr);
+  if (fn_name.empty()) {
+    // No symbols for this address: the boundary cannot be checked; decode what is there.
+    std::array<std::uint8_t, x86::kMaxInsnLen> bytes{};
+    XP_TRY(d.memory->read(addr, std::as_writable_bytes(std::span(bytes))));
+    p.insn = XP_TRY(x86::decode(bytes, addr));
+  }
+  std::copy(p.insn.bytes.begin(), p.insn.bytes.end(), p.original.begin());
+  p.plan = XP_TRY(x86::analyze(p.insn));
+
+  // On a channel that recognises stops by rip == trap + 1, a vCPU must never stand at
+  // addr + 1 for any other reason. For a 1-byte instruction that is exactly where it would
+  // continue, so the next instruction runs from the slot as well, and addr + 1 must not be a
+  // branch target (a vCPU jumping there would look stopped).
+  if (!ch_.stops_found_by_rip() || p.insn.length != 1) return {};
+  auto refuse = [&](const std::string& why) {
+    return fail(Errc::InvalidArgument, p.insn.describe() + ": a 1-byte instruction " + why +
+                                           " (on the debugger channel a vCPU standing right after "
+                                           "it cannot be told apart from one stopped on the probe)");
+  };
+  if (fn_insns.empty()) return refuse("needs the function's symbols to be probed");
+  Gva after = p.insn.next();
+  auto it = std::find_if(fn_insns.begin(), fn_insns.end(), [&](const x86::Insn& i) { return i.address == after; });
+  if (it == fn_insns.end()) return refuse("ends its function");
+  for (const auto& i : fn_insns)
+    if (i.is_relative_branch() && i.branch_target == after) return refuse("is followed by a branch target");
+  // Jump tables: `jmp *table(,%reg,8)` — read the table's entries while they point into the
+  // function (a compiler's switch table is bounded by the cmp before the jump).
+  const std::uint64_t fn_lo = fn_insns.front().address.value, fn_hi = fn_insns.back().next().value;
+  for (const auto& i : fn_insns) {
+    if (i.branch != x86::BranchKind::JmpIndirect || !i.mem.present || i.mem.base != x86::Reg::None ||
+        i.mem.index == x86::Reg::None || i.mem.scale != 8)
+      continue;
+    std::uint64_t table = static_cast<std::uint64_t>(i.mem.disp);
+    for (unsigned k = 0; k < 1024; ++k) {
+      auto e = d.memory->read_u64(Gva{table + 8ull * k});
+      if (!e || *e < fn_lo || *e >= fn_hi) break;
+      if (*e == after.value) return refuse("is followed by a jump-table target");
+    }
+  }
+  // An emulated 1-byte instruction (ret) never continues at addr + 1 through us: nothing to copy.
+  if (p.plan == x86::Plan::EmulateLoaded || p.plan == x86::Plan::EmulateBranch) return {};
+  if (d.points.contains(after)) return fail(Errc::Busy, p.insn.describe() + ": the next instruction is probed already");
+  auto next_plan = x86::analyze(*it);
+  if (!next_plan) return refuse("is followed by an instruction that cannot be probed (" + it->describe() + ")");
+  p.next = *it;
+  p.next_plan = *next_plan;  // a branch (pop; ret) is emulated at a trap after the copy
+  if (p.plan == x86::Plan::Skip) p.plan = x86::Plan::Boost;  // a 1-byte nop: copy it with the next
+  return {};
+}
+
+bool Engine::uses_slot(const Point& p) const {
+  return p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel;
 }
 
 bool Engine::needs_trap_tail(const Point& p) const {
+  if (next_emulated(p)) return true;
   return std::any_of(p.regs.begin(), p.regs.end(), [](const Registration* r) { return bool(r->post); });
 }
 
@@ -297,12 +351,48 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   }
   std::array<std::uint8_t, kSlotSize> code{};
   code.fill(0xcc);  // never executed: pads the slot
-  auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(),
-                          trap_tail ? x86::SlotTail::Trap : x86::SlotTail::JmpBack, ch_.trap_byte());
-  if (!n) {
-    (void)d.pool->release(slot);
-    return std::unexpected(n.error());
+  // Layout: [insn][jmp back] or [insn][trap]; with a continuation (p.next, see
+  // decode_probe_point): [insn][next][jmp back] or [insn][trap][next][jmp back].
+  std::size_t len = 0;
+  Gva resume = p.insn.next();
+  if (!p.next) {
+    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(),
+                            trap_tail ? x86::SlotTail::Trap : x86::SlotTail::JmpBack, ch_.trap_byte());
+    if (!n) {
+      (void)d.pool->release(slot);
+      return std::unexpected(n.error());
+    }
+    len = *n;
+  } else if (next_emulated(p)) {
+    // [insn][trap]: at the trap Dom0 runs the post-handlers, then emulates the branch.
+    trap_tail = true;
+    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::Trap, ch_.trap_byte());
+    if (!n) {
+      (void)d.pool->release(slot);
+      return std::unexpected(n.error());
+    }
+    len = *n;
+  } else {
+    // The probed instruction alone (its tail is overwritten or kept as the trap), then the
+    // next instruction with the jump back.
+    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::Trap, ch_.trap_byte());
+    if (!n) {
+      (void)d.pool->release(slot);
+      return std::unexpected(n.error());
+    }
+    // After a trap the continuation starts one byte later: a vCPU sent there must not stand
+    // at trap + 1, which is what a stop on that trap looks like.
+    std::size_t at = trap_tail ? *n + 1 : p.insn.length;
+    resume = slot + at;
+    auto m = x86::emit_slot(std::span(code).subspan(at), resume, *p.next, p.next->next(), x86::SlotTail::JmpBack,
+                            ch_.trap_byte());
+    if (!m) {
+      (void)d.pool->release(slot);
+      return std::unexpected(m.error());
+    }
+    len = at + *m;
   }
+  (void)len;
   if (auto w = d.memory->write(slot, std::as_bytes(std::span(code))); !w) {
     (void)d.pool->release(slot);
     return w;
@@ -311,7 +401,14 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   bool old_tail = p.trap_tail;
   p.slot = slot;
   p.trap_tail = trap_tail;
-  if (trap_tail) d.slot_traps[slot + p.insn.length] = SlotTrap{&p, p.insn.next()};
+  if (trap_tail) {
+    SlotTrap st{&p, resume, std::nullopt, x86::Plan::EmulateBranch};
+    if (next_emulated(p)) {
+      st.emulate_next = p.next;
+      st.emulate_plan = p.next_plan;
+    }
+    d.slot_traps[slot + p.insn.length] = st;
+  }
   if (old) {  // an armed point switches slots: the old one stays valid until reclaimed
     if (old_tail) d.slot_traps[*old + p.insn.length].point = nullptr;
     (void)d.pool->release(*old);
@@ -413,7 +510,7 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
   if (existing != d->points.end()) {
     // Aggregate: the point is already decoded, slotted and (maybe) armed.
     Point& p = *existing->second;
-    bool tail = reg->post && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel) && !p.trap_tail;
+    bool tail = reg->post && uses_slot(p) && !p.trap_tail;
     bool must_arm = !p.armed;
     if (tail || must_arm) {
       auto hold = XP_TRY(Pause::take(*this, *d));
@@ -430,9 +527,10 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
   auto point = std::make_unique<Point>();
   point->dom = id;
   point->addr = addr;
-  point->insn = XP_TRY(decode_probe_point(*d, addr));
-  point->plan = XP_TRY(x86::analyze(point->insn));
-  std::copy(point->insn.bytes.begin(), point->insn.bytes.end(), point->original.begin());
+  XP_TRY(decode_probe_point(*d, *point));
+  // A 1-byte point with a continuation copies its neighbour: nobody may probe that one now.
+  if (Gva before{addr.value - 1}; d->points.contains(before) && d->points.at(before)->next)
+    return fail(Errc::Busy, point->insn.describe() + ": the instruction before it is a probed 1-byte instruction");
 
   {
     auto hold = XP_TRY(Pause::take(*this, *d));
@@ -442,7 +540,7 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
     XP_TRY(d->memory->read(addr, std::as_writable_bytes(std::span(now.data(), point->insn.length))));
     if (!std::equal(now.begin(), now.begin() + point->insn.length, point->original.begin()))
       return fail(Errc::Again, hex(addr.value) + ": the guest changed this instruction while we looked at it; retry");
-    bool boost = point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel;
+    bool boost = uses_slot(*point);
     std::array<std::uint8_t, kSlotSize> slot_before{};
     if (boost) {
       // Remember what the slot held, to put it back if arming fails.
@@ -543,6 +641,12 @@ Result<void> Engine::remove_now(ProbeId id) {
   return {};
 }
 
+Result<void> Engine::after_dispatch() {
+  if (deferred_removals_.empty()) return {};
+  flush_deferred();
+  return {};
+}
+
 void Engine::flush_deferred() {
   auto ids = std::move(deferred_removals_);
   deferred_removals_.clear();
@@ -590,37 +694,38 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
     v = hit_slot(d, st->second, s);
   }
   dispatching_ = false;
-  if (!deferred_removals_.empty()) flush_deferred();
+  // Removals requested by handlers wait for after_dispatch(): removing now would scan for
+  // stops while the channel is still resuming this one.
   return v;
 }
 
-bool Engine::emulate(Domain& d, Point& p, Regs& r) {
+bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) {
   x86::CpuState s = cpu_state(r);
   Result<x86::BranchOutcome> out = fail(Errc::InvalidArgument, "");
-  if (p.plan == x86::Plan::EmulateBranch) {
-    out = x86::branch_outcome(p.insn, s);
+  if (plan == x86::Plan::EmulateBranch) {
+    out = x86::branch_outcome(insn, s);
   } else {
     Result<std::uint64_t> loaded = fail(Errc::InvalidArgument, "");
-    if (p.insn.branch == x86::BranchKind::Ret) {
+    if (insn.branch == x86::BranchKind::Ret) {
       loaded = d.memory->read_u64(Gva{r.rsp});
-    } else if (auto ea = x86::effective_address(p.insn, s)) {
+    } else if (auto ea = x86::effective_address(insn, s)) {
       loaded = d.memory->read_u64(*ea);
     } else {
       loaded = std::unexpected(ea.error());
     }
     if (!loaded) {
-      XP_LOG(Error, "%s: cannot read the branch target: %s", p.insn.describe().c_str(), loaded.error().what.c_str());
+      XP_LOG(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(), loaded.error().what.c_str());
       return false;
     }
-    out = x86::loaded_branch_outcome(p.insn, *loaded);
+    out = x86::loaded_branch_outcome(insn, *loaded);
   }
   if (!out) {
-    XP_LOG(Error, "%s: cannot emulate: %s", p.insn.describe().c_str(), out.error().what.c_str());
+    XP_LOG(Error, "%s: cannot emulate: %s", insn.describe().c_str(), out.error().what.c_str());
     return false;
   }
   if (out->push_return) {
     if (auto w = d.memory->write_u64(Gva{r.rsp - 8}, out->return_addr.value); !w) {
-      XP_LOG(Error, "%s: cannot push the return address: %s", p.insn.describe().c_str(), w.error().what.c_str());
+      XP_LOG(Error, "%s: cannot push the return address: %s", insn.describe().c_str(), w.error().what.c_str());
       return false;
     }
     r.rsp -= 8;
@@ -674,7 +779,7 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
       break;
     case x86::Plan::EmulateBranch:
     case x86::Plan::EmulateLoaded:
-      if (!emulate(d, p, r)) {
+      if (!emulate(d, p.insn, p.plan, r)) {
         // Give the instruction back to the guest rather than guess: restore it and re-run it.
         for (Registration* reg : p.regs) reg->stats.missed++;
         (void)disarm(d, p);
@@ -692,6 +797,10 @@ channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& 
   counters_.slot_traps++;
   s.regs.rip = st.resume.value;
   if (st.point) run_post(d, *st.point, s);
+  if (st.emulate_next && s.regs.rip == st.resume.value &&
+      !emulate(d, *st.emulate_next, st.emulate_plan, s.regs))
+    XP_LOG(Error, "%s: could not emulate after the slot; the vCPU continues there",
+           st.emulate_next->describe().c_str());
   return channel::Verdict::Resume;
 }
 

@@ -48,6 +48,10 @@ class Engine final : public channel::StopSink {
   [[nodiscard]] Result<void> begin_batch();
   [[nodiscard]] Result<void> end_batch();
 
+  // Runs what handlers asked for during the last channel process() (deferred removals).
+  // Call after the channel has resumed every stop it handled.
+  [[nodiscard]] Result<void> after_dispatch();
+
   // A domain is gone (released): forget it without touching it.
   void forget(DomId);
   std::vector<DomId> domains() const;
@@ -86,6 +90,10 @@ class Engine final : public channel::StopSink {
     x86::Plan plan = x86::Plan::Boost;
     std::array<std::uint8_t, x86::kMaxInsnLen> original{};
     std::optional<Gva> slot;     // Boost plans
+    // The instruction after a 1-byte probed instruction, run from the slot too when the
+    // channel finds stops by rip (see Channel::stops_found_by_rip).
+    std::optional<x86::Insn> next;
+    x86::Plan next_plan = x86::Plan::Boost;  // Emulate*: Dom0 runs it at the slot's trap
     bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
     bool armed = false;
     // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
@@ -97,6 +105,9 @@ class Engine final : public channel::StopSink {
   struct SlotTrap {
     Point* point;   // null once the point is gone
     Gva resume;     // the instruction after the probed one
+    // A branch after a 1-byte probed instruction, emulated at this trap (see Point::next).
+    std::optional<x86::Insn> emulate_next;
+    x86::Plan emulate_plan = x86::Plan::EmulateBranch;
   };
   struct Domain {
     DomId id;
@@ -120,7 +131,9 @@ class Engine final : public channel::StopSink {
   Result<void> pause(Domain&);
   Result<void> unpause(Domain&);
   Result<void> refresh_context(Domain&);
-  Result<x86::Insn> decode_probe_point(Domain&, Gva);
+  // Decodes the probed instruction (and, when needed, the one after it).
+  Result<void> decode_probe_point(Domain&, Point&);
+  bool uses_slot(const Point&) const;
   // Allocates and writes a new slot for the point; `before` receives what the slot held.
   Result<void> write_slot(Domain&, Point&, bool trap_tail, std::array<std::uint8_t, 32>* before = nullptr);
   Result<void> arm(Domain&, Point&);
@@ -139,7 +152,10 @@ class Engine final : public channel::StopSink {
   void run_post(Domain&, Point&, channel::Stop&);
   channel::Verdict hit_point(Domain&, Point&, channel::Stop&);
   channel::Verdict hit_slot(Domain&, const SlotTrap&, channel::Stop&);
-  bool emulate(Domain&, Point&, Regs&);
+  bool emulate(Domain&, const x86::Insn&, x86::Plan, Regs&);
+  bool next_emulated(const Point& p) const {
+    return p.next && (p.next_plan == x86::Plan::EmulateBranch || p.next_plan == x86::Plan::EmulateLoaded);
+  }
   void flush_deferred();
 
   hv::Hypervisor& hv_;

@@ -38,12 +38,13 @@ static struct {
 static void fig2_pre(xenprobes_handle_t h, struct cpu_user_regs *regs) {
   char path[64];
   if (h != fig2.handle) fig2.wrong_handle++;
-  if (xenprobes_read_string(h, regs->rdi, path, sizeof path) < 0 || path[0] != '/') fig2.bad_paths++;
+  /* The demo guest's paths (guest/demo.c demo_paths) are short, and one is relative. */
+  if (xenprobes_read_string(h, regs->rdi, path, sizeof path) <= 0) fig2.bad_paths++;
   if (fig2.hits == 0) {
     char tiny[3];
     memcpy(fig2.first_path, path, sizeof path);
     /* A buffer too small: ERANGE, truncated and terminated. */
-    if (xenprobes_read_string(h, regs->rdi, tiny, sizeof tiny) == -1 && tiny[2] == '\0' && tiny[0] == '/')
+    if (xenprobes_read_string(h, regs->rdi, tiny, sizeof tiny) == -1 && tiny[2] == '\0' && tiny[0] == path[0])
       fig2.read_string_errno = errno;
     /* The loop cannot be entered from a handler. */
     if (xenprobes_loop() == -1) fig2.loop_errno = errno;
@@ -61,7 +62,7 @@ int capi_c_fig2(int target, int exact, char *msg, size_t n) {
   CHECK(xenprobes_loop() == 0, "xenprobes_loop: %s", xenprobes_last_error());
   CHECK(exact ? fig2.hits == target : fig2.hits >= target, "%d hits, wanted %d", fig2.hits, target);
   CHECK(fig2.wrong_handle == 0, "handler got another handle");
-  CHECK(fig2.bad_paths == 0, "%d paths unreadable or not absolute", fig2.bad_paths);
+  CHECK(fig2.bad_paths == 0, "%d paths unreadable or empty", fig2.bad_paths);
   CHECK(fig2.read_string_errno == ERANGE, "read_string into 3 bytes of '%s': errno %d", fig2.first_path,
         fig2.read_string_errno);
   CHECK(fig2.loop_errno == EBUSY, "xenprobes_loop from a handler: errno %d", fig2.loop_errno);
@@ -131,7 +132,7 @@ int capi_c_errors(char *msg, size_t n) {
 static struct {
   xenprobes_handle_t probe, site;
   unsigned long return_address;
-  int redirected, site_hits, site_target, wrong_rax, read_failures;
+  int redirected, site_hits, site_target, wrong_rax, read_failures, pending;
 } redir;
 
 static void learn_return_address(xenprobes_handle_t h, struct cpu_user_regs *regs) {
@@ -149,12 +150,15 @@ static void return_42(xenprobes_handle_t h, struct cpu_user_regs *regs) {
   regs->rsp += 8;
   regs->rax = 42;
   redir.redirected++;
+  redir.pending = 1;
 }
 
 static void at_return_site(xenprobes_handle_t h, struct cpu_user_regs *regs) {
   (void)h;
-  /* A call already inside sys_getppid when the probes went in returns here unredirected. */
-  if (redir.redirected == 0) return;
+  /* Only returns from a redirected call: the site may be shared code (the jump table's common
+   * tail), and a call already inside sys_getppid when the probes went in returns normally. */
+  if (!redir.pending) return;
+  redir.pending = 0;
   if (regs->rax != 42) redir.wrong_rax++;
   if (++redir.site_hits == redir.site_target) xenprobes_stop();
 }

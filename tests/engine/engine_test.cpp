@@ -69,24 +69,33 @@ TEST(Probe, PostHandlerSeesTheInstructionsEffect) {
 TEST(Probe, ChangedRegistersAndMemoryTakeEffect) {
   ProbedGuest g;
   std::uint64_t ppid = g.sym(DEMO_SYM_PPID);
-  std::uint64_t ret = g.sym("sys_getppid") + 0x3f;  // ret
+  std::uint64_t load = g.sym("sys_getppid") + 0x38;  // movslq demo_ppid(%rip), %rax
   std::uint64_t seen = 0;
   auto writer = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
     std::int32_t v = 7;  // the guest's global, written from Dom0
     EXPECT_TRUE(c.write(Gva{ppid}, std::as_bytes(std::span(&v, 1))));
     return 0;
   });
-  auto reader = g.session->probe(g.dom, Gva{ret}, [&](HitContext& c) {
+  auto reader = g.session->probe(g.dom, Gva{load}, {}, [&](HitContext& c) {
     EXPECT_EQ(c.regs().rax, 7u) << "the guest read what the handler wrote";
     ++seen;
-    return 0;
   });
   ASSERT_TRUE(writer && reader);
-  EXPECT_EQ(reader->info()->mode, ExecMode::Emulated);
+  EXPECT_EQ(reader->info()->mode, ExecMode::TrapAfter);
   g.start();
   ASSERT_TRUE(g.run_to_completion());
   EXPECT_EQ(seen, expected_calls(DEMO_FN_GETPPID, 5));
   EXPECT_NE(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
+TEST(Probe, OneByteInstructionBeforeAnotherFunctionIsRefused) {
+  ProbedGuest g;
+  // sys_getppid ends with a 1-byte ret right before sys_read: a vCPU entering sys_read stands
+  // where a vCPU stopped on that ret would, so the debugger channel cannot probe it.
+  auto r = g.session->probe(g.dom, "sys_getppid+0x3f", [](HitContext&) { return 0; });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::InvalidArgument);
+  EXPECT_NE(r.error().what.find("cannot be told apart"), std::string::npos) << r.error().what;
 }
 
 TEST(Probe, PreHandlerCanRedirect) {

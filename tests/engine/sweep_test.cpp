@@ -119,7 +119,17 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
   for (auto& [m, n] : modes) std::cout << " " << m << " " << n;
   for (auto& [why, n] : refusals) std::cout << " | refused " << n << ":" << why;
   std::cout << "\n";
-  EXPECT_LE(refusals.size(), 1u) << "only the idle hlt may be refused";
+  // Only the idle hlt, and on this channel 1-byte instructions whose next byte a vCPU can
+  // reach otherwise (a branch target, the end of the function), may be refused.
+  unsigned refused = 0;
+  for (auto& [why, n] : refusals) {
+    refused += n;
+    EXPECT_TRUE(why.find("hlt") != std::string::npos || why.find("branch target") != std::string::npos ||
+                why.find("jump-table target") != std::string::npos ||
+                why.find("ends its function") != std::string::npos)
+        << why;
+  }
+  EXPECT_LE(refused, sites.size() / 25) << "refusals must stay rare";
 }
 
 INSTANTIATE_TEST_SUITE_P(Handlers, Sweep, ::testing::Values(false, true),
