@@ -454,6 +454,7 @@ Result<void> Engine::arm(Domain& d, Point& p) {
 
 Result<void> Engine::disarm(Domain& d, Point& p) {
   if (!p.armed) return {};
+  XP_LOG(Debug, "domain %u: disarm %s", d.id.value, hex(p.addr.value).c_str());
   XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(p.original.data(), 1))));
   p.armed = false;
   p.flush_pending = true;

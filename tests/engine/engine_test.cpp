@@ -1,6 +1,7 @@
 // XP probes over the VIRQ_DEBUGGER channel on the simulated Xen: handlers, aggregates,
 // enable/disable, unregister, stop, two domains, refusals, ENOSPC, transactions.
 #include <set>
+#include <tuple>
 #include <thread>
 
 #include "xenprobes/guest_view.hpp"
@@ -28,6 +29,25 @@ TEST(Probe, EntryHitsEqualCallsAndTheGuestIsUnchanged) {
   auto ref = reference_stats(0, 5);
   EXPECT_EQ(g.stats(0).checksum, ref.checksum);
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_OPEN], ref.calls[DEMO_FN_OPEN]);
+}
+
+TEST(Probe, HvmGuestThroughTheDebuggerChannel) {
+  // HVM frames are GFNs and the paging mode comes from CR0/CR4/EFER: the same probes work.
+  hv::sim::DomainConfig c = demo_config(2, 4);
+  c.type = hv::GuestType::Hvm;
+  ProbedGuest g(c);
+  std::uint64_t hits = 0, posts = 0;
+  auto p = g.session->probe(g.dom, "demo_recurse", [&](HitContext&) { ++hits; return 0; });
+  auto q = g.session->probe(g.dom, "sys_getppid+0x38", {}, [&](HitContext& x) {
+    EXPECT_EQ(x.regs().rax, 1u);
+    ++posts;
+  });
+  ASSERT_TRUE(p && q);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(hits, 2 * expected_calls(DEMO_FN_RECURSE, 4));
+  EXPECT_EQ(posts, 2 * expected_calls(DEMO_FN_GETPPID, 4));
+  for (unsigned v = 0; v < 2; ++v) EXPECT_EQ(g.stats(v).checksum, reference_stats(v, 4, 2).checksum);
 }
 
 TEST(Probe, HandlersSeeArgumentsAndGuestMemory) {
@@ -212,6 +232,18 @@ TEST(Probe, TwoDomainsAtOnce) {
     ASSERT_TRUE((*s)->run_once(2));
   EXPECT_EQ(h1, 2 * expected_calls(DEMO_FN_READ, 4));
   EXPECT_EQ(h2, 2 * expected_calls(DEMO_FN_RECURSE, 4));
+  for (auto [d, fn, idx] : {std::tuple{d1, "sys_read", DEMO_FN_READ}, std::tuple{d2, "demo_recurse", DEMO_FN_RECURSE}}) {
+    EXPECT_EQ(host->crash_reason(d), "");
+    std::uint8_t b = 0;
+    ASSERT_TRUE(host->peek(d, *host->symbol(d, fn), std::as_writable_bytes(std::span(&b, 1))));
+    EXPECT_EQ(b, 0xf1) << "domain " << d.value << ": still armed";
+    for (unsigned v = 0; v < 2; ++v) {
+      demo_stats st{};
+      ASSERT_TRUE(host->peek(d, *host->symbol(d, DEMO_SYM_STATS) + v * sizeof st, std::as_writable_bytes(std::span(&st, 1))));
+      EXPECT_EQ(st.calls[idx], expected_calls(idx, 4)) << "domain " << d.value << " vcpu " << v;
+      EXPECT_EQ(st.done, 1u);
+    }
+  }
 }
 
 TEST(Probe, BadProbePointsAreRefusedWithTheReason) {

@@ -61,6 +61,17 @@ constexpr std::uint64_t kTf = 0x100;
 
 thread_local Vcpu* t_current = nullptr;  // the vCPU this scheduler thread is running
 
+// Unicorn 2.0.1 engines are not safe to use concurrently from several threads, even when
+// they are distinct instances: reading or writing the registers of one engine while another
+// emulates corrupted vCPU registers (two domains probed at once: a vCPU resumed with a wild
+// RIP about one run in 15). Every Unicorn call in the process is serialised by this lock
+// (recursive: trap handling reads registers while holding it). The sim is not a performance
+// model; the machines it runs on have few cores anyway.
+std::recursive_mutex& emulation_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 }  // namespace
@@ -242,6 +253,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     auto v = std::make_unique<Vcpu>();
     v->id = i;
     XP_TRY(setup_engine(*d, *v));
+    std::lock_guard emu(emulation_mutex());
     std::uint64_t rip = d->layout.entry, rdi = i, rsi = cfg.iterations, rfl = 0x2;
     uc_reg_write(v->uc, UC_X86_REG_RIP, &rip);
     uc_reg_write(v->uc, UC_X86_REG_RDI, &rdi);
@@ -280,6 +292,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
 }
 
 Result<void> SimHostImpl::setup_engine(Domain& d, Vcpu& v) {
+  std::lock_guard emu(emulation_mutex());
   uc_err e = uc_open(UC_ARCH_X86, UC_MODE_64, &v.uc);
   if (e != UC_ERR_OK) return fail(Errc::NoMemory, std::string("sim: uc_open: ") + uc_strerror(e));
   for (const Alias& a : d.aliases) {
@@ -375,10 +388,17 @@ void SimHostImpl::run_domain(Domain& d) {
     next->blocks = 0;
     d.running_vcpu = static_cast<int>(next->id);
     std::uint64_t rip;
-    uc_reg_read(next->uc, UC_X86_REG_RIP, &rip);
+    {
+      std::lock_guard emu(emulation_mutex());
+      uc_reg_read(next->uc, UC_X86_REG_RIP, &rip);
+    }
     lk.unlock();
     t_current = next;
-    uc_err err = uc_emu_start(next->uc, rip, 0, 0, 0);
+    uc_err err;
+    {
+      std::lock_guard emu(emulation_mutex());
+      err = uc_emu_start(next->uc, rip, 0, 0, 0);
+    }
     t_current = nullptr;
     lk.lock();
     d.running_vcpu = -1;
@@ -394,6 +414,7 @@ void SimHostImpl::run_domain(Domain& d) {
 }
 
 void SimHostImpl::handle_exit(Domain& d, Vcpu& v, uc_err err) {
+  std::lock_guard emu(emulation_mutex());
   std::uint64_t rip;
   uc_reg_read(v.uc, UC_X86_REG_RIP, &rip);
   char buf[160];
@@ -515,6 +536,7 @@ void SimHostImpl::emulate_one(Domain& d, Vcpu& v) {
   // Here: put the bytes at RIP, single-step with TF in this engine only (no other vCPU runs:
   // this is the domain's only scheduler thread), then restore memory.
   v.pending_emulate = false;
+  std::lock_guard emu(emulation_mutex());
   std::uint64_t rip, rfl;
   uc_reg_read(v.uc, UC_X86_REG_RIP, &rip);
   uc_reg_read(v.uc, UC_X86_REG_EFLAGS, &rfl);
@@ -531,7 +553,11 @@ void SimHostImpl::emulate_one(Domain& d, Vcpu& v) {
   v.quantum_expired = false;
   v.blocks = 0;
   t_current = &v;
-  uc_err err = uc_emu_start(v.uc, rip, 0, 0, 0);
+  uc_err err;
+  {
+    std::lock_guard emu(emulation_mutex());
+    err = uc_emu_start(v.uc, rip, 0, 0, 0);
+  }
   t_current = nullptr;
   uc_mem_write(v.uc, rip, saved.data(), saved.size());
   uc_ctl_remove_cache(v.uc, rip, rip + 16);
@@ -549,6 +575,7 @@ void SimHostImpl::emulate_one(Domain& d, Vcpu& v) {
 }
 
 void SimHostImpl::sync_code_writes(Domain& d) {
+  std::lock_guard emu(emulation_mutex());
   for (auto it = d.wframes.begin(); it != d.wframes.end();) {
     std::uint8_t* page = d.ram->base + it->first * 4096;
     if (std::memcmp(page, it->second.shadow.data(), 4096) != 0) {
@@ -593,7 +620,10 @@ VcpuRegs SimHostImpl::read_regs(const Domain& d, const Vcpu& v) const {
                           &r.r9,  &r.r10, &r.r11, &r.r12, &r.r13, &r.r14, &r.r15, &r.rip, &r.rflags};
   void* ptrs[18];
   for (int i = 0; i < 18; ++i) ptrs[i] = dst[i];
-  uc_reg_read_batch(v.uc, const_cast<int*>(ids), ptrs, 18);
+  {
+    std::lock_guard emu(emulation_mutex());
+    uc_reg_read_batch(v.uc, const_cast<int*>(ids), ptrs, 18);
+  }
   r.cr0 = v.cr0;
   r.cr2 = v.cr2;
   r.cr3 = (d.root_gpa >> 12) + d.mfn_base;
@@ -618,7 +648,10 @@ void SimHostImpl::write_regs(Vcpu& v, const VcpuRegs& r, bool debugregs) {
                                 &r.r9,  &r.r10, &r.r11, &r.r12, &r.r13, &r.r14, &r.r15, &r.rip, &r.rflags};
   void* ptrs[18];
   for (int i = 0; i < 18; ++i) ptrs[i] = const_cast<std::uint64_t*>(src[i]);
-  uc_reg_write_batch(v.uc, const_cast<int*>(ids), ptrs, 18);
+  {
+    std::lock_guard emu(emulation_mutex());
+    uc_reg_write_batch(v.uc, const_cast<int*>(ids), ptrs, 18);
+  }
   if (debugregs) {
     v.dr6 = r.dr6;
     v.dr7 = r.dr7;
@@ -656,7 +689,10 @@ Result<void> SimHostImpl::destroy_domain(DomId id) {
   std::lock_guard lk(mu_);
   d = std::move(domains_[id]);
   domains_.erase(id);
-  for (auto& v : d->vcpus) uc_close(v->uc);
+  {
+    std::lock_guard emu(emulation_mutex());
+    for (auto& v : d->vcpus) uc_close(v->uc);
+  }
   std::string home = "/local/domain/" + std::to_string(id.value);
   for (auto it = store_.begin(); it != store_.end();) {
     if (it->first == home || it->first.starts_with(home + "/"))
