@@ -43,7 +43,7 @@ struct Session::Impl {
       auto info = hv->domain_info(id);
       bool gone = info ? (info->dying || info->crashed) : info.error().code == Errc::NoSuchDomain;
       if (gone) {
-        XP_LOG(Info, "domain %u is gone: dropping its probes", id.value);
+        XP_LOG(Warn, "domain %u is %s: dropping its probes", id.value, info ? "shut down or crashed" : "gone");
         engine->forget(id);
       }
     }

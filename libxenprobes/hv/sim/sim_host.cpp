@@ -453,7 +453,7 @@ void SimHostImpl::crash(Domain& d, const std::string& why) {
   d.crashed = true;
   d.crash_reason = why;
   d.console += "sim: domain crashed: " + why + "\n";
-  XP_LOG(Info, "sim: domain %u crashed: %s", d.id.value, why.c_str());
+  XP_LOG(Warn, "sim: domain %u crashed: %s", d.id.value, why.c_str());
   fire_watches_locked("@releaseDomain", false);
 }
 
