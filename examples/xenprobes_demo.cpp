@@ -24,6 +24,7 @@
 #include "xenprobes/hypervisor.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/sim.hpp"
+#include "example_backend.h"
 
 using namespace xenprobes;
 
@@ -79,20 +80,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Like every xenprobes tool: the simulated Xen only when asked, or when there is no Xen at
-  // all — and then say so first.
-  const char* backend = std::getenv("XENPROBES_BACKEND");
-  if (!backend || !*backend) {
-    if (access("/dev/xen/privcmd", F_OK) != 0 && access("/proc/xen/privcmd", F_OK) != 0) {
-      std::printf("xenprobes-demo: no Xen here (no /dev/xen/privcmd): using the simulated Xen "
-                  "(XENPROBES_BACKEND=sim)\n");
-      setenv("XENPROBES_BACKEND", "sim", 1);
-    } else {
-      std::printf("xenprobes-demo: using Xen (XENPROBES_BACKEND=xen)\n");
-    }
-  } else {
-    std::printf("xenprobes-demo: using XENPROBES_BACKEND=%s\n", backend);
-  }
+  example_choose_backend("xenprobes-demo");
 
   auto hvr = hv::open_hypervisor();
   if (!hvr) die("cannot open the hypervisor", hvr.error());

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "xenprobes/xenprobes.h"
+#include "example_backend.h"
 
 #define MAX_HITS 10
 
@@ -38,23 +39,10 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
   domid_t domid = argc > 1 ? (domid_t)strtoul(argv[1], NULL, 10) : 1;
-  const char *backend = getenv("XENPROBES_BACKEND");
   struct xenprobe_stats st = {XENPROBE_STATS_VERSION, 0, 0};
   xenprobes_handle_t h;
 
-  /* Like every xenprobes tool: the simulated Xen only when asked, or when there is no Xen. */
-  if (!backend || !*backend) {
-    if (access("/dev/xen/privcmd", F_OK) != 0 && access("/proc/xen/privcmd", F_OK) != 0) {
-      printf("xenprobes-fig2: no Xen here (no /dev/xen/privcmd): using the simulated Xen "
-             "(XENPROBES_BACKEND=sim)\n");
-      setenv("XENPROBES_BACKEND", "sim", 1);
-    } else {
-      printf("xenprobes-fig2: using Xen (XENPROBES_BACKEND=xen)\n");
-    }
-  } else {
-    printf("xenprobes-fig2: using XENPROBES_BACKEND=%s\n", backend);
-  }
-  fflush(stdout);
+  example_choose_backend("xenprobes-fig2");
 
   if (argc > 2 && xenprobes_load_symbols(domid, argv[2]) < 0) return fail("cannot load the symbols");
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "xenprobes/xenprobes.hpp"
+#include "example_backend.h"
 
 using namespace xenprobes;
 
@@ -95,20 +96,7 @@ int main(int argc, char** argv) {
     functions = {"sys_getppid", "sys_read", "sys_write", "sys_open", "sys_unlink",
                  "demo_recurse", "demo_classify", "demo_dispatch"};
 
-  // Like every xenprobes tool: the simulated Xen only when asked, or when there is no Xen.
-  const char* backend = std::getenv("XENPROBES_BACKEND");
-  if (!backend || !*backend) {
-    if (access("/dev/xen/privcmd", F_OK) != 0 && access("/proc/xen/privcmd", F_OK) != 0) {
-      std::printf("xenprobes-trace: no Xen here (no /dev/xen/privcmd): using the simulated Xen "
-                  "(XENPROBES_BACKEND=sim)\n");
-      setenv("XENPROBES_BACKEND", "sim", 1);
-    } else {
-      std::printf("xenprobes-trace: using Xen (XENPROBES_BACKEND=xen)\n");
-    }
-  } else {
-    std::printf("xenprobes-trace: using XENPROBES_BACKEND=%s\n", backend);
-  }
-  std::fflush(stdout);
+  example_choose_backend("xenprobes-trace");
 
   auto session = Session::open();
   if (!session) die("cannot open a session", session.error());

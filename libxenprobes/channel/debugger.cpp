@@ -1,3 +1,4 @@
+#include "common/hex.hpp"
 #include "channel/debugger.hpp"
 
 #include <cinttypes>
@@ -8,11 +9,6 @@
 namespace xenprobes::channel {
 namespace {
 
-std::string hex(std::uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
-  return b;
-}
 
 }  // namespace
 

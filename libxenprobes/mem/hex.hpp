@@ -1,16 +1,8 @@
-// Internal: hex formatting for error messages (g++ 12 has no <format>).
+// Internal: mem's name for the shared hex formatter.
 #pragma once
 
-#include <cstdint>
-#include <cstdio>
-#include <string>
+#include "common/hex.hpp"
 
 namespace xenprobes::mem::detail {
-
-inline std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
+using xenprobes::hex;
 }  // namespace xenprobes::mem::detail

@@ -1,3 +1,4 @@
+#include "common/hex.hpp"
 #include "probe/engine.hpp"
 
 #include <algorithm>
@@ -15,11 +16,6 @@ namespace {
 constexpr std::size_t kSlotSize = 32;
 constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // larger "functions" are symbol gaps
 
-std::string hex(std::uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
-  return b;
-}
 
 x86::CpuState cpu_state(const Regs& r) {
   x86::CpuState s;

@@ -1,3 +1,4 @@
+#include "common/hex.hpp"
 #include "probe/module_info.hpp"
 
 #include <algorithm>
@@ -12,11 +13,6 @@ namespace xenprobes::probe {
 
 namespace {
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
 
 // "xenstore key <path> = '<value>': <why>"
 std::string bad(const std::string& path, std::string_view value, std::string_view why) {

@@ -1,3 +1,4 @@
+#include "common/hex.hpp"
 #include "symbols/symbol_table.hpp"
 
 #include <algorithm>
@@ -14,11 +15,6 @@ namespace {
 
 constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 std::string signed_hex(std::int64_t v) {
   if (v >= 0) return hex(static_cast<std::uint64_t>(v));

@@ -47,6 +47,33 @@ VmEventResponse emulate_original(const VmEventRequest& req, std::span<const std:
   return rsp;
 }
 
+// Enables the monitor ring, turns on the given monitoring and patches `trap_byte` over the
+// first byte of `fn` (under a pause). Returns the ring and the original bytes.
+struct Monitored {
+  std::unique_ptr<hv::VmEventRing> ring;
+  std::array<std::uint8_t, 16> orig{};
+  std::uint64_t fn = 0;
+};
+
+Monitored monitor(SimGuest& g, const char* fn, std::uint8_t trap_byte) {
+  Monitored m;
+  auto ring = g.hv->monitor_enable(g.dom);
+  EXPECT_TRUE(ring) << ring.error().what;
+  if (!ring) return m;
+  m.ring = std::move(*ring);
+  if (trap_byte == 0xcc)
+    EXPECT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
+  else
+    EXPECT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
+  m.fn = g.sym(fn);
+  auto gm = g.memory();
+  EXPECT_TRUE(gm->read(Gva{m.fn}, std::as_writable_bytes(std::span(m.orig))));
+  EXPECT_TRUE(g.hv->pause(g.dom));
+  EXPECT_TRUE(gm->write_u8(Gva{m.fn}, trap_byte));
+  EXPECT_TRUE(g.hv->unpause(g.dom));
+  return m;
+}
+
 TEST(SimVmEvent, PvDomainsHaveNoMonitor) {
   SimGuest g;  // PV
   auto ring = g.hv->monitor_enable(g.dom);
@@ -105,16 +132,11 @@ TEST(SimVmEvent, SoftwareBreakpointWithEmulationIsTransparent) {
 // While one vCPU waits on its request, the others keep running (and trapping).
 TEST(SimVmEvent, OnlyTheTrappingVcpuPauses) {
   SimGuest g(hvm(2, 0));
-  auto ring = g.hv->monitor_enable(g.dom);
-  ASSERT_TRUE(ring);
-  ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
-  std::uint64_t fn = g.sym("sys_write");
-  auto gm = g.memory();
-  std::array<std::uint8_t, 16> orig{};
-  ASSERT_TRUE(gm->read(Gva{fn}, std::as_writable_bytes(std::span(orig))));
-  ASSERT_TRUE(g.hv->pause(g.dom));
-  ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
-  ASSERT_TRUE(g.hv->unpause(g.dom));
+  Monitored mon = monitor(g, "sys_write", 0xcc);
+  ASSERT_TRUE(mon.ring);
+  auto* ring = &mon.ring;
+  std::uint64_t fn = mon.fn;
+  const auto& orig = mon.orig;
 
   auto first = next_request(**ring);
   ASSERT_TRUE(first);
@@ -176,16 +198,11 @@ TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
   DomainConfig c = hvm(1, 5);
   c.start_paused = true;  // probe before the first iteration
   SimGuest g(c);
-  auto ring = g.hv->monitor_enable(g.dom);
-  ASSERT_TRUE(ring);
-  ASSERT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
-  std::uint64_t fn = g.sym("sys_unlink");
-  auto gm = g.memory();
-  std::array<std::uint8_t, 16> orig{};
-  ASSERT_TRUE(gm->read(Gva{fn}, std::as_writable_bytes(std::span(orig))));
-  ASSERT_TRUE(g.hv->pause(g.dom));
-  ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xf1));
-  ASSERT_TRUE(g.hv->unpause(g.dom));
+  Monitored mon = monitor(g, "sys_unlink", 0xf1);
+  ASSERT_TRUE(mon.ring);
+  auto* ring = &mon.ring;
+  std::uint64_t fn = mon.fn;
+  const auto& orig = mon.orig;
   ASSERT_TRUE(g.hv->unpause(g.dom));  // the creation pause
   for (std::uint64_t i = 0; i < expected_calls(DEMO_FN_UNLINK, 5); ++i) {
     auto req = next_request(**ring);
@@ -206,16 +223,10 @@ TEST(SimVmEvent, FullRingMakesVcpusWait) {
   hv::sim::SimOptions o;
   o.ring_slots = 2;
   SimGuest g(hvm(4, 0), o);
-  auto ring = g.hv->monitor_enable(g.dom);
-  ASSERT_TRUE(ring);
-  ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
-  std::uint64_t fn = g.sym("demo_classify");
-  auto gm = g.memory();
-  std::array<std::uint8_t, 16> orig{};
-  ASSERT_TRUE(gm->read(Gva{fn}, std::as_writable_bytes(std::span(orig))));
-  ASSERT_TRUE(g.hv->pause(g.dom));
-  ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
-  ASSERT_TRUE(g.hv->unpause(g.dom));
+  Monitored mon = monitor(g, "demo_classify", 0xcc);
+  ASSERT_TRUE(mon.ring);
+  auto* ring = &mon.ring;
+  const auto& orig = mon.orig;
 
   // Let all four vCPUs reach the breakpoint; only two requests fit.
   std::this_thread::sleep_for(200ms);

@@ -28,6 +28,7 @@ extern "C" {
 #include <xen/io/ring.h>
 }
 
+#include "common/hex.hpp"
 #include "common/log.hpp"
 #include "hv/xen/xen_internal.hpp"
 
@@ -67,11 +68,6 @@ std::string on_vcpu(const char* call, DomId dom, VcpuId vcpu) {
          std::to_string(vcpu.value) + ")";
 }
 
-std::string hex(std::uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
 
 // Issues one domctl through libxencall. libxenctrl has no wrapper for the gdbsx domctls
 // (xen-facts §5), so these go raw; `dc` is copied into a hypercall-safe buffer and back.
