@@ -348,47 +348,27 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   std::array<std::uint8_t, kSlotSize> code{};
   code.fill(0xcc);  // never executed: pads the slot
   // Layout: [insn][jmp back] or [insn][trap]; with a continuation (p.next, see
-  // decode_probe_point): [insn][next][jmp back] or [insn][trap][next][jmp back].
-  std::size_t len = 0;
+  // decode_probe_point): [insn][next][jmp back] or [insn][trap][pad][next][jmp back]; with an
+  // emulated next instruction: [insn][trap] (Dom0 emulates it at the trap).
+  if (next_emulated(p)) trap_tail = true;
+  const bool continuation = p.next && !next_emulated(p);
   Gva resume = p.insn.next();
-  if (!p.next) {
-    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(),
-                            trap_tail ? x86::SlotTail::Trap : x86::SlotTail::JmpBack, ch_.trap_byte());
-    if (!n) {
-      (void)d.pool->release(slot);
-      return std::unexpected(n.error());
-    }
-    len = *n;
-  } else if (next_emulated(p)) {
-    // [insn][trap]: at the trap Dom0 runs the post-handlers, then emulates the branch.
-    trap_tail = true;
-    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::Trap, ch_.trap_byte());
-    if (!n) {
-      (void)d.pool->release(slot);
-      return std::unexpected(n.error());
-    }
-    len = *n;
-  } else {
-    // The probed instruction alone (its tail is overwritten or kept as the trap), then the
-    // next instruction with the jump back.
-    auto n = x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::Trap, ch_.trap_byte());
-    if (!n) {
-      (void)d.pool->release(slot);
-      return std::unexpected(n.error());
-    }
-    // After a trap the continuation starts one byte later: a vCPU sent there must not stand
-    // at trap + 1, which is what a stop on that trap looks like.
-    std::size_t at = trap_tail ? *n + 1 : p.insn.length;
+  auto emitted = x86::emit_slot(code, slot, p.insn, p.insn.next(),
+                                trap_tail || continuation ? x86::SlotTail::Trap : x86::SlotTail::JmpBack,
+                                ch_.trap_byte());
+  if (emitted && continuation) {
+    // Without a trap tail the copy of the next instruction overwrites the trap byte. After a
+    // trap it starts one byte later: a vCPU sent there must not stand at trap + 1, which is
+    // what a stop on that trap looks like.
+    std::size_t at = trap_tail ? *emitted + 1 : p.insn.length;
     resume = slot + at;
-    auto m = x86::emit_slot(std::span(code).subspan(at), resume, *p.next, p.next->next(), x86::SlotTail::JmpBack,
-                            ch_.trap_byte());
-    if (!m) {
-      (void)d.pool->release(slot);
-      return std::unexpected(m.error());
-    }
-    len = at + *m;
+    emitted = x86::emit_slot(std::span(code).subspan(at), resume, *p.next, p.next->next(), x86::SlotTail::JmpBack,
+                             ch_.trap_byte());
   }
-  (void)len;
+  if (!emitted) {
+    (void)d.pool->release(slot);
+    return std::unexpected(emitted.error());
+  }
   if (auto w = d.memory->write(slot, std::as_bytes(std::span(code))); !w) {
     (void)d.pool->release(slot);
     return w;
@@ -495,8 +475,6 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
   if (d->failed) return fail(Errc::Busy, "domain " + std::to_string(id.value) + ": " + d->failed->what);
   if (d->pool->contains(addr))
     return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
-  for (auto& [slot, st] : d->slot_traps)
-    if (addr == slot) return fail(Errc::InvalidArgument, hex(addr.value) + " is a slot trap");
 
   auto reg = std::make_unique<Registration>();
   reg->id = next_id_;

@@ -129,16 +129,32 @@ Result<std::uint32_t> reason_to_xen(VmEventReason r) {
               "vm_event response: unknown reason " + std::to_string(static_cast<unsigned>(r)));
 }
 
-// Segment attributes are Xen's packed 12-bit form (type:4 s:1 dpl:2 p:1 avl:1 l:1 db:1 g:1).
-constexpr unsigned dpl_of_attr(std::uint32_t attr) { return (attr >> 5) & 3; }
-
-VcpuRegs regs_from_vm_event(const vm_event_regs_x86& x) {
-  VcpuRegs r;
+// The general registers, rip and rflags carry the same names in every Xen register record
+// (vm_event_regs_x86, cpu_user_regs, hvm_hw_cpu): one copy for all of them.
+template <typename X>
+void gprs_from(const X& x, VcpuRegs& r) {
   r.rax = x.rax; r.rbx = x.rbx; r.rcx = x.rcx; r.rdx = x.rdx;
   r.rsi = x.rsi; r.rdi = x.rdi; r.rbp = x.rbp; r.rsp = x.rsp;
   r.r8 = x.r8; r.r9 = x.r9; r.r10 = x.r10; r.r11 = x.r11;
   r.r12 = x.r12; r.r13 = x.r13; r.r14 = x.r14; r.r15 = x.r15;
   r.rip = x.rip; r.rflags = x.rflags;
+}
+
+template <typename X>
+void gprs_to(const VcpuRegs& r, X& x) {
+  x.rax = r.rax; x.rbx = r.rbx; x.rcx = r.rcx; x.rdx = r.rdx;
+  x.rsi = r.rsi; x.rdi = r.rdi; x.rbp = r.rbp; x.rsp = r.rsp;
+  x.r8 = r.r8; x.r9 = r.r9; x.r10 = r.r10; x.r11 = r.r11;
+  x.r12 = r.r12; x.r13 = r.r13; x.r14 = r.r14; x.r15 = r.r15;
+  x.rip = r.rip; x.rflags = r.rflags;
+}
+
+// Segment attributes are Xen's packed 12-bit form (type:4 s:1 dpl:2 p:1 avl:1 l:1 db:1 g:1).
+constexpr unsigned dpl_of_attr(std::uint32_t attr) { return (attr >> 5) & 3; }
+
+VcpuRegs regs_from_vm_event(const vm_event_regs_x86& x) {
+  VcpuRegs r;
+  gprs_from(x, r);
   r.cr0 = x.cr0; r.cr2 = x.cr2; r.cr3 = x.cr3; r.cr4 = x.cr4; r.efer = x.msr_efer;
   r.dr6 = x.dr6; r.dr7 = x.dr7;
   r.fs_base = x.fs_base; r.gs_base = x.gs_base;
@@ -149,11 +165,7 @@ VcpuRegs regs_from_vm_event(const vm_event_regs_x86& x) {
 
 // Only what VM_EVENT_FLAG_SET_REGISTERS applies (vm_event.h: GPRs, rflags, rip).
 void regs_to_vm_event(const VcpuRegs& r, vm_event_regs_x86& x) {
-  x.rax = r.rax; x.rbx = r.rbx; x.rcx = r.rcx; x.rdx = r.rdx;
-  x.rsi = r.rsi; x.rdi = r.rdi; x.rbp = r.rbp; x.rsp = r.rsp;
-  x.r8 = r.r8; x.r9 = r.r9; x.r10 = r.r10; x.r11 = r.r11;
-  x.r12 = r.r12; x.r13 = r.r13; x.r14 = r.r14; x.r15 = r.r15;
-  x.rip = r.rip; x.rflags = r.rflags;
+  gprs_to(r, x);
 }
 
 // ---- the vm_event ring with its event channel -------------------------------------------
@@ -298,11 +310,7 @@ std::uint64_t maddr_to_pv_cr3(std::uint64_t maddr) {
 VcpuRegs regs_from_pv(const vcpu_guest_context_x86_64& c) {
   const auto& u = c.user_regs;
   VcpuRegs r;
-  r.rax = u.rax; r.rbx = u.rbx; r.rcx = u.rcx; r.rdx = u.rdx;
-  r.rsi = u.rsi; r.rdi = u.rdi; r.rbp = u.rbp; r.rsp = u.rsp;
-  r.r8 = u.r8; r.r9 = u.r9; r.r10 = u.r10; r.r11 = u.r11;
-  r.r12 = u.r12; r.r13 = u.r13; r.r14 = u.r14; r.r15 = u.r15;
-  r.rip = u.rip; r.rflags = u.rflags;
+  gprs_from(u, r);
   r.cr0 = c.ctrlreg[0];
   r.cr2 = c.ctrlreg[2];
   r.cr3 = pv_cr3_to_maddr(c.ctrlreg[3]);  // kernel L4; the user L4 is in ctrlreg[1]
@@ -320,22 +328,14 @@ VcpuRegs regs_from_pv(const vcpu_guest_context_x86_64& c) {
 
 void regs_to_pv(const VcpuRegs& r, vcpu_guest_context_x86_64& c) {
   auto& u = c.user_regs;
-  u.rax = r.rax; u.rbx = r.rbx; u.rcx = r.rcx; u.rdx = r.rdx;
-  u.rsi = r.rsi; u.rdi = r.rdi; u.rbp = r.rbp; u.rsp = r.rsp;
-  u.r8 = r.r8; u.r9 = r.r9; u.r10 = r.r10; u.r11 = r.r11;
-  u.r12 = r.r12; u.r13 = r.r13; u.r14 = r.r14; u.r15 = r.r15;
-  u.rip = r.rip; u.rflags = r.rflags;
+  gprs_to(r, u);
   c.debugreg[6] = r.dr6;
   c.debugreg[7] = r.dr7;
 }
 
 VcpuRegs regs_from_hvm(const hvm_hw_cpu& c) {
   VcpuRegs r;
-  r.rax = c.rax; r.rbx = c.rbx; r.rcx = c.rcx; r.rdx = c.rdx;
-  r.rsi = c.rsi; r.rdi = c.rdi; r.rbp = c.rbp; r.rsp = c.rsp;
-  r.r8 = c.r8; r.r9 = c.r9; r.r10 = c.r10; r.r11 = c.r11;
-  r.r12 = c.r12; r.r13 = c.r13; r.r14 = c.r14; r.r15 = c.r15;
-  r.rip = c.rip; r.rflags = c.rflags;
+  gprs_from(c, r);
   r.cr0 = c.cr0; r.cr2 = c.cr2; r.cr3 = c.cr3; r.cr4 = c.cr4; r.efer = c.msr_efer;
   r.dr6 = c.dr6; r.dr7 = c.dr7;
   r.fs_base = c.fs_base; r.gs_base = c.gs_base;
@@ -346,11 +346,7 @@ VcpuRegs regs_from_hvm(const hvm_hw_cpu& c) {
 }
 
 void regs_to_hvm(const VcpuRegs& r, hvm_hw_cpu& c) {
-  c.rax = r.rax; c.rbx = r.rbx; c.rcx = r.rcx; c.rdx = r.rdx;
-  c.rsi = r.rsi; c.rdi = r.rdi; c.rbp = r.rbp; c.rsp = r.rsp;
-  c.r8 = r.r8; c.r9 = r.r9; c.r10 = r.r10; c.r11 = r.r11;
-  c.r12 = r.r12; c.r13 = r.r13; c.r14 = r.r14; c.r15 = r.r15;
-  c.rip = r.rip; c.rflags = r.rflags;
+  gprs_to(r, c);
   c.dr6 = r.dr6; c.dr7 = r.dr7;
 }
 
