@@ -68,14 +68,12 @@ Result<void> Engine::pause(Domain& d) {
     // The batch's own hold, released by end_batch().
     if (d.pause_depth == 0) {
       XP_TRY(hv_.pause(d.id));
-      counters_.pauses++;
     }
     d.pause_depth++;
     batch_paused_.push_back(&d);
   }
   if (d.pause_depth == 0) {
     XP_TRY(hv_.pause(d.id));
-    counters_.pauses++;
   }
   d.pause_depth++;
   return {};
@@ -718,7 +716,6 @@ void Engine::run_post(Domain& d, Point& p, channel::Stop& s) {
 }
 
 channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
-  counters_.hits++;
   Regs& r = s.regs;
   r.rip = p.addr.value;
   Ctx ctx(*this, d, s, r, p.addr);
@@ -729,7 +726,6 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
     int rc = reg->pre(ctx);
     if (rc != 0 || r.rip != p.addr.value) {
       // The handler sent the vCPU elsewhere: the probed instruction does not run.
-      counters_.redirected++;
       if (r.rip == p.addr.value) {
         XP_LOG(Warn, "probe at %s: pre-handler returned %d without changing rip; running the instruction",
                hex(p.addr.value).c_str(), rc);
@@ -740,17 +736,12 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
   }
   switch (p.plan) {
     case x86::Plan::Skip:
-      counters_.skipped++;
       r.rip = p.insn.next().value;
       run_post(d, p, s);
       break;
     case x86::Plan::Boost:
     case x86::Plan::BoostRipRel:
-      if (p.trap_tail)
-        counters_.trap_after++;
-      else
-        counters_.boosted++;
-      r.rip = p.slot->value;
+      r.rip = p.slot->value;  // a trap tail brings the vCPU back for the post-handlers
       break;
     case x86::Plan::EmulateBranch:
     case x86::Plan::EmulateLoaded:
@@ -761,7 +752,6 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
         r.rip = p.addr.value;
         return channel::Verdict::Resume;
       }
-      counters_.emulated++;
       run_post(d, p, s);
       break;
   }
@@ -769,7 +759,6 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
 }
 
 channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& s) {
-  counters_.slot_traps++;
   s.regs.rip = st.resume.value;
   if (st.point) run_post(d, *st.point, s);
   if (st.emulate_next && s.regs.rip == st.resume.value &&

@@ -65,13 +65,6 @@ class Engine final : public channel::StopSink {
   channel::Verdict on_stop(channel::Stop&) override;
   void on_channel_failure(DomId, const Error&) override;
 
-  // Counters for tests and benchmarks.
-  struct Counters {
-    std::uint64_t hits = 0, boosted = 0, emulated = 0, skipped = 0, trap_after = 0,
-                  redirected = 0, slot_traps = 0;
-    std::uint64_t pauses = 0;  // domain pauses the engine itself took
-  };
-  const Counters& counters() const { return counters_; }
 
  private:
   struct Point;
@@ -168,7 +161,6 @@ class Engine final : public channel::StopSink {
   bool dispatching_ = false;
   std::vector<ProbeId> deferred_removals_;
   bool stop_requested_ = false;
-  Counters counters_;
 };
 
 }  // namespace xenprobes::probe

@@ -130,7 +130,6 @@ struct Domain {
   std::uint64_t entry_frame(std::uint64_t gfn) const { return gfn + mfn_base; }
 };
 
-inline constexpr unsigned kRingSlots = 8;  // one 4 KiB page of 400-byte vm_event requests
 inline constexpr unsigned kNrVirqs = 24;
 
 }  // namespace xenprobes::hv::sim
