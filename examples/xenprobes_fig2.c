@@ -39,7 +39,7 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
   domid_t domid = argc > 1 ? (domid_t)strtoul(argv[1], NULL, 10) : 1;
-  struct xenprobe_stats st = {XENPROBE_STATS_VERSION, 0, 0};
+  struct xenprobe_stats st = {.version = XENPROBE_STATS_VERSION};
   xenprobes_handle_t h;
 
   example_choose_backend("xenprobes-fig2");

@@ -39,6 +39,63 @@
  *                 allocation fails, the module leaves oea/count alone and writes
  *   oea-error     a one-line reason (e.g. "vmalloc failed", "area limit reached"); Dom0 then
  *                 stops asking. Dom0 removes oea-error before writing a new oea-request.
+ *
+ * The guest channel (module version 1; published with the keys above, before `state`):
+ *
+ *   control/addr  hex: guest-virtual start of the control area (page aligned, mapped,
+ *                 writable, disjoint from kernel text and from every OEA area)
+ *   control/pages decimal: its size in pages (at most XENPROBES_CTL_MAX_PAGES)
+ *   evtchn        decimal: an unbound event-channel port allocated for Dom0 (remote domid 0)
+ *
+ * The control area is laid out as struct xenprobes_ctl_header at offset 0, then
+ * `nr_mailboxes` struct xenprobes_mailbox at mailbox_offset, then `trap_capacity` struct
+ * xenprobes_trap at trap_offset, then `ret_capacity` struct xenprobes_ret at ret_offset. The
+ * module fills in the header once; Dom0 checks that every array lies inside control/pages,
+ * that nothing overlaps, and that nr_mailboxes equals the domain's vCPU count.
+ *
+ * Who writes what:
+ *   - the trap table (Dom0 writes, the module reads): one entry per trap byte Dom0 has
+ *     patched (probe points, trap bytes inside slots, the return trampoline). Dom0 writes an
+ *     entry before it patches the byte and clears it only after the byte is restored and the
+ *     domain was quiesced, all with the domain paused. `nr_traps` entries, sorted by `addr`,
+ *     are live; the module searches them (binary search) from its int3 hook.
+ *   - the return table (Dom0 writes, the module reads only when Dom0 is gone): one entry per
+ *     live return-probe instance: the stack slot holding the trampoline address and the real
+ *     return address, so the module can finish a return on its own.
+ *   - mailbox v (one per vCPU, written by both under the state protocol below).
+ *   - the header's counters (the module writes, Dom0 only reports them).
+ *
+ * A hit on vCPU v (module side, int3 hook, address found in the trap table):
+ *   1. mailbox.seq += 1; copy pt_regs into mailbox.regs (regs.rip = the address of the trap
+ *      byte, not the byte after it); mailbox.trap = that address; write barrier;
+ *      mailbox.state = XENPROBES_MBOX_HIT; notify `evtchn`.
+ *   2. wait (SCHEDOP_poll on the port with a timeout, re-checking state) until state ==
+ *      XENPROBES_MBOX_DONE and answer_seq == seq, for at most `timeout_ms` (header).
+ *   3. DONE: read barrier; copy mailbox.regs back into pt_regs (the general registers and
+ *      rflags' arithmetic flags and TF only; cs/ss are never taken from Dom0); resume at
+ *      mailbox.regs.rip; state = XENPROBES_MBOX_IDLE.
+ *   4. timeout: state = XENPROBES_MBOX_ABANDONED (Dom0 must not answer it any more),
+ *      ++timeouts, resume without the handler as the trap entry's flags say:
+ *      XENPROBES_TRAP_FALLBACK: at `fallback` (a slot holding the original instruction, or
+ *        the instruction after a slot's trap byte); XENPROBES_TRAP_EMULATE: by emulating the
+ *      `len` original bytes in `insn` (a relative jmp/jcc/call/loop/jrcxz or a near ret);
+ *      XENPROBES_TRAP_RETURN: the return trampoline, by the return table entry whose `slot`
+ *        equals the stack pointer minus 8 (then the entry is cleared).
+ *      After `XENPROBES_DEAD_AFTER` consecutive timeouts the module declares Dom0 gone: it
+ *      writes insn[0] back at every trap-table address outside the OEA, from process context,
+ *      sets `dom0_gone` and stops publishing hits (every later hit takes the fallback).
+ *   Dom0 side: on an event, for every mailbox in state HIT: validate (trap in the table, seq),
+ *   run the handlers, write regs (rip = where to resume), answer_seq = seq, write barrier,
+ *   state = DONE; notify once. Dom0 never writes a mailbox in any other state.
+ *
+ * Dom0 never trusts the control area: every index, count, offset and address in it is
+ * bounds-checked, and Dom0 writes only into the mailboxes and tables inside control/pages.
+ *
+ * Quiescence (before Dom0 reuses a slot or removes a trap entry a vCPU may still be using):
+ *   quiesce-request  written by Dom0: a decimal token. The module watches it, waits until
+ *                    every CPU has left the trap hook and any slot (synchronize_rcu_tasks()
+ *                    or equivalent), then writes the same token to
+ *   quiesce-done     (Dom0 watches this key).
  */
 #ifndef XENPROBES_PROTOCOL_H
 #define XENPROBES_PROTOCOL_H
@@ -58,8 +115,105 @@
 #define XENPROBES_XS_OEA_REQUEST "oea-request"
 #define XENPROBES_XS_OEA_ERROR "oea-error"
 
+#define XENPROBES_XS_CONTROL_ADDR "control/addr"
+#define XENPROBES_XS_CONTROL_PAGES "control/pages"
+#define XENPROBES_XS_EVTCHN "evtchn"
+#define XENPROBES_XS_QUIESCE_REQUEST "quiesce-request"
+#define XENPROBES_XS_QUIESCE_DONE "quiesce-done"
+
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
 #define XENPROBES_OEA_MAX_SIZE (16u << 20)
+#define XENPROBES_CTL_MAX_PAGES 64
+
+#ifdef __KERNEL__
+#include <linux/types.h>
+typedef __u8 xenprobes_u8;
+typedef __u32 xenprobes_u32;
+typedef __u64 xenprobes_u64;
+#else
+#include <stdint.h>
+typedef uint8_t xenprobes_u8;
+typedef uint32_t xenprobes_u32;
+typedef uint64_t xenprobes_u64;
+#endif
+
+#define XENPROBES_CTL_MAGIC 0x54435058u /* "XPCT" little-endian */
+
+struct xenprobes_ctl_header {
+	xenprobes_u32 magic;          /* XENPROBES_CTL_MAGIC */
+	xenprobes_u32 version;        /* XENPROBES_PROTOCOL_VERSION */
+	xenprobes_u32 nr_mailboxes;   /* one per vCPU, indexed by vCPU id */
+	xenprobes_u32 mailbox_offset; /* bytes from the start of the area */
+	xenprobes_u32 trap_capacity;
+	xenprobes_u32 trap_offset;
+	xenprobes_u32 ret_capacity;
+	xenprobes_u32 ret_offset;
+	xenprobes_u32 nr_traps;       /* Dom0 writes: live entries at the start of the table */
+	xenprobes_u32 timeout_ms;     /* module's wait bound per hit */
+	xenprobes_u32 dom0_gone;      /* module writes: 1 once it disarmed on its own */
+	xenprobes_u32 pad0;
+	/* Module-written counters (Dom0 reports them, never relies on them). */
+	xenprobes_u64 hits;           /* hits handed to Dom0 */
+	xenprobes_u64 timeouts;       /* hits resumed without Dom0's answer */
+	xenprobes_u64 foreign;        /* int3s not in the table, left to the kernel */
+	xenprobes_u64 reserved[8];
+};
+
+#define XENPROBES_MBOX_IDLE 0u
+#define XENPROBES_MBOX_HIT 1u       /* module: regs valid, waiting for Dom0 */
+#define XENPROBES_MBOX_DONE 2u      /* Dom0: answer written */
+#define XENPROBES_MBOX_ABANDONED 3u /* module: gave up waiting; Dom0 must not answer */
+
+struct xenprobes_regs {
+	xenprobes_u64 rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp;
+	xenprobes_u64 r8, r9, r10, r11, r12, r13, r14, r15;
+	xenprobes_u64 rip, rflags, cs, ss;
+};
+
+struct xenprobes_mailbox {
+	xenprobes_u32 state;      /* XENPROBES_MBOX_* */
+	xenprobes_u32 seq;        /* module: bumped for every hit */
+	xenprobes_u32 answer_seq; /* Dom0: the seq it answers */
+	xenprobes_u32 pad0;
+	xenprobes_u64 trap;       /* address of the trap byte */
+	struct xenprobes_regs regs;
+	xenprobes_u64 reserved[5];
+};
+
+#define XENPROBES_TRAP_FALLBACK 1u /* resume at `fallback` */
+#define XENPROBES_TRAP_EMULATE 2u  /* emulate `insn` (relative branch or near ret) */
+#define XENPROBES_TRAP_RETURN 4u   /* the return trampoline: use the return table */
+
+struct xenprobes_trap {
+	xenprobes_u64 addr;       /* the trap byte */
+	xenprobes_u64 fallback;   /* XENPROBES_TRAP_FALLBACK: where to resume */
+	xenprobes_u32 flags;      /* one of XENPROBES_TRAP_* */
+	xenprobes_u8 len;         /* bytes of insn in use (1..15) */
+	xenprobes_u8 insn[15];    /* the original bytes at addr (insn[0] restores the byte) */
+	xenprobes_u8 pad0[4];
+};
+
+struct xenprobes_ret {
+	xenprobes_u64 slot;       /* stack address holding the trampoline address; 0 = free */
+	xenprobes_u64 ret;        /* the real return address */
+};
+
+/* Consecutive timeouts after which the module disarms every trap on its own. */
+#define XENPROBES_DEAD_AFTER 3
+
+#ifdef __cplusplus
+static_assert(sizeof(struct xenprobes_ctl_header) == 136, "xenprobes_ctl_header layout");
+static_assert(sizeof(struct xenprobes_regs) == 160, "xenprobes_regs layout");
+static_assert(sizeof(struct xenprobes_mailbox) == 224, "xenprobes_mailbox layout");
+static_assert(sizeof(struct xenprobes_trap) == 40, "xenprobes_trap layout");
+static_assert(sizeof(struct xenprobes_ret) == 16, "xenprobes_ret layout");
+#else
+_Static_assert(sizeof(struct xenprobes_ctl_header) == 136, "xenprobes_ctl_header layout");
+_Static_assert(sizeof(struct xenprobes_regs) == 160, "xenprobes_regs layout");
+_Static_assert(sizeof(struct xenprobes_mailbox) == 224, "xenprobes_mailbox layout");
+_Static_assert(sizeof(struct xenprobes_trap) == 40, "xenprobes_trap layout");
+_Static_assert(sizeof(struct xenprobes_ret) == 16, "xenprobes_ret layout");
+#endif
 
 #endif /* XENPROBES_PROTOCOL_H */

@@ -142,16 +142,50 @@ XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long 
 XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
- * Return probes (entry_handler at function entry, return_handler when it returns, at most
- * maxactive instances in flight). Not implemented yet: always XENPROBES_HANDLE_ERROR with
- * errno EOPNOTSUPP ("return probes arrive with the XrP issue").
+ * The paper's return probe: entry_handler runs at the first instruction of the function at
+ * `address` (it must be a function's first instruction; with the guest's symbols loaded
+ * anything else is refused with EINVAL), return_handler when that call returns, with the return
+ * value in regs->rax (a change is written back) and regs->rip the real return address. Calls
+ * are found by the stack slot holding their return address, so recursion, several vCPUs and
+ * calls that sleep or migrate all pair up. At most `maxactive` calls are tracked at once;
+ * maxactive <= 0 picks max(10, 2 * the domain's vCPUs) (kretprobes' rule with NR_CPUS). A call
+ * made while all are in flight is not tracked and counts in nmissed (xenretprobe_nmissed(),
+ * xenprobes_stats()). Either handler may be NULL. Errors as register_xenprobe(), and EINVAL
+ * for maxactive above 4096.
  */
 XENPROBES_API xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address,
                                                       xenprobe_handler_t entry_handler,
                                                       xenprobe_handler_t return_handler, int maxactive) XENPROBES_NOEXCEPT;
 
-/* Not implemented yet: always -1 with errno EOPNOTSUPP (see register_xenretprobe). */
+/* The same on a function named by symbol (see register_xenprobe_symbol()). */
+XENPROBES_API xenprobes_handle_t register_xenretprobe_symbol(domid_t domid, const char *symbol,
+                                                             xenprobe_handler_t entry_handler,
+                                                             xenprobe_handler_t return_handler,
+                                                             int maxactive) XENPROBES_NOEXCEPT;
+
+/*
+ * A return-probe handler with per-call data: `data` points to the call's own data_size bytes
+ * (zeroed at entry, NULL when data_size is 0), shared by its entry and return handler, e.g. to
+ * keep an entry timestamp. An entry handler returning nonzero declines to track the call (its
+ * return handler will not run); the return handler's result is ignored.
+ */
+typedef int (*xenretprobe_handler_t)(xenprobes_handle_t, struct cpu_user_regs *, void *data);
+
+/* register_xenretprobe() with per-call data; `symbol` (when not NULL) or else `address`. */
+XENPROBES_API xenprobes_handle_t register_xenretprobe_data(domid_t domid, const char *symbol, unsigned long address,
+                                                           xenretprobe_handler_t entry_handler,
+                                                           xenretprobe_handler_t return_handler, int maxactive,
+                                                           size_t data_size) XENPROBES_NOEXCEPT;
+
+/*
+ * Removes a return probe. Calls still in flight get their real return address back on their
+ * stack first (the domain paused), so no stack is left pointing at the trampoline. Returns 0,
+ * or -1 with errno EINVAL for an unknown handle or one that is not a return probe.
+ */
 XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
+
+/* Calls a return probe did not track for want of a free instance (>= 0), or -1 with errno. */
+XENPROBES_API long xenretprobe_nmissed(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
  * Handles probe hits, calling the handlers, until xenprobes_stop(). Opens the implicit session
@@ -217,13 +251,23 @@ XENPROBES_API xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const c
 
 /* ---- Per-probe information ------------------------------------------------------------------- */
 
-#define XENPROBE_STATS_VERSION 1u
+#define XENPROBE_STATS_VERSION 2u
 
-/* Counters of one probe. The caller sets version to XENPROBE_STATS_VERSION. */
+/*
+ * Counters of one probe. The caller sets version to XENPROBE_STATS_VERSION (version 1, the
+ * first two counters only, is still accepted).
+ */
 struct xenprobe_stats {
   uint32_t version;
-  uint64_t hits;   /* handler invocations (hits while enabled) */
-  uint64_t missed; /* hits the guest went through without the handlers */
+  uint64_t hits;      /* handler invocations (hits while enabled; return probes: entries) */
+  uint64_t missed;    /* hits the guest went through without the handlers */
+  /* Version 2: return probes. */
+  uint64_t returns;   /* return-handler invocations */
+  uint64_t nmissed;   /* calls not tracked for want of a free instance: raise maxactive */
+  uint64_t declined;  /* calls the entry handler declined */
+  uint64_t reclaimed; /* instances found stale (the call left by another way) */
+  uint32_t maxactive;
+  uint32_t active;    /* calls in flight now */
 };
 
 /*

@@ -54,9 +54,32 @@ class XENPROBES_API HitContext {
 using PreHandler = std::function<int(HitContext&)>;
 using PostHandler = std::function<void(HitContext&)>;
 
+// Return probes (kretprobes' model). The entry handler runs at the function's first
+// instruction and may decline to track the call by returning nonzero; the return handler
+// runs when that call returns, with the return value in regs().rax (changes are written
+// back) and regs().rip already the real return address. `data` is the call's own
+// RetProbeOptions::data_size bytes, zeroed at entry and shared by its two handlers.
+using EntryHandler = std::function<int(HitContext&, std::span<std::byte> data)>;
+using ReturnHandler = std::function<void(HitContext&, std::span<std::byte> data)>;
+
+struct RetProbeOptions {
+  // Calls tracked at once, preallocated. <= 0: max(10, 2 * the domain's vCPUs), as kretprobes
+  // does with NR_CPUS. A call made while all are in flight is not tracked and counts in
+  // ProbeStats::nmissed.
+  int maxactive = 0;
+  std::size_t data_size = 0;  // per-call bytes for the handlers, at most 4096
+};
+
 struct ProbeStats {
-  std::uint64_t hits = 0;    // handler calls
+  std::uint64_t hits = 0;    // handler calls (for a return probe: entries seen)
   std::uint64_t missed = 0;  // hits the guest went through without the handler (see docs)
+  // Return probes only.
+  std::uint64_t returns = 0;    // return-handler calls
+  std::uint64_t nmissed = 0;    // calls not tracked: no free instance (raise maxactive)
+  std::uint64_t declined = 0;   // calls the entry handler chose not to track
+  std::uint64_t reclaimed = 0;  // instances found stale (the call left by another way)
+  unsigned maxactive = 0;
+  unsigned active = 0;          // calls in flight now (instances in use)
 };
 
 // How the probed instruction runs after the pre-handlers.
@@ -67,6 +90,7 @@ struct ProbeInfo {
   std::string instruction;  // "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)"
   ExecMode mode = ExecMode::Boosted;
   Gva slot;                 // out-of-line slot (0 for emulated and skipped instructions)
+  Gva trampoline;           // return probes: the domain's return trampoline (else 0)
 };
 
 class Session;
@@ -125,6 +149,16 @@ class XENPROBES_API Session {
 
   Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
   Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
+
+  // A return probe on the function whose first instruction is at `address` (or `symbol`).
+  // Either handler may be empty. It coexists with other probes on the same address.
+  Result<Probe> ret_probe(DomId, Gva address, EntryHandler entry, ReturnHandler on_return,
+                          RetProbeOptions = {});
+  Result<Probe> ret_probe(DomId, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
+                          RetProbeOptions = {});
+
+  // `symbol` or `symbol+offset` to an address, with the symbols loaded for the domain.
+  Result<Gva> resolve(DomId, std::string_view symbol);
 
   // Registrations between begin_batch() and end_batch() pause each domain once.
   Result<void> begin_batch();

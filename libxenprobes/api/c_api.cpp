@@ -46,11 +46,10 @@ static_assert(offsetof(cpu_user_regs, ss) == 160);
 static_assert(offsetof(cpu_user_regs, gs) == 192);
 static_assert(sizeof(cpu_user_regs) == 200);
 
-constexpr const char* kRetprobesLater = "return probes arrive with the XrP issue";
-
 struct CProbe {
   std::uint64_t id = 0;  // the C++ probe id (Probe::release()d: the session owns the probe)
   DomId dom;
+  bool ret = false;      // a return probe (unregister_xenretprobe)
 };
 
 struct State {
@@ -203,23 +202,34 @@ void request_stop(State& s) {
   if (s.live) s.live->stop();
 }
 
-// Runs one C handler on a hit. A changed rip is honoured by the engine (kprobes' "return 1").
-void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
+// Runs one C handler on a hit (`call` calls it with the frame). A changed rip is honoured by
+// the engine (kprobes' "return 1"). Returns what the handler returned (0 if it threw).
+template <typename Call>
+int call_c(int handle, HitContext& c, Call&& call) {
   cpu_user_regs regs;
   to_c(c.regs(), regs);
   CurrentHit saved = t_hit;
   t_hit = {&c, handle};
+  int rc = 0;
   try {
-    fn(handle, &regs);
+    rc = call(&regs);
   } catch (...) {
     t_hit = saved;
     if (t_handler_exception.empty())
       t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
     request_stop(state());
-    return;  // its register changes are dropped
+    return 0;  // its register changes are dropped
   }
   t_hit = saved;
   from_c(regs, c.regs());
+  return rc;
+}
+
+void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
+  call_c(handle, c, [&](cpu_user_regs* r) {
+    fn(handle, r);
+    return 0;
+  });
 }
 
 xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
@@ -242,6 +252,48 @@ xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned lo
     s.probes.emplace(h, CProbe{id, dom});
     ++s.next_handle;
     return h;
+  });
+}
+
+xenprobes_handle_t register_retprobe(domid_t domid, const char* symbol, unsigned long address,
+                                     EntryHandler entry_fn, ReturnHandler ret_fn, RetProbeOptions o,
+                                     std::function<void(int, EntryHandler&, ReturnHandler&)> bind) noexcept {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    Session* ses = XP_TRY(session(s));
+    if (s.next_handle == INT_MAX) return fail(Errc::NoSpace, "out of probe handles");
+    const int h = s.next_handle;
+    bind(h, entry_fn, ret_fn);
+    DomId dom{domid};
+    auto probe = symbol ? ses->ret_probe(dom, std::string_view(symbol), std::move(entry_fn), std::move(ret_fn), o)
+                        : ses->ret_probe(dom, Gva{address}, std::move(entry_fn), std::move(ret_fn), o);
+    if (!probe) return std::unexpected(probe.error());
+    std::uint64_t id = probe->release();
+    s.probes.emplace(h, CProbe{id, dom, true});
+    ++s.next_handle;
+    return h;
+  });
+}
+
+int unregister_any(xenprobes_handle_t handle, bool ret, const char* fn) noexcept {
+  return entry([&]() -> Result<int> {
+    auto lock = XP_TRY(acquire());
+    State& s = state();
+    CProbe* p = XP_TRY(find(s, handle));
+    if (p->ret != ret)
+      return fail(Errc::InvalidArgument, std::string(fn) + "(" + std::to_string(handle) + "): the handle is " +
+                                             (p->ret ? "a return probe: use unregister_xenretprobe()"
+                                                     : "not a return probe: use unregister_xenprobe()"));
+    if (auto r = s.session->unregister(p->id); !r && r.error().code != Errc::NotFound) {
+      // Still registered: the handle stays valid for a retry.
+      Error e = r.error();
+      e.what = std::string(fn) + "(" + std::to_string(handle) + "): " + e.what;
+      return std::unexpected(std::move(e));
+    }
+    // NotFound: the engine already dropped it (its domain died); nothing left to restore.
+    s.probes.erase(handle);
+    return 0;
   });
 }
 
@@ -280,27 +332,61 @@ xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char* symbol, x
 }
 
 int unregister_xenprobe(xenprobes_handle_t handle) noexcept {
+  return unregister_any(handle, false, "unregister_xenprobe");
+}
+
+namespace {
+// The paper's handlers: no per-call data, every call tracked.
+void bind_plain(xenprobe_handler_t entry_h, xenprobe_handler_t ret_h, int h, EntryHandler& e, ReturnHandler& r) {
+  if (entry_h) e = [h, entry_h](HitContext& c, std::span<std::byte>) { call_c(h, entry_h, c); return 0; };
+  if (ret_h) r = [h, ret_h](HitContext& c, std::span<std::byte>) { call_c(h, ret_h, c); };
+}
+void bind_data(xenretprobe_handler_t entry_h, xenretprobe_handler_t ret_h, int h, EntryHandler& e, ReturnHandler& r) {
+  if (entry_h)
+    e = [h, entry_h](HitContext& c, std::span<std::byte> d) {
+      return call_c(h, c, [&](cpu_user_regs* regs) { return entry_h(h, regs, d.empty() ? nullptr : d.data()); });
+    };
+  if (ret_h)
+    r = [h, ret_h](HitContext& c, std::span<std::byte> d) {
+      call_c(h, c, [&](cpu_user_regs* regs) { return ret_h(h, regs, d.empty() ? nullptr : d.data()); });
+    };
+}
+}  // namespace
+
+xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address, xenprobe_handler_t entry_handler,
+                                        xenprobe_handler_t return_handler, int maxactive) noexcept {
+  return register_retprobe(domid, nullptr, address, {}, {}, RetProbeOptions{maxactive, 0},
+                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
+}
+
+xenprobes_handle_t register_xenretprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t entry_handler,
+                                               xenprobe_handler_t return_handler, int maxactive) noexcept {
+  if (!symbol) return set_error(EINVAL, "register_xenretprobe_symbol(): NULL symbol");
+  return register_retprobe(domid, symbol, 0, {}, {}, RetProbeOptions{maxactive, 0},
+                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
+}
+
+xenprobes_handle_t register_xenretprobe_data(domid_t domid, const char* symbol, unsigned long address,
+                                             xenretprobe_handler_t entry_handler, xenretprobe_handler_t return_handler,
+                                             int maxactive, size_t data_size) noexcept {
+  return register_retprobe(domid, symbol, address, {}, {}, RetProbeOptions{maxactive, data_size},
+                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_data(entry_handler, return_handler, h, e, r); });
+}
+
+int unregister_xenretprobe(xenprobes_handle_t handle) noexcept {
+  return unregister_any(handle, true, "unregister_xenretprobe");
+}
+
+long xenretprobe_nmissed(xenprobes_handle_t handle) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
-    if (auto r = s.session->unregister(p->id); !r && r.error().code != Errc::NotFound) {
-      // Still registered: the handle stays valid for a retry.
-      Error e = r.error();
-      e.what = "unregister_xenprobe(" + std::to_string(handle) + "): " + e.what;
-      return std::unexpected(std::move(e));
-    }
-    // NotFound: the engine already dropped it (its domain died); nothing left to restore.
-    s.probes.erase(handle);
-    return 0;
+    if (!p->ret) return fail(Errc::InvalidArgument, "xenretprobe_nmissed(" + std::to_string(handle) + "): not a return probe");
+    std::uint64_t n = s.session->stats(p->id).nmissed;
+    return static_cast<int>(std::min<std::uint64_t>(n, INT_MAX));
   });
 }
-
-xenprobes_handle_t register_xenretprobe(domid_t, unsigned long, xenprobe_handler_t, xenprobe_handler_t, int) noexcept {
-  return set_error(EOPNOTSUPP, kRetprobesLater);
-}
-
-int unregister_xenretprobe(xenprobes_handle_t) noexcept { return set_error(EOPNOTSUPP, kRetprobesLater); }
 
 int xenprobes_loop(void) noexcept {
   return entry([&]() -> Result<int> {
@@ -393,9 +479,9 @@ int xenprobes_load_symbols(domid_t domid, const char* system_map) noexcept {
 int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) noexcept {
   return entry([&]() -> Result<int> {
     if (!out) return fail(Errc::InvalidArgument, "xenprobes_stats(): NULL out");
-    if (out->version != XENPROBE_STATS_VERSION)
+    if (out->version != 1 && out->version != XENPROBE_STATS_VERSION)
       return fail(Errc::InvalidArgument, "xenprobes_stats(): struct xenprobe_stats version " +
-                                             std::to_string(out->version) + "; this library knows version " +
+                                             std::to_string(out->version) + "; this library knows versions 1 to " +
                                              std::to_string(XENPROBE_STATS_VERSION) +
                                              " (set out->version = XENPROBE_STATS_VERSION)");
     auto lock = XP_TRY(acquire());
@@ -404,6 +490,14 @@ int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) noexc
     ProbeStats st = s.session->stats(p->id);
     out->hits = st.hits;
     out->missed = st.missed;
+    if (out->version >= 2) {  // a version-1 caller's struct ends here
+      out->returns = st.returns;
+      out->nmissed = st.nmissed;
+      out->declined = st.declined;
+      out->reclaimed = st.reclaimed;
+      out->maxactive = st.maxactive;
+      out->active = st.active;
+    }
     return 0;
   });
 }

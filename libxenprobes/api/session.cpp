@@ -95,6 +95,11 @@ Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler
 }
 
 Result<Probe> Session::probe(DomId dom, std::string_view symbol, PreHandler pre, PostHandler post) {
+  Gva addr = XP_TRY(resolve(dom, symbol));
+  return probe(dom, addr, std::move(pre), std::move(post));
+}
+
+Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
   if (!impl_->engine->symbols(dom) && impl_->hv->name() == "sim") {
     // The simulated Xen's demo guest ships its System.map: use it unless told otherwise.
     std::string map = hv::sim::default_guest_dir() + "/System.map";
@@ -104,8 +109,19 @@ Result<Probe> Session::probe(DomId dom, std::string_view symbol, PreHandler pre,
   if (!t)
     return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
                                     ": call load_symbols() with the guest kernel's System.map first");
-  Gva addr = XP_TRY(t->resolve(symbol));
-  return probe(dom, addr, std::move(pre), std::move(post));
+  return t->resolve(symbol);
+}
+
+Result<Probe> Session::ret_probe(DomId dom, Gva address, EntryHandler entry, ReturnHandler on_return,
+                                 RetProbeOptions o) {
+  auto id = XP_TRY(impl_->engine->add_ret(dom, address, std::move(entry), std::move(on_return), o));
+  return Probe(this, impl_->alive, id);
+}
+
+Result<Probe> Session::ret_probe(DomId dom, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
+                                 RetProbeOptions o) {
+  Gva addr = XP_TRY(resolve(dom, symbol));
+  return ret_probe(dom, addr, std::move(entry), std::move(on_return), o);
 }
 
 Result<void> Session::begin_batch() { return impl_->engine->begin_batch(); }

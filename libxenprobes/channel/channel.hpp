@@ -3,7 +3,9 @@
 // them (design.md "Trap channels").
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 
 #include "common/result.hpp"
 #include "hv/hypervisor.hpp"
@@ -16,6 +18,15 @@ struct Stop {
   VcpuId vcpu;
   Gva trap;             // address of the trap byte the vCPU executed
   hv::VcpuRegs regs;    // as the vCPU stopped; the engine edits them for the resume
+  // Agentless resume (no guest module, so no slot to run the original instruction from):
+  // with Verdict::Resume and regs.rip == trap, the engine may ask the channel to have the
+  // hypervisor execute these original bytes at `trap` instead. Only when
+  // Channel::can_emulate(); post-handlers cannot run (no stop follows the instruction).
+  struct Emulate {
+    std::uint8_t len = 0;                  // 1..15 bytes of the instruction in `bytes`
+    std::array<std::uint8_t, 16> bytes{};  // the original instruction at `trap`
+  };
+  std::optional<Emulate> emulate{};
 };
 
 enum class Verdict {
@@ -33,6 +44,22 @@ class StopSink {
   // The channel can no longer serve the domain (e.g. a guest breakpoint it cannot hand back):
   // the engine must disarm every probe there before the channel lets go of the domain.
   virtual void on_channel_failure(DomId, const Error&) = 0;
+};
+
+// A trap byte the engine patched, as a channel that keeps a table of them needs it (the
+// guest channel publishes it in the module's trap table, protocol.h). Tells the guest how to
+// go on without Dom0 should Dom0 not answer.
+struct TrapEntry {
+  enum class Fallback {
+    ResumeAt,  // resume at `resume_at` (a slot holding the original instruction, ...)
+    Emulate,   // emulate `insn` (a relative branch or a near ret)
+    Return,    // the return trampoline: the return-address table says where
+  };
+  Gva addr;
+  Fallback fallback = Fallback::ResumeAt;
+  Gva resume_at{0};
+  std::uint8_t len = 0;           // bytes of `insn` in use
+  std::uint8_t insn[15] = {};     // the original bytes at addr
 };
 
 class Channel {
@@ -54,9 +81,20 @@ class Channel {
   // vCPU must never be sent to the byte after a 1-byte probed instruction, where it would
   // look stopped (the engine runs that next instruction from the slot instead).
   virtual bool stops_found_by_rip() const = 0;
+  // True when the channel honours Stop::emulate (the hypervisor runs the original bytes:
+  // vm_event in int3 mode), so a domain without the guest module's slots can be probed.
+  virtual bool can_emulate() const { return false; }
   // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
   // Returns the number of stops handled.
   [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;
+  // Trap bookkeeping, with the domain paused by the caller: the engine reports a trap byte
+  // before it writes it and after it restored it, and every return-probe instance (the stack
+  // slot it rewrote and the real return address) while it is live. Channels that need no
+  // table ignore these.
+  [[nodiscard]] virtual Result<void> trap_added(DomId, const TrapEntry&) { return {}; }
+  virtual void trap_removed(DomId, Gva) {}
+  [[nodiscard]] virtual Result<void> return_added(DomId, Gva /*stack_slot*/, Gva /*ret*/) { return {}; }
+  virtual void return_removed(DomId, Gva /*stack_slot*/) {}
   // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
   // `sink` and resumes it (used before disarming, so no stop is left behind).
   [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;

@@ -13,8 +13,11 @@
 namespace xenprobes::probe {
 namespace {
 
-constexpr std::size_t kSlotSize = 32;
 constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // larger "functions" are symbol gaps
+constexpr int kMaxActive = 4096;
+constexpr std::size_t kMaxInstanceData = 4096;
+// Where calls that lost their instance return to is remembered for this many stack slots.
+constexpr std::size_t kReturnedMemory = 4096;
 
 
 x86::CpuState cpu_state(const Regs& r) {
@@ -236,9 +239,15 @@ Result<void> Engine::detach(DomId id) {
       if (p->armed) XP_TRY(disarm(*d, *p));
     // Stops that landed before the bytes went back are resumed now (rewound or sent on).
     XP_TRY(flush(*d));
+    restore_returns(*d, nullptr);
     for (auto& [addr, p] : d->points) {
       p->armed = false;
       release_slot(*d, *p);
+    }
+    if (d->trampoline) {
+      ch_.trap_removed(d->id, *d->trampoline);
+      (void)d->pool->release(*d->trampoline);
+      d->trampoline.reset();
     }
   }
   forget(id);
@@ -377,11 +386,23 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   p.trap_tail = trap_tail;
   if (trap_tail) {
     SlotTrap st{&p, resume, std::nullopt, x86::Plan::EmulateBranch};
+    channel::TrapEntry te;
+    te.addr = slot + p.insn.length;
+    te.fallback = channel::TrapEntry::Fallback::ResumeAt;
+    te.resume_at = resume;
     if (next_emulated(p)) {
       st.emulate_next = p.next;
       st.emulate_plan = p.next_plan;
+      te.fallback = channel::TrapEntry::Fallback::Emulate;
+      te.len = p.next->length;
+      std::copy(p.next->bytes.begin(), p.next->bytes.end(), te.insn);
     }
-    d.slot_traps[slot + p.insn.length] = st;
+    // Known to the channel before any vCPU can reach it: none is sent to the slot yet.
+    if (auto r = ch_.trap_added(d.id, te); !r) {
+      (void)d.pool->release(slot);
+      return r;
+    }
+    d.slot_traps[te.addr] = st;
   }
   if (old) {  // an armed point switches slots: the old one stays valid until reclaimed
     if (old_tail) d.slot_traps[*old + p.insn.length].point = nullptr;
@@ -418,10 +439,38 @@ Result<Gva> Engine::allocate_slot(Domain& d) {
   return slot;
 }
 
+channel::TrapEntry Engine::trap_entry(const Point& p) const {
+  channel::TrapEntry e;
+  e.addr = p.addr;
+  e.len = p.insn.length;
+  std::copy(p.original.begin(), p.original.begin() + p.insn.length, e.insn);
+  switch (p.plan) {
+    case x86::Plan::Boost:
+    case x86::Plan::BoostRipRel:
+      e.fallback = channel::TrapEntry::Fallback::ResumeAt;
+      e.resume_at = *p.slot;  // the slot runs the original instruction
+      break;
+    case x86::Plan::Skip:
+      e.fallback = channel::TrapEntry::Fallback::ResumeAt;
+      e.resume_at = p.insn.next();
+      break;
+    case x86::Plan::EmulateBranch:
+    case x86::Plan::EmulateLoaded:
+      e.fallback = channel::TrapEntry::Fallback::Emulate;
+      break;
+  }
+  return e;
+}
+
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
+  // The channel learns of the trap before the guest can execute it.
+  XP_TRY(ch_.trap_added(d.id, trap_entry(p)));
   std::uint8_t b = ch_.trap_byte();
-  XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))));
+  if (auto w = d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))); !w) {
+    if (!p.flush_pending) ch_.trap_removed(d.id, p.addr);
+    return w;
+  }
   p.armed = true;
   return {};
 }
@@ -437,7 +486,11 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
 
 Result<void> Engine::flush(Domain& d) {
   XP_TRY(ch_.flush(d.id, *this));
-  for (auto& [addr, p] : d.points) p->flush_pending = false;
+  // No vCPU is stopped on a restored byte any more: the channel may forget it.
+  for (auto& [addr, p] : d.points) {
+    if (p->flush_pending && !p->armed) ch_.trap_removed(d.id, addr);
+    p->flush_pending = false;
+  }
   return {};
 }
 
@@ -458,9 +511,10 @@ Result<void> Engine::reclaim_slots(Domain& d) {
   d.pool->reclaim(rips);
   for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
     auto slot = d.pool->slot_of(it->first);
-    if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty))
+    if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty)) {
+      ch_.trap_removed(d.id, it->first);
       it = d.slot_traps.erase(it);
-    else
+    } else
       ++it;
   }
   return {};
@@ -468,16 +522,61 @@ Result<void> Engine::reclaim_slots(Domain& d) {
 
 Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post) {
   if (!pre && !post) return fail(Errc::InvalidArgument, "a probe needs a pre-handler or a post-handler");
+  auto reg = std::make_unique<Registration>();
+  reg->pre = std::move(pre);
+  reg->post = std::move(post);
+  return add_registration(id, addr, std::move(reg));
+}
+
+Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHandler on_return, RetProbeOptions o) {
+  if (o.maxactive > kMaxActive)
+    return fail(Errc::InvalidArgument, "maxactive " + std::to_string(o.maxactive) + " is more than " +
+                                           std::to_string(kMaxActive) + " instances");
+  if (o.data_size > kMaxInstanceData)
+    return fail(Errc::InvalidArgument, "data_size " + std::to_string(o.data_size) + " is more than " +
+                                           std::to_string(kMaxInstanceData) + " bytes per call");
+  XP_TRY(attach(id));
+  Domain* d = XP_TRY(domain(id));
+  if (d->failed) return fail(Errc::Busy, "domain " + std::to_string(id.value) + ": " + d->failed->what);
+  if (d->syms) {
+    // Only at a function's first instruction does [rsp] hold the return address.
+    auto fn = d->syms->function_containing(addr);
+    if (fn && fn->start != addr)
+      return fail(Errc::InvalidArgument, hex(addr.value) + " is " + fn->name + "+" + hex(addr.value - fn->start.value) +
+                                             ": a return probe goes on a function's first instruction");
+  }
+  unsigned maxactive = o.maxactive > 0 ? unsigned(o.maxactive) : std::max(10u, 2 * d->vcpus);
+  auto reg = std::make_unique<Registration>();
+  reg->ret = std::make_unique<RetState>();
+  reg->ret->entry = std::move(entry);
+  reg->ret->on_return = std::move(on_return);
+  reg->ret->instances.resize(maxactive);
+  for (Instance& in : reg->ret->instances) in.data.resize(o.data_size);
+  for (auto it = reg->ret->instances.rbegin(); it != reg->ret->instances.rend(); ++it) reg->ret->free.push_back(&*it);
+  reg->stats.maxactive = maxactive;
+  std::optional<std::array<std::uint8_t, kSlotSize>> before;  // set if this call makes the trampoline
+  if (!d->trampoline) before.emplace();
+  XP_TRY(ensure_trampoline(*d, before ? &*before : nullptr));  // before the entry can fire
+  auto added = add_registration(id, addr, std::move(reg));
+  if (!added && before) {
+    // Transactional: the trampoline this registration made goes too (no other user yet).
+    if (auto hold = Pause::take(*this, *d)) {
+      ch_.trap_removed(d->id, *d->trampoline);
+      (void)d->memory->write(*d->trampoline, std::as_bytes(std::span(*before)));
+      (void)d->pool->release(*d->trampoline);
+      d->trampoline.reset();
+    }
+  }
+  return added;
+}
+
+Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Registration> reg) {
   XP_TRY(attach(id));
   Domain* d = XP_TRY(domain(id));
   if (d->failed) return fail(Errc::Busy, "domain " + std::to_string(id.value) + ": " + d->failed->what);
   if (d->pool->contains(addr))
     return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
-
-  auto reg = std::make_unique<Registration>();
   reg->id = next_id_;
-  reg->pre = std::move(pre);
-  reg->post = std::move(post);
 
   auto existing = d->points.find(addr);
   if (existing != d->points.end()) {
@@ -523,7 +622,7 @@ Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post
     if (auto r = arm(*d, *point); !r) {
       if (point->slot) {
         (void)d->memory->write(*point->slot, std::as_bytes(std::span(slot_before)));
-        d->slot_traps.erase(*point->slot + point->insn.length);
+        if (d->slot_traps.erase(*point->slot + point->insn.length)) ch_.trap_removed(id, *point->slot + point->insn.length);
         (void)d->pool->release(*point->slot);
         point->slot.reset();
       }
@@ -586,6 +685,22 @@ Result<void> Engine::remove_now(ProbeId id) {
     probes_.erase(it);
     return {};
   }
+  if (r.ret) {
+    // Calls in flight get their return addresses back before the instances go away.
+    // The hold lasts until the registration is gone: no new call may be tracked after this.
+    auto hold = XP_TRY(Pause::take(*this, *d));
+    XP_TRY(flush(*d));  // entries and returns already stopped are handled first
+    restore_returns(*d, &r);
+    r.enabled = false;
+    return remove_registration(*d, it);
+  }
+  return remove_registration(*d, it);
+}
+
+Result<void> Engine::remove_registration(Domain& dom, std::map<ProbeId, std::unique_ptr<Registration>>::iterator it) {
+  Registration& r = *it->second;
+  Point* p = r.point;
+  Domain* d = &dom;
   if (p->regs.size() > 1) {
     std::erase(p->regs, &r);
     bool tail_needed = needs_trap_tail(*p);
@@ -629,7 +744,10 @@ void Engine::flush_deferred() {
 
 ProbeStats Engine::stats(ProbeId id) const {
   auto it = probes_.find(id);
-  return it == probes_.end() ? ProbeStats{} : it->second->stats;
+  if (it == probes_.end()) return {};
+  ProbeStats st = it->second->stats;
+  if (const RetState* rs = it->second->ret.get()) st.active = unsigned(rs->instances.size() - rs->free.size());
+  return st;
 }
 
 Result<ProbeInfo> Engine::info(ProbeId id) const {
@@ -641,6 +759,8 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
   i.instruction = p.insn.describe();
   i.mode = exec_mode(p.plan, p.trap_tail);
   i.slot = p.slot.value_or(Gva{0});
+  if (it->second->ret)
+    if (auto d = domains_.find(p.dom); d != domains_.end()) i.trampoline = d->second->trampoline.value_or(Gva{0});
   return i;
 }
 
@@ -652,7 +772,7 @@ bool Engine::owns_trap(DomId id, Gva addr) const {
   const Domain& d = *it->second;
   auto p = d.points.find(addr);
   if (p != d.points.end() && (p->second->armed || p->second->flush_pending)) return true;
-  return d.slot_traps.contains(addr);
+  return d.slot_traps.contains(addr) || (d.trampoline && *d.trampoline == addr);
 }
 
 channel::Verdict Engine::on_stop(channel::Stop& s) {
@@ -661,7 +781,9 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   Domain& d = *it->second;
   channel::Verdict v = channel::Verdict::NotOurs;
   dispatching_ = true;
-  if (auto p = d.points.find(s.trap); p != d.points.end() && p->second->armed) {
+  if (d.trampoline && *d.trampoline == s.trap) {
+    v = hit_trampoline(d, s);
+  } else if (auto p = d.points.find(s.trap); p != d.points.end() && p->second->armed) {
     v = hit_point(d, *p->second, s);
   } else if (auto st = d.slot_traps.find(s.trap); st != d.slot_traps.end()) {
     v = hit_slot(d, st->second, s);
@@ -722,6 +844,11 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
   for (Registration* reg : p.regs) {
     if (!reg->enabled) continue;
     reg->stats.hits++;
+    if (reg->ret) {
+      enter_return_probe(d, *reg, ctx);
+      if (r.rip != p.addr.value) return channel::Verdict::Resume;  // the entry handler sent it elsewhere
+      continue;
+    }
     if (!reg->pre) continue;
     int rc = reg->pre(ctx);
     if (rc != 0 || r.rip != p.addr.value) {
@@ -768,10 +895,209 @@ channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& 
   return channel::Verdict::Resume;
 }
 
+// ---- return probes ---------------------------------------------------------------------
+
+Result<Gva> Engine::ensure_trampoline(Domain& d, std::array<std::uint8_t, kSlotSize>* before) {
+  if (d.trampoline) return *d.trampoline;
+  auto hold = XP_TRY(Pause::take(*this, d));
+  Gva t = XP_TRY(allocate_slot(d));
+  if (before) {
+    if (auto r = d.memory->read(t, std::as_writable_bytes(std::span(*before))); !r) {
+      (void)d.pool->release(t);
+      return std::unexpected(r.error());
+    }
+  }
+  channel::TrapEntry te;
+  te.addr = t;
+  te.fallback = channel::TrapEntry::Fallback::Return;
+  if (auto r = ch_.trap_added(d.id, te); !r) {
+    (void)d.pool->release(t);
+    return std::unexpected(r.error());
+  }
+  std::array<std::uint8_t, kSlotSize> code{};
+  code.fill(0xcc);  // never executed: the vCPU always leaves from the trap
+  code[0] = ch_.trap_byte();
+  if (auto w = d.memory->write(t, std::as_bytes(std::span(code))); !w) {
+    ch_.trap_removed(d.id, t);
+    (void)d.pool->release(t);
+    return std::unexpected(w.error());
+  }
+  d.trampoline = t;
+  return t;
+}
+
+void Engine::remember_return(Domain& d, std::uint64_t slot, std::uint64_t ret) {
+  std::uint64_t seq = ++d.returned_seq;
+  d.returned[slot] = Domain::Returned{ret, seq};
+  d.returned_order.emplace_back(slot, seq);
+  while (d.returned.size() > kReturnedMemory && !d.returned_order.empty()) {
+    auto [old, old_seq] = d.returned_order.front();
+    d.returned_order.pop_front();
+    if (auto it = d.returned.find(old); it != d.returned.end() && it->second.seq == old_seq) d.returned.erase(it);
+  }
+  if (d.returned_order.size() > 2 * kReturnedMemory) {  // entries superseded since: compact
+    std::erase_if(d.returned_order, [&](const auto& e) {
+      auto it = d.returned.find(e.first);
+      return it == d.returned.end() || it->second.seq != e.second;
+    });
+  }
+}
+
+void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
+  if (!in.live) return;
+  d.live_returns.erase(in.slot.value);
+  ch_.return_removed(d.id, in.slot);
+  if (remember) remember_return(d, in.slot.value, in.ret);
+  in.live = false;
+  in.owner->ret->free.push_back(&in);
+}
+
+void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
+  RetState& rs = *reg.ret;
+  Regs& r = ctx.regs();
+  const Gva slot{r.rsp};
+  const std::uint64_t tramp = d.trampoline->value;
+  auto ret = d.memory->read_u64(slot);
+  if (!ret) {
+    XP_LOG(Warn, "return probe at %s: cannot read the return address at %s: %s", hex(ctx.address().value).c_str(),
+           hex(slot.value).c_str(), ret.error().what.c_str());
+    reg.stats.missed++;
+    return;
+  }
+  if (*ret == tramp) {
+    // A tail call back into the function: its return is the tracked caller's return.
+    reg.stats.nmissed++;
+    return;
+  }
+  if (rs.free.empty()) reclaim_instances(d, reg);
+  if (rs.free.empty()) {
+    reg.stats.nmissed++;
+    return;
+  }
+  Instance& in = *rs.free.back();
+  rs.free.pop_back();
+  std::fill(in.data.begin(), in.data.end(), std::byte{0});
+  if (rs.entry) {
+    int rc = rs.entry(ctx, in.data);
+    if (rc != 0 || r.rip != ctx.address().value) {
+      rs.free.push_back(&in);
+      reg.stats.declined++;
+      return;
+    }
+  }
+  // A live instance on this slot belongs to a frame that is gone: a new call uses the slot.
+  if (auto old = d.live_returns.find(slot.value); old != d.live_returns.end()) {
+    old->second->owner->stats.reclaimed++;
+    drop_instance(d, *old->second, false);
+  }
+  d.returned.erase(slot.value);
+  if (auto a = ch_.return_added(d.id, slot, Gva{*ret}); !a) {
+    XP_LOG(Warn, "return probe at %s: %s", hex(ctx.address().value).c_str(), a.error().what.c_str());
+    rs.free.push_back(&in);
+    reg.stats.nmissed++;
+    return;
+  }
+  if (auto w = d.memory->write_u64(slot, tramp); !w) {
+    XP_LOG(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
+           hex(slot.value).c_str(), w.error().what.c_str());
+    ch_.return_removed(d.id, slot);
+    rs.free.push_back(&in);
+    reg.stats.missed++;
+    return;
+  }
+  in.owner = &reg;
+  in.slot = slot;
+  in.ret = *ret;
+  in.live = true;
+  d.live_returns[slot.value] = &in;
+}
+
+channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
+  Regs& r = s.regs;
+  // The function's ret popped the trampoline's address from the slot right below rsp.
+  const std::uint64_t slot = r.rsp - 8;
+  if (auto it = d.live_returns.find(slot); it != d.live_returns.end()) {
+    Instance& in = *it->second;
+    Registration& reg = *in.owner;
+    r.rip = in.ret;
+    if (reg.enabled && reg.ret->on_return) {
+      reg.stats.returns++;
+      Ctx ctx(*this, d, s, r, reg.point->addr);
+      reg.ret->on_return(ctx, in.data);
+    }
+    drop_instance(d, in, false);
+    return channel::Verdict::Resume;
+  }
+  if (auto it = d.returned.find(slot); it != d.returned.end()) {
+    r.rip = it->second.ret;  // its instance is gone (unregistered or reclaimed): no handler
+    d.returned.erase(it);
+    return channel::Verdict::Resume;
+  }
+  // Nothing of ours returns from here: the guest jumped to the trampoline on its own.
+  XP_LOG(Error, "domain %u vcpu %u: reached the return trampoline with rsp %s, which no call of ours returns to",
+         d.id.value, s.vcpu.value, hex(r.rsp).c_str());
+  return channel::Verdict::NotOurs;
+}
+
+unsigned Engine::reclaim_instances(Domain& d, Registration& reg) {
+  unsigned n = 0;
+  for (Instance& in : reg.ret->instances) {
+    if (!in.live) continue;
+    auto v = d.memory->read_u64(in.slot);
+    if (v && *v == d.trampoline->value) continue;
+    // Gone another way (longjmp-like, a killed task) or, rarely, an interrupt frame now
+    // covers a slot whose ret already ran: remembered, so such a return still finds its way.
+    reg.stats.reclaimed++;
+    drop_instance(d, in, true);
+    ++n;
+  }
+  return n;
+}
+
+void Engine::restore_returns(Domain& d, Registration* only) {
+  if (!d.trampoline) return;
+  const std::uint64_t tramp = d.trampoline->value;
+  auto wanted = [&](const Instance& in) { return in.live && (!only || in.owner == only); };
+  // A vCPU that already returned to the trampoline but has not trapped yet goes straight on.
+  for (unsigned v = 0; v < d.vcpus; ++v) {
+    auto regs = hv_.get_vcpu_regs(d.id, VcpuId{v});
+    if (!regs || regs->rip != tramp) continue;
+    auto it = d.live_returns.find(regs->rsp - 8);
+    if (it == d.live_returns.end() || !wanted(*it->second)) continue;
+    regs->rip = it->second->ret;
+    if (auto w = hv_.set_vcpu_regs(d.id, VcpuId{v}, *regs); !w) {
+      XP_LOG(Error, "domain %u vcpu %u: cannot move it off the trampoline: %s", d.id.value, v, w.error().what.c_str());
+      continue;  // the instance stays remembered below
+    }
+    it->second->owner->stats.missed++;
+    drop_instance(d, *it->second, false);
+  }
+  std::vector<Instance*> live;
+  for (auto& [slot, in] : d.live_returns)
+    if (wanted(*in)) live.push_back(in);
+  for (Instance* in : live) {
+    auto v = d.memory->read_u64(in->slot);
+    bool restored = false;
+    if (v && *v == tramp) {
+      if (auto w = d.memory->write_u64(in->slot, in->ret); w)
+        restored = true;
+      else
+        XP_LOG(Error, "domain %u: cannot restore the return address at %s: %s", d.id.value, hex(in->slot.value).c_str(),
+               w.error().what.c_str());
+    }
+    // Not restored: the trampoline (kept while attached) still knows where it returns.
+    drop_instance(d, *in, !restored);
+  }
+}
+
 void Engine::on_channel_failure(DomId id, const Error& e) {
   auto it = domains_.find(id);
   if (it == domains_.end()) return;
   it->second->failed = e;
+  if (auto hold = Pause::take(*this, *it->second))
+    restore_returns(*it->second, nullptr);
+  else
+    XP_LOG(Error, "domain %u: cannot pause to restore return addresses: %s", id.value, hold.error().what.c_str());
   for (auto& [addr, p] : it->second->points) {
     if (auto r = disarm(*it->second, *p); !r)
       XP_LOG(Error, "domain %u: cannot restore %s: %s", id.value, hex(addr.value).c_str(), r.error().what.c_str());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <deque>
 #include <map>
 #include <memory>
@@ -24,6 +25,8 @@ namespace xenprobes::probe {
 
 using ProbeId = std::uint64_t;
 
+inline constexpr std::size_t kSlotSize = 32;  // bytes per out-of-line slot
+
 class Engine final : public channel::StopSink {
  public:
   Engine(hv::Hypervisor& hv, channel::Channel& ch);
@@ -39,6 +42,9 @@ class Engine final : public channel::StopSink {
   const symbols::SymbolTable* symbols(DomId) const;
 
   [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler);
+  // A return probe on the function starting at the address (see docs/probes.md, "Return
+  // probes"): an entry registration on the point, plus instances tracked by stack slot.
+  [[nodiscard]] Result<ProbeId> add_ret(DomId, Gva, EntryHandler, ReturnHandler, RetProbeOptions);
   [[nodiscard]] Result<void> remove(ProbeId);
   [[nodiscard]] Result<void> set_enabled(ProbeId, bool);
   ProbeStats stats(ProbeId) const;
@@ -68,6 +74,22 @@ class Engine final : public channel::StopSink {
 
  private:
   struct Point;
+  struct Registration;
+  // One tracked call of a return probe: the stack slot whose return address now points at
+  // the domain's trampoline, and what it held.
+  struct Instance {
+    Registration* owner = nullptr;
+    Gva slot{0};
+    std::uint64_t ret = 0;
+    std::vector<std::byte> data;  // RetProbeOptions::data_size bytes, zeroed per call
+    bool live = false;
+  };
+  struct RetState {
+    EntryHandler entry;
+    ReturnHandler on_return;
+    std::vector<Instance> instances;  // maxactive, preallocated
+    std::vector<Instance*> free;
+  };
   struct Registration {
     ProbeId id;
     Point* point;
@@ -75,6 +97,7 @@ class Engine final : public channel::StopSink {
     PostHandler post;
     bool enabled = true;
     ProbeStats stats;
+    std::unique_ptr<RetState> ret;  // a return probe's entry registration
   };
   struct Point {
     DomId dom;
@@ -115,6 +138,19 @@ class Engine final : public channel::StopSink {
     unsigned pause_depth = 0;
     std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
     bool growth_requested = false;  // oea-request written, new area not seen yet
+    // Return probes: one trampoline (a trap byte in a slot) per domain, allocated with the
+    // first return probe and kept until detach, so a return still on its way there after an
+    // unregister is caught. Live instances by stack slot; `returned` remembers where calls
+    // that lost their instance (unregistered, reclaimed) return to, in case one still comes.
+    std::optional<Gva> trampoline;
+    std::map<std::uint64_t, Instance*> live_returns;
+    struct Returned {
+      std::uint64_t ret;
+      std::uint64_t seq;
+    };
+    std::map<std::uint64_t, Returned> returned;
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> returned_order;  // (slot, seq), oldest first
+    std::uint64_t returned_seq = 0;
   };
   class Pause;  // RAII domain pause, nested through Domain::pause_depth
   class Ctx;    // HitContext implementation
@@ -132,6 +168,7 @@ class Engine final : public channel::StopSink {
   Result<void> arm(Domain&, Point&);
   Result<void> disarm(Domain&, Point&);
   Result<void> remove_now(ProbeId);
+  Result<void> remove_registration(Domain&, std::map<ProbeId, std::unique_ptr<Registration>>::iterator);
   // Resumes every vCPU stopped on one of our traps in the domain (the domain is paused).
   Result<void> flush(Domain&);
   void release_slot(Domain&, Point&);
@@ -145,6 +182,22 @@ class Engine final : public channel::StopSink {
   void run_post(Domain&, Point&, channel::Stop&);
   channel::Verdict hit_point(Domain&, Point&, channel::Stop&);
   channel::Verdict hit_slot(Domain&, const SlotTrap&, channel::Stop&);
+  channel::Verdict hit_trampoline(Domain&, channel::Stop&);
+  // A return probe's entry: takes an instance and rewrites the return address (or counts a miss).
+  void enter_return_probe(Domain&, Registration&, Ctx&);
+  // `before` (when given) receives what the slot held, for undoing a failed registration.
+  Result<Gva> ensure_trampoline(Domain&, std::array<std::uint8_t, kSlotSize>* before);
+  // Frees the instance; its slot is remembered in Domain::returned when `remember`.
+  void drop_instance(Domain&, Instance&, bool remember);
+  // Instances whose stack slot no longer holds the trampoline address can never return
+  // through it: give them back (returns how many).
+  unsigned reclaim_instances(Domain&, Registration&);
+  // With the domain paused: puts every live instance's return address back on its stack
+  // (and moves a vCPU standing on the trampoline), for one registration or all (null).
+  void restore_returns(Domain&, Registration*);
+  void remember_return(Domain&, std::uint64_t slot, std::uint64_t ret);
+  [[nodiscard]] Result<ProbeId> add_registration(DomId, Gva, std::unique_ptr<Registration>);
+  channel::TrapEntry trap_entry(const Point&) const;
   bool emulate(Domain&, const x86::Insn&, x86::Plan, Regs&);
   bool next_emulated(const Point& p) const {
     return p.next && (p.next_plan == x86::Plan::EmulateBranch || p.next_plan == x86::Plan::EmulateLoaded);

@@ -103,9 +103,13 @@ int capi_c_errors(char *msg, size_t n) {
   EXPECT_ERR(register_xenprobe_symbol(1, NULL, nop_handler, NULL), EINVAL, "NULL");
   EXPECT_ERR(register_xenprobe_symbol(1, "sys_getppid+0x10000", nop_handler, NULL), ERANGE, "beyond");
   EXPECT_ERR(register_xenprobe(77, 0xffffffff81000100ul, nop_handler, NULL), ESRCH, "77");
-  EXPECT_ERR(register_xenretprobe(1, 0xffffffff81000100ul, nop_handler, nop_handler, 4), EOPNOTSUPP,
-             "return probes arrive with the XrP issue");
-  EXPECT_ERR(unregister_xenretprobe(1), EOPNOTSUPP, "XrP");
+  EXPECT_ERR(register_xenretprobe_symbol(1, "sys_getppid", nop_handler, nop_handler, 5000), EINVAL, "maxactive 5000");
+  EXPECT_ERR(register_xenretprobe_symbol(1, "sys_getppid+0x5", nop_handler, nop_handler, 4), EINVAL,
+             "first instruction");
+  EXPECT_ERR(register_xenretprobe_symbol(1, NULL, nop_handler, nop_handler, 4), EINVAL, "NULL");
+  EXPECT_ERR(register_xenretprobe_data(1, "sys_getppid", 0, NULL, NULL, 4, 1u << 20), EINVAL, "data_size");
+  EXPECT_ERR(unregister_xenretprobe(12345), EINVAL, "12345");
+  EXPECT_ERR(xenretprobe_nmissed(12345), EINVAL, "12345");
   EXPECT_ERR(unregister_xenprobe(12345), EINVAL, "12345");
   EXPECT_ERR(xenprobes_enable(12345, 1), EINVAL, "unknown handle");
   EXPECT_ERR(xenprobes_domain_of(12345), EINVAL, "unknown handle");
@@ -118,6 +122,8 @@ int capi_c_errors(char *msg, size_t n) {
 
   h = register_xenprobe_symbol(1, "sys_write", nop_handler, NULL);
   CHECK(h > 0, "register: %s", xenprobes_last_error());
+  EXPECT_ERR(unregister_xenretprobe(h), EINVAL, "not a return probe");
+  EXPECT_ERR(xenretprobe_nmissed(h), EINVAL, "not a return probe");
   st.version = XENPROBE_STATS_VERSION + 1;
   EXPECT_ERR(xenprobes_stats(h, &st), EINVAL, "version");
   EXPECT_ERR(xenprobes_stats(h, NULL), EINVAL, "NULL");

@@ -124,7 +124,8 @@ TEST_F(CApi, ByAddressWithAPostHandlerThatSeesTheEffect) {
   EXPECT_EQ(g.hits, 20);
   EXPECT_EQ(g.posts, 20);
   EXPECT_EQ(g.bad, 0);
-  xenprobe_stats st{XENPROBE_STATS_VERSION, 0, 0};
+  xenprobe_stats st{};
+  st.version = XENPROBE_STATS_VERSION;
   ASSERT_EQ(xenprobes_stats(h, &st), 0);
   EXPECT_EQ(st.hits, 20u);
   EXPECT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
@@ -214,7 +215,8 @@ TEST_F(CApi, CloseRestoresTextAndLaterCallsReopen) {
   EXPECT_EQ(capi_testing::current_session(), nullptr);
   EXPECT_EQ(peek(*h, layout->text_start, text.size()), text) << "every byte restored";
   EXPECT_EQ(h->crash_reason(DomId{1}), "");
-  xenprobe_stats st{XENPROBE_STATS_VERSION, 0, 0};
+  xenprobe_stats st{};
+  st.version = XENPROBE_STATS_VERSION;
   EXPECT_EQ(xenprobes_stats(a, &st), -1);
   EXPECT_EQ(errno, EINVAL);
 
@@ -235,7 +237,8 @@ TEST_F(CApi, StopFromAnotherThreadAndOtherThreadsGetEbusy) {
   std::atomic<int> stats_errno{0};
   std::thread other([&] {
     while (g.posts < 5) std::this_thread::sleep_for(1ms);
-    xenprobe_stats st{XENPROBE_STATS_VERSION, 0, 0};
+    xenprobe_stats st{};
+    st.version = XENPROBE_STATS_VERSION;
     if (xenprobes_stats(h, &st) == -1) stats_errno = errno;
     xenprobes_stop();
   });
@@ -245,7 +248,8 @@ TEST_F(CApi, StopFromAnotherThreadAndOtherThreadsGetEbusy) {
   EXPECT_GE(g.posts, 5);
   // Not running now: the same call works from any thread.
   std::thread later([&] {
-    xenprobe_stats st{XENPROBE_STATS_VERSION, 0, 0};
+    xenprobe_stats st{};
+    st.version = XENPROBE_STATS_VERSION;
     stats_errno = xenprobes_stats(h, &st) == 0 ? 0 : errno;
   });
   later.join();
