@@ -198,3 +198,73 @@ int capi_c_redirect_more(int more, char *msg, size_t n) {
   CHECK(redir.read_failures == 0, "stack reads failed");
   return 0;
 }
+
+/* ---- return probes with per-call data ---- */
+
+static struct {
+  xenprobes_handle_t handle;
+  int target, entries, returns, wrong_data, wrong_value, declined_seen;
+} rp;
+
+struct rp_call {
+  uint64_t depth; /* demo_recurse's argument, saved at entry */
+  uint64_t ret;   /* the return address, saved at entry */
+};
+
+static int rp_entry(xenprobes_handle_t h, struct cpu_user_regs *regs, void *data) {
+  struct rp_call *c = data;
+  uint64_t ret = 0;
+  if (h != rp.handle || !c || c->depth != 0 || c->ret != 0) rp.wrong_data++;
+  if (regs->rdi == 0) { /* decline the innermost call */
+    rp.declined_seen++;
+    return 1;
+  }
+  if (xenprobes_read(h, regs->rsp, &ret, sizeof ret) < 0) rp.wrong_data++;
+  c->depth = regs->rdi;
+  c->ret = ret;
+  rp.entries++;
+  return 0;
+}
+
+static int rp_return(xenprobes_handle_t h, struct cpu_user_regs *regs, void *data) {
+  struct rp_call *c = data;
+  if (h != rp.handle || !c || c->depth == 0 || regs->rip != c->ret) rp.wrong_data++;
+  /* demo_recurse(n) for n >= 1 mixes in n: never 0 or 1. */
+  if (regs->rax == 0 || regs->rax == 1) rp.wrong_value++;
+  if (++rp.returns == rp.target) xenprobes_stop();
+  return 0;
+}
+
+int capi_c_retprobe(int target, char *msg, size_t n) {
+  struct xenprobe_stats st;
+  memset(&rp, 0, sizeof rp);
+  rp.target = target;
+  rp.handle = register_xenretprobe_data(1, "demo_recurse", 0, rp_entry, rp_return, 32, sizeof(struct rp_call));
+  CHECK(rp.handle > 0, "register_xenretprobe_data: %s", xenprobes_last_error());
+  CHECK(xenprobes_loop() == 0, "xenprobes_loop: %s", xenprobes_last_error());
+  CHECK(rp.returns == target, "%d returns, wanted %d", rp.returns, target);
+  CHECK(rp.wrong_data == 0, "%d calls saw the wrong data, handle or return address", rp.wrong_data);
+  CHECK(rp.wrong_value == 0, "%d wrong return values", rp.wrong_value);
+  CHECK(rp.declined_seen > 0, "the innermost call never came");
+  memset(&st, 0, sizeof st);
+  st.version = XENPROBE_STATS_VERSION;
+  CHECK(xenprobes_stats(rp.handle, &st) == 0, "stats: %s", xenprobes_last_error());
+  CHECK(st.returns == (uint64_t)rp.returns, "stats.returns %llu", (unsigned long long)st.returns);
+  CHECK(st.declined == (uint64_t)rp.declined_seen, "stats.declined %llu", (unsigned long long)st.declined);
+  CHECK(st.maxactive == 32, "maxactive %u", st.maxactive);
+  CHECK(st.nmissed == 0 && xenretprobe_nmissed(rp.handle) == 0, "nmissed %llu", (unsigned long long)st.nmissed);
+  /* A version-1 caller gets the first two counters and nothing written past them. */
+  {
+    struct {
+      struct xenprobe_stats s;
+    } v1;
+    memset(&v1, 0xab, sizeof v1);
+    v1.s.version = 1;
+    CHECK(xenprobes_stats(rp.handle, &v1.s) == 0, "v1 stats: %s", xenprobes_last_error());
+    CHECK(v1.s.returns == 0xababababababababull, "a version-1 struct was written past its end");
+  }
+  CHECK(unregister_xenprobe(rp.handle) == -1 && errno == EINVAL, "unregister_xenprobe on a return probe");
+  CHECK(unregister_xenretprobe(rp.handle) == 0, "unregister_xenretprobe: %s", xenprobes_last_error());
+  CHECK(unregister_xenretprobe(rp.handle) == -1 && errno == EINVAL, "second unregister");
+  return 0;
+}

@@ -22,6 +22,10 @@ int capi_c_redirect_getppid(xenprobes_handle_t *redirect, xenprobes_handle_t *si
 /* Runs xenprobes_loop() until the return-site probe of capi_c_redirect_getppid has `more` more
  * hits, all with rax == 42. */
 int capi_c_redirect_more(int more, char *msg, size_t n);
+/* A return probe with per-call data on demo_recurse: the entry saves the argument and the return
+ * address (declining the innermost call), the return handler checks them; stops after `target`
+ * returns; counters (version 2 and 1), unregister rules. */
+int capi_c_retprobe(int target, char *msg, size_t n);
 /* sizeof/offsetof of struct cpu_user_regs as C sees it (with or without Xen's header). */
 size_t capi_c_regs_size(void);
 size_t capi_c_regs_rip_offset(void);

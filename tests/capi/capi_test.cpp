@@ -90,6 +90,15 @@ TEST_F(CApi, Figure2FromCWithTwoVcpus) {
   EXPECT_EQ(capi_c_fig2(10, 0, msg, sizeof msg), 0) << msg;
 }
 
+TEST_F(CApi, ReturnProbeWithPerCallData) {
+  ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
+  auto h = host();
+  ASSERT_TRUE(h);
+  auto before = peek(*h, sym("demo_recurse"), 64);
+  EXPECT_EQ(capi_c_retprobe(40, msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(peek(*h, sym("demo_recurse"), 64), before) << "unregister restores the text";
+}
+
 TEST_F(CApi, ErrorsGiveErrnoAndAMessage) {
   ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
   EXPECT_EQ(capi_c_errors(msg, sizeof msg), 0) << msg;
