@@ -13,6 +13,7 @@
 #include "channel/debugger.hpp"
 #include "demo_abi.h"
 #include "probe/engine.hpp"
+#include "xenprobes/guest_view.hpp"
 #include "xenprobes/sim.hpp"
 #include "xenprobes/xenprobes.hpp"
 
@@ -112,6 +113,45 @@ void BM_HitPostHandlerSlotTrap(benchmark::State& st) {
 }
 BENCHMARK(BM_HitPostHandlerSlotTrap);
 
+// One return-probe call in the engine: the entry stop (instance taken, return address
+// rewritten on the guest stack) and the trampoline stop (instance found by stack slot, return
+// handler, resume at the real return address). Compare with BM_HitBoosted (one XP hit).
+void BM_HitRetProbePair(benchmark::State& st) {
+  Rig rig;
+  std::uint64_t at = rig.sym("sys_getppid");
+  std::uint64_t returns = 0;
+  auto id = rig.engine->add_ret(
+      rig.dom, Gva{at}, [](HitContext&, std::span<std::byte>) { return 0; },
+      [&](HitContext& c, std::span<std::byte>) { returns += c.regs().rax & 1; }, RetProbeOptions{16, 16});
+  if (!id) return st.SkipWithError(id.error().what.c_str());
+  Gva tramp = rig.engine->info(*id)->trampoline;
+  auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
+  regs.rsp = rig.sym(DEMO_SYM_STACKS) + DEMO_STACK_SIZE - 64;  // a slot in vCPU 0's stack
+  const std::uint64_t ret = rig.sym("demo_main");                // any return address
+  auto gv = GuestView::open(*rig.hv, rig.dom);
+  if (!gv || !(*gv)->write(Gva{regs.rsp}, std::as_bytes(std::span(&ret, 1))))
+    return st.SkipWithError("cannot write the stack");
+  std::uint64_t allocs = 0, n = 0;
+  for (auto _ : st) {
+    // The guest's call instruction pushes the return address (the ret left the trampoline's
+    // address in the popped slot): one 8-byte write, counted in the time.
+    (void)(*gv)->write(Gva{regs.rsp}, std::as_bytes(std::span(&ret, 1)));
+    std::uint64_t before = g_allocs.load(std::memory_order_relaxed);
+    channel::Stop entry{rig.dom, VcpuId{0}, Gva{at}, regs};
+    (void)rig.engine->on_stop(entry);
+    hv::VcpuRegs back = regs;
+    back.rsp += 8;  // the function's ret popped the trampoline's address
+    channel::Stop ret_stop{rig.dom, VcpuId{0}, tramp, back};
+    (void)rig.engine->on_stop(ret_stop);
+    allocs += g_allocs.load(std::memory_order_relaxed) - before;
+    ++n;
+    if (ret_stop.regs.rip != ret) return st.SkipWithError("the return did not resume at the real return address");
+  }
+  st.counters["allocs_per_pair"] = static_cast<double>(allocs) / static_cast<double>(n);
+  benchmark::DoNotOptimize(returns);
+}
+BENCHMARK(BM_HitRetProbePair);
+
 // Whole hits through the VIRQ_DEBUGGER loop on the simulated Xen: hypervisor calls per hit.
 void full_loop(benchmark::State& st, const char* where, bool post) {
   auto host = hv::sim::SimHost::create();
@@ -147,6 +187,27 @@ void BM_LoopPostHandler(benchmark::State& st) { full_loop(st, "sys_getppid+5", t
 BENCHMARK(BM_LoopBoosted)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_LoopEmulated)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_LoopPostHandler)->UseRealTime()->MinTime(0.5);
+
+// Whole return-probe calls (entry stop + trampoline stop) through the same loop.
+void BM_LoopRetProbe(benchmark::State& st) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c;
+  c.vcpus = 1;
+  DomId dom = *host->create_domain(c);
+  auto s = std::move(*Session::open(host->open()));
+  (void)s->load_symbols(dom, demo_map());
+  std::uint64_t returns = 0;
+  auto p = s->ret_probe(dom, "sys_getppid", {}, [&](HitContext&, std::span<std::byte>) { ++returns; });
+  if (!p) return st.SkipWithError(p.error().what.c_str());
+  (void)s->run_once(10);
+  host->reset_counts();
+  std::uint64_t calls0 = host->total_calls(), r0 = returns;
+  for (auto _ : st) (void)s->run_once(5);
+  std::uint64_t dr = returns - r0;
+  st.counters["pairs"] = static_cast<double>(dr);
+  st.counters["hv_calls_per_pair"] = dr ? static_cast<double>(host->total_calls() - calls0) / static_cast<double>(dr) : 0;
+}
+BENCHMARK(BM_LoopRetProbe)->UseRealTime()->MinTime(0.5);
 
 // 1000 probes (two per instruction, in address order) registered on a paused guest.
 void register_1000(benchmark::State& st, bool batch) {
