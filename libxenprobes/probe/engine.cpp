@@ -139,7 +139,10 @@ class Engine::Ctx final : public HitContext {
 
 // ---- construction, domains ----------------------------------------------------------
 
-Engine::Engine(hv::Hypervisor& hv, channel::Channel& ch) : hv_(hv), ch_(ch) {}
+Engine::Engine(hv::Hypervisor& hv, channel::Channel& ch)
+    : hv_(hv), channel_for_([&ch](DomId) -> Result<channel::Channel*> { return &ch; }) {}
+
+Engine::Engine(hv::Hypervisor& hv, ChannelFor channel_for) : hv_(hv), channel_for_(std::move(channel_for)) {}
 
 Engine::~Engine() {
   batching_ = false;
@@ -189,10 +192,17 @@ Result<void> Engine::attach(DomId id) {
   d->source = std::make_unique<mem::HypervisorFrameSource>(hv_, id);
   d->memory = std::make_unique<mem::GuestMemory>(*d->source);
   XP_TRY(refresh_context(*d));
-  ModuleInfo mi = XP_TRY(read_module_info(hv_, id, check_mapped_via(*d->memory)));
-  d->kernel_text = mi.kernel_text;
-  d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi.areas, OeaPoolOptions{kSlotSize, 0})));
-  XP_TRY(ch_.attach(id));
+  d->ch = XP_TRY(channel_for_(id));
+  if (auto mi = read_module_info(hv_, id, check_mapped_via(*d->memory))) {
+    d->kernel_text = mi->kernel_text;
+    d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
+  } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
+    return std::unexpected(mi.error());
+  } else {
+    // Agentless: no guest module, so no slots; the hypervisor runs the original instructions.
+    XP_LOG(Info, "domain %u: no guest module; probing agentless through the %s channel", id.value, d->ch->name());
+  }
+  XP_TRY(d->ch->attach(id));
   domains_[id] = std::move(d);
   return {};
 }
@@ -220,8 +230,9 @@ void Engine::forget(DomId id) {
     else
       ++p;
   }
+  channel::Channel* ch = it->second->ch;
   domains_.erase(it);
-  (void)ch_.detach(id);
+  (void)ch->detach(id);
 }
 
 Result<void> Engine::detach(DomId id) {
@@ -245,7 +256,7 @@ Result<void> Engine::detach(DomId id) {
       release_slot(*d, *p);
     }
     if (d->trampoline) {
-      ch_.trap_removed(d->id, *d->trampoline);
+      d->ch->trap_removed(d->id, *d->trampoline);
       (void)d->pool->release(*d->trampoline);
       d->trampoline.reset();
     }
@@ -293,7 +304,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   // addr + 1 for any other reason. For a 1-byte instruction that is exactly where it would
   // continue, so the next instruction runs from the slot as well, and addr + 1 must not be a
   // branch target (a vCPU jumping there would look stopped).
-  if (!ch_.stops_found_by_rip() || p.insn.length != 1) return {};
+  if (!d.ch->stops_found_by_rip() || p.insn.length != 1) return {};
   auto refuse = [&](const std::string& why) {
     return fail(Errc::InvalidArgument, p.insn.describe() + ": a 1-byte instruction " + why +
                                            " (on the debugger channel a vCPU standing right after "
@@ -331,7 +342,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
 }
 
 bool Engine::uses_slot(const Point& p) const {
-  return p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel;
+  return !p.agentless && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel);
 }
 
 bool Engine::needs_trap_tail(const Point& p) const {
@@ -362,7 +373,7 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   Gva resume = p.insn.next();
   auto emitted = x86::emit_slot(code, slot, p.insn, p.insn.next(),
                                 trap_tail || continuation ? x86::SlotTail::Trap : x86::SlotTail::JmpBack,
-                                ch_.trap_byte());
+                                d.ch->trap_byte());
   if (emitted && continuation) {
     // Without a trap tail the copy of the next instruction overwrites the trap byte. After a
     // trap it starts one byte later: a vCPU sent there must not stand at trap + 1, which is
@@ -370,7 +381,7 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
     std::size_t at = trap_tail ? *emitted + 1 : p.insn.length;
     resume = slot + at;
     emitted = x86::emit_slot(std::span(code).subspan(at), resume, *p.next, p.next->next(), x86::SlotTail::JmpBack,
-                             ch_.trap_byte());
+                             d.ch->trap_byte());
   }
   if (!emitted) {
     (void)d.pool->release(slot);
@@ -398,7 +409,7 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
       std::copy(p.next->bytes.begin(), p.next->bytes.end(), te.insn);
     }
     // Known to the channel before any vCPU can reach it: none is sent to the slot yet.
-    if (auto r = ch_.trap_added(d.id, te); !r) {
+    if (auto r = d.ch->trap_added(d.id, te); !r) {
       (void)d.pool->release(slot);
       return r;
     }
@@ -447,8 +458,12 @@ channel::TrapEntry Engine::trap_entry(const Point& p) const {
   switch (p.plan) {
     case x86::Plan::Boost:
     case x86::Plan::BoostRipRel:
-      e.fallback = channel::TrapEntry::Fallback::ResumeAt;
-      e.resume_at = *p.slot;  // the slot runs the original instruction
+      if (p.slot) {
+        e.fallback = channel::TrapEntry::Fallback::ResumeAt;
+        e.resume_at = *p.slot;  // the slot runs the original instruction
+      } else {
+        e.fallback = channel::TrapEntry::Fallback::Emulate;
+      }
       break;
     case x86::Plan::Skip:
       e.fallback = channel::TrapEntry::Fallback::ResumeAt;
@@ -465,10 +480,10 @@ channel::TrapEntry Engine::trap_entry(const Point& p) const {
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
   // The channel learns of the trap before the guest can execute it.
-  XP_TRY(ch_.trap_added(d.id, trap_entry(p)));
-  std::uint8_t b = ch_.trap_byte();
+  XP_TRY(d.ch->trap_added(d.id, trap_entry(p)));
+  std::uint8_t b = d.ch->trap_byte();
   if (auto w = d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))); !w) {
-    if (!p.flush_pending) ch_.trap_removed(d.id, p.addr);
+    if (!p.flush_pending) d.ch->trap_removed(d.id, p.addr);
     return w;
   }
   p.armed = true;
@@ -485,10 +500,10 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
 }
 
 Result<void> Engine::flush(Domain& d) {
-  XP_TRY(ch_.flush(d.id, *this));
+  XP_TRY(d.ch->flush(d.id, *this));
   // No vCPU is stopped on a restored byte any more: the channel may forget it.
   for (auto& [addr, p] : d.points) {
-    if (p->flush_pending && !p->armed) ch_.trap_removed(d.id, addr);
+    if (p->flush_pending && !p->armed) d.ch->trap_removed(d.id, addr);
     p->flush_pending = false;
   }
   return {};
@@ -505,6 +520,7 @@ void Engine::release_slot(Domain& d, Point& p) {
 }
 
 Result<void> Engine::reclaim_slots(Domain& d) {
+  if (!d.pool) return {};
   // With the domain paused: a dirty slot no vCPU is inside can be reused.
   std::vector<std::uint64_t> rips;
   for (unsigned v = 0; v < d.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
@@ -512,7 +528,7 @@ Result<void> Engine::reclaim_slots(Domain& d) {
   for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
     auto slot = d.pool->slot_of(it->first);
     if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty)) {
-      ch_.trap_removed(d.id, it->first);
+      d.ch->trap_removed(d.id, it->first);
       it = d.slot_traps.erase(it);
     } else
       ++it;
@@ -561,7 +577,7 @@ Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHa
   if (!added && before) {
     // Transactional: the trampoline this registration made goes too (no other user yet).
     if (auto hold = Pause::take(*this, *d)) {
-      ch_.trap_removed(d->id, *d->trampoline);
+      d->ch->trap_removed(d->id, *d->trampoline);
       (void)d->memory->write(*d->trampoline, std::as_bytes(std::span(*before)));
       (void)d->pool->release(*d->trampoline);
       d->trampoline.reset();
@@ -574,8 +590,13 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   XP_TRY(attach(id));
   Domain* d = XP_TRY(domain(id));
   if (d->failed) return fail(Errc::Busy, "domain " + std::to_string(id.value) + ": " + d->failed->what);
-  if (d->pool->contains(addr))
+  if (d->pool && d->pool->contains(addr))
     return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
+  if (!d->pool && reg->post)
+    return fail(Errc::NotSupported,
+                "domain " + std::to_string(id.value) + " has no guest module: without its slots the probed "
+                "instruction runs in the hypervisor's emulator and no stop follows it, so post-handlers "
+                "cannot run (load the xenprobesU module in the guest)");
   reg->id = next_id_;
 
   auto existing = d->points.find(addr);
@@ -599,6 +620,7 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   auto point = std::make_unique<Point>();
   point->dom = id;
   point->addr = addr;
+  point->agentless = !d->pool;
   XP_TRY(decode_probe_point(*d, *point));
   // A 1-byte point with a continuation copies its neighbour: nobody may probe that one now.
   if (Gva before{addr.value - 1}; d->points.contains(before) && d->points.at(before)->next)
@@ -622,7 +644,7 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     if (auto r = arm(*d, *point); !r) {
       if (point->slot) {
         (void)d->memory->write(*point->slot, std::as_bytes(std::span(slot_before)));
-        if (d->slot_traps.erase(*point->slot + point->insn.length)) ch_.trap_removed(id, *point->slot + point->insn.length);
+        if (d->slot_traps.erase(*point->slot + point->insn.length)) d->ch->trap_removed(id, *point->slot + point->insn.length);
         (void)d->pool->release(*point->slot);
         point->slot.reset();
       }
@@ -868,6 +890,15 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
       break;
     case x86::Plan::Boost:
     case x86::Plan::BoostRipRel:
+      if (p.agentless) {
+        // No slot: the channel has the hypervisor execute the original bytes in place.
+        channel::Stop::Emulate e;
+        e.len = p.insn.length;
+        std::copy(p.original.begin(), p.original.begin() + p.insn.length, e.bytes.begin());
+        s.emulate = e;
+        r.rip = p.addr.value;
+        break;
+      }
       r.rip = p.slot->value;  // a trap tail brings the vCPU back for the post-handlers
       break;
     case x86::Plan::EmulateBranch:
@@ -899,6 +930,10 @@ channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& 
 
 Result<Gva> Engine::ensure_trampoline(Domain& d, std::array<std::uint8_t, kSlotSize>* before) {
   if (d.trampoline) return *d.trampoline;
+  if (!d.pool)
+    return fail(Errc::NotSupported, "domain " + std::to_string(d.id.value) +
+                                        " has no guest module: return probes need its out-of-line area for "
+                                        "the return trampoline (load the xenprobesU module in the guest)");
   auto hold = XP_TRY(Pause::take(*this, d));
   Gva t = XP_TRY(allocate_slot(d));
   if (before) {
@@ -910,15 +945,15 @@ Result<Gva> Engine::ensure_trampoline(Domain& d, std::array<std::uint8_t, kSlotS
   channel::TrapEntry te;
   te.addr = t;
   te.fallback = channel::TrapEntry::Fallback::Return;
-  if (auto r = ch_.trap_added(d.id, te); !r) {
+  if (auto r = d.ch->trap_added(d.id, te); !r) {
     (void)d.pool->release(t);
     return std::unexpected(r.error());
   }
   std::array<std::uint8_t, kSlotSize> code{};
   code.fill(0xcc);  // never executed: the vCPU always leaves from the trap
-  code[0] = ch_.trap_byte();
+  code[0] = d.ch->trap_byte();
   if (auto w = d.memory->write(t, std::as_bytes(std::span(code))); !w) {
-    ch_.trap_removed(d.id, t);
+    d.ch->trap_removed(d.id, t);
     (void)d.pool->release(t);
     return std::unexpected(w.error());
   }
@@ -946,7 +981,7 @@ void Engine::remember_return(Domain& d, std::uint64_t slot, std::uint64_t ret) {
 void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
   if (!in.live) return;
   d.live_returns.erase(in.slot.value);
-  ch_.return_removed(d.id, in.slot);
+  d.ch->return_removed(d.id, in.slot);
   if (remember) remember_return(d, in.slot.value, in.ret);
   in.live = false;
   in.owner->ret->free.push_back(&in);
@@ -991,7 +1026,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     drop_instance(d, *old->second, false);
   }
   d.returned.erase(slot.value);
-  if (auto a = ch_.return_added(d.id, slot, Gva{*ret}); !a) {
+  if (auto a = d.ch->return_added(d.id, slot, Gva{*ret}); !a) {
     XP_LOG(Warn, "return probe at %s: %s", hex(ctx.address().value).c_str(), a.error().what.c_str());
     rs.free.push_back(&in);
     reg.stats.nmissed++;
@@ -1000,7 +1035,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   if (auto w = d.memory->write_u64(slot, tramp); !w) {
     XP_LOG(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), w.error().what.c_str());
-    ch_.return_removed(d.id, slot);
+    d.ch->return_removed(d.id, slot);
     rs.free.push_back(&in);
     reg.stats.missed++;
     return;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,7 +30,10 @@ inline constexpr std::size_t kSlotSize = 32;  // bytes per out-of-line slot
 
 class Engine final : public channel::StopSink {
  public:
-  Engine(hv::Hypervisor& hv, channel::Channel& ch);
+  // Which channel serves a domain (chosen when the engine first attaches it).
+  using ChannelFor = std::function<Result<channel::Channel*>(DomId)>;
+  Engine(hv::Hypervisor& hv, channel::Channel& ch);  // one channel for every domain
+  Engine(hv::Hypervisor& hv, ChannelFor channel_for);
   ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -111,6 +115,7 @@ class Engine final : public channel::StopSink {
     std::optional<x86::Insn> next;
     x86::Plan next_plan = x86::Plan::Boost;  // Emulate*: Dom0 runs it at the slot's trap
     bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
+    bool agentless = false;      // no slot: the hypervisor emulates the original bytes
     bool armed = false;
     // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
     // channel must still find it (and rewind it) until the next flush.
@@ -127,10 +132,11 @@ class Engine final : public channel::StopSink {
   };
   struct Domain {
     DomId id;
+    channel::Channel* ch = nullptr;
     unsigned vcpus = 0;
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
-    std::unique_ptr<OeaPool> pool;
+    std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
     std::optional<symbols::SymbolTable> syms;
     Gva kernel_text;
     std::map<Gva, std::unique_ptr<Point>> points;
@@ -205,7 +211,7 @@ class Engine final : public channel::StopSink {
   void flush_deferred();
 
   hv::Hypervisor& hv_;
-  channel::Channel& ch_;
+  ChannelFor channel_for_;
   std::map<DomId, std::unique_ptr<Domain>> domains_;
   std::map<ProbeId, std::unique_ptr<Registration>> probes_;
   ProbeId next_id_ = 1;
