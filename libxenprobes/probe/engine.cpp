@@ -193,16 +193,22 @@ Result<void> Engine::attach(DomId id) {
   d->memory = std::make_unique<mem::GuestMemory>(*d->source);
   XP_TRY(refresh_context(*d));
   d->ch = XP_TRY(channel_for_(id));
-  if (auto mi = read_module_info(hv_, id, check_mapped_via(*d->memory))) {
-    d->kernel_text = mi->kernel_text;
-    d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
-  } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
-    return std::unexpected(mi.error());
-  } else {
-    // Agentless: no guest module, so no slots; the hypervisor runs the original instructions.
-    XP_LOG(Info, "domain %u: no guest module; probing agentless through the %s channel", id.value, d->ch->name());
+  auto rest = [&]() -> Result<void> {
+    if (auto mi = read_module_info(hv_, id, check_mapped_via(*d->memory))) {
+      d->kernel_text = mi->kernel_text;
+      d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
+    } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
+      return std::unexpected(mi.error());
+    } else {
+      // Agentless: no guest module, so no slots; the hypervisor runs the original instructions.
+      XP_LOG(Info, "domain %u: no guest module; probing agentless through the %s channel", id.value, d->ch->name());
+    }
+    return d->ch->attach(id);
+  };
+  if (auto r = rest(); !r) {
+    (void)d->ch->detach(id);  // the selector may have attached it already
+    return r;
   }
-  XP_TRY(d->ch->attach(id));
   domains_[id] = std::move(d);
   return {};
 }
@@ -213,6 +219,12 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   if (d->kernel_text.value) XP_TRY(t.slide_from_text(d->kernel_text));
   d->syms = std::move(t);
   return {};
+}
+
+Result<channel::Channel*> Engine::channel_of(DomId id) {
+  XP_TRY(attach(id));
+  Domain* d = XP_TRY(domain(id));
+  return d->ch;
 }
 
 const symbols::SymbolTable* Engine::symbols(DomId id) const {
@@ -574,6 +586,12 @@ Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHa
   if (!d->trampoline) before.emplace();
   XP_TRY(ensure_trampoline(*d, before ? &*before : nullptr));  // before the entry can fire
   auto added = add_registration(id, addr, std::move(reg));
+  if (added) {
+    std::size_t total = 0;
+    for (const auto& [pid, r] : probes_)
+      if (r->ret && r->point->dom == id) total += r->ret->instances.size();
+    d->live_returns.reserve(total);  // no allocation on the hit path
+  }
   if (!added && before) {
     // Transactional: the trampoline this registration made goes too (no other user yet).
     if (auto hold = Pause::take(*this, *d)) {
@@ -622,6 +640,11 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   point->addr = addr;
   point->agentless = !d->pool;
   XP_TRY(decode_probe_point(*d, *point));
+  if (point->agentless && (point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel))
+    if (auto why = x86::xen_emulator_refusal(point->insn))
+      return fail(Errc::NotSupported, point->insn.describe() + ": " + *why +
+                                          "; without the guest module's slots the hypervisor must emulate it (load "
+                                          "the xenprobesU module in the guest)");
   // A 1-byte point with a continuation copies its neighbour: nobody may probe that one now.
   if (Gva before{addr.value - 1}; d->points.contains(before) && d->points.at(before)->next)
     return fail(Errc::Busy, point->insn.describe() + ": the instruction before it is a probed 1-byte instruction");
@@ -1021,9 +1044,9 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     }
   }
   // A live instance on this slot belongs to a frame that is gone: a new call uses the slot.
-  if (auto old = d.live_returns.find(slot.value); old != d.live_returns.end()) {
-    old->second->owner->stats.reclaimed++;
-    drop_instance(d, *old->second, false);
+  if (Instance* old = d.live_returns.find(slot.value)) {
+    old->owner->stats.reclaimed++;
+    drop_instance(d, *old, false);
   }
   d.returned.erase(slot.value);
   if (auto a = d.ch->return_added(d.id, slot, Gva{*ret}); !a) {
@@ -1044,15 +1067,15 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   in.slot = slot;
   in.ret = *ret;
   in.live = true;
-  d.live_returns[slot.value] = &in;
+  d.live_returns.insert(slot.value, &in);
 }
 
 channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
   Regs& r = s.regs;
   // The function's ret popped the trampoline's address from the slot right below rsp.
   const std::uint64_t slot = r.rsp - 8;
-  if (auto it = d.live_returns.find(slot); it != d.live_returns.end()) {
-    Instance& in = *it->second;
+  if (Instance* found = d.live_returns.find(slot)) {
+    Instance& in = *found;
     Registration& reg = *in.owner;
     r.rip = in.ret;
     if (reg.enabled && reg.ret->on_return) {
@@ -1097,19 +1120,20 @@ void Engine::restore_returns(Domain& d, Registration* only) {
   for (unsigned v = 0; v < d.vcpus; ++v) {
     auto regs = hv_.get_vcpu_regs(d.id, VcpuId{v});
     if (!regs || regs->rip != tramp) continue;
-    auto it = d.live_returns.find(regs->rsp - 8);
-    if (it == d.live_returns.end() || !wanted(*it->second)) continue;
-    regs->rip = it->second->ret;
+    Instance* in = d.live_returns.find(regs->rsp - 8);
+    if (!in || !wanted(*in)) continue;
+    regs->rip = in->ret;
     if (auto w = hv_.set_vcpu_regs(d.id, VcpuId{v}, *regs); !w) {
       XP_LOG(Error, "domain %u vcpu %u: cannot move it off the trampoline: %s", d.id.value, v, w.error().what.c_str());
       continue;  // the instance stays remembered below
     }
-    it->second->owner->stats.missed++;
-    drop_instance(d, *it->second, false);
+    in->owner->stats.missed++;
+    drop_instance(d, *in, false);
   }
   std::vector<Instance*> live;
-  for (auto& [slot, in] : d.live_returns)
+  d.live_returns.for_each([&](std::uint64_t, Instance* in) {
     if (wanted(*in)) live.push_back(in);
+  });
   for (Instance* in : live) {
     auto v = d.memory->read_u64(in->slot);
     bool restored = false;

@@ -17,6 +17,7 @@
 #include "mem/guest_memory.hpp"
 #include "probe/module_info.hpp"
 #include "probe/oea_pool.hpp"
+#include "probe/slot_map.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
 #include "x86/insn.hpp"
@@ -44,6 +45,8 @@ class Engine final : public channel::StopSink {
   [[nodiscard]] Result<void> detach(DomId);
   [[nodiscard]] Result<void> set_symbols(DomId, symbols::SymbolTable);
   const symbols::SymbolTable* symbols(DomId) const;
+  // The channel serving the domain (attaching it first if needed).
+  [[nodiscard]] Result<channel::Channel*> channel_of(DomId);
 
   [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler);
   // A return probe on the function starting at the address (see docs/probes.md, "Return
@@ -149,7 +152,7 @@ class Engine final : public channel::StopSink {
     // unregister is caught. Live instances by stack slot; `returned` remembers where calls
     // that lost their instance (unregistered, reclaimed) return to, in case one still comes.
     std::optional<Gva> trampoline;
-    std::map<std::uint64_t, Instance*> live_returns;
+    SlotMap<Instance> live_returns;
     struct Returned {
       std::uint64_t ret;
       std::uint64_t seq;

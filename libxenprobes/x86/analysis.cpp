@@ -214,4 +214,45 @@ Result<BranchOutcome> loaded_branch_outcome(const Insn& i, std::uint64_t loaded)
   return fail(Errc::InvalidArgument, i.describe() + ": not a ret or a branch through memory");
 }
 
+std::optional<std::string> xen_emulator_refusal(const Insn& i) {
+  // The opcode after the legacy prefixes and REX.
+  std::size_t k = 0;
+  auto is_legacy = [](std::uint8_t b) {
+    switch (b) {
+      case 0xf0: case 0xf2: case 0xf3: case 0x2e: case 0x36: case 0x3e: case 0x26: case 0x64: case 0x65:
+      case 0x66: case 0x67:
+        return true;
+      default:
+        return false;
+    }
+  };
+  while (k < i.length && is_legacy(i.bytes[k])) ++k;
+  if (k < i.length && (i.bytes[k] & 0xf0) == 0x40) ++k;
+  if (k >= i.length) return std::nullopt;
+  const std::uint8_t op = i.bytes[k];
+  const std::uint8_t next = k + 1 < i.length ? i.bytes[k + 1] : 0;
+  const bool rep = i.prefixes[0] == 0xf2 || i.prefixes[0] == 0xf3;
+  if (rep && ((op >= 0x6c && op <= 0x6f) || (op >= 0xa4 && op <= 0xa7) || (op >= 0xaa && op <= 0xaf)))
+    return "a rep string instruction: Xen's emulator runs it in chunks and leaves rip on it between "
+           "them, so every chunk would be another hit";
+  if (op == 0x0f && (next == 0x21 || next == 0x23))
+    return "a debug-register move: Xen's HVM emulator has no debug-register access and would inject #UD";
+  if (op == 0x0f && next == 0x01 && k + 2 < i.length) {
+    const std::uint8_t modrm = i.bytes[k + 2];
+    if ((modrm & 0xc0) == 0xc0) {
+      // Register forms Xen 4.17 implements: clac, stac, xgetbv, xsetbv, vmfunc, xend, xtest,
+      // invlpga, serialize/xsusldtrk, xresldtrk, rdpkru, wrpkru, swapgs, rdtscp, clzero,
+      // smsw reg, lmsw reg. Everything else in the group (monitor, mwait, vmcall, ...) is not.
+      static constexpr std::uint8_t kImplemented[] = {0xca, 0xcb, 0xd0, 0xd1, 0xd4, 0xd5, 0xd6, 0xdf,
+                                                      0xe8, 0xe9, 0xee, 0xef, 0xf8, 0xf9, 0xfc};
+      const bool smsw_lmsw = (modrm & 0x38) == 0x20 || (modrm & 0x38) == 0x30;
+      if (!smsw_lmsw && std::find(std::begin(kImplemented), std::end(kImplemented), modrm) == std::end(kImplemented))
+        return "an 0f 01 system instruction Xen's emulator does not implement (it would inject #UD)";
+    }
+  }
+  if (op == 0x8f && (next & 0x1f) >= 8)
+    return "an XOP-encoded instruction (LWP and friends): Xen's emulator would inject #UD";
+  return std::nullopt;
+}
+
 }  // namespace xenprobes::x86

@@ -21,7 +21,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "x86/insn.hpp"
@@ -58,6 +60,13 @@ bool can_boost(const Insn& i);
 // The gate: the plan for a probe on `i`, or the first refusal (EBUSY/EINVAL) with a message
 // "<insn>: <reason>".
 [[nodiscard]] Result<Plan> analyze(const Insn& i);
+
+// Why Xen's HVM instruction emulator (what a vm_event EMULATE answer runs) would not execute
+// the instruction the way the CPU does, or nothing. Without a slot (agentless probing) such
+// an instruction cannot be probed: Xen would inject #UD into the guest, or run a rep string
+// instruction in chunks that each trap again. From Xen 4.17's x86_emulate.c and
+// hvm/emulate.c (see docs/probes.md, "The vm_event channel").
+[[nodiscard]] std::optional<std::string> xen_emulator_refusal(const Insn& i);
 
 // A probe requested on the endbr64 that starts a function moves to the next instruction, as
 // kprobes does: with IBT on, an int3 over the endbr turns every indirect call of the function

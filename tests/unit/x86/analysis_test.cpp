@@ -167,3 +167,38 @@ TEST(AdjustProbeAddress, MovesPastEntryEndbrOnly) {
 
 }  // namespace
 }  // namespace xenprobes::x86
+
+namespace xenprobes::x86 {
+namespace {
+
+std::optional<std::string> refusal(std::vector<std::uint8_t> b) {
+  auto i = decode(b, Gva{0xffffffff81000000ull});
+  EXPECT_TRUE(i) << i.error().what;
+  return i ? xen_emulator_refusal(*i) : std::optional<std::string>("undecodable");
+}
+
+TEST(XenEmulator, RefusesWhatItCannotRunAsTheCpuDoes) {
+  EXPECT_TRUE(refusal({0xf3, 0xa4}));                    // rep movsb
+  EXPECT_TRUE(refusal({0xf3, 0x48, 0xab}));              // rep stosq
+  EXPECT_TRUE(refusal({0x0f, 0x21, 0xc0}));              // mov rax, dr0
+  EXPECT_TRUE(refusal({0x0f, 0x23, 0xf8}));              // mov dr7, rax
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc8}));              // monitor
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc9}));              // mwait
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc1}));              // vmcall
+  EXPECT_NE(refusal({0xf3, 0xa4})->find("chunks"), std::string::npos);
+}
+
+TEST(XenEmulator, AcceptsWhatItImplements) {
+  EXPECT_FALSE(refusal({0x48, 0x89, 0xe5}));             // mov rbp, rsp
+  EXPECT_FALSE(refusal({0xa4}));                         // movsb without rep
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xca}));             // clac
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xcb}));             // stac
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf8}));             // swapgs
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf9}));             // rdtscp
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xe0}));             // smsw eax
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0x38}));             // invlpg [rax]: a memory form
+  EXPECT_FALSE(refusal({0x8f, 0xc0}));                   // pop rax (8f /0, not XOP)
+}
+
+}  // namespace
+}  // namespace xenprobes::x86
