@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   }
   if (auto r = s.end_batch(); !r) die("end_batch", r.error());
   std::printf("tracing %zu functions in domain %u (channel %s) for %.1f s or %" PRIu64 " hits\n",
-              traced.size(), domid, s.channel_name(), seconds, max_hits);
+              traced.size(), domid, s.channel_name(DomId{domid}).value_or("?").c_str(), seconds, max_hits);
   std::fflush(stdout);
 
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);

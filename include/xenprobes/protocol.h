@@ -18,7 +18,9 @@
  *   oea/<i>/size  decimal bytes, a multiple of the page size
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
- * Written last so Dom0 never sees a half-published set: `state`.
+ * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
+ * module detaches or unloads: from then on Dom0 must not write the control area or the OEA
+ * (the module writes the trap bytes back itself and then frees both).
  *
  * What Dom0 checks (libxenprobes/probe/module_info.hpp): numbers are strict (decimal without
  * sign, blanks or leading zeros; hex with a 0x prefix; no trailing junk, no overflow); at
@@ -51,7 +53,9 @@
  * `nr_mailboxes` struct xenprobes_mailbox at mailbox_offset, then `trap_capacity` struct
  * xenprobes_trap at trap_offset, then `ret_capacity` struct xenprobes_ret at ret_offset. The
  * module fills in the header once; Dom0 checks that every array lies inside control/pages,
- * that nothing overlaps, and that nr_mailboxes equals the domain's vCPU count.
+ * that nothing overlaps (the header included), that every offset is a multiple of 8 (both
+ * sides access the fields with single aligned loads and stores), that trap_capacity is not 0,
+ * and that nr_mailboxes equals the domain's vCPU count.
  *
  * Who writes what:
  *   - the trap table (Dom0 writes, the module reads): one entry per trap byte Dom0 has
@@ -80,7 +84,9 @@
  *        the instruction after a slot's trap byte); XENPROBES_TRAP_EMULATE: by emulating the
  *      `len` original bytes in `insn` (a relative jmp/jcc/call/loop/jrcxz or a near ret);
  *      XENPROBES_TRAP_RETURN: the return trampoline, by the return table entry whose `slot`
- *        equals the stack pointer minus 8 (then the entry is cleared).
+ *        equals the stack pointer minus 8 (then the entry is cleared). "The stack pointer"
+ *        is rsp at the trampoline's trap: the probed function's `ret` already popped the
+ *        slot, so slot = rsp - 8 (a `ret imm16` is not supported there).
  *      After `XENPROBES_DEAD_AFTER` consecutive timeouts the module declares Dom0 gone: it
  *      writes insn[0] back at every trap-table address outside the OEA, from process context,
  *      sets `dom0_gone` and stops publishing hits (every later hit takes the fallback).
@@ -189,7 +195,8 @@ struct xenprobes_trap {
 	xenprobes_u64 addr;       /* the trap byte */
 	xenprobes_u64 fallback;   /* XENPROBES_TRAP_FALLBACK: where to resume */
 	xenprobes_u32 flags;      /* one of XENPROBES_TRAP_* */
-	xenprobes_u8 len;         /* bytes of insn in use (1..15) */
+	xenprobes_u8 len;         /* bytes of insn in use (1..15; 0 only for a trap inside an OEA
+	                             area with FALLBACK or RETURN: never emulated nor restored) */
 	xenprobes_u8 insn[15];    /* the original bytes at addr (insn[0] restores the byte) */
 	xenprobes_u8 pad0[4];
 };

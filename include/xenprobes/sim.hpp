@@ -19,6 +19,10 @@
 //    for one instruction to be emulated from supplied bytes;
 //  - event channels (global VIRQ with one binder per host, interdomain, pending/mask with
 //    coalescing), xenstore with watches (@introduceDomain/@releaseDomain), domain death;
+//  - the guest module (protocol.h; unless publish_module = false): its keys, the control
+//    area, and its int3 hook, which hands hits in its trap table to Dom0 through the vCPU's
+//    mailbox, blocks only that vCPU until Dom0 answers or module_timeout_ms passes, then
+//    falls back as the trap entry says (docs/simulated-xen.md, "The guest module");
 //  - an exception the guest cannot take (it has no IDT: #UD, #GP, an unmapped access, an int3
 //    nobody intercepts) crashes the domain, as an oops would; the reason is kept.
 //
@@ -69,6 +73,12 @@ struct DomainConfig {
   // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
   // (the growth protocol in protocol.h); 0 = the module cannot grow.
   unsigned oea_reserve_areas = 3;
+  // The guest channel (protocol.h), published with the module's keys: how long the module's
+  // int3 hook waits for Dom0's answer before it resumes the vCPU on its own (the fallback in
+  // the trap entry), and the sizes of the tables in its control area.
+  unsigned module_timeout_ms = 1000;
+  unsigned module_trap_capacity = 512;
+  unsigned module_ret_capacity = 256;
   // Test oracle: count how often control reaches each of these guest-virtual addresses
   // (instruction starts), read back with SimHost::executions().
   std::vector<std::uint64_t> count_executions;
@@ -80,6 +90,7 @@ struct GuestLayout {
   std::uint64_t image_end = 0;                 // _end
   std::uint64_t oea_addr = 0, oea_size = 0;
   std::uint64_t physmap_base = 0;              // direct map of all RAM (2 MiB pages)
+  std::uint64_t control_addr = 0, control_size = 0;  // the module's control area (0: none)
   std::uint64_t entry = 0;
 };
 

@@ -125,7 +125,12 @@ class XENPROBES_API Probe {
   std::uint64_t id_ = 0;
 };
 
-enum class ChannelKind { Auto, Debugger };
+// How hits reach Dom0 (design.md "Trap channels"). Auto picks per domain: guest (the
+// xenprobesU module is loaded) → vmevent (HVM/PVH guest) → debugger (a Xen with GDBSX), and
+// when none works the error names every channel's reason.
+enum class ChannelKind { Auto, Debugger, Guest, VmEvent };
+XENPROBES_API const char* channel_kind_name(ChannelKind);
+XENPROBES_API Result<ChannelKind> parse_channel_kind(std::string_view);  // "auto", "guest", ...
 
 struct SessionOptions {
   ChannelKind channel = ChannelKind::Auto;
@@ -140,7 +145,8 @@ class XENPROBES_API Session {
   ~Session();  // unregisters every probe and restores every byte, in every domain
 
   hv::Hypervisor& hypervisor();
-  const char* channel_name() const;
+  // The channel serving a domain ("guest", "vmevent", "debugger"); attaches it if needed.
+  Result<std::string> channel_name(DomId);
 
   // Symbols for `symbol+offset` probe points: a System.map (or /proc/kallsyms copy) of the
   // guest's kernel. KASLR: the slide comes from the kernel-text address the guest module

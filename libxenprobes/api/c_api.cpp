@@ -232,47 +232,48 @@ void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
   });
 }
 
-xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
-                                  xenprobe_handler_t pre, xenprobe_handler_t post) noexcept {
+// Registers through `make` (given the session and the handle the probe will have) and
+// returns that handle: the one path every register_* entry point takes.
+template <typename Make>
+xenprobes_handle_t register_with(domid_t domid, bool ret, Make&& make) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
     State& s = state();
     Session* ses = XP_TRY(session(s));
     if (s.next_handle == INT_MAX) return fail(Errc::NoSpace, "out of probe handles");
     const int h = s.next_handle;
-    PreHandler p;
-    PostHandler q;
-    if (pre) p = [h, pre](HitContext& c) { call_c(h, pre, c); return 0; };
-    if (post) q = [h, post](HitContext& c) { call_c(h, post, c); };
     DomId dom{domid};
-    auto probe = symbol ? ses->probe(dom, std::string_view(symbol), std::move(p), std::move(q))
-                        : ses->probe(dom, Gva{address}, std::move(p), std::move(q));
+    Result<Probe> probe = make(*ses, dom, h);
     if (!probe) return std::unexpected(probe.error());
     std::uint64_t id = probe->release();
-    s.probes.emplace(h, CProbe{id, dom});
+    s.probes.emplace(h, CProbe{id, dom, ret});
     ++s.next_handle;
     return h;
   });
 }
 
-xenprobes_handle_t register_retprobe(domid_t domid, const char* symbol, unsigned long address,
-                                     EntryHandler entry_fn, ReturnHandler ret_fn, RetProbeOptions o,
-                                     std::function<void(int, EntryHandler&, ReturnHandler&)> bind) noexcept {
-  return entry([&]() -> Result<int> {
-    auto lock = XP_TRY(acquire());
-    State& s = state();
-    Session* ses = XP_TRY(session(s));
-    if (s.next_handle == INT_MAX) return fail(Errc::NoSpace, "out of probe handles");
-    const int h = s.next_handle;
-    bind(h, entry_fn, ret_fn);
-    DomId dom{domid};
-    auto probe = symbol ? ses->ret_probe(dom, std::string_view(symbol), std::move(entry_fn), std::move(ret_fn), o)
-                        : ses->ret_probe(dom, Gva{address}, std::move(entry_fn), std::move(ret_fn), o);
-    if (!probe) return std::unexpected(probe.error());
-    std::uint64_t id = probe->release();
-    s.probes.emplace(h, CProbe{id, dom, true});
-    ++s.next_handle;
-    return h;
+xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
+                                  xenprobe_handler_t pre, xenprobe_handler_t post) noexcept {
+  return register_with(domid, false, [&](Session& ses, DomId dom, int h) {
+    PreHandler p;
+    PostHandler q;
+    if (pre) p = [h, pre](HitContext& c) { call_c(h, pre, c); return 0; };
+    if (post) q = [h, post](HitContext& c) { call_c(h, post, c); };
+    return symbol ? ses.probe(dom, std::string_view(symbol), std::move(p), std::move(q))
+                  : ses.probe(dom, Gva{address}, std::move(p), std::move(q));
+  });
+}
+
+// `bind` makes the two handlers once the handle is known.
+template <typename Bind>
+xenprobes_handle_t register_retprobe(domid_t domid, const char* symbol, unsigned long address, RetProbeOptions o,
+                                     Bind&& bind) noexcept {
+  return register_with(domid, true, [&](Session& ses, DomId dom, int h) {
+    EntryHandler e;
+    ReturnHandler r;
+    bind(h, e, r);
+    return symbol ? ses.ret_probe(dom, std::string_view(symbol), std::move(e), std::move(r), o)
+                  : ses.ret_probe(dom, Gva{address}, std::move(e), std::move(r), o);
   });
 }
 
@@ -355,21 +356,21 @@ void bind_data(xenretprobe_handler_t entry_h, xenretprobe_handler_t ret_h, int h
 
 xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address, xenprobe_handler_t entry_handler,
                                         xenprobe_handler_t return_handler, int maxactive) noexcept {
-  return register_retprobe(domid, nullptr, address, {}, {}, RetProbeOptions{maxactive, 0},
+  return register_retprobe(domid, nullptr, address, RetProbeOptions{maxactive, 0},
                            [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
 }
 
 xenprobes_handle_t register_xenretprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t entry_handler,
                                                xenprobe_handler_t return_handler, int maxactive) noexcept {
   if (!symbol) return set_error(EINVAL, "register_xenretprobe_symbol(): NULL symbol");
-  return register_retprobe(domid, symbol, 0, {}, {}, RetProbeOptions{maxactive, 0},
+  return register_retprobe(domid, symbol, 0, RetProbeOptions{maxactive, 0},
                            [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
 }
 
 xenprobes_handle_t register_xenretprobe_data(domid_t domid, const char* symbol, unsigned long address,
                                              xenretprobe_handler_t entry_handler, xenretprobe_handler_t return_handler,
                                              int maxactive, size_t data_size) noexcept {
-  return register_retprobe(domid, symbol, address, {}, {}, RetProbeOptions{maxactive, data_size},
+  return register_retprobe(domid, symbol, address, RetProbeOptions{maxactive, data_size},
                            [&](int h, EntryHandler& e, ReturnHandler& r) { bind_data(entry_handler, return_handler, h, e, r); });
 }
 

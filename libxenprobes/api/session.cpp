@@ -3,14 +3,21 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <vector>
 
 #include "channel/debugger.hpp"
+#include "channel/guest.hpp"
+#include "channel/vmevent.hpp"
 #include "common/log.hpp"
 #include "common/result.hpp"
 #include "hv/sim/sim.hpp"
 #include "probe/engine.hpp"
+#include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 
 namespace xenprobes {
@@ -18,9 +25,31 @@ namespace {
 constexpr const char* kReleaseToken = "xenprobes-release";
 }
 
+const char* channel_kind_name(ChannelKind k) {
+  switch (k) {
+    case ChannelKind::Auto: return "auto";
+    case ChannelKind::Debugger: return "debugger";
+    case ChannelKind::Guest: return "guest";
+    case ChannelKind::VmEvent: return "vmevent";
+  }
+  return "?";
+}
+
+Result<ChannelKind> parse_channel_kind(std::string_view s) {
+  for (ChannelKind k : {ChannelKind::Auto, ChannelKind::Debugger, ChannelKind::Guest, ChannelKind::VmEvent})
+    if (s == channel_kind_name(k)) return k;
+  return fail(Errc::InvalidArgument, "unknown channel '" + std::string(s) + "': use auto, guest, vmevent or debugger");
+}
+
 struct Session::Impl {
   std::unique_ptr<hv::Hypervisor> hv;
-  std::unique_ptr<channel::Channel> channel;
+  SessionOptions options;
+  // Opened when a domain first needs them (the debugger channel binds a host-wide VIRQ).
+  std::unique_ptr<channel::GuestChannel> guest;
+  std::unique_ptr<channel::VmEventChannel> vmevent;        // ICEBP: with the guest module's slots
+  std::unique_ptr<channel::VmEventChannel> vmevent_int3;   // int3: agentless (Xen emulates)
+  std::unique_ptr<channel::DebuggerChannel> debugger;
+  std::map<DomId, channel::Channel*> chosen;
   std::unique_ptr<probe::Engine> engine;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::atomic<bool> stop{false};
@@ -28,8 +57,11 @@ struct Session::Impl {
   bool watching = false;
 
   ~Impl() {
-    engine.reset();  // restores every byte while the channel still exists
-    channel.reset();
+    engine.reset();  // restores every byte while the channels still exist
+    guest.reset();
+    vmevent.reset();
+    vmevent_int3.reset();
+    debugger.reset();
     if (watching) (void)hv->xs_unwatch("@releaseDomain", kReleaseToken);
     if (wake_fd >= 0) close(wake_fd);
     *alive = false;
@@ -45,8 +77,83 @@ struct Session::Impl {
       if (gone) {
         XP_LOG(Warn, "domain %u is %s: dropping its probes", id.value, info ? "shut down or crashed" : "gone");
         engine->forget(id);
+        chosen.erase(id);
       }
     }
+  }
+
+  std::vector<channel::Channel*> channels() const {
+    std::vector<channel::Channel*> out;
+    for (channel::Channel* c : std::initializer_list<channel::Channel*>{guest.get(), vmevent.get(), vmevent_int3.get(),
+                                                                        debugger.get()})
+      if (c) out.push_back(c);
+    return out;
+  }
+
+  // Tries one channel on the domain: attaches it (the engine's own attach is then a no-op).
+  Result<channel::Channel*> try_channel(ChannelKind kind, DomId dom) {
+    channel::Channel* ch = nullptr;
+    switch (kind) {
+      case ChannelKind::Guest:
+        if (!guest) guest = std::make_unique<channel::GuestChannel>(*hv);
+        ch = guest.get();
+        break;
+      case ChannelKind::VmEvent: {
+        // Without the guest module there are no slots: only int3 mode lets Xen run the
+        // original instruction (agentless).
+        bool module = hv->xs_read("/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR "/" +
+                                  XENPROBES_XS_VERSION)
+                          .has_value();
+        auto& slot = module ? vmevent : vmevent_int3;
+        if (!slot) {
+          auto c = channel::VmEventChannel::open(
+              *hv, module ? channel::VmEventChannel::Mode::Icebp : channel::VmEventChannel::Mode::Int3);
+          if (!c) return std::unexpected(c.error());
+          slot = std::move(*c);
+        }
+        ch = slot.get();
+        break;
+      }
+      case ChannelKind::Debugger:
+        if (!debugger) {
+          auto c = channel::DebuggerChannel::open(*hv);
+          if (!c) return std::unexpected(c.error());
+          debugger = std::move(*c);
+        }
+        ch = debugger.get();
+        break;
+      case ChannelKind::Auto:
+        return fail(Errc::InvalidArgument, "try_channel(Auto)");
+    }
+    if (auto a = ch->attach(dom); !a) {
+      // Nothing else uses it: give the host-wide VIRQ back rather than hold it for nothing.
+      if (ch == debugger.get() &&
+          std::none_of(chosen.begin(), chosen.end(), [&](const auto& e) { return e.second == ch; }))
+        debugger.reset();
+      return std::unexpected(a.error());
+    }
+    return ch;
+  }
+
+  // The channel for a domain: the one asked for, or with Auto the first that works of guest
+  // (module present), vmevent (HVM/PVH), debugger (GDBSX), each refusal kept for the error.
+  Result<channel::Channel*> choose(DomId dom) {
+    if (auto it = chosen.find(dom); it != chosen.end()) return it->second;
+    std::vector<ChannelKind> order{options.channel};
+    if (options.channel == ChannelKind::Auto) order = {ChannelKind::Guest, ChannelKind::VmEvent, ChannelKind::Debugger};
+    std::string why;
+    for (ChannelKind k : order) {
+      auto ch = try_channel(k, dom);
+      if (ch) {
+        XP_LOG(Info, "domain %u: probing through the %s channel", dom.value, (*ch)->name());
+        chosen[dom] = *ch;
+        return *ch;
+      }
+      if (order.size() == 1) return std::unexpected(ch.error());
+      if (ch.error().code == Errc::NoSuchDomain) return std::unexpected(ch.error());
+      why += std::string(why.empty() ? "" : "; ") + channel_kind_name(k) + " channel: " + ch.error().what;
+    }
+    return fail(Errc::NotSupported, "domain " + std::to_string(dom.value) + ": no channel can probe it (" + why + ")");
   }
 };
 
@@ -62,16 +169,15 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   if (!hv) return fail(Errc::InvalidArgument, "Session::open: no hypervisor");
   auto impl = std::make_unique<Impl>();
   impl->hv = std::move(hv);
-  switch (o.channel) {
-    case ChannelKind::Auto:
-    case ChannelKind::Debugger: {
-      auto ch = channel::DebuggerChannel::open(*impl->hv);
-      if (!ch) return std::unexpected(ch.error());
-      impl->channel = std::move(*ch);
-      break;
-    }
+  impl->options = o;
+  if (o.channel == ChannelKind::Debugger) {
+    // Asked for explicitly: refuse now (no GDBSX, VIRQ taken) rather than at the first probe.
+    auto ch = channel::DebuggerChannel::open(*impl->hv);
+    if (!ch) return std::unexpected(ch.error());
+    impl->debugger = std::move(*ch);
   }
-  impl->engine = std::make_unique<probe::Engine>(*impl->hv, *impl->channel);
+  Impl* raw = impl.get();
+  impl->engine = std::make_unique<probe::Engine>(*impl->hv, [raw](DomId d) { return raw->choose(d); });
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w)
     impl->watching = true;
@@ -82,7 +188,10 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
 }
 
 hv::Hypervisor& Session::hypervisor() { return *impl_->hv; }
-const char* Session::channel_name() const { return impl_->channel->name(); }
+Result<std::string> Session::channel_name(DomId dom) {
+  auto ch = XP_TRY(impl_->engine->channel_of(dom));
+  return std::string(ch->name());
+}
 
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   auto t = XP_TRY(symbols::SymbolTable::load(path));
@@ -128,20 +237,35 @@ Result<void> Session::begin_batch() { return impl_->engine->begin_batch(); }
 Result<void> Session::end_batch() { return impl_->engine->end_batch(); }
 
 Result<unsigned> Session::run_once(int timeout_ms) {
-  auto& ch = *impl_->channel;
-  pollfd fds[3] = {{ch.fd(), POLLIN, 0}, {impl_->hv->xs_fd(), POLLIN, 0}, {impl_->wake_fd, POLLIN, 0}};
-  int interval = ch.poll_interval_ms();
+  auto channels = impl_->channels();
+  std::vector<pollfd> fds{{impl_->hv->xs_fd(), POLLIN, 0}, {impl_->wake_fd, POLLIN, 0}};
+  int interval = 0;
+  for (channel::Channel* c : channels) {
+    if (c->fd() >= 0 && std::none_of(fds.begin(), fds.end(), [&](const pollfd& p) { return p.fd == c->fd(); }))
+      fds.push_back({c->fd(), POLLIN, 0});
+    if (int i = c->poll_interval_ms(); i > 0 && (interval == 0 || i < interval)) interval = i;
+  }
   int wait = interval > 0 && (timeout_ms < 0 || timeout_ms > interval) ? interval : timeout_ms;
-  int n = ::poll(fds, 3, wait);
+  int n = ::poll(fds.data(), fds.size(), wait);
   if (n < 0 && errno != EINTR) return fail_errno(errno, "poll");
-  if (fds[2].revents & POLLIN) {
+  if (fds[1].revents & POLLIN) {
     std::uint64_t v;
     [[maybe_unused]] auto r = ::read(impl_->wake_fd, &v, sizeof v);
   }
-  if (fds[1].revents & POLLIN) impl_->reap();
-  // Some stops raise no event (see Channel::poll_interval_ms): process on every wake-up.
-  auto handled = ch.process(*impl_->engine);
+  if (fds[0].revents & POLLIN) impl_->reap();
+  // Some stops raise no event (see Channel::poll_interval_ms), and channels may share one
+  // event-channel handle: every channel looks on every wake-up.
+  unsigned handled = 0;
+  std::optional<Error> first;
+  for (channel::Channel* c : channels) {
+    auto h = c->process(*impl_->engine);
+    if (h)
+      handled += *h;
+    else if (!first)
+      first = h.error();
+  }
   XP_TRY(impl_->engine->after_dispatch());
+  if (first) return std::unexpected(*first);
   return handled;
 }
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "common/result.hpp"
 #include "hv/hypervisor.hpp"
@@ -95,6 +96,10 @@ class Channel {
   virtual void trap_removed(DomId, Gva) {}
   [[nodiscard]] virtual Result<void> return_added(DomId, Gva /*stack_slot*/, Gva /*ret*/) { return {}; }
   virtual void return_removed(DomId, Gva /*stack_slot*/) {}
+  // Where vCPUs were sent that may not have gone there yet (answers the guest has not taken
+  // up: the guest channel's mailboxes in state DONE). A slot such a rip points into is still
+  // in use. The debugger and vmevent channels write the registers themselves: none.
+  virtual std::vector<std::uint64_t> resumes_in_flight(DomId) const { return {}; }
   // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
   // `sink` and resumes it (used before disarming, so no stop is left behind).
   [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;

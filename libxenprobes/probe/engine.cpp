@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <random>
 
 #include "common/log.hpp"
 #include "mem/paging.hpp"
@@ -189,6 +190,9 @@ Result<void> Engine::attach(DomId id) {
   if (info.dying || info.crashed)
     return fail(Errc::NoSuchDomain, "domain " + std::to_string(id.value) + " is dying or crashed");
   d->vcpus = info.vcpus;
+  // Quiescence tokens start at a random point: a quiesce-done left by an earlier session must
+  // never match one of ours.
+  d->quiesce_next = (std::uint64_t{std::random_device{}()} << 20 ^ std::random_device{}()) + 1;
   d->source = std::make_unique<mem::HypervisorFrameSource>(hv_, id);
   d->memory = std::make_unique<mem::GuestMemory>(*d->source);
   XP_TRY(refresh_context(*d));
@@ -263,6 +267,7 @@ Result<void> Engine::detach(DomId id) {
     // Stops that landed before the bytes went back are resumed now (rewound or sent on).
     XP_TRY(flush(*d));
     restore_returns(*d, nullptr);
+    neutralize_slot_traps(*d);
     for (auto& [addr, p] : d->points) {
       p->armed = false;
       release_slot(*d, *p);
@@ -408,7 +413,7 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   p.slot = slot;
   p.trap_tail = trap_tail;
   if (trap_tail) {
-    SlotTrap st{&p, resume, std::nullopt, x86::Plan::EmulateBranch};
+    SlotTrap st{&p, resume, p.insn.next(), std::nullopt, x86::Plan::EmulateBranch};
     channel::TrapEntry te;
     te.addr = slot + p.insn.length;
     te.fallback = channel::TrapEntry::Fallback::ResumeAt;
@@ -429,7 +434,7 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
   }
   if (old) {  // an armed point switches slots: the old one stays valid until reclaimed
     if (old_tail) d.slot_traps[*old + p.insn.length].point = nullptr;
-    (void)d.pool->release(*old);
+    release_ran_slot(d, *old);
   }
   return {};
 }
@@ -443,6 +448,7 @@ Result<void> Engine::refresh_areas(Domain& d) {
 }
 
 Result<Gva> Engine::allocate_slot(Domain& d) {
+  if (d.pool->clean() == 0 && d.pool->dirty() > 0) XP_TRY(reclaim_slots(d));
   auto slot = d.pool->allocate();
   if (!slot && slot.error().code == Errc::NoSpace) {
     // The module may have published an area since we asked (or answer at once).
@@ -450,6 +456,13 @@ Result<Gva> Engine::allocate_slot(Domain& d) {
         request_growth(hv_, d.id, d.pool->areas().back().size))
       d.growth_requested = true;
     if (d.growth_requested && refresh_areas(d)) slot = d.pool->allocate();
+    if (!slot && !d.quiesce_wait.empty()) {
+      Error e = slot.error();
+      e.what += "; " + std::to_string(d.quiesce_wait.size()) +
+                " released slots wait for the guest module to confirm quiescence (the guest must run)";
+      if (d.growth_requested) e.what += "; asked the guest module for another area too";
+      return std::unexpected(e);
+    }
     if (!slot && d.growth_requested) {
       Error e = slot.error();
       e.what += "; asked the guest module for another area: retry once it has published it";
@@ -521,21 +534,61 @@ Result<void> Engine::flush(Domain& d) {
   return {};
 }
 
+void Engine::neutralize_slot_traps(Domain& d) {
+  for (const auto& [trap, st] : d.slot_traps) {
+    std::array<std::uint8_t, 5> jmp{};
+    auto n = x86::emit_jmp_rel32(jmp, trap, st.original_next);
+    Result<void> w = n ? d.memory->write(trap, std::as_bytes(std::span(jmp))) : Result<void>(std::unexpected(n.error()));
+    if (!w)
+      XP_LOG(Error, "domain %u: cannot turn the slot trap at %s into a jump: %s", d.id.value, hex(trap.value).c_str(),
+             w.error().what.c_str());
+  }
+}
+
 void Engine::release_slot(Domain& d, Point& p) {
   if (!p.slot) return;
   if (p.trap_tail) {
     auto it = d.slot_traps.find(*p.slot + p.insn.length);
     if (it != d.slot_traps.end()) it->second.point = nullptr;
   }
-  (void)d.pool->release(*p.slot);
+  release_ran_slot(d, *p.slot);
   p.slot.reset();
+}
+
+void Engine::release_ran_slot(Domain& d, Gva slot) {
+  if (!d.pool->release(slot)) return;
+  d.quiesce_wait[slot.value] = d.quiesce_next;
+}
+
+void Engine::advance_quiescence(Domain& d) {
+  if (d.quiesce_asked) {
+    auto done = hv_.xs_read(module_key(d.id, XENPROBES_XS_QUIESCE_DONE));
+    // Hostile input: only the exact token we asked for counts.
+    if (done && *done == std::to_string(*d.quiesce_asked)) {
+      std::erase_if(d.quiesce_wait, [&](const auto& e) { return e.second <= *d.quiesce_asked; });
+      d.quiesce_asked.reset();
+    }
+  }
+  if (!d.quiesce_wait.empty() && !d.quiesce_asked) {
+    std::uint64_t token = d.quiesce_next;
+    if (auto w = hv_.xs_write(module_key(d.id, XENPROBES_XS_QUIESCE_REQUEST), std::to_string(token)); w) {
+      d.quiesce_asked = token;
+      ++d.quiesce_next;
+    } else {
+      XP_LOG(Warn, "domain %u: cannot ask the guest module for quiescence: %s", d.id.value, w.error().what.c_str());
+    }
+  }
 }
 
 Result<void> Engine::reclaim_slots(Domain& d) {
   if (!d.pool) return {};
-  // With the domain paused: a dirty slot no vCPU is inside can be reused.
+  // With the domain paused: a dirty slot no vCPU is inside can be reused, once the guest
+  // module has confirmed that no preempted task is inside either.
+  advance_quiescence(d);
   std::vector<std::uint64_t> rips;
+  for (const auto& [slot, token] : d.quiesce_wait) rips.push_back(slot);  // not quiesced yet
   for (unsigned v = 0; v < d.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
+  for (std::uint64_t rip : d.ch->resumes_in_flight(d.id)) rips.push_back(rip);  // answered, not yet taken
   d.pool->reclaim(rips);
   for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
     auto slot = d.pool->slot_of(it->first);
@@ -1152,16 +1205,17 @@ void Engine::restore_returns(Domain& d, Registration* only) {
 void Engine::on_channel_failure(DomId id, const Error& e) {
   auto it = domains_.find(id);
   if (it == domains_.end()) return;
-  it->second->failed = e;
-  if (auto hold = Pause::take(*this, *it->second))
-    restore_returns(*it->second, nullptr);
-  else
-    XP_LOG(Error, "domain %u: cannot pause to restore return addresses: %s", id.value, hold.error().what.c_str());
-  for (auto& [addr, p] : it->second->points) {
-    if (auto r = disarm(*it->second, *p); !r)
+  Domain& d = *it->second;
+  d.failed = e;
+  auto hold = Pause::take(*this, d);
+  if (!hold) XP_LOG(Error, "domain %u: cannot pause it to disarm: %s", id.value, hold.error().what.c_str());
+  restore_returns(d, nullptr);
+  for (auto& [addr, p] : d.points) {
+    if (auto r = disarm(d, *p); !r)
       XP_LOG(Error, "domain %u: cannot restore %s: %s", id.value, hex(addr.value).c_str(), r.error().what.c_str());
     for (Registration* reg : p->regs) reg->enabled = false;
   }
+  neutralize_slot_traps(d);  // nobody will answer a slot's trap any more
   XP_LOG(Error, "domain %u: every probe disarmed: %s", id.value, e.what.c_str());
 }
 

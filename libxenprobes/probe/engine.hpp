@@ -128,7 +128,8 @@ class Engine final : public channel::StopSink {
   // A slot trap that still resolves after its point went away (until the slot is reclaimed).
   struct SlotTrap {
     Point* point;   // null once the point is gone
-    Gva resume;     // the instruction after the probed one
+    Gva resume;     // the instruction after the probed one (its copy, with a continuation)
+    Gva original_next;  // the instruction after the probed one in the kernel's own text
     // A branch after a 1-byte probed instruction, emulated at this trap (see Point::next).
     std::optional<x86::Insn> emulate_next;
     x86::Plan emulate_plan = x86::Plan::EmulateBranch;
@@ -147,6 +148,12 @@ class Engine final : public channel::StopSink {
     unsigned pause_depth = 0;
     std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
     bool growth_requested = false;  // oea-request written, new area not seen yet
+    // Quiescence before a released slot is reused: a task preempted inside the slot keeps
+    // its rip on its own stack, where no vCPU register shows it. A released slot waits for
+    // the guest module to confirm a quiescence requested after the release (protocol.h).
+    std::map<std::uint64_t, std::uint64_t> quiesce_wait;  // dirty slot -> the token that frees it
+    std::uint64_t quiesce_next = 0;                       // the token of the next request
+    std::optional<std::uint64_t> quiesce_asked;           // written to quiesce-request, not yet done
     // Return probes: one trampoline (a trap byte in a slot) per domain, allocated with the
     // first return probe and kept until detach, so a return still on its way there after an
     // unregister is caught. Live instances by stack slot; `returned` remembers where calls
@@ -181,6 +188,15 @@ class Engine final : public channel::StopSink {
   // Resumes every vCPU stopped on one of our traps in the domain (the domain is paused).
   Result<void> flush(Domain&);
   void release_slot(Domain&, Point&);
+  // Used -> Dirty for a slot a vCPU may have run in: reusable once reclaim_slots() sees no
+  // vCPU in it and the guest module confirmed a quiescence requested after now.
+  void release_ran_slot(Domain&, Gva slot);
+  // Reads quiesce-done; asks for another quiescence when slots wait and none is asked.
+  void advance_quiescence(Domain&);
+  // Before the channel lets go of a domain: every trap byte left in a slot becomes a jump to
+  // the instruction after the probed one, so a vCPU still inside a slot goes on without a
+  // stop nobody would answer.
+  void neutralize_slot_traps(Domain&);
   Result<void> reclaim_slots(Domain&);
   // A Clean slot; asks the guest module for another area when the pool runs low, and picks
   // up areas it has published since.

@@ -214,6 +214,60 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
   return info;
 }
 
+Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
+                                                 const ModuleInfoOptions& options) {
+  const std::string domstr = std::to_string(dom.value);
+  GuestChannelInfo ch;
+
+  // control/addr: its absence alone means "a module without the guest channel", not an error
+  // in what it published.
+  const std::string apath = module_key(dom, XENPROBES_XS_CONTROL_ADDR);
+  auto as = hv.xs_read(apath);
+  if (!as) {
+    if (as.error().code == Errc::NotFound)
+      return fail(Errc::NotFound,
+                  "the guest module in domain " + domstr + " publishes no " + apath +
+                      ": it predates the guest channel (a module speaking protocol " +
+                      std::to_string(XENPROBES_PROTOCOL_VERSION) +
+                      " with the guest channel publishes control/addr, control/pages and evtchn); "
+                      "install the current xenprobesU in the guest, or use the debugger channel "
+                      "(a Xen with CONFIG_GDBSX) or, for HVM/PVH guests, the vmevent channel");
+    return fail(as.error().code, "reading xenstore key " + apath + ": " + as.error().what);
+  }
+  const std::string ppath = module_key(dom, XENPROBES_XS_CONTROL_PAGES);
+  const std::string epath = module_key(dom, XENPROBES_XS_EVTCHN);
+
+  auto addr = parse_hex(*as);
+  if (!addr) return fail(Errc::InvalidArgument, bad(apath, *as, "not a 0x-prefixed 64-bit hex address"));
+  if (*addr < kUpperHalfStart)
+    return fail(Errc::InvalidArgument, bad(apath, *as, "not a canonical kernel (upper-half) address"));
+  if (*addr % kPageSize) return fail(Errc::InvalidArgument, bad(apath, *as, "not page aligned"));
+  ch.control = Gva{*addr};
+
+  ch.pages = static_cast<unsigned>(XP_TRY(read_decimal(hv, ppath, 1, XENPROBES_CTL_MAX_PAGES)));
+  if (ch.size() - 1 > std::numeric_limits<std::uint64_t>::max() - *addr)
+    return fail(Errc::InvalidArgument,
+                bad(apath, *as, "area of " + std::to_string(ch.pages) + " pages wraps around the address space"));
+  if (options.kernel_text_guard > std::numeric_limits<std::uint64_t>::max() - info.kernel_text.value)
+    return fail(Errc::InvalidArgument, "kernel text " + hex(info.kernel_text.value) + " too close to the top");
+  const std::uint64_t guard_first = info.kernel_text.value;
+  const std::uint64_t guard_last = guard_first + options.kernel_text_guard - 1;
+  if (options.kernel_text_guard && ranges_overlap(*addr, ch.last(), guard_first, guard_last))
+    return fail(Errc::InvalidArgument,
+                bad(apath, *as, "control area overlaps the kernel image [" + hex(guard_first) + ", " +
+                                    hex(guard_last) + "]"));
+  for (std::size_t j = 0; j < info.areas.size(); ++j) {
+    const auto& o = info.areas[j];
+    // Dom0 writes the control area and executes nothing from it; the OEA holds slot code
+    // Dom0 wrote: one page in both would let a table write land in a slot.
+    if (ranges_overlap(*addr, ch.last(), o.addr.value, o.last()))
+      return fail(Errc::InvalidArgument, bad(apath, *as, "control area overlaps oea/" + std::to_string(j)));
+  }
+
+  ch.evtchn = static_cast<std::uint32_t>(XP_TRY(read_decimal(hv, epath, 1, kMaxEvtchnPort)));
+  return ch;
+}
+
 Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<const OeaArea> known) {
   if (fresh.areas.size() < known.size())
     return fail(Errc::Io, "the guest module now publishes " + std::to_string(fresh.areas.size()) +

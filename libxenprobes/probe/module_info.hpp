@@ -74,6 +74,36 @@ std::string module_key(DomId, std::string_view key);
                                                   const CheckMapped& check_mapped,
                                                   const ModuleInfoOptions& options = {});
 
+// The guest channel's keys (protocol.h, module version 1): where the control area is and
+// which port the module allocated for Dom0. Optional for the module (an older one publishes
+// none of them); read only by the guest channel, so that a module without them still serves
+// the other channels.
+struct GuestChannelInfo {
+  Gva control;               // control/addr: page aligned, canonical upper half
+  unsigned pages = 0;        // control/pages: 1..XENPROBES_CTL_MAX_PAGES
+  std::uint32_t evtchn = 0;  // evtchn: the module's unbound port, 1..kMaxEvtchnPort
+
+  std::uint64_t size() const { return std::uint64_t{pages} * kPageSize; }
+  std::uint64_t last() const { return control.value + size() - 1; }
+};
+
+// The FIFO event-channel ABI has 2^17 ports (the 2-level ABI of a 64-bit guest 4096); port 0
+// is never allocated.
+inline constexpr std::uint32_t kMaxEvtchnPort = (1u << 17) - 1;
+
+// Reads and validates the guest channel's keys of a module whose other keys `info` holds
+// (read_module_info first: it checks version and state). The control area must not wrap,
+// must lie outside [kernel_text, kernel_text + kernel_text_guard) and outside every OEA area
+// of `info`. Errors:
+//  - NotFound: control/addr is absent (the module predates the guest channel; the message
+//    names the alternatives), or control/addr is there but another of the keys is missing;
+//  - InvalidArgument: a value is malformed or breaks a rule (key and sanitised value named);
+//  - whatever xs_read fails with otherwise.
+// Whether the pages are mapped and writable is the channel's check (it translates them).
+[[nodiscard]] Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom,
+                                                               const ModuleInfo& info,
+                                                               const ModuleInfoOptions& options = {});
+
 // The areas of `fresh` (a re-read after growth) that `known` does not have yet. A known area
 // that moved or vanished is refused with Io: Dom0 may have slot code in it.
 [[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh,

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -19,10 +21,31 @@ using namespace std::chrono_literals;
 
 inline std::string demo_map() { return hv::sim::default_guest_dir() + "/System.map"; }
 
+// The channel the suite runs over: XENPROBES_TEST_CHANNEL (debugger, guest or vmevent; the
+// CMake file registers every engine test once per channel). Default: debugger.
+inline ChannelKind test_channel() {
+  const char* e = std::getenv("XENPROBES_TEST_CHANNEL");
+  if (!e || !*e) return ChannelKind::Debugger;
+  auto k = parse_channel_kind(e);
+  if (!k || *k == ChannelKind::Auto) throw std::runtime_error("XENPROBES_TEST_CHANNEL: use debugger, guest or vmevent");
+  return *k;
+}
+
+// The byte a probe point holds while armed on the test channel.
+inline std::uint8_t trap_byte() { return test_channel() == ChannelKind::Guest ? 0xcc : 0xf1; }
+
+// For tests of one channel's own behaviour.
+#define XP_ONLY_ON_CHANNEL(kind)                                                          \
+  do {                                                                                    \
+    if (::xenprobes::testing::test_channel() != (kind))                                   \
+      GTEST_SKIP() << "a test of the " << ::xenprobes::channel_kind_name(kind) << " channel"; \
+  } while (0)
+
 inline hv::sim::DomainConfig demo_config(unsigned vcpus = 1, std::uint64_t iterations = 5) {
   hv::sim::DomainConfig c;
   c.vcpus = vcpus;
   c.iterations = iterations;
+  if (test_channel() == ChannelKind::VmEvent) c.type = hv::GuestType::Hvm;  // vm_event needs HVM/PVH
   return c;
 }
 
@@ -39,7 +62,7 @@ struct ProbedGuest {
     auto id = host->create_domain(cfg);
     if (!id) throw std::runtime_error(id.error().what);
     dom = *id;
-    auto s = Session::open(host->open());
+    auto s = Session::open(host->open(), SessionOptions{test_channel()});
     if (!s) throw std::runtime_error(s.error().what);
     session = std::move(*s);
     auto l = session->load_symbols(dom, demo_map());

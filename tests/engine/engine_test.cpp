@@ -1,5 +1,6 @@
-// XP probes over the VIRQ_DEBUGGER channel on the simulated Xen: handlers, aggregates,
-// enable/disable, unregister, stop, two domains, refusals, ENOSPC, transactions.
+// XP probes on the simulated Xen, over the channel XENPROBES_TEST_CHANNEL names (the suite
+// runs once per channel): handlers, aggregates, enable/disable, unregister, stop, two
+// domains, refusals, ENOSPC, transactions; and the debugger channel's own cases.
 #include <set>
 #include <tuple>
 #include <thread>
@@ -32,6 +33,7 @@ TEST(Probe, EntryHitsEqualCallsAndTheGuestIsUnchanged) {
 }
 
 TEST(Probe, HvmGuestThroughTheDebuggerChannel) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   // HVM frames are GFNs and the paging mode comes from CR0/CR4/EFER: the same probes work.
   hv::sim::DomainConfig c = demo_config(2, 4);
   c.type = hv::GuestType::Hvm;
@@ -109,6 +111,7 @@ TEST(Probe, ChangedRegistersAndMemoryTakeEffect) {
 }
 
 TEST(Probe, OneByteInstructionBeforeAnotherFunctionIsRefused) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   ProbedGuest g;
   // sys_getppid ends with a 1-byte ret right before sys_read: a vCPU entering sys_read stands
   // where a vCPU stopped on that ret would, so the debugger channel cannot probe it.
@@ -165,7 +168,7 @@ TEST(Probe, DisableRestoresTheByteAndEnableRearms) {
   std::uint64_t hits = 0;
   auto p = g.session->probe(g.dom, "sys_unlink", [&](HitContext&) { ++hits; return 0; });
   ASSERT_TRUE(p);
-  EXPECT_EQ(g.peek(fn, 1)[0], 0xf1) << "armed with ICEBP";
+  EXPECT_EQ(g.peek(fn, 1)[0], trap_byte()) << "armed";
   g.start();
   while (hits < 3) ASSERT_TRUE(g.session->run_once(2));
   ASSERT_TRUE(p->disable());
@@ -217,7 +220,7 @@ TEST(Probe, TwoDomainsAtOnce) {
   hv::sim::DomainConfig c = demo_config(2, 4);
   c.start_paused = true;
   DomId d1 = *host->create_domain(c), d2 = *host->create_domain(c);
-  auto s = Session::open(host->open());
+  auto s = Session::open(host->open(), SessionOptions{test_channel()});
   ASSERT_TRUE(s) << s.error().what;
   ASSERT_TRUE((*s)->load_symbols(d1, demo_map()));
   ASSERT_TRUE((*s)->load_symbols(d2, demo_map()));
@@ -236,7 +239,7 @@ TEST(Probe, TwoDomainsAtOnce) {
     EXPECT_EQ(host->crash_reason(d), "");
     std::uint8_t b = 0;
     ASSERT_TRUE(host->peek(d, *host->symbol(d, fn), std::as_writable_bytes(std::span(&b, 1))));
-    EXPECT_EQ(b, 0xf1) << "domain " << d.value << ": still armed";
+    EXPECT_EQ(b, trap_byte()) << "domain " << d.value << ": still armed";
     for (unsigned v = 0; v < 2; ++v) {
       demo_stats st{};
       ASSERT_TRUE(host->peek(d, *host->symbol(d, DEMO_SYM_STATS) + v * sizeof st, std::as_writable_bytes(std::span(&st, 1))));
@@ -292,6 +295,7 @@ TEST(Probe, ForeignBreakpointIsRefused) {
 }
 
 TEST(Probe, NoGdbsxHypervisorIsRefusedBeforeAnythingIsPatched) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   hv::sim::SimOptions o;
   o.gdbsx = false;
   auto host = hv::sim::SimHost::create(o);
@@ -305,8 +309,9 @@ TEST(Probe, NoGdbsxHypervisorIsRefusedBeforeAnythingIsPatched) {
 }
 
 TEST(Probe, SecondSessionOnTheHostIsToldTheVirqIsTaken) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   ProbedGuest g;
-  auto second = Session::open(g.host->open());
+  auto second = Session::open(g.host->open(), SessionOptions{ChannelKind::Debugger});
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code, Errc::Busy);
   EXPECT_NE(second.error().what.find("VIRQ_DEBUGGER"), std::string::npos);
@@ -317,7 +322,7 @@ TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
   c.oea_size = 4096;  // 128 slots of 32 bytes
   c.oea_reserve_areas = 0;  // and a guest module that cannot grow the area
   ProbedGuest g(c);
-  // Boostable instructions of the demo guest, one probe each, until the area is full.
+  // Instructions of the demo guest that run from a slot, one probe each, until the area is full.
   auto table = symbols::SymbolTable::load(demo_map());
   ASSERT_TRUE(table);
   std::vector<Probe> probes;
@@ -333,7 +338,8 @@ TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
       next_try = f->start.value + off;
       last = g.session->probe(g.dom, Gva{next_try}, [](HitContext&) { return 0; });
       if (last) {
-        if (last->info()->mode == ExecMode::Boosted) probes.push_back(std::move(*last));
+        // Kept while it holds a slot: a released slot waits for quiescence before reuse.
+        if (last->info()->slot.value != 0) probes.push_back(std::move(*last));
       } else if (last.error().code == Errc::NoSpace) {
         break;
       }
@@ -344,11 +350,18 @@ TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
   ASSERT_EQ(last.error().code, Errc::NoSpace) << last.error().what;
   EXPECT_NE(last.error().what.find("exhausted"), std::string::npos) << last.error().what;
   EXPECT_EQ(probes.size(), 128u);
-  EXPECT_NE(g.peek(next_try, 1)[0], 0xf1) << "the refused probe patched nothing";
-  probes.clear();  // frees the slots
+  EXPECT_NE(g.peek(next_try, 1)[0], trap_byte()) << "the refused probe patched nothing";
+  probes.clear();  // releases the slots: reusable once the guest module confirms quiescence
   auto again = g.session->probe(g.dom, Gva{next_try}, [](HitContext&) { return 0; });
-  EXPECT_TRUE(again) << again.error().what;
+  ASSERT_FALSE(again) << "the paused guest cannot have confirmed quiescence yet";
+  EXPECT_NE(again.error().what.find("quiescence"), std::string::npos) << again.error().what;
   g.start();
+  auto end = std::chrono::steady_clock::now() + 30s;
+  while (!again && std::chrono::steady_clock::now() < end) {
+    ASSERT_TRUE(g.session->run_once(5));
+    again = g.session->probe(g.dom, Gva{next_try}, [](HitContext&) { return 0; });
+  }
+  ASSERT_TRUE(again) << again.error().what;
   ASSERT_TRUE(again->unregister());
   ASSERT_TRUE(g.run_to_completion());
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 2).checksum);
@@ -412,7 +425,7 @@ TEST(Probe, FaultAtEveryHypervisorCallDuringRegistration) {
     g.host->clear_faults();
     if (p) {
       // The fault was past the last call: registration is done. Check it works, then stop.
-      EXPECT_EQ(g.peek(at, 1)[0], 0xf1);
+      EXPECT_EQ(g.peek(at, 1)[0], trap_byte());
       ASSERT_TRUE(p->unregister());
       break;
     }
@@ -477,6 +490,7 @@ namespace {
 // mode without a VIRQ; the channel finds it by polling, rewinds the vCPU and lets it retry
 // until the guest has finished patching.
 TEST(ForeignInt3, RewoundAndRetriedUntilTheGuestRemovesIt) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   ProbedGuest g(demo_config(2, 8));
   std::uint64_t hits = 0;
   auto p = g.session->probe(g.dom, "sys_read", [&](HitContext&) { ++hits; return 0; });
@@ -501,6 +515,7 @@ TEST(ForeignInt3, RewoundAndRetriedUntilTheGuestRemovesIt) {
 // gives the domain up — our probes are disarmed and debugging mode is switched off, so the
 // guest takes its own #BP (the demo guest has no handler for it and oopses, as it would).
 TEST(ForeignInt3, PermanentOneMakesTheChannelGiveUpCleanly) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   ProbedGuest g(demo_config(1, 0));
   std::uint64_t open_fn = g.sym("sys_open");
   auto text = g.peek(open_fn, 16);
@@ -533,6 +548,7 @@ namespace {
 // Stops that landed before an unregister are found (through the now disarmed point) and
 // rewound onto the restored instruction: nothing stays paused, nothing runs mid-instruction.
 TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   for (unsigned round = 0; round < 5; ++round) {
     ProbedGuest g(demo_config(2, 0));
     auto p = g.session->probe(g.dom, "sys_read+5", [](HitContext&) { return 0; });
@@ -547,6 +563,25 @@ TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
     std::this_thread::sleep_for(50ms);
     EXPECT_GT(g.stats(0).iterations + g.stats(1).iterations, it) << "round " << round;
     EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+  }
+}
+
+
+TEST(Probe, SessionEndWhileVcpusRunThroughPostHandlerSlots) {
+  // Post-handler slots end with a trap byte. A vCPU can be inside such a slot when Dom0
+  // detaches; the slot must let it go on by itself afterwards.
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(round);
+    ProbedGuest g(demo_config(2, 400));
+    std::uint64_t posts = 0;
+    auto p = g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
+    ASSERT_TRUE(p) << p.error().what;
+    g.start();
+    while (posts < 50u * (round + 1)) ASSERT_TRUE(g.session->run_once(5));
+    p->release();
+    g.session.reset();  // detach with both vCPUs running through the probe
+    ASSERT_TRUE(g.host->wait_halted(g.dom, 120s)) << g.host->crash_reason(g.dom);
+    for (unsigned v = 0; v < 2; ++v) EXPECT_EQ(g.stats(v).checksum, reference_stats(v, 400, 2).checksum);
   }
 }
 

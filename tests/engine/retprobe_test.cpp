@@ -228,7 +228,8 @@ TEST(RetProbe, StaleInstancesAreReclaimed) {
 }
 
 // Runs until the entry handler has seen `depth` nested demo_recurse calls in flight, then
-// stops the loop: the vCPU is left with those calls on its stack.
+// stops the loop: the vCPU is left with those calls on its stack (a channel may hand over a
+// few more stops in the round that saw the stop request: at least `depth`).
 struct InFlight {
   ProbedGuest g{demo_config(1, 3)};
   Probe probe;
@@ -254,9 +255,11 @@ struct InFlight {
 
 TEST(RetProbe, UnregisterWithCallsInFlightRestoresEveryStack) {
   InFlight f(5);
-  ASSERT_EQ(f.entries, 5u);
+  ASSERT_GE(f.entries, 5u);
+  ASSERT_LE(f.entries, 9u) << "still inside the first recursion";
   EXPECT_EQ(f.returns, 0u);
-  EXPECT_GE(on_stacks(f.g, f.tramp.value), 5u) << "five calls return through the trampoline";
+  EXPECT_EQ(f.probe.stats().active, f.entries);
+  EXPECT_GE(on_stacks(f.g, f.tramp.value), f.entries) << "every call in flight returns through the trampoline";
   ASSERT_TRUE(f.probe.unregister());
   EXPECT_EQ(on_stacks(f.g, f.tramp.value), 0u);
   ASSERT_TRUE(f.g.run_to_completion()) << f.g.host->crash_reason(f.g.dom);
@@ -266,7 +269,8 @@ TEST(RetProbe, UnregisterWithCallsInFlightRestoresEveryStack) {
 
 TEST(RetProbe, SessionEndWithCallsInFlightLeavesTheGuestCorrect) {
   InFlight f(7);
-  ASSERT_GE(on_stacks(f.g, f.tramp.value), 7u);
+  ASSERT_GE(f.entries, 7u);
+  ASSERT_GE(on_stacks(f.g, f.tramp.value), f.entries - f.returns);
   f.probe.release();
   f.g.session.reset();  // detach: nobody will ever answer the trampoline again
   EXPECT_EQ(on_stacks(f.g, f.tramp.value), 0u);

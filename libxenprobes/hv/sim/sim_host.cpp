@@ -61,6 +61,8 @@ constexpr std::uint64_t kTf = 0x100;
 
 thread_local Vcpu* t_current = nullptr;  // the vCPU this scheduler thread is running
 
+}  // namespace
+
 // Unicorn 2.0.1 engines are not safe to use concurrently from several threads, even when
 // they are distinct instances: reading or writing the registers of one engine while another
 // emulates corrupted vCPU registers (two domains probed at once: a vCPU resumed with a wild
@@ -71,6 +73,8 @@ std::recursive_mutex& emulation_mutex() {
   static std::recursive_mutex m;
   return m;
 }
+
+namespace {
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
@@ -234,6 +238,9 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     d->aliases.push_back({va, gpa, cfg.oea_size});
     d->oea_reserve.push_back(va);
   }
+  // The guest module's control area (the guest channel), in RAM after the reserve areas.
+  if (cfg.publish_module)
+    XP_TRY(module_create_control(*d, pt, oea_gpa + (cfg.oea_reserve_areas + 1ull) * cfg.oea_size));
   d->aliases.push_back({kPhysmapBase, 0, ram->size});
 
   auto sym = [&](const char* n, std::uint64_t dflt) {
@@ -281,6 +288,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     std::snprintf(hex, sizeof hex, "0x%" PRIx64, d->layout.oea_addr);
     store_[dir + "oea/0/addr"] = hex;
     store_[dir + "oea/0/size"] = std::to_string(cfg.oea_size);
+    module_publish_locked(*d, dir);
     store_[dir + XENPROBES_XS_STATE] = XENPROBES_XS_STATE_READY;
   }
   Domain& ref = *d;
@@ -357,13 +365,14 @@ void SimHostImpl::hook_out(uc_engine*, std::uint32_t port, int, std::uint32_t va
 // Scheduler
 
 bool SimHostImpl::runnable(const Domain& d, const Vcpu& v) const {
-  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait) return false;
+  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait || v.module_wait) return false;
   return d.pause_count == 0 || v.grace;
 }
 
 void SimHostImpl::run_domain(Domain& d) {
   std::unique_lock lk(mu_);
   while (!d.dying) {
+    module_poll_locked(d);
     Vcpu* next = nullptr;
     for (unsigned k = 0; k < d.vcpus.size(); ++k) {
       Vcpu& c = *d.vcpus[(d.rr_next + k) % d.vcpus.size()];
@@ -373,7 +382,10 @@ void SimHostImpl::run_domain(Domain& d) {
       }
     }
     if (!next) {
-      cv_.wait(lk);
+      if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
+        cv_.wait_until(lk, *deadline);
+      else
+        cv_.wait(lk);
       continue;
     }
     d.rr_next = (next->id + 1) % d.vcpus.size();
@@ -505,8 +517,11 @@ void SimHostImpl::trap(Domain& d, Vcpu& v, TrapKind kind, std::uint64_t rip) {
     return;
   }
 inject:
-  // Injected into the guest: the demo kernel has no IDT, so this is the oops a real kernel
-  // would take on an int3/#DB it does not own.
+  // Delivered to the guest. The guest module hooks int3 (the guest channel, sim_module.cpp):
+  // its traps and those Dom0 already restored end there.
+  if (kind == TrapKind::Int3 && module_int3_locked(d, v, rip)) return;
+  // Otherwise the demo kernel has no IDT, so this is the oops a real kernel would take on an
+  // int3/#DB it does not own.
   std::snprintf(buf, sizeof buf, "vcpu %u: unhandled %s at 0x%" PRIx64, v.id,
                 kind == TrapKind::Int3 ? "#BP (int3)" : kind == TrapKind::Icebp ? "#DB (icebp)" : "#DB (single step)",
                 kind == TrapKind::SingleStep ? rip : rip - 1);

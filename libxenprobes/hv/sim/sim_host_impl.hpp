@@ -11,6 +11,8 @@
 
 namespace xenprobes::hv::sim {
 
+class PageTableBuilder;
+
 class SimHostImpl final : public SimHost {
  public:
   explicit SimHostImpl(SimOptions);
@@ -77,6 +79,23 @@ class SimHostImpl final : public SimHost {
   void raise_virq_locked(unsigned virq);
   void fire_watches_locked(const std::string& path, bool removal);
   void module_oea_request_locked(Domain&, const std::string& value);
+
+  // The guest module's side of the guest channel (sim_module.cpp; protocol.h).
+  // At creation: the control area at `gpa`, mapped in the guest's page tables.
+  Result<void> module_create_control(Domain&, PageTableBuilder&, std::uint64_t gpa);
+  // Allocates the port and writes control/addr, control/pages and evtchn under `dir`.
+  void module_publish_locked(Domain&, const std::string& dir);
+  // The module's int3 hook; rip is after the int3. False: not the module's (the kernel's own).
+  bool module_int3_locked(Domain&, Vcpu&, std::uint64_t rip);
+  // Scheduler: answers, timeouts and quiescence for the domain's waiting vCPUs.
+  void module_poll_locked(Domain&);
+  // When the scheduler must look again although nothing else happens (the earliest timeout).
+  std::optional<std::chrono::steady_clock::time_point> module_deadline_locked(const Domain&) const;
+  void module_quiesce_request_locked(Domain&, const std::string& value);
+  void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED, then the fallback
+  void module_fallback_locked(Domain&, Vcpu&, const xenprobes_trap&, VcpuRegs);
+  void module_disarm_locked(Domain&);          // Dom0 declared gone
+  bool module_quiescent_locked(Domain&);
 
   SimOptions opts_;
   mutable std::mutex mu_;

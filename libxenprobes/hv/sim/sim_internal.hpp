@@ -4,6 +4,7 @@
 #include <unicorn/unicorn.h>
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -13,6 +14,7 @@
 
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::hv::sim {
 
@@ -74,6 +76,31 @@ struct Vcpu {
   // instruction this vCPU started.
   std::map<std::uint64_t, std::uint64_t>* executions = nullptr;
   std::uint64_t last_code = 0;
+  // In the guest module's int3 hook, waiting for Dom0's answer in its mailbox (the guest
+  // channel). What the hook keeps on its own stack: the seq it published, the trap entry it
+  // found (for the fallback) and the registers as trapped (rip = the trap byte).
+  bool module_wait = false;
+  std::chrono::steady_clock::time_point module_deadline;
+  std::uint32_t module_seq = 0;
+  xenprobes_trap module_entry{};
+  VcpuRegs module_regs;
+};
+
+// The simulated guest module's own state for the guest channel. Like the real module it keeps
+// the control area's layout privately and never re-reads it from the area, which Dom0 writes.
+struct ModuleState {
+  bool present = false;
+  std::uint64_t ctl_va = 0, ctl_gpa = 0;
+  unsigned ctl_pages = 0;
+  std::uint32_t mailbox_offset = 0, trap_offset = 0, trap_capacity = 0, ret_offset = 0, ret_capacity = 0;
+  std::uint32_t timeout_ms = 0;
+  std::uint32_t port = 0;            // the unbound port published for Dom0
+  unsigned waiters = 0;              // vCPUs with module_wait
+  unsigned consecutive_timeouts = 0;
+  bool dom0_gone = false;
+  std::uint64_t hits = 0, timeouts = 0, foreign = 0;
+  bool quiesce_pending = false;
+  std::string quiesce_token;
 };
 
 struct WritableFrame {
@@ -118,6 +145,7 @@ struct Domain {
   unsigned oea_published = 1;
   std::map<std::uint32_t, GuestPort> guest_ports;
   std::uint32_t next_guest_port = 1;
+  ModuleState module;
 
   // Execution counters (DomainConfig::count_executions), updated by the scheduler thread.
   std::map<std::uint64_t, std::uint64_t> executions;
@@ -131,5 +159,9 @@ struct Domain {
 };
 
 inline constexpr unsigned kNrVirqs = 24;
+
+// The one lock around every Unicorn call in the process (sim_host.cpp says why). Recursive;
+// never held while waiting for anything but Unicorn.
+std::recursive_mutex& emulation_mutex();
 
 }  // namespace xenprobes::hv::sim

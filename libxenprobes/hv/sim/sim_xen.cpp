@@ -212,6 +212,8 @@ Result<void> SimXenHandle::xs_write(const std::string& path, const std::string& 
     if (!d->cfg.publish_module || d->dying) continue;
     if (path == "/local/domain/" + std::to_string(id.value) + "/" XENPROBES_XS_DIR "/" XENPROBES_XS_OEA_REQUEST)
       host_->module_oea_request_locked(*d, value);
+    if (path == "/local/domain/" + std::to_string(id.value) + "/" XENPROBES_XS_DIR "/" XENPROBES_XS_QUIESCE_REQUEST)
+      host_->module_quiesce_request_locked(*d, value);
   }
   return {};
 }
@@ -370,6 +372,7 @@ Result<void> SimXenHandle::evtchn_notify(EvtchnPort p) {
   if (it->second.dead || d == host_->domains_.end() || d->second->dying)
     return fail(Errc::NoSuchDomain, "evtchn: the remote domain " + dstr(it->second.dom) + " is gone");
   d->second->guest_ports[it->second.remote].notifications++;
+  host_->cv_.notify_all();  // a guest vCPU may be polling this port (the guest module's hook)
   return {};
 }
 
@@ -469,15 +472,17 @@ Result<void> SimXenHandle::monitor_disable(DomId id) {
   XP_TRY(host_->check(Op::MonitorDisable));
   Domain* d = XP_TRY(host_->dom(id));
   if (!d->monitor) return fail(Errc::InvalidArgument, "domain " + dstr(id) + ": monitor not enabled");
+  // vm_event_disable (xen/common/vm_event.c:194-198 in 4.17): EBUSY while a vCPU waits in the
+  // ring's wait queue for a free slot.
+  if (!d->ring_waiters.empty())
+    return fail(Errc::Busy, "domain " + dstr(id) + ": vCPUs are waiting for room in the vm_event ring");
   d->monitor = d->mon_sw_bp = d->mon_debug = false;
   d->monitor_owner = nullptr;
-  // Xen unpauses every vCPU still waiting on the ring when it is torn down.
-  for (auto& v : d->vcpus) {
-    v->vm_pause = 0;
-    v->ring_wait = false;
-  }
+  // The ring goes with its unread requests and unconsumed responses. Xen unblocks only vCPUs
+  // it paused for lack of ring space (:203-211); a vCPU paused by a request nobody answered
+  // keeps its vm_event pause (vm_event_pause_count) for good: answer everything first.
   d->requests.clear();
-  d->ring_waiters.clear();
+  d->responses.clear();
   d->outstanding = 0;
   host_->cv_.notify_all();
   return {};
@@ -518,11 +523,20 @@ Result<std::optional<VmEventRequest>> SimXenHandle::ring_get(DomId id) {
   XP_TRY(host_->check(Op::RingGetRequest));
   Domain* d = XP_TRY(host_->dom(id));
   ring_fd_.drain();
-  if (d->requests.empty()) return std::optional<VmEventRequest>{};
-  VmEventRequest r = d->requests.front();
-  d->requests.pop_front();
-  if (!d->requests.empty()) ring_fd_.signal();
-  return std::optional<VmEventRequest>{r};
+  std::optional<VmEventRequest> r;
+  if (!d->requests.empty()) {
+    r = d->requests.front();
+    d->requests.pop_front();
+  }
+  // One fd serves every ring of this handle (a real ring has an event channel of its own):
+  // it stays readable while any of them holds requests, or taking from one ring would hide
+  // a request another domain posted meanwhile.
+  for (const auto& [oid, o] : host_->domains_)
+    if (o->monitor_owner == this && !o->requests.empty()) {
+      ring_fd_.signal();
+      break;
+    }
+  return r;
 }
 
 Result<void> SimXenHandle::ring_put(DomId id, const VmEventResponse& r) {
@@ -550,7 +564,11 @@ Result<void> SimXenHandle::ring_notify(DomId id) {
     Vcpu& v = *d->vcpus[r.vcpu];
     if (!v.vm_pause) continue;
     if (r.flags & kVmEventFlagSetRegisters) host_->write_regs(v, r.regs, false);
-    if ((r.flags & kVmEventFlagEmulate) && (r.flags & kVmEventFlagSetEmulInsnData)) {
+    // vm_event_emulate_check (xen/arch/x86/vm_event.c:260-291): supplied instruction bytes
+    // are taken only in answer to a software breakpoint; for any other reason (a debug
+    // exception, i.e. ICEBP) nothing is emulated and the vCPU resumes at RIP unchanged.
+    if ((r.flags & kVmEventFlagEmulate) && (r.flags & kVmEventFlagSetEmulInsnData) &&
+        r.reason == VmEventReason::SoftwareBreakpoint) {
       v.pending_emulate = true;
       std::memcpy(v.emul.data(), r.emul_insn, sizeof r.emul_insn);
     }

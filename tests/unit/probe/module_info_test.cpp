@@ -317,6 +317,125 @@ TEST_F(ModuleInfoTest, GrowthRequestAndReRead) {
   EXPECT_EQ(request_growth(*g.hv, g.dom, 4096).error().code, Errc::Io);
 }
 
+// ---- the guest channel's keys ----
+
+class GuestChannelKeysTest : public ModuleInfoTest {
+ protected:
+  ModuleInfo mi() {
+    auto r = read();
+    if (!r) throw std::runtime_error(r.error().what);
+    return *r;
+  }
+  Result<GuestChannelInfo> read_ch() { return read_guest_channel_info(*g.hv, g.dom, mi()); }
+  void expect_ch_error(Errc code, std::initializer_list<std::string> parts) {
+    auto r = read_ch();
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code, code) << r.error().what;
+    for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+  }
+};
+
+TEST_F(GuestChannelKeysTest, ReadsWhatTheSimulatedModulePublishes) {
+  auto r = read_ch();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_EQ(r->control, Gva{layout.control_addr});
+  EXPECT_EQ(r->size(), layout.control_size);
+  EXPECT_GE(r->pages, 1u);
+  EXPECT_LE(r->pages, unsigned{XENPROBES_CTL_MAX_PAGES});
+  EXPECT_GE(r->evtchn, 1u);
+  // The port is a real unbound port of the guest: Dom0 can bind it.
+  EXPECT_TRUE(g.hv->evtchn_bind_interdomain(g.dom, r->evtchn).has_value());
+}
+
+TEST_F(GuestChannelKeysTest, AnOlderModuleIsNamedWithTheAlternatives) {
+  rm(XENPROBES_XS_CONTROL_ADDR);
+  expect_ch_error(Errc::NotFound, {path(XENPROBES_XS_CONTROL_ADDR), "predates the guest channel", "debugger",
+                                   "vmevent"});
+  // The other keys alone do not make a guest channel either, and the rest still reads.
+  EXPECT_TRUE(read().has_value());
+}
+
+TEST_F(GuestChannelKeysTest, MissingKeysAreNamed) {
+  rm(XENPROBES_XS_CONTROL_PAGES);
+  expect_ch_error(Errc::NotFound, {path(XENPROBES_XS_CONTROL_PAGES), "missing"});
+  put(XENPROBES_XS_CONTROL_PAGES, "1");
+  rm(XENPROBES_XS_EVTCHN);
+  expect_ch_error(Errc::NotFound, {path(XENPROBES_XS_EVTCHN), "missing"});
+}
+
+TEST_F(GuestChannelKeysTest, JunkIsRefusedNamingKeyAndValue) {
+  const Junk cases[] = {
+      {XENPROBES_XS_CONTROL_ADDR, "ffffffffc0000000"},  {XENPROBES_XS_CONTROL_ADDR, "0x"},
+      {XENPROBES_XS_CONTROL_ADDR, "0xffffffffc0000000 "}, {XENPROBES_XS_CONTROL_ADDR, "0x1ffffffffc0000000"},
+      {XENPROBES_XS_CONTROL_ADDR, "-0x1000"},           {XENPROBES_XS_CONTROL_ADDR, ""},
+      {XENPROBES_XS_CONTROL_ADDR, "0xffffffffc0000800"},  // unaligned
+      {XENPROBES_XS_CONTROL_ADDR, "0x7fffc0000000"},      // user half
+      {XENPROBES_XS_CONTROL_ADDR, "0xffff7fffc0000000"},  // non-canonical hole
+      {XENPROBES_XS_CONTROL_PAGES, "0"},   {XENPROBES_XS_CONTROL_PAGES, "65"},
+      {XENPROBES_XS_CONTROL_PAGES, "01"},  {XENPROBES_XS_CONTROL_PAGES, "1 "},
+      {XENPROBES_XS_CONTROL_PAGES, "+1"},  {XENPROBES_XS_CONTROL_PAGES, "0x1"},
+      {XENPROBES_XS_CONTROL_PAGES, "18446744073709551617"},
+      {XENPROBES_XS_EVTCHN, "0"},          {XENPROBES_XS_EVTCHN, "131072"},
+      {XENPROBES_XS_EVTCHN, "-1"},         {XENPROBES_XS_EVTCHN, "1x"},
+      {XENPROBES_XS_EVTCHN, "4294967297"}, {XENPROBES_XS_EVTCHN, ""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.key) + " = '" + c.value + "'");
+    ASSERT_TRUE(read_ch().has_value()) << "previous case not restored";
+    auto old = *g.hv->xs_read(path(c.key));
+    put(c.key, c.value);
+    expect_ch_error(Errc::InvalidArgument, {path(c.key)});
+    put(c.key, old);
+  }
+  put(XENPROBES_XS_CONTROL_PAGES, std::to_string(XENPROBES_CTL_MAX_PAGES));  // the bound itself is fine
+  EXPECT_TRUE(read_ch().has_value());
+  put(XENPROBES_XS_EVTCHN, std::to_string(kMaxEvtchnPort));
+  EXPECT_TRUE(read_ch().has_value());
+  // Hostile values are sanitised in messages.
+  put(XENPROBES_XS_CONTROL_ADDR, std::string("\x1b[2J") + std::string(200, 'A'));
+  expect_ch_error(Errc::InvalidArgument, {"'?[2JAAAA", "...'"});
+}
+
+TEST_F(GuestChannelKeysTest, AreaRules) {
+  put(XENPROBES_XS_CONTROL_ADDR, "0xfffffffffffff000");
+  put(XENPROBES_XS_CONTROL_PAGES, "2");
+  expect_ch_error(Errc::InvalidArgument, {path(XENPROBES_XS_CONTROL_ADDR), "wraps around"});
+  put(XENPROBES_XS_CONTROL_PAGES, "1");  // ends exactly at the top
+  EXPECT_TRUE(read_ch().has_value());
+
+  // Not in the first 16 MiB of the kernel image, nor ending inside them.
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.text_start + 0x200000));
+  expect_ch_error(Errc::InvalidArgument, {path(XENPROBES_XS_CONTROL_ADDR), "overlaps the kernel image"});
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.text_start - 4096));
+  put(XENPROBES_XS_CONTROL_PAGES, "2");
+  expect_ch_error(Errc::InvalidArgument, {"overlaps the kernel image"});
+  put(XENPROBES_XS_CONTROL_PAGES, "1");  // ends right below text
+  EXPECT_TRUE(read_ch().has_value());
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.text_start + (16u << 20)));  // right after the guard
+  EXPECT_TRUE(read_ch().has_value());
+
+  // Not in any OEA area: the first, or one published later.
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.oea_addr + layout.oea_size - 4096));
+  put(XENPROBES_XS_CONTROL_PAGES, "4");
+  expect_ch_error(Errc::InvalidArgument, {path(XENPROBES_XS_CONTROL_ADDR), "overlaps oea/0"});
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.oea_addr - 4 * 4096));  // ends right below it
+  EXPECT_TRUE(read_ch().has_value());
+  put(XENPROBES_XS_OEA_COUNT, "2");
+  put("oea/1/addr", hexs(layout.oea_addr + 0x1000000));
+  put("oea/1/size", "8192");
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.oea_addr + 0x1000000 + 4096));
+  expect_ch_error(Errc::InvalidArgument, {"overlaps oea/1"});
+}
+
+TEST_F(GuestChannelKeysTest, OtherXenstoreErrorsPropagate) {
+  ModuleInfo info = mi();
+  g.host->fail_op(hv::sim::Op::XsRead, Errc::Io);
+  auto r = read_guest_channel_info(*g.hv, g.dom, info);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Errc::Io);
+  EXPECT_NE(r.error().what.find(path(XENPROBES_XS_CONTROL_ADDR)), std::string::npos) << r.error().what;
+}
+
 TEST(ModuleInfoParse, StrictNumbers) {
   EXPECT_EQ(parse_decimal("0", 10), 0u);
   EXPECT_EQ(parse_decimal("18446744073709551615", ~0ull), ~0ull);

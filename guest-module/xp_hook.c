@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * xenprobesU: the int3 hook and the mailbox exchange with Dom0 (protocol.h, "A hit on vCPU
+ * v").
+ *
+ * Context. On x86-64 (6.1 and later) a kernel-mode int3 enters exc_int3(), which runs
+ * poke_int3_handler() (text_poke_bp() sites), then under irqentry_nmi_enter() do_int3():
+ * kgdb, kprobe_int3_handler(), then notify_die(DIE_INT3, ...) -- our hook -- and die("int3")
+ * when nobody returned NOTIFY_STOP. A user-mode int3 also reaches notify_die(DIE_INT3) via
+ * do_int3_user(); we leave those alone. regs->ip points after the int3, so the trap byte is
+ * at regs->ip - 1. Interrupts are off and we may have interrupted any code, including code
+ * holding locks: the hook takes no lock, never sleeps, never allocates, never printks on the
+ * hot path, and uses irq_work to get to process context.
+ *
+ * Nesting. If a probed address is hit again on the same CPU while the hook is running (an
+ * NMI, or a probe on something the hook calls), the inner hit resumes at once through its
+ * fallback: the CPU's mailbox is busy with the outer hit.
+ */
+#include <linux/kdebug.h>
+#include <linux/kernel.h>
+#include <linux/percpu.h>
+#include <linux/ptrace.h>
+#include <linux/timekeeping.h>
+#include <linux/uaccess.h>
+#include <xen/events.h>
+#include <xen/xen-ops.h>
+
+#include "xp_internal.h"
+
+/* A poll slice: how late a lost wakeup (shared port, see xp_wait) can make an answer. */
+#define XP_POLL_SLICE_NS (1000ull * 1000ull)
+
+static DEFINE_PER_CPU(u32, xp_seq);	/* the module's own copy of mailbox.seq */
+static DEFINE_PER_CPU(int, xp_depth);	/* hook nesting on this CPU */
+
+static void xp_count(atomic64_t *c, xenprobes_u64 *field)
+{
+	/* Dom0 may overwrite the shared copy; the private counter stays right. */
+	WRITE_ONCE(*field, (xenprobes_u64)atomic64_inc_return(c));
+}
+
+static void xp_regs_from_pt(struct xenprobes_regs *x, const struct pt_regs *r, u64 trap)
+{
+	x->rax = r->ax;
+	x->rbx = r->bx;
+	x->rcx = r->cx;
+	x->rdx = r->dx;
+	x->rsi = r->si;
+	x->rdi = r->di;
+	x->rbp = r->bp;
+	x->rsp = r->sp;
+	x->r8 = r->r8;
+	x->r9 = r->r9;
+	x->r10 = r->r10;
+	x->r11 = r->r11;
+	x->r12 = r->r12;
+	x->r13 = r->r13;
+	x->r14 = r->r14;
+	x->r15 = r->r15;
+	x->rip = trap;
+	x->rflags = r->flags;
+	x->cs = r->cs;
+	x->ss = r->ss;
+}
+
+/* cs and ss are never written: the hit's values stay in pt_regs. */
+static void xp_regs_to_pt(struct pt_regs *r, const struct xenprobes_regs *x)
+{
+	r->ax = x->rax;
+	r->bx = x->rbx;
+	r->cx = x->rcx;
+	r->dx = x->rdx;
+	r->si = x->rsi;
+	r->di = x->rdi;
+	r->bp = x->rbp;
+	r->sp = x->rsp;
+	r->r8 = x->r8;
+	r->r9 = x->r9;
+	r->r10 = x->r10;
+	r->r11 = x->r11;
+	r->r12 = x->r12;
+	r->r13 = x->r13;
+	r->r14 = x->r14;
+	r->r15 = x->r15;
+	r->ip = x->rip;
+	r->flags = x->rflags;
+}
+
+static void xp_mbox_store_regs(struct xenprobes_mailbox *mb, const struct xenprobes_regs *x)
+{
+	/* Plain stores: Dom0 reads them only after state = HIT, behind smp_wmb(). */
+	mb->regs = *x;
+}
+
+static bool xp_kread(void *ctx, u64 addr, u64 *val)
+{
+	return xp_read_kernel_u64(addr, val);
+}
+
+static bool xp_kwrite(void *ctx, u64 addr, u64 val)
+{
+	return xp_write_kernel_u64(addr, val);
+}
+
+static const struct xp_mem_ops xp_mem = { .read_u64 = xp_kread, .write_u64 = xp_kwrite };
+
+/* ---- Dom0 gone ---- */
+
+static void xp_gone_irq_work(struct irq_work *w)
+{
+	/* Hard-irq context, outside the int3 handler: queue_work() is fine here. */
+	queue_work(xp.wq, &xp.disarm_work);
+}
+
+void xp_declare_dom0_gone(enum xp_gone_reason why)
+{
+	if (atomic_cmpxchg(&xp.dom0_gone, XP_GONE_NOT, why) != XP_GONE_NOT)
+		return;
+	if (xp.hdr)
+		WRITE_ONCE(xp.hdr->dom0_gone, 1);
+	irq_work_queue(&xp.gone_irq_work);	/* NMI safe */
+}
+
+static void xp_disarm_work(struct work_struct *w)
+{
+	unsigned int restored;
+
+	if (READ_ONCE(xp.detaching))
+		return;		/* detach restores everything itself */
+	restored = xp_restore_traps();
+	if (atomic_read(&xp.dom0_gone) == XP_GONE_RESUMED)
+		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes; every hit now resumes without Dom0; reload the module to attach again\n",
+			restored);
+	else
+		pr_warn(XP_NAME ": Dom0 did not answer %d hits in a row: restored %u trap bytes; every hit now resumes without Dom0; reload the module to attach again\n",
+			XENPROBES_DEAD_AFTER, restored);
+}
+
+/* ---- the exchange ---- */
+
+/*
+ * Waits for Dom0's answer to `seq`. Clearing the port's pending bit before each check
+ * keeps SCHEDOP_poll from returning at once forever (interrupts are off, so the irq
+ * handler never clears it); checking after the clear means an answer written before the
+ * clear is seen now and one written after it sets the bit again. With one port shared by
+ * all vCPUs, a vCPU that clears the bit between another vCPU's check and its poll delays
+ * that vCPU by at most one slice.
+ */
+static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq)
+{
+	u64 now = ktime_get_mono_fast_ns();
+	u64 deadline = now + (u64)xp.timeout_ms * NSEC_PER_MSEC;
+	enum xp_wait w;
+
+	for (;;) {
+		xen_clear_irq_pending(xp.irq);
+		smp_mb();
+		w = xp_wait_step(READ_ONCE(mb->state), READ_ONCE(mb->answer_seq), seq, now,
+				 deadline, READ_ONCE(xp.detaching));
+		if (w != XP_WAIT_AGAIN)
+			return w;
+		xp_poll_for(min(deadline - now, XP_POLL_SLICE_NS));
+		now = ktime_get_mono_fast_ns();
+	}
+}
+
+/*
+ * Hands the hit to Dom0 and waits (steps 1-4 of the protocol). true with *out = the
+ * registers to resume with when Dom0 gave a usable answer; false when the caller must take
+ * the entry's fallback.
+ */
+static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_regs *hit,
+			struct xenprobes_regs *out)
+{
+	struct xenprobes_regs answer;
+	u32 seq = this_cpu_inc_return(xp_seq);
+	bool done;
+	u32 seen;
+
+	WRITE_ONCE(mb->seq, seq);
+	WRITE_ONCE(mb->trap, hit->rip);
+	xp_mbox_store_regs(mb, hit);
+	smp_wmb();
+	WRITE_ONCE(mb->state, XENPROBES_MBOX_HIT);
+	xp_count(&xp.hits, &xp.hdr->hits);
+	xp_notify_dom0();
+
+	done = xp_wait(mb, seq) == XP_WAIT_DONE;
+	if (!done) {
+		/* An answer completed after our last check still counts (protocol step 4). */
+		seen = cmpxchg(&mb->state, XENPROBES_MBOX_HIT, XENPROBES_MBOX_ABANDONED);
+		if (seen != XENPROBES_MBOX_HIT) {
+			if (xp_late_answer(seen, READ_ONCE(mb->answer_seq), seq))
+				done = true;
+			else
+				WRITE_ONCE(mb->state, XENPROBES_MBOX_ABANDONED);
+		}
+	}
+	if (done) {
+		smp_rmb();
+		xp_regs_snapshot(&answer, &mb->regs);
+		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
+		if (xp_answer_apply(&xp.bounds, hit, &answer, out) == XP_ANSWER_OK) {
+			atomic_set(&xp.consecutive, 0);
+			return true;
+		}
+		/* Dom0 is alive but its answer is unusable: fallback, not a timeout in a row. */
+		atomic64_inc(&xp.bad_answers);
+		return false;
+	}
+	if (!READ_ONCE(xp.detaching) && xp_dead_after(atomic_inc_return(&xp.consecutive)))
+		xp_declare_dom0_gone(XP_GONE_TIMEOUTS);
+	return false;
+}
+
+/* After a failed fallback: if the byte is no longer an int3, running it is right. */
+static int xp_rewind_or_die(struct pt_regs *regs, u64 addr)
+{
+	u8 byte;
+
+	if (!copy_from_kernel_nofault(&byte, (const void *)(unsigned long)addr, 1) &&
+	    byte != XP_INT3) {
+		regs->ip = addr;
+		return NOTIFY_STOP;
+	}
+	atomic64_inc(&xp.no_fallback);
+	return NOTIFY_DONE;	/* die("int3"): nothing correct is left to do */
+}
+
+static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
+{
+	struct xenprobes_regs hit, out;
+	u32 mbox = xen_vcpu_nr(smp_processor_id());
+	bool nested = this_cpu_inc_return(xp_depth) > 1;
+	bool answered = false;
+	int ret = NOTIFY_STOP;
+
+	xp_regs_from_pt(&hit, regs, e->addr);
+	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
+			 nested, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH)
+		answered = xp_exchange(&xp.mbox[mbox], &hit, &out);
+	if (!answered) {
+		xp_count(&xp.timeouts, &xp.hdr->timeouts);
+		out = hit;
+		if (xp_take_fallback(e, &out, xp.rets, xp.ret_cap, &xp.bounds, &xp_mem) != XP_FB_OK) {
+			ret = xp_rewind_or_die(regs, e->addr);
+			goto out;
+		}
+	}
+	xp_regs_to_pt(regs, &out);
+out:
+	this_cpu_dec(xp_depth);
+	return ret;
+}
+
+static int xp_die_notify(struct notifier_block *nb, unsigned long val, void *data)
+{
+	struct die_args *args = data;
+	struct pt_regs *regs = args->regs;
+	struct xenprobes_trap e;
+	u32 nr_traps;
+	u64 addr;
+	u8 byte;
+
+	if (val != DIE_INT3 || !regs || user_mode(regs))
+		return NOTIFY_DONE;
+	addr = regs->ip - 1;
+	nr_traps = READ_ONCE(xp.hdr->nr_traps);
+	if (xp_trap_search(xp.traps, nr_traps, xp.trap_cap, addr, &e))
+		return xp_handle_hit(regs, &e);
+
+	/* Dom0 removed the trap after this CPU executed it: run the original byte (kprobes). */
+	if (!copy_from_kernel_nofault(&byte, (const void *)(unsigned long)addr, 1) &&
+	    byte != XP_INT3) {
+		regs->ip = addr;
+		return NOTIFY_STOP;
+	}
+	/* An unsorted table from a buggy Dom0 would make us oops the guest: look again. */
+	if (xp_trap_scan(xp.traps, nr_traps, xp.trap_cap, addr, &e))
+		return xp_handle_hit(regs, &e);
+
+	xp_count(&xp.foreign, &xp.hdr->foreign);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block xp_die_nb = {
+	.notifier_call = xp_die_notify,
+	/*
+	 * kprobes is called before the die chain; kgdb's notifier runs last (-INT_MAX) and
+	 * still sees every int3 we leave alone (NOTIFY_DONE).
+	 */
+	.priority = 0,
+};
+
+static bool xp_hook_on;
+
+void xp_hook_init(void)
+{
+	init_irq_work(&xp.gone_irq_work, xp_gone_irq_work);
+	INIT_WORK(&xp.disarm_work, xp_disarm_work);
+}
+
+int xp_hook_register(void)
+{
+	int err = register_die_notifier(&xp_die_nb);
+
+	xp_hook_on = !err;
+	return err;
+}
+
+void xp_hook_unregister(void)
+{
+	/* atomic_notifier_chain_unregister() waits for running hooks (synchronize_rcu()). */
+	if (xp_hook_on)
+		unregister_die_notifier(&xp_die_nb);
+	xp_hook_on = false;
+	irq_work_sync(&xp.gone_irq_work);
+	cancel_work_sync(&xp.disarm_work);
+}

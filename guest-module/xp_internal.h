@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * xenprobesU: state shared by the module's kernel files.
+ *
+ *   xp_main.c  parameters, load/unload, detach, xenstore publication and requests
+ *   xp_hook.c  the int3 hook and the mailbox exchange with Dom0
+ *   xp_xen.c   the event channel, Xen system time, SCHEDOP_poll waits
+ *   xp_text.c  kernel text bounds, executable checks, writing trap bytes back
+ *   xp_logic.c the pure decisions (also unit-tested in userspace)
+ *   xp_oea.S   the static OEA pool in the module's text
+ */
+#ifndef XENPROBES_XP_INTERNAL_H
+#define XENPROBES_XP_INTERNAL_H
+
+#include <linux/atomic.h>
+#include <linux/irq_work.h>
+#include <linux/mutex.h>
+#include <linux/types.h>
+#include <linux/workqueue.h>
+#include <xen/interface/event_channel.h>
+
+#include "xp_logic.h"
+
+#define XP_NAME "xenprobes"
+
+/* Size of the static OEA pool in bytes (Kbuild passes it; see xp_oea.S). */
+#ifndef XP_OEA_POOL_SIZE
+#error "XP_OEA_POOL_SIZE must be defined by the build"
+#endif
+
+extern const u8 xp_oea_pool[];
+
+/* Why the module stopped handing hits to Dom0 (xp.gone_reason). */
+enum xp_gone_reason {
+	XP_GONE_NOT = 0,
+	XP_GONE_TIMEOUTS,	/* XENPROBES_DEAD_AFTER consecutive timeouts */
+	XP_GONE_RESUMED,	/* the domain was saved/restored or migrated */
+};
+
+struct xp_state {
+	/* The control area (alloc_pages_exact, zeroed, page aligned). */
+	void *ctl;
+	size_t ctl_bytes;
+	struct xp_layout layout;
+	struct xenprobes_ctl_header *hdr;
+	struct xenprobes_mailbox *mbox;
+	struct xenprobes_trap *traps;
+	struct xenprobes_ret *rets;
+	/*
+	 * The module's own copies of what it wrote into the header: Dom0 can overwrite the
+	 * shared header, so the hook never reads these back from there.
+	 */
+	u32 nr_mailboxes;
+	u32 trap_cap;
+	u32 ret_cap;
+	u32 timeout_ms;
+
+	/* The unbound port for Dom0 and the irq it is bound to in this guest. */
+	evtchn_port_t port;
+	int irq;
+
+	/* Where the guest may resume, what may be patched (xp_text.c). */
+	struct xp_bounds bounds;
+	unsigned long ktext;	/* _text */
+
+	/* Liveness of Dom0. */
+	atomic_t consecutive;	/* timeouts in a row */
+	atomic_t dom0_gone;	/* 0, or an enum xp_gone_reason */
+	bool detaching;		/* READ_ONCE/WRITE_ONCE: hits stop going to Dom0 */
+
+	/* Counters mirrored into the header (Dom0 reports them). */
+	atomic64_t hits;
+	atomic64_t timeouts;
+	atomic64_t foreign;
+	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
+	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
+
+	/* Declaring Dom0 gone from the int3 hook: irq_work, then a work item. */
+	struct irq_work gone_irq_work;
+	struct work_struct disarm_work;
+	struct work_struct quiesce_work;
+	struct workqueue_struct *wq;
+
+	/* The OEA pool, carved into published areas; oea_lock serialises growth. */
+	struct mutex oea_lock;
+	struct xp_oea_pool oea;
+};
+
+extern struct xp_state xp;
+
+/* xp_hook.c */
+void xp_hook_init(void);
+int xp_hook_register(void);
+void xp_hook_unregister(void);
+void xp_declare_dom0_gone(enum xp_gone_reason why);
+
+/* xp_xen.c */
+int xp_evtchn_open(void);
+void xp_evtchn_close(void);
+void xp_clock_init(void);
+void xp_clock_exit(void);
+const char *xp_clock_name(void);
+void xp_poll_for(u64 ns);
+void xp_notify_dom0(void);
+int xp_resume_watch_register(void);
+void xp_resume_watch_unregister(void);
+
+/* xp_text.c */
+int xp_text_init(unsigned long kernel_text_param);
+bool xp_is_exec(void *ctx, u64 addr);
+bool xp_read_kernel_u64(u64 addr, u64 *val);
+bool xp_write_kernel_u64(u64 addr, u64 val);
+unsigned int xp_restore_traps(void);
+unsigned int xp_repair_return_slots(void);
+
+#endif /* XENPROBES_XP_INTERNAL_H */

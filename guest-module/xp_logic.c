@@ -1,0 +1,564 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/*
+ * xenprobesU: the pure decisions of the guest module (see xp_logic.h). Compiled into the
+ * module and into the userspace unit tests; keep it free of kernel and libc calls.
+ */
+#include "xp_logic.h"
+
+/* ---- the control area ---- */
+
+static xenprobes_u64 xp_align_up(xenprobes_u64 v, xenprobes_u64 a)
+{
+	return (v + a - 1) / a * a;
+}
+
+int xp_layout_compute(xenprobes_u32 nr_mailboxes, xenprobes_u32 trap_capacity,
+		      xenprobes_u32 ret_capacity, struct xp_layout *out)
+{
+	xenprobes_u64 off, mb, trap, ret, pages;
+
+	if (nr_mailboxes == 0 || trap_capacity == 0)
+		return -XP_EINVAL;
+
+	/* u32 counts times structs of a few hundred bytes: no u64 overflow possible. */
+	off = xp_align_up(sizeof(struct xenprobes_ctl_header), XP_CTL_ALIGN);
+	mb = off;
+	off = xp_align_up(off + (xenprobes_u64)nr_mailboxes * sizeof(struct xenprobes_mailbox),
+			  XP_CTL_ALIGN);
+	trap = off;
+	off = xp_align_up(off + (xenprobes_u64)trap_capacity * sizeof(struct xenprobes_trap),
+			  XP_CTL_ALIGN);
+	ret = off;
+	off += (xenprobes_u64)ret_capacity * sizeof(struct xenprobes_ret);
+	pages = xp_align_up(off, XP_PAGE_SIZE) / XP_PAGE_SIZE;
+	if (pages > XENPROBES_CTL_MAX_PAGES)
+		return -XP_E2BIG;
+
+	out->mailbox_offset = (xenprobes_u32)mb;
+	out->trap_offset = (xenprobes_u32)trap;
+	out->ret_offset = (xenprobes_u32)ret;
+	out->bytes = (xenprobes_u32)off;
+	out->pages = (xenprobes_u32)pages;
+	return 0;
+}
+
+void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
+		    const struct xp_layout *l, xenprobes_u32 trap_capacity,
+		    xenprobes_u32 ret_capacity, xenprobes_u32 timeout_ms)
+{
+	unsigned int i;
+
+	h->magic = XENPROBES_CTL_MAGIC;
+	h->version = XENPROBES_PROTOCOL_VERSION;
+	h->nr_mailboxes = nr_mailboxes;
+	h->mailbox_offset = l->mailbox_offset;
+	h->trap_capacity = trap_capacity;
+	h->trap_offset = l->trap_offset;
+	h->ret_capacity = ret_capacity;
+	h->ret_offset = l->ret_offset;
+	h->nr_traps = 0;
+	h->timeout_ms = timeout_ms;
+	h->dom0_gone = 0;
+	h->pad0 = 0;
+	h->hits = 0;
+	h->timeouts = 0;
+	h->foreign = 0;
+	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
+		h->reserved[i] = 0;
+}
+
+/* ---- the trap table ---- */
+
+void xp_trap_snapshot(struct xenprobes_trap *dst, const struct xenprobes_trap *src)
+{
+	unsigned int i;
+
+	dst->addr = xp_ld64(&src->addr);
+	dst->fallback = xp_ld64(&src->fallback);
+	dst->flags = xp_ld32(&src->flags);
+	dst->len = xp_ld8(&src->len);
+	for (i = 0; i < sizeof(dst->insn); i++)
+		dst->insn[i] = xp_ld8(&src->insn[i]);
+	for (i = 0; i < sizeof(dst->pad0); i++)
+		dst->pad0[i] = 0;
+}
+
+bool xp_trap_search(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
+		    xenprobes_u32 capacity, xenprobes_u64 addr, struct xenprobes_trap *out)
+{
+	xenprobes_u32 lo = 0, hi = xp_live_traps(nr_traps, capacity);
+
+	/* [lo, hi) shrinks on every step whatever the entries hold. */
+	while (lo < hi) {
+		xenprobes_u32 mid = lo + (hi - lo) / 2;
+		xenprobes_u64 a = xp_ld64(&table[mid].addr);
+
+		if (a == addr) {
+			xp_trap_snapshot(out, &table[mid]);
+			/* Dom0 rewrote the entry between the two loads: no match. */
+			return out->addr == addr;
+		}
+		if (a < addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
+bool xp_trap_scan(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
+		  xenprobes_u32 capacity, xenprobes_u64 addr, struct xenprobes_trap *out)
+{
+	xenprobes_u32 i, n = xp_live_traps(nr_traps, capacity);
+
+	for (i = 0; i < n; i++) {
+		if (xp_ld64(&table[i].addr) != addr)
+			continue;
+		xp_trap_snapshot(out, &table[i]);
+		if (out->addr == addr)
+			return true;
+	}
+	return false;
+}
+
+/* ---- addresses ---- */
+
+enum xp_addr_kind xp_addr_classify(const struct xp_bounds *b, xenprobes_u64 addr)
+{
+	if (xp_in_range(&b->oea, addr))
+		return XP_ADDR_OEA;
+	if (xp_in_range(&b->ktext, addr))
+		return XP_ADDR_KTEXT;
+	if (xp_in_range(&b->modules, addr))
+		return XP_ADDR_MODULE;
+	return XP_ADDR_BAD;
+}
+
+static bool xp_exec(const struct xp_bounds *b, xenprobes_u64 addr)
+{
+	return !b->is_exec || b->is_exec(b->ctx, addr);
+}
+
+bool xp_resume_ok(const struct xp_bounds *b, xenprobes_u64 addr)
+{
+	return xp_addr_classify(b, addr) != XP_ADDR_BAD && xp_exec(b, addr);
+}
+
+bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
+		   xenprobes_u8 current_byte)
+{
+	enum xp_addr_kind k = xp_addr_classify(b, e->addr);
+
+	if (e->len < 1 || e->len > sizeof(e->insn))
+		return false;	/* no original bytes to put back */
+	if (k != XP_ADDR_KTEXT && k != XP_ADDR_MODULE)
+		return false;
+	if (current_byte != XP_INT3 || e->insn[0] == XP_INT3)
+		return false;
+	return xp_exec(b, e->addr);
+}
+
+/* ---- registers ---- */
+
+void xp_regs_snapshot(struct xenprobes_regs *dst, const struct xenprobes_regs *src)
+{
+	dst->rax = xp_ld64(&src->rax);
+	dst->rbx = xp_ld64(&src->rbx);
+	dst->rcx = xp_ld64(&src->rcx);
+	dst->rdx = xp_ld64(&src->rdx);
+	dst->rsi = xp_ld64(&src->rsi);
+	dst->rdi = xp_ld64(&src->rdi);
+	dst->rbp = xp_ld64(&src->rbp);
+	dst->rsp = xp_ld64(&src->rsp);
+	dst->r8 = xp_ld64(&src->r8);
+	dst->r9 = xp_ld64(&src->r9);
+	dst->r10 = xp_ld64(&src->r10);
+	dst->r11 = xp_ld64(&src->r11);
+	dst->r12 = xp_ld64(&src->r12);
+	dst->r13 = xp_ld64(&src->r13);
+	dst->r14 = xp_ld64(&src->r14);
+	dst->r15 = xp_ld64(&src->r15);
+	dst->rip = xp_ld64(&src->rip);
+	dst->rflags = xp_ld64(&src->rflags);
+	dst->cs = xp_ld64(&src->cs);
+	dst->ss = xp_ld64(&src->ss);
+}
+
+enum xp_answer xp_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,
+			       const struct xenprobes_regs *answer, struct xenprobes_regs *out)
+{
+	xenprobes_u64 moved;
+
+	if (!xp_resume_ok(b, answer->rip))
+		return XP_ANSWER_BAD_RIP;
+	moved = answer->rsp >= hit->rsp ? answer->rsp - hit->rsp : hit->rsp - answer->rsp;
+	if (moved > XP_RSP_SLACK)
+		return XP_ANSWER_BAD_RSP;
+
+	out->rax = answer->rax;
+	out->rbx = answer->rbx;
+	out->rcx = answer->rcx;
+	out->rdx = answer->rdx;
+	out->rsi = answer->rsi;
+	out->rdi = answer->rdi;
+	out->rbp = answer->rbp;
+	out->rsp = answer->rsp;
+	out->r8 = answer->r8;
+	out->r9 = answer->r9;
+	out->r10 = answer->r10;
+	out->r11 = answer->r11;
+	out->r12 = answer->r12;
+	out->r13 = answer->r13;
+	out->r14 = answer->r14;
+	out->r15 = answer->r15;
+	out->rip = answer->rip;
+	out->rflags = xp_merge_flags(hit->rflags, answer->rflags);
+	out->cs = hit->cs;
+	out->ss = hit->ss;
+	return XP_ANSWER_OK;
+}
+
+/* ---- the mailbox state machine ---- */
+
+enum xp_route xp_route_hit(bool dom0_gone, bool detaching, bool nested,
+			   xenprobes_u32 mailbox, xenprobes_u32 nr_mailboxes)
+{
+	if (dom0_gone || detaching || nested || mailbox >= nr_mailboxes)
+		return XP_ROUTE_FALLBACK;
+	return XP_ROUTE_PUBLISH;
+}
+
+enum xp_wait xp_wait_step(xenprobes_u32 state, xenprobes_u32 answer_seq, xenprobes_u32 seq,
+			  xenprobes_u64 now, xenprobes_u64 deadline, bool give_up)
+{
+	/* An answer that is there wins over a deadline that just passed. */
+	if (state == XENPROBES_MBOX_DONE && answer_seq == seq)
+		return XP_WAIT_DONE;
+	if (give_up || now >= deadline)
+		return XP_WAIT_TIMEOUT;
+	return XP_WAIT_AGAIN;
+}
+
+/* ---- relative branches and near ret ---- */
+
+static xp_s64 xp_rel8(const xenprobes_u8 *p)
+{
+	return p[0] < 0x80 ? (xp_s64)p[0] : (xp_s64)p[0] - 0x100;
+}
+
+static xp_s64 xp_rel32(const xenprobes_u8 *p)
+{
+	xenprobes_u32 v = (xenprobes_u32)p[0] | (xenprobes_u32)p[1] << 8 |
+			  (xenprobes_u32)p[2] << 16 | (xenprobes_u32)p[3] << 24;
+
+	return v < 0x80000000u ? (xp_s64)v : (xp_s64)v - 0x100000000ll;
+}
+
+bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_branch *out)
+{
+	struct xp_branch br = { .kind = XP_BR_NONE };
+	bool rep = false, addr32 = false;
+	xenprobes_u32 i = 0, imm = 0;
+	xenprobes_u8 op;
+
+	if (!bytes || len == 0 || len > 15)
+		return false;
+	for (; i < len; i++) {
+		xenprobes_u8 p = bytes[i];
+
+		if (p == 0x2e || p == 0x3e || p == 0xf2)
+			continue;		/* branch hints, BND */
+		if (p == 0xf3)
+			rep = true;
+		else if (p == 0x67)
+			addr32 = true;
+		else
+			break;
+	}
+	if (i < len && (bytes[i] & 0xf0) == 0x40)
+		i++;				/* REX: nothing to change for these forms */
+	if (i >= len)
+		return false;
+	op = bytes[i++];
+
+	if (op == 0xc3 || op == 0xc2) {
+		br.kind = XP_BR_RET;
+		imm = op == 0xc2 ? 2 : 0;
+		if (i + imm != len)
+			return false;
+		if (imm)
+			br.imm16 = (xenprobes_u32)bytes[i] | (xenprobes_u32)bytes[i + 1] << 8;
+	} else if (op == 0xeb || (op >= 0x70 && op <= 0x7f) || (op >= 0xe0 && op <= 0xe3)) {
+		if (i + 1 != len)
+			return false;
+		br.disp = xp_rel8(&bytes[i]);
+		if (op == 0xeb) {
+			br.kind = XP_BR_JMP;
+		} else if (op <= 0x7f) {
+			br.kind = XP_BR_JCC;
+			br.cc = op & 0xf;
+		} else if (op == 0xe0) {
+			br.kind = XP_BR_LOOPNE;
+		} else if (op == 0xe1) {
+			br.kind = XP_BR_LOOPE;
+		} else if (op == 0xe2) {
+			br.kind = XP_BR_LOOP;
+		} else {
+			br.kind = XP_BR_JRCXZ;
+			br.ecx = addr32;
+		}
+	} else if (op == 0xe9 || op == 0xe8) {
+		if (i + 4 != len)
+			return false;
+		br.kind = op == 0xe9 ? XP_BR_JMP : XP_BR_CALL;
+		br.disp = xp_rel32(&bytes[i]);
+	} else if (op == 0x0f) {
+		if (i + 5 != len || (bytes[i] & 0xf0) != 0x80)
+			return false;
+		br.kind = XP_BR_JCC;
+		br.cc = bytes[i] & 0xf;
+		br.disp = xp_rel32(&bytes[i + 1]);
+	} else {
+		return false;
+	}
+	/* 66 was refused above by ending the prefix loop on it; rep/67 only where harmless. */
+	if (rep && br.kind != XP_BR_RET)
+		return false;
+	if (addr32 && br.kind != XP_BR_JRCXZ)
+		return false;
+	br.len = len;
+	*out = br;
+	return true;
+}
+
+bool xp_condition(xenprobes_u32 cc, xenprobes_u64 rflags)
+{
+	bool of = rflags & XP_RFLAGS_OF, cf = rflags & XP_RFLAGS_CF;
+	bool zf = rflags & XP_RFLAGS_ZF, sf = rflags & XP_RFLAGS_SF;
+	bool pf = rflags & XP_RFLAGS_PF;
+	bool r;
+
+	switch ((cc & 0xf) >> 1) {
+	case 0:
+		r = of;			/* jo */
+		break;
+	case 1:
+		r = cf;			/* jb */
+		break;
+	case 2:
+		r = zf;			/* je */
+		break;
+	case 3:
+		r = cf || zf;		/* jbe */
+		break;
+	case 4:
+		r = sf;			/* js */
+		break;
+	case 5:
+		r = pf;			/* jp */
+		break;
+	case 6:
+		r = sf != of;		/* jl */
+		break;
+	default:
+		r = zf || sf != of;	/* jle */
+		break;
+	}
+	return (cc & 1) ? !r : r;
+}
+
+enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xenprobes_regs *r,
+			const struct xp_bounds *b, const struct xp_mem_ops *m)
+{
+	struct xp_branch br;
+	xenprobes_u64 next, target, rcx = r->rcx, ret = 0;
+	bool taken, zf = r->rflags & XP_RFLAGS_ZF;
+
+	if (!xp_decode_branch(bytes, len, &br))
+		return XP_EMUL_UNSUPPORTED;
+	next = r->rip + br.len;
+	target = next + (xenprobes_u64)br.disp;
+
+	switch (br.kind) {
+	case XP_BR_JMP:
+	case XP_BR_CALL:
+		taken = true;
+		break;
+	case XP_BR_JCC:
+		taken = xp_condition(br.cc, r->rflags);
+		break;
+	case XP_BR_LOOP:
+	case XP_BR_LOOPE:
+	case XP_BR_LOOPNE:
+		rcx -= 1;
+		taken = rcx != 0 && (br.kind == XP_BR_LOOP ||
+				     (br.kind == XP_BR_LOOPE) == zf);
+		break;
+	case XP_BR_JRCXZ:
+		taken = (br.ecx ? (rcx & 0xffffffffull) : rcx) == 0;
+		break;
+	case XP_BR_RET:
+		if (!m || !m->read_u64(m->ctx, r->rsp, &ret))
+			return XP_EMUL_FAULT;
+		taken = true;
+		target = ret;
+		break;
+	default:
+		return XP_EMUL_UNSUPPORTED;
+	}
+	if (!taken)
+		target = next;
+	if (!xp_resume_ok(b, target))
+		return XP_EMUL_BAD_TARGET;
+
+	if (br.kind == XP_BR_CALL) {
+		/* The kernel's int3 entry leaves a gap below the frame for exactly this push. */
+		if (!m || !m->write_u64(m->ctx, r->rsp - 8, next))
+			return XP_EMUL_FAULT;
+		r->rsp -= 8;
+	} else if (br.kind == XP_BR_RET) {
+		r->rsp += 8 + br.imm16;
+	}
+	r->rcx = rcx;
+	r->rip = target;
+	return XP_EMUL_OK;
+}
+
+/* ---- the return table ---- */
+
+xp_s32 xp_ret_find(const struct xenprobes_ret *table, xenprobes_u32 capacity,
+		   xenprobes_u64 slot)
+{
+	xenprobes_u32 i;
+
+	if (slot == 0)
+		return -1;
+	for (i = 0; i < capacity; i++)
+		if (xp_ld64(&table[i].slot) == slot)
+			return (xp_s32)i;
+	return -1;
+}
+
+/* ---- the fallback ---- */
+
+enum xp_fallback xp_take_fallback(const struct xenprobes_trap *e, struct xenprobes_regs *r,
+				  struct xenprobes_ret *rets, xenprobes_u32 ret_capacity,
+				  const struct xp_bounds *b, const struct xp_mem_ops *m)
+{
+	xenprobes_u64 to;
+	xp_s32 i;
+
+	if (e->len > sizeof(e->insn))
+		return XP_FB_BAD_ENTRY;
+
+	switch (e->flags) {
+	case XENPROBES_TRAP_FALLBACK:
+		if (!xp_resume_ok(b, e->fallback))
+			return XP_FB_BAD_TARGET;
+		r->rip = e->fallback;
+		return XP_FB_OK;
+
+	case XENPROBES_TRAP_EMULATE:
+		if (e->len < 1)
+			return XP_FB_BAD_ENTRY;
+		switch (xp_emulate(e->insn, e->len, r, b, m)) {
+		case XP_EMUL_OK:
+			return XP_FB_OK;
+		case XP_EMUL_BAD_TARGET:
+			return XP_FB_BAD_TARGET;
+		default:
+			return XP_FB_EMULATE_FAILED;
+		}
+
+	case XENPROBES_TRAP_RETURN:
+		if (!rets)
+			return XP_FB_NO_RETURN;
+		i = xp_ret_find(rets, ret_capacity, xp_return_slot(r->rsp));
+		if (i < 0)
+			return XP_FB_NO_RETURN;
+		to = xp_ld64(&rets[i].ret);
+		if (!xp_resume_ok(b, to))
+			return XP_FB_BAD_TARGET;
+		xp_st64(&rets[i].slot, 0);	/* this instance has returned */
+		r->rip = to;
+		return XP_FB_OK;
+
+	default:
+		return XP_FB_BAD_ENTRY;
+	}
+}
+
+/* ---- xenstore values ---- */
+
+bool xp_parse_decimal(const char *s, size_t n, xenprobes_u64 max, xenprobes_u64 *out)
+{
+	xenprobes_u64 v = 0;
+	size_t i;
+
+	if (!s || n == 0 || n > 20 || (s[0] == '0' && n > 1))
+		return false;
+	for (i = 0; i < n; i++) {
+		xenprobes_u64 d;
+
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+		d = (xenprobes_u64)(s[i] - '0');
+		if (v > max / 10)
+			return false;
+		v *= 10;
+		if (d > max - v)
+			return false;
+		v += d;
+	}
+	*out = v;
+	return true;
+}
+
+/* ---- the OEA pool ---- */
+
+enum xp_oea_result xp_oea_take(struct xp_oea_pool *p, xenprobes_u64 bytes,
+			       xenprobes_u64 *addr)
+{
+	if (bytes == 0 || bytes % XP_PAGE_SIZE || bytes > XENPROBES_OEA_MAX_SIZE)
+		return XP_OEA_BAD_REQUEST;
+	if (p->count >= XENPROBES_OEA_MAX_AREAS)
+		return XP_OEA_LIMIT;
+	if (p->used > p->size || bytes > p->size - p->used)
+		return XP_OEA_EXHAUSTED;
+	*addr = p->base + p->used;
+	p->areas[p->count].start = *addr;
+	p->areas[p->count].end = *addr + bytes;
+	p->used += bytes;
+	p->count++;
+	return XP_OEA_OK;
+}
+
+void xp_oea_undo_last(struct xp_oea_pool *p)
+{
+	struct xp_range *a;
+
+	if (!p->count)
+		return;
+	a = &p->areas[p->count - 1];
+	/* Areas are carved in order, so the last one ends where `used` ends. */
+	if (a->end - p->base != p->used)
+		return;
+	p->used -= a->end - a->start;
+	a->start = a->end = 0;
+	p->count--;
+}
+
+const char *xp_oea_reason(enum xp_oea_result r)
+{
+	switch (r) {
+	case XP_OEA_OK:
+		return "ok";
+	case XP_OEA_BAD_REQUEST:
+		return "bad request: not a nonzero multiple of 4096 up to the area size limit";
+	case XP_OEA_LIMIT:
+		return "area limit reached";
+	case XP_OEA_EXHAUSTED:
+		return "static OEA pool exhausted (rebuild with a larger XENPROBES_OEA_POOL)";
+	}
+	return "unknown error";
+}

@@ -1,0 +1,382 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * xenprobesU: the pure decisions of the guest module.
+ *
+ * Everything here compiles both inside the kernel module and in userspace, where the unit
+ * tests (tests/module/) drive it. No kernel header is used beyond what protocol.h pulls in
+ * (<linux/types.h>) and <linux/stddef.h> for NULL/true/false; nothing here sleeps, allocates,
+ * locks or touches a global: the callers own all state and every side effect (stack reads
+ * and writes go through struct xp_mem_ops, "is this page executable" through
+ * struct xp_bounds).
+ *
+ * Everything Dom0 wrote (the trap table, the return table, mailbox answers, xenstore values)
+ * is treated as hostile here: every index and count is bounded, every address the guest
+ * would resume at is validated, shared memory is read once (volatile loads) into a private
+ * snapshot before it is checked and used.
+ */
+#ifndef XENPROBES_XP_LOGIC_H
+#define XENPROBES_XP_LOGIC_H
+
+#include <xenprobes/protocol.h>
+
+#ifdef __KERNEL__
+#include <linux/stddef.h>
+typedef __s64 xp_s64;
+typedef __s32 xp_s32;
+typedef __u16 xp_u16;
+#else
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+typedef int64_t xp_s64;
+typedef int32_t xp_s32;
+typedef uint16_t xp_u16;
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XP_PAGE_SIZE 4096u
+#define XP_INT3 0xccu
+
+/* errno values (x86-64 Linux numbers), returned negated like the kernel does. */
+#define XP_EINVAL 22
+#define XP_E2BIG 7
+#define XP_ENOSPC 28
+
+/*
+ * The rflags bits taken from Dom0's answer: the arithmetic flags (CF PF AF ZF SF OF) and
+ * TF. IF, DF, IOPL, NT, RF, AC, ... stay what the guest had: Dom0 must not be able to enable
+ * interrupts inside an exception handler or change the privilege-related bits.
+ */
+#define XP_RFLAGS_CF 0x001ull
+#define XP_RFLAGS_PF 0x004ull
+#define XP_RFLAGS_AF 0x010ull
+#define XP_RFLAGS_ZF 0x040ull
+#define XP_RFLAGS_SF 0x080ull
+#define XP_RFLAGS_TF 0x100ull
+#define XP_RFLAGS_OF 0x800ull
+#define XP_RFLAGS_FROM_DOM0 (XP_RFLAGS_CF | XP_RFLAGS_PF | XP_RFLAGS_AF | XP_RFLAGS_ZF | \
+			     XP_RFLAGS_SF | XP_RFLAGS_TF | XP_RFLAGS_OF)
+
+/*
+ * How far Dom0 may move the stack pointer in an answer: a call or ret it emulated moves it
+ * by 8, a `ret imm16` by at most 8 + 65535. Anything further is not a branch Dom0 emulated
+ * but a corrupt answer.
+ */
+#define XP_RSP_SLACK (8ull + 0xffffull)
+
+/* Alignment of the arrays inside the control area (a cache line). */
+#define XP_CTL_ALIGN 64u
+
+/* ---- shared-memory loads and stores (one access each, never torn for aligned fields) ---- */
+
+static inline xenprobes_u64 xp_ld64(const volatile xenprobes_u64 *p) { return *p; }
+static inline xenprobes_u32 xp_ld32(const volatile xenprobes_u32 *p) { return *p; }
+static inline xenprobes_u8 xp_ld8(const volatile xenprobes_u8 *p) { return *p; }
+static inline void xp_st64(volatile xenprobes_u64 *p, xenprobes_u64 v) { *p = v; }
+static inline void xp_st32(volatile xenprobes_u32 *p, xenprobes_u32 v) { *p = v; }
+
+/* ---- the control area ---- */
+
+struct xp_layout {
+	xenprobes_u32 mailbox_offset;
+	xenprobes_u32 trap_offset;
+	xenprobes_u32 ret_offset;
+	xenprobes_u32 bytes;	/* end of the last array */
+	xenprobes_u32 pages;	/* bytes rounded up to whole pages */
+};
+
+/*
+ * Lays out header, mailboxes, trap table and return table, each array aligned to
+ * XP_CTL_ALIGN. 0, -XP_EINVAL (no mailbox or no trap entry) or -XP_E2BIG (more than
+ * XENPROBES_CTL_MAX_PAGES pages).
+ */
+int xp_layout_compute(xenprobes_u32 nr_mailboxes, xenprobes_u32 trap_capacity,
+		      xenprobes_u32 ret_capacity, struct xp_layout *out);
+
+/* Fills the header of a zeroed control area. */
+void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
+		    const struct xp_layout *l, xenprobes_u32 trap_capacity,
+		    xenprobes_u32 ret_capacity, xenprobes_u32 timeout_ms);
+
+/* ---- the trap table (Dom0 writes it, sorted by addr; nr_traps live entries) ---- */
+
+/* nr_traps as Dom0 wrote it, bounded by the capacity the module allocated. */
+static inline xenprobes_u32 xp_live_traps(xenprobes_u32 nr_traps, xenprobes_u32 capacity)
+{
+	return nr_traps < capacity ? nr_traps : capacity;
+}
+
+/* Copies an entry field by field with single loads (Dom0 may be writing it). */
+void xp_trap_snapshot(struct xenprobes_trap *dst, const struct xenprobes_trap *src);
+
+/*
+ * Binary search of the first xp_live_traps(nr_traps, capacity) entries for `addr`. On a
+ * match the entry is copied to *out and true returned. Terminates in O(log n) and reads
+ * only inside the table whatever the contents (an unsorted table just misses).
+ */
+bool xp_trap_search(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
+		    xenprobes_u32 capacity, xenprobes_u64 addr, struct xenprobes_trap *out);
+
+/*
+ * Linear scan of the same entries. The int3 hook uses it only when the binary search
+ * missed and the byte is still an int3 (the kernel would oops on it otherwise), so an
+ * unsorted table from a buggy Dom0 costs time, not the guest.
+ */
+bool xp_trap_scan(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
+		  xenprobes_u32 capacity, xenprobes_u64 addr, struct xenprobes_trap *out);
+
+/* ---- addresses ---- */
+
+struct xp_range {
+	xenprobes_u64 start;	/* first byte */
+	xenprobes_u64 end;	/* one past the last byte; start == end: empty */
+};
+
+static inline bool xp_in_range(const struct xp_range *r, xenprobes_u64 addr)
+{
+	return addr >= r->start && addr < r->end;
+}
+
+/*
+ * Where the guest may resume and what the module may patch. The kernel glue fills it once
+ * at load time; is_exec (may be NULL in tests) tells whether the page holding addr is
+ * mapped and executable right now.
+ */
+struct xp_bounds {
+	struct xp_range ktext;		/* core kernel text [_text, _etext) */
+	struct xp_range modules;	/* the module mapping area */
+	struct xp_range oea;		/* the module's whole OEA pool */
+	bool (*is_exec)(void *ctx, xenprobes_u64 addr);
+	void *ctx;
+};
+
+enum xp_addr_kind {
+	XP_ADDR_BAD = 0,
+	XP_ADDR_KTEXT,
+	XP_ADDR_MODULE,
+	XP_ADDR_OEA,
+};
+
+/* Which kind of code address addr is by range alone (the OEA wins over the module area). */
+enum xp_addr_kind xp_addr_classify(const struct xp_bounds *b, xenprobes_u64 addr);
+
+/* May the guest resume at addr: kernel text, module area or OEA, and executable. */
+bool xp_resume_ok(const struct xp_bounds *b, xenprobes_u64 addr);
+
+/*
+ * May the module write e->insn[0] back at e->addr once Dom0 is gone (e: a private
+ * snapshot): the entry has original bytes (len 1..15), the address is kernel or module text
+ * outside the OEA and executable, it currently holds an int3 (so only bytes Dom0 patched are
+ * touched), and insn[0] is not itself an int3.
+ */
+bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
+		   xenprobes_u8 current_byte);
+
+/* ---- registers ---- */
+
+static inline xenprobes_u64 xp_merge_flags(xenprobes_u64 guest, xenprobes_u64 dom0)
+{
+	return (guest & ~XP_RFLAGS_FROM_DOM0) | (dom0 & XP_RFLAGS_FROM_DOM0);
+}
+
+/* Copies a mailbox's regs field by field with single loads. */
+void xp_regs_snapshot(struct xenprobes_regs *dst, const struct xenprobes_regs *src);
+
+enum xp_answer {
+	XP_ANSWER_OK = 0,
+	XP_ANSWER_BAD_RIP,	/* outside kernel/module text and the OEA, or not executable */
+	XP_ANSWER_BAD_RSP,	/* moved further than any emulated branch could */
+};
+
+/*
+ * Builds the registers to resume with from the registers of the hit and Dom0's answer
+ * (a private snapshot): the general registers and rip from Dom0, rflags merged with
+ * xp_merge_flags, cs and ss always from the hit. *out is written only when the answer is OK.
+ */
+enum xp_answer xp_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,
+			       const struct xenprobes_regs *answer, struct xenprobes_regs *out);
+
+/* ---- the mailbox state machine (module side) ---- */
+
+enum xp_route {
+	XP_ROUTE_PUBLISH = 0,	/* hand the hit to Dom0 and wait */
+	XP_ROUTE_FALLBACK,	/* resume on our own at once, without notifying */
+};
+
+/*
+ * A found hit goes to Dom0 unless Dom0 was declared gone, the module is detaching, this
+ * CPU is already inside the hook (a probe hit from the hook's own path, e.g. an NMI), or
+ * the CPU has no mailbox.
+ */
+enum xp_route xp_route_hit(bool dom0_gone, bool detaching, bool nested,
+			   xenprobes_u32 mailbox, xenprobes_u32 nr_mailboxes);
+
+enum xp_wait {
+	XP_WAIT_AGAIN = 0,	/* poll once more */
+	XP_WAIT_DONE,		/* Dom0 answered this hit */
+	XP_WAIT_TIMEOUT,	/* give up: abandon the mailbox */
+};
+
+/*
+ * One check of the waiting loop: the answer counts only when state is DONE and answer_seq is
+ * this hit's seq (a late answer to an abandoned hit never does); give_up ends the wait early
+ * (detaching). Times in any monotonic nanoseconds.
+ */
+enum xp_wait xp_wait_step(xenprobes_u32 state, xenprobes_u32 answer_seq, xenprobes_u32 seq,
+			  xenprobes_u64 now, xenprobes_u64 deadline, bool give_up);
+
+/*
+ * After a timeout the module compare-and-swaps state HIT -> ABANDONED. `seen` is the state the
+ * swap found: if Dom0 completed the answer in the meantime (DONE with this seq), the answer
+ * is used after all; otherwise the mailbox is abandoned (and written ABANDONED whatever it
+ * held).
+ */
+static inline bool xp_late_answer(xenprobes_u32 seen, xenprobes_u32 answer_seq,
+				  xenprobes_u32 seq)
+{
+	return seen == XENPROBES_MBOX_DONE && answer_seq == seq;
+}
+
+/* true when `consecutive` timeouts in a row mean Dom0 is gone. */
+static inline bool xp_dead_after(xenprobes_u32 consecutive)
+{
+	return consecutive >= XENPROBES_DEAD_AFTER;
+}
+
+/* ---- relative branches and near ret (XENPROBES_TRAP_EMULATE) ---- */
+
+enum xp_branch_kind {
+	XP_BR_NONE = 0,
+	XP_BR_JMP,	/* eb rel8, e9 rel32 */
+	XP_BR_JCC,	/* 70+cc rel8, 0f 80+cc rel32 */
+	XP_BR_CALL,	/* e8 rel32 */
+	XP_BR_LOOP,	/* e2 rel8 */
+	XP_BR_LOOPE,	/* e1 rel8 */
+	XP_BR_LOOPNE,	/* e0 rel8 */
+	XP_BR_JRCXZ,	/* e3 rel8 (67 e3: jecxz) */
+	XP_BR_RET,	/* c3, c2 imm16 */
+};
+
+struct xp_branch {
+	enum xp_branch_kind kind;
+	xenprobes_u32 len;	/* decoded length, prefixes included */
+	xenprobes_u32 cc;	/* XP_BR_JCC: the condition code 0..15 */
+	xp_s64 disp;		/* relative displacement (sign extended) */
+	xenprobes_u32 imm16;	/* XP_BR_RET: bytes popped after the return address */
+	bool ecx;		/* XP_BR_JRCXZ with a 67 prefix: tests ecx */
+};
+
+/*
+ * Decodes one of the branch forms above from bytes[0..len). Allowed prefixes: 2e/3e (branch
+ * hints), f2 (BND), f3 before a ret (`rep ret`), 67 before jrcxz only, and a REX prefix right
+ * before the opcode. Refused: 66 (operand size truncates rip on AMD), 67 on anything but
+ * jrcxz, far forms, indirect forms, anything else. The decoded length must equal len exactly
+ * (the entry's len is the instruction's length). false when the bytes are not such a branch.
+ */
+bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_branch *out);
+
+/* Evaluates condition code cc (the low nibble of a jcc opcode) on rflags. */
+bool xp_condition(xenprobes_u32 cc, xenprobes_u64 rflags);
+
+/* Stack access for emulation; both return false on a fault. */
+struct xp_mem_ops {
+	bool (*read_u64)(void *ctx, xenprobes_u64 addr, xenprobes_u64 *val);
+	bool (*write_u64)(void *ctx, xenprobes_u64 addr, xenprobes_u64 val);
+	void *ctx;
+};
+
+enum xp_emul {
+	XP_EMUL_OK = 0,
+	XP_EMUL_UNSUPPORTED,	/* not a branch form we emulate */
+	XP_EMUL_BAD_TARGET,	/* the branch would leave kernel/module text and the OEA */
+	XP_EMUL_FAULT,		/* the stack could not be read or written */
+};
+
+/*
+ * Executes the branch in bytes[0..len) as if it sat at r->rip (the trap address): updates
+ * rip, and rsp/rcx and the stack where the instruction does. The target is validated before
+ * anything is changed; on failure *r and the stack are left untouched.
+ */
+enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xenprobes_regs *r,
+			const struct xp_bounds *b, const struct xp_mem_ops *m);
+
+/* ---- the return table ---- */
+
+/*
+ * The trampoline's int3 is reached by the probed function's `ret`, which has already
+ * popped the return-address slot: the slot is the stack pointer at the trap minus 8.
+ */
+static inline xenprobes_u64 xp_return_slot(xenprobes_u64 rsp_at_trap)
+{
+	return rsp_at_trap - 8;
+}
+
+/* Index of the entry whose slot is `slot` among the first `capacity`, or -1. Slot 0 = free. */
+xp_s32 xp_ret_find(const struct xenprobes_ret *table, xenprobes_u32 capacity,
+		   xenprobes_u64 slot);
+
+/* ---- the fallback of a trap entry (Dom0 did not answer) ---- */
+
+enum xp_fallback {
+	XP_FB_OK = 0,
+	XP_FB_BAD_ENTRY,	/* flags not exactly one known kind, or len out of range */
+	XP_FB_BAD_TARGET,	/* fallback / return address not a valid resume address */
+	XP_FB_EMULATE_FAILED,	/* insn is not emulable, or the stack faulted */
+	XP_FB_NO_RETURN,	/* no return-table entry for this slot */
+};
+
+/*
+ * Resumes without Dom0 as the entry `e` (a private snapshot) says: FALLBACK at e->fallback,
+ * (len 0..15: protocol.h allows 0 for traps inside the OEA, and len is not used here),
+ * EMULATE by emulating e->insn (len 1..15), RETURN (len 0..15) at the return table's
+ * address for the popped slot
+ * (then that entry is cleared). r->rip is the trap address on entry; *r is changed only on
+ * XP_FB_OK.
+ */
+enum xp_fallback xp_take_fallback(const struct xenprobes_trap *e, struct xenprobes_regs *r,
+				  struct xenprobes_ret *rets, xenprobes_u32 ret_capacity,
+				  const struct xp_bounds *b, const struct xp_mem_ops *m);
+
+/* ---- xenstore values ---- */
+
+/*
+ * Strict decimal: 1..20 digits of s[0..n) (n = the string's length without the NUL), no
+ * sign, no blanks, no leading zeros ("0" itself is fine), value <= max.
+ */
+bool xp_parse_decimal(const char *s, size_t n, xenprobes_u64 max, xenprobes_u64 *out);
+
+/* ---- the OEA pool (static memory in the module's text, carved into areas) ---- */
+
+struct xp_oea_pool {
+	xenprobes_u64 base;	/* page aligned */
+	xenprobes_u64 size;	/* whole pages */
+	xenprobes_u64 used;	/* bytes handed out, from base */
+	xenprobes_u32 count;	/* areas handed out */
+	struct xp_range areas[XENPROBES_OEA_MAX_AREAS];
+};
+
+enum xp_oea_result {
+	XP_OEA_OK = 0,
+	XP_OEA_BAD_REQUEST,	/* 0, not whole pages, or more than XENPROBES_OEA_MAX_SIZE */
+	XP_OEA_LIMIT,		/* XENPROBES_OEA_MAX_AREAS areas already */
+	XP_OEA_EXHAUSTED,	/* not enough of the static pool left */
+};
+
+/* The next area of exactly `bytes` from the pool; *addr is its start. */
+enum xp_oea_result xp_oea_take(struct xp_oea_pool *p, xenprobes_u64 bytes,
+			       xenprobes_u64 *addr);
+
+/* Gives the last area back (its publication failed, so Dom0 never saw it). */
+void xp_oea_undo_last(struct xp_oea_pool *p);
+
+/* A one-line reason for oea-error. */
+const char *xp_oea_reason(enum xp_oea_result r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XENPROBES_XP_LOGIC_H */

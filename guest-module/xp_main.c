@@ -1,0 +1,434 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * xenprobesU: the guest module of libxenprobes.
+ *
+ * It owns no probing policy: it publishes, under data/xenprobes in the domain's xenstore
+ * home, what Dom0 needs (include/xenprobes/protocol.h is the contract), provides the OEA
+ * (executable memory near kernel text), the control area (mailboxes, trap table, return
+ * table), an event channel to Dom0 and the int3 hook, grows the OEA and quiesces on Dom0's
+ * request, and resumes the guest on its own when Dom0 does not answer.
+ *
+ * Unload policy: the module holds a reference on itself once it is published, so `rmmod`
+ * is refused while Dom0 may have traps, slots or return trampolines pointing into it.
+ * `echo 1 > /sys/module/xenprobes/parameters/detach` disarms first (Dom0 is told by the
+ * removal of `state`; trap bytes are written back; live return-probe slots get their real
+ * return addresses back; every CPU is out of the hook and out of every slot), then drops the
+ * reference; `rmmod` then succeeds. See README.md.
+ */
+#include <linux/err.h>
+#include <linux/kernel.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/mutex.h>
+#include <linux/rcupdate.h>
+#include <linux/rcupdate_wait.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/utsname.h>
+#include <xen/xen.h>
+#include <xen/xenbus.h>
+
+#include "xp_internal.h"
+
+struct xp_state xp;
+
+/* ---- parameters ---- */
+
+static unsigned int oea_size = 128 * 1024;
+module_param(oea_size, uint, 0444);
+MODULE_PARM_DESC(oea_size, "Bytes of the first OEA area, rounded up to pages "
+		 "(the static pool holds " __stringify(XP_OEA_POOL_SIZE) " bytes for all areas)");
+
+static unsigned int trap_capacity = 1024;
+module_param(trap_capacity, uint, 0444);
+MODULE_PARM_DESC(trap_capacity, "Entries of the trap table");
+
+static unsigned int ret_capacity = 256;
+module_param(ret_capacity, uint, 0444);
+MODULE_PARM_DESC(ret_capacity, "Entries of the return table (live return-probe instances)");
+
+#define XP_TIMEOUT_MAX_MS 5000
+static unsigned int timeout_ms = 500;
+module_param(timeout_ms, uint, 0444);
+MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 (1.." __stringify(XP_TIMEOUT_MAX_MS)
+		 " ms, the vCPU waits with interrupts off)");
+
+static unsigned long kernel_text;
+module_param(kernel_text, ulong, 0444);
+MODULE_PARM_DESC(kernel_text, "The kernel's _text (0 = find it, else it is checked)");
+
+static DEFINE_MUTEX(xp_detach_lock);
+static bool xp_detached;	/* the self reference was dropped */
+static bool xp_loaded;		/* module_init completed */
+
+static int xp_detach(void);
+
+static int xp_detach_set(const char *val, const struct kernel_param *kp)
+{
+	bool v;
+	int err = kstrtobool(val, &v);
+
+	if (err)
+		return err;
+	if (!v)
+		return -EINVAL;		/* there is no re-attach: reload the module */
+	if (!READ_ONCE(xp_loaded))
+		return -EINVAL;		/* not as a load-time parameter */
+	return xp_detach();
+}
+
+static const struct kernel_param_ops xp_detach_ops = {
+	.set = xp_detach_set,
+	.get = param_get_bool,
+};
+module_param_cb(detach, &xp_detach_ops, &xp_detached, 0600);
+MODULE_PARM_DESC(detach, "Write 1 to disarm and allow rmmod (reads 1 once detached)");
+
+/* ---- xenstore ---- */
+
+#define xp_xs_printf(node, fmt, ...) \
+	xenbus_printf(XBT_NIL, XENPROBES_XS_DIR, node, fmt, ##__VA_ARGS__)
+
+static int xp_publish_area(unsigned int n, u64 addr, u64 size)
+{
+	char node[32];
+	int err;
+
+	snprintf(node, sizeof(node), XENPROBES_XS_OEA_ADDR_FMT, n);
+	err = xp_xs_printf(node, "0x%llx", addr);
+	if (err)
+		return err;
+	snprintf(node, sizeof(node), XENPROBES_XS_OEA_SIZE_FMT, n);
+	err = xp_xs_printf(node, "%llu", size);
+	if (err)
+		return err;
+	/* Only now: Dom0 watches oea/count and must find the area complete. */
+	return xp_xs_printf(XENPROBES_XS_OEA_COUNT, "%u", n + 1);
+}
+
+/*
+ * oea-request: one more area for every value Dom0 writes. Runs in the xenwatch thread;
+ * the initial event of register_xenbus_watch() finds no key (the directory was removed at
+ * load) and does nothing.
+ */
+static void xp_oea_request(struct xenbus_watch *w, const char *path, const char *token)
+{
+	enum xp_oea_result r;
+	unsigned int len;
+	u64 bytes, addr;
+	char *val;
+	int err;
+
+	val = xenbus_read(XBT_NIL, XENPROBES_XS_DIR, XENPROBES_XS_OEA_REQUEST, &len);
+	if (IS_ERR(val))
+		return;
+	mutex_lock(&xp.oea_lock);
+	if (READ_ONCE(xp.detaching))
+		goto out;
+	if (!xp_parse_decimal(val, len, XENPROBES_OEA_MAX_SIZE, &bytes))
+		r = XP_OEA_BAD_REQUEST;
+	else
+		r = xp_oea_take(&xp.oea, bytes, &addr);
+	if (r != XP_OEA_OK) {
+		xp_xs_printf(XENPROBES_XS_OEA_ERROR, "%s", xp_oea_reason(r));
+		goto out;
+	}
+	err = xp_publish_area(xp.oea.count - 1, addr, bytes);
+	if (err) {
+		/* oea/count was not bumped: Dom0 never saw the area, the next one reuses it. */
+		xp_oea_undo_last(&xp.oea);
+		pr_warn(XP_NAME ": publishing OEA area %u failed (%d)\n", xp.oea.count, err);
+		xp_xs_printf(XENPROBES_XS_OEA_ERROR, "xenstore write failed (%d)", err);
+	}
+out:
+	mutex_unlock(&xp.oea_lock);
+	kfree(val);
+}
+
+/*
+ * Waits until no CPU is in the int3 hook and no task is inside any slot:
+ *  - synchronize_rcu(): the hook runs with interrupts off (irqentry_nmi_enter()), and every
+ *    irq/NMI handler or preempt-disabled region that might be in a slot ends;
+ *  - synchronize_rcu_tasks_rude(): also code where RCU is not watching (idle, entry), which
+ *    Dom0 may have probed too;
+ *  - synchronize_rcu_tasks(): every task preempted inside a slot or the trampoline has
+ *    left it (a voluntary switch, user mode or idle), like optprobes and ftrace do before
+ *    they free trampolines.
+ * All three are exported GPL in 6.1 (CONFIG_TASKS_RCU and CONFIG_TASKS_RUDE_RCU are on in
+ * Debian's config); without CONFIG_TASKS_RCU synchronize_rcu_tasks() is synchronize_rcu(),
+ * which is enough when tasks cannot be preempted.
+ */
+static void xp_quiesce(void)
+{
+	synchronize_rcu();
+#ifdef CONFIG_TASKS_RUDE_RCU
+	synchronize_rcu_tasks_rude();
+#endif
+	synchronize_rcu_tasks();
+}
+
+static void xp_quiesce_work(struct work_struct *w)
+{
+	unsigned int len;
+	u64 token;
+	char *val;
+
+	val = xenbus_read(XBT_NIL, XENPROBES_XS_DIR, XENPROBES_XS_QUIESCE_REQUEST, &len);
+	if (IS_ERR(val))
+		return;
+	if (!xp_parse_decimal(val, len, U64_MAX, &token)) {
+		pr_warn_ratelimited(XP_NAME ": ignoring a quiesce-request that is not a decimal token\n");
+		goto out;
+	}
+	xp_quiesce();
+	/* The same token: it was validated, so it is plain digits. */
+	xp_xs_printf(XENPROBES_XS_QUIESCE_DONE, "%llu", token);
+out:
+	kfree(val);
+}
+
+static void xp_quiesce_request(struct xenbus_watch *w, const char *path, const char *token)
+{
+	/* The grace periods can take long: not in the xenwatch thread every driver shares. */
+	queue_work(xp.wq, &xp.quiesce_work);
+}
+
+static struct xenbus_watch xp_oea_watch = {
+	.node = XENPROBES_XS_DIR "/" XENPROBES_XS_OEA_REQUEST,
+	.callback = xp_oea_request,
+};
+
+static struct xenbus_watch xp_quiesce_watch = {
+	.node = XENPROBES_XS_DIR "/" XENPROBES_XS_QUIESCE_REQUEST,
+	.callback = xp_quiesce_request,
+};
+
+static bool xp_watches_on;
+
+static int xp_watches_register(void)
+{
+	int err = register_xenbus_watch(&xp_oea_watch);
+
+	if (err)
+		return err;
+	err = register_xenbus_watch(&xp_quiesce_watch);
+	if (err) {
+		unregister_xenbus_watch(&xp_oea_watch);
+		return err;
+	}
+	xp_watches_on = true;
+	return 0;
+}
+
+static void xp_watches_unregister(void)
+{
+	if (!xp_watches_on)
+		return;
+	/* Each waits for a callback that is running. */
+	unregister_xenbus_watch(&xp_quiesce_watch);
+	unregister_xenbus_watch(&xp_oea_watch);
+	xp_watches_on = false;
+}
+
+static int xp_publish(void)
+{
+	const struct xp_range *a0 = &xp.oea.areas[0];
+	int err;
+
+	/* Keys of an earlier load, Dom0 requests included, must not be mistaken for ours. */
+	xenbus_rm(XBT_NIL, "data", "xenprobes");
+
+	err = xp_xs_printf(XENPROBES_XS_VERSION, "%u", XENPROBES_PROTOCOL_VERSION);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_KERNEL_TEXT, "0x%lx", xp.ktext);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_RELEASE, "%s", init_utsname()->release);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_NR_CPUS, "%u", num_possible_cpus());
+	if (!err)
+		err = xp_publish_area(0, a0->start, a0->end - a0->start);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_CONTROL_ADDR, "0x%lx", (unsigned long)xp.ctl);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_CONTROL_PAGES, "%u", xp.layout.pages);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_EVTCHN, "%u", xp.port);
+	if (!err)
+		err = xp_watches_register();
+	/* Last: Dom0 watches `state` and must never see a half-published set. */
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_STATE, "%s", XENPROBES_XS_STATE_READY);
+	return err;
+}
+
+/* ---- the control area and the OEA ---- */
+
+static int xp_ctl_alloc(void)
+{
+	int err;
+
+	xp.nr_mailboxes = num_possible_cpus();
+	xp.trap_cap = trap_capacity;
+	xp.ret_cap = ret_capacity;
+	xp.timeout_ms = timeout_ms;
+	err = xp_layout_compute(xp.nr_mailboxes, xp.trap_cap, xp.ret_cap, &xp.layout);
+	if (err) {
+		pr_err(XP_NAME ": %u mailboxes, %u traps and %u returns do not fit in %u pages\n",
+		       xp.nr_mailboxes, xp.trap_cap, xp.ret_cap, XENPROBES_CTL_MAX_PAGES);
+		return err;
+	}
+	xp.ctl_bytes = (size_t)xp.layout.pages * PAGE_SIZE;
+	xp.ctl = alloc_pages_exact(xp.ctl_bytes, GFP_KERNEL | __GFP_ZERO);
+	if (!xp.ctl)
+		return -ENOMEM;
+	xp.hdr = xp.ctl;
+	xp.mbox = xp.ctl + xp.layout.mailbox_offset;
+	xp.traps = xp.ctl + xp.layout.trap_offset;
+	xp.rets = xp.ret_cap ? xp.ctl + xp.layout.ret_offset : NULL;
+	xp_header_init(xp.hdr, xp.nr_mailboxes, &xp.layout, xp.trap_cap, xp.ret_cap,
+		       xp.timeout_ms);
+	return 0;
+}
+
+static void xp_ctl_free(void)
+{
+	if (xp.ctl)
+		free_pages_exact(xp.ctl, xp.ctl_bytes);
+	xp.ctl = NULL;
+	xp.hdr = NULL;
+}
+
+static int xp_oea_init(void)
+{
+	u64 first = PAGE_ALIGN((u64)oea_size), addr;
+	enum xp_oea_result r;
+
+	xp.oea.base = (unsigned long)xp_oea_pool;
+	xp.oea.size = XP_OEA_POOL_SIZE;
+	r = xp_oea_take(&xp.oea, first, &addr);
+	if (r != XP_OEA_OK) {
+		pr_err(XP_NAME ": oea_size=%u: %s\n", oea_size, xp_oea_reason(r));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* ---- detach and unload ---- */
+
+/* Steps 1-5 of detaching (see the top of this file); idempotent, process context. */
+static void xp_disarm_all(void)
+{
+	unsigned int restored, repaired;
+
+	WRITE_ONCE(xp.detaching, true);		/* hits stop going to Dom0; waiters give up */
+	xenbus_rm(XBT_NIL, XENPROBES_XS_DIR, XENPROBES_XS_STATE);
+	xp_watches_unregister();
+	flush_workqueue(xp.wq);
+	restored = xp_restore_traps();
+	repaired = xp_repair_return_slots();
+	xp_quiesce();
+	pr_info(XP_NAME ": detached: restored %u trap bytes, repaired %u return slots\n",
+		restored, repaired);
+}
+
+static int xp_detach(void)
+{
+	mutex_lock(&xp_detach_lock);
+	if (!xp_detached) {
+		xp_disarm_all();
+		xp_detached = true;
+		module_put(THIS_MODULE);
+	}
+	mutex_unlock(&xp_detach_lock);
+	return 0;
+}
+
+/* Undoes xenprobes_init() from any point of failure (each step checks what exists). */
+static void xp_teardown(void)
+{
+	xp_hook_unregister();
+	xp_resume_watch_unregister();
+	xp_evtchn_close();
+	xenbus_rm(XBT_NIL, "data", "xenprobes");
+	xp_clock_exit();
+	if (xp.wq)
+		destroy_workqueue(xp.wq);
+	xp.wq = NULL;
+	xp_ctl_free();
+}
+
+static int __init xenprobes_init(void)
+{
+	int err;
+
+	if (!xen_domain())
+		return -ENODEV;
+	if (!timeout_ms || timeout_ms > XP_TIMEOUT_MAX_MS) {
+		pr_err(XP_NAME ": timeout_ms must be 1..%u\n", XP_TIMEOUT_MAX_MS);
+		return -EINVAL;
+	}
+	mutex_init(&xp.oea_lock);
+	INIT_WORK(&xp.quiesce_work, xp_quiesce_work);
+	xp_hook_init();
+
+	err = xp_text_init(kernel_text);
+	if (err)
+		return err;
+	err = xp_oea_init();
+	if (err)
+		return err;
+	xp.wq = alloc_ordered_workqueue(XP_NAME, 0);
+	if (!xp.wq)
+		return -ENOMEM;
+	err = xp_ctl_alloc();
+	if (err)
+		goto fail;
+	xp_clock_init();
+	err = xp_evtchn_open();
+	if (err)
+		goto fail;
+	err = xp_hook_register();
+	if (err)
+		goto fail;
+	xp_resume_watch_register();
+	err = xp_publish();
+	if (err)
+		goto fail;
+
+	/* Refuse rmmod until detached (see the unload policy above). */
+	__module_get(THIS_MODULE);
+	WRITE_ONCE(xp_loaded, true);
+	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms, clock: %s\n",
+		XENPROBES_PROTOCOL_VERSION, xp.ktext, xp.bounds.ktext.end,
+		(unsigned int)XP_OEA_POOL_SIZE,
+		(unsigned long)xp_oea_pool, (unsigned long)xp.ctl, xp.layout.pages, xp.port,
+		xp.nr_mailboxes, xp.timeout_ms, xp_clock_name());
+	return 0;
+
+fail:
+	WRITE_ONCE(xp.detaching, true);
+	xp_watches_unregister();
+	xp_teardown();
+	return err;
+}
+
+static void __exit xenprobes_exit(void)
+{
+	/* Only reached after detach, or with rmmod --force: then disarm now. */
+	mutex_lock(&xp_detach_lock);
+	if (!xp_detached)
+		xp_disarm_all();
+	mutex_unlock(&xp_detach_lock);
+	xp_teardown();
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld foreign int3s, %lld refused answers, %lld hits without fallback)\n",
+		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
+		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.bad_answers),
+		(long long)atomic64_read(&xp.no_fallback));
+}
+
+module_init(xenprobes_init);
+module_exit(xenprobes_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("xenprobesU: guest side of libxenprobes (Dom0 probes of this kernel)");

@@ -1,0 +1,331 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * xenprobesU: where kernel text is, whether an address is executable, and writing trap bytes
+ * back once Dom0 is gone or the module detaches.
+ *
+ * Neither _text, core_kernel_text(), is_module_text_address() nor text_poke() is exported to
+ * modules, so:
+ *  - _text is found from an exported core function: walking down in 2 MiB steps while the
+ *    page is mapped executable (below _text the kernel zaps the high mapping), then
+ *    confirmed with kallsyms (a symbol starts exactly there and nothing resolves just below),
+ *    or given as the kernel_text= parameter (e.g. the _text line of /proc/kallsyms), which is
+ *    checked for plausibility and against a confirmed guess;
+ *  - the end of core text is the first non-executable page above _text (mark_rodata_ro()
+ *    makes everything after _etext NX); with rodata=off this over-approximates;
+ *  - module text is "inside [MODULES_VADDR, MODULES_END) and mapped executable";
+ *  - bytes are written through a vmap() alias of the page (like text_poke()'s temporary
+ *    mapping), followed by sync_core() on every CPU (like text_poke_sync()).
+ */
+#include <linux/kallsyms.h>
+#include <linux/kernel.h>
+#include <linux/kdebug.h>
+#include <linux/mm.h>
+#include <linux/sched/signal.h>
+#include <linux/sched/task_stack.h>
+#include <linux/slab.h>
+#include <linux/smp.h>
+#include <linux/stop_machine.h>
+#include <linux/string.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+#include <asm/pgtable.h>
+#include <asm/sync_core.h>
+
+#include "xp_internal.h"
+
+bool xp_is_exec(void *ctx, u64 addr)
+{
+	unsigned int level;
+	pte_t *pte = lookup_address((unsigned long)addr, &level);
+
+	return pte && pte_present(*pte) && pte_exec(*pte);
+}
+
+/* Reads 8 bytes of kernel memory without oopsing on a bad address. */
+bool xp_read_kernel_u64(u64 addr, u64 *val)
+{
+	return copy_from_kernel_nofault(val, (const void *)(unsigned long)addr, sizeof(*val)) == 0;
+}
+
+/*
+ * Writes 8 bytes of kernel memory, never user memory, without oopsing on a bad or read-only
+ * address (copy_to_kernel_nofault() is not exported; the nofault accessor is a macro).
+ */
+bool xp_write_kernel_u64(u64 addr, u64 val)
+{
+	bool ok = false;
+
+	if ((s64)addr >= 0 || addr & 7)
+		return false;
+	pagefault_disable();
+	__put_kernel_nofault((void *)(unsigned long)addr, &val, u64, out);
+	ok = true;
+out:
+	pagefault_enable();
+	return ok;
+}
+
+/* sprint_symbol() prints "0x<addr>" when nothing resolves, else "name+0xoff/0xsize". */
+static int xp_symbol_at(unsigned long addr, bool *resolves, bool *starts)
+{
+	char *buf = kmalloc(KSYM_SYMBOL_LEN, GFP_KERNEL);
+
+	if (!buf)
+		return -ENOMEM;
+	sprint_symbol(buf, addr);
+	*resolves = strncmp(buf, "0x", 2) != 0;
+	*starts = *resolves && strstr(buf, "+0x0/");
+	kfree(buf);
+	return 0;
+}
+
+/* Is addr exactly the start of kernel text: a symbol starts there, nothing just below. */
+static int xp_confirm_text_start(unsigned long addr, bool *ok)
+{
+	bool res, starts, below_res, below_starts;
+	int err;
+
+	*ok = false;
+	if (!IS_ALIGNED(addr, PAGE_SIZE) || !xp_is_exec(NULL, addr))
+		return 0;
+	err = xp_symbol_at(addr, &res, &starts);
+	if (!err)
+		err = xp_symbol_at(addr - 1, &below_res, &below_starts);
+	if (err)
+		return err;
+	*ok = starts && !below_res;
+	return 0;
+}
+
+static unsigned long xp_guess_text_start(void)
+{
+	/* Any exported function of the core kernel: it lies in [_text, _etext). */
+	unsigned long t = ALIGN_DOWN((unsigned long)&register_die_notifier, PMD_SIZE);
+
+	while (t - PMD_SIZE >= __START_KERNEL_map && xp_is_exec(NULL, t - PMD_SIZE))
+		t -= PMD_SIZE;
+	return t;
+}
+
+static unsigned long xp_find_text_end(unsigned long start)
+{
+	unsigned long a = start;
+	unsigned long limit = min_t(unsigned long, start + KERNEL_IMAGE_SIZE, MODULES_VADDR);
+
+	while (a < limit) {
+		unsigned int level;
+		pte_t *pte = lookup_address(a, &level);
+		unsigned long step;
+
+		if (!pte || !pte_present(*pte) || !pte_exec(*pte))
+			break;
+		step = page_level_size(level);
+		a = ALIGN_DOWN(a, step) + step;
+	}
+	return a;
+}
+
+/*
+ * A kernel_text= value is accepted when it is page aligned, mapped executable, at or below
+ * the anchor and within the kernel image's reach of it; kallsyms is not asked (its notion of
+ * the first symbol may differ from _text on other layouts), but a value that contradicts a
+ * confirmed guess is refused.
+ */
+static bool xp_plausible_text_start(unsigned long addr)
+{
+	unsigned long anchor = (unsigned long)&register_die_notifier;
+
+	return IS_ALIGNED(addr, PAGE_SIZE) && addr <= anchor &&
+	       anchor - addr < KERNEL_IMAGE_SIZE && addr >= __START_KERNEL_map &&
+	       xp_is_exec(NULL, addr);
+}
+
+int xp_text_init(unsigned long kernel_text_param)
+{
+	unsigned long guess = xp_guess_text_start();
+	bool guess_ok = false;
+	int err;
+
+	if (IS_ENABLED(CONFIG_KALLSYMS)) {
+		err = xp_confirm_text_start(guess, &guess_ok);
+		if (err)
+			return err;
+	}
+	if (kernel_text_param) {
+		if (!xp_plausible_text_start(kernel_text_param)) {
+			pr_err(XP_NAME ": kernel_text=0x%lx is not the start of kernel text\n",
+			       kernel_text_param);
+			return -EINVAL;
+		}
+		if (guess_ok && guess != kernel_text_param) {
+			pr_err(XP_NAME ": kernel_text=0x%lx but kernel text starts at 0x%lx\n",
+			       kernel_text_param, guess);
+			return -EINVAL;
+		}
+		guess = kernel_text_param;
+	} else if (!guess_ok) {
+		/* Publishing a wrong _text would make Dom0 patch the wrong bytes: refuse. */
+		pr_err(XP_NAME ": cannot confirm _text (best guess 0x%lx); load with kernel_text=0x<the _text line of /proc/kallsyms>\n",
+		       guess);
+		return -ENOENT;
+	}
+
+	xp.ktext = guess;
+	xp.bounds.ktext.start = guess;
+	xp.bounds.ktext.end = xp_find_text_end(guess);
+	xp.bounds.modules.start = MODULES_VADDR;
+	xp.bounds.modules.end = MODULES_END;
+	xp.bounds.oea.start = (unsigned long)xp_oea_pool;
+	xp.bounds.oea.end = (unsigned long)xp_oea_pool + XP_OEA_POOL_SIZE;
+	xp.bounds.is_exec = xp_is_exec;
+	xp.bounds.ctx = NULL;
+	return 0;
+}
+
+/* Writes one byte of (read-only) text through a writable alias of its page. */
+static int xp_poke_byte(unsigned long addr, u8 byte)
+{
+	unsigned int level;
+	pte_t *pte = lookup_address(addr, &level);
+	unsigned long pfn;
+	struct page *page;
+	u8 *map;
+
+	if (!pte || !pte_present(*pte))
+		return -EFAULT;
+	pfn = PHYS_PFN(slow_virt_to_phys((void *)addr));
+	if (!pfn_valid(pfn))
+		return -EFAULT;
+	page = pfn_to_page(pfn);
+	map = vmap(&page, 1, VM_MAP, PAGE_KERNEL);
+	if (!map)
+		return -ENOMEM;
+	WRITE_ONCE(map[offset_in_page(addr)], byte);
+	vunmap(map);
+	return 0;
+}
+
+static void xp_sync_core(void *unused)
+{
+	sync_core();
+}
+
+/*
+ * Writes insn[0] back at every live trap-table address outside the OEA that still holds an
+ * int3 Dom0 wrote, in kernel or module text only. Process context. Returns how many bytes
+ * were restored.
+ */
+unsigned int xp_restore_traps(void)
+{
+	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
+	unsigned int restored = 0;
+	u32 i;
+
+	might_sleep();
+	for (i = 0; i < n; i++) {
+		struct xenprobes_trap e;
+		enum xp_addr_kind kind;
+		u8 cur;
+
+		xp_trap_snapshot(&e, &xp.traps[i]);
+		kind = xp_addr_classify(&xp.bounds, e.addr);
+		/* Never even read outside text: a hostile address could be MMIO. */
+		if (kind != XP_ADDR_KTEXT && kind != XP_ADDR_MODULE)
+			continue;
+		if (copy_from_kernel_nofault(&cur, (const void *)(unsigned long)e.addr, 1))
+			continue;
+		if (!xp_restore_ok(&xp.bounds, &e, cur))
+			continue;
+		if (!xp_poke_byte(e.addr, e.insn[0]))
+			restored++;
+		cond_resched();
+	}
+	/* Like text_poke_sync(): no CPU keeps executing a stale int3 from its pipeline. */
+	if (restored)
+		on_each_cpu(xp_sync_core, NULL, 1);
+	return restored;
+}
+
+#define XP_MAX_TRAMPOLINES 16
+
+struct xp_repair {
+	u64 tramp[XP_MAX_TRAMPOLINES];
+	unsigned int nr_tramp;
+	unsigned int repaired;
+};
+
+static bool xp_in_some_task_stack(u64 slot)
+{
+	struct task_struct *g, *t;
+	bool found = false;
+
+	rcu_read_lock();
+	for_each_process_thread(g, t) {
+		unsigned long lo = (unsigned long)READ_ONCE(t->stack);
+
+		if (lo && slot >= lo && slot + 8 <= lo + THREAD_SIZE) {
+			found = true;
+			break;
+		}
+	}
+	rcu_read_unlock();
+	return found;
+}
+
+/* Runs with every other CPU stopped: no stack frame can change under us. */
+static int xp_repair_stopped(void *arg)
+{
+	struct xp_repair *rp = arg;
+	u32 i;
+
+	for (i = 0; i < xp.ret_cap; i++) {
+		u64 slot = xp_ld64(&xp.rets[i].slot);
+		u64 ret = xp_ld64(&xp.rets[i].ret);
+		u64 cur;
+		unsigned int k;
+
+		if (!slot || !xp_resume_ok(&xp.bounds, ret) || !xp_in_some_task_stack(slot))
+			continue;
+		if (!xp_read_kernel_u64(slot, &cur))
+			continue;
+		for (k = 0; k < rp->nr_tramp; k++) {
+			if (cur != rp->tramp[k])
+				continue;
+			/*
+			 * The entry stays: a task that already popped the slot is about to
+			 * trap at the trampoline and needs it for the fallback.
+			 */
+			if (xp_write_kernel_u64(slot, ret))
+				rp->repaired++;
+			break;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Before the OEA (the module's text) goes away: every live return-probe instance whose
+ * stack slot still holds a trampoline address gets its real return address back, so no
+ * function returns into freed memory. Only slots inside some task's stack are written.
+ */
+unsigned int xp_repair_return_slots(void)
+{
+	struct xp_repair rp = { .nr_tramp = 0 };
+	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
+	u32 i;
+
+	if (!xp.ret_cap)
+		return 0;
+	for (i = 0; i < n && rp.nr_tramp < XP_MAX_TRAMPOLINES; i++) {
+		struct xenprobes_trap e;
+
+		xp_trap_snapshot(&e, &xp.traps[i]);
+		if (e.flags == XENPROBES_TRAP_RETURN &&
+		    xp_addr_classify(&xp.bounds, e.addr) == XP_ADDR_OEA)
+			rp.tramp[rp.nr_tramp++] = e.addr;
+	}
+	if (!rp.nr_tramp)
+		return 0;
+	stop_machine(xp_repair_stopped, &rp, NULL);
+	return rp.repaired;
+}

@@ -1,0 +1,495 @@
+#include "channel/guest.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstddef>
+#include <cstring>
+
+#include "common/hex.hpp"
+#include "common/log.hpp"
+#include "mem/frame_source.hpp"
+#include "mem/guest_memory.hpp"
+#include "mem/paging.hpp"
+#include "probe/module_info.hpp"
+
+namespace xenprobes::channel {
+namespace {
+
+// Every shared field is naturally aligned (attach checks the offsets), so each is read or
+// written with one atomic access: the guest may change it at any time, and a field read
+// twice could give two different values.
+template <typename T>
+T load(const std::byte* p, std::memory_order o = std::memory_order_relaxed) {
+  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::byte*>(p))).load(o);
+}
+template <typename T>
+void store(std::byte* p, T v, std::memory_order o = std::memory_order_relaxed) {
+  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
+}
+
+hv::VcpuRegs from_mailbox(const xenprobes_regs& x) {
+  hv::VcpuRegs r;
+  r.rax = x.rax, r.rbx = x.rbx, r.rcx = x.rcx, r.rdx = x.rdx, r.rsi = x.rsi, r.rdi = x.rdi;
+  r.rbp = x.rbp, r.rsp = x.rsp, r.r8 = x.r8, r.r9 = x.r9, r.r10 = x.r10, r.r11 = x.r11;
+  r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15;
+  r.rip = x.rip;
+  r.rflags = x.rflags;
+  r.cs = static_cast<std::uint16_t>(x.cs);
+  r.ss = static_cast<std::uint16_t>(x.ss);
+  // The hook serves kernel-mode int3s only (cs cannot tell: a 64-bit PV kernel runs with RPL 3).
+  r.kernel_mode = true;
+  return r;
+}
+
+// cs/ss go back as the module wrote them: it never takes them from Dom0 anyway.
+xenprobes_regs to_mailbox(const hv::VcpuRegs& r, const xenprobes_regs& as_read) {
+  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi,    r.rdi,       r.rbp,      r.rsp,
+                        r.r8,  r.r9,  r.r10, r.r11, r.r12,    r.r13,       r.r14,      r.r15,
+                        r.rip, r.rflags, as_read.cs, as_read.ss};
+}
+
+struct Range {
+  const char* what;
+  std::uint64_t first, end;  // [first, end)
+};
+
+std::string dom_str(DomId d) { return "domain " + std::to_string(d.value); }
+
+constexpr std::uint64_t kRejectWarnings = 10;  // per domain
+
+std::vector<xenprobes_trap>::iterator lower_bound(std::vector<xenprobes_trap>& t, std::uint64_t addr) {
+  return std::lower_bound(t.begin(), t.end(), addr,
+                          [](const xenprobes_trap& x, std::uint64_t v) { return x.addr < v; });
+}
+
+std::vector<xenprobes_trap>::iterator find_trap(std::vector<xenprobes_trap>& t, std::uint64_t addr) {
+  auto pos = lower_bound(t, addr);
+  return pos != t.end() && pos->addr == addr ? pos : t.end();
+}
+
+}  // namespace
+
+GuestChannel::~GuestChannel() {
+  for (auto& [dom, a] : domains_) (void)hv_.evtchn_unbind(a.port);
+}
+
+GuestChannel::Attached* GuestChannel::find(DomId dom) {
+  auto it = domains_.find(dom);
+  return it == domains_.end() ? nullptr : &it->second;
+}
+
+const GuestChannel::Attached* GuestChannel::find(DomId dom) const {
+  auto it = domains_.find(dom);
+  return it == domains_.end() ? nullptr : &it->second;
+}
+
+Result<void> GuestChannel::attach(DomId dom) {
+  if (domains_.contains(dom)) return {};
+  const std::string ds = dom_str(dom);
+  hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
+  if (info.dying || info.crashed) return fail(Errc::NoSuchDomain, ds + " is dying or crashed");
+  if (info.guest_width != 8) return fail(Errc::NotSupported, ds + " is a 32-bit guest: not supported");
+  if (info.vcpus == 0) return fail(Errc::Io, ds + " reports no vCPU");
+
+  // The module's keys, through the guest's own page tables (vCPU 0's, as the engine does).
+  mem::HypervisorFrameSource source(hv_, dom);
+  mem::GuestMemory memory(source);
+  hv::VcpuRegs r0 = XP_TRY(hv_.get_vcpu_regs(dom, VcpuId{0}));
+  memory.set_context(XP_TRY(mem::paging_context(info, r0)));
+  auto mi = probe::read_module_info(hv_, dom, probe::check_mapped_via(memory));
+  if (!mi) {
+    Error e = mi.error();
+    e.what = "the guest channel needs the guest module: " + e.what;
+    return std::unexpected(e);
+  }
+  probe::GuestChannelInfo gc = XP_TRY(probe::read_guest_channel_info(hv_, dom, *mi));
+  const std::string where = ds + ": the guest module's control area at " + hex(gc.control.value);
+
+  // Translate every page; each must be mapped writable by the guest, and no frame twice
+  // (aliased pages would let one table's writes land in another).
+  std::vector<Frame> frames;
+  for (unsigned p = 0; p < gc.pages; ++p) {
+    const Gva va{gc.control.value + std::uint64_t{p} * kPageSize};
+    auto t = memory.translate(va);
+    if (!t) return fail(Errc::Fault, where + ": page " + hex(va.value) + " is not mapped: " + t.error().what);
+    if (!t->writable) return fail(Errc::Fault, where + ": page " + hex(va.value) + " is mapped read-only");
+    if (std::find(frames.begin(), frames.end(), t->frame()) != frames.end())
+      return fail(Errc::InvalidArgument, where + ": page " + hex(va.value) + " maps a frame of the area twice");
+    frames.push_back(t->frame());
+  }
+  hv::ForeignMapping map = XP_TRY(hv_.map_frames(dom, frames, hv::MapAccess::ReadWrite));
+  if (map.pages() != gc.pages) return fail(Errc::Io, where + ": mapped " + std::to_string(map.pages()) + " pages");
+
+  // The header, read once.
+  xenprobes_ctl_header h;
+  std::memcpy(&h, map.data(), sizeof h);
+  auto bad = [&](const std::string& why) { return fail(Errc::InvalidArgument, where + ": " + why); };
+  if (h.magic != XENPROBES_CTL_MAGIC)
+    return bad("magic " + hex(h.magic) + " is not " + hex(XENPROBES_CTL_MAGIC) + " (not a control area)");
+  if (h.version != XENPROBES_PROTOCOL_VERSION)
+    return bad("header version " + std::to_string(h.version) + ", this library speaks " +
+               std::to_string(XENPROBES_PROTOCOL_VERSION));
+  if (h.nr_mailboxes != info.vcpus)
+    return bad(std::to_string(h.nr_mailboxes) + " mailboxes for " + std::to_string(info.vcpus) + " vCPUs");
+  if (h.trap_capacity == 0) return bad("a trap table of 0 entries");
+  const std::uint64_t size = map.pages() * kPageSize;
+  const Range ranges[] = {
+      {"the header", 0, sizeof h},
+      {"the mailboxes", h.mailbox_offset, h.mailbox_offset + std::uint64_t{h.nr_mailboxes} * sizeof(xenprobes_mailbox)},
+      {"the trap table", h.trap_offset, h.trap_offset + std::uint64_t{h.trap_capacity} * sizeof(xenprobes_trap)},
+      {"the return table", h.ret_offset, h.ret_offset + std::uint64_t{h.ret_capacity} * sizeof(xenprobes_ret)},
+  };
+  for (std::size_t i = 1; i < std::size(ranges); ++i) {
+    const Range& r = ranges[i];
+    // Naturally aligned fields: atomic accesses, no torn reads.
+    if (r.first % 8) return bad(std::string(r.what) + " at offset " + std::to_string(r.first) + " is not 8-byte aligned");
+    if (r.end > size)
+      return bad(std::string(r.what) + " [" + std::to_string(r.first) + ", " + std::to_string(r.end) +
+                 ") do not fit in " + std::to_string(gc.pages) + " pages");
+    for (std::size_t j = 0; j < i; ++j) {
+      const Range& o = ranges[j];
+      if (r.first < r.end && o.first < o.end && r.first < o.end && o.first < r.end)
+        return bad(std::string(r.what) + " overlap " + o.what);
+    }
+  }
+  if (h.dom0_gone)
+    return fail(Errc::Busy, ds + ": the guest module gave up on Dom0 earlier (dom0_gone: after " +
+                                std::to_string(XENPROBES_DEAD_AFTER) +
+                                " unanswered hits it restored the text) and hands no hits over any more: "
+                                "reload xenprobesU in the guest");
+  if (h.nr_traps != 0)
+    return fail(Errc::Busy, ds + ": the guest module's trap table still lists " + std::to_string(h.nr_traps) +
+                                " traps of another Dom0 session (still attached, or gone without detaching; "
+                                "the module restores their bytes itself after " +
+                                std::to_string(XENPROBES_DEAD_AFTER) + " unanswered hits)");
+
+  auto port = hv_.evtchn_bind_interdomain(dom, gc.evtchn);
+  if (!port) {
+    if (port.error().code == Errc::Busy)
+      return fail(Errc::Busy, ds + ": the guest module's event channel (port " + std::to_string(gc.evtchn) +
+                                  ") is bound by another Dom0 process: one guest channel per domain");
+    return fail(port.error().code, ds + ": binding the guest module's event channel (port " +
+                                       std::to_string(gc.evtchn) + "): " + port.error().what);
+  }
+
+  Attached a;
+  a.map = std::move(map);
+  a.layout = Layout{h.nr_mailboxes, h.mailbox_offset, h.trap_capacity, h.trap_offset, h.ret_capacity, h.ret_offset};
+  a.port = *port;
+  a.oea = mi->areas;
+  a.rets.assign(h.ret_capacity, xenprobes_ret{0, 0});
+  a.answered.assign(h.nr_mailboxes, std::nullopt);
+  a.answered_rip.assign(h.nr_mailboxes, 0);
+  a.rejected.assign(h.nr_mailboxes, std::nullopt);
+  // The return table is ours from now on: start it empty, as our copy is.
+  for (std::size_t i = 0; i < a.rets.size(); ++i) write_ret(a, i);
+  domains_.emplace(dom, std::move(a));
+  XP_LOG(Debug, "%s: guest channel attached (control area %s, %u pages, port %u)", ds.c_str(),
+         hex(gc.control.value).c_str(), gc.pages, gc.evtchn);
+  return {};
+}
+
+Result<void> GuestChannel::detach(DomId dom) {
+  auto it = domains_.find(dom);
+  if (it == domains_.end()) return {};
+  Attached& a = it->second;
+  // A module that removed `state` is leaving and may free the area (protocol.h): not a byte
+  // more from Dom0 then. (Between hits nothing else tells; the engine is expected to detach
+  // when it sees `state` go.)
+  auto st = hv_.xs_read(probe::module_key(dom, XENPROBES_XS_STATE));
+  if (st && *st == XENPROBES_XS_STATE_READY) {
+    // Count first: from then on the module sees no entry, whatever the entries still hold.
+    set_nr_traps(a, 0);
+    const std::size_t n = a.traps.size();
+    a.traps.clear();
+    for (std::size_t i = 0; i < n; ++i) write_trap(a, i);  // zeroes
+    std::fill(a.rets.begin(), a.rets.end(), xenprobes_ret{0, 0});
+    for (std::size_t i = 0; i < a.rets.size(); ++i) write_ret(a, i);
+  }
+  auto r = hv_.evtchn_unbind(a.port);
+  domains_.erase(it);
+  if (!r && r.error().code != Errc::NoSuchDomain) return r;
+  return {};
+}
+
+// ---- tables --------------------------------------------------------------------------
+
+void GuestChannel::write_trap(Attached& a, std::size_t i) {
+  if (i >= a.layout.trap_capacity) return;
+  xenprobes_trap e = i < a.traps.size() ? a.traps[i] : xenprobes_trap{};
+  std::memcpy(a.map.data() + a.layout.trap_offset + i * sizeof e, &e, sizeof e);
+}
+
+void GuestChannel::write_ret(Attached& a, std::size_t i) {
+  if (i >= a.layout.ret_capacity || i >= a.rets.size()) return;
+  std::byte* p = a.map.data() + a.layout.ret_offset + i * sizeof(xenprobes_ret);
+  // ret before slot: the module matches on slot, then takes ret.
+  store<std::uint64_t>(p + offsetof(xenprobes_ret, ret), a.rets[i].ret);
+  store<std::uint64_t>(p + offsetof(xenprobes_ret, slot), a.rets[i].slot, std::memory_order_release);
+}
+
+void GuestChannel::set_nr_traps(Attached& a, std::size_t n) {
+  store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, nr_traps), static_cast<std::uint32_t>(n),
+                       std::memory_order_release);
+}
+
+bool GuestChannel::in_oea(DomId dom, Attached& a, Gva addr) {
+  auto known = [&] {
+    return std::any_of(a.oea.begin(), a.oea.end(), [&](const probe::OeaArea& o) { return o.contains(addr); });
+  };
+  if (known()) return true;
+  // Only the bounds matter here (the engine checked the pages when it took the area).
+  auto mi = probe::read_module_info(hv_, dom, [](Gva) -> Result<void> { return {}; });
+  if (!mi) return false;
+  a.oea = mi->areas;
+  return known();
+}
+
+Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
+  Attached* a = find(dom);
+  if (!a) return fail(Errc::InvalidArgument, dom_str(dom) + " is not attached to the guest channel");
+  if (t.len > sizeof t.insn)
+    return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": " + std::to_string(t.len) +
+                                           " original bytes (at most 15)");
+  // The bytes are what the module emulates, and insn[0] is what it writes back at a trap
+  // outside its OEA once Dom0 is gone: only a trap in a slot (never restored) may go without.
+  if (t.len == 0 && (t.fallback == TrapEntry::Fallback::Emulate || !in_oea(dom, *a, t.addr)))
+    return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) +
+                                           ": no original bytes (needed to emulate it, and to restore "
+                                           "a trap outside the out-of-line execution area)");
+  xenprobes_trap e{};
+  e.addr = t.addr.value;
+  switch (t.fallback) {
+    case TrapEntry::Fallback::ResumeAt:
+      if (!t.resume_at.value)
+        return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": resume-at fallback without an address");
+      e.flags = XENPROBES_TRAP_FALLBACK;
+      e.fallback = t.resume_at.value;
+      break;
+    case TrapEntry::Fallback::Emulate:
+      e.flags = XENPROBES_TRAP_EMULATE;
+      break;
+    case TrapEntry::Fallback::Return:
+      e.flags = XENPROBES_TRAP_RETURN;
+      break;
+  }
+  e.len = t.len;
+  std::memcpy(e.insn, t.insn, t.len);
+
+  auto pos = lower_bound(a->traps, e.addr);
+  const auto i = static_cast<std::size_t>(pos - a->traps.begin());
+  if (pos != a->traps.end() && pos->addr == e.addr) {  // re-armed or changed: in place
+    *pos = e;
+    write_trap(*a, i);
+    return {};
+  }
+  if (a->traps.size() >= a->layout.trap_capacity)
+    return fail(Errc::NoSpace, dom_str(dom) + ": the guest module's trap table is full (" +
+                                   std::to_string(a->layout.trap_capacity) +
+                                   " entries: one per armed probe point and per slot with a trap): remove "
+                                   "probes, or load xenprobesU with a larger table");
+  a->traps.insert(pos, e);
+  // The domain is paused, so the module does not search meanwhile. Were it searching, the
+  // order keeps every old entry findable: the new last entry and the count first, then the
+  // rest downwards (an entry may be seen twice, never not at all).
+  const std::size_t n = a->traps.size();
+  write_trap(*a, n - 1);
+  set_nr_traps(*a, n);
+  for (std::size_t k = n - 1; k-- > i;) write_trap(*a, k);
+  return {};
+}
+
+void GuestChannel::trap_removed(DomId dom, Gva addr) {
+  Attached* a = find(dom);
+  if (!a) return;
+  auto pos = find_trap(a->traps, addr.value);
+  if (pos == a->traps.end()) return;
+  const auto i = static_cast<std::size_t>(pos - a->traps.begin());
+  a->traps.erase(pos);
+  // Upwards, then the count, then clear the old last entry (see trap_added).
+  const std::size_t n = a->traps.size();
+  for (std::size_t k = i; k < n; ++k) write_trap(*a, k);
+  set_nr_traps(*a, n);
+  write_trap(*a, n);
+}
+
+Result<void> GuestChannel::return_added(DomId dom, Gva stack_slot, Gva ret) {
+  Attached* a = find(dom);
+  if (!a) return fail(Errc::InvalidArgument, dom_str(dom) + " is not attached to the guest channel");
+  if (!stack_slot.value) return fail(Errc::InvalidArgument, "a return-table entry for stack slot 0 (0 marks a free entry)");
+  std::optional<std::size_t> free;
+  for (std::size_t i = 0; i < a->rets.size(); ++i) {
+    if (a->rets[i].slot == stack_slot.value) {
+      a->rets[i].ret = ret.value;
+      write_ret(*a, i);
+      return {};
+    }
+    if (!free && a->rets[i].slot == 0) free = i;
+  }
+  if (!free)
+    return fail(Errc::NoSpace, dom_str(dom) + ": the guest module's return table is full (" +
+                                   std::to_string(a->layout.ret_capacity) +
+                                   " live return-probe instances): lower maxactive, or load xenprobesU with "
+                                   "a larger table");
+  a->rets[*free] = xenprobes_ret{stack_slot.value, ret.value};
+  write_ret(*a, *free);
+  return {};
+}
+
+void GuestChannel::return_removed(DomId dom, Gva stack_slot) {
+  Attached* a = find(dom);
+  if (!a || !stack_slot.value) return;
+  for (std::size_t i = 0; i < a->rets.size(); ++i) {
+    if (a->rets[i].slot != stack_slot.value) continue;
+    a->rets[i] = xenprobes_ret{0, 0};
+    write_ret(*a, i);
+    return;
+  }
+}
+
+// ---- hits ---------------------------------------------------------------------------
+
+Result<unsigned> GuestChannel::process(StopSink& sink) {
+  // Acknowledge first: a hit published after this raises the event again. Every mailbox of
+  // every domain is looked at, so one port per call is enough (the fd stays readable while
+  // more are pending).
+  if (auto p = XP_TRY(hv_.evtchn_pending())) XP_TRY(hv_.evtchn_unmask(*p));
+  unsigned handled = 0;
+  for (auto it = domains_.begin(); it != domains_.end();) {
+    const DomId dom = it->first;
+    auto n = scan(dom, sink);
+    if (!n) {
+      if (n.error().code != Errc::NoSuchDomain) return std::unexpected(n.error());
+      // Died under us: nothing left to resume. The engine forgets it on @releaseDomain.
+      if (auto gone = domains_.find(dom); gone != domains_.end()) {
+        (void)hv_.evtchn_unbind(gone->second.port);
+        domains_.erase(gone);
+      }
+    } else {
+      handled += *n;
+    }
+    it = domains_.upper_bound(dom);  // handlers may have detached domains
+  }
+  return handled;
+}
+
+Result<unsigned> GuestChannel::flush(DomId dom, StopSink& sink) {
+  if (!find(dom)) return 0u;
+  return scan(dom, sink);
+}
+
+Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
+  unsigned answered = 0;
+  for (std::uint32_t v = 0;; ++v) {
+    Attached* a = find(dom);
+    if (!a || v >= a->layout.nr_mailboxes) break;
+    std::byte* mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
+    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) != XENPROBES_MBOX_HIT)
+      continue;
+    // One read of each field; only these copies are used from here on.
+    const std::uint32_t seq = load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq));
+    const std::uint64_t trap = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap));
+    xenprobes_regs x;
+    std::memcpy(&x, mb + offsetof(xenprobes_mailbox, regs), sizeof x);
+
+    const char* why = nullptr;
+    const bool in_table = find_trap(a->traps, trap) != a->traps.end();
+    if (a->answered[v] && *a->answered[v] == seq)
+      why = "a seq already answered";
+    else if (x.rip != trap)
+      why = "regs.rip is not the trap address";
+    else if (!in_table && !sink.owns_trap(dom, Gva{trap}))  // owned: disarmed, not flushed yet
+      why = "not a trap of ours";
+    if (why) {
+      // Left alone: the module's timeout resumes the vCPU as its trap entry says.
+      if (a->rejected[v] != seq) {
+        a->rejected[v] = seq;
+        // A hostile guest can make these as fast as it likes: the first few are warnings.
+        if (++a->stats.rejected <= kRejectWarnings)
+          XP_LOG(Warn, "%s vcpu %u: mailbox hit %u at %s ignored: %s%s", dom_str(dom).c_str(), v, seq,
+                 hex(trap).c_str(), why, a->stats.rejected == kRejectWarnings ? " (further ones: debug log)" : "");
+        else
+          XP_LOG(Debug, "%s vcpu %u: mailbox hit %u at %s ignored: %s", dom_str(dom).c_str(), v, seq,
+                 hex(trap).c_str(), why);
+      }
+      continue;
+    }
+
+    Stop s{dom, VcpuId{v}, Gva{trap}, from_mailbox(x)};
+    if (sink.on_stop(s) == Verdict::NotOurs) {
+      s.regs = from_mailbox(x);
+      s.regs.rip = trap;  // the byte is the original again: execute it
+    }
+    a = find(dom);
+    if (!a) break;
+    mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
+    // The module may have given up while the handlers ran, even published the next hit: an
+    // answer now would be for a hit nobody waits for.
+    std::atomic_ref<std::uint32_t> state(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
+    if (state.load(std::memory_order_acquire) != XENPROBES_MBOX_HIT ||
+        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq)) != seq) {
+      ++a->stats.late;
+      continue;
+    }
+    const xenprobes_regs out = to_mailbox(s.regs, x);
+    std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &out, sizeof out);
+    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq), seq);
+    std::uint32_t expected = XENPROBES_MBOX_HIT;
+    if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_DONE, std::memory_order_release,
+                                       std::memory_order_relaxed)) {
+      ++a->stats.late;
+      continue;
+    }
+    a->answered[v] = seq;
+    a->answered_rip[v] = out.rip;
+    ++a->stats.answered;
+    ++answered;
+  }
+  if (answered) {
+    Attached* a = find(dom);
+    if (a) XP_TRY(hv_.evtchn_notify(a->port));  // once for all of them
+  }
+  return answered;
+}
+
+std::vector<std::uint64_t> GuestChannel::resumes_in_flight(DomId dom) const {
+  std::vector<std::uint64_t> out;
+  const Attached* a = find(dom);
+  if (!a) return out;
+  for (std::uint32_t v = 0; v < a->layout.nr_mailboxes; ++v) {
+    if (!a->answered[v]) continue;
+    const std::byte* mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
+    // The guest could fake DONE to keep slots busy: it only delays their reuse.
+    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) == XENPROBES_MBOX_DONE &&
+        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == *a->answered[v])
+      out.push_back(a->answered_rip[v]);
+  }
+  return out;
+}
+
+// ---- reports -------------------------------------------------------------------------
+
+Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) const {
+  const Attached* a = find(dom);
+  if (!a) return fail(Errc::InvalidArgument, dom_str(dom) + " is not attached to the guest channel");
+  const std::byte* h = a->map.data();
+  ModuleCounters c;
+  c.hits = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, hits));
+  c.timeouts = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, timeouts));
+  c.foreign = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, foreign));
+  c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
+  return c;
+}
+
+GuestChannel::Stats GuestChannel::stats(DomId dom) const {
+  const Attached* a = find(dom);
+  return a ? a->stats : Stats{};
+}
+
+std::size_t GuestChannel::traps(DomId dom) const {
+  const Attached* a = find(dom);
+  return a ? a->traps.size() : 0;
+}
+
+}  // namespace xenprobes::channel

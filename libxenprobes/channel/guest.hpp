@@ -1,0 +1,118 @@
+// The guest-assisted channel (design.md "Trap channels"; the contract is
+// include/xenprobes/protocol.h). The guest module hooks int3: for an address in the trap
+// table Dom0 keeps in the module's control area, its hook copies the registers into the
+// vCPU's mailbox, notifies an interdomain event channel and waits; Dom0 runs the handlers on
+// those registers, writes the answer into the mailbox and notifies back. Per hit: no domain
+// pause and no vCPU-context hypercall, one notification each way plus the acknowledgement of
+// the event. If Dom0 does not answer in time the module resumes the vCPU on its own, as the
+// trap entry says (and restores the text after XENPROBES_DEAD_AFTER misses in a row), so a
+// dying Dom0 leaves the guest running.
+//
+// The control area is guest memory mapped writable into Dom0: everything read from it is
+// hostile. Its layout is read once at attach, validated and kept here; later accesses go
+// through that copy only, stay inside the mapping, and read each shared field once. The
+// tables are written from Dom0's own copies, never read back.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "channel/channel.hpp"
+#include "probe/module_info.hpp"
+#include "xenprobes/protocol.h"
+
+namespace xenprobes::channel {
+
+class GuestChannel final : public Channel {
+ public:
+  // Binds nothing until attach: each domain brings its own port.
+  explicit GuestChannel(hv::Hypervisor& hv) : hv_(hv) {}
+  // Unbinds and unmaps, but leaves the trap tables as they are: bytes the engine did not
+  // restore (a Dom0 going away without detaching) still need their entries, or the module
+  // would take them for the kernel's own int3s; it restores them itself once Dom0 stops
+  // answering.
+  ~GuestChannel() override;
+  GuestChannel(const GuestChannel&) = delete;
+  GuestChannel& operator=(const GuestChannel&) = delete;
+
+  const char* name() const override { return "guest"; }
+  std::uint8_t trap_byte() const override { return kInt3; }
+  // Reads the module's keys (refusing a module that is absent, not ready, too old, or gave up
+  // on Dom0, saying what would work), maps the control area writable (translated through the
+  // guest's page tables), validates its header and binds the module's port.
+  Result<void> attach(DomId) override;
+  // Empties the tables (the engine restored every byte), unbinds, unmaps. Writes nothing when
+  // the module no longer says `state` = ready (it is unloading and may free the area).
+  Result<void> detach(DomId) override;
+  // The handle's event-channel fd, shared with any other channel binding ports on the same
+  // handle (the debugger channel's VIRQ): process() acknowledges whichever port is pending
+  // and scans every mailbox regardless, as the debugger channel scans regardless, so each
+  // channel on the handle must be processed whenever the fd is readable.
+  int fd() const override { return hv_.evtchn_fd(); }
+  // Every hit notifies, and the event is acknowledged before the mailboxes are read: no
+  // periodic poll is needed.
+  int poll_interval_ms() const override { return 0; }
+  bool stops_found_by_rip() const override { return false; }
+  Result<unsigned> process(StopSink&) override;
+  Result<void> trap_added(DomId, const TrapEntry&) override;
+  void trap_removed(DomId, Gva) override;
+  Result<void> return_added(DomId, Gva stack_slot, Gva ret) override;
+  void return_removed(DomId, Gva stack_slot) override;
+  Result<unsigned> flush(DomId, StopSink&) override;
+  std::vector<std::uint64_t> resumes_in_flight(DomId) const override;
+
+  static constexpr std::uint8_t kInt3 = 0xcc;
+
+  // What the module counts in the header (reported, never relied on).
+  struct ModuleCounters {
+    std::uint64_t hits = 0, timeouts = 0, foreign = 0;
+    bool dom0_gone = false;
+  };
+  [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;
+  // Dom0's side: answers written; mailboxes in state HIT that were not answered (a trap not
+  // ours, rip != trap, a seq already answered); answers dropped because the module had given
+  // up on the hit while the handlers ran.
+  struct Stats {
+    std::uint64_t answered = 0, rejected = 0, late = 0;
+  };
+  Stats stats(DomId) const;
+  std::size_t traps(DomId) const;  // live entries in the trap table
+
+ private:
+  // The header's layout as validated at attach; never re-read from the area.
+  struct Layout {
+    std::uint32_t nr_mailboxes = 0, mailbox_offset = 0;
+    std::uint32_t trap_capacity = 0, trap_offset = 0;
+    std::uint32_t ret_capacity = 0, ret_offset = 0;
+  };
+  struct Attached {
+    hv::ForeignMapping map;
+    Layout layout;
+    hv::EvtchnPort port = 0;
+    std::vector<probe::OeaArea> oea;    // the module's areas as last read
+    std::vector<xenprobes_trap> traps;  // sorted by addr: what the shared table is written from
+    std::vector<xenprobes_ret> rets;    // index = entry in the shared table; slot 0 = free
+    std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered
+    std::vector<std::uint64_t> answered_rip;              // per mailbox: where that answer sends it
+    std::vector<std::optional<std::uint32_t>> rejected;  // per mailbox: the last seq refused (logged once)
+    Stats stats;
+  };
+
+  Attached* find(DomId);
+  const Attached* find(DomId) const;
+  // Handles every mailbox of the domain in state HIT; returns how many were answered. The
+  // domain may be detached from inside a handler: looked up again after each one.
+  Result<unsigned> scan(DomId, StopSink&);
+  void write_trap(Attached&, std::size_t index);
+  void write_ret(Attached&, std::size_t index);
+  void set_nr_traps(Attached&, std::size_t n);
+  // Inside one of the module's OEA areas (re-read once when not: the area may be new).
+  bool in_oea(DomId, Attached&, Gva);
+
+  hv::Hypervisor& hv_;
+  std::map<DomId, Attached> domains_;
+};
+
+}  // namespace xenprobes::channel

@@ -1,0 +1,484 @@
+// The simulated guest module's side of the guest channel (include/xenprobes/protocol.h): the
+// control area, the int3 hook and its mailbox wait, the fallbacks when Dom0 does not answer,
+// disarming on its own once Dom0 is gone, and quiescence.
+//
+// What a real module does in its int3 hook (guest-module/) is done here by the domain's
+// scheduler thread with the host lock held: the hook runs between two quanta of the trapping
+// vCPU, and its wait only takes that vCPU off the run queue (the scheduler keeps running the
+// others and looks at the mailbox before every quantum, or at the timeout when nothing else
+// runs). Nothing here blocks, so neither the host lock nor the emulation lock is ever held
+// while waiting for Dom0.
+//
+// Everything read from the control area is Dom0-written data (the trap table, the return
+// table, the answers): read once, bounded by the layout the module keeps privately (the
+// header in the area is Dom0-writable too, so it is never read back for offsets or sizes).
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstddef>
+#include <cstring>
+
+#include "common/log.hpp"
+#include "hv/sim/page_table_builder.hpp"
+#include "hv/sim/sim_host_impl.hpp"
+
+namespace xenprobes::hv::sim {
+namespace {
+
+// In the module area, past every OEA reserve area (those are 16 MiB apart from 0xffffffffa0000000,
+// see create_domain); mapped writable and NX: Dom0 writes it, nothing executes from it.
+constexpr std::uint64_t kControlVa = 0xffffffffc0000000ull;
+constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's reserve-area spacing
+constexpr std::uint32_t kMailboxOffset = 256;      // after the header, cache-line aligned
+// The rflags bits the hook takes from Dom0 (protocol.h): the arithmetic flags and TF.
+constexpr std::uint64_t kFlagsFromDom0 = 0x8d5 | 0x100;
+constexpr std::uint8_t kInt3 = 0xcc;
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+// Shared-memory accesses: one load or store each (the other side may write at any time).
+template <typename T>
+T load(const std::uint8_t* p, std::memory_order o = std::memory_order_relaxed) {
+  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::uint8_t*>(p))).load(o);
+}
+template <typename T>
+void store(std::uint8_t* p, T v, std::memory_order o = std::memory_order_relaxed) {
+  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
+}
+
+std::uint8_t* area(Domain& d) { return d.ram->base + d.module.ctl_gpa; }
+std::uint8_t* header_at(Domain& d, std::size_t field) { return area(d) + field; }
+std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
+  return area(d) + d.module.mailbox_offset + std::size_t{vcpu} * sizeof(xenprobes_mailbox);
+}
+
+void publish_counters(Domain& d) {
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
+}
+
+// [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
+std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
+  for (const Alias& a : d.aliases)
+    if (va >= a.va && va - a.va < a.len && len <= a.len - (va - a.va)) return d.ram->base + a.gpa + (va - a.va);
+  return nullptr;
+}
+
+// The areas this module published (oea/0, then reserve areas in order).
+bool in_oea(const Domain& d, std::uint64_t va) {
+  for (unsigned k = 0; k < d.oea_published; ++k) {
+    std::uint64_t base = d.layout.oea_addr + k * kOeaStride;
+    if (va >= base && va - base < d.cfg.oea_size) return true;
+  }
+  return false;
+}
+
+// Binary search of the Dom0-written trap table, as the module's hook does it. An unsorted
+// or garbage table only makes the search miss; it never reads past the module's capacity.
+bool lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) {
+  const ModuleState& m = d.module;
+  std::uint32_t n = load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)),
+                                        std::memory_order_acquire);
+  n = std::min(n, m.trap_capacity);
+  std::uint32_t lo = 0, hi = n;
+  while (lo < hi) {
+    std::uint32_t mid = lo + (hi - lo) / 2;
+    std::memcpy(&out, area(d) + m.trap_offset + std::size_t{mid} * sizeof(xenprobes_trap), sizeof out);
+    if (out.addr < addr)
+      lo = mid + 1;
+    else if (out.addr > addr)
+      hi = mid;
+    else
+      return true;
+  }
+  return false;
+}
+
+xenprobes_regs to_protocol(const VcpuRegs& r) {
+  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,     r.r9,  r.r10,
+                        r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
+}
+
+bool condition(unsigned cc, std::uint64_t fl) {
+  const bool cf = fl & 0x1, pf = fl & 0x4, zf = fl & 0x40, sf = fl & 0x80, of = fl & 0x800;
+  bool r = false;
+  switch (cc >> 1) {
+    case 0: r = of; break;
+    case 1: r = cf; break;
+    case 2: r = zf; break;
+    case 3: r = cf || zf; break;
+    case 4: r = sf; break;
+    case 5: r = pf; break;
+    case 6: r = sf != of; break;
+    default: r = zf || sf != of; break;
+  }
+  return (cc & 1) ? !r : r;
+}
+
+// XENPROBES_TRAP_EMULATE: what the module can run without the original bytes in place — a
+// relative jmp/jcc/call/loop/jrcxz or a near ret (branch-hint and BND prefixes allowed).
+// r.rip is the trap address; false when the bytes are anything else.
+bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
+  const std::uint8_t* b = e.insn;
+  const std::size_t len = e.len;
+  if (len == 0 || len > sizeof e.insn) return false;
+  std::size_t i = 0;
+  while (i < len && (b[i] == 0x2e || b[i] == 0x3e || b[i] == 0xf2)) ++i;
+  if (i >= len) return false;
+  const std::uint64_t next = r.rip + len;
+  std::int64_t disp = 0;
+  auto rel8 = [&](std::size_t at) {
+    if (at + 1 != len) return false;
+    disp = static_cast<std::int8_t>(b[at]);
+    return true;
+  };
+  auto rel32 = [&](std::size_t at) {
+    if (at + 4 != len) return false;
+    std::int32_t v;
+    std::memcpy(&v, b + at, 4);
+    disp = v;
+    return true;
+  };
+  auto push = [&](std::uint64_t v) {
+    std::uint8_t* p = guest_ptr(d, r.rsp - 8, 8);
+    if (!p) return false;
+    std::memcpy(p, &v, 8);
+    r.rsp -= 8;
+    return true;
+  };
+  auto pop = [&](std::uint64_t& v) {
+    const std::uint8_t* p = guest_ptr(d, r.rsp, 8);
+    if (!p) return false;
+    std::memcpy(&v, p, 8);
+    r.rsp += 8;
+    return true;
+  };
+  const std::uint8_t op = b[i];
+  switch (op) {
+    case 0xeb:
+      if (!rel8(i + 1)) return false;
+      r.rip = next + disp;
+      return true;
+    case 0xe9:
+      if (!rel32(i + 1)) return false;
+      r.rip = next + disp;
+      return true;
+    case 0xe8:
+      if (!rel32(i + 1) || !push(next)) return false;
+      r.rip = next + disp;
+      return true;
+    case 0xe0:  // loopne
+    case 0xe1:  // loope
+    case 0xe2: {  // loop
+      if (!rel8(i + 1)) return false;
+      r.rcx -= 1;
+      const bool zf = r.rflags & 0x40;
+      const bool take = r.rcx != 0 && (op == 0xe2 || (op == 0xe1) == zf);
+      r.rip = take ? next + disp : next;
+      return true;
+    }
+    case 0xe3:  // jrcxz
+      if (!rel8(i + 1)) return false;
+      r.rip = r.rcx == 0 ? next + disp : next;
+      return true;
+    case 0xc3: {
+      std::uint64_t to;
+      if (i + 1 != len || !pop(to)) return false;
+      r.rip = to;
+      return true;
+    }
+    case 0xc2: {
+      std::uint16_t imm;
+      std::uint64_t to;
+      if (i + 3 != len) return false;
+      std::memcpy(&imm, b + i + 1, 2);
+      if (!pop(to)) return false;
+      r.rsp += imm;
+      r.rip = to;
+      return true;
+    }
+    case 0x0f:
+      if (i + 1 >= len || (b[i + 1] & 0xf0) != 0x80 || !rel32(i + 2)) return false;
+      r.rip = condition(b[i + 1] & 0xf, r.rflags) ? next + disp : next;
+      return true;
+    default:
+      if (op < 0x70 || op > 0x7f || !rel8(i + 1)) return false;
+      r.rip = condition(op & 0xf, r.rflags) ? next + disp : next;
+      return true;
+  }
+}
+
+std::string dir_of(const Domain& d) { return "/local/domain/" + std::to_string(d.id.value) + "/" XENPROBES_XS_DIR "/"; }
+
+}  // namespace
+
+Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt, std::uint64_t gpa) {
+  const DomainConfig& c = d.cfg;
+  ModuleState& m = d.module;
+  if (c.module_trap_capacity == 0) return fail(Errc::InvalidArgument, "sim: module_trap_capacity must be at least 1");
+  if (c.module_timeout_ms == 0) return fail(Errc::InvalidArgument, "sim: module_timeout_ms must be at least 1");
+  const std::uint64_t traps = align_up(kMailboxOffset + std::uint64_t{c.vcpus} * sizeof(xenprobes_mailbox), 64);
+  const std::uint64_t rets = align_up(traps + std::uint64_t{c.module_trap_capacity} * sizeof(xenprobes_trap), 64);
+  const std::uint64_t end = rets + std::uint64_t{c.module_ret_capacity} * sizeof(xenprobes_ret);
+  const std::uint64_t pages = align_up(end, kPageSize) / kPageSize;
+  if (pages > XENPROBES_CTL_MAX_PAGES)
+    return fail(Errc::InvalidArgument, "sim: the guest module's tables need " + std::to_string(pages) +
+                                           " pages, the control area has at most " +
+                                           std::to_string(XENPROBES_CTL_MAX_PAGES));
+  if (!d.oea_reserve.empty() && d.oea_reserve.back() + c.oea_size > kControlVa)
+    return fail(Errc::InvalidArgument, "sim: too many OEA reserve areas (they would reach the control area)");
+  if (gpa % kPageSize || gpa + pages * kPageSize > d.ram->size)
+    return fail(Errc::InvalidArgument, "sim: the guest module's control area does not fit in guest RAM");
+  XP_TRY(pt.map_4k(kControlVa, gpa, pages * kPageSize,
+                   PageTableBuilder::kGlobal | PageTableBuilder::kWrite | PageTableBuilder::kNx));
+  d.aliases.push_back({kControlVa, gpa, pages * kPageSize});
+
+  m.ctl_va = kControlVa;
+  m.ctl_gpa = gpa;
+  m.ctl_pages = static_cast<unsigned>(pages);
+  m.mailbox_offset = kMailboxOffset;
+  m.trap_offset = static_cast<std::uint32_t>(traps);
+  m.trap_capacity = c.module_trap_capacity;
+  m.ret_offset = static_cast<std::uint32_t>(rets);
+  m.ret_capacity = c.module_ret_capacity;
+  m.timeout_ms = c.module_timeout_ms;
+  xenprobes_ctl_header h{};
+  h.magic = XENPROBES_CTL_MAGIC;
+  h.version = XENPROBES_PROTOCOL_VERSION;
+  h.nr_mailboxes = c.vcpus;
+  h.mailbox_offset = m.mailbox_offset;
+  h.trap_capacity = m.trap_capacity;
+  h.trap_offset = m.trap_offset;
+  h.ret_capacity = m.ret_capacity;
+  h.ret_offset = m.ret_offset;
+  h.timeout_ms = m.timeout_ms;
+  std::memcpy(area(d), &h, sizeof h);  // before the domain exists: nobody else sees it yet
+  m.present = true;
+  d.layout.control_addr = kControlVa;
+  d.layout.control_size = pages * kPageSize;
+  return {};
+}
+
+void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
+  ModuleState& m = d.module;
+  if (!m.present) return;
+  // EVTCHNOP_alloc_unbound for remote domain 0, as guest_evtchn_alloc_unbound does.
+  m.port = d.next_guest_port++;
+  d.guest_ports[m.port] = GuestPort{};
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "0x%" PRIx64, m.ctl_va);
+  store_[dir + XENPROBES_XS_CONTROL_ADDR] = hex;
+  store_[dir + XENPROBES_XS_CONTROL_PAGES] = std::to_string(m.ctl_pages);
+  store_[dir + XENPROBES_XS_EVTCHN] = std::to_string(m.port);
+}
+
+bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
+  ModuleState& m = d.module;
+  if (!m.present) return false;
+  const std::uint64_t addr = rip - 1;
+  xenprobes_trap e;
+  if (!lookup(d, addr, e)) {
+    // Dom0 restored the byte (and dropped the entry) between the trap and the lookup: the
+    // original instruction is back, run it.
+    const std::uint8_t* b = guest_ptr(d, addr, 1);
+    if (b && *b != kInt3) {
+      std::lock_guard emu(emulation_mutex());
+      uc_reg_write(v.uc, UC_X86_REG_RIP, &addr);
+      return true;
+    }
+    ++m.foreign;  // the kernel's own int3: not ours to handle
+    publish_counters(d);
+    return false;
+  }
+  VcpuRegs r = read_regs(d, v);
+  r.rip = addr;
+  if (m.dom0_gone) {  // nobody to ask any more
+    module_fallback_locked(d, v, e, r);
+    return true;
+  }
+  // Step 1 of a hit: regs and trap, then state = HIT (release), then the notification.
+  std::uint8_t* mb = mailbox(d, v.id);
+  ++v.module_seq;
+  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
+  const xenprobes_regs x = to_protocol(r);
+  std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
+  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), addr);
+  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
+  ++m.hits;
+  publish_counters(d);
+  if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
+    gp->second.peer->raise_port(gp->second.peer_port);
+  // Step 2: only this vCPU waits (SCHEDOP_poll with a timeout, in a real module).
+  v.module_wait = true;
+  v.module_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms);
+  v.module_entry = e;
+  v.module_regs = r;
+  ++m.waiters;
+  return true;
+}
+
+void SimHostImpl::module_poll_locked(Domain& d) {
+  ModuleState& m = d.module;
+  // A paused or dead guest runs no hook: it neither sees answers nor times out until it runs.
+  if (!m.present || d.dying || d.crashed || d.pause_count > 0) return;
+  if (m.waiters) {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& vp : d.vcpus) {
+      Vcpu& v = *vp;
+      if (!v.module_wait) continue;
+      std::uint8_t* mb = mailbox(d, v.id);
+      const std::uint32_t state =
+          load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire);
+      const bool answered = state == XENPROBES_MBOX_DONE &&
+                            load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq;
+      if (answered || m.dom0_gone || now >= v.module_deadline) module_give_up_locked(d, v);
+      if (d.crashed) return;
+    }
+  }
+  if (m.quiesce_pending && module_quiescent_locked(d)) {
+    const std::string dir = dir_of(d);
+    store_[dir + XENPROBES_XS_QUIESCE_DONE] = m.quiesce_token;
+    m.quiesce_pending = false;
+    fire_watches_locked(dir + XENPROBES_XS_QUIESCE_DONE, false);
+  }
+}
+
+// Ends a wait: with Dom0's answer if it is there (step 3), else ABANDONED and the fallback
+// (step 4). The state moves HIT -> ABANDONED by compare-and-swap, so an answer written at
+// the last moment is taken rather than overwritten.
+void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
+  ModuleState& m = d.module;
+  std::uint8_t* mb = mailbox(d, v.id);
+  std::atomic_ref<std::uint32_t> state(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
+  v.module_wait = false;
+  --m.waiters;
+  std::uint32_t expected = XENPROBES_MBOX_HIT;
+  if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
+    if (expected == XENPROBES_MBOX_DONE &&
+        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq) {
+      xenprobes_regs x;
+      std::memcpy(&x, mb + offsetof(xenprobes_mailbox, regs), sizeof x);
+      VcpuRegs r = v.module_regs;  // cs/ss and everything else stay the guest's
+      r.rax = x.rax, r.rbx = x.rbx, r.rcx = x.rcx, r.rdx = x.rdx, r.rsi = x.rsi, r.rdi = x.rdi;
+      r.rbp = x.rbp, r.rsp = x.rsp, r.r8 = x.r8, r.r9 = x.r9, r.r10 = x.r10, r.r11 = x.r11;
+      r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15, r.rip = x.rip;
+      r.rflags = (r.rflags & ~kFlagsFromDom0) | (x.rflags & kFlagsFromDom0);
+      write_regs(v, r, false);
+      state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
+      m.consecutive_timeouts = 0;
+      return;
+    }
+    state.store(XENPROBES_MBOX_ABANDONED, std::memory_order_release);  // whatever was there
+  }
+  ++m.timeouts;
+  publish_counters(d);
+  if (!m.dom0_gone) ++m.consecutive_timeouts;
+  XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 " (%u in a row)",
+         d.id.value, v.id, v.module_regs.rip, m.consecutive_timeouts);
+  module_fallback_locked(d, v, v.module_entry, v.module_regs);
+  if (!m.dom0_gone && m.consecutive_timeouts >= XENPROBES_DEAD_AFTER) module_disarm_locked(d);
+}
+
+void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_trap& e, VcpuRegs r) {
+  ModuleState& m = d.module;
+  auto die = [&](const char* why) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "vcpu %u: guest module: %s (trap at 0x%" PRIx64 ")", v.id, why, r.rip);
+    crash(d, buf);
+    cv_.notify_all();  // wait_halted() and friends look at crashes
+  };
+  switch (e.flags) {
+    case XENPROBES_TRAP_FALLBACK:
+      r.rip = e.fallback;
+      break;
+    case XENPROBES_TRAP_EMULATE:
+      if (!emulate(d, e, r)) return die("cannot emulate the trap entry's instruction");
+      break;
+    case XENPROBES_TRAP_RETURN: {
+      // The trampoline's int3: the return just popped the slot, so it is rsp - 8.
+      const std::uint64_t slot = r.rsp - 8;
+      std::uint8_t* rets = area(d) + m.ret_offset;
+      std::uint32_t i = 0;
+      for (; i < m.ret_capacity; ++i) {
+        std::uint8_t* ent = rets + std::size_t{i} * sizeof(xenprobes_ret);
+        if (load<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), std::memory_order_acquire) != slot) continue;
+        r.rip = load<std::uint64_t>(ent + offsetof(xenprobes_ret, ret));
+        store<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), 0, std::memory_order_release);
+        break;
+      }
+      if (i == m.ret_capacity) return die("a return reached the trampoline without a return-table entry");
+      break;
+    }
+    default:
+      return die("trap entry without exactly one fallback flag");
+  }
+  write_regs(v, r, false);
+}
+
+void SimHostImpl::module_disarm_locked(Domain& d) {
+  ModuleState& m = d.module;
+  std::uint32_t n = load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)),
+                                        std::memory_order_acquire);
+  n = std::min(n, m.trap_capacity);
+  unsigned restored = 0;
+  {
+    // stop_machine in a real module; here no vCPU of the domain runs meanwhile anyway (this
+    // is its scheduler thread), and the translated blocks of the patched bytes are dropped.
+    std::lock_guard emu(emulation_mutex());
+    for (std::uint32_t i = 0; i < n; ++i) {
+      xenprobes_trap e;
+      std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
+      if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
+      std::uint8_t* p = guest_ptr(d, e.addr, 1);
+      if (!p || *p != kInt3) continue;  // already restored (or not a trap Dom0 wrote)
+      *p = e.insn[0];
+      const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
+      for (const Alias& a : d.aliases) {
+        if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
+        const std::uint64_t va = a.va + (gpa - a.gpa);
+        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + 1);
+      }
+      ++restored;
+    }
+  }
+  m.dom0_gone = true;
+  store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes",
+                m.consecutive_timeouts, restored);
+  d.console += std::string(buf) + "\n";
+  XP_LOG(Warn, "sim: domain %u: %s", d.id.value, buf);
+}
+
+bool SimHostImpl::module_quiescent_locked(Domain& d) {
+  // synchronize_rcu_tasks(): every vCPU out of the hook and out of every slot.
+  for (auto& vp : d.vcpus) {
+    if (vp->module_wait) return false;
+    if (vp->halted) continue;
+    std::uint64_t rip;
+    {
+      std::lock_guard emu(emulation_mutex());
+      uc_reg_read(vp->uc, UC_X86_REG_RIP, &rip);
+    }
+    if (in_oea(d, rip)) return false;
+  }
+  return true;
+}
+
+std::optional<std::chrono::steady_clock::time_point> SimHostImpl::module_deadline_locked(const Domain& d) const {
+  if (!d.module.present || !d.module.waiters || d.pause_count > 0) return std::nullopt;
+  std::optional<std::chrono::steady_clock::time_point> first;
+  for (const auto& vp : d.vcpus)
+    if (vp->module_wait && (!first || vp->module_deadline < *first)) first = vp->module_deadline;
+  return first;
+}
+
+void SimHostImpl::module_quiesce_request_locked(Domain& d, const std::string& value) {
+  if (!d.module.present) return;
+  d.module.quiesce_token = value;
+  d.module.quiesce_pending = true;
+  cv_.notify_all();  // the scheduler answers once the guest is quiescent
+}
+
+}  // namespace xenprobes::hv::sim

@@ -1,0 +1,96 @@
+// doctor(): per domain, the guest module and every channel with its reason, on simulated
+// hosts with and without GDBSX and with PV/HVM guests with and without the module.
+#include "xenprobes/doctor.hpp"
+
+#include "engine/engine_fixture.hpp"
+#include "xenprobes/protocol.h"
+
+namespace xenprobes::testing {
+namespace {
+
+const ChannelCheck& check(const DomainReport& d, ChannelKind k) {
+  for (const ChannelCheck& c : d.channels)
+    if (c.kind == k) return c;
+  throw std::runtime_error("no check for that channel");
+}
+
+hv::sim::DomainConfig guest(hv::GuestType type, bool module) {
+  hv::sim::DomainConfig c;
+  c.type = type;
+  c.publish_module = module;
+  c.start_paused = true;
+  return c;
+}
+
+TEST(Doctor, StockXenLikeDebians) {
+  hv::sim::SimOptions o;
+  o.gdbsx = false;
+  auto host = hv::sim::SimHost::create(o);
+  DomId pv_mod = *host->create_domain(guest(hv::GuestType::Pv, true));
+  DomId pv_bare = *host->create_domain(guest(hv::GuestType::Pv, false));
+  DomId hvm_bare = *host->create_domain(guest(hv::GuestType::Hvm, false));
+  auto hv = host->open();
+  auto rep = doctor(*hv);
+  ASSERT_TRUE(rep) << rep.error().what;
+  EXPECT_EQ(rep->backend, "sim");
+  EXPECT_FALSE(rep->gdbsx);
+  EXPECT_TRUE(rep->vm_event);
+  ASSERT_EQ(rep->domains.size(), 3u);
+  const DomainReport& a = rep->domains[0];
+  EXPECT_EQ(a.domid, pv_mod);
+  EXPECT_TRUE(a.module) << a.module_problem;
+  EXPECT_EQ(a.module_version, unsigned(XENPROBES_PROTOCOL_VERSION));
+  EXPECT_TRUE(check(a, ChannelKind::Guest).available) << check(a, ChannelKind::Guest).detail;
+  EXPECT_FALSE(check(a, ChannelKind::VmEvent).available);
+  EXPECT_NE(check(a, ChannelKind::VmEvent).detail.find("PV"), std::string::npos);
+  EXPECT_FALSE(check(a, ChannelKind::Debugger).available);
+  EXPECT_NE(check(a, ChannelKind::Debugger).detail.find("CONFIG_GDBSX"), std::string::npos);
+  EXPECT_EQ(a.auto_choice, ChannelKind::Guest);
+
+  const DomainReport& b = rep->domains[1];
+  EXPECT_EQ(b.domid, pv_bare);
+  EXPECT_FALSE(b.module);
+  EXPECT_NE(b.module_problem.find("not loaded"), std::string::npos) << b.module_problem;
+  EXPECT_FALSE(b.auto_choice) << "nothing can probe a PV guest without the module on stock Xen";
+
+  const DomainReport& c = rep->domains[2];
+  EXPECT_EQ(c.domid, hvm_bare);
+  EXPECT_TRUE(check(c, ChannelKind::VmEvent).available);
+  EXPECT_NE(check(c, ChannelKind::VmEvent).detail.find("agentless"), std::string::npos);
+  EXPECT_EQ(c.auto_choice, ChannelKind::VmEvent);
+
+  std::string text = format(*rep);
+  EXPECT_NE(text.find("auto picks: guest"), std::string::npos) << text;
+  EXPECT_NE(text.find("auto picks: nothing"), std::string::npos) << text;
+}
+
+TEST(Doctor, GdbsxHostAndTheVirqInUse) {
+  auto host = hv::sim::SimHost::create();
+  DomId d = *host->create_domain(guest(hv::GuestType::Pv, true));
+  auto hv = host->open();
+  auto rep = doctor(*hv, d);
+  ASSERT_TRUE(rep) << rep.error().what;
+  EXPECT_TRUE(rep->gdbsx);
+  EXPECT_EQ(rep->virq_debugger, "free");
+  ASSERT_EQ(rep->domains.size(), 1u);
+  EXPECT_TRUE(check(rep->domains[0], ChannelKind::Debugger).available);
+  // Another process holds the VIRQ: the report says so, and nothing was disturbed.
+  auto other = Session::open(host->open(), SessionOptions{ChannelKind::Debugger});
+  ASSERT_TRUE(other);
+  auto again = doctor(*hv, d);
+  ASSERT_TRUE(again);
+  EXPECT_NE(again->virq_debugger.find("another process"), std::string::npos) << again->virq_debugger;
+  EXPECT_FALSE(check(again->domains[0], ChannelKind::Debugger).available);
+  EXPECT_EQ(*host->pause_count(d), 1u) << "the doctor pauses nothing (the domain was created paused)";
+}
+
+TEST(Doctor, UnknownDomainIsAnError) {
+  auto host = hv::sim::SimHost::create();
+  auto hv = host->open();
+  auto rep = doctor(*hv, DomId{42});
+  ASSERT_FALSE(rep);
+  EXPECT_EQ(rep.error().code, Errc::NoSuchDomain);
+}
+
+}  // namespace
+}  // namespace xenprobes::testing

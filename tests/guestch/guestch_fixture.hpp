@@ -1,0 +1,247 @@
+// Guest-channel tests: the Dom0 side (channel/guest.hpp) over the simulated Xen, whose guest
+// module (hv/sim/sim_module.cpp) plays the other side of include/xenprobes/protocol.h.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "channel/guest.hpp"
+#include "demo_abi.h"
+#include "mem/frame_source.hpp"
+#include "mem/guest_memory.hpp"
+#include "mem/paging.hpp"
+#include "symbols/symbol_table.hpp"
+#include "x86/insn.hpp"
+#include "xenprobes/protocol.h"
+#include "xenprobes/sim.hpp"
+
+namespace xenprobes::testing {
+
+using namespace std::chrono_literals;
+using channel::TrapEntry;
+
+inline std::string demo_map() { return hv::sim::default_guest_dir() + "/System.map"; }
+
+// Created paused, so traps are in place before the guest runs.
+inline hv::sim::DomainConfig guest_config(unsigned vcpus, std::uint64_t iterations, unsigned timeout_ms = 10000) {
+  hv::sim::DomainConfig c;
+  c.vcpus = vcpus;
+  c.iterations = iterations;
+  c.start_paused = true;
+  c.module_timeout_ms = timeout_ms;
+  return c;
+}
+
+inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
+  static const std::uint64_t k[DEMO_NFUNCS] = DEMO_CALLS_PER_ITER_INIT;
+  return k[fn] * iterations;
+}
+
+// The same workload without probes (memoised: a run takes a while).
+inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsigned vcpus = 1) {
+  static std::map<std::pair<unsigned, std::uint64_t>, std::vector<demo_stats>> memo;
+  auto& v = memo[{vcpus, iterations}];
+  if (v.empty()) {
+    auto host = hv::sim::SimHost::create();
+    hv::sim::DomainConfig c;
+    c.vcpus = vcpus;
+    c.iterations = iterations;
+    DomId dom = *host->create_domain(c);
+    if (!host->wait_halted(dom, 60s)) throw std::runtime_error("reference run did not finish");
+    v.resize(vcpus);
+    (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(v)));
+  }
+  return v.at(vcpu);
+}
+
+// A StopSink standing in for the engine: the traps it owns, what each hit does.
+struct FakeSink : channel::StopSink {
+  struct Probe {
+    std::function<void(channel::Stop&)> on_hit;  // edits the registers for the resume
+    channel::Verdict verdict = channel::Verdict::Resume;
+    std::uint64_t hits = 0;
+    std::map<unsigned, std::uint64_t> per_vcpu;
+  };
+  std::map<std::uint64_t, Probe> probes;  // by trap address
+  std::uint64_t unknown = 0, failures = 0, total = 0;
+  std::function<void(channel::Stop&)> observer;  // sees every stop first
+
+  bool owns_trap(DomId, Gva a) const override { return probes.contains(a.value); }
+  channel::Verdict on_stop(channel::Stop& s) override {
+    ++total;
+    EXPECT_EQ(s.regs.rip, s.trap.value) << "a stop is reported with rip on the trap byte";
+    if (observer) observer(s);
+    auto it = probes.find(s.trap.value);
+    if (it == probes.end()) {
+      ++unknown;
+      return channel::Verdict::NotOurs;
+    }
+    ++it->second.hits;
+    ++it->second.per_vcpu[s.vcpu.value];
+    if (it->second.on_hit) it->second.on_hit(s);
+    return it->second.verdict;
+  }
+  void on_channel_failure(DomId, const Error&) override { ++failures; }
+
+  // The common case: skip an instruction of `len` bytes (the ftrace nop5 at function entry).
+  Probe& skip(std::uint64_t addr, unsigned len = 5) {
+    auto& p = probes[addr];
+    p.on_hit = [len](channel::Stop& s) { s.regs.rip = s.trap.value + len; };
+    return p;
+  }
+};
+
+// A demo guest, a Dom0 handle with its GuestMemory and a guest channel on that handle.
+struct ChannelGuest {
+  std::shared_ptr<hv::sim::SimHost> host;
+  DomId dom;
+  std::unique_ptr<hv::Hypervisor> hv;
+  std::unique_ptr<mem::HypervisorFrameSource> source;
+  std::unique_ptr<mem::GuestMemory> memory;
+  std::unique_ptr<channel::GuestChannel> ch;
+  hv::sim::GuestLayout layout;
+  symbols::SymbolTable syms;
+  unsigned max_batch = 0;  // most stops one process() handled
+
+  explicit ChannelGuest(hv::sim::DomainConfig cfg, hv::sim::SimOptions opts = {}) {
+    host = hv::sim::SimHost::create(opts);
+    auto id = host->create_domain(cfg);
+    if (!id) throw std::runtime_error(id.error().what);
+    dom = *id;
+    layout = *host->layout(dom);
+    hv = host->open();
+    source = std::make_unique<mem::HypervisorFrameSource>(*hv, dom);
+    memory = std::make_unique<mem::GuestMemory>(*source);
+    auto info = hv->domain_info(dom);
+    auto regs = hv->get_vcpu_regs(dom, VcpuId{0});
+    if (!info || !regs) throw std::runtime_error("cannot read domain state");
+    memory->set_context(*mem::paging_context(*info, *regs));
+    ch = std::make_unique<channel::GuestChannel>(*hv);
+    auto t = symbols::SymbolTable::load(demo_map());
+    if (!t) throw std::runtime_error(t.error().what);
+    syms = std::move(*t);
+  }
+
+  void attach() {
+    auto r = ch->attach(dom);
+    if (!r) throw std::runtime_error(r.error().what);
+  }
+  void start() {
+    auto r = hv->unpause(dom);
+    if (!r) throw std::runtime_error(r.error().what);
+  }
+
+  std::uint64_t sym(const char* name) { return *host->symbol(dom, name); }
+  demo_stats stats(unsigned vcpu) {
+    demo_stats st{};
+    (void)host->peek(dom, sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
+    return st;
+  }
+  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) {
+    std::vector<std::uint8_t> b(n);
+    auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b)));
+    if (!r) throw std::runtime_error(r.error().what);
+    return b;
+  }
+  // The control area as the module laid it out (read through the sim, not the channel).
+  xenprobes_ctl_header header() {
+    xenprobes_ctl_header h{};
+    (void)host->peek(dom, layout.control_addr, std::as_writable_bytes(std::span(&h, 1)));
+    return h;
+  }
+  xenprobes_mailbox mailbox(unsigned v) {
+    xenprobes_mailbox m{};
+    const auto h = header();
+    (void)host->peek(dom, layout.control_addr + h.mailbox_offset + v * sizeof m, std::as_writable_bytes(std::span(&m, 1)));
+    return m;
+  }
+  unsigned mailboxes_in(std::uint32_t state, unsigned vcpus) {
+    unsigned n = 0;
+    for (unsigned v = 0; v < vcpus; ++v) n += mailbox(v).state == state;
+    return n;
+  }
+
+  // Functions and instructions, from System.map and the decoder.
+  std::vector<x86::Insn> function(const char* name) {
+    auto f = syms.function_containing(Gva{sym(name)});
+    if (!f) throw std::runtime_error(f.error().what);
+    auto bytes = peek(f->start.value, f->size);
+    auto insns = x86::decode_function(bytes, f->start);
+    if (!insns) throw std::runtime_error(insns.error().what);
+    return *insns;
+  }
+
+  // What the engine does to arm a trap: with the domain paused, the table entry, then the byte.
+  TrapEntry arm(std::uint64_t addr, TrapEntry::Fallback fb, std::uint64_t resume_at = 0) {
+    auto insn = x86::decode(peek(addr, 15), Gva{addr});
+    if (!insn) throw std::runtime_error(insn.error().what);
+    TrapEntry e;
+    e.addr = Gva{addr};
+    e.fallback = fb;
+    e.resume_at = Gva{resume_at};
+    e.len = insn->length;
+    std::copy_n(insn->bytes.begin(), insn->length, e.insn);
+    if (!hv->pause(dom)) throw std::runtime_error("pause");
+    auto r = ch->trap_added(dom, e);
+    if (!r) throw std::runtime_error(r.error().what);
+    std::uint8_t cc = 0xcc;
+    if (!memory->write(Gva{addr}, std::as_bytes(std::span(&cc, 1)))) throw std::runtime_error("write");
+    if (!hv->unpause(dom)) throw std::runtime_error("unpause");
+    return e;
+  }
+  TrapEntry arm_skip(const char* fn) {  // the ftrace nop5 at a function's entry, skipped
+    const std::uint64_t a = sym(fn);
+    EXPECT_EQ(peek(a, 5), (std::vector<std::uint8_t>{0x0f, 0x1f, 0x44, 0x00, 0x00})) << fn;
+    return arm(a, TrapEntry::Fallback::ResumeAt, a + 5);
+  }
+
+  // One round of the event loop: wait for the channel's fd, then process.
+  unsigned pump(channel::StopSink& sink, int timeout_ms = 2) {
+    pollfd p{ch->fd(), POLLIN, 0};
+    (void)::poll(&p, 1, timeout_ms);
+    auto r = ch->process(sink);
+    EXPECT_TRUE(r.has_value()) << r.error().what;
+    unsigned n = r ? *r : 0;
+    max_batch = std::max(max_batch, n);
+    return n;
+  }
+  bool pump_until(channel::StopSink& sink, const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      if (pred()) return true;
+      pump(sink);
+      if (!host->crash_reason(dom).empty()) return false;
+    }
+    return pred();
+  }
+  bool run_to_completion(channel::StopSink& sink, std::chrono::milliseconds timeout = 60s) {
+    return pump_until(sink, [&] { return host->wait_halted(dom, 0ms); }, timeout);
+  }
+
+  // Dom0 goes away without a word: the channel (unbinding its ports) and the handle close.
+  void kill_dom0() {
+    ch.reset();
+    memory.reset();
+    source.reset();
+    hv.reset();
+  }
+};
+
+inline bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
+
+}  // namespace xenprobes::testing

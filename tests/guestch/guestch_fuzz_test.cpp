@@ -1,0 +1,291 @@
+// The control area is guest memory: a hostile guest writes anything there at any time. Dom0
+// must neither crash nor write outside the area, whatever the header, the mailboxes and the
+// tables hold; and the simulated module must survive whatever Dom0 writes into its tables.
+#include <atomic>
+#include <cstring>
+#include <random>
+
+#include "guestch/guestch_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+using channel::GuestChannel;
+
+// Guest RAM through the direct map, minus [skip_first, skip_end).
+std::vector<std::uint8_t> ram_outside(ChannelGuest& g, std::uint64_t ram_bytes, std::uint64_t skip_first,
+                                      std::uint64_t skip_end) {
+  auto all = g.peek(g.layout.physmap_base, ram_bytes);
+  std::fill(all.begin() + static_cast<std::ptrdiff_t>(skip_first), all.begin() + static_cast<std::ptrdiff_t>(skip_end), 0);
+  return all;
+}
+
+// An HVM guest (frames are GFNs, so the area's place in RAM is its translation), paused for
+// good: the only writers of guest memory are the "guest" (this test) and the channel.
+struct FuzzGuest : ChannelGuest {
+  static constexpr std::uint64_t kRamMb = 64;
+  static hv::sim::DomainConfig cfg() {
+    auto c = guest_config(2, 1);
+    c.type = hv::GuestType::Hvm;
+    c.ram_mb = kRamMb;
+    return c;
+  }
+  FuzzGuest() : ChannelGuest(cfg()) {
+    auto t = memory->translate(Gva{layout.control_addr});
+    if (!t) throw std::runtime_error(t.error().what);
+    area_gpa = t->address.value;
+    good = header();
+  }
+  std::vector<std::uint8_t> snapshot() { return ram_outside(*this, kRamMb << 20, area_gpa, area_gpa + layout.control_size); }
+  void write_area(std::uint64_t off, std::span<const std::uint8_t> b) {
+    ASSERT_TRUE(memory->write(Gva{layout.control_addr + off}, std::as_bytes(b)));
+  }
+  template <typename T>
+  void write_area_as(std::uint64_t off, const T& v) {
+    write_area(off, std::span(reinterpret_cast<const std::uint8_t*>(&v), sizeof v));
+  }
+  std::uint64_t area_gpa = 0;
+  xenprobes_ctl_header good{};
+};
+
+std::uint32_t interesting(std::mt19937_64& rng, std::uint32_t orig, std::uint32_t size) {
+  const std::uint32_t vals[] = {0, 1, 7, 8, 135, 136, 224, 256, 4095, 4096, size - 8, size - 1, size, size + 8,
+                                0x7fffffff, 0x80000000, 0xfffffff8, 0xffffffff, orig - 8, orig + 8, orig - 1};
+  if (rng() % 4 == 0) return static_cast<std::uint32_t>(rng());
+  return vals[rng() % std::size(vals)];
+}
+
+TEST(GuestChannelFuzz, HostileHeadersAtAttach) {
+  FuzzGuest g;
+  const auto before = g.snapshot();
+  std::mt19937_64 rng(0x5eed);
+  FakeSink sink;
+  const std::uint32_t size = static_cast<std::uint32_t>(g.layout.control_size);
+  unsigned accepted = 0, refused = 0;
+  for (int i = 0; i < 1500; ++i) {
+    xenprobes_ctl_header h = g.good;
+    auto* words = reinterpret_cast<std::uint32_t*>(&h);
+    const unsigned changes = 1 + rng() % 3;
+    for (unsigned c = 0; c < changes; ++c) {
+      const unsigned w = rng() % 12;  // the u32 fields up to pad0
+      words[w] = interesting(rng, words[w], size);
+    }
+    if (rng() % 10 == 0)  // or plain noise
+      for (unsigned b = 0; b < sizeof h; ++b) reinterpret_cast<std::uint8_t*>(&h)[b] = static_cast<std::uint8_t>(rng());
+    g.write_area_as(0, h);
+    GuestChannel ch(*g.hv);
+    auto r = ch.attach(g.dom);
+    if (!r) {
+      ++refused;
+      EXPECT_TRUE(r.error().code == Errc::InvalidArgument || r.error().code == Errc::Busy) << r.error().what;
+      continue;
+    }
+    ++accepted;
+    // Accepted (a layout that is valid, if not the module's): use it, with noise in it.
+    std::vector<std::uint8_t> noise(size);
+    for (auto& b : noise) b = static_cast<std::uint8_t>(rng());
+    g.write_area(sizeof h, std::span(noise).subspan(sizeof h));
+    TrapEntry e;
+    e.addr = Gva{0xffffffff81000000ull + rng() % 4096};
+    e.fallback = TrapEntry::Fallback::Emulate;
+    e.len = 1;
+    sink.probes[e.addr.value];
+    (void)ch.trap_added(g.dom, e);
+    (void)ch.return_added(g.dom, Gva{0xffff888000100000ull}, Gva{0xffffffff81000000ull});
+    ASSERT_TRUE(ch.process(sink));
+    ASSERT_TRUE(ch.flush(g.dom, sink));
+    ch.trap_removed(g.dom, e.addr);
+    ASSERT_TRUE(ch.detach(g.dom));
+  }
+  g.write_area_as(0, g.good);
+  EXPECT_GT(accepted, 10u);
+  EXPECT_GT(refused, 1000u);
+  EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
+  // The real header still attaches afterwards (no port left bound by a refusal).
+  g.attach();
+}
+
+TEST(GuestChannelFuzz, HostileMailboxesAndTables) {
+  FuzzGuest g;
+  g.attach();
+  const auto before = g.snapshot();
+  const auto& h = g.good;
+  std::mt19937_64 rng(42);
+  FakeSink sink;
+  std::set<std::uint64_t> table;
+  for (unsigned i = 0; i < 6; ++i) {  // traps in the table (no bytes written: the guest never runs)
+    TrapEntry e;
+    e.addr = Gva{0xffffffff81001000ull + i * 0x40};
+    e.fallback = TrapEntry::Fallback::ResumeAt;
+    e.resume_at = Gva{e.addr.value + 1};
+    e.len = 1;
+    ASSERT_TRUE(g.ch->trap_added(g.dom, e));
+    table.insert(e.addr.value);
+    if (i % 2) sink.probes[e.addr.value];  // some also owned by the "engine"
+  }
+  const std::uint64_t owned_only = 0xffffffffa0000100ull;  // a disarmed trap the engine still owns
+  sink.probes[owned_only];
+  std::uint64_t handled = 0, bad_stops = 0;
+  sink.observer = [&](channel::Stop& s) {
+    ++handled;
+    if (!table.contains(s.trap.value) && !sink.probes.contains(s.trap.value)) ++bad_stops;
+    if (s.vcpu.value >= 2) ++bad_stops;
+    if (rng() % 3 == 0) s.regs.rax = rng();  // handlers change registers
+    s.regs.rip = rng() % 2 ? s.trap.value + 1 : rng();
+  };
+  for (auto& [a, p] : sink.probes)
+    if (rng() % 2) p.verdict = channel::Verdict::NotOurs;
+
+  auto pick_trap = [&]() -> std::uint64_t {
+    switch (rng() % 4) {
+      case 0: return rng();
+      case 1: return owned_only;
+      default: {
+        auto it = table.begin();
+        std::advance(it, rng() % table.size());
+        return *it;
+      }
+    }
+  };
+  std::uint64_t answered_checked = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const unsigned v = rng() % 2;
+    const std::uint64_t mb = h.mailbox_offset + v * sizeof(xenprobes_mailbox);
+    switch (rng() % 8) {
+      case 0: {  // noise anywhere in the area, the header included
+        std::vector<std::uint8_t> noise(1 + rng() % 64);
+        for (auto& b : noise) b = static_cast<std::uint8_t>(rng());
+        const std::uint64_t off = rng() % (g.layout.control_size - noise.size());
+        g.write_area(off, noise);
+        break;
+      }
+      case 1:  // the table changes under the guest's writes
+        if (rng() % 2) {
+          TrapEntry e;
+          e.addr = Gva{0xffffffff81001000ull + (rng() % 8) * 0x40};
+          e.fallback = TrapEntry::Fallback::Emulate;
+          e.len = 2;
+          if (g.ch->trap_added(g.dom, e)) table.insert(e.addr.value);
+        } else if (table.size() > 1) {
+          const std::uint64_t a = *table.begin();
+          g.ch->trap_removed(g.dom, Gva{a});
+          table.erase(a);
+        }
+        break;
+      case 2:
+        (void)g.ch->return_added(g.dom, Gva{rng() | 1}, Gva{rng()});
+        g.ch->return_removed(g.dom, Gva{rng()});
+        break;
+      default: {  // a mailbox: mostly plausible hits, sometimes garbage
+        xenprobes_mailbox m{};
+        for (unsigned b = 0; b < sizeof m; ++b) reinterpret_cast<std::uint8_t*>(&m)[b] = static_cast<std::uint8_t>(rng());
+        m.state = rng() % 4 ? XENPROBES_MBOX_HIT : static_cast<std::uint32_t>(rng() % 6);
+        m.trap = pick_trap();
+        if (rng() % 4) m.regs.rip = m.trap;
+        g.write_area_as(mb, m);
+        auto r = rng() % 2 ? g.ch->process(sink) : g.ch->flush(g.dom, sink);
+        ASSERT_TRUE(r) << r.error().what;
+        // An answer is exactly: DONE, answer_seq = seq; anything not answered is untouched.
+        xenprobes_mailbox after{};
+        (void)g.host->peek(g.dom, g.layout.control_addr + mb, std::as_writable_bytes(std::span(&after, 1)));
+        if (after.state == XENPROBES_MBOX_DONE && m.state == XENPROBES_MBOX_HIT) {
+          EXPECT_EQ(after.answer_seq, m.seq);
+          EXPECT_EQ(after.seq, m.seq);
+          EXPECT_EQ(after.trap, m.trap);
+          EXPECT_EQ(after.regs.cs, m.regs.cs);
+          ++answered_checked;
+        } else {
+          EXPECT_EQ(std::memcmp(&after, &m, sizeof m), 0) << "an unanswered mailbox was written";
+        }
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(bad_stops, 0u);
+  EXPECT_GT(handled, 1000u);
+  EXPECT_GT(answered_checked, 1000u);
+  EXPECT_GT(g.ch->stats(g.dom).rejected, 1000u);
+  EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
+  ASSERT_TRUE(g.ch->detach(g.dom));
+}
+
+TEST(GuestChannelFuzz, TheGuestScribblesWhileDom0Reads) {
+  // A writer racing the reader: every field Dom0 uses is read once, so whatever it sees it
+  // stays inside the area and never hands the engine a stop that fails its own checks.
+  FuzzGuest g;
+  g.attach();
+  const auto before = g.snapshot();
+  FakeSink sink;
+  TrapEntry e;
+  e.addr = Gva{0xffffffff81002000ull};
+  e.fallback = TrapEntry::Fallback::Emulate;
+  e.len = 1;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, e));
+  sink.probes[e.addr.value];
+  std::atomic<bool> stop{false};
+  const mem::PagingContext ctx = g.memory->context();
+  std::thread guest([&] {
+    auto hv = g.host->open();
+    mem::HypervisorFrameSource src(*hv, g.dom);
+    mem::GuestMemory gm(src);
+    gm.set_context(ctx);
+    std::mt19937_64 rng(3);
+    while (!stop) {
+      xenprobes_mailbox m{};
+      m.state = XENPROBES_MBOX_HIT;
+      m.seq = static_cast<std::uint32_t>(rng());
+      m.trap = rng() % 2 ? e.addr.value : rng();
+      m.regs.rip = rng() % 2 ? m.trap : rng();
+      const unsigned v = rng() % 2;
+      (void)gm.write_as(Gva{g.layout.control_addr + g.good.mailbox_offset + v * sizeof m}, m);
+    }
+  });
+  std::uint64_t stops = 0;
+  sink.observer = [&](channel::Stop& s) {
+    ++stops;
+    EXPECT_EQ(s.trap.value, e.addr.value);
+  };
+  auto end = std::chrono::steady_clock::now() + 1s;
+  while (std::chrono::steady_clock::now() < end) ASSERT_TRUE(g.ch->process(sink));
+  stop = true;
+  guest.join();
+  EXPECT_GT(stops, 0u);
+  EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
+}
+
+TEST(GuestChannelFuzz, TheModuleSurvivesGarbageTables) {
+  // The other direction: Dom0 (here: noise) fills the module's tables. The guest may oops on
+  // nonsense entries (that is Dom0's to get right); the host never crashes, and a crash has a
+  // reason.
+  std::mt19937_64 rng(11);
+  unsigned crashed = 0, finished = 0;
+  for (int round = 0; round < 12; ++round) {
+    ChannelGuest g(guest_config(1, 2, 2));
+    const std::uint64_t fn = g.sym("sys_open");
+    const auto h = g.header();
+    std::vector<std::uint8_t> noise(g.layout.control_size - h.trap_offset);
+    for (auto& b : noise) b = static_cast<std::uint8_t>(rng());
+    ASSERT_TRUE(g.memory->write(Gva{g.layout.control_addr + h.trap_offset}, std::as_bytes(std::span(noise))));
+    // One entry for sys_open with random flags and bytes, first in the table; a huge count.
+    xenprobes_trap t{};
+    for (unsigned b = 0; b < sizeof t; ++b) reinterpret_cast<std::uint8_t*>(&t)[b] = static_cast<std::uint8_t>(rng());
+    t.addr = fn;
+    if (round % 2) t.flags = 1u << (rng() % 3);
+    ASSERT_TRUE(g.memory->write_as(Gva{g.layout.control_addr + h.trap_offset}, t));
+    const std::uint32_t count = round % 3 ? 1 : 0xffffffff;
+    ASSERT_TRUE(g.memory->write_as(Gva{g.layout.control_addr + offsetof(xenprobes_ctl_header, nr_traps)}, count));
+    const std::uint8_t cc = 0xcc;
+    ASSERT_TRUE(g.memory->write(Gva{fn}, std::as_bytes(std::span(&cc, 1))));
+    g.start();
+    if (g.host->wait_halted(g.dom, 20s)) {
+      ++finished;
+    } else {
+      ASSERT_FALSE(g.host->crash_reason(g.dom).empty()) << "neither finished nor crashed";
+      ++crashed;
+    }
+  }
+  EXPECT_EQ(crashed + finished, 12u);
+}
+
+}  // namespace
+}  // namespace xenprobes::testing

@@ -1,0 +1,607 @@
+// The guest channel end to end over the simulated Xen: hits, several vCPUs at once, the
+// registers both ways, refusals at attach, the trap and return tables, quiescence, and a Dom0
+// that dies or never answers (the module's fallbacks and self-disarm).
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "guestch/guestch_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+using channel::GuestChannel;
+using hv::sim::Op;
+
+// ---- hits -----------------------------------------------------------------------------
+
+void hits_equal_calls(hv::GuestType type, unsigned vcpus) {
+  constexpr std::uint64_t kIters = 5;
+  auto cfg = guest_config(vcpus, kIters);
+  cfg.type = type;
+  ChannelGuest g(cfg);
+  g.attach();
+  FakeSink sink;
+  auto& open = sink.skip(g.sym("sys_open"));
+  auto& recurse = sink.skip(g.sym("demo_recurse"));
+  g.arm_skip("sys_open");
+  g.arm_skip("demo_recurse");
+  EXPECT_EQ(g.ch->traps(g.dom), 2u);
+  g.host->reset_counts();
+  g.start();
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+
+  EXPECT_EQ(open.hits, vcpus * expected_calls(DEMO_FN_OPEN, kIters));
+  EXPECT_EQ(recurse.hits, vcpus * expected_calls(DEMO_FN_RECURSE, kIters));
+  for (unsigned v = 0; v < vcpus; ++v) {
+    EXPECT_EQ(open.per_vcpu[v], expected_calls(DEMO_FN_OPEN, kIters)) << "vcpu " << v;
+    EXPECT_EQ(g.stats(v).checksum, reference_stats(v, kIters, vcpus).checksum) << "vcpu " << v;
+  }
+  EXPECT_EQ(sink.unknown, 0u);
+  auto c = g.ch->module_counters(g.dom);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->hits, open.hits + recurse.hits);
+  EXPECT_EQ(c->timeouts, 0u);
+  EXPECT_FALSE(c->dom0_gone);
+  EXPECT_EQ(g.ch->stats(g.dom).answered, open.hits + recurse.hits);
+  EXPECT_EQ(g.ch->stats(g.dom).rejected, 0u);
+  // The hit path needs no pause and no vCPU context: only event channels.
+  EXPECT_EQ(g.host->op_count(Op::Pause), 0u);
+  EXPECT_EQ(g.host->op_count(Op::GetRegs), 0u);
+  EXPECT_EQ(g.host->op_count(Op::SetRegs), 0u);
+  EXPECT_EQ(g.host->op_count(Op::MapFrames), 0u);
+  EXPECT_LE(g.host->op_count(Op::EvtchnNotify), open.hits + recurse.hits);
+}
+
+TEST(GuestChannel, PvHitsEqualCallsAndTheGuestIsUnchanged) { hits_equal_calls(hv::GuestType::Pv, 1); }
+TEST(GuestChannel, HvmHitsEqualCallsAndTheGuestIsUnchanged) { hits_equal_calls(hv::GuestType::Hvm, 2); }
+
+TEST(GuestChannel, SeveralVcpusHitAtOnce) {
+  constexpr unsigned kVcpus = 4;
+  constexpr std::uint64_t kIters = 4;
+  ChannelGuest g(guest_config(kVcpus, kIters));
+  g.attach();
+  FakeSink sink;
+  const char* fns[] = {"sys_open", "sys_read", "sys_write", "demo_classify"};
+  const unsigned idx[] = {DEMO_FN_OPEN, DEMO_FN_READ, DEMO_FN_WRITE, DEMO_FN_CLASSIFY};
+  for (const char* f : fns) {
+    sink.skip(g.sym(f));
+    g.arm_skip(f);
+  }
+  g.start();
+  // Dom0 looks only once several vCPUs wait: the other vCPUs ran on meanwhile and hit too.
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, kVcpus) >= 2; }, 20s));
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+  EXPECT_GE(g.max_batch, 2u) << "one process() answers every waiting mailbox";
+  for (unsigned i = 0; i < 4; ++i) {
+    const auto& p = sink.probes[g.sym(fns[i])];
+    EXPECT_EQ(p.hits, kVcpus * expected_calls(idx[i], kIters)) << fns[i];
+    for (unsigned v = 0; v < kVcpus; ++v) EXPECT_EQ(p.per_vcpu.at(v), expected_calls(idx[i], kIters)) << fns[i];
+  }
+  for (unsigned v = 0; v < kVcpus; ++v)
+    EXPECT_EQ(g.stats(v).checksum, reference_stats(v, kIters, kVcpus).checksum) << "vcpu " << v;
+  EXPECT_EQ(g.ch->module_counters(g.dom)->timeouts, 0u);
+}
+
+TEST(GuestChannel, RegistersGoBothWays) {
+  constexpr std::uint64_t kIters = 3;
+  ChannelGuest g(guest_config(1, kIters));
+  g.attach();
+  FakeSink sink;
+  const std::uint64_t fn = g.sym("sys_getppid");
+  // Return 42 from sys_getppid without running it: rip, rsp and rax come from Dom0.
+  sink.probes[fn].on_hit = [&](channel::Stop& s) {
+    EXPECT_EQ(s.vcpu.value, 0u);
+    EXPECT_TRUE(s.regs.kernel_mode);
+    EXPECT_NE(s.regs.cs, 0u);
+    auto ra = g.memory->read_u64(Gva{s.regs.rsp});
+    ASSERT_TRUE(ra);
+    s.regs.rip = *ra;
+    s.regs.rsp += 8;
+    s.regs.rax = 42;
+  };
+  // sys_open's first argument is a path: the registers Dom0 sees are the guest's.
+  std::set<std::string> paths;
+  sink.skip(g.sym("sys_open")).on_hit = [&](channel::Stop& s) {
+    auto str = g.memory->read_string(Gva{s.regs.rdi}, 64);
+    ASSERT_TRUE(str);
+    paths.insert(*str);
+    s.regs.rip = s.trap.value + 5;
+  };
+  g.arm_skip("sys_getppid");
+  g.arm_skip("sys_open");
+  g.start();
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(sink.probes[fn].hits, expected_calls(DEMO_FN_GETPPID, kIters));
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], 0u) << "the body never ran";
+  EXPECT_EQ(g.stats(0).iterations, kIters);
+  EXPECT_NE(g.stats(0).checksum, reference_stats(0, kIters).checksum) << "42 instead of 1 changed it";
+  ASSERT_FALSE(paths.empty());
+  for (const auto& p : paths) EXPECT_EQ(p.front() == '/' || p == "relative/path", true) << p;
+}
+
+TEST(GuestChannel, NotOursResumesAtTheRestoredInstruction) {
+  constexpr std::uint64_t kIters = 3;
+  ChannelGuest g(guest_config(1, kIters));
+  g.attach();
+  FakeSink sink;
+  const std::uint64_t fn = g.sym("sys_write");
+  const auto original = g.peek(fn, 1);
+  auto& p = sink.probes[fn];
+  p.verdict = channel::Verdict::NotOurs;
+  // The engine restores the byte, then says "not ours": the vCPU re-executes the original.
+  p.on_hit = [&](channel::Stop& s) {
+    s.regs.rip = 0xdeadbeef;  // ignored with NotOurs
+    ASSERT_TRUE(g.memory->write(Gva{fn}, std::as_bytes(std::span(original))));
+    g.ch->trap_removed(g.dom, Gva{fn});
+  };
+  g.arm_skip("sys_write");
+  g.start();
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(p.hits, 1u);
+  EXPECT_EQ(g.ch->traps(g.dom), 0u);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_WRITE], expected_calls(DEMO_FN_WRITE, kIters));
+}
+
+TEST(GuestChannel, AForeignInt3IsTheKernels) {
+  // An int3 that is not in the table and still there: the module leaves it to the kernel
+  // (the demo kernel has no IDT: it oopses, as it would without the module).
+  ChannelGuest g(guest_config(1, 0));
+  g.attach();
+  const std::uint64_t fn = g.sym("sys_unlink");
+  ASSERT_TRUE(g.hv->pause(g.dom));
+  const std::uint8_t cc = 0xcc;
+  ASSERT_TRUE(g.memory->write(Gva{fn}, std::as_bytes(std::span(&cc, 1))));
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  g.start();
+  ASSERT_TRUE(eventually([&] { return !g.host->crash_reason(g.dom).empty(); }));
+  EXPECT_NE(g.host->crash_reason(g.dom).find("#BP"), std::string::npos) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.header().foreign, 1u);
+}
+
+// ---- attach --------------------------------------------------------------------------
+
+void expect_refused(ChannelGuest& g, Errc code, std::initializer_list<std::string> parts) {
+  GuestChannel ch(*g.hv);
+  auto r = ch.attach(g.dom);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, code) << r.error().what;
+  for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+}
+
+std::string key(ChannelGuest& g, const char* k) {
+  return "/local/domain/" + std::to_string(g.dom.value) + "/" XENPROBES_XS_DIR "/" + k;
+}
+
+TEST(GuestChannelAttach, NoModule) {
+  auto cfg = guest_config(1, 1);
+  cfg.publish_module = false;
+  ChannelGuest g(cfg);
+  expect_refused(g, Errc::NotFound, {"guest channel needs the guest module", "not loaded", "insmod"});
+}
+
+TEST(GuestChannelAttach, ModuleNotReadyOrTooOld) {
+  ChannelGuest g(guest_config(1, 1));
+  ASSERT_TRUE(g.hv->xs_write(key(g, XENPROBES_XS_STATE), "starting"));
+  expect_refused(g, Errc::Again, {"not ready"});
+  ASSERT_TRUE(g.hv->xs_write(key(g, XENPROBES_XS_STATE), XENPROBES_XS_STATE_READY));
+  const auto addr = *g.hv->xs_read(key(g, XENPROBES_XS_CONTROL_ADDR));
+  ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_CONTROL_ADDR)));
+  expect_refused(g, Errc::NotFound, {"predates the guest channel", "debugger", "vmevent"});
+  ASSERT_TRUE(g.hv->xs_write(key(g, XENPROBES_XS_CONTROL_ADDR), addr));
+  ASSERT_TRUE(GuestChannel(*g.hv).attach(g.dom));
+}
+
+TEST(GuestChannelAttach, PagesMustBeMapped) {
+  ChannelGuest g(guest_config(1, 1));
+  const unsigned pages = static_cast<unsigned>(g.layout.control_size / 4096);
+  ASSERT_TRUE(g.hv->xs_write(key(g, XENPROBES_XS_CONTROL_PAGES), std::to_string(pages + 1)));
+  expect_refused(g, Errc::Fault, {"is not mapped"});
+}
+
+TEST(GuestChannelAttach, PortBoundByAnotherDom0) {
+  ChannelGuest g(guest_config(1, 1));
+  auto other = g.host->open();
+  GuestChannel first(*other);
+  ASSERT_TRUE(first.attach(g.dom));
+  expect_refused(g, Errc::Busy, {"bound by another Dom0 process"});
+}
+
+TEST(GuestChannelAttach, HeaderRules) {
+  ChannelGuest g(guest_config(2, 1));
+  const auto good = g.header();
+  auto with = [&](auto&& change, Errc code, std::initializer_list<std::string> parts) {
+    auto h = good;
+    change(h);
+    ASSERT_TRUE(g.memory->write(Gva{g.layout.control_addr}, std::as_bytes(std::span(&h, 1))));
+    expect_refused(g, code, parts);
+    ASSERT_TRUE(g.memory->write(Gva{g.layout.control_addr}, std::as_bytes(std::span(&good, 1))));
+  };
+  const std::uint32_t size = static_cast<std::uint32_t>(g.layout.control_size);
+  with([](auto& h) { h.magic ^= 1; }, Errc::InvalidArgument, {"magic"});
+  with([](auto& h) { h.version = 2; }, Errc::InvalidArgument, {"header version 2"});
+  with([](auto& h) { h.nr_mailboxes = 1; }, Errc::InvalidArgument, {"1 mailboxes for 2 vCPUs"});
+  with([](auto& h) { h.trap_capacity = 0; }, Errc::InvalidArgument, {"0 entries"});
+  with([](auto& h) { h.mailbox_offset = 8; }, Errc::InvalidArgument, {"overlap the header"});
+  with([](auto& h) { h.mailbox_offset = 260; }, Errc::InvalidArgument, {"8-byte aligned"});
+  with([&](auto& h) { h.trap_offset = size - 8; }, Errc::InvalidArgument, {"trap table", "do not fit"});
+  with([](auto& h) { h.trap_capacity = 0xffffffff; }, Errc::InvalidArgument, {"do not fit"});
+  with([](auto& h) { h.ret_offset = 0xfffffff8; }, Errc::InvalidArgument, {"return table", "do not fit"});
+  with([&](auto& h) { h.ret_offset = h.trap_offset + 8; }, Errc::InvalidArgument, {"overlap the trap table"});
+  with([&](auto& h) { h.trap_offset = h.mailbox_offset + 224; }, Errc::InvalidArgument, {"overlap the mailboxes"});
+  with([](auto& h) { h.dom0_gone = 1; }, Errc::Busy, {"gave up on Dom0", "reload xenprobesU"});
+  with([](auto& h) { h.nr_traps = 3; }, Errc::Busy, {"still lists 3 traps"});
+  // An empty return table is allowed (no return probes then).
+  auto h = good;
+  h.ret_capacity = 0;
+  ASSERT_TRUE(g.memory->write(Gva{g.layout.control_addr}, std::as_bytes(std::span(&h, 1))));
+  GuestChannel ch(*g.hv);
+  ASSERT_TRUE(ch.attach(g.dom));
+  auto r = ch.return_added(g.dom, Gva{0xffff888000001000}, Gva{0xffffffff81000000});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::NoSpace);
+}
+
+TEST(GuestChannelAttach, DetachWritesNothingOnceTheModuleLeaves) {
+  ChannelGuest g(guest_config(1, 1));
+  g.attach();
+  TrapEntry e;
+  e.addr = Gva{g.sym("sys_open")};
+  e.fallback = TrapEntry::Fallback::ResumeAt;
+  e.resume_at = Gva{e.addr.value + 5};
+  e.len = 5;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, e));
+  ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_STATE)));  // the module unloads: state goes first
+  auto area = g.peek(g.layout.control_addr, g.layout.control_size);
+  ASSERT_TRUE(g.ch->detach(g.dom));
+  EXPECT_EQ(g.peek(g.layout.control_addr, g.layout.control_size), area) << "the area may be freed already";
+  EXPECT_EQ(g.ch->traps(g.dom), 0u);
+}
+
+TEST(GuestChannelAttach, DetachAndAttachAgain) {
+  ChannelGuest g(guest_config(1, 1));
+  g.attach();
+  ASSERT_TRUE(g.ch->detach(g.dom));
+  ASSERT_TRUE(g.ch->detach(g.dom));  // twice is fine
+  g.attach();
+  GuestChannel other(*g.hv);
+  EXPECT_FALSE(other.attach(g.dom));  // the port is ours again
+}
+
+// ---- tables --------------------------------------------------------------------------
+
+std::vector<xenprobes_trap> shared_traps(ChannelGuest& g) {
+  const auto h = g.header();
+  std::vector<xenprobes_trap> t(std::min(h.nr_traps, h.trap_capacity));
+  if (!t.empty())
+    (void)g.host->peek(g.dom, g.layout.control_addr + h.trap_offset, std::as_writable_bytes(std::span(t)));
+  return t;
+}
+
+TEST(GuestChannelTables, TrapTableSortedBoundedAndExact) {
+  auto cfg = guest_config(1, 1);
+  cfg.module_trap_capacity = 8;
+  ChannelGuest g(cfg);
+  g.attach();
+  std::set<std::uint64_t> want;
+  std::mt19937_64 rng(7);
+  auto entry = [](std::uint64_t a) {
+    TrapEntry e;
+    e.addr = Gva{a};
+    e.fallback = TrapEntry::Fallback::ResumeAt;
+    e.resume_at = Gva{a + 5};
+    e.len = 5;
+    e.insn[0] = static_cast<std::uint8_t>(a);
+    return e;
+  };
+  for (int i = 0; i < 400; ++i) {
+    const std::uint64_t a = 0xffffffff81000000ull + (rng() % 12) * 16;
+    if (rng() % 3 == 0) {
+      g.ch->trap_removed(g.dom, Gva{a});
+      want.erase(a);
+    } else {
+      auto r = g.ch->trap_added(g.dom, entry(a));
+      if (want.size() == 8 && !want.contains(a)) {
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.error().code, Errc::NoSpace);
+        EXPECT_NE(r.error().what.find("trap table is full (8 entries"), std::string::npos) << r.error().what;
+      } else {
+        ASSERT_TRUE(r) << r.error().what;
+        want.insert(a);
+      }
+    }
+    auto t = shared_traps(g);
+    ASSERT_EQ(t.size(), want.size());
+    ASSERT_EQ(g.header().nr_traps, want.size());
+    std::size_t k = 0;
+    for (std::uint64_t a2 : want) {
+      EXPECT_EQ(t[k].addr, a2);
+      EXPECT_EQ(t[k].flags, XENPROBES_TRAP_FALLBACK);
+      EXPECT_EQ(t[k].fallback, a2 + 5);
+      EXPECT_EQ(t[k].insn[0], static_cast<std::uint8_t>(a2));
+      ++k;
+    }
+  }
+  // Bad entries are refused; detach empties the table.
+  TrapEntry bad = entry(0xffffffff81001000);
+  bad.len = 0;
+  EXPECT_EQ(g.ch->trap_added(g.dom, bad).error().code, Errc::InvalidArgument);
+  bad = entry(0xffffffff81001000);
+  bad.resume_at = Gva{0};
+  EXPECT_EQ(g.ch->trap_added(g.dom, bad).error().code, Errc::InvalidArgument);
+  EXPECT_EQ(g.ch->trap_added(DomId{77}, entry(0xffffffff81001000)).error().code, Errc::InvalidArgument);
+  ASSERT_TRUE(g.ch->detach(g.dom));
+  EXPECT_EQ(g.header().nr_traps, 0u);
+  std::vector<xenprobes_trap> all(8);
+  (void)g.host->peek(g.dom, g.layout.control_addr + g.header().trap_offset, std::as_writable_bytes(std::span(all)));
+  for (const auto& e : all) EXPECT_EQ(e.addr, 0u);
+}
+
+TEST(GuestChannelTables, OnlySlotTrapsMayGoWithoutTheirBytes) {
+  ChannelGuest g(guest_config(1, 1));
+  g.attach();
+  TrapEntry e;
+  e.addr = Gva{g.layout.oea_addr + 0x27};  // a slot's trap byte, after the copied instruction
+  e.fallback = TrapEntry::Fallback::ResumeAt;
+  e.resume_at = Gva{g.sym("sys_open") + 5};
+  EXPECT_TRUE(g.ch->trap_added(g.dom, e));
+  e.fallback = TrapEntry::Fallback::Return;  // the return trampoline
+  EXPECT_TRUE(g.ch->trap_added(g.dom, e));
+  e.fallback = TrapEntry::Fallback::Emulate;  // nothing to emulate
+  EXPECT_EQ(g.ch->trap_added(g.dom, e).error().code, Errc::InvalidArgument);
+  e.addr = Gva{g.sym("sys_open")};  // text: the module restores insn[0] there
+  e.fallback = TrapEntry::Fallback::ResumeAt;
+  auto r = g.ch->trap_added(g.dom, e);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::InvalidArgument);
+  EXPECT_NE(r.error().what.find("no original bytes"), std::string::npos) << r.error().what;
+  // An area the module published after attach counts too.
+  ASSERT_TRUE(g.hv->xs_write(key(g, XENPROBES_XS_OEA_REQUEST), std::to_string(g.layout.oea_size)));
+  const auto grown = std::stoull(*g.hv->xs_read(key(g, "oea/1/addr")), nullptr, 16);
+  e.addr = Gva{grown + 0x47};
+  EXPECT_TRUE(g.ch->trap_added(g.dom, e));
+  EXPECT_EQ(g.ch->traps(g.dom), 2u);
+}
+
+TEST(GuestChannelTables, ReturnTable) {
+  auto cfg = guest_config(1, 1);
+  cfg.module_ret_capacity = 2;
+  ChannelGuest g(cfg);
+  g.attach();
+  auto rets = [&] {
+    std::vector<xenprobes_ret> r(2);
+    (void)g.host->peek(g.dom, g.layout.control_addr + g.header().ret_offset, std::as_writable_bytes(std::span(r)));
+    return r;
+  };
+  ASSERT_TRUE(g.ch->return_added(g.dom, Gva{0x1000}, Gva{0xaaa}));
+  ASSERT_TRUE(g.ch->return_added(g.dom, Gva{0x2000}, Gva{0xbbb}));
+  auto full = g.ch->return_added(g.dom, Gva{0x3000}, Gva{0xccc});
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code, Errc::NoSpace);
+  EXPECT_NE(full.error().what.find("return table is full (2"), std::string::npos) << full.error().what;
+  ASSERT_TRUE(g.ch->return_added(g.dom, Gva{0x2000}, Gva{0xddd}));  // same slot: updated
+  EXPECT_EQ(rets()[1].ret, 0xdddu);
+  g.ch->return_removed(g.dom, Gva{0x1000});
+  EXPECT_EQ(rets()[0].slot, 0u);
+  ASSERT_TRUE(g.ch->return_added(g.dom, Gva{0x3000}, Gva{0xccc}));
+  EXPECT_EQ(rets()[0].slot, 0x3000u);
+  EXPECT_EQ(rets()[0].ret, 0xcccu);
+  EXPECT_EQ(g.ch->return_added(g.dom, Gva{0}, Gva{1}).error().code, Errc::InvalidArgument);
+  ASSERT_TRUE(g.ch->detach(g.dom));
+  for (const auto& r : rets()) EXPECT_EQ(r.slot, 0u);
+}
+
+// ---- Dom0 gone ---------------------------------------------------------------------------
+
+struct FallbackCase {
+  const char* name;
+  const char* function;
+  x86::BranchKind kind;  // None: the nop5 at the entry, resumed after it
+};
+
+class GuestChannelNoAnswer : public ::testing::TestWithParam<FallbackCase> {};
+
+// Dom0 attached, armed, then never answers: each hit waits for the timeout and resumes as
+// the entry says (the fallback runs the real instruction: the results are exact); after
+// XENPROBES_DEAD_AFTER of them the module restores the text and the guest runs on unprobed.
+TEST_P(GuestChannelNoAnswer, TheGuestFinishesOnItsOwn) {
+  constexpr std::uint64_t kIters = 4;
+  ChannelGuest g(guest_config(1, kIters, 20));
+  g.attach();
+  std::uint64_t addr = 0;
+  if (GetParam().kind == x86::BranchKind::None) {
+    addr = g.sym(GetParam().function);
+    g.arm_skip(GetParam().function);
+  } else {
+    for (const auto& i : g.function(GetParam().function))
+      if (i.branch == GetParam().kind) {
+        addr = i.address.value;
+        break;
+      }
+    ASSERT_NE(addr, 0u) << "no such instruction in " << GetParam().function;
+    g.arm(addr, TrapEntry::Fallback::Emulate);
+  }
+  const auto original = g.peek(addr, 1);
+  ASSERT_EQ(g.peek(addr, 1)[0], 0xcc);
+  g.start();
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(g.stats(0).iterations, kIters);
+  const auto h = g.header();
+  EXPECT_EQ(h.timeouts, unsigned{XENPROBES_DEAD_AFTER});
+  EXPECT_EQ(h.hits, unsigned{XENPROBES_DEAD_AFTER});
+  EXPECT_EQ(h.dom0_gone, 1u);
+  EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_ABANDONED);
+  auto insn = x86::decode(g.peek(addr, 15), Gva{addr});
+  ASSERT_TRUE(insn);
+  EXPECT_NE(g.peek(addr, 1)[0], 0xcc) << "the module restored the byte";
+  EXPECT_NE(g.host->console(g.dom).find("xenprobesU: Dom0 did not answer 3 hits in a row"), std::string::npos);
+  // Dom0 coming back finds a module that gave up, and is told so.
+  GuestChannel again(*g.hv);
+  ASSERT_TRUE(g.ch->detach(g.dom));
+  auto r = again.attach(g.dom);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::Busy) << r.error().what;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fallbacks, GuestChannelNoAnswer,
+    ::testing::Values(FallbackCase{"ResumeAt", "sys_open", x86::BranchKind::None},
+                      FallbackCase{"EmulateRet", "sys_getppid", x86::BranchKind::Ret},
+                      FallbackCase{"EmulateCall", "demo_recurse", x86::BranchKind::Call},
+                      FallbackCase{"EmulateJcc", "demo_recurse", x86::BranchKind::Jcc},
+                      FallbackCase{"EmulateJcc2", "demo_classify", x86::BranchKind::Jcc},
+                      FallbackCase{"EmulateJmp", "demo_dispatch", x86::BranchKind::Jmp}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(GuestChannelDom0Gone, KilledWhileVcpusWait) {
+  constexpr unsigned kVcpus = 2;
+  constexpr std::uint64_t kIters = 6;
+  ChannelGuest g(guest_config(kVcpus, kIters, 30));
+  g.attach();
+  FakeSink sink;
+  const char* fns[] = {"sys_open", "sys_read", "demo_recurse"};
+  std::vector<std::uint64_t> addrs;
+  std::vector<std::vector<std::uint8_t>> originals;
+  for (const char* f : fns) {
+    addrs.push_back(g.sym(f));
+    originals.push_back(g.peek(g.sym(f), 5));
+    sink.skip(g.sym(f));
+    g.arm_skip(f);
+  }
+  g.start();
+  // Dom0 serves a while, then dies with a vCPU waiting in the hook.
+  ASSERT_TRUE(g.pump_until(sink, [&] { return sink.total >= 20; })) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, kVcpus) >= 1; }));
+  g.kill_dom0();
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  for (unsigned v = 0; v < kVcpus; ++v) {
+    EXPECT_EQ(g.stats(v).checksum, reference_stats(v, kIters, kVcpus).checksum) << "vcpu " << v;
+    EXPECT_EQ(g.stats(v).calls[DEMO_FN_OPEN], expected_calls(DEMO_FN_OPEN, kIters));
+  }
+  const auto h = g.header();
+  EXPECT_EQ(h.dom0_gone, 1u);
+  EXPECT_GE(h.timeouts, unsigned{XENPROBES_DEAD_AFTER});
+  for (std::size_t i = 0; i < addrs.size(); ++i) EXPECT_EQ(g.peek(addrs[i], 5), originals[i]) << fns[i];
+}
+
+TEST(GuestChannelDom0Gone, ReturnsFinishThroughTheReturnTable) {
+  // A return probe the way the engine does it: at the entry the return address on the stack
+  // becomes the trampoline (a trap byte in the OEA) and the real one goes into the return
+  // table; at the trampoline Dom0 sends the vCPU back. Dom0 dies right after an entry: the
+  // module finishes that return from the table.
+  constexpr std::uint64_t kIters = 4;
+  ChannelGuest g(guest_config(1, kIters, 30));
+  g.attach();
+  const std::uint64_t fn = g.sym("sys_getppid");
+  const std::uint64_t tramp = g.layout.oea_addr + 0x40;
+  std::map<std::uint64_t, std::uint64_t> live;  // stack slot -> real return address
+  std::uint64_t entries = 0, returns = 0;
+  bool kill = false;
+  FakeSink sink;
+  sink.probes[fn].on_hit = [&](channel::Stop& s) {
+    auto ra = g.memory->read_u64(Gva{s.regs.rsp});
+    ASSERT_TRUE(ra);
+    ASSERT_TRUE(g.ch->return_added(g.dom, Gva{s.regs.rsp}, Gva{*ra}));
+    ASSERT_TRUE(g.memory->write_u64(Gva{s.regs.rsp}, tramp));
+    live[s.regs.rsp] = *ra;
+    s.regs.rip = fn + 5;
+    if (++entries == 5) kill = true;
+  };
+  sink.probes[tramp].on_hit = [&](channel::Stop& s) {
+    const std::uint64_t slot = s.regs.rsp - 8;
+    ASSERT_TRUE(live.contains(slot));
+    s.regs.rip = live[slot];
+    live.erase(slot);
+    g.ch->return_removed(g.dom, Gva{slot});
+    ++returns;
+  };
+  // The trampoline: one trap byte in a slot, with the return fallback.
+  ASSERT_TRUE(g.hv->pause(g.dom));
+  TrapEntry t;
+  t.addr = Gva{tramp};
+  t.fallback = TrapEntry::Fallback::Return;
+  t.len = 1;
+  t.insn[0] = 0xcc;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, t));
+  const std::uint8_t cc = 0xcc;
+  ASSERT_TRUE(g.memory->write(Gva{tramp}, std::as_bytes(std::span(&cc, 1))));
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  g.arm_skip("sys_getppid");
+  g.start();
+  ASSERT_TRUE(g.pump_until(sink, [&] { return kill; })) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(returns, entries - 1);
+  EXPECT_EQ(live.size(), 1u);
+  g.kill_dom0();
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIters));
+  const auto h = g.header();
+  EXPECT_EQ(h.dom0_gone, 1u);
+  std::vector<xenprobes_ret> rets(h.ret_capacity);
+  (void)g.host->peek(g.dom, g.layout.control_addr + h.ret_offset, std::as_writable_bytes(std::span(rets)));
+  for (const auto& r : rets) EXPECT_EQ(r.slot, 0u) << "the module used and cleared the entry";
+  EXPECT_EQ(g.peek(fn, 1)[0], 0x0f) << "the entry's byte is restored";
+  EXPECT_EQ(g.peek(tramp, 1)[0], 0xcc) << "the trampoline is in the OEA: left alone";
+}
+
+TEST(GuestChannelDom0Gone, AnswerAfterTheTimeoutIsNotWritten) {
+  // Dom0 slower than the module: the hit is abandoned; Dom0 must not answer it.
+  ChannelGuest g(guest_config(1, 0, 30));
+  g.attach();
+  FakeSink sink;
+  const std::uint64_t fn = g.sym("sys_open");
+  std::uint32_t seq = 0;
+  sink.skip(fn).on_hit = [&](channel::Stop& s) {
+    // The handler takes longer than the module waits (it may even publish the next hit).
+    ASSERT_TRUE(eventually([&] {
+      auto m = g.mailbox(s.vcpu.value);
+      return m.state != XENPROBES_MBOX_HIT || m.seq != seq;
+    }, 5s));
+    s.regs.rip = fn + 5;
+  };
+  g.arm_skip("sys_open");
+  g.start();
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, 1) == 1; }));
+  seq = g.mailbox(0).seq;
+  g.pump(sink, 0);
+  EXPECT_EQ(sink.probes[fn].hits, 1u);
+  EXPECT_EQ(g.ch->stats(g.dom).late, 1u);
+  EXPECT_EQ(g.ch->stats(g.dom).answered, 0u);
+  EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_DONE);
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+}
+
+// ---- quiescence --------------------------------------------------------------------------
+
+TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {
+  ChannelGuest g(guest_config(1, 0, 10000));
+  g.attach();
+  FakeSink sink;
+  const std::uint64_t fn = g.sym("sys_open");
+  sink.skip(fn);
+  g.arm_skip("sys_open");
+  const std::string req = key(g, XENPROBES_XS_QUIESCE_REQUEST), done = key(g, XENPROBES_XS_QUIESCE_DONE);
+  ASSERT_TRUE(g.hv->xs_watch(done, "q"));
+  g.start();
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, 1) == 1; }));
+  ASSERT_TRUE(g.hv->xs_write(req, "17"));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(g.hv->xs_read(done).error().code, Errc::NotFound) << "a vCPU is still in the hook";
+  // Answered, the vCPU leaves the hook (and comes back: Dom0 keeps answering).
+  ASSERT_TRUE(g.pump_until(sink, [&] { return g.hv->xs_read(done).value_or("") == "17"; }, 10s));
+  // A paused guest cannot quiesce (nothing runs); it answers once it runs again.
+  ASSERT_TRUE(g.hv->pause(g.dom));
+  ASSERT_TRUE(g.hv->xs_write(req, "18"));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(*g.hv->xs_read(done), "17");
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(g.pump_until(sink, [&] { return g.hv->xs_read(done).value_or("") == "18"; }, 10s));
+  auto ev = g.hv->xs_read_watches();
+  ASSERT_TRUE(ev);
+  EXPECT_TRUE(std::any_of(ev->begin(), ev->end(), [&](const auto& e) { return e.path == done; }));
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
