@@ -3,6 +3,8 @@
 // instances, unregister and detach with calls in flight, aggregates with XP probes.
 #include <cstring>
 
+#include "channel/debugger.hpp"
+#include "probe/engine.hpp"
 #include "xenprobes/guest_view.hpp"
 
 #include "engine/engine_fixture.hpp"
@@ -337,6 +339,76 @@ TEST(RetProbe, FaultAtEveryHypervisorCallDuringRegistrationChangesNothing) {
   }
   EXPECT_GT(failures, 3u);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 2).checksum);
+}
+
+TEST(RetProbe, ReturnsPairByStackSlotNotByVcpu) {
+  // A call that sleeps returns on whichever vCPU runs its task next. Stops made by hand on a
+  // paused guest: two calls entered on vCPU 0 (two tasks' stacks) return on vCPU 1, in the
+  // opposite order; each return finds its own call.
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(2, 1);
+  c.start_paused = true;
+  DomId dom = *host->create_domain(c);
+  auto hv = host->open();
+  auto ch = channel::DebuggerChannel::open(*hv);
+  ASSERT_TRUE(ch) << ch.error().what;
+  probe::Engine engine(*hv, **ch);
+  ASSERT_TRUE(engine.set_symbols(dom, *symbols::SymbolTable::load(demo_map())));
+  const std::uint64_t fn = *host->symbol(dom, "sys_getppid");
+  struct Seen {
+    unsigned vcpu;
+    std::uint64_t tag, rip;
+  };
+  std::vector<Seen> entries, returns;
+  auto id = engine.add_ret(
+      dom, Gva{fn},
+      [&](HitContext& x, std::span<std::byte> d) {
+        std::uint64_t tag = x.regs().rbx;  // which "task"
+        std::memcpy(d.data(), &tag, 8);
+        entries.push_back({x.vcpu().value, tag, x.regs().rip});
+        return 0;
+      },
+      [&](HitContext& x, std::span<std::byte> d) {
+        std::uint64_t tag;
+        std::memcpy(&tag, d.data(), 8);
+        returns.push_back({x.vcpu().value, tag, x.regs().rip});
+      },
+      RetProbeOptions{4, 8});
+  ASSERT_TRUE(id) << id.error().what;
+  Gva tramp = engine.info(*id)->trampoline;
+  auto gv = GuestView::open(*hv, dom);
+  ASSERT_TRUE(gv);
+  const std::uint64_t stacks = *host->symbol(dom, DEMO_SYM_STACKS);
+  const std::uint64_t rsp_a = stacks + DEMO_STACK_SIZE - 64, rsp_b = stacks + 2 * DEMO_STACK_SIZE - 64;
+  const std::uint64_t ret_a = fn + 0x1000, ret_b = fn + 0x2000;  // distinct made-up return addresses
+  ASSERT_TRUE((*gv)->write(Gva{rsp_a}, std::as_bytes(std::span(&ret_a, 1))));
+  ASSERT_TRUE((*gv)->write(Gva{rsp_b}, std::as_bytes(std::span(&ret_b, 1))));
+  hv::VcpuRegs base = *hv->get_vcpu_regs(dom, VcpuId{0});
+  auto stop = [&](unsigned vcpu, Gva trap, std::uint64_t rsp, std::uint64_t tag) {
+    hv::VcpuRegs r = base;
+    r.rsp = rsp;
+    r.rbx = tag;
+    channel::Stop s{dom, VcpuId{vcpu}, trap, r};
+    EXPECT_EQ(engine.on_stop(s), channel::Verdict::Resume);
+    return s.regs;
+  };
+  stop(0, Gva{fn}, rsp_a, 0xa);
+  stop(0, Gva{fn}, rsp_b, 0xb);
+  EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_a}), tramp.value);
+  EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_b}), tramp.value);
+  hv::VcpuRegs back_b = stop(1, tramp, rsp_b + 8, 0);  // the ret popped the slot
+  hv::VcpuRegs back_a = stop(1, tramp, rsp_a + 8, 0);
+  EXPECT_EQ(back_b.rip, ret_b);
+  EXPECT_EQ(back_a.rip, ret_a);
+  ASSERT_EQ(entries.size(), 2u);
+  ASSERT_EQ(returns.size(), 2u);
+  EXPECT_EQ(returns[0].tag, 0xbu);
+  EXPECT_EQ(returns[1].tag, 0xau);
+  for (const Seen& r : returns) EXPECT_EQ(r.vcpu, 1u);
+  for (const Seen& e : entries) EXPECT_EQ(e.vcpu, 0u);
+  EXPECT_EQ(engine.stats(*id).active, 0u);
+  ASSERT_TRUE(engine.remove(*id));
 }
 
 }  // namespace
