@@ -31,7 +31,9 @@
  * No C++ exception ever leaves this API.
  *
  * Sessions: there is one implicit, process-wide session. The first call that needs it opens it
- * with the backend named by the XENPROBES_BACKEND environment variable (xen | sim; default xen);
+ * with the backend named by the XENPROBES_BACKEND environment variable (xen | sim; default xen)
+ * and the trap channel named by XENPROBES_CHANNEL (auto | guest | vmevent | debugger; default
+ * auto: per domain the first that works of guest, vmevent, debugger);
  * xenprobes_open() chooses explicitly; xenprobes_close() ends it (every probe is unregistered and
  * every guest byte restored), after which the next call opens a new one lazily.
  *
@@ -214,9 +216,10 @@ XENPROBES_API void xenprobes_stop(void) XENPROBES_NOEXCEPT;
 
 /*
  * Opens the implicit session on `backend` ("xen" or "sim"; NULL or "" = XENPROBES_BACKEND, default
- * xen). Returns 0, or -1 with errno: EBUSY a session is already open (xenprobes_close() first);
- * EINVAL unknown backend; EOPNOTSUPP backend not built in, or not a Xen Dom0 / the debugger
- * channel is unavailable (the message says why); EPERM not privileged.
+ * xen; the channel from XENPROBES_CHANNEL). Returns 0, or -1 with errno: EBUSY a session is
+ * already open (xenprobes_close() first); EINVAL unknown backend or channel; EOPNOTSUPP backend
+ * not built in, or not a Xen Dom0 / the debugger channel is unavailable (the message says why);
+ * EPERM not privileged.
  */
 XENPROBES_API int xenprobes_open(const char *backend) XENPROBES_NOEXCEPT;
 

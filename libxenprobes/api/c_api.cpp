@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -149,11 +150,18 @@ Result<std::unique_lock<std::recursive_mutex>> acquire() {
 }
 
 Result<Session*> open_session(State& s, const char* backend) {
+  // The channel: XENPROBES_CHANNEL (auto, guest, vmevent, debugger; default auto).
+  SessionOptions o;
+  if (const char* ch = std::getenv("XENPROBES_CHANNEL"); ch && *ch) {
+    auto k = parse_channel_kind(ch);
+    if (!k) return fail(Errc::InvalidArgument, "XENPROBES_CHANNEL: " + k.error().what);
+    o.channel = *k;
+  }
   Result<std::unique_ptr<Session>> r = (backend && *backend) ? [&]() -> Result<std::unique_ptr<Session>> {
     auto hv = XP_TRY(hv::open_hypervisor(backend));
-    return Session::open(std::move(hv));
+    return Session::open(std::move(hv), o);
   }()
-                                                             : Session::open();
+                                                             : Session::open(o);
   if (!r) {
     Error e = r.error();
     e.what = "cannot open a xenprobes session: " + e.what;

@@ -34,6 +34,7 @@ class CApi : public ::testing::Test {
   }
   void TearDown() override {
     xenprobes_close();
+    unsetenv("XENPROBES_CHANNEL");
     unsetenv("XENPROBES_SIM_VCPUS");
   }
 
@@ -97,6 +98,28 @@ TEST_F(CApi, ReturnProbeWithPerCallData) {
   auto before = peek(*h, sym("demo_recurse"), 64);
   EXPECT_EQ(capi_c_retprobe(40, msg, sizeof msg), 0) << msg;
   EXPECT_EQ(peek(*h, sym("demo_recurse"), 64), before) << "unregister restores the text";
+}
+
+TEST_F(CApi, ChannelFromTheEnvironment) {
+  setenv("XENPROBES_CHANNEL", "carrier-pigeon", 1);
+  errno = 0;
+  EXPECT_EQ(xenprobes_open("sim"), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_NE(std::string(xenprobes_last_error()).find("XENPROBES_CHANNEL"), std::string::npos) << xenprobes_last_error();
+  // The simulated domain is PV: the vm_event channel refuses it, saying why.
+  setenv("XENPROBES_CHANNEL", "vmevent", 1);
+  ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
+  EXPECT_EQ(register_xenprobe_symbol(1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr),
+            XENPROBES_HANDLE_ERROR);
+  EXPECT_NE(std::string(xenprobes_last_error()).find("PV"), std::string::npos) << xenprobes_last_error();
+  xenprobes_close();
+  setenv("XENPROBES_CHANNEL", "debugger", 1);
+  ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
+  xenprobes_handle_t h = register_xenprobe_symbol(1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr);
+  EXPECT_GT(h, 0) << xenprobes_last_error();
+  ASSERT_TRUE(host());
+  EXPECT_EQ(peek(*host(), sym("sys_read"), 1)[0], 0xf1) << "the debugger channel's ICEBP";
+  unsetenv("XENPROBES_CHANNEL");
 }
 
 TEST_F(CApi, ErrorsGiveErrnoAndAMessage) {
