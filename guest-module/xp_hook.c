@@ -139,27 +139,30 @@ static void xp_disarm_work(struct work_struct *w)
 /* ---- the exchange ---- */
 
 /*
- * Waits for Dom0's answer to `seq`. Clearing the port's pending bit before each check
+ * Waits for Dom0's answer to `seq`, until `deadline`, or while Dom0 holds a claim on the hit
+ * until `claim_deadline` (xp_wait_step). Clearing the port's pending bit before each check
  * keeps SCHEDOP_poll from returning at once forever (interrupts are off, so the irq
  * handler never clears it); checking after the clear means an answer written before the
  * clear is seen now and one written after it sets the bit again. With one port shared by
  * all vCPUs, a vCPU that clears the bit between another vCPU's check and its poll delays
  * that vCPU by at most one slice.
  */
-static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq)
+static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
+			    u64 claim_deadline)
 {
 	u64 now = ktime_get_mono_fast_ns();
-	u64 deadline = now + (u64)xp.timeout_ms * NSEC_PER_MSEC;
 	enum xp_wait w;
 
 	for (;;) {
 		xen_clear_irq_pending(xp.irq);
 		smp_mb();
 		w = xp_wait_step(READ_ONCE(mb->state), READ_ONCE(mb->answer_seq), seq, now,
-				 deadline, READ_ONCE(xp.detaching));
+				 deadline, claim_deadline, READ_ONCE(xp.detaching));
 		if (w != XP_WAIT_AGAIN)
 			return w;
-		xp_poll_for(min(deadline - now, XP_POLL_SLICE_NS));
+		/* Past the deadline only a claim keeps us here, up to its bound. */
+		xp_poll_for(min((now < deadline ? deadline : claim_deadline) - now,
+				XP_POLL_SLICE_NS));
 		now = ktime_get_mono_fast_ns();
 	}
 }
@@ -174,8 +177,9 @@ static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_reg
 {
 	struct xenprobes_regs answer;
 	u32 seq = this_cpu_inc_return(xp_seq);
-	bool done;
-	u32 seen;
+	u32 expected = XENPROBES_MBOX_HIT, seen, tries = 0;
+	u64 start, deadline, claim_deadline;
+	enum xp_wait w;
 
 	WRITE_ONCE(mb->seq, seq);
 	WRITE_ONCE(mb->trap, hit->rip);
@@ -185,18 +189,40 @@ static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_reg
 	xp_count(&xp.hits, &xp.hdr->hits);
 	xp_notify_dom0();
 
-	done = xp_wait(mb, seq) == XP_WAIT_DONE;
-	if (!done) {
-		/* An answer completed after our last check still counts (protocol step 4). */
-		seen = cmpxchg(&mb->state, XENPROBES_MBOX_HIT, XENPROBES_MBOX_ABANDONED);
-		if (seen != XENPROBES_MBOX_HIT) {
-			if (xp_late_answer(seen, READ_ONCE(mb->answer_seq), seq))
-				done = true;
-			else
-				WRITE_ONCE(mb->state, XENPROBES_MBOX_ABANDONED);
+	start = ktime_get_mono_fast_ns();
+	deadline = start + (u64)xp.timeout_ms * NSEC_PER_MSEC;
+	claim_deadline = start + xp.claim_bound_ms * NSEC_PER_MSEC;
+	w = xp_wait(mb, seq, deadline, claim_deadline);
+	/*
+	 * Step 4: abandon by compare-and-swap only, so that an answer completed or a claim taken
+	 * after our last check is honoured.
+	 */
+	while (w == XP_WAIT_TIMEOUT) {
+		seen = cmpxchg(&mb->state, expected, XENPROBES_MBOX_ABANDONED);
+		if (seen == expected) {
+			if (expected == XENPROBES_MBOX_CLAIMED)
+				atomic64_inc(&xp.claims_expired);	/* Dom0 died or hangs */
+			break;
+		}
+		switch (xp_give_up_step(seen, READ_ONCE(mb->answer_seq), seq,
+					ktime_get_mono_fast_ns() >= claim_deadline, tries++)) {
+		case XP_GIVE_UP_ANSWERED:
+			w = XP_WAIT_DONE;
+			break;
+		case XP_GIVE_UP_WAIT:
+			/* Claimed at the last moment: Dom0 runs the handlers now. */
+			w = xp_wait(mb, seq, deadline, claim_deadline);
+			expected = XENPROBES_MBOX_HIT;
+			break;
+		case XP_GIVE_UP_SWAP:
+			expected = seen;
+			break;
+		case XP_GIVE_UP_FORCE:
+			WRITE_ONCE(mb->state, XENPROBES_MBOX_ABANDONED);
+			goto abandoned;
 		}
 	}
-	if (done) {
+	if (w == XP_WAIT_DONE) {
 		smp_rmb();
 		xp_regs_snapshot(&answer, &mb->regs);
 		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
@@ -208,6 +234,7 @@ static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_reg
 		atomic64_inc(&xp.bad_answers);
 		return false;
 	}
+abandoned:
 	if (!READ_ONCE(xp.detaching) && xp_dead_after(atomic_inc_return(&xp.consecutive)))
 		xp_declare_dom0_gone(XP_GONE_TIMEOUTS);
 	return false;

@@ -54,6 +54,7 @@ struct xp_state {
 	u32 trap_cap;
 	u32 ret_cap;
 	u32 timeout_ms;
+	u64 claim_bound_ms;	/* xp_claim_bound_ms(timeout_ms) */
 
 	/* The unbound port for Dom0 and the irq it is bound to in this guest. */
 	evtchn_port_t port;
@@ -74,6 +75,7 @@ struct xp_state {
 	atomic64_t foreign;
 	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
+	atomic64_t claims_expired; /* claimed hits abandoned at the claim bound (module-private) */
 
 	/* Declaring Dom0 gone from the int3 hook: irq_work, then a work item. */
 	struct irq_work gone_irq_work;

@@ -228,15 +228,43 @@ enum xp_route xp_route_hit(bool dom0_gone, bool detaching, bool nested,
 	return XP_ROUTE_PUBLISH;
 }
 
+xenprobes_u64 xp_claim_bound_ms(xenprobes_u32 timeout_ms)
+{
+	xenprobes_u64 t = timeout_ms;
+	xenprobes_u64 b = (xenprobes_u64)XENPROBES_CLAIM_FACTOR * t;
+
+	if (b > XENPROBES_CLAIM_MAX_MS)
+		b = XENPROBES_CLAIM_MAX_MS;
+	return b > t ? b : t;
+}
+
 enum xp_wait xp_wait_step(xenprobes_u32 state, xenprobes_u32 answer_seq, xenprobes_u32 seq,
-			  xenprobes_u64 now, xenprobes_u64 deadline, bool give_up)
+			  xenprobes_u64 now, xenprobes_u64 deadline, xenprobes_u64 claim_deadline,
+			  bool give_up)
 {
 	/* An answer that is there wins over a deadline that just passed. */
 	if (state == XENPROBES_MBOX_DONE && answer_seq == seq)
 		return XP_WAIT_DONE;
+	/* Dom0 runs the handlers: leaving now would let their writes land on a moved-on stack. */
+	if (state == XENPROBES_MBOX_CLAIMED && now < claim_deadline)
+		return XP_WAIT_AGAIN;
 	if (give_up || now >= deadline)
 		return XP_WAIT_TIMEOUT;
 	return XP_WAIT_AGAIN;
+}
+
+enum xp_give_up xp_give_up_step(xenprobes_u32 seen, xenprobes_u32 answer_seq, xenprobes_u32 seq,
+				bool past_claim_bound, xenprobes_u32 tries)
+{
+	if (seen == XENPROBES_MBOX_DONE && answer_seq == seq)
+		return XP_GIVE_UP_ANSWERED;
+	if (seen == XENPROBES_MBOX_CLAIMED && !past_claim_bound)
+		return XP_GIVE_UP_WAIT;
+	/* HIT: Dom0 gave the hit back. CLAIMED past the bound: Dom0 died or hangs. */
+	if ((seen == XENPROBES_MBOX_HIT || seen == XENPROBES_MBOX_CLAIMED) &&
+	    tries + 1 < XP_GIVE_UP_TRIES)
+		return XP_GIVE_UP_SWAP;
+	return XP_GIVE_UP_FORCE;
 }
 
 /* ---- relative branches and near ret ---- */

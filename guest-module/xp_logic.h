@@ -214,31 +214,49 @@ enum xp_route {
 enum xp_route xp_route_hit(bool dom0_gone, bool detaching, bool nested,
 			   xenprobes_u32 mailbox, xenprobes_u32 nr_mailboxes);
 
+/*
+ * The claim bound (protocol.h): how long in all a hit Dom0 claimed may wait, in ms:
+ * max(timeout_ms, min(XENPROBES_CLAIM_FACTOR * timeout_ms, XENPROBES_CLAIM_MAX_MS)).
+ */
+xenprobes_u64 xp_claim_bound_ms(xenprobes_u32 timeout_ms);
+
 enum xp_wait {
 	XP_WAIT_AGAIN = 0,	/* poll once more */
 	XP_WAIT_DONE,		/* Dom0 answered this hit */
-	XP_WAIT_TIMEOUT,	/* give up: abandon the mailbox */
+	XP_WAIT_TIMEOUT,	/* give up: try to abandon the mailbox (xp_give_up_step) */
 };
 
 /*
  * One check of the waiting loop: the answer counts only when state is DONE and answer_seq is
- * this hit's seq (a late answer to an abandoned hit never does); give_up ends the wait early
- * (detaching). Times in any monotonic nanoseconds.
+ * this hit's seq (a late answer to an abandoned hit never does). The wait ends at `deadline`
+ * (timeout_ms after the hit), or early when give_up (detaching) -- except while Dom0 holds a
+ * claim (CLAIMED): its handlers may be writing this vCPU's stack, so the wait goes on until
+ * `claim_deadline` (the claim bound after the hit), whatever give_up says. Times in any
+ * monotonic nanoseconds.
  */
 enum xp_wait xp_wait_step(xenprobes_u32 state, xenprobes_u32 answer_seq, xenprobes_u32 seq,
-			  xenprobes_u64 now, xenprobes_u64 deadline, bool give_up);
+			  xenprobes_u64 now, xenprobes_u64 deadline, xenprobes_u64 claim_deadline,
+			  bool give_up);
+
+/* Failed swaps after which the module stores ABANDONED without comparing. */
+#define XP_GIVE_UP_TRIES 4u
+
+enum xp_give_up {
+	XP_GIVE_UP_ANSWERED = 0,	/* DONE with this seq: take the answer after all */
+	XP_GIVE_UP_WAIT,	/* CLAIMED within the claim bound: wait on (xp_wait_step) */
+	XP_GIVE_UP_SWAP,	/* HIT, or CLAIMED past the bound: swap again, from `seen` */
+	XP_GIVE_UP_FORCE,	/* anything else: store ABANDONED, take the fallback */
+};
 
 /*
- * After a timeout the module compare-and-swaps state HIT -> ABANDONED. `seen` is the state the
- * swap found: if Dom0 completed the answer in the meantime (DONE with this seq), the answer
- * is used after all; otherwise the mailbox is abandoned (and written ABANDONED whatever it
- * held).
+ * After XP_WAIT_TIMEOUT the module compare-and-swaps state to ABANDONED, from HIT first. When
+ * that swap fails, `seen` is the state it found and `tries` the number of swaps failed before
+ * this one; the result says what next. A Dom0 flipping the state cannot keep the hook
+ * looping: it waits on claims only within the claim bound, and past the bound at most
+ * XP_GIVE_UP_TRIES swaps fail before the module stores ABANDONED regardless.
  */
-static inline bool xp_late_answer(xenprobes_u32 seen, xenprobes_u32 answer_seq,
-				  xenprobes_u32 seq)
-{
-	return seen == XENPROBES_MBOX_DONE && answer_seq == seq;
-}
+enum xp_give_up xp_give_up_step(xenprobes_u32 seen, xenprobes_u32 answer_seq, xenprobes_u32 seq,
+				bool past_claim_bound, xenprobes_u32 tries);
 
 /* true when `consecutive` timeouts in a row mean Dom0 is gone. */
 static inline bool xp_dead_after(xenprobes_u32 consecutive)

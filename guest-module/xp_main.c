@@ -51,8 +51,9 @@ MODULE_PARM_DESC(ret_capacity, "Entries of the return table (live return-probe i
 #define XP_TIMEOUT_MAX_MS 5000
 static unsigned int timeout_ms = 500;
 module_param(timeout_ms, uint, 0444);
-MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 (1.." __stringify(XP_TIMEOUT_MAX_MS)
-		 " ms, the vCPU waits with interrupts off)");
+MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 to claim it (1.." __stringify(XP_TIMEOUT_MAX_MS)
+		 " ms, the vCPU waits with interrupts off). A claimed hit waits up to "
+		 "min(20 x timeout_ms, 10000 ms) in all");
 
 static unsigned long kernel_text;
 module_param(kernel_text, ulong, 0444);
@@ -272,6 +273,7 @@ static int xp_ctl_alloc(void)
 	xp.trap_cap = trap_capacity;
 	xp.ret_cap = ret_capacity;
 	xp.timeout_ms = timeout_ms;
+	xp.claim_bound_ms = xp_claim_bound_ms(timeout_ms);
 	err = xp_layout_compute(xp.nr_mailboxes, xp.trap_cap, xp.ret_cap, &xp.layout);
 	if (err) {
 		pr_err(XP_NAME ": %u mailboxes, %u traps and %u returns do not fit in %u pages\n",
@@ -399,11 +401,11 @@ static int __init xenprobes_init(void)
 	/* Refuse rmmod until detached (see the unload policy above). */
 	__module_get(THIS_MODULE);
 	WRITE_ONCE(xp_loaded, true);
-	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms, clock: %s\n",
+	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), clock: %s\n",
 		XENPROBES_PROTOCOL_VERSION, xp.ktext, xp.bounds.ktext.end,
 		(unsigned int)XP_OEA_POOL_SIZE,
 		(unsigned long)xp_oea_pool, (unsigned long)xp.ctl, xp.layout.pages, xp.port,
-		xp.nr_mailboxes, xp.timeout_ms, xp_clock_name());
+		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp_clock_name());
 	return 0;
 
 fail:
@@ -421,8 +423,9 @@ static void __exit xenprobes_exit(void)
 		xp_disarm_all();
 	mutex_unlock(&xp_detach_lock);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld foreign int3s, %lld refused answers, %lld hits without fallback)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s, %lld refused answers, %lld hits without fallback)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
+		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.bad_answers),
 		(long long)atomic64_read(&xp.no_fallback));
 }

@@ -74,12 +74,20 @@
  *      byte, not the byte after it); mailbox.trap = that address; write barrier;
  *      mailbox.state = XENPROBES_MBOX_HIT; notify `evtchn`.
  *   2. wait (SCHEDOP_poll on the port with a timeout, re-checking state) until state ==
- *      XENPROBES_MBOX_DONE and answer_seq == seq, for at most `timeout_ms` (header).
+ *      XENPROBES_MBOX_DONE and answer_seq == seq: for at most `timeout_ms` (header) while the
+ *      hit is unclaimed, and while state == XENPROBES_MBOX_CLAIMED (Dom0 is running the
+ *      handlers) up to the claim bound, both counted from step 1.
  *   3. DONE: read barrier; copy mailbox.regs back into pt_regs (the general registers and
  *      rflags' arithmetic flags and TF only; cs/ss are never taken from Dom0); resume at
  *      mailbox.regs.rip; state = XENPROBES_MBOX_IDLE.
- *   4. timeout: state = XENPROBES_MBOX_ABANDONED (Dom0 must not answer it any more),
- *      ++timeouts, resume without the handler as the trap entry's flags say:
+ *   4. timeout (timeout_ms passed and the hit is not claimed, or the claim bound passed):
+ *      compare-and-swap state from HIT (or, past the claim bound, from CLAIMED) to
+ *      XENPROBES_MBOX_ABANDONED. The swap finding DONE with answer_seq == seq: step 3 after
+ *      all. Finding CLAIMED before the claim bound: back to step 2 (Dom0 claimed it at the last
+ *      moment). Finding HIT (Dom0 gave the hit back), or CLAIMED past the bound: swap again
+ *      from that (a few times at most). Finding anything else: state = ABANDONED.
+ *      Then ++timeouts (a claim that outlived its bound counts too: Dom0 died or hung in a
+ *      handler) and resume without the handler as the trap entry's flags say:
  *      XENPROBES_TRAP_FALLBACK: at `fallback` (a slot holding the original instruction, or
  *        the instruction after a slot's trap byte); XENPROBES_TRAP_EMULATE: by emulating the
  *      `len` original bytes in `insn` (a relative jmp/jcc/call/loop/jrcxz or a near ret);
@@ -90,9 +98,41 @@
  *      After `XENPROBES_DEAD_AFTER` consecutive timeouts the module declares Dom0 gone: it
  *      writes insn[0] back at every trap-table address outside the OEA, from process context,
  *      sets `dom0_gone` and stops publishing hits (every later hit takes the fallback).
- *   Dom0 side: on an event, for every mailbox in state HIT: validate (trap in the table, seq),
- *   run the handlers, write regs (rip = where to resume), answer_seq = seq, write barrier,
- *   state = DONE; notify once. Dom0 never writes a mailbox in any other state.
+ *   Dom0 side: on an event, for every mailbox in state HIT:
+ *   a. validate what it read (trap in the table, regs.rip == trap, a seq neither answered
+ *      yet nor excluded by e.); a hit that fails is left alone (no write at all): the
+ *      module's timeout resumes it.
+ *   b. claim it: compare-and-swap state HIT -> CLAIMED. A failed swap means the module
+ *      abandoned the hit: Dom0 runs no handler for it. Under the claim the module changes
+ *      nothing in the mailbox, so Dom0 reads seq, trap and regs again and validates those (a
+ *      newer hit may have replaced the one read in a.); failing, it gives the hit back with
+ *      a compare-and-swap CLAIMED -> HIT (the module's timeout then resumes it).
+ *   c. run the handlers; they may write guest memory (a pushed return address, the
+ *      trampoline address over a return address): the module is still waiting.
+ *   d. if state is still CLAIMED with the same seq: write regs (rip = where to resume),
+ *      answer_seq = seq, then compare-and-swap CLAIMED -> DONE with release order. Notify
+ *      once per round.
+ *   e. a failed check or swap in d. means the module gave up after the claim bound: the
+ *      answer is dropped ("late"). The module may already have published its next hits on
+ *      that mailbox, and Dom0's regs write may have landed on them: Dom0 claims none of the
+ *      hits with a seq in (its seq, the seq it reads after the failed swap] (the module
+ *      writes seq before regs, so later hits were written after Dom0's write).
+ *   Dom0 writes a mailbox only in these steps: HIT -> CLAIMED, and while it holds the claim.
+ *
+ * The claim bound: max(timeout_ms, min(XENPROBES_CLAIM_FACTOR * timeout_ms,
+ * XENPROBES_CLAIM_MAX_MS)) milliseconds from the hit (10 s with the real module's default
+ * timeout_ms of 500). The factor leaves a handler an order of magnitude more than the time
+ * Dom0 has to start on a hit, so only a dead or stopped Dom0 reaches it; the cap keeps the
+ * vCPU's wait, which runs with interrupts off, well under the guest kernel's soft-lockup
+ * (20 s) and RCU-stall (21 s) reports. A handler still running past the bound is the one case
+ * left in which Dom0 writes guest memory for a hit the guest has moved on from.
+ *
+ * Peers that predate the claim (the protocol version stayed 1: nothing was released before
+ * it). An older module treats CLAIMED as "not answered yet": after timeout_ms its swap from
+ * HIT fails, it writes ABANDONED and takes the fallback; Dom0's final swap then fails and the
+ * answer is dropped as late, but memory its handlers wrote stays written (the behaviour
+ * without the claim). An older Dom0 never claims: it answers HIT -> DONE, and the module
+ * abandons unclaimed hits after timeout_ms as before.
  *
  * Dom0 never trusts the control area: every index, count, offset and address in it is
  * bounds-checked, and Dom0 writes only into the mailboxes and tables inside control/pages.
@@ -170,6 +210,7 @@ struct xenprobes_ctl_header {
 #define XENPROBES_MBOX_HIT 1u       /* module: regs valid, waiting for Dom0 */
 #define XENPROBES_MBOX_DONE 2u      /* Dom0: answer written */
 #define XENPROBES_MBOX_ABANDONED 3u /* module: gave up waiting; Dom0 must not answer */
+#define XENPROBES_MBOX_CLAIMED 4u   /* Dom0: running the handlers; the module waits on */
 
 struct xenprobes_regs {
 	xenprobes_u64 rax, rbx, rcx, rdx, rsi, rdi, rbp, rsp;
@@ -208,6 +249,10 @@ struct xenprobes_ret {
 
 /* Consecutive timeouts after which the module disarms every trap on its own. */
 #define XENPROBES_DEAD_AFTER 3
+
+/* The claim bound (see "The claim bound" above): how long a claimed hit may wait in all. */
+#define XENPROBES_CLAIM_FACTOR 20u
+#define XENPROBES_CLAIM_MAX_MS 10000u
 
 #ifdef __cplusplus
 static_assert(sizeof(struct xenprobes_ctl_header) == 136, "xenprobes_ctl_header layout");

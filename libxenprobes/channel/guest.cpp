@@ -56,7 +56,12 @@ struct Range {
 
 std::string dom_str(DomId d) { return "domain " + std::to_string(d.value); }
 
-constexpr std::uint64_t kRejectWarnings = 10;  // per domain
+// A mailbox's state, the field both sides compare-and-swap.
+std::atomic_ref<std::uint32_t> state_of(std::byte* mb) {
+  return std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
+}
+
+constexpr std::uint64_t kRejectWarnings = 10;  // per domain, of refused hits and of late answers each
 
 std::vector<xenprobes_trap>::iterator lower_bound(std::vector<xenprobes_trap>& t, std::uint64_t addr) {
   return std::lower_bound(t.begin(), t.end(), addr,
@@ -182,6 +187,8 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.answered.assign(h.nr_mailboxes, std::nullopt);
   a.answered_rip.assign(h.nr_mailboxes, 0);
   a.rejected.assign(h.nr_mailboxes, std::nullopt);
+  a.claimed.assign(h.nr_mailboxes, std::nullopt);
+  a.overwritten.assign(h.nr_mailboxes, Attached::SeqRange{});
   // The return table is ours from now on: start it empty, as our copy is.
   for (std::size_t i = 0; i < a.rets.size(); ++i) write_ret(a, i);
   domains_.emplace(dom, std::move(a));
@@ -206,11 +213,27 @@ Result<void> GuestChannel::detach(DomId dom) {
     for (std::size_t i = 0; i < n; ++i) write_trap(a, i);  // zeroes
     std::fill(a.rets.begin(), a.rets.end(), xenprobes_ret{0, 0});
     for (std::size_t i = 0; i < a.rets.size(); ++i) write_ret(a, i);
+    // Detached from inside a handler: nobody will answer the hit it runs for. Given back, it
+    // is resumed by the module's timeout instead of waiting out the claim bound.
+    bool gave_back = false;
+    for (std::uint32_t v = 0; v < a.layout.nr_mailboxes; ++v) {
+      if (!a.claimed[v]) continue;
+      std::byte* mb = mailbox_at(a, v);
+      std::uint32_t expected = XENPROBES_MBOX_CLAIMED;
+      if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq)) == a.claimed[v]->seq)
+        gave_back |= state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_HIT, std::memory_order_release,
+                                                          std::memory_order_relaxed);
+    }
+    if (gave_back) (void)hv_.evtchn_notify(a.port);
   }
   auto r = hv_.evtchn_unbind(a.port);
   domains_.erase(it);
   if (!r && r.error().code != Errc::NoSuchDomain) return r;
   return {};
+}
+
+std::byte* GuestChannel::mailbox_at(const Attached& a, std::uint32_t v) {
+  return a.map.data() + a.layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
 }
 
 // ---- tables --------------------------------------------------------------------------
@@ -381,72 +404,131 @@ Result<unsigned> GuestChannel::flush(DomId dom, StopSink& sink) {
 
 Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
   unsigned answered = 0;
+  bool notify = false;  // an answer, or a hit given back: the module should look now
   for (std::uint32_t v = 0;; ++v) {
     Attached* a = find(dom);
     if (!a || v >= a->layout.nr_mailboxes) break;
-    std::byte* mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
-    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) != XENPROBES_MBOX_HIT)
-      continue;
-    // One read of each field; only these copies are used from here on.
-    const std::uint32_t seq = load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq));
-    const std::uint64_t trap = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap));
-    xenprobes_regs x;
-    std::memcpy(&x, mb + offsetof(xenprobes_mailbox, regs), sizeof x);
+    std::byte* mb = mailbox_at(*a, v);
+    if (state_of(mb).load(std::memory_order_acquire) != XENPROBES_MBOX_HIT) continue;
 
-    const char* why = nullptr;
-    const bool in_table = find_trap(a->traps, trap) != a->traps.end();
-    if (a->answered[v] && *a->answered[v] == seq)
-      why = "a seq already answered";
-    else if (x.rip != trap)
-      why = "regs.rip is not the trap address";
-    else if (!in_table && !sink.owns_trap(dom, Gva{trap}))  // owned: disarmed, not flushed yet
-      why = "not a trap of ours";
-    if (why) {
-      // Left alone: the module's timeout resumes the vCPU as its trap entry says.
-      if (a->rejected[v] != seq) {
-        a->rejected[v] = seq;
-        // A hostile guest can make these as fast as it likes: the first few are warnings.
-        if (++a->stats.rejected <= kRejectWarnings)
-          XP_LOG(Warn, "%s vcpu %u: mailbox hit %u at %s ignored: %s%s", dom_str(dom).c_str(), v, seq,
-                 hex(trap).c_str(), why, a->stats.rejected == kRejectWarnings ? " (further ones: debug log)" : "");
-        else
-          XP_LOG(Debug, "%s vcpu %u: mailbox hit %u at %s ignored: %s", dom_str(dom).c_str(), v, seq,
-                 hex(trap).c_str(), why);
-      }
+    // One read of each field; only these copies are used from here on.
+    struct Hit {
+      std::uint32_t seq;
+      std::uint64_t trap;
+      xenprobes_regs regs;
+    };
+    auto read_hit = [&] {
+      Hit h;
+      h.seq = load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq));
+      h.trap = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap));
+      std::memcpy(&h.regs, mb + offsetof(xenprobes_mailbox, regs), sizeof h.regs);
+      return h;
+    };
+    auto refusal = [&](const Hit& h) -> const char* {
+      if (a->answered[v] && *a->answered[v] == h.seq) return "a seq already answered";
+      const Attached::SeqRange& o = a->overwritten[v];
+      if (h.seq - o.after - 1u < o.upto - o.after) return "its registers may be a late answer's";
+      if (h.regs.rip != h.trap) return "regs.rip is not the trap address";
+      // Owned: disarmed, not flushed yet.
+      if (find_trap(a->traps, h.trap) == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap}))
+        return "not a trap of ours";
+      return nullptr;
+    };
+    auto reject = [&](const Hit& h, const char* why) {
+      if (a->rejected[v] == h.seq) return;  // logged and counted once per hit
+      a->rejected[v] = h.seq;
+      // A hostile guest can make these as fast as it likes: the first few are warnings.
+      if (++a->stats.rejected <= kRejectWarnings)
+        XP_LOG(Warn, "%s vcpu %u: mailbox hit %u at %s ignored: %s%s", dom_str(dom).c_str(), v, h.seq,
+               hex(h.trap).c_str(), why, a->stats.rejected == kRejectWarnings ? " (further ones: debug log)" : "");
+      else
+        XP_LOG(Debug, "%s vcpu %u: mailbox hit %u at %s ignored: %s", dom_str(dom).c_str(), v, h.seq,
+               hex(h.trap).c_str(), why);
+    };
+
+    // Refused before the claim: left alone, without a write; the module's timeout resumes the
+    // vCPU as its trap entry says.
+    Hit h = read_hit();
+    if (const char* why = refusal(h)) {
+      reject(h, why);
+      continue;
+    }
+    // The claim. Failing, the module gave up on the hit first: no handler may run for it (its
+    // writes to guest memory would land on a stack that moved on).
+    std::uint32_t expected = XENPROBES_MBOX_HIT;
+    if (!state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED, std::memory_order_acquire,
+                                              std::memory_order_relaxed)) {
+      ++a->stats.abandoned;
+      continue;
+    }
+    // Under the claim the module changes nothing in the mailbox (until the claim bound). The
+    // hit may be a newer one than read above (the module abandoned that one and published
+    // this one in between): what counts is read now, and checked again.
+    h = read_hit();
+    if (const char* why = refusal(h)) {
+      expected = XENPROBES_MBOX_CLAIMED;
+      (void)state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_HIT, std::memory_order_release,
+                                                 std::memory_order_relaxed);
+      notify = true;
+      reject(h, why);
       continue;
     }
 
-    Stop s{dom, VcpuId{v}, Gva{trap}, from_mailbox(x)};
+    std::uint64_t fallback = 0;
+    if (auto t = find_trap(a->traps, h.trap); t != a->traps.end() && t->flags == XENPROBES_TRAP_FALLBACK)
+      fallback = t->fallback;
+    a->claimed[v] = Attached::Claim{h.seq, h.trap, fallback};
+    Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
     if (sink.on_stop(s) == Verdict::NotOurs) {
-      s.regs = from_mailbox(x);
-      s.regs.rip = trap;  // the byte is the original again: execute it
+      s.regs = from_mailbox(h.regs);
+      s.regs.rip = h.trap;  // the byte is the original again: execute it
     }
     a = find(dom);
-    if (!a) break;
-    mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
-    // The module may have given up while the handlers ran, even published the next hit: an
-    // answer now would be for a hit nobody waits for.
-    std::atomic_ref<std::uint32_t> state(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
-    if (state.load(std::memory_order_acquire) != XENPROBES_MBOX_HIT ||
-        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq)) != seq) {
-      ++a->stats.late;
+    if (!a) break;  // detached by a handler (which gave the claim back)
+    a->claimed[v].reset();
+    mb = mailbox_at(*a, v);
+    std::atomic_ref<std::uint32_t> state = state_of(mb);
+    // Still ours? The module gives a claimed hit up only past the claim bound (Dom0 stalled
+    // that long); nothing written then.
+    auto late = [&] {
+      // As common as hung handlers, or as a hostile guest likes: the first few are warnings.
+      if (++a->stats.late <= kRejectWarnings)
+        XP_LOG(Warn, "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
+                     "bound) before the handlers finished: answer dropped, guest memory they wrote stays written%s",
+               dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str(),
+               a->stats.late == kRejectWarnings ? " (further ones: debug log)" : "");
+      else
+        XP_LOG(Debug, "%s vcpu %u: hit %u at %s: late answer dropped", dom_str(dom).c_str(), v, h.seq,
+               hex(h.trap).c_str());
+    };
+    if (state.load(std::memory_order_acquire) != XENPROBES_MBOX_CLAIMED ||
+        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq)) != h.seq) {
+      late();
       continue;
     }
-    const xenprobes_regs out = to_mailbox(s.regs, x);
+    const xenprobes_regs out = to_mailbox(s.regs, h.regs);
     std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &out, sizeof out);
-    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq), seq);
-    std::uint32_t expected = XENPROBES_MBOX_HIT;
+    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq), h.seq);
+    expected = XENPROBES_MBOX_CLAIMED;
     if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_DONE, std::memory_order_release,
                                        std::memory_order_relaxed)) {
-      ++a->stats.late;
+      // The bound passed between the check and the swap: the module resumed on its own and
+      // may have published further hits, whose registers the write above may have hit. Those
+      // are the hits up to the seq read now: every store above is visible before this load (a
+      // full fence; x86's locked cmpxchg is one anyway), and the module writes a hit's seq
+      // before its registers, so hits after that seq were written after ours.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      a->overwritten[v] = Attached::SeqRange{h.seq, load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq))};
+      late();
       continue;
     }
-    a->answered[v] = seq;
+    a->answered[v] = h.seq;
     a->answered_rip[v] = out.rip;
     ++a->stats.answered;
     ++answered;
+    notify = true;
   }
-  if (answered) {
+  if (notify) {
     Attached* a = find(dom);
     if (a) XP_TRY(hv_.evtchn_notify(a->port));  // once for all of them
   }
@@ -458,8 +540,13 @@ std::vector<std::uint64_t> GuestChannel::resumes_in_flight(DomId dom) const {
   const Attached* a = find(dom);
   if (!a) return out;
   for (std::uint32_t v = 0; v < a->layout.nr_mailboxes; ++v) {
+    // Our own bookkeeping, not the shared state: a guest cannot make a claimed vCPU look gone.
+    if (const auto& c = a->claimed[v]) {
+      out.push_back(c->trap);
+      if (c->fallback) out.push_back(c->fallback);
+    }
     if (!a->answered[v]) continue;
-    const std::byte* mb = a->map.data() + a->layout.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox);
+    const std::byte* mb = mailbox_at(*a, v);
     // The guest could fake DONE to keep slots busy: it only delays their reuse.
     if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) == XENPROBES_MBOX_DONE &&
         load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == *a->answered[v])

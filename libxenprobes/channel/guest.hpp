@@ -4,9 +4,11 @@
 // vCPU's mailbox, notifies an interdomain event channel and waits; Dom0 runs the handlers on
 // those registers, writes the answer into the mailbox and notifies back. Per hit: no domain
 // pause and no vCPU-context hypercall, one notification each way plus the acknowledgement of
-// the event. If Dom0 does not answer in time the module resumes the vCPU on its own, as the
-// trap entry says (and restores the text after XENPROBES_DEAD_AFTER misses in a row), so a
-// dying Dom0 leaves the guest running.
+// the event. Dom0 claims a hit (HIT -> CLAIMED) before any handler runs, so the handlers never
+// write guest memory for a hit the module gave up on; the module waits for a claimed hit up to
+// the claim bound. A hit Dom0 does not claim in time (or a claim that outlives the bound) the
+// module resumes on its own, as the trap entry says (and restores the text after
+// XENPROBES_DEAD_AFTER misses in a row), so a dying Dom0 leaves the guest running.
 //
 // The control area is guest memory mapped writable into Dom0: everything read from it is
 // hostile. Its layout is read once at attach, validated and kept here; later accesses go
@@ -43,8 +45,10 @@ class GuestChannel final : public Channel {
   // on Dom0, saying what would work), maps the control area writable (translated through the
   // guest's page tables), validates its header and binds the module's port.
   Result<void> attach(DomId) override;
-  // Empties the tables (the engine restored every byte), unbinds, unmaps. Writes nothing when
-  // the module no longer says `state` = ready (it is unloading and may free the area).
+  // Empties the tables (the engine restored every byte), gives back any hit it holds claimed
+  // (detached from a handler: the module's timeout resumes it), unbinds, unmaps. Writes
+  // nothing when the module no longer says `state` = ready (it is unloading and may free the
+  // area).
   Result<void> detach(DomId) override;
   // The handle's event-channel fd, shared with any other channel binding ports on the same
   // handle (the debugger channel's VIRQ): process() acknowledges whichever port is pending
@@ -61,6 +65,10 @@ class GuestChannel final : public Channel {
   Result<void> return_added(DomId, Gva stack_slot, Gva ret) override;
   void return_removed(DomId, Gva stack_slot) override;
   Result<unsigned> flush(DomId, StopSink&) override;
+  // Answers the module has not taken up yet (state DONE with the seq answered: rip = the
+  // answer's), and each hit whose handlers are running (claimed: the vCPU resumes at the answer
+  // being made or, should the claim outlive its bound, at the entry's fallback; both the trap
+  // and that fallback are reported).
   std::vector<std::uint64_t> resumes_in_flight(DomId) const override;
 
   static constexpr std::uint8_t kInt3 = 0xcc;
@@ -71,11 +79,12 @@ class GuestChannel final : public Channel {
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;
-  // Dom0's side: answers written; mailboxes in state HIT that were not answered (a trap not
-  // ours, rip != trap, a seq already answered); answers dropped because the module had given
-  // up on the hit while the handlers ran.
+  // Dom0's side: answers written; hits refused (a trap not ours, rip != trap, a seq already
+  // answered or one a late answer may have overwritten); hits the module abandoned before Dom0
+  // could claim them (no handler ran); answers dropped because the module gave up on a
+  // claimed hit (past the claim bound) while the handlers ran.
   struct Stats {
-    std::uint64_t answered = 0, rejected = 0, late = 0;
+    std::uint64_t answered = 0, rejected = 0, abandoned = 0, late = 0;
   };
   Stats stats(DomId) const;
   std::size_t traps(DomId) const;  // live entries in the trap table
@@ -97,14 +106,30 @@ class GuestChannel final : public Channel {
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered
     std::vector<std::uint64_t> answered_rip;              // per mailbox: where that answer sends it
     std::vector<std::optional<std::uint32_t>> rejected;  // per mailbox: the last seq refused (logged once)
+    // Per mailbox, while Dom0 holds its claim (the handlers run): the hit, and where the module
+    // resumes it should the claim outlive the bound (0: not a slot address Dom0 knows).
+    struct Claim {
+      std::uint32_t seq = 0;
+      std::uint64_t trap = 0, fallback = 0;
+    };
+    std::vector<std::optional<Claim>> claimed;
+    // Per mailbox, after a late answer: hits with a seq in (after, upto] may carry Dom0's late
+    // registers instead of the module's; they are refused (protocol.h, Dom0 side e.).
+    struct SeqRange {
+      std::uint32_t after = 0, upto = 0;
+    };
+    std::vector<SeqRange> overwritten;
     Stats stats;
   };
 
   Attached* find(DomId);
   const Attached* find(DomId) const;
-  // Handles every mailbox of the domain in state HIT; returns how many were answered. The
-  // domain may be detached from inside a handler: looked up again after each one.
+  // Handles every mailbox of the domain in state HIT (claim, handlers, answer); returns how
+  // many were answered. The domain may be detached from inside a handler: looked up again
+  // after each one.
   Result<unsigned> scan(DomId, StopSink&);
+  // Mailbox v inside the mapping (v < layout.nr_mailboxes, checked by the caller).
+  static std::byte* mailbox_at(const Attached&, std::uint32_t v);
   void write_trap(Attached&, std::size_t index);
   void write_ret(Attached&, std::size_t index);
   void set_nr_traps(Attached&, std::size_t n);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -162,6 +163,25 @@ struct ChannelGuest {
     const auto h = header();
     (void)host->peek(dom, layout.control_addr + h.mailbox_offset + v * sizeof m, std::as_writable_bytes(std::span(&m, 1)));
     return m;
+  }
+  // The control area mapped through handle `h` (as Dom0 maps it), so a test can compare-and-
+  // swap a mailbox's state the way the module or the channel does. Keep the mapping alive
+  // while using the words it gives.
+  hv::ForeignMapping map_control(hv::Hypervisor& h) {
+    std::vector<Frame> frames;
+    for (std::uint64_t off = 0; off < layout.control_size; off += 4096) {
+      auto t = memory->translate(Gva{layout.control_addr + off});
+      if (!t) throw std::runtime_error(t.error().what);
+      frames.push_back(t->frame());
+    }
+    auto m = h.map_frames(dom, frames, hv::MapAccess::ReadWrite);
+    if (!m) throw std::runtime_error(m.error().what);
+    return std::move(*m);
+  }
+  static std::atomic_ref<std::uint32_t> mailbox_word(const hv::ForeignMapping& m, const xenprobes_ctl_header& h,
+                                                     unsigned v, std::size_t field) {
+    return std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(
+        m.data() + h.mailbox_offset + std::size_t{v} * sizeof(xenprobes_mailbox) + field));
   }
   unsigned mailboxes_in(std::uint32_t state, unsigned vcpus) {
     unsigned n = 0;

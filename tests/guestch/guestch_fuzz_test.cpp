@@ -3,6 +3,8 @@
 // tables hold; and the simulated module must survive whatever Dom0 writes into its tables.
 #include <atomic>
 #include <cstring>
+#include <iostream>
+#include <optional>
 #include <random>
 
 #include "guestch/guestch_fixture.hpp"
@@ -250,6 +252,188 @@ TEST(GuestChannelFuzz, TheGuestScribblesWhileDom0Reads) {
   stop = true;
   guest.join();
   EXPECT_GT(stops, 0u);
+  EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
+}
+
+TEST(GuestChannelFuzz, TheGuestFlipsStatesAtRandom) {
+  // A guest writing any state value at any moment (CLAIMED, DONE, garbage, HIT again) while Dom0
+  // claims, runs handlers and answers: Dom0 stays inside the area, and every handler it runs
+  // is for a hit it claimed, so each ends in exactly one answer or one late drop.
+  FuzzGuest g;
+  g.attach();
+  const auto before = g.snapshot();
+  FakeSink sink;
+  TrapEntry e;
+  e.addr = Gva{0xffffffff81002000ull};
+  e.fallback = TrapEntry::Fallback::Emulate;
+  e.len = 1;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, e));
+  sink.probes[e.addr.value];
+  std::atomic<bool> stop{false};
+  std::thread guest([&] {
+    auto hv = g.host->open();
+    const hv::ForeignMapping map = g.map_control(*hv);
+    std::mt19937_64 rng(17);
+    while (!stop) {
+      const unsigned v = rng() % 2;
+      auto state = ChannelGuest::mailbox_word(map, g.good, v, offsetof(xenprobes_mailbox, state));
+      if (rng() % 4 == 0) {  // a plausible hit
+        xenprobes_mailbox m{};
+        m.seq = static_cast<std::uint32_t>(rng());
+        m.trap = e.addr.value;
+        m.regs.rip = m.trap;
+        std::memcpy(map.data() + g.good.mailbox_offset + v * sizeof m + offsetof(xenprobes_mailbox, seq), &m.seq,
+                    sizeof m - offsetof(xenprobes_mailbox, seq));
+        state.store(XENPROBES_MBOX_HIT, std::memory_order_release);
+      } else {
+        const std::uint32_t vals[] = {XENPROBES_MBOX_IDLE,      XENPROBES_MBOX_HIT,     XENPROBES_MBOX_DONE,
+                                      XENPROBES_MBOX_ABANDONED, XENPROBES_MBOX_CLAIMED, 5,
+                                      static_cast<std::uint32_t>(rng())};
+        state.store(vals[rng() % std::size(vals)]);
+      }
+    }
+  });
+  std::uint64_t stops = 0;
+  sink.observer = [&](channel::Stop& s) {
+    ++stops;
+    EXPECT_EQ(s.trap.value, e.addr.value);
+    s.regs.rip = s.trap.value + 1;
+  };
+  auto end = std::chrono::steady_clock::now() + 1s;
+  while (std::chrono::steady_clock::now() < end) ASSERT_TRUE(g.ch->process(sink));
+  stop = true;
+  guest.join();
+  const auto st = g.ch->stats(g.dom);
+  EXPECT_GT(stops, 0u);
+  EXPECT_EQ(stops, st.answered + st.late) << "a handler ran without a claim";
+  EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
+}
+
+TEST(GuestChannelFuzz, AModuleRacingDom0) {
+  // This thread plays the module, racing Dom0 on one mailbox and publishing the next hit at
+  // once. Each hit, at random: races the claim (a timeout of a few microseconds), waits for the
+  // answer, or lets Dom0 claim it and then gives it up at once (an expired claim: the module
+  // abandons it while the handlers run; some handlers wait for exactly that). Dom0 must never
+  // run a handler for a hit the module abandoned unclaimed (its writes would land on a stack
+  // that moved on), never hand a handler registers that are not the module's for that hit (a
+  // late answer's registers landing on the next hit), and every answer the module takes must
+  // be Dom0's for that very hit.
+  FuzzGuest g;
+  g.attach();
+  const auto before = g.snapshot();
+  TrapEntry e;
+  e.addr = Gva{0xffffffff81003000ull};
+  e.fallback = TrapEntry::Fallback::Emulate;
+  e.len = 1;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, e));
+  FakeSink sink;
+  sink.probes[e.addr.value];
+  // A hit's registers carry its seq (rbx) and a checksum of it (rax); Dom0's answers carry
+  // another checksum, and rip = the trap (as a NotOurs answer does), so that a late answer's
+  // registers look like a hit to every other check.
+  auto hit_sum = [](std::uint64_t seq) { return seq * 0x9e3779b97f4a7c15ull; };
+  auto answer_sum = [](std::uint64_t seq) { return ~(seq * 0x9e3779b97f4a7c15ull); };
+  auto dom0_hv = g.host->open();
+  const hv::ForeignMapping dom0_view = g.map_control(*dom0_hv);
+  auto dom0_state = ChannelGuest::mailbox_word(dom0_view, g.good, 0, offsetof(xenprobes_mailbox, state));
+  std::set<std::uint32_t> handled;
+  std::uint64_t foreign_regs = 0;
+  std::mt19937_64 dom0_rng(23);
+  sink.observer = [&](channel::Stop& s) {
+    if (s.regs.rax != hit_sum(s.regs.rbx)) ++foreign_regs;
+    handled.insert(static_cast<std::uint32_t>(s.regs.rbx));
+    s.regs.rax = answer_sum(s.regs.rbx);
+    s.regs.rip = s.trap.value;
+    // A slow handler (until the module gives up on it, 1 ms at most), or a quick one.
+    const bool slow = dom0_rng() % 2;
+    const auto until = std::chrono::steady_clock::now() +
+                       (slow ? std::chrono::microseconds(1000) : std::chrono::microseconds(dom0_rng() % 50));
+    while (std::chrono::steady_clock::now() < until && (!slow || dom0_state.load() == XENPROBES_MBOX_CLAIMED)) {
+    }
+  };
+
+  std::atomic<bool> stop{false};
+  std::vector<std::uint32_t> abandoned_unclaimed;
+  std::atomic<std::uint64_t> taken{0}, unclaimed{0}, claims_expired{0};
+  std::uint64_t wrong_answers = 0;
+  std::thread module([&] {
+    auto hv = g.host->open();
+    const hv::ForeignMapping map = g.map_control(*hv);
+    std::byte* mb = map.data() + g.good.mailbox_offset;  // vCPU 0
+    auto state = ChannelGuest::mailbox_word(map, g.good, 0, offsetof(xenprobes_mailbox, state));
+    auto seq_w = ChannelGuest::mailbox_word(map, g.good, 0, offsetof(xenprobes_mailbox, seq));
+    auto answer_w = ChannelGuest::mailbox_word(map, g.good, 0, offsetof(xenprobes_mailbox, answer_seq));
+    std::atomic_ref<std::uint64_t> trap_w(*reinterpret_cast<std::uint64_t*>(mb + offsetof(xenprobes_mailbox, trap)));
+    std::mt19937_64 rng(5);
+    for (std::uint32_t seq = 1; !stop; ++seq) {
+      // Step 1 in the module's order: seq, trap, regs, then state (release).
+      seq_w.store(seq, std::memory_order_relaxed);
+      trap_w.store(e.addr.value, std::memory_order_relaxed);
+      xenprobes_regs r{};
+      r.rip = e.addr.value;
+      r.rbx = seq;
+      r.rax = hit_sum(seq);
+      std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &r, sizeof r);
+      state.store(XENPROBES_MBOX_HIT, std::memory_order_release);
+      const auto t0 = std::chrono::steady_clock::now();
+      const unsigned mode = rng() % 3;  // 0: race the claim, 1: wait for the answer, 2: expire the claim
+      const std::chrono::microseconds timeout(mode == 0 ? rng() % 60 : 50000);
+      const std::chrono::microseconds bound(mode == 2 ? rng() % 50 : 50000);  // after the claim is seen
+      std::optional<std::chrono::steady_clock::time_point> claimed;
+      while (!stop) {
+        const std::uint32_t st = state.load(std::memory_order_acquire);
+        if (st == XENPROBES_MBOX_DONE && answer_w.load() == seq) {
+          xenprobes_regs a;
+          std::memcpy(&a, mb + offsetof(xenprobes_mailbox, regs), sizeof a);
+          if (a.rbx != seq || a.rax != answer_sum(seq)) ++wrong_answers;
+          state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
+          ++taken;
+          break;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (st == XENPROBES_MBOX_CLAIMED && !claimed) claimed = now;
+        if ((st == XENPROBES_MBOX_HIT && now - t0 >= timeout) ||
+            (st == XENPROBES_MBOX_CLAIMED && now - *claimed >= bound)) {
+          std::uint32_t expected = st;
+          if (state.compare_exchange_strong(expected, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
+            if (st == XENPROBES_MBOX_HIT) {
+              abandoned_unclaimed.push_back(seq);
+              ++unclaimed;
+            } else {
+              ++claims_expired;
+            }
+            break;
+          }
+        }
+      }
+    }
+  });
+  // Until every kind of race happened often enough (or 10 s on a machine under load), the
+  // rarest being the module abandoning a hit between Dom0's look at it and its claim.
+  const auto start = std::chrono::steady_clock::now();
+  auto enough = [&] {
+    return std::chrono::steady_clock::now() - start >= 1s && taken >= 100 && unclaimed >= 100 &&
+           claims_expired >= 100 && g.ch->stats(g.dom).abandoned >= 5;
+  };
+  while (std::chrono::steady_clock::now() - start < 10s && !enough()) ASSERT_TRUE(g.ch->process(sink));
+  stop = true;
+  module.join();
+
+  for (std::uint32_t seq : abandoned_unclaimed) EXPECT_FALSE(handled.contains(seq)) << "hit " << seq;
+  EXPECT_EQ(foreign_regs, 0u) << "a handler got registers that were not its hit's";
+  EXPECT_EQ(wrong_answers, 0u);
+  const auto st = g.ch->stats(g.dom);
+  EXPECT_EQ(sink.total, st.answered + st.late);
+  EXPECT_GE(st.answered, taken);
+  EXPECT_LE(st.answered, taken + 1);  // the last answer may not have been taken up
+  EXPECT_GE(st.late, claims_expired);
+  // Each kind of race happened.
+  EXPECT_GT(taken, 0u);
+  EXPECT_GT(unclaimed, 0u);
+  EXPECT_GT(claims_expired, 0u);
+  std::cout << "racing module: " << taken << " answers taken, " << unclaimed << " hits abandoned unclaimed, "
+            << claims_expired << " claims expired; Dom0: " << st.answered << " answered, " << st.late << " late, "
+            << st.abandoned << " claims lost, " << st.rejected << " refused\n";
   EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
 }
 

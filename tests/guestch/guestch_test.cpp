@@ -3,6 +3,7 @@
 // that dies or never answers (the module's fallbacks and self-disarm).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "guestch/guestch_fixture.hpp"
@@ -546,31 +547,201 @@ TEST(GuestChannelDom0Gone, ReturnsFinishThroughTheReturnTable) {
   EXPECT_EQ(g.peek(tramp, 1)[0], 0xcc) << "the trampoline is in the OEA: left alone";
 }
 
-TEST(GuestChannelDom0Gone, AnswerAfterTheTimeoutIsNotWritten) {
-  // Dom0 slower than the module: the hit is abandoned; Dom0 must not answer it.
-  ChannelGuest g(guest_config(1, 0, 30));
+// ---- the claim ----------------------------------------------------------------------------
+
+TEST(GuestChannelClaim, ASlowHandlerIsWaitedFor) {
+  // The module waits timeout_ms (30) for Dom0 to claim a hit, and a claimed hit up to the
+  // claim bound (600 ms here). Handlers that take three timeouts -- one of them after writing
+  // guest memory, as a call Dom0 emulates pushes its return address -- are waited for: every
+  // answer is applied and nothing times out.
+  constexpr std::uint64_t kIters = 2;
+  constexpr unsigned kTimeoutMs = 30;
+  ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
+  g.attach();
+  FakeSink sink;
+  std::optional<x86::Insn> call;
+  for (const auto& i : g.function("demo_recurse"))
+    if (i.branch == x86::BranchKind::Call) {
+      call = i;
+      break;
+    }
+  ASSERT_TRUE(call);
+  unsigned slow_getppid = 0, slow_call = 0;
+  auto take_long = [&](unsigned& slow) {
+    if (slow >= 2) return;
+    ++slow;
+    EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * kTimeoutMs));
+  };
+  // sys_getppid returns 42 without running: only Dom0's answer does that (the module's
+  // fallback would run the body).
+  const std::uint64_t getppid = g.sym("sys_getppid");
+  sink.probes[getppid].on_hit = [&](channel::Stop& s) {
+    take_long(slow_getppid);
+    auto ra = g.memory->read_u64(Gva{s.regs.rsp});
+    ASSERT_TRUE(ra);
+    s.regs.rip = *ra;
+    s.regs.rsp += 8;
+    s.regs.rax = 42;
+  };
+  sink.probes[call->address.value].on_hit = [&](channel::Stop& s) {
+    const std::uint64_t ret = s.trap.value + call->length;
+    ASSERT_TRUE(g.memory->write_u64(Gva{s.regs.rsp - 8}, ret));
+    take_long(slow_call);  // after the write: without the claim the module would have moved on
+    s.regs.rsp -= 8;
+    s.regs.rip = call->branch_target.value;
+  };
+  g.arm_skip("sys_getppid");
+  g.arm(call->address.value, TrapEntry::Fallback::Emulate);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(slow_getppid, 2u);
+  EXPECT_EQ(slow_call, 2u);
+  EXPECT_EQ(g.stats(0).iterations, kIters);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], 0u) << "every answer was applied";
+  EXPECT_EQ(sink.probes[getppid].hits, expected_calls(DEMO_FN_GETPPID, kIters));
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_RECURSE], expected_calls(DEMO_FN_RECURSE, kIters));
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_OPEN], expected_calls(DEMO_FN_OPEN, kIters));
+  const auto h = g.header();
+  EXPECT_EQ(h.timeouts, 0u);
+  EXPECT_EQ(h.dom0_gone, 0u);
+  const auto st = g.ch->stats(g.dom);
+  EXPECT_EQ(st.answered, sink.total);
+  EXPECT_EQ(st.late, 0u);
+  EXPECT_EQ(st.abandoned, 0u);
+}
+
+TEST(GuestChannelClaim, AHandlerPastTheClaimBoundIsGivenUpOnAndItsAnswerDropped) {
+  // Dom0 hangs in a handler: the module waits the claim bound (1 s for a 50 ms timeout), then
+  // resumes on its own (counted as a timeout); Dom0's answer, when it comes, is dropped as
+  // late and written nowhere. Dom0 answers everything else.
+  constexpr std::uint64_t kIters = 2;
+  constexpr unsigned kTimeoutMs = 50;
+  ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
+  g.attach();
+  FakeSink sink;
+  bool hung = false;
+  std::chrono::milliseconds waited{0};
+  std::uint32_t hung_seq = 0;
+  sink.skip(g.sym("sys_open")).on_hit = [&](channel::Stop& s) {
+    s.regs.rip = s.trap.value + 5;
+    if (hung) return;
+    hung = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    hung_seq = g.mailbox(0).seq;
+    EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED);
+    ASSERT_TRUE(eventually([&] { return g.mailbox(0).state != XENPROBES_MBOX_CLAIMED; }, 10s));
+    waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  };
+  g.arm_skip("sys_open");
+  g.start();
+  ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(hung);
+  // The bound counts from the hit; the claim came within the 50 ms timeout of it.
+  EXPECT_GE(waited, std::chrono::milliseconds(20 * kTimeoutMs - kTimeoutMs));
+  EXPECT_LT(waited, 5s);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  const auto h = g.header();
+  EXPECT_EQ(h.timeouts, 1u);
+  EXPECT_EQ(h.dom0_gone, 0u);
+  const auto st = g.ch->stats(g.dom);
+  EXPECT_EQ(st.late, 1u);
+  EXPECT_EQ(st.answered, sink.total - 1);
+  EXPECT_NE(g.mailbox(0).answer_seq, hung_seq) << "the late answer was not written";
+}
+
+TEST(GuestChannelClaim, ADom0ThatDiesHoldingAClaimLeavesTheGuestRunning) {
+  // Another Dom0 claims a hit and dies in its handler: the vCPU waits the claim bound, then
+  // the module resumes it and every later hit on its own, and restores the text.
+  constexpr std::uint64_t kIters = 3;
+  constexpr unsigned kTimeoutMs = 50;
+  ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
+  g.attach();
+  g.arm_skip("sys_open");
+  g.arm_skip("demo_recurse");
+  const auto h = g.header();
+  auto other = g.host->open();
+  const hv::ForeignMapping map = g.map_control(*other);
+  auto state = ChannelGuest::mailbox_word(map, h, 0, offsetof(xenprobes_mailbox, state));
+  g.kill_dom0();  // the channel never answers anything
+  ASSERT_TRUE(other->unpause(g.dom));
+  // Claim the first hit we catch before the module gives up on it.
+  std::chrono::steady_clock::time_point claimed;
+  ASSERT_TRUE(eventually([&] {
+    std::uint32_t expected = XENPROBES_MBOX_HIT;
+    if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED)) return false;
+    claimed = std::chrono::steady_clock::now();
+    return true;
+  }, 20s));
+  ASSERT_TRUE(eventually([&] { return state.load() != XENPROBES_MBOX_CLAIMED; }, 10s));
+  const auto waited = std::chrono::steady_clock::now() - claimed;
+  EXPECT_GE(waited, std::chrono::milliseconds(20 * kTimeoutMs - kTimeoutMs));
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(g.stats(0).iterations, kIters);
+  const auto after = g.header();
+  EXPECT_EQ(after.timeouts, unsigned{XENPROBES_DEAD_AFTER}) << "the expired claim counts as a timeout";
+  EXPECT_EQ(after.dom0_gone, 1u);
+  EXPECT_EQ(g.peek(g.sym("sys_open"), 5), (std::vector<std::uint8_t>{0x0f, 0x1f, 0x44, 0x00, 0x00}));
+}
+
+TEST(GuestChannelClaim, ResumesInFlightWhileClaimedAndUntilTakenUp) {
+  ChannelGuest g(guest_config(1, 0, 10000));
+  g.attach();
+  FakeSink sink;
+  const std::uint64_t fn = g.sym("sys_open");
+  const std::uint64_t fallback = g.layout.oea_addr + 0x100;  // as if a slot held the nop
+  std::vector<std::uint64_t> during;
+  sink.skip(fn).on_hit = [&](channel::Stop& s) {
+    during = g.ch->resumes_in_flight(g.dom);
+    s.regs.rip = fn + 5;
+  };
+  g.arm(fn, TrapEntry::Fallback::ResumeAt, fallback);
+  g.start();
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, 1) == 1; }));
+  ASSERT_TRUE(g.hv->pause(g.dom));  // a paused guest takes up no answer
+  EXPECT_TRUE(g.ch->resumes_in_flight(g.dom).empty()) << "an unclaimed hit is the module's";
+  auto n = g.ch->flush(g.dom, sink);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 1u);
+  // Claimed: the vCPU resumes at the answer being made, or at the entry's fallback.
+  EXPECT_EQ(during, (std::vector<std::uint64_t>{fn, fallback}));
+  // Answered, not taken up yet.
+  EXPECT_EQ(g.ch->resumes_in_flight(g.dom), std::vector<std::uint64_t>{fn + 5});
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_TRUE(eventually([&] { return g.ch->resumes_in_flight(g.dom).empty(); }));
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+}
+
+TEST(GuestChannelClaim, DetachFromAHandlerGivesTheClaimBack) {
+  // The engine lets go of the domain inside a handler: the hit is given back (HIT), so the
+  // module resumes it after timeout_ms instead of waiting out the claim bound.
+  constexpr unsigned kTimeoutMs = 100;
+  ChannelGuest g(guest_config(1, 0, kTimeoutMs));
   g.attach();
   FakeSink sink;
   const std::uint64_t fn = g.sym("sys_open");
   std::uint32_t seq = 0;
+  const auto original = g.peek(fn, 1);
   sink.skip(fn).on_hit = [&](channel::Stop& s) {
-    // The handler takes longer than the module waits (it may even publish the next hit).
-    ASSERT_TRUE(eventually([&] {
-      auto m = g.mailbox(s.vcpu.value);
-      return m.state != XENPROBES_MBOX_HIT || m.seq != seq;
-    }, 5s));
+    seq = g.mailbox(0).seq;
+    // As the engine does: the byte first, then the channel lets go.
+    ASSERT_TRUE(g.memory->write(Gva{fn}, std::as_bytes(std::span(original))));
+    ASSERT_TRUE(g.ch->detach(g.dom));
     s.regs.rip = fn + 5;
   };
   g.arm_skip("sys_open");
   g.start();
-  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, 1) == 1; }));
-  seq = g.mailbox(0).seq;
-  g.pump(sink, 0);
-  EXPECT_EQ(sink.probes[fn].hits, 1u);
-  EXPECT_EQ(g.ch->stats(g.dom).late, 1u);
-  EXPECT_EQ(g.ch->stats(g.dom).answered, 0u);
-  EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_DONE);
-  EXPECT_TRUE(g.host->crash_reason(g.dom).empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(g.pump_until(sink, [&] { return sink.total == 1; }, 10s));
+  // Resumed by the module's timeout, well before the claim bound (2 s).
+  ASSERT_TRUE(eventually([&] { return g.header().timeouts == 1; }, 5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(10 * kTimeoutMs));
+  EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_ABANDONED);
+  EXPECT_EQ(g.mailbox(0).seq, seq);
+  EXPECT_NE(g.mailbox(0).answer_seq, seq);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
 }
 
 // ---- quiescence --------------------------------------------------------------------------

@@ -92,7 +92,7 @@ class SimHostImpl final : public SimHost {
   // When the scheduler must look again although nothing else happens (the earliest timeout).
   std::optional<std::chrono::steady_clock::time_point> module_deadline_locked(const Domain&) const;
   void module_quiesce_request_locked(Domain&, const std::string& value);
-  void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED, then the fallback
+  void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED and the fallback, unless claimed
   void module_fallback_locked(Domain&, Vcpu&, const xenprobes_trap&, VcpuRegs);
   void module_disarm_locked(Domain&);          // Dom0 declared gone
   bool module_quiescent_locked(Domain&);

@@ -78,9 +78,11 @@ struct Vcpu {
   std::uint64_t last_code = 0;
   // In the guest module's int3 hook, waiting for Dom0's answer in its mailbox (the guest
   // channel). What the hook keeps on its own stack: the seq it published, the trap entry it
-  // found (for the fallback) and the registers as trapped (rip = the trap byte).
+  // found (for the fallback) and the registers as trapped (rip = the trap byte). The wait ends
+  // at module_deadline (timeout_ms) unless Dom0 claimed the hit, then at module_claim_deadline
+  // (the claim bound, protocol.h); both counted from the hit.
   bool module_wait = false;
-  std::chrono::steady_clock::time_point module_deadline;
+  std::chrono::steady_clock::time_point module_deadline, module_claim_deadline;
   std::uint32_t module_seq = 0;
   xenprobes_trap module_entry{};
   VcpuRegs module_regs;

@@ -33,6 +33,16 @@ constexpr std::uint32_t kMailboxOffset = 256;      // after the header, cache-li
 // The rflags bits the hook takes from Dom0 (protocol.h): the arithmetic flags and TF.
 constexpr std::uint64_t kFlagsFromDom0 = 0x8d5 | 0x100;
 constexpr std::uint8_t kInt3 = 0xcc;
+// Compare-and-swaps of a mailbox's state to ABANDONED that may fail before the module stores
+// ABANDONED regardless: Dom0 flipping the state without end must not keep the hook looping.
+constexpr unsigned kGiveUpTries = 4;
+
+// protocol.h, "The claim bound": how long a hit Dom0 claimed may wait in all.
+std::chrono::milliseconds claim_bound(std::uint32_t timeout_ms) {
+  const std::uint64_t t = timeout_ms;
+  return std::chrono::milliseconds(
+      std::max(t, std::min(std::uint64_t{XENPROBES_CLAIM_FACTOR} * t, std::uint64_t{XENPROBES_CLAIM_MAX_MS})));
+}
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
@@ -310,8 +320,10 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
     gp->second.peer->raise_port(gp->second.peer_port);
   // Step 2: only this vCPU waits (SCHEDOP_poll with a timeout, in a real module).
+  const auto now = std::chrono::steady_clock::now();
   v.module_wait = true;
-  v.module_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms);
+  v.module_deadline = now + std::chrono::milliseconds(m.timeout_ms);
+  v.module_claim_deadline = now + claim_bound(m.timeout_ms);
   v.module_entry = e;
   v.module_regs = r;
   ++m.waiters;
@@ -332,7 +344,10 @@ void SimHostImpl::module_poll_locked(Domain& d) {
           load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire);
       const bool answered = state == XENPROBES_MBOX_DONE &&
                             load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq;
-      if (answered || m.dom0_gone || now >= v.module_deadline) module_give_up_locked(d, v);
+      // A claimed hit is waited for up to the claim bound; Dom0 gone (declared on another
+      // vCPU's timeouts) ends only waits Dom0 has not claimed.
+      const bool due = now >= (state == XENPROBES_MBOX_CLAIMED ? v.module_claim_deadline : v.module_deadline);
+      if (answered || m.dom0_gone || due) module_give_up_locked(d, v);
       if (d.crashed) return;
     }
   }
@@ -345,17 +360,23 @@ void SimHostImpl::module_poll_locked(Domain& d) {
 }
 
 // Ends a wait: with Dom0's answer if it is there (step 3), else ABANDONED and the fallback
-// (step 4). The state moves HIT -> ABANDONED by compare-and-swap, so an answer written at
-// the last moment is taken rather than overwritten.
+// (step 4), unless Dom0 holds a claim on the hit and the claim bound has not passed: then
+// the wait goes on. The state moves to ABANDONED by compare-and-swap only, so an answer
+// completed or a claim taken at the last moment is honoured rather than overwritten.
 void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
   ModuleState& m = d.module;
   std::uint8_t* mb = mailbox(d, v.id);
   std::atomic_ref<std::uint32_t> state(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
-  v.module_wait = false;
-  --m.waiters;
-  std::uint32_t expected = XENPROBES_MBOX_HIT;
-  if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
-    if (expected == XENPROBES_MBOX_DONE &&
+  const bool past_bound = std::chrono::steady_clock::now() >= v.module_claim_deadline;
+  std::uint32_t from = XENPROBES_MBOX_HIT;
+  bool claim_expired = false;  // Dom0 died or hung in a handler
+  for (unsigned tries = 0;; ++tries) {
+    std::uint32_t seen = from;
+    if (state.compare_exchange_strong(seen, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
+      claim_expired = from == XENPROBES_MBOX_CLAIMED;
+      break;
+    }
+    if (seen == XENPROBES_MBOX_DONE &&
         load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq) {
       xenprobes_regs x;
       std::memcpy(&x, mb + offsetof(xenprobes_mailbox, regs), sizeof x);
@@ -366,16 +387,29 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       r.rflags = (r.rflags & ~kFlagsFromDom0) | (x.rflags & kFlagsFromDom0);
       write_regs(v, r, false);
       state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
+      v.module_wait = false;
+      --m.waiters;
       m.consecutive_timeouts = 0;
       return;
     }
+    // Dom0 runs the handlers (they may be writing this vCPU's stack): wait on, up to the bound.
+    if (seen == XENPROBES_MBOX_CLAIMED && !past_bound) return;
+    // Given back (HIT) or claimed past the bound: swap from that, a few times at most.
+    if ((seen == XENPROBES_MBOX_HIT || seen == XENPROBES_MBOX_CLAIMED) && tries + 1 < kGiveUpTries) {
+      from = seen;
+      continue;
+    }
     state.store(XENPROBES_MBOX_ABANDONED, std::memory_order_release);  // whatever was there
+    break;
   }
+  v.module_wait = false;
+  --m.waiters;
   ++m.timeouts;
   publish_counters(d);
   if (!m.dom0_gone) ++m.consecutive_timeouts;
-  XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 " (%u in a row)",
-         d.id.value, v.id, v.module_regs.rip, m.consecutive_timeouts);
+  XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 "%s (%u in a row)",
+         d.id.value, v.id, v.module_regs.rip, claim_expired ? " (its claim outlived the claim bound)" : "",
+         m.consecutive_timeouts);
   module_fallback_locked(d, v, v.module_entry, v.module_regs);
   if (!m.dom0_gone && m.consecutive_timeouts >= XENPROBES_DEAD_AFTER) module_disarm_locked(d);
 }
@@ -468,9 +502,15 @@ bool SimHostImpl::module_quiescent_locked(Domain& d) {
 
 std::optional<std::chrono::steady_clock::time_point> SimHostImpl::module_deadline_locked(const Domain& d) const {
   if (!d.module.present || !d.module.waiters || d.pause_count > 0) return std::nullopt;
+  // Past its timeout a vCPU still waits only on a claim: until the claim bound, or until Dom0
+  // answers or gives the hit back, either of which it notifies (waking the scheduler).
+  const auto now = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> first;
-  for (const auto& vp : d.vcpus)
-    if (vp->module_wait && (!first || vp->module_deadline < *first)) first = vp->module_deadline;
+  for (const auto& vp : d.vcpus) {
+    if (!vp->module_wait) continue;
+    const auto t = now < vp->module_deadline ? vp->module_deadline : vp->module_claim_deadline;
+    if (!first || t < *first) first = t;
+  }
   return first;
 }
 
