@@ -103,11 +103,11 @@ if(at EQUAL -1)
   message(FATAL_ERROR "xp_logic.o was not built from ${INCLUDE_DIR}/xenprobes/protocol.h")
 endif()
 
-# The OEA pool is an executable NOBITS section of the configured size in the module's text.
+# The OEA pool is an executable section of the configured size in the module's text (int3-filled PROGBITS).
 find_program(READELF readelf)
 if(READELF)
   execute_process(COMMAND "${READELF}" -SW "${ko}" OUTPUT_VARIABLE sections)
-  if(NOT sections MATCHES "\\.xenprobes_oea +NOBITS +[0-9a-f]+ [0-9a-f]+ 200000 00 +AX ")
+  if(NOT sections MATCHES "\\.xenprobes_oea +PROGBITS +[0-9a-f]+ [0-9a-f]+ 200000 00 +AX ")
     message(FATAL_ERROR "no 2 MiB executable .xenprobes_oea section in ${ko}:\n${sections}")
   endif()
 endif()
