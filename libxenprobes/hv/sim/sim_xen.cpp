@@ -167,7 +167,9 @@ Result<ForeignMapping> SimXenHandle::map_frames(DomId id, std::span<const Frame>
   if (access == MapAccess::ReadWrite) {
     for (std::uint64_t g : gfns) {
       auto [it, fresh] = d->wframes.try_emplace(g);
-      if (fresh || it->second.refs == 0)
+      // A frame still listed (refs 0, not yet checked by the scheduler) keeps its shadow: a
+      // fresh snapshot would hide a write made through the mapping just dropped.
+      if (fresh)
         std::memcpy(it->second.shadow.data(), d->ram->base + g * kPageSize, kPageSize);
       it->second.refs++;
     }
