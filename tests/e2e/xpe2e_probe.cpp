@@ -1,0 +1,770 @@
+// xpe2e-probe: the Dom0 side of the end-to-end scenarios (tools/e2e/run.sh runs it inside a
+// real Dom0 under QEMU, linked against the installed libxenprobes).
+//
+//   xpe2e-probe probe   --domid D [--channel auto|guest|...] [--timeout S]
+//       Waits for the guest module, registers XP and XrP probes on real kernel functions,
+//       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
+//       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
+//       text is byte-identical to before.
+//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
+//       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
+//       waiting for the answer at that moment). The text snapshot goes to FILE first.
+//   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S]
+//       Waits until the kernel text equals the snapshot again (the module's fail-safe) and
+//       reports the module's counters.
+//   xpe2e-probe refuse-debugger --domid D
+//       SessionOptions{Debugger} must fail with the CONFIG_GDBSX message and change nothing.
+//
+// Every check prints one line "XPE2E-CHECK <name> PASS|FAIL <detail>"; the last line is
+// "XPE2E-PROG <command> PASS|FAIL <failed checks>". Exit status 0 only when all passed.
+#include <capstone/capstone.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xenprobes/guest_view.hpp"
+#include "xenprobes/protocol.h"
+#include "xenprobes/xenprobes.hpp"
+
+using namespace xenprobes;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int g_failed = 0;
+std::string fmt_time(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "[+%.1fs] ", s);
+  return b;
+}
+int g_checks = 0;
+
+void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+const Clock::time_point g_t0 = Clock::now();
+// One line; INFO lines carry the time since the program started.
+void say(const char* fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::string line = buf;
+  if (line.rfind("XPE2E-INFO: ", 0) == 0)
+    line.insert(12, fmt_time(std::chrono::duration<double>(Clock::now() - g_t0).count()));
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+bool check(const std::string& name, bool ok, const std::string& detail) {
+  ++g_checks;
+  if (!ok) ++g_failed;
+  say("XPE2E-CHECK %s %s %s", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
+  return ok;
+}
+
+// A check that fails because of a recorded library/module bug (docs/e2e.md "Bugs found"):
+// XFAIL when it fails, XPASS when it passes; neither counts as a failure. It must still hold
+// once the bug is fixed: then turn it back into check().
+bool check_known_bug(const std::string& name, bool ok, const std::string& detail, const char* bug) {
+  ++g_checks;
+  say("XPE2E-CHECK %s %s %s [known bug: %s]", name.c_str(), ok ? "XPASS" : "XFAIL", detail.c_str(), bug);
+  return ok;
+}
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string hexbytes(const std::vector<std::byte>& b, std::size_t n) {
+  std::string s;
+  for (std::size_t i = 0; i < b.size() && i < n; ++i) s += fmt("%02x", static_cast<unsigned>(b[i]));
+  return s;
+}
+
+[[noreturn]] void fatal(const std::string& what) {
+  ++g_failed;
+  say("XPE2E-CHECK fatal FAIL %s", what.c_str());
+  say("XPE2E-PROG - FAIL %d", g_failed);
+  std::exit(1);
+}
+
+template <typename T>
+T must(Result<T> r, const std::string& what) {
+  if (!r) fatal(what + ": " + r.error().what);
+  return std::move(*r);
+}
+void must(Result<void> r, const std::string& what) {
+  if (!r) fatal(what + ": " + r.error().what);
+}
+
+struct Args {
+  std::string cmd;
+  DomId dom{0};
+  std::string channel = "auto";
+  int timeout_s = 240;
+  std::string snapshot;
+  unsigned die_after = 50;
+  bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
+  std::string skip;  // comma-separated: xrp, branch, openat, filp (to bisect a failure)
+};
+
+Args g_args;
+bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::string(",") + what + ",") != std::string::npos; }
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger --domid D ...");
+  a.cmd = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--exercise-attached") {
+      a.exercise_attached = true;
+      continue;
+    }
+    if (i + 1 >= argc) fatal("option " + k + " needs a value");
+    std::string v = argv[++i];
+    if (k == "--domid")
+      a.dom = DomId{static_cast<std::uint32_t>(std::stoul(v))};
+    else if (k == "--channel")
+      a.channel = v;
+    else if (k == "--timeout")
+      a.timeout_s = std::stoi(v);
+    else if (k == "--snapshot")
+      a.snapshot = v;
+    else if (k == "--skip")
+      a.skip = v;
+    else if (k == "--die-after-hits")
+      a.die_after = static_cast<unsigned>(std::stoul(v));
+    else
+      fatal("unknown option " + k);
+  }
+  if (!a.dom.value) fatal("--domid is required");
+  return a;
+}
+
+std::string dom_path(DomId d, const std::string& rel) {
+  return "/local/domain/" + std::to_string(d.value) + "/" + rel;
+}
+
+std::optional<std::string> wait_key(hv::Hypervisor& hv, const std::string& path, int seconds) {
+  auto end = Clock::now() + std::chrono::seconds(seconds);
+  while (Clock::now() < end) {
+    if (auto v = hv.xs_read(path)) return *v;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return std::nullopt;
+}
+
+// "k=v k=v ..." into a map.
+std::map<std::string, std::string> kv(const std::string& s) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(s);
+  std::string tok;
+  while (in >> tok)
+    if (auto eq = tok.find('='); eq != std::string::npos) m[tok.substr(0, eq)] = tok.substr(eq + 1);
+  return m;
+}
+long num(const std::map<std::string, std::string>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? -1 : std::strtol(it->second.c_str(), nullptr, 10);
+}
+
+// ---- kernel text snapshots ------------------------------------------------------------
+
+constexpr std::size_t kSnapBytes = 512;
+
+struct TextRange {
+  std::string name;
+  Gva addr;
+  std::vector<std::byte> bytes;
+};
+
+std::vector<TextRange> snapshot(hv::Hypervisor& hv, DomId dom, const std::vector<std::pair<std::string, Gva>>& fns) {
+  auto view = must(GuestView::open(hv, dom), "GuestView::open");
+  std::vector<TextRange> out;
+  for (auto& [name, addr] : fns) {
+    TextRange r{name, addr, std::vector<std::byte>(kSnapBytes)};
+    must(view->read(addr, r.bytes), "read kernel text of " + name);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void save(const std::vector<TextRange>& s, const std::string& file) {
+  std::ofstream o(file);
+  for (auto& r : s) o << r.name << ' ' << std::hex << r.addr.value << ' ' << hexbytes(r.bytes, kSnapBytes) << '\n';
+  if (!o) fatal("cannot write " + file);
+}
+
+std::vector<TextRange> load(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<TextRange> out;
+  std::string name, addr, hex;
+  while (in >> name >> addr >> hex) {
+    TextRange r{name, Gva{std::stoull(addr, nullptr, 16)}, {}};
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+      r.bytes.push_back(static_cast<std::byte>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) fatal("no snapshot in " + file);
+  return out;
+}
+
+// Names the first differing range, or "".
+std::string compare(hv::Hypervisor& hv, DomId dom, const std::vector<TextRange>& before) {
+  auto view = GuestView::open(hv, dom);
+  if (!view) return "GuestView::open: " + view.error().what;
+  for (auto& r : before) {
+    std::vector<std::byte> now(r.bytes.size());
+    if (auto rd = (*view)->read(r.addr, now); !rd) return r.name + ": " + rd.error().what;
+    for (std::size_t i = 0; i < now.size(); ++i)
+      if (now[i] != r.bytes[i])
+        return fmt("%s+0x%zx: %02x, was %02x", r.name.c_str(), i, static_cast<unsigned>(now[i]),
+                   static_cast<unsigned>(r.bytes[i]));
+  }
+  return "";
+}
+
+// ---- the module's control-area header (protocol.h), read through the guest's page tables ----
+
+std::optional<xenprobes_ctl_header> ctl_header(hv::Hypervisor& hv, DomId dom) {
+  auto a = hv.xs_read(dom_path(dom, XENPROBES_XS_DIR "/" XENPROBES_XS_CONTROL_ADDR));
+  if (!a) return std::nullopt;
+  auto view = GuestView::open(hv, dom);
+  if (!view) return std::nullopt;
+  xenprobes_ctl_header h{};
+  if (!(*view)->read(Gva{std::stoull(*a, nullptr, 16)}, std::as_writable_bytes(std::span(&h, 1)))) return std::nullopt;
+  return h;
+}
+
+std::string describe(const std::optional<xenprobes_ctl_header>& h) {
+  if (!h) return "control area unreadable";
+  return fmt("magic=%#x nr_traps=%u timeout_ms=%u dom0_gone=%u hits=%" PRIu64 " timeouts=%" PRIu64
+             " foreign=%" PRIu64,
+             h->magic, h->nr_traps, h->timeout_ms, h->dom0_gone, h->hits, h->timeouts, h->foreign);
+}
+
+// ---- finding a relative call in a function (capstone, like the library, but independent) ----
+
+struct Insn {
+  Gva addr;
+  unsigned size = 0;
+  std::uint8_t first = 0;
+  std::string text;
+};
+
+// The function's first instructions, decoded from the running guest's text.
+std::vector<Insn> disasm(hv::Hypervisor& hv, DomId dom, const char* name, Gva fn, std::size_t max) {
+  auto view = must(GuestView::open(hv, dom), "GuestView::open");
+  std::vector<std::byte> b(256);
+  must(view->read(fn, b), std::string("read the bytes of ") + name);
+  std::vector<Insn> out;
+  csh h;
+  if (cs_open(CS_ARCH_X86, CS_MODE_64, &h) != CS_ERR_OK) fatal("cs_open");
+  cs_insn* insn = nullptr;
+  std::size_t n = cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), fn.value, max, &insn);
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back(Insn{Gva{insn[i].address}, insn[i].size, insn[i].bytes[0], fmt("%s %s", insn[i].mnemonic, insn[i].op_str)});
+    say("XPE2E-INFO: %s+0x%02" PRIx64 ": %s", name, insn[i].address - fn.value, out.back().text.c_str());
+    if (insn[i].id == X86_INS_RET || insn[i].id == X86_INS_INT3 || insn[i].id == X86_INS_JMP) break;
+  }
+  if (n) cs_free(insn, n);
+  cs_close(&h);
+  return out;
+}
+
+const char* mode_name(ExecMode m) {
+  switch (m) {
+    case ExecMode::Boosted: return "boosted";
+    case ExecMode::Emulated: return "emulated";
+    case ExecMode::Skipped: return "skipped";
+    case ExecMode::TrapAfter: return "trap-after";
+  }
+  return "?";
+}
+
+// ---- the probe set shared by `probe` and `kill` -----------------------------------------
+
+constexpr const char* kTarget = "/tmp/xpe2e-target";
+constexpr std::uint64_t kPtRegsSi = 104;  // offsetof(struct pt_regs, si), x86-64
+
+struct Counters {
+  std::uint64_t getppid_pre = 0, getppid_post = 0, branch = 0, boosted = 0;
+  std::uint64_t openat_hits = 0, openat2_pre = 0, openat2_post = 0;
+  std::uint64_t openat_target = 0, openat_other = 0, openat_read_errors = 0;
+  std::uint64_t filp_target = 0, filp_other = 0, filp_read_errors = 0;
+  std::uint64_t ret_getppid_entries = 0, ret_getppid_returns = 0;
+  std::map<std::uint64_t, std::uint64_t> getppid_rax, unlink_rax;
+  std::uint64_t ret_unlink_returns = 0;
+  std::string first_read_error;
+  std::uint64_t post_rip_wrong = 0;
+};
+
+struct ProbeSet {
+  std::vector<Probe> probes;
+  std::vector<std::pair<std::string, Gva>> functions;  // for the text snapshot
+  std::vector<Gva> points;                            // every probe address
+  Probe *getppid = nullptr, *boosted = nullptr, *branch = nullptr, *openat = nullptr, *openat2 = nullptr,
+        *filp = nullptr, *ret_getppid = nullptr, *ret_unlink = nullptr;
+};
+
+// Kept separate from ProbeSet so handlers can capture it by pointer before the set exists.
+Counters g_c;
+unsigned g_die_after = 0;
+
+void maybe_die() {
+  if (g_die_after && g_c.getppid_pre == g_die_after) {
+    say("XPE2E-KILL: SIGKILL to myself inside a handler after %u hits (a vCPU waits for this answer)", g_die_after);
+    std::fflush(nullptr);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+void register_probes(Session& s, DomId dom, ProbeSet& ps) {
+  auto resolve = [&](const char* sym) { return must(s.resolve(dom, sym), std::string("resolve ") + sym); };
+  Gva getppid = resolve("__x64_sys_getppid");
+  Gva openat = resolve("__x64_sys_openat");
+  Gva filp = resolve("do_filp_open");
+  Gva unlink = resolve("do_unlinkat");
+  ps.functions = {{"__x64_sys_getppid", getppid}, {"__x64_sys_openat", openat}, {"do_filp_open", filp},
+                  {"do_unlinkat", unlink}};
+  auto keep = [&](Probe p) -> Probe* {
+    ps.probes.push_back(std::move(p));
+    return &ps.probes.back();
+  };
+  ps.probes.reserve(16);  // handles are referred to by pointer below: no reallocation
+  // Decode before anything is patched (a probe's int3 would stop the decoding).
+  auto ins = disasm(s.hypervisor(), dom, "__x64_sys_getppid", getppid, 40);
+  auto oi = disasm(s.hypervisor(), dom, "__x64_sys_openat", openat, 3);
+
+  // XP with a pre- and a post-handler on the syscall's first instruction.
+  ps.getppid = keep(must(s.probe(
+                             dom, getppid,
+                             [](HitContext&) {
+                               ++g_c.getppid_pre;
+                               maybe_die();
+                               return 0;
+                             },
+                             [getppid](HitContext& c) {
+                               ++g_c.getppid_post;
+                               if (c.regs().rip == getppid.value) ++g_c.post_rip_wrong;
+                             }),
+                         "XP on __x64_sys_getppid"));
+  ps.points.push_back(getppid);
+
+  // XP on the function's first relative call (Dom0 emulates it: pushes the return address
+  // on the guest's stack) and on the instruction the call returns to (a plain instruction:
+  // boosted, pre-handler only). Not on the 1-byte `push rbx` right before the call: channels
+  // that find stops by rip == probe + 1 (debugger) refuse a probe after a probed 1-byte
+  // instruction.
+  const Insn* call = nullptr;
+  const Insn* after_call = nullptr;
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    if (ins[i].size == 5 && ins[i].first == 0xe8) {
+      call = &ins[i];
+      if (i + 1 < ins.size()) after_call = &ins[i + 1];
+      break;
+    }
+  if (after_call && !skipped("boosted")) {
+    ps.boosted = keep(must(s.probe(dom, after_call->addr,
+                                   [](HitContext&) {
+                                     ++g_c.boosted;
+                                     return 0;
+                                   }),
+                           "XP on the return site of __x64_sys_getppid's first call (" + after_call->text + ")"));
+    ps.points.push_back(after_call->addr);
+  }
+  if (skipped("branch")) {
+  } else if (call) {
+    ps.branch = keep(must(s.probe(dom, call->addr,
+                                  [](HitContext&) {
+                                    ++g_c.branch;
+                                    return 0;
+                                  }),
+                          "XP on the call in __x64_sys_getppid (" + call->text + ")"));
+    ps.points.push_back(call->addr);
+  } else {
+    check("branch.found", false, "no call rel32 in __x64_sys_getppid before its first ret/jmp");
+  }
+
+  // XP on openat: the wrapper gets struct pt_regs * in rdi; the user's filename is regs->si.
+  if (!skipped("openat")) {
+  ps.openat = keep(must(s.probe(dom, openat,
+                                [](HitContext& c) {
+                                  ++g_c.openat_hits;
+                                  auto p = c.read_u64(Gva{c.regs().rdi + kPtRegsSi});
+                                  Result<std::string> name =
+                                      p ? c.read_string(Gva{*p}, 256) : Result<std::string>(std::unexpected(p.error()));
+                                  if (!name) {
+                                    ++g_c.openat_read_errors;
+                                    if (g_c.first_read_error.empty())
+                                      g_c.first_read_error = "openat user filename: " + name.error().what;
+                                  } else if (*name == kTarget) {
+                                    ++g_c.openat_target;
+                                  } else {
+                                    ++g_c.openat_other;
+                                  }
+                                  return 0;
+                                }),
+                         "XP on __x64_sys_openat"));
+  ps.points.push_back(openat);
+  }
+
+  // A pre- and post-handler on a plain instruction (openat's second one).
+  if (!skipped("openat2")) {
+    if (oi.size() > 1) {
+      ps.openat2 = keep(must(s.probe(
+                                 dom, oi[1].addr,
+                                 [](HitContext&) {
+                                   ++g_c.openat2_pre;
+                                   return 0;
+                                 },
+                                 [](HitContext&) { ++g_c.openat2_post; }),
+                             "XP with a post-handler on __x64_sys_openat's second instruction"));
+      ps.points.push_back(oi[1].addr);
+    }
+  }
+
+  // XP on do_filp_open(dfd, struct filename *, op): the kernel's copy of the name.
+  if (!skipped("filp")) {
+  ps.filp = keep(must(s.probe(dom, filp,
+                              [](HitContext& c) {
+                                auto p = c.read_u64(Gva{c.regs().rsi});
+                                Result<std::string> name =
+                                    p ? c.read_string(Gva{*p}, 256) : Result<std::string>(std::unexpected(p.error()));
+                                if (!name) {
+                                  ++g_c.filp_read_errors;
+                                  if (g_c.first_read_error.empty())
+                                    g_c.first_read_error = "do_filp_open kernel filename: " + name.error().what;
+                                } else if (*name == kTarget) {
+                                  ++g_c.filp_target;
+                                } else {
+                                  ++g_c.filp_other;
+                                }
+                                return 0;
+                              }),
+                       "XP on do_filp_open"));
+  ps.points.push_back(filp);
+  }
+
+  // XrP on getppid (coexists with the XP there) and on do_unlinkat.
+  if (!skipped("xrp")) {
+  ps.ret_getppid = keep(must(s.ret_probe(
+                                 dom, getppid,
+                                 [](HitContext&, std::span<std::byte>) {
+                                   ++g_c.ret_getppid_entries;
+                                   return 0;
+                                 },
+                                 [](HitContext& c, std::span<std::byte>) {
+                                   ++g_c.ret_getppid_returns;
+                                   ++g_c.getppid_rax[c.regs().rax];
+                                 }),
+                             "XrP on __x64_sys_getppid"));
+  ps.ret_unlink = keep(must(s.ret_probe(dom, unlink, {},
+                                        [](HitContext& c, std::span<std::byte>) {
+                                          ++g_c.ret_unlink_returns;
+                                          ++g_c.unlink_rax[c.regs().rax];
+                                        }),
+                            "XrP on do_unlinkat"));
+  ps.points.push_back(unlink);
+  }
+
+  for (Probe* p : {ps.getppid, ps.boosted, ps.branch, ps.openat, ps.openat2, ps.filp, ps.ret_getppid, ps.ret_unlink}) {
+    if (!p) continue;
+    if (auto i = p->info())
+      say("XPE2E-INFO: probe %" PRIu64 ": %s mode=%s slot=%#" PRIx64 " trampoline=%#" PRIx64, p->id(),
+          i->instruction.c_str(), mode_name(i->mode), i->slot.value, i->trampoline.value);
+  }
+}
+
+// Everything before the probes: the module's keys, the session, the symbols.
+std::unique_ptr<Session> open_session(const Args& a, SessionOptions o) {
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  auto state = wait_key(*hvp, dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE), 120);
+  check("module.state", state && *state == XENPROBES_XS_STATE_READY,
+        state ? "state=" + *state : "no data/xenprobes/state within 120 s");
+  if (!state) fatal("the guest module never published its keys");
+  auto rel = hvp->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_RELEASE));
+  auto ktext = hvp->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_KERNEL_TEXT));
+  std::string dom0_rel;
+  if (std::ifstream f("/proc/sys/kernel/osrelease"); f) std::getline(f, dom0_rel);
+  check("module.release", rel && *rel == dom0_rel,
+        "guest " + (rel ? *rel : std::string("?")) + ", Dom0 " + dom0_rel + " (Dom0's kallsyms serve only the same build)");
+  say("XPE2E-INFO: module kernel-text=%s; %s", ktext ? ktext->c_str() : "?", describe(ctl_header(*hvp, a.dom)).c_str());
+  auto s = must(Session::open(std::move(hvp), o), "Session::open");
+  must(s->load_symbols(a.dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
+  auto ch = s->channel_name(a.dom);
+  check("channel", ch && (a.channel == "auto" ? *ch == "guest" : *ch == a.channel),
+        ch ? "serving channel: " + *ch : "channel_name: " + ch.error().what);
+  return s;
+}
+
+// Handles hits until the workload's data/xpe2e/done appears.
+std::optional<std::string> run_workload(Session& s, DomId dom, int seconds) {
+  must(s.hypervisor().xs_write(dom_path(dom, "data/xpe2e/go"), "1"), "write data/xpe2e/go");
+  auto t0 = Clock::now();
+  auto end = t0 + std::chrono::seconds(seconds);
+  std::optional<std::string> done;
+  while (Clock::now() < end) {
+    auto r = s.run_once(100);
+    if (!r) {
+      check("run_once", false, r.error().what);
+      break;
+    }
+    if (auto d = s.hypervisor().xs_read(dom_path(dom, "data/xpe2e/done"))) {
+      done = *d;
+      break;
+    }
+  }
+  // Hits are answered synchronously, but drain what is pending anyway.
+  (void)s.run_once(0);
+  say("XPE2E-INFO: workload window %.1f s", std::chrono::duration<double>(Clock::now() - t0).count());
+  return done;
+}
+
+// The trap byte each channel writes: int3 (guest, vmevent agentless), ICEBP (debugger).
+std::uint8_t trap_byte_of(const std::string& channel) { return channel == "debugger" ? 0xf1 : 0xcc; }
+
+bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>& points, std::uint8_t trap,
+                           std::string* detail) {
+  auto view = GuestView::open(hv, dom);
+  if (!view) {
+    *detail = view.error().what;
+    return false;
+  }
+  for (Gva p : points) {
+    auto b = (*view)->read_u64(p);
+    if (!b || (*b & 0xff) != trap) {
+      *detail = fmt("%#" PRIx64 " holds %s", p.value, b ? fmt("%02" PRIx64, *b & 0xff).c_str() : b.error().what.c_str());
+      return false;
+    }
+  }
+  *detail = fmt("%zu probe points hold the trap byte %02x", points.size(), trap);
+  return true;
+}
+
+int cmd_probe(const Args& a) {
+  int unload_wait = 90;
+  auto opt = must(parse_channel_kind(a.channel), "--channel");
+  auto s = open_session(a, SessionOptions{opt});
+  hv::Hypervisor& hv = s->hypervisor();
+  ProbeSet ps;
+  // Snapshot before registering (resolving needs no patching).
+  std::vector<std::pair<std::string, Gva>> fns;
+  for (const char* n : {"__x64_sys_getppid", "__x64_sys_openat", "do_filp_open", "do_unlinkat"})
+    fns.emplace_back(n, must(s->resolve(a.dom, n), std::string("resolve ") + n));
+  auto before = snapshot(hv, a.dom, fns);
+  register_probes(*s, a.dom, ps);
+  std::string d;
+  check("text.armed", first_bytes_are_traps(hv, a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  if (ps.branch)
+    if (auto i = ps.branch->info()) check("xp.call.mode", i->mode == ExecMode::Emulated, std::string("mode=") + mode_name(i->mode));
+  if (ps.boosted)
+    if (auto i = ps.boosted->info()) check("xp.boosted.mode", i->mode == ExecMode::Boosted, std::string("mode=") + mode_name(i->mode));
+
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
+  auto w = kv(done.value_or(""));
+  long n_getppid = num(w, "getppid"), n_openat = num(w, "openat"), ppid = num(w, "ppid");
+  long n_unlink = num(w, "unlink_ok"), n_enoent = num(w, "unlink_enoent");
+  check("workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
+
+  auto h = ctl_header(hv, a.dom);
+  say("XPE2E-INFO: module after the workload: %s", describe(h).c_str());
+  check("module.no_timeouts", h && h->timeouts == 0, describe(h));
+
+  std::map<Probe*, ProbeStats> stats;  // taken before unregistering
+  for (auto& p : ps.probes) stats[&p] = p.stats();
+  auto stt_of = [&](Probe* p) { return p ? stats[p] : ProbeStats{}; };
+  // Unregister everything at once (counts are final), then check them and the text.
+  for (auto& p : ps.probes) {
+    auto r = p.unregister();
+    check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
+  }
+
+  check("xp.getppid.pre", (long)g_c.getppid_pre == n_getppid, fmt("pre-handler %" PRIu64 ", guest made %ld calls", g_c.getppid_pre, n_getppid));
+  check("xp.getppid.post", (long)g_c.getppid_post == n_getppid,
+        fmt("post-handler %" PRIu64 ", guest %ld; post rip still at the probe: %" PRIu64, g_c.getppid_post, n_getppid, g_c.post_rip_wrong));
+  check("xp.getppid.stats", (long)stt_of(ps.getppid).hits == n_getppid && stt_of(ps.getppid).missed == 0,
+        fmt("stats hits=%" PRIu64 " missed=%" PRIu64, stt_of(ps.getppid).hits, stt_of(ps.getppid).missed));
+  if (ps.boosted)
+    check("xp.boosted", (long)g_c.boosted == n_getppid, fmt("boosted probe hits %" PRIu64 ", guest %ld", g_c.boosted, n_getppid));
+  if (ps.branch)
+    check("xp.call", (long)g_c.branch == n_getppid, fmt("emulated call hits %" PRIu64 ", guest %ld", g_c.branch, n_getppid));
+  // The workload's openat calls: n_openat on the target, n_unlink creating the files it unlinks.
+  if (ps.openat2)
+    check("xp.openat.post", g_c.openat2_pre == g_c.openat_hits && g_c.openat2_post == g_c.openat_hits &&
+                                (long)g_c.openat_hits == n_openat + n_unlink,
+          fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64 "; the guest made %ld openat calls",
+              g_c.openat2_pre, g_c.openat2_post, g_c.openat_hits, n_openat + n_unlink));
+  if (ps.openat) check_known_bug("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
+        fmt("user filename %s read %" PRIu64 " times, guest opened it %ld times; other names %" PRIu64 ", read errors %" PRIu64 "%s",
+            kTarget, g_c.openat_target, n_openat, g_c.openat_other, g_c.openat_read_errors,
+            g_c.first_read_error.empty() ? "" : ("; first error: " + g_c.first_read_error).c_str()),
+        "BUG-CR3: guest-channel handlers translate through vCPU 0's cr3 captured at attach, not the hit vCPU's");
+  if (ps.filp) check("xp.filp_open.filename", (long)g_c.filp_target == n_openat && (long)g_c.filp_other == n_unlink &&
+                                               g_c.filp_read_errors == 0,
+        fmt("kernel copy of the name %" PRIu64 " times, guest %ld; other names %" PRIu64 " (guest %ld); read errors %" PRIu64,
+            g_c.filp_target, n_openat, g_c.filp_other, n_unlink, g_c.filp_read_errors));
+  std::string rax;
+  for (auto& [v, n] : g_c.getppid_rax) rax += fmt(" 0x%" PRIx64 " (x%" PRIu64 ")", v, n);
+  if (ps.ret_getppid) check("xrp.getppid", (long)g_c.ret_getppid_entries == n_getppid && (long)g_c.ret_getppid_returns == n_getppid &&
+                           g_c.getppid_rax.size() == 1 && (long)g_c.getppid_rax.begin()->first == ppid,
+        fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s", g_c.ret_getppid_entries,
+            g_c.ret_getppid_returns, n_getppid, ppid, rax.c_str()));
+  rax.clear();
+  for (auto& [v, n] : g_c.unlink_rax) rax += fmt(" 0x%" PRIx64 " (x%" PRIu64 ")", v, n);
+  // do_unlinkat returns int: only eax is defined (the upper half of rax is not sign-extended).
+  std::uint64_t zero = 0, enoent = 0;
+  for (auto& [v, n] : g_c.unlink_rax) {
+    if (static_cast<std::int32_t>(v) == 0) zero += n;
+    if (static_cast<std::int32_t>(v) == -ENOENT) enoent += n;
+  }
+  if (ps.ret_unlink) check("xrp.unlinkat", (long)zero == n_unlink && (long)enoent == n_enoent && g_c.ret_unlink_returns == zero + enoent,
+        fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s",
+            g_c.ret_unlink_returns, zero, enoent, n_unlink, n_enoent, rax.c_str()));
+  for (Probe* p : {ps.ret_getppid, ps.ret_unlink}) {
+    if (!p) continue;
+    auto t = stt_of(p);
+    say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " nmissed=%" PRIu64 " reclaimed=%" PRIu64
+        " active=%u", p->id(), t.hits, t.returns, t.nmissed, t.reclaimed, t.active);
+  }
+
+  std::string diff = compare(hv, a.dom, before);
+  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  h = ctl_header(hv, a.dom);
+  say("XPE2E-INFO: module after unregistering every probe: %s", describe(h).c_str());
+  if (a.exercise_attached) {
+    // The session stays open (its cached foreign mappings too) while the guest's processes
+    // exit, fork and exec: freed frames become page tables and stacks of new processes.
+    must(hv.xs_write(dom_path(a.dom, "data/xpe2e/exercise"), "1"), "write data/xpe2e/exercise");
+    auto ex = wait_key(hv, dom_path(a.dom, "data/xpe2e/exercised"), 90);
+    if (!check("guest.exercise_while_attached", ex && *ex == "0",
+               ex ? "processes failed in the guest: " + *ex : "no data/xpe2e/exercised within 90 s"))
+      unload_wait = 15;  // the guest is likely broken: do not wait long for its unload
+  }
+  ps.probes.clear();
+  s.reset();  // detaches the channel
+
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  h = ctl_header(*hvp, a.dom);
+  check("module.traps_cleared", h && h->nr_traps == 0, "after the session closed: " + describe(h));
+  // The module unloads the documented way (detach, rmmod) once Dom0 is gone.
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), unload_wait);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : fmt("no data/xpe2e/unloaded within %d s", unload_wait));
+  auto stt = hvp->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE));
+  check("module.keys_removed", !stt, stt ? "state still " + *stt : "data/xenprobes/state removed");
+  say("XPE2E-PROG probe %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
+int cmd_kill(const Args& a) {
+  if (a.snapshot.empty()) fatal("--snapshot is required");
+  auto opt = must(parse_channel_kind(a.channel), "--channel");
+  auto s = open_session(a, SessionOptions{opt});
+  ProbeSet ps;
+  std::vector<std::pair<std::string, Gva>> fns;
+  for (const char* n : {"__x64_sys_getppid", "__x64_sys_openat", "do_filp_open", "do_unlinkat"})
+    fns.emplace_back(n, must(s->resolve(a.dom, n), std::string("resolve ") + n));
+  save(snapshot(s->hypervisor(), a.dom, fns), a.snapshot);
+  g_die_after = a.die_after;
+  register_probes(*s, a.dom, ps);
+  std::string d;
+  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  // Only reached when the workload made fewer calls than --die-after-hits.
+  check("killed", false, fmt("the workload finished (%s) before %u hits", done.value_or("no done").c_str(), a.die_after));
+  say("XPE2E-PROG kill FAIL %d", g_failed);
+  return 1;
+}
+
+int cmd_verify_text(const Args& a) {
+  if (a.snapshot.empty()) fatal("--snapshot is required");
+  auto before = load(a.snapshot);
+  auto hv = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  auto end = Clock::now() + std::chrono::seconds(a.timeout_s);
+  std::string diff;
+  do {
+    diff = compare(*hv, a.dom, before);
+    if (diff.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  } while (Clock::now() < end);
+  check("text.restored_by_module", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
+  auto h = ctl_header(*hv, a.dom);
+  check("module.dom0_gone", h && h->dom0_gone == 1, describe(h));
+  check("module.timeouts", h && h->timeouts >= XENPROBES_DEAD_AFTER, describe(h));
+  say("XPE2E-PROG verify-text %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
+int cmd_refuse_debugger(const Args& a) {
+  auto hv = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  auto state = wait_key(*hv, dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE), 120);
+  // The module is not needed for this check, but waiting for it means the guest has booted.
+  say("XPE2E-INFO: module state: %s", state ? state->c_str() : "(none)");
+  Gva fn{0};
+  {
+    // Resolve through a session that probes nothing (Auto attaches nothing until asked).
+    auto syms = std::ifstream("/proc/kallsyms");
+    std::string addr, type, name;
+    while (syms >> addr >> type >> name)
+      if (name == "__x64_sys_getppid") {
+        fn = Gva{std::stoull(addr, nullptr, 16)};
+        break;
+      }
+  }
+  if (!fn.value) fatal("__x64_sys_getppid not in /proc/kallsyms");
+  auto before = snapshot(*hv, a.dom, {{"__x64_sys_getppid", fn}});
+  auto info0 = must(hv->domain_info(a.dom), "domain_info");
+  auto s = Session::open(std::move(hv), SessionOptions{ChannelKind::Debugger});
+  check("debugger.refused", !s.has_value(), s ? "Session::open(Debugger) succeeded on a hypervisor without GDBSX" : "refused: " + s.error().what);
+  if (!s) {
+    check("debugger.message", s.error().what.find("CONFIG_GDBSX") != std::string::npos &&
+                                  s.error().code == Errc::NotSupported,
+          fmt("errc=%s, names CONFIG_GDBSX and what to use instead", errc_name(s.error().code)));
+  }
+  s = std::unexpected(Error{});  // closes the session if one was opened
+  hv = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  std::string diff = compare(*hv, a.dom, before);
+  check("debugger.text_untouched", diff.empty(), diff.empty() ? "__x64_sys_getppid unchanged" : diff);
+  auto info = must(hv->domain_info(a.dom), "domain_info");
+  check("debugger.domain_untouched", !info.debugged && !info.paused && info.debugged == info0.debugged,
+        fmt("debugged=%d paused=%d", info.debugged, info.paused));
+  say("XPE2E-PROG refuse-debugger %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  Args a = parse(argc, argv);
+  g_args = a;
+  if (!a.skip.empty()) say("XPE2E-INFO: skipping probes: %s", a.skip.c_str());
+  if (a.cmd == "probe") return cmd_probe(a);
+  if (a.cmd == "kill") return cmd_kill(a);
+  if (a.cmd == "verify-text") return cmd_verify_text(a);
+  if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
+  fatal("unknown command " + a.cmd);
+}

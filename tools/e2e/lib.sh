@@ -1,0 +1,83 @@
+# shellcheck shell=bash
+# Shared settings and helpers of the end-to-end harness (sourced by run.sh).
+#
+# Everything is pinned to Debian 12 "bookworm" main: the Xen tools and hypervisor
+# (4.17.5+72) and the kernel (6.1.0-50, 6.1.176-1) must come from one suite, see
+# ../shared/docs/real-xen.md. Changing a pin changes the cache keys below, so the next run
+# rebuilds what depends on it.
+
+E2E_MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}
+E2E_SUITE=bookworm
+E2E_XEN_VERSION=4.17.5+72-g01140da4e8-1
+E2E_KERNEL_ABI=6.1.0-50-amd64
+E2E_KERNEL_VERSION=6.1.176-1
+# Dom0 root file system: the Xen toolstack, the kernel (also the DomU kernel), and the
+# runtime libraries libxenprobes.so needs (ldd: libcapstone4, libunicorn2, libxen*, libstdc++).
+E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libstdc++6"
+# Host tools the harness uses (Debian package names).
+E2E_HOST_PKGS="qemu-system-x86 debootstrap cpio busybox-static e2fsprogs gzip cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
+
+E2E_CACHE=${XENPROBES_E2E_CACHE:-/var/cache/xenprobes-e2e}
+E2E_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+E2E_TOOLS=$E2E_SRC/tools/e2e
+
+# Bounds (seconds). Every wait in the harness has one.
+
+E2E_QEMU_MEM=${XENPROBES_E2E_QEMU_MEM:-3G}
+E2E_QEMU_ACCEL=${XENPROBES_E2E_QEMU_ACCEL:-tcg,thread=multi}
+# real-xen.md's model. (fsgsbase=off, avx=off and thread=single were tried against the
+# environment's random process deaths: none removed them; docs/e2e.md "The environment".)
+E2E_QEMU_CPU=${XENPROBES_E2E_QEMU_CPU:-max}
+
+E2E_T0=${E2E_T0:-$(date +%s)}
+E2E_STAGE=""
+
+e2e_elapsed() { echo $(($(date +%s) - E2E_T0)); }
+e2e_log() { printf '[e2e %4ss] %s\n' "$(e2e_elapsed)" "$*" >&2; }
+e2e_stage() {
+  E2E_STAGE=$1
+  E2E_STAGE_T0=$(date +%s)
+  e2e_log "stage: $1"
+}
+e2e_stage_done() { e2e_log "stage: $E2E_STAGE done in $(($(date +%s) - E2E_STAGE_T0))s${1:+ ($1)}"; }
+e2e_die() {
+  e2e_log "FAILED in stage '$E2E_STAGE': $*"
+  exit 1
+}
+
+# sha256 of its arguments' contents (files, or directories walked in sorted order) and of
+# the strings given with -s; prints the first 16 hex digits.
+e2e_hash() {
+  {
+    while [ $# -gt 0 ]; do
+      if [ "$1" = -s ]; then
+        printf 'S:%s\n' "$2"
+        shift 2
+        continue
+      fi
+      if [ -d "$1" ]; then
+        (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+      elif [ -e "$1" ]; then
+        printf 'F:%s ' "$1"
+        sha256sum <"$1"
+      else
+        printf 'missing:%s\n' "$1"
+      fi
+      shift
+    done
+  } | sha256sum | cut -c1-16
+}
+
+# Installs missing host packages (an ordinary apt-get install; no upgrade).
+e2e_host_deps() {
+  local missing="" p
+  for p in $E2E_HOST_PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  done
+  [ -z "$missing" ] && return 0
+  e2e_log "installing host packages:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || e2e_die "apt-get update failed"
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null || e2e_die "apt-get install$missing failed"
+}

@@ -1,0 +1,115 @@
+# Helpers for the Dom0 side of a scenario (sourced by scenarios/*.sh, run by dom0-init).
+E2E=/usr/lib/xenprobes-e2e
+PROBE=$E2E/xpe2e-probe
+KVER=$(uname -r)
+
+# result PASS|FAIL|SKIP|XFAIL <reason...>: the one line the host harness reads.
+result() {
+  r=$1
+  shift
+  echo "XPE2E-RESULT $S $r $*"
+  exit 0
+}
+
+# domu_start <name> <extra kernel args>: creates a PV DomU running Dom0's kernel with the
+# e2e initramfs; prints its domid.
+domu_start() {
+  CUR_DOMU=$1
+  rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
+  cat >"/tmp/$1.cfg" <<EOF
+name = "$1"
+type = "pv"
+kernel = "/boot/vmlinuz-$KVER"
+ramdisk = "$E2E/domu-initramfs.cpio.gz"
+extra = "console=hvc0 rdinit=/init $2"
+memory = 256
+vcpus = 2
+on_crash = "preserve"
+EOF
+  # Debian's xl aborts now and then under this setup (heap corruption, seen on the first
+  # create of a fresh boot too; docs/e2e.md): retry, and keep its verbose log as evidence.
+  for try in 1 2 3; do
+    # shellcheck disable=SC2086
+    timeout 60 xl -vvv create ${XL_CREATE_FLAGS:-} "/tmp/$1.cfg" >"/tmp/$1.create.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+      [ $try -gt 1 ] && echo "XPE2E-INFO: xl create of $1 succeeded on try $try" >&2
+      xl domid "$1"
+      return 0
+    fi
+    echo "XPE2E-INFO: xl create of $1 failed (try $try, exit $rc); the end of its -vvv log:" >&2
+    tail -n 12 "/tmp/$1.create.log" | sed 's/^/XPE2E-INFO: xl create: /' >&2
+    timeout 30 xl destroy "$1" >/dev/null 2>&1
+    sleep 1
+  done
+  return 1
+}
+
+console_log() { echo "/var/log/xen/console/guest-$1.log"; }
+
+# domu_broken: the current DomU's console shows it is beyond saving (waits stop early).
+CUR_DOMU=""
+domu_broken() {
+  [ -n "$CUR_DOMU" ] && grep -qE 'Kernel panic|Oops: |multicall\(s\) failed' "$(console_log "$CUR_DOMU")" 2>/dev/null
+}
+
+# wait_console <name> <grep -E pattern> <seconds>
+wait_console() {
+  _w=0
+  while [ $_w -lt $(($3 * 5)) ]; do
+    grep -qE "$2" "$(console_log "$1")" 2>/dev/null && return 0
+    [ $((_w % 10)) = 9 ] && domu_broken && return 1
+    sleep 0.2
+    _w=$((_w + 1))
+  done
+  return 1
+}
+
+# dump_console <name>: the guest's console, prefixed, for the serial log.
+dump_console() {
+  echo "XPE2E-INFO: ---- console of DomU $1 ----"
+  tr -d '\r' <"$(console_log "$1")" 2>/dev/null | sed "s/^/[domu $1] /"
+  echo "XPE2E-INFO: ---- end of console of DomU $1 ----"
+}
+
+# domain_alive <domid>: running, not crashed
+domain_alive() {
+  state=$(xl list "$1" 2>/dev/null | awk 'NR == 2 {print $5}')
+  case "$state" in
+    *c*|*d*|"") return 1 ;;
+  esac
+  return 0
+}
+
+xs_wait() { # <path> <seconds>: prints the value once the key exists
+  _w=0
+  while [ $_w -lt $(($2 * 5)) ]; do
+    xenstore-read "$1" 2>/dev/null && return 0
+    [ $((_w % 10)) = 9 ] && domu_broken && return 1
+    sleep 0.2
+    _w=$((_w + 1))
+  done
+  return 1
+}
+
+# domu_verdict <name> <domid>: FAILs the scenario on anything wrong in the guest: not
+# running, workload not ok, a failed exercise (a process crashed), an oops in its log.
+domu_verdict() {
+  wait_console "$1" "XPE2E-DOMU: idle" 90
+  dump_console "$1"
+  log=$(console_log "$1")
+  domain_alive "$2" || result FAIL "DomU $1 is not running any more (xl list: $(xl list "$2" 2>&1 | tail -n 1))"
+  grep -q "XPE2E-WORKLOAD: done .* ok=1" "$log" || result FAIL "DomU $1: the workload did not report ok=1"
+  bad=$(grep -a "XPE2E-DOMU: exercise .* failures=[1-9]" "$log" | head -n 1 | tr -d '\r')
+  [ -z "$bad" ] || result FAIL "DomU $1: processes failed: ${bad#*XPE2E-DOMU: }"
+  grep -q "XPE2E-DOMU: idle" "$log" || result FAIL "DomU $1 did not finish its init script"
+  bad=$(grep -a "XPE2E-DOMU: dmesg-bad" "$log" | head -n 1 | tr -d '\r')
+  [ -z "$bad" ] || result FAIL "DomU $1: ${bad#*dmesg-bad: }"
+}
+
+# domu_release <domid>: lets the DomU's init go on to the module's unload even when the Dom0
+# program stopped early (it writes these keys itself on success); waits for the unload.
+domu_release() {
+  xenstore-exists "/local/domain/$1/data/xpe2e/unload" 2>/dev/null || xenstore-write "/local/domain/$1/data/xpe2e/unload" 1
+  xs_wait "/local/domain/$1/data/xpe2e/unloaded" 120 >/dev/null
+}
