@@ -26,7 +26,9 @@ Result<std::unique_ptr<GuestView>> GuestView::open(hv::Hypervisor& hv, DomId dom
 }
 
 Result<void> GuestView::read(Gva va, std::span<std::byte> out) { return impl_->memory.read(va, out); }
-Result<void> GuestView::write(Gva va, std::span<const std::byte> data) { return impl_->memory.write(va, data); }
+Result<void> GuestView::write(Gva va, std::span<const std::byte> data) {
+  return impl_->memory.write_transient(va, data);
+}
 Result<std::uint64_t> GuestView::read_u64(Gva va) { return impl_->memory.read_u64(va); }
 Result<std::string> GuestView::read_string(Gva va, std::size_t max_len) {
   return impl_->memory.read_string(va, max_len);

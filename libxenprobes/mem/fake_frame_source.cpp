@@ -84,10 +84,13 @@ Result<hv::ForeignMapping> FakeFrameSource::map(Frame f, hv::MapAccess access) {
   if (access == hv::MapAccess::ReadWrite && deny_writable_.count(f))
     return fail(Errc::Permission, "frame " + detail::hex(f.value) + " cannot be mapped writable");
   ++state_->live;
+  const bool writable = access == hv::MapAccess::ReadWrite;
+  if (writable) ++state_->writable[f];
   // The callback owns the page and the counters, so it stays safe if it outlives *this.
   return hv::ForeignMapping(it->second->data(), 1,
-                            [page = it->second, state = state_](std::byte*, std::size_t) {
+                            [page = it->second, state = state_, f, writable](std::byte*, std::size_t) {
                               --state->live;
+                              if (writable && --state->writable[f] == 0) state->writable.erase(f);
                             });
 }
 

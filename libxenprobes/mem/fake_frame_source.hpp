@@ -49,6 +49,11 @@ class FakeFrameSource final : public FrameSource {
   std::size_t map_calls() const { return log_.size(); }
   std::size_t map_calls(hv::MapAccess) const;
   std::size_t live_mappings() const { return state_->live; }
+  // Writable mappings of `f` alive now (on a PV guest each holds a writable type reference).
+  std::size_t live_writable(Frame f) const {
+    auto it = state_->writable.find(f);
+    return it == state_->writable.end() ? 0 : it->second;
+  }
   const std::vector<std::pair<Frame, hv::MapAccess>>& map_log() const { return log_; }
   void clear_log() { log_.clear(); }
 
@@ -57,6 +62,7 @@ class FakeFrameSource final : public FrameSource {
  private:
   struct State {
     std::size_t live = 0;
+    std::unordered_map<Frame, std::size_t> writable;
   };
   std::unordered_map<Frame, std::shared_ptr<Page>> pages_;
   std::unordered_set<Frame> deny_writable_;

@@ -119,6 +119,16 @@ Result<void> GuestMemory::write(Gva va, std::span<const std::byte> data) {
   return {};
 }
 
+Result<void> GuestMemory::write_transient(Gva va, std::span<const std::byte> data) {
+  Result<void> r = write(va, data);
+  // Whether or not it completed: every frame it may have mapped writable is let go.
+  (void)for_each_virtual_chunk(va, data.size(), [&](const Chunk& c) -> Result<void> {
+    maps_.invalidate(c.frame);
+    return {};
+  });
+  return r;
+}
+
 Result<void> GuestMemory::read_phys(Gpa pa, std::span<std::byte> out) {
   std::byte* dst = out.data();
   std::size_t size = out.size();

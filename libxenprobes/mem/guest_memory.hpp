@@ -86,6 +86,15 @@ class GuestMemory {
   [[nodiscard]] Result<void> write_u16(Gva va, std::uint16_t v) { return write_as(va, v); }
   [[nodiscard]] Result<void> write_u32(Gva va, std::uint32_t v) { return write_as(va, v); }
   [[nodiscard]] Result<void> write_u64(Gva va, std::uint64_t v) { return write_as(va, v); }
+  // A write into memory the guest frees and reuses (stacks, data): the writable mappings it
+  // took are dropped before it returns. On a PV guest, a frame Dom0 keeps mapped writable
+  // holds a writable type reference and cannot become a page table: the guest's fork or exec
+  // then fails (MMUEXT_PIN_L4_TABLE: EINVAL). Kernel text, OEA slots and the control area
+  // keep their cached mappings (write()).
+  [[nodiscard]] Result<void> write_transient(Gva va, std::span<const std::byte> data);
+  [[nodiscard]] Result<void> write_u64_transient(Gva va, std::uint64_t v) {
+    return write_transient(va, std::as_bytes(std::span(&v, 1)));
+  }
 
   // Reads a NUL-terminated string of at most max_len bytes (the NUL excluded). Without a NUL
   // in the first max_len bytes the result is those bytes, truncated (like bpftrace's str()).

@@ -68,17 +68,25 @@ class Engine::Pause {
 };
 
 Result<void> Engine::pause(Domain& d) {
+  auto first = [&]() -> Result<void> {
+    XP_TRY(hv_.pause(d.id));
+    // Paused, vCPU 0's page tables cannot go away: walk those, with nothing cached from
+    // before (the guest ran).
+    if (auto r = refresh_context(d); !r) {
+      d.memory->invalidate_translations();
+      if (auto u = hv_.unpause(d.id); !u && u.error().code != Errc::NoSuchDomain)
+        XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, u.error().what.c_str());
+      return r;
+    }
+    return {};
+  };
   if (batching_ && std::find(batch_paused_.begin(), batch_paused_.end(), &d) == batch_paused_.end()) {
     // The batch's own hold, released by end_batch().
-    if (d.pause_depth == 0) {
-      XP_TRY(hv_.pause(d.id));
-    }
+    if (d.pause_depth == 0) XP_TRY(first());
     d.pause_depth++;
     batch_paused_.push_back(&d);
   }
-  if (d.pause_depth == 0) {
-    XP_TRY(hv_.pause(d.id));
-  }
+  if (d.pause_depth == 0) XP_TRY(first());
   d.pause_depth++;
   return {};
 }
@@ -122,10 +130,21 @@ class Engine::Ctx final : public HitContext {
   VcpuId vcpu() const override { return vcpu_; }
   Gva address() const override { return addr_; }
   Regs& regs() override { return regs_; }
-  Result<void> read(Gva va, std::span<std::byte> out) override { return d_.memory->read(va, out); }
-  Result<void> write(Gva va, std::span<const std::byte> data) override { return d_.memory->write(va, data); }
-  Result<std::uint64_t> read_u64(Gva va) override { return d_.memory->read_u64(va); }
+  Result<void> read(Gva va, std::span<std::byte> out) override {
+    XP_TRY(e_.hit_memory(d_));
+    return d_.memory->read(va, out);
+  }
+  // Handlers write stacks and data the guest frees and reuses: no writable mapping stays.
+  Result<void> write(Gva va, std::span<const std::byte> data) override {
+    XP_TRY(e_.hit_memory(d_));
+    return d_.memory->write_transient(va, data);
+  }
+  Result<std::uint64_t> read_u64(Gva va) override {
+    XP_TRY(e_.hit_memory(d_));
+    return d_.memory->read_u64(va);
+  }
   Result<std::string> read_string(Gva va, std::size_t max_len) override {
+    XP_TRY(e_.hit_memory(d_));
     return d_.memory->read_string(va, max_len);
   }
   void stop() override { e_.request_stop(); }
@@ -179,6 +198,19 @@ Result<void> Engine::refresh_context(Domain& d) {
   hv::VcpuRegs r = XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{0}));
   mem::PagingContext ctx = XP_TRY(mem::paging_context(info, r));
   d.memory->set_context(ctx);
+  d.memory->invalidate_translations();
+  return {};
+}
+
+Result<void> Engine::hit_memory(Domain& d) {
+  if (hit_memory_ready_ || !hit_stop_ || hit_stop_->domain != d.id) return {};
+  // A channel that reports no cr3 (the guest channel's mailbox: the vCPU is not paused
+  // either, it waits in the module) gets it from Xen; its task cannot exit meanwhile.
+  hv::VcpuRegs r = hit_stop_->regs;
+  if (!r.cr3) r = XP_TRY(hv_.get_vcpu_regs(d.id, hit_stop_->vcpu));
+  d.memory->set_context(XP_TRY(mem::paging_context(d.info, r)));
+  d.memory->invalidate_translations();
+  hit_memory_ready_ = true;
   return {};
 }
 
@@ -190,6 +222,7 @@ Result<void> Engine::attach(DomId id) {
   if (info.dying || info.crashed)
     return fail(Errc::NoSuchDomain, "domain " + std::to_string(id.value) + " is dying or crashed");
   d->vcpus = info.vcpus;
+  d->info = info;
   // Quiescence tokens start at a random point: a quiesce-done left by an earlier session must
   // never match one of ours.
   d->quiesce_next = (std::uint64_t{std::random_device{}()} << 20 ^ std::random_device{}()) + 1;
@@ -692,6 +725,9 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   point->dom = id;
   point->addr = addr;
   point->agentless = !d->pool;
+  // Decoding reads text before the pause: through vCPU 0's page tables now, not through a
+  // root left by an earlier hit (whose process may be gone). Checked again under the pause.
+  XP_TRY(refresh_context(*d));
   XP_TRY(decode_probe_point(*d, *point));
   if (point->agentless && (point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel))
     if (auto why = x86::xen_emulator_refusal(point->insn))
@@ -703,8 +739,7 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     return fail(Errc::Busy, point->insn.describe() + ": the instruction before it is a probed 1-byte instruction");
 
   {
-    auto hold = XP_TRY(Pause::take(*this, *d));
-    XP_TRY(refresh_context(*d));
+    auto hold = XP_TRY(Pause::take(*this, *d));  // with vCPU 0's paging context, fresh
     // The bytes may have changed since we decoded them (the guest patches itself too).
     std::array<std::uint8_t, x86::kMaxInsnLen> now{};
     XP_TRY(d->memory->read(addr, std::as_writable_bytes(std::span(now.data(), point->insn.length))));
@@ -879,6 +914,8 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   Domain& d = *it->second;
   channel::Verdict v = channel::Verdict::NotOurs;
   dispatching_ = true;
+  hit_stop_ = &s;
+  hit_memory_ready_ = false;
   if (d.trampoline && *d.trampoline == s.trap) {
     v = hit_trampoline(d, s);
   } else if (auto p = d.points.find(s.trap); p != d.points.end() && p->second->armed) {
@@ -887,6 +924,7 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
     v = hit_slot(d, st->second, s);
   }
   dispatching_ = false;
+  hit_stop_ = nullptr;
   // Removals requested by handlers wait for after_dispatch(): removing now would scan for
   // stops while the channel is still resuming this one.
   return v;
@@ -898,6 +936,10 @@ bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) 
   if (plan == x86::Plan::EmulateBranch) {
     out = x86::branch_outcome(insn, s);
   } else {
+    if (auto m = hit_memory(d); !m) {
+      XP_LOG(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(), m.error().what.c_str());
+      return false;
+    }
     Result<std::uint64_t> loaded = fail(Errc::InvalidArgument, "");
     if (insn.branch == x86::BranchKind::Ret) {
       loaded = d.memory->read_u64(Gva{r.rsp});
@@ -917,7 +959,10 @@ bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) 
     return false;
   }
   if (out->push_return) {
-    if (auto w = d.memory->write_u64(Gva{r.rsp - 8}, out->return_addr.value); !w) {
+    // A kernel stack: freed and reused by the guest, so no writable mapping stays behind.
+    Result<void> w = hit_memory(d);
+    if (w) w = d.memory->write_u64_transient(Gva{r.rsp - 8}, out->return_addr.value);
+    if (!w) {
       XP_LOG(Error, "%s: cannot push the return address: %s", insn.describe().c_str(), w.error().what.c_str());
       return false;
     }
@@ -1068,7 +1113,11 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   Regs& r = ctx.regs();
   const Gva slot{r.rsp};
   const std::uint64_t tramp = d.trampoline->value;
-  auto ret = d.memory->read_u64(slot);
+  Result<std::uint64_t> ret = fail(Errc::InvalidArgument, "");
+  if (auto m = hit_memory(d); m)
+    ret = d.memory->read_u64(slot);
+  else
+    ret = std::unexpected(m.error());
   if (!ret) {
     XP_LOG(Warn, "return probe at %s: cannot read the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), ret.error().what.c_str());
@@ -1108,7 +1157,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     reg.stats.nmissed++;
     return;
   }
-  if (auto w = d.memory->write_u64(slot, tramp); !w) {
+  if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
     XP_LOG(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), w.error().what.c_str());
     d.ch->return_removed(d.id, slot);
@@ -1191,7 +1240,7 @@ void Engine::restore_returns(Domain& d, Registration* only) {
     auto v = d.memory->read_u64(in->slot);
     bool restored = false;
     if (v && *v == tramp) {
-      if (auto w = d.memory->write_u64(in->slot, in->ret); w)
+      if (auto w = d.memory->write_u64_transient(in->slot, in->ret); w)
         restored = true;
       else
         XP_LOG(Error, "domain %u: cannot restore the return address at %s: %s", d.id.value, hex(in->slot.value).c_str(),

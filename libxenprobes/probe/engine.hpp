@@ -138,6 +138,7 @@ class Engine final : public channel::StopSink {
     DomId id;
     channel::Channel* ch = nullptr;
     unsigned vcpus = 0;
+    hv::DomainInfo info;  // from attach: the guest type and width the paging mode needs
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
     std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
@@ -176,6 +177,11 @@ class Engine final : public channel::StopSink {
   Result<void> pause(Domain&);
   Result<void> unpause(Domain&);
   Result<void> refresh_context(Domain&);
+  // Before the first guest-memory access of a hit: the hit vCPU's own page tables (a handler
+  // reads the hit task's user memory), and no translation cached before the guest ran again
+  // (stacks and user pages are freed and reused). Lazy: a hit that touches no memory costs
+  // nothing. Outside a hit (the domain paused) it does nothing: pause() prepared the memory.
+  Result<void> hit_memory(Domain&);
   // Decodes the probed instruction (and, when needed, the one after it).
   Result<void> decode_probe_point(Domain&, Point&);
   bool uses_slot(const Point&) const;
@@ -237,6 +243,8 @@ class Engine final : public channel::StopSink {
   bool batching_ = false;
   std::vector<Domain*> batch_paused_;
   bool dispatching_ = false;
+  const channel::Stop* hit_stop_ = nullptr;  // the stop being dispatched (see hit_memory)
+  bool hit_memory_ready_ = false;
   std::vector<ProbeId> deferred_removals_;
   bool stop_requested_ = false;
 };

@@ -1,10 +1,14 @@
 // XP probes on the simulated Xen, over the channel XENPROBES_TEST_CHANNEL names (the suite
 // runs once per channel): handlers, aggregates, enable/disable, unregister, stop, two
 // domains, refusals, ENOSPC, transactions; and the debugger channel's own cases.
+#include <cstring>
 #include <set>
 #include <tuple>
 #include <thread>
 
+#include "mem/frame_source.hpp"
+#include "mem/guest_memory.hpp"
+#include "mem/paging.hpp"
 #include "xenprobes/guest_view.hpp"
 
 #include "engine/engine_fixture.hpp"
@@ -566,6 +570,64 @@ TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
   }
 }
 
+
+// The guest changes its page tables between hits (a stack freed and reused, a process gone):
+// each hit translates afresh. Here "the guest" points the page of demo_ppid at the frame of
+// another page while probes run; the handler's next read must follow the new mapping, not a
+// translation cached from an earlier hit.
+TEST(Probe, HandlersTranslateAfreshOnEveryHit) {
+  ProbedGuest g(demo_config(1, 0));
+  const std::uint64_t va = g.sym(DEMO_SYM_PPID), other = g.sym("__start_rodata");
+  ASSERT_EQ(va & 0xfff, 0u);
+  ASSERT_EQ(other & 0xfff, 0u);
+  std::uint32_t other_value = 0;
+  ASSERT_TRUE(g.host->peek(g.dom, other, std::as_writable_bytes(std::span(&other_value, 1))));
+  ASSERT_NE(other_value, 1u);
+  std::vector<std::uint32_t> seen;
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
+    std::uint32_t v = 0;
+    if (c.read(Gva{va}, std::as_writable_bytes(std::span(&v, 1)))) seen.push_back(v);
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  while (seen.size() < 5) ASSERT_TRUE(g.session->run_once(5));
+  EXPECT_EQ(seen.back(), 1u);
+
+  // The guest's side: rewrite the leaf entry of va's page, domain paused.
+  auto hv = g.host->open();
+  mem::HypervisorFrameSource src(*hv, g.dom);
+  mem::GuestMemory gm(src);
+  ASSERT_TRUE(hv->pause(g.dom));
+  auto ctx = mem::paging_context(*hv->domain_info(g.dom), *hv->get_vcpu_regs(g.dom, VcpuId{0}));
+  ASSERT_TRUE(ctx);
+  gm.set_context(*ctx);
+  auto t = gm.translate(Gva{va}), u = gm.translate(Gva{other});
+  ASSERT_TRUE(t && u);
+  ASSERT_EQ(t->page_size, 4096u) << "the demo image is mapped with 4 KiB pages";
+  const Frame table = t->table_frames[t->depth - 1];
+  const std::size_t at = ((va >> 12) & 511) * 8;
+  const std::uint64_t entry = t->entries[t->depth - 1];
+  const std::uint64_t moved = (entry & ~0x000ffffffffff000ull) | (u->frame().value << 12);
+  {
+    auto m = hv->map_frames(g.dom, std::span(&table, 1), hv::MapAccess::ReadWrite);
+    ASSERT_TRUE(m) << m.error().what;
+    std::memcpy(m->data() + at, &moved, 8);
+  }
+  ASSERT_TRUE(hv->unpause(g.dom));
+  const std::size_t before = seen.size();
+  while (seen.size() < before + 5) ASSERT_TRUE(g.session->run_once(5));
+  EXPECT_EQ(seen.back(), other_value) << "a translation cached from an earlier hit was used";
+
+  ASSERT_TRUE(p->unregister());
+  ASSERT_TRUE(hv->pause(g.dom));
+  {
+    auto m = hv->map_frames(g.dom, std::span(&table, 1), hv::MapAccess::ReadWrite);
+    ASSERT_TRUE(m);
+    std::memcpy(m->data() + at, &entry, 8);
+  }
+  ASSERT_TRUE(hv->unpause(g.dom));
+}
 
 TEST(Probe, SessionEndWhileVcpusRunThroughPostHandlerSlots) {
   // Post-handler slots end with a trap byte. A vCPU can be inside such a slot when Dom0

@@ -327,7 +327,7 @@ TEST_F(GuestMemoryTest, RefusedWritableMappingLeavesMemoryUnchanged) {
 
 TEST_F(GuestMemoryTest, WriteIntoAnUnmappedPageLeavesMemoryUnchanged) {
   ram_.write(Gpa{0x700'0FF8}, pattern(8, 4));
-  auto r = mem_.write(Gva{kB + 0xFF8}, pattern(16, 5));
+  auto r = mem_.write_transient(Gva{kB + 0xFF8}, pattern(16, 5));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::Fault);
   EXPECT_EQ(phys(0x700'0FF8, 8), pattern(8, 4));
@@ -340,6 +340,33 @@ TEST_F(GuestMemoryTest, WriteIgnoresTheGuestsReadOnlyBit) {
   EXPECT_FALSE(t->writable);
   ASSERT_TRUE(mem_.write_u8(Gva{kText + 5}, 0xCC));
   EXPECT_EQ(phys(0x50'1005, 1), bytes({0xCC}));
+}
+
+// Stacks and data: the guest frees and reuses those frames, and on PV a frame Dom0 keeps
+// mapped writable cannot become a page table. A transient write leaves no writable mapping.
+TEST_F(GuestMemoryTest, TransientWriteLeavesNoWritableMappingBehind) {
+  ASSERT_TRUE(mem_.write_u64(Gva{kText}, 1));  // text: the cached writable mapping stays
+  EXPECT_EQ(ram_.live_writable(Frame{0x501}), 1u);
+  const auto data = pattern(16, 9);
+  ASSERT_TRUE(mem_.write_transient(Gva{kA + 0xFF8}, data));  // across two frames
+  EXPECT_EQ(ram_.live_writable(Frame{0x500}), 0u);
+  EXPECT_EQ(ram_.live_writable(Frame{0x7000}), 0u);
+  EXPECT_EQ(ram_.live_writable(Frame{0x501}), 1u);
+  std::vector<std::byte> back(16);
+  ASSERT_TRUE(mem_.read(Gva{kA + 0xFF8}, back));
+  EXPECT_EQ(back, data);
+  // A read-only mapping of the same frame before the write goes too (it was upgraded).
+  ASSERT_TRUE(mem_.read_u64(Gva{kB}));
+  ASSERT_TRUE(mem_.write_u64_transient(Gva{kB}, 5));
+  EXPECT_EQ(ram_.live_writable(Frame{0x7000}), 0u);
+  EXPECT_EQ(*mem_.read_u64(Gva{kB}), 5u);
+}
+
+TEST_F(GuestMemoryTest, FailedTransientWriteLeavesNothingMappedWritable) {
+  // The second page is not mapped: nothing is written, and the first frame is not kept.
+  auto r = mem_.write_transient(Gva{kB + 0xFF8}, pattern(16, 5));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(ram_.live_writable(Frame{0x7000}), 0u);
 }
 
 TEST_F(GuestMemoryTest, PageTablesAreMappedReadOnly) {
