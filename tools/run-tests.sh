@@ -1,9 +1,11 @@
 #!/bin/sh
 # The test suite: install dependencies, build with -Werror, run every test; then build again
-# with AddressSanitizer + UndefinedBehaviorSanitizer and run every test under them. A failing
-# test is run once more (ctest --repeat until-pass:2) and the first failure stays in the log:
-# the simulated Xen runs guest vCPUs on threads, and a loaded CI machine has shown one
-# unexplained failure (see the issue notes); a test that fails twice fails the run.
+# with AddressSanitizer + UndefinedBehaviorSanitizer and run every test under them; then the
+# end-to-end scenarios on a real Xen under QEMU. A failing unit or integration test is run once
+# more (ctest --repeat until-pass:2) and the first failure stays in the log: the simulated Xen
+# runs guest vCPUs on threads (the rare failures seen on a loaded machine were the sim's own
+# cross-thread engine stop, fixed; the retry stays as a guard). A test that fails twice fails
+# the run.
 set -eu
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
@@ -22,3 +24,16 @@ cmake --build build-asan -j"$jobs"
 echo "== tests under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" --repeat until-pass:2
+
+# End to end on a real Xen under QEMU (TCG): docs/e2e.md. Needs root (debootstrap, chroot,
+# mkfs) and Debian's mirror; caches ~4.5 GB in /var/cache/xenprobes-e2e. XENPROBES_E2E=0
+# leaves it out (e.g. a quick local run).
+if [ "${XENPROBES_E2E:-1}" = 0 ]; then
+  echo "== end-to-end suite left out (XENPROBES_E2E=0)"
+elif [ "$(id -u)" != 0 ]; then
+  echo "== end-to-end suite NOT run: it needs root (sudo sh tools/run-tests.sh, or XENPROBES_E2E=0)" >&2
+  exit 1
+else
+  echo "== end-to-end on a real Xen under QEMU (tools/e2e/run.sh)"
+  bash tools/e2e/run.sh
+fi

@@ -76,15 +76,6 @@ bool check(const std::string& name, bool ok, const std::string& detail) {
   return ok;
 }
 
-// A check that fails because of a recorded library/module bug (docs/e2e.md "Bugs found"):
-// XFAIL when it fails, XPASS when it passes; neither counts as a failure. It must still hold
-// once the bug is fixed: then turn it back into check().
-bool check_known_bug(const std::string& name, bool ok, const std::string& detail, const char* bug) {
-  ++g_checks;
-  say("XPE2E-CHECK %s %s %s [known bug: %s]", name.c_str(), ok ? "XPASS" : "XFAIL", detail.c_str(), bug);
-  return ok;
-}
-
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
   char buf[1024];
@@ -617,11 +608,10 @@ int cmd_probe(const Args& a) {
                                 (long)g_c.openat_hits == n_openat + n_unlink,
           fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64 "; the guest made %ld openat calls",
               g_c.openat2_pre, g_c.openat2_post, g_c.openat_hits, n_openat + n_unlink));
-  if (ps.openat) check_known_bug("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
+  if (ps.openat) check("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
         fmt("user filename %s read %" PRIu64 " times, guest opened it %ld times; other names %" PRIu64 ", read errors %" PRIu64 "%s",
             kTarget, g_c.openat_target, n_openat, g_c.openat_other, g_c.openat_read_errors,
-            g_c.first_read_error.empty() ? "" : ("; first error: " + g_c.first_read_error).c_str()),
-        "BUG-CR3: guest-channel handlers translate through vCPU 0's cr3 captured at attach, not the hit vCPU's");
+            g_c.first_read_error.empty() ? "" : ("; first error: " + g_c.first_read_error).c_str()));
   if (ps.filp) check("xp.filp_open.filename", (long)g_c.filp_target == n_openat && (long)g_c.filp_other == n_unlink &&
                                                g_c.filp_read_errors == 0,
         fmt("kernel copy of the name %" PRIu64 " times, guest %ld; other names %" PRIu64 " (guest %ld); read errors %" PRIu64,

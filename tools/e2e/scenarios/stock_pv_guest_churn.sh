@@ -2,7 +2,8 @@
 # exit, fork and exec (40 short processes) while the probing session is still open. Frames
 # the guest freed (the workload's kernel stack, pages the handlers read or wrote) become page
 # tables and stacks of new processes while Dom0 may still hold cached foreign mappings of
-# them. Expected to fail while BUG-MAPCACHE is open (docs/e2e.md).
+# them (BUG-MAPCACHE in docs/e2e.md: failed before the library dropped writable mappings of
+# stacks after each write).
 S=stock_pv_guest_churn
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-churn

@@ -1,7 +1,7 @@
 # Scenario: as stock_pv_guest, but vCPU 0 runs another process (a busy shell pinned to CPU 0)
 # while the session attaches and the workload (pinned to CPU 1) runs. Handlers that read the
-# workload's user memory must read it, not the shell's: the user-filename check XFAILs while
-# BUG-CR3 is open (the session translates through vCPU 0's page tables), XPASSes once fixed.
+# workload's user memory must read it, not the shell's (BUG-CR3 in docs/e2e.md: handlers
+# used to translate through vCPU 0's page tables from attach time).
 S=stock_pv_guest_cr3
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-cr3
@@ -13,4 +13,4 @@ rc=$?
 domu_release "$domid"
 domu_verdict $N "$domid"
 [ $rc -eq 0 ] || result FAIL "xpe2e-probe failed (exit $rc; its XPE2E-CHECK lines above)"
-result PASS "all checks passed (see xp.openat.filename: XFAIL while BUG-CR3 is open)"
+result PASS "all checks passed, the user filename read through the hit vCPU's page tables"
