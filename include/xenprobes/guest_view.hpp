@@ -23,8 +23,8 @@ class XENPROBES_API GuestView {
   ~GuestView();
 
   Result<void> read(Gva va, std::span<std::byte> out);
-  // Leaves no writable mapping of the frames behind: on a PV guest a frame Dom0 holds
-  // writable cannot become a page table, and the guest reuses any page it frees.
+  // On a PV guest it leaves no writable mapping of the frames behind: a frame Dom0 holds
+  // writable cannot become a page table there, and the guest reuses any page it frees.
   Result<void> write(Gva va, std::span<const std::byte> data);
   Result<std::uint64_t> read_u64(Gva va);
   Result<std::string> read_string(Gva va, std::size_t max_len);

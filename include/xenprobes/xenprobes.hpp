@@ -45,9 +45,9 @@ class XENPROBES_API HitContext {
   // Guest-virtual memory as the hit vCPU sees it: its own page tables (a user pointer of the
   // task that hit the probe reads that task's memory), walked afresh for each hit. On the
   // guest channel the first access of a hit asks Xen for the vCPU's cr3 (one
-  // XEN_DOMCTL_getvcpucontext). Writes leave no writable mapping of the frame behind (the
-  // guest frees and reuses stacks and data; on PV a frame Dom0 holds writable cannot
-  // become a page table).
+  // XEN_DOMCTL_getvcpucontext). On a PV guest writes leave no writable mapping of the frame
+  // behind (the guest frees and reuses stacks and data, and a frame Dom0 holds writable
+  // cannot become a page table there).
   virtual Result<void> read(Gva va, std::span<std::byte> out) = 0;
   virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
   virtual Result<std::uint64_t> read_u64(Gva va) = 0;

@@ -8,7 +8,12 @@
 namespace xenprobes {
 
 struct GuestView::Impl {
-  Impl(hv::Hypervisor& hv, DomId d) : source(hv, d), memory(source) {}
+  Impl(hv::Hypervisor& hv, DomId d, bool pv) : source(hv, d), memory(source, options(pv)) {}
+  static mem::GuestMemoryOptions options(bool pv) {
+    mem::GuestMemoryOptions o;
+    o.transient_data_writes = pv;  // see GuestMemory::write_transient()
+    return o;
+  }
   mem::HypervisorFrameSource source;
   mem::GuestMemory memory;
 };
@@ -20,7 +25,7 @@ Result<std::unique_ptr<GuestView>> GuestView::open(hv::Hypervisor& hv, DomId dom
   hv::DomainInfo info = XP_TRY(hv.domain_info(domid));
   hv::VcpuRegs regs = XP_TRY(hv.get_vcpu_regs(domid, vcpu));
   mem::PagingContext ctx = XP_TRY(mem::paging_context(info, regs));
-  auto impl = std::make_unique<Impl>(hv, domid);
+  auto impl = std::make_unique<Impl>(hv, domid, info.type == hv::GuestType::Pv);
   impl->memory.set_context(ctx);
   return std::unique_ptr<GuestView>(new GuestView(std::move(impl)));
 }

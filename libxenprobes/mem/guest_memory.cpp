@@ -20,7 +20,8 @@ namespace {
 }  // namespace
 
 GuestMemory::GuestMemory(FrameSource& source, GuestMemoryOptions options)
-    : maps_(source, options.mapping_cache_frames),
+    : transient_data_writes_(options.transient_data_writes),
+      maps_(source, options.mapping_cache_frames),
       translations_(options.translation_cache_pages) {}
 
 void GuestMemory::set_context(PagingMode mode, std::uint64_t cr3) {
@@ -121,6 +122,7 @@ Result<void> GuestMemory::write(Gva va, std::span<const std::byte> data) {
 
 Result<void> GuestMemory::write_transient(Gva va, std::span<const std::byte> data) {
   Result<void> r = write(va, data);
+  if (!transient_data_writes_) return r;
   // Whether or not it completed: every frame it may have mapped writable is let go.
   (void)for_each_virtual_chunk(va, data.size(), [&](const Chunk& c) -> Result<void> {
     maps_.invalidate(c.frame);

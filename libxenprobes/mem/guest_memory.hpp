@@ -19,6 +19,10 @@ namespace xenprobes::mem {
 struct GuestMemoryOptions {
   std::size_t mapping_cache_frames = 256;     // live foreign mappings (LRU)
   std::size_t translation_cache_pages = 4096; // cached 4 KiB translations (LRU)
+  // write_transient() drops the writable mappings it took. Needed for PV guests (Xen's page
+  // types: a frame Dom0 holds writable cannot become a page table); an HVM guest's page
+  // tables are plain memory to Xen, so there the mappings stay cached (false).
+  bool transient_data_writes = true;
 };
 
 // Virtual accesses translate through the guest's page tables for the context set with
@@ -87,7 +91,8 @@ class GuestMemory {
   [[nodiscard]] Result<void> write_u32(Gva va, std::uint32_t v) { return write_as(va, v); }
   [[nodiscard]] Result<void> write_u64(Gva va, std::uint64_t v) { return write_as(va, v); }
   // A write into memory the guest frees and reuses (stacks, data): the writable mappings it
-  // took are dropped before it returns. On a PV guest, a frame Dom0 keeps mapped writable
+  // took are dropped before it returns (unless GuestMemoryOptions::transient_data_writes is
+  // off, for HVM guests). On a PV guest, a frame Dom0 keeps mapped writable
   // holds a writable type reference and cannot become a page table: the guest's fork or exec
   // then fails (MMUEXT_PIN_L4_TABLE: EINVAL). Kernel text, OEA slots and the control area
   // keep their cached mappings (write()).
@@ -131,6 +136,7 @@ class GuestMemory {
   Result<void> for_each_virtual_chunk(Gva va, std::size_t size, Fn&& fn);
 
   PagingContext ctx_;
+  bool transient_data_writes_;
   MapCache maps_;
   detail::LruMap<Key, Translation, KeyHash> translations_;
   std::uint64_t translations_cached_ = 0;

@@ -227,7 +227,9 @@ Result<void> Engine::attach(DomId id) {
   // never match one of ours.
   d->quiesce_next = (std::uint64_t{std::random_device{}()} << 20 ^ std::random_device{}()) + 1;
   d->source = std::make_unique<mem::HypervisorFrameSource>(hv_, id);
-  d->memory = std::make_unique<mem::GuestMemory>(*d->source);
+  mem::GuestMemoryOptions mo;
+  mo.transient_data_writes = info.type == hv::GuestType::Pv;  // see write_transient()
+  d->memory = std::make_unique<mem::GuestMemory>(*d->source, mo);
   XP_TRY(refresh_context(*d));
   d->ch = XP_TRY(channel_for_(id));
   auto rest = [&]() -> Result<void> {

@@ -362,6 +362,16 @@ TEST_F(GuestMemoryTest, TransientWriteLeavesNoWritableMappingBehind) {
   EXPECT_EQ(*mem_.read_u64(Gva{kB}), 5u);
 }
 
+TEST_F(GuestMemoryTest, TransientWritesKeepTheirMappingsWhenTurnedOff) {
+  GuestMemoryOptions o;
+  o.transient_data_writes = false;  // an HVM guest
+  GuestMemory hvm(ram_, o);
+  hvm.set_context(PagingMode::Long4, b_.cr3());
+  ASSERT_TRUE(hvm.write_u64_transient(Gva{kA}, 3));
+  EXPECT_EQ(ram_.live_writable(Frame{0x500}), 1u);
+  EXPECT_EQ(*hvm.read_u64(Gva{kA}), 3u);
+}
+
 TEST_F(GuestMemoryTest, FailedTransientWriteLeavesNothingMappedWritable) {
   // The second page is not mapped: nothing is written, and the first frame is not kept.
   auto r = mem_.write_transient(Gva{kB + 0xFF8}, pattern(16, 5));
