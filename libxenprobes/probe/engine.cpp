@@ -199,6 +199,7 @@ Result<void> Engine::refresh_context(Domain& d) {
   mem::PagingContext ctx = XP_TRY(mem::paging_context(info, r));
   d.memory->set_context(ctx);
   d.memory->invalidate_translations();
+  hit_memory_ready_ = false;  // a handler that registers a probe reads its own vCPU's memory next
   return {};
 }
 
