@@ -25,10 +25,10 @@ E2E_T0=$(date +%s)
 
 # scenario -> hypervisor ("stock" or "gdbsx"); the order is the default run order.
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
-  [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [diag_xl_churn]=stock
+  [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock
   [gdbsx_pv_debugger]=gdbsx)
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  gdbsx_pv_debugger"
+  stock_pv_two_guests gdbsx_pv_debugger"
 # Scenarios known to fail for a recorded reason (docs/e2e.md): reported as XFAIL, not failures.
 declare -A SCEN_XFAIL=()
 
