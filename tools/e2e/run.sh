@@ -26,9 +26,9 @@ E2E_T0=$(date +%s)
 # scenario -> hypervisor ("stock" or "gdbsx"); the order is the default run order.
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [diag_xl_churn]=stock
-  [gdbsx_pv_debugger]=gdbsx)
+  [gdbsx_pv_debugger]=gdbsx [stock_pvh_vmevent]=stock-qemu10)
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  gdbsx_pv_debugger"
+  gdbsx_pv_debugger stock_pvh_vmevent"
 # Scenarios known to fail for a recorded reason (docs/e2e.md): reported as XFAIL, not failures.
 declare -A SCEN_XFAIL=()
 
@@ -93,12 +93,13 @@ e2e_stage_done
 e2e_rootfs
 KVER=$(cat "$ROOTFS_DIR/kver")
 e2e_xen_stock
-need_gdbsx=0
-for s in $SCENARIOS; do [ "${SCEN_XEN[$s]}" = gdbsx ] && need_gdbsx=1; done
-if [ $need_gdbsx = 1 ]; then
-  e2e_xen_gdbsx
-  e2e_qemu_backports
-fi
+need_gdbsx=0 need_qemu_new=0
+for s in $SCENARIOS; do
+  [ "${SCEN_XEN[$s]}" = gdbsx ] && need_gdbsx=1 && need_qemu_new=1
+  [ "${SCEN_XEN[$s]}" = stock-qemu10 ] && need_qemu_new=1
+done
+[ $need_gdbsx = 1 ] && e2e_xen_gdbsx
+[ $need_qemu_new = 1 ] && e2e_qemu_backports
 
 # ---- stage: libxenprobes, tools and the e2e program (incremental CMake build) ------------
 e2e_stage "build libxenprobes + tools + xpe2e-probe (CMake, prefix /usr)"
@@ -180,6 +181,12 @@ boot() {
     gdbsx)
       # The debugger channel's ICEBP needs QEMU >= 9.1 under TCG (real-xen.md).
       xen=$XEN_GDBSX
+      qemu_bin=$QEMU_NEW
+      qemu_extra=(-L "$QEMU_NEW_SHARE")
+      ;;
+    stock-qemu10)
+      # The stock hypervisor, under a QEMU that runs ICEBP (the vm_event channel's trap).
+      xen=$XEN_STOCK
       qemu_bin=$QEMU_NEW
       qemu_extra=(-L "$QEMU_NEW_SHARE")
       ;;
