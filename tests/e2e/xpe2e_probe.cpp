@@ -550,7 +550,8 @@ std::optional<std::string> run_workload(Session& s, DomId dom, int seconds) {
 }
 
 // The trap byte each channel writes: int3 (guest, vmevent agentless), ICEBP (debugger).
-std::uint8_t trap_byte_of(const std::string& channel) { return channel == "debugger" ? 0xf1 : 0xcc; }
+// ICEBP for the debugger channel and the vmevent channel's default mode; int3 for the guest channel.
+std::uint8_t trap_byte_of(const std::string& channel) { return channel == "guest" ? 0xcc : 0xf1; }
 
 bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>& points, std::uint8_t trap,
                            std::string* detail) {

@@ -11,14 +11,15 @@ result() {
   exit 0
 }
 
-# domu_start <name> <extra kernel args>: creates a PV DomU running Dom0's kernel with the
-# e2e initramfs; prints its domid.
+# domu_start <name> <extra kernel args>: creates a PV DomU (DOMU_TYPE=pvh: a PVH one) running
+# Dom0's kernel with the e2e initramfs; prints its domid.
 domu_start() {
   CUR_DOMU=$1
   rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
   cat >"/tmp/$1.cfg" <<EOF
 name = "$1"
-type = "pv"
+type = "${DOMU_TYPE:-pv}"
+$([ "${DOMU_TYPE:-pv}" = pvh ] && printf 'hap = 0\ntsc_mode = "native"\n')
 kernel = "/boot/vmlinuz-$KVER"
 ramdisk = "$E2E/domu-initramfs.cpio.gz"
 extra = "console=hvc0 rdinit=/init $2"
