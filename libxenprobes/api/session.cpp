@@ -81,8 +81,15 @@ struct Session::Impl {
       if (it != chosen.end() && it->second == guest.get()) {
         auto state = hv->xs_read(probe::module_key(id, XENPROBES_XS_STATE));
         if (!state && state.error().code == Errc::NotFound) {
-          XP_LOG(Warn, "domain %u: the guest module withdrew (no %s): dropping its probes", id.value,
-                 XENPROBES_XS_STATE);
+          // The toolstack destroying the domain removes its whole xenstore directory first
+          // (xl destroy does so before the domain dies): say that, not "withdrew".
+          auto name = hv->xs_read("/local/domain/" + std::to_string(id.value) + "/name");
+          if (!name && name.error().code == Errc::NotFound)
+            XP_LOG(Warn, "domain %u: its xenstore directory is gone (the toolstack is destroying it): dropping its probes",
+                   id.value);
+          else
+            XP_LOG(Warn, "domain %u: the guest module withdrew (no %s): dropping its probes", id.value,
+                   XENPROBES_XS_STATE);
           engine->forget(id);
           unwatch_module(id);
           continue;
