@@ -3,9 +3,9 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer and run every test under them; then the
 # end-to-end scenarios on a real Xen under QEMU. A failing unit or integration test is run once
 # more (ctest --repeat until-pass:2) and the first failure stays in the log: the simulated Xen
-# runs guest vCPUs on threads (the rare failures seen on a loaded machine were the sim's own
-# cross-thread engine stop, fixed; the retry stays as a guard). A test that fails twice fails
-# the run.
+# runs guest vCPUs on threads (the failure CI saw on a loaded machine came from the sim's own
+# cross-thread engine stop, now fixed; the retry stays as a guard). A test that fails twice
+# fails the run.
 set -eu
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
