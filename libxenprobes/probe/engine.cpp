@@ -194,9 +194,8 @@ Engine::Domain* Engine::domain_of(const Point& p) {
 }
 
 Result<void> Engine::refresh_context(Domain& d) {
-  hv::DomainInfo info = XP_TRY(hv_.domain_info(d.id));
   hv::VcpuRegs r = XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{0}));
-  mem::PagingContext ctx = XP_TRY(mem::paging_context(info, r));
+  mem::PagingContext ctx = XP_TRY(mem::paging_context(d.info, r));  // type and width: fixed
   d.memory->set_context(ctx);
   d.memory->invalidate_translations();
   hit_memory_ready_ = false;  // a handler that registers a probe reads its own vCPU's memory next
@@ -222,7 +221,6 @@ Result<void> Engine::attach(DomId id) {
   hv::DomainInfo info = XP_TRY(hv_.domain_info(id));
   if (info.dying || info.crashed)
     return fail(Errc::NoSuchDomain, "domain " + std::to_string(id.value) + " is dying or crashed");
-  d->vcpus = info.vcpus;
   d->info = info;
   // Quiescence tokens start at a random point: a quiesce-done left by an earlier session must
   // never match one of ours.
@@ -623,7 +621,7 @@ Result<void> Engine::reclaim_slots(Domain& d) {
   advance_quiescence(d);
   std::vector<std::uint64_t> rips;
   for (const auto& [slot, token] : d.quiesce_wait) rips.push_back(slot);  // not quiesced yet
-  for (unsigned v = 0; v < d.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
+  for (unsigned v = 0; v < d.info.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
   for (std::uint64_t rip : d.ch->resumes_in_flight(d.id)) rips.push_back(rip);  // answered, not yet taken
   d.pool->reclaim(rips);
   for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
@@ -662,7 +660,7 @@ Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHa
       return fail(Errc::InvalidArgument, hex(addr.value) + " is " + fn->name + "+" + hex(addr.value - fn->start.value) +
                                              ": a return probe goes on a function's first instruction");
   }
-  unsigned maxactive = o.maxactive > 0 ? unsigned(o.maxactive) : std::max(10u, 2 * d->vcpus);
+  unsigned maxactive = o.maxactive > 0 ? unsigned(o.maxactive) : std::max(10u, 2 * d->info.vcpus);
   auto reg = std::make_unique<Registration>();
   reg->ret = std::make_unique<RetState>();
   reg->ret->entry = std::move(entry);
@@ -730,7 +728,8 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   point->agentless = !d->pool;
   // Decoding reads text before the pause: through vCPU 0's page tables now, not through a
   // root left by an earlier hit (whose process may be gone). Checked again under the pause.
-  XP_TRY(refresh_context(*d));
+  // Already paused (a batch), the context pause() took is still current.
+  if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
   XP_TRY(decode_probe_point(*d, *point));
   if (point->agentless && (point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel))
     if (auto why = x86::xen_emulator_refusal(point->insn))
@@ -1222,7 +1221,7 @@ void Engine::restore_returns(Domain& d, Registration* only) {
   const std::uint64_t tramp = d.trampoline->value;
   auto wanted = [&](const Instance& in) { return in.live && (!only || in.owner == only); };
   // A vCPU that already returned to the trampoline but has not trapped yet goes straight on.
-  for (unsigned v = 0; v < d.vcpus; ++v) {
+  for (unsigned v = 0; v < d.info.vcpus; ++v) {
     auto regs = hv_.get_vcpu_regs(d.id, VcpuId{v});
     if (!regs || regs->rip != tramp) continue;
     Instance* in = d.live_returns.find(regs->rsp - 8);

@@ -137,8 +137,7 @@ class Engine final : public channel::StopSink {
   struct Domain {
     DomId id;
     channel::Channel* ch = nullptr;
-    unsigned vcpus = 0;
-    hv::DomainInfo info;  // from attach: the guest type and width the paging mode needs
+    hv::DomainInfo info;  // from attach: vCPU count, and the guest type and width the paging mode needs
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
     std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
