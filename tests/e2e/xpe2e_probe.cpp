@@ -20,6 +20,14 @@
 //       hits in B it runs `xl destroy B` while it keeps serving hits; B's probes must be
 //       dropped (info() fails, unregister() succeeds), A's counts must equal A's calls exactly
 //       and A's text come back byte-identical.
+//   xpe2e-probe bench   --domid D [--channel C] [--configs native,kprobe,kretprobe,xp,xrp]
+//                       [--round S] [--rounds N] [--untar N] [--timeout S]
+//       The paper's Table 1 side by side (tools/bench/table1.sh): for each config in turn,
+//       arms it (xp, xrp: our probes on the measured syscalls' functions and on do_mkdirat and
+//       chmod_common; kprobe, kretprobe: the guest arms its own tracefs kprobe events; native:
+//       nothing), lets the guest's loop measure getppid/read/write/open latencies and a small
+//       tar extraction (xpe2e-workload bench), disarms, checks the text is restored and every
+//       measured call was seen by the probes, and prints "XPE2E-BENCH ..." lines.
 //
 // Every check prints one line "XPE2E-CHECK <name> PASS|FAIL <detail>"; the last line is
 // "XPE2E-PROG <command> PASS|FAIL <failed checks>". Exit status 0 only when all passed.
@@ -29,6 +37,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -128,6 +138,10 @@ struct Args {
   unsigned die_after = 50;
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
   std::string skip;  // comma-separated: xrp, branch, openat, filp (to bisect a failure)
+  std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
+  double round_s = 1.0;                                     // bench: seconds per measured round
+  int rounds = 3;                                           // bench: rounds per syscall
+  int untar = 3;                                            // bench: tar extractions per config
 };
 
 Args g_args;
@@ -135,7 +149,7 @@ bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::stri
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair --domid D ...");
+  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair|bench --domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -161,6 +175,14 @@ Args parse(int argc, char** argv) {
       a.skip = v;
     else if (k == "--die-after-hits")
       a.die_after = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--configs")
+      a.configs = v;
+    else if (k == "--round")
+      a.round_s = std::stod(v);
+    else if (k == "--rounds")
+      a.rounds = std::stoi(v);
+    else if (k == "--untar")
+      a.untar = std::stoi(v);
     else
       fatal("unknown option " + k);
   }
@@ -1118,6 +1140,166 @@ int cmd_pair(const Args& a) {
   return g_failed ? 1 : 0;
 }
 
+
+// ---- bench: the paper's Table 1 side by side ---------------------------------------------
+
+// What the probes sit on: the four measured syscalls (the guest's kprobe events use the same
+// functions, workload.c) and two more that only the tar extraction reaches (Table 2/3).
+struct BenchFn {
+  const char* role;
+  const char* fn;
+};
+constexpr BenchFn kBenchFns[] = {{"null", "__x64_sys_getppid"}, {"read", "__x64_sys_read"},
+                                 {"write", "__x64_sys_write"},  {"open", "__x64_sys_openat"},
+                                 {"mkdir", "do_mkdirat"},       {"chmod", "chmod_common"}};
+constexpr std::size_t kBenchFnCount = sizeof kBenchFns / sizeof kBenchFns[0];
+constexpr std::size_t kBenchKinds = 4;  // the measured ones: the first four
+std::uint64_t g_bench_entries[kBenchFnCount], g_bench_returns[kBenchFnCount];
+
+double dnum(const std::map<std::string, std::string>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? -1 : std::strtod(it->second.c_str(), nullptr);
+}
+
+int cmd_bench(const Args& a) {
+  auto opt = must(parse_channel_kind(a.channel), "--channel");
+  auto s = open_session(a, SessionOptions{opt});
+  hv::Hypervisor& hv = s->hypervisor();
+  std::string channel = must(s->channel_name(a.dom), "channel_name");
+  std::vector<std::pair<std::string, Gva>> fns;
+  for (const auto& f : kBenchFns) fns.emplace_back(f.fn, must(s->resolve(a.dom, f.fn), std::string("resolve ") + f.fn));
+  auto before = snapshot(hv, a.dom, fns);
+
+  auto ready = wait_key(hv, dom_path(a.dom, "data/xpe2e/bench/ready"), a.timeout_s);
+  if (!check("bench.ready", ready && *ready == "1", ready ? "guest: " + *ready : "no data/xpe2e/bench/ready"))
+    fatal("the guest's benchmark loop did not start");
+
+  std::vector<std::string> configs;
+  for (std::istringstream in(a.configs); ;) {
+    std::string c;
+    if (!std::getline(in, c, ',')) break;
+    if (c != "native" && c != "kprobe" && c != "kretprobe" && c != "xp" && c != "xrp") fatal("unknown bench config " + c);
+    configs.push_back(c);
+  }
+  int i = 0;
+  for (const std::string& config : configs) {
+    ++i;
+    std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);
+    std::fill(std::begin(g_bench_returns), std::end(g_bench_returns), 0);
+    std::vector<Probe> probes;
+    std::vector<Gva> points;
+    for (std::size_t k = 0; k < kBenchFnCount; ++k) {
+      Gva at = fns[k].second;
+      if (config == "xp") {
+        // The cheapest useful XP: a pre-handler that counts (the paper's handlers did as little).
+        probes.push_back(must(s->probe(a.dom, at,
+                                       [k](HitContext&) {
+                                         ++g_bench_entries[k];
+                                         return 0;
+                                       }),
+                              std::string("XP on ") + fns[k].first));
+      } else if (config == "xrp") {
+        probes.push_back(must(s->ret_probe(
+                                  a.dom, at,
+                                  [k](HitContext&, std::span<std::byte>) {
+                                    ++g_bench_entries[k];
+                                    return 0;
+                                  },
+                                  [k](HitContext&, std::span<std::byte>) { ++g_bench_returns[k]; }),
+                              std::string("XrP on ") + fns[k].first));
+      } else {
+        continue;
+      }
+      points.push_back(at);
+    }
+    if (!points.empty()) {
+      std::string d;
+      check("bench." + config + ".armed", first_bytes_are_traps(hv, a.dom, points, trap_byte_of(channel), &d), d);
+      for (auto& p : probes)
+        if (auto inf = p.info()) say("XPE2E-INFO: bench %s: probe %" PRIu64 " mode=%s", config.c_str(), p.id(), mode_name(inf->mode));
+    }
+    auto go = fmt("%s %.3f %d %d", config.c_str(), a.round_s, a.rounds, a.untar);
+    must(hv.xs_write(dom_path(a.dom, fmt("data/xpe2e/bench/go-%d", i)), go), "write go");
+    say("XPE2E-STAGE bench %s: %s", channel.c_str(), go.c_str());
+    auto t0 = Clock::now();
+    auto end = t0 + std::chrono::seconds(a.timeout_s);
+    // The result key is watched from another thread with its own xenstore connection: a
+    // xenstore read between two run_once calls would delay every hit waiting meanwhile and be
+    // measured as probe cost.
+    std::optional<std::string> result;
+    std::atomic<bool> have_result{false}, stop_poll{false};
+    std::thread poll([&, key = dom_path(a.dom, fmt("data/xpe2e/bench/result-%d", i))] {
+      auto phv = hv::open_hypervisor("xen");
+      while (phv && !stop_poll.load() && Clock::now() < end) {
+        if (auto v = (*phv)->xs_read(key)) {
+          result = *v;
+          have_result.store(true);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+    while (Clock::now() < end && !have_result.load()) {
+      auto r = s->run_once(100);
+      if (!r) {
+        check("run_once", false, r.error().what);
+        break;
+      }
+    }
+    stop_poll.store(true);
+    poll.join();
+    double window = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<ProbeStats> stats;
+    for (auto& p : probes) stats.push_back(p.stats());
+    for (auto& p : probes) {
+      auto r = p.unregister();
+      if (!r) check("bench." + config + ".unregister", false, r.error().what);
+    }
+    probes.clear();
+    std::string diff = compare(hv, a.dom, before);
+    check("bench." + config + ".text_restored", diff.empty(), diff.empty() ? "byte-identical" : diff);
+    if (!check("bench." + config + ".result", result.has_value(),
+               result ? fmt("%.1f s: %s", window, result->c_str()) : fmt("no result within %d s", a.timeout_s)))
+      break;
+    auto m = kv(*result);
+    check("bench." + config + ".errors", num(m, "errors") == 0 && !m.count("error"),
+          "failed calls in the guest: " + m["errors"] + (m.count("error") ? " (" + m["error"] + ")" : ""));
+    for (std::size_t k = 0; k < kBenchKinds; ++k) {
+      std::string kind = kBenchFns[k].role;
+      long calls = num(m, kind + "_calls");
+      // Every measured call must have been seen by the config's probes (more is fine: the
+      // guest's xenstore and console I/O read and write too).
+      long seen = config == "xp" || config == "xrp" ? (long)g_bench_entries[k]
+                  : config == "native"            ? calls
+                                                  : num(m, "kp_" + kind);
+      if (config == "xrp") seen = std::min(seen, (long)g_bench_returns[k]);
+      check(fmt("bench.%s.%s.seen", config.c_str(), kind.c_str()), calls > 0 && seen >= calls,
+            fmt("%ld calls measured, %ld seen by the probe", calls, seen));
+      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", channel.c_str(), config.c_str(), kind.c_str(),
+          dnum(m, kind + "_us"), dnum(m, kind + "_min"), dnum(m, kind + "_max"), calls, config == "native" ? 0 : seen);
+    }
+    if (a.untar > 0) {
+      std::string hits;
+      for (std::size_t k = 0; k < kBenchFnCount; ++k) {
+        long h = config == "xp" || config == "xrp" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
+        hits += fmt("%s%s:%ld", hits.empty() ? "" : ",", kBenchFns[k].role, h);
+      }
+      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", channel.c_str(), config.c_str(), dnum(m, "untar_s"),
+          dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
+    }
+    for (std::size_t k = 0; k < stats.size(); ++k)
+      if (stats[k].missed) say("XPE2E-INFO: bench %s: probe %zu missed %" PRIu64 " hits", config.c_str(), k, stats[k].missed);
+  }
+  must(hv.xs_write(dom_path(a.dom, "data/xpe2e/bench/end"), "1"), "write data/xpe2e/bench/end");
+  s.reset();
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  say("XPE2E-PROG bench %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1130,5 +1312,6 @@ int main(int argc, char** argv) {
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);
+  if (a.cmd == "bench") return cmd_bench(a);
   fatal("unknown command " + a.cmd);
 }

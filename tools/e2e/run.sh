@@ -28,7 +28,12 @@ E2E_T0=$(date +%s)
 # guests lose processes on their own under this TCG setup: docs/e2e.md).
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock
-  [gdbsx_pv_debugger]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10)
+  [gdbsx_pv_debugger]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10
+  [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10)
+# The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
+# per boot, in seconds (a scenario's default is 420 s).
+BENCH_SCENARIOS="bench_table1_guest bench_table1_debugger bench_table1_vmevent"
+declare -A SCEN_LIMIT=([bench_table1_guest]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800)
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
   stock_pv_two_guests gdbsx_pv_debugger"
 # Scenarios known to fail for a recorded reason (docs/e2e.md): reported as XFAIL, not failures.
@@ -44,6 +49,7 @@ ISOLATE=1
 for a in "$@"; do
   case "$a" in
     --list) echo "$SCEN_ORDER"; exit 0 ;;
+    --list-bench) echo "$BENCH_SCENARIOS"; exit 0 ;;
     --group) ISOLATE=0 ;;
     --isolate) ISOLATE=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -197,9 +203,22 @@ boot() {
   local d=$RUN_DIR/$g
   mkdir -p "$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e"
   # XPE2E_PROBE_EXTRA: extra xpe2e-probe options for debugging, e.g. "--skip xrp".
-  printf 'SCENARIOS="%s"\nSCENARIO_TIMEOUT=%s\nPROBE_EXTRA="%s"\nXL_CREATE_FLAGS="%s"\n' "$scen" 900 \
+  # Boot and toolstack take ~1-2 min under TCG on a loaded host; each scenario up to ~6 min
+  # (SCEN_LIMIT: longer).
+  local per=0 sum=0
+  for s in $scen; do
+    per=${SCEN_LIMIT[$s]:-420}
+    sum=$((sum + per))
+  done
+  limit=${XENPROBES_E2E_BOOT_TIMEOUT:-$((240 + sum))}
+  # XPE2E_PROBE_EXTRA: extra xpe2e-probe options for debugging, e.g. "--skip xrp".
+  # XPE2E_BENCH_*: the benchmark's configs and sizes (tools/bench/table1.sh).
+  printf 'SCENARIOS="%s"\nSCENARIO_TIMEOUT=%s\nPROBE_EXTRA="%s"\nXL_CREATE_FLAGS="%s"\n' "$scen" $((sum > 900 ? sum : 900)) \
     "${XPE2E_PROBE_EXTRA:-}" "${XPE2E_XL_CREATE_FLAGS:-}" \
     >"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
+  printf 'BENCH_CONFIGS="%s"\nBENCH_ROUND="%s"\nBENCH_ROUNDS="%s"\nBENCH_UNTAR="%s"\n' \
+    "${XPE2E_BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}" "${XPE2E_BENCH_ROUND:-1}" "${XPE2E_BENCH_ROUNDS:-3}" \
+    "${XPE2E_BENCH_UNTAR:-3}" >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   (cd "$P" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/payload.cpio.gz"
   (cd "$d/payload-conf" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/conf.cpio.gz"
   initrd=$d/dom0-initrd.cpio.gz
@@ -215,8 +234,6 @@ boot() {
     -drive "file=$ROOTFS_DIR/rootfs.ext4,if=virtio,format=raw,cache=unsafe,snapshot=on")
   printf '%q ' "${qemu[@]}" >"$d/qemu.cmd"
   echo >>"$d/qemu.cmd"
-  # Boot and toolstack take ~1-2 min under TCG on a loaded host; each scenario up to ~6 min.
-  limit=${XENPROBES_E2E_BOOT_TIMEOUT:-$((240 + 420 * $#))}
   e2e_log "boot: [$scen] on the ${SCEN_XEN[$s0]} hypervisor (serial log: $serial; limit ${limit}s)"
   t_start=$(date +%s)
   "${qemu[@]}" >"$d/qemu.out" 2>&1 </dev/null &
@@ -227,7 +244,7 @@ boot() {
     local total
     total=$(wc -l <"$serial")
     if [ "$total" -gt "$lines" ]; then
-      sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aE '^XPE2E-(STAGE|CHECK|RESULT|PROG|KILL)' |
+      sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aE '^XPE2E-(STAGE|CHECK|RESULT|PROG|KILL|BENCH)' |
         while IFS= read -r line; do e2e_log "  ${line#XPE2E-}"; done
       lines=$total
     fi

@@ -114,3 +114,24 @@ domu_release() {
   xenstore-exists "/local/domain/$1/data/xpe2e/unload" 2>/dev/null || xenstore-write "/local/domain/$1/data/xpe2e/unload" 1
   xs_wait "/local/domain/$1/data/xpe2e/unloaded" 120 >/dev/null
 }
+
+# bench_scenario <DomU name> <channel> <extra kernel args>: the benchmark (tools/bench/table1.sh):
+# one DomU with the module runs the guest's benchmark loop, xpe2e-probe drives it config by
+# config through <channel> and prints the XPE2E-BENCH lines. PASS when every config ran and
+# every check held (probes saw every measured call, text restored); the numbers are in the log.
+# BENCH_CONFIGS, BENCH_ROUND, BENCH_ROUNDS, BENCH_UNTAR (run.conf, from the host) tune it.
+bench_scenario() {
+  domid=$(domu_start "$1" "$3 xpe2e.bench=1 xpe2e.wait=900 xpe2e.modparams=timeout_ms=5000") || result FAIL "xl create failed"
+  echo "XPE2E-INFO: DomU $1 is domain $domid"
+  echo "XPE2E-BENCH-ENV hypervisor=$(xl info 2>/dev/null | awk -F': ' '/^xen_version/ {print $2}') guest=${DOMU_TYPE:-pv} kernel=$KVER host_cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\""
+  # shellcheck disable=SC2086
+  timeout 1500 "$PROBE" bench --domid "$domid" --channel "$2" --timeout 600 --configs "${BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}" \
+    --round "${BENCH_ROUND:-1}" --rounds "${BENCH_ROUNDS:-3}" --untar "${BENCH_UNTAR:-3}" $PROBE_EXTRA
+  rc=$?
+  domu_release "$domid"
+  wait_console "$1" "XPE2E-DOMU: idle" 90
+  dump_console "$1"
+  domain_alive "$domid" || result FAIL "DomU $1 is not running any more"
+  [ $rc -eq 0 ] || result FAIL "xpe2e-probe bench failed (exit $rc; its XPE2E-CHECK lines above)"
+  result PASS "benchmark complete on the $2 channel (XPE2E-BENCH lines above)"
+}
