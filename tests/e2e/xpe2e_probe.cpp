@@ -9,9 +9,11 @@
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
 //       waiting for the answer at that moment). The text snapshot goes to FILE first.
-//   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S]
-//       Waits until the kernel text equals the snapshot again (the module's fail-safe) and
-//       reports the module's counters.
+//   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S] [--channel C]
+//       Waits until the kernel text equals the snapshot again and checks who restored it: the
+//       module's fail-safe (guest channel: dom0_gone, timeouts), or with --channel debugger or
+//       vmevent the session's guardian (the domain neither paused nor debugged, the module
+//       untouched).
 //   xpe2e-probe refuse-debugger --domid D
 //       SessionOptions{Debugger} must fail with the CONFIG_GDBSX message and change nothing.
 //   xpe2e-probe pair    --domid A --domid2 B [--timeout S] [--destroy-after-hits N]
@@ -142,6 +144,7 @@ struct Args {
   double round_s = 1.0;                                     // bench: seconds per measured round
   int rounds = 3;                                           // bench: rounds per syscall
   int untar = 3;                                            // bench: tar extractions per config
+  int wait_ms = 100;                                        // bench: run_once's timeout
 };
 
 Args g_args;
@@ -183,6 +186,8 @@ Args parse(int argc, char** argv) {
       a.rounds = std::stoi(v);
     else if (k == "--untar")
       a.untar = std::stoi(v);
+    else if (k == "--wait-ms")
+      a.wait_ms = std::stoi(v);
     else
       fatal("unknown option " + k);
   }
@@ -739,10 +744,19 @@ int cmd_verify_text(const Args& a) {
     if (diff.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   } while (Clock::now() < end);
-  check("text.restored_by_module", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
   auto h = ctl_header(*hv, a.dom);
-  check("module.dom0_gone", h && h->dom0_gone == 1, describe(h));
-  check("module.timeouts", h && h->timeouts >= XENPROBES_DEAD_AFTER, describe(h));
+  if (a.channel == "debugger" || a.channel == "vmevent") {
+    // No module fail-safe on these channels: the session's guardian restored the guest.
+    check("text.restored_by_guardian", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
+    auto info = hv->domain_info(a.dom);
+    check("guardian.domain_released", info && !info->paused && !info->debugged,
+          info ? fmt("paused=%d debugged=%d", info->paused, info->debugged) : info.error().what);
+    check("module.untouched", h && h->dom0_gone == 0 && h->timeouts == 0, describe(h));
+  } else {
+    check("text.restored_by_module", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
+    check("module.dom0_gone", h && h->dom0_gone == 1, describe(h));
+    check("module.timeouts", h && h->timeouts >= XENPROBES_DEAD_AFTER, describe(h));
+  }
   say("XPE2E-PROG verify-text %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
 }
@@ -1155,6 +1169,18 @@ constexpr BenchFn kBenchFns[] = {{"null", "__x64_sys_getppid"}, {"read", "__x64_
 constexpr std::size_t kBenchFnCount = sizeof kBenchFns / sizeof kBenchFns[0];
 constexpr std::size_t kBenchKinds = 4;  // the measured ones: the first four
 std::uint64_t g_bench_entries[kBenchFnCount], g_bench_returns[kBenchFnCount];
+// Where the time between two hits goes (diagnostics): gaps between consecutive handler calls,
+// as seen by Dom0, in buckets < 1 ms, < 10 ms, < 100 ms, >= 100 ms.
+std::uint64_t g_gap[4];
+Clock::time_point g_last_hit;
+void bench_gap() {
+  auto now = Clock::now();
+  if (g_last_hit != Clock::time_point{}) {
+    double ms = std::chrono::duration<double, std::milli>(now - g_last_hit).count();
+    ++g_gap[ms < 1 ? 0 : ms < 10 ? 1 : ms < 100 ? 2 : 3];
+  }
+  g_last_hit = now;
+}
 
 double dnum(const std::map<std::string, std::string>& m, const std::string& k) {
   auto it = m.find(k);
@@ -1178,14 +1204,30 @@ int cmd_bench(const Args& a) {
   for (std::istringstream in(a.configs); ;) {
     std::string c;
     if (!std::getline(in, c, ',')) break;
-    if (c != "native" && c != "kprobe" && c != "kretprobe" && c != "xp" && c != "xrp") fatal("unknown bench config " + c);
+    std::string base = c.substr(0, c.find('/'));
+    if (base != "native" && base != "kprobe" && base != "kretprobe" && base != "xp" && base != "xrp")
+      fatal("unknown bench config " + c);
+    for (std::size_t at = c.find('/'); at != std::string::npos; at = c.find('/', at + 1)) {
+      std::string opt = c.substr(at + 1, c.find('/', at + 1) - at - 1);
+      if (opt != "thread" && (opt.size() < 2 || opt[0] != 'w' || opt.find_first_not_of("0123456789", 1) != std::string::npos))
+        fatal("unknown bench config option '" + opt + "' in " + c + " (/thread, /w<run_once timeout in ms>)");
+    }
     configs.push_back(c);
   }
   int i = 0;
-  for (const std::string& config : configs) {
+  for (const std::string& spec : configs) {
     ++i;
+    // Diagnostics: "<config>/thread" polls the result key from another thread; "/w<ms>" sets
+    // run_once's timeout for this config.
+    const std::string config = spec.substr(0, spec.find('/'));
+    const bool poll_thread = spec.find("/thread") != std::string::npos;
+    int wait_ms = a.wait_ms;
+    if (auto w = spec.find("/w"); w != std::string::npos) wait_ms = std::atoi(spec.c_str() + w + 2);
     std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);
     std::fill(std::begin(g_bench_returns), std::end(g_bench_returns), 0);
+    std::fill(std::begin(g_gap), std::end(g_gap), 0);
+    g_last_hit = {};
+    std::uint64_t loops = 0, idle_loops = 0, late_loops = 0;
     std::vector<Probe> probes;
     std::vector<Gva> points;
     for (std::size_t k = 0; k < kBenchFnCount; ++k) {
@@ -1195,6 +1237,7 @@ int cmd_bench(const Args& a) {
         probes.push_back(must(s->probe(a.dom, at,
                                        [k](HitContext&) {
                                          ++g_bench_entries[k];
+                                         bench_gap();
                                          return 0;
                                        }),
                               std::string("XP on ") + fns[k].first));
@@ -1203,9 +1246,13 @@ int cmd_bench(const Args& a) {
                                   a.dom, at,
                                   [k](HitContext&, std::span<std::byte>) {
                                     ++g_bench_entries[k];
+                                    bench_gap();
                                     return 0;
                                   },
-                                  [k](HitContext&, std::span<std::byte>) { ++g_bench_returns[k]; }),
+                                  [k](HitContext&, std::span<std::byte>) {
+                                    ++g_bench_returns[k];
+                                    bench_gap();
+                                  }),
                               std::string("XrP on ") + fns[k].first));
       } else {
         continue;
@@ -1218,20 +1265,22 @@ int cmd_bench(const Args& a) {
       for (auto& p : probes)
         if (auto inf = p.info()) say("XPE2E-INFO: bench %s: probe %" PRIu64 " mode=%s", config.c_str(), p.id(), mode_name(inf->mode));
     }
-    auto go = fmt("%s %.3f %d %d", config.c_str(), a.round_s, a.rounds, a.untar);
+    auto go = fmt("%s %.3f %d %d", spec.c_str(), a.round_s, a.rounds, a.untar);
     must(hv.xs_write(dom_path(a.dom, fmt("data/xpe2e/bench/go-%d", i)), go), "write go");
     say("XPE2E-STAGE bench %s: %s", channel.c_str(), go.c_str());
     auto t0 = Clock::now();
     auto end = t0 + std::chrono::seconds(a.timeout_s);
-    // The result key is watched from another thread with its own xenstore connection: a
-    // xenstore read between two run_once calls would delay every hit waiting meanwhile and be
-    // measured as probe cost.
+    // The result key is read only when a run_once call handled nothing for wait_ms (the
+    // guest's measurement is over or between phases): a xenstore read between two hits would
+    // delay the second and count as probe cost. "/thread": read it every 200 ms from another
+    // thread with its own connection instead.
+    const std::string result_key = dom_path(a.dom, fmt("data/xpe2e/bench/result-%d", i));
     std::optional<std::string> result;
     std::atomic<bool> have_result{false}, stop_poll{false};
-    std::thread poll([&, key = dom_path(a.dom, fmt("data/xpe2e/bench/result-%d", i))] {
-      auto phv = hv::open_hypervisor("xen");
+    std::thread poll([&] {
+      auto phv = poll_thread ? hv::open_hypervisor("xen") : Result<std::unique_ptr<hv::Hypervisor>>(std::unexpected(Error{}));
       while (phv && !stop_poll.load() && Clock::now() < end) {
-        if (auto v = (*phv)->xs_read(key)) {
+        if (auto v = (*phv)->xs_read(result_key)) {
           result = *v;
           have_result.store(true);
           return;
@@ -1240,15 +1289,30 @@ int cmd_bench(const Args& a) {
       }
     });
     while (Clock::now() < end && !have_result.load()) {
-      auto r = s->run_once(100);
+      auto l0 = Clock::now();
+      auto r = s->run_once(wait_ms);
       if (!r) {
         check("run_once", false, r.error().what);
         break;
       }
+      ++loops;
+      if (*r == 0) {
+        ++idle_loops;
+        if (!poll_thread)
+          if (auto v = hv.xs_read(result_key)) {
+            result = *v;
+            have_result.store(true);
+          }
+      }
+      // Handled something only after (about) the whole timeout: its event came late or not at all.
+      if (*r > 0 && Clock::now() - l0 >= std::chrono::milliseconds(wait_ms * 9 / 10)) ++late_loops;
     }
     stop_poll.store(true);
     poll.join();
     double window = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!probes.empty())
+      say("XPE2E-INFO: bench %s: %" PRIu64 " run_once calls, %" PRIu64 " handled nothing, %" PRIu64 " handled hits only at their timeout; gaps between hits <1ms %" PRIu64
+          ", <10ms %" PRIu64 ", <100ms %" PRIu64 ", >=100ms %" PRIu64, spec.c_str(), loops, idle_loops, late_loops, g_gap[0], g_gap[1], g_gap[2], g_gap[3]);
     std::vector<ProbeStats> stats;
     for (auto& p : probes) stats.push_back(p.stats());
     for (auto& p : probes) {
@@ -1275,7 +1339,7 @@ int cmd_bench(const Args& a) {
       if (config == "xrp") seen = std::min(seen, (long)g_bench_returns[k]);
       check(fmt("bench.%s.%s.seen", config.c_str(), kind.c_str()), calls > 0 && seen >= calls,
             fmt("%ld calls measured, %ld seen by the probe", calls, seen));
-      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", channel.c_str(), config.c_str(), kind.c_str(),
+      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", channel.c_str(), spec.c_str(), kind.c_str(),
           dnum(m, kind + "_us"), dnum(m, kind + "_min"), dnum(m, kind + "_max"), calls, config == "native" ? 0 : seen);
     }
     if (a.untar > 0) {
@@ -1284,7 +1348,7 @@ int cmd_bench(const Args& a) {
         long h = config == "xp" || config == "xrp" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
         hits += fmt("%s%s:%ld", hits.empty() ? "" : ",", kBenchFns[k].role, h);
       }
-      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", channel.c_str(), config.c_str(), dnum(m, "untar_s"),
+      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", channel.c_str(), spec.c_str(), dnum(m, "untar_s"),
           dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
     }
     for (std::size_t k = 0; k < stats.size(); ++k)

@@ -30,7 +30,11 @@ table() {
   [ -n "$logs" ] || { echo "table1.sh: no serial logs in $1" >&2; return 1; }
   # shellcheck disable=SC2086
   cat $logs | tr -d '\r' | awk '
-    function ratio(v, b) { return (b > 0 && v > 0) ? sprintf(" (%.0f×)", v / b) : "" }
+    function ratio(v, b,   r) {
+      if (!(b > 0 && v > 0)) return ""
+      r = v / b
+      return r < 10 ? sprintf(" (%.1f×)", r) : sprintf(" (%.0f×)", r)
+    }
     function cell(ch, cf, k,   v) {
       v = us[ch, cf, k]
       if (v == "") return "-"
@@ -62,7 +66,7 @@ table() {
         }
         if (us[ch, "native", "untar"] != "") {
           printf "\nTar extraction (8 dirs × 8 files × 4 KiB; seconds, median of the rounds):\n\n"
-          print "| config | seconds (×native) | probe hits (null,read,write,open,mkdir,chmod) |"
+          print "| config | seconds (×native) | hits in the whole config (null,read,write,open: the loops above too; mkdir, chmod: tar only) |"
           print "|---|---|---|"
           split("native kprobe kretprobe xp xrp", cfs, " ")
           for (j = 1; j <= 5; j++)

@@ -345,7 +345,15 @@ static int kprobes_arm(char type)
 		snprintf(def, sizeof def, "%c:xpe2e/%s %s\n", type, extra[k][0], extra[k][1]);
 		tracefs_write("kprobe_events", def, 0);
 	}
-	return tracefs_write("events/xpe2e/enable", "1", 0);
+	int r = tracefs_write("events/xpe2e/enable", "1", 0);
+	/* How the kernel implemented them ([FTRACE]: through the function's fentry pad, no int3). */
+	FILE *f = fopen("/sys/kernel/debug/kprobes/list", "r");
+	char line[256];
+	while (f && fgets(line, sizeof line, f))
+		printf("XPE2E-BENCH-GUEST: kprobes/list: %s", line);
+	if (f)
+		fclose(f);
+	return r;
 }
 
 /* " kp_<kind>=<hits>" per event from kprobe_profile, then removes the events. */
