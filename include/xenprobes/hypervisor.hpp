@@ -228,6 +228,13 @@ class XENPROBES_API Hypervisor {
   virtual Result<void> monitor_disable(DomId) = 0;
   virtual Result<void> monitor_software_breakpoint(DomId, bool on) = 0;
   virtual Result<void> monitor_debug_exceptions(DomId, bool on, bool sync) = 0;
+  // The guardian's teardown of a monitor ring whose owner died (docs/guardian.md): turns
+  // software-breakpoint and debug-exception monitoring off, releases every vCPU still paused
+  // by a request nobody will answer (or waiting for room in the ring), and disables the
+  // ring. Only for a ring no live process serves.
+  virtual Result<void> monitor_recover(DomId) {
+    return std::unexpected(Error{Errc::NotSupported, "this hypervisor backend cannot take over a vm_event ring"});
+  }
   // xendevicemodel_inject_event: re-inject an exception the library does not own.
   virtual Result<void> inject_event(DomId, VcpuId, std::uint8_t vector, std::uint8_t type,
                                     std::uint32_t error_code, std::uint8_t insn_len) = 0;

@@ -100,6 +100,7 @@ struct ProbeInfo {
 };
 
 class Session;
+class SessionTesting;  // test hooks, libxenprobes/api/session_testing.hpp
 
 // An RAII probe handle; move-only. Destruction unregisters.
 class XENPROBES_API Probe {
@@ -140,8 +141,21 @@ enum class ChannelKind { Auto, Debugger, Guest, VmEvent };
 XENPROBES_API const char* channel_kind_name(ChannelKind);
 XENPROBES_API Result<ChannelKind> parse_channel_kind(std::string_view);  // "auto", "guest", ...
 
+// The guardian (docs/guardian.md): a small process, xenprobes-guardian, that undoes what a
+// session left in its guests if the session's process dies without doing it (SIGKILL, a
+// crash) — for the debugger and vmevent channels, which have no fail-safe in the guest.
+enum class GuardianMode {
+  Auto,      // spawned with the first debugger/vmevent domain; if it cannot be, a warning
+  Off,       // no journal, no guardian
+  Required,  // attaching a debugger/vmevent domain fails when the guardian cannot be spawned
+};
+
 struct SessionOptions {
   ChannelKind channel = ChannelKind::Auto;
+  GuardianMode guardian = GuardianMode::Auto;
+  // The guardian program: "" = $XENPROBES_GUARDIAN, else the installed
+  // <libexecdir>/xenprobes/xenprobes-guardian.
+  std::string guardian_path{};
 };
 
 // One hypervisor connection, its channel, and every probe it owns, in any number of domains.
@@ -193,6 +207,7 @@ class XENPROBES_API Session {
   struct Impl;
 
  private:
+  friend class SessionTesting;
   explicit Session(std::unique_ptr<Impl>);
   std::unique_ptr<Impl> impl_;
 };

@@ -10,6 +10,8 @@
 #include <optional>
 #include <vector>
 
+#include "api/guardian.hpp"
+#include "api/session_testing.hpp"
 #include "channel/debugger.hpp"
 #include "channel/guest.hpp"
 #include "channel/vmevent.hpp"
@@ -17,6 +19,7 @@
 #include "common/result.hpp"
 #include "hv/sim/sim.hpp"
 #include "probe/engine.hpp"
+#include "probe/journal.hpp"
 #include "probe/module_info.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
@@ -52,6 +55,11 @@ struct Session::Impl {
   std::unique_ptr<channel::VmEventChannel> vmevent_int3;   // int3: agentless (Xen emulates)
   std::unique_ptr<channel::DebuggerChannel> debugger;
   std::map<DomId, channel::Channel*> chosen;
+  // The guardian (docs/guardian.md): the journal exists unless it is Off; the process is
+  // spawned with the first debugger/vmevent domain.
+  std::unique_ptr<probe::Journal> journal;
+  std::unique_ptr<api::GuardianProcess> guardian;
+  bool guardian_warned = false;
   std::unique_ptr<probe::Engine> engine;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::atomic<bool> stop{false};
@@ -68,6 +76,65 @@ struct Session::Impl {
     if (watching) (void)hv->xs_unwatch("@releaseDomain", kReleaseToken);
     if (wake_fd >= 0) close(wake_fd);
     *alive = false;
+    if (journal) {
+      // Clean only when nothing is left: a domain whose channel could not let go stays in
+      // the journal, and the guardian tears it down.
+      bool clean = journal->empty();
+      if (!clean) XP_LOG(Warn, "session end left work in the journal: the guardian finishes it");
+      journal->set_clean(clean);
+    }
+    guardian.reset();  // EOF: the guardian reads the flag and exits (or recovers)
+  }
+
+  // As SIGKILL would leave things: nothing restored, nothing detached; the guardian's pipe
+  // closes without the clean flag.
+  void abandon() {
+    engine->abandon();
+    for (channel::Channel* c : channels()) c->abandon();
+    chosen.clear();
+    if (guardian) guardian->close_pipe();
+  }
+
+  static bool journaled_kind(ChannelKind k) { return k == ChannelKind::Debugger || k == ChannelKind::VmEvent; }
+
+  // Before the first debugger/vmevent domain: the guardian must be watching before anything
+  // is patched. Auto on the simulated Xen spawns none: the sim lives in this process and
+  // dies with it (the journal is still kept, for the tests).
+  Result<void> ensure_guardian() {
+    if (options.guardian == GuardianMode::Off || guardian) return {};
+    if (!journal) return fail(Errc::Io, "the guardian's journal could not be created");
+    if (options.guardian == GuardianMode::Auto && hv->name() == "sim") return {};
+    auto g = api::GuardianProcess::spawn(api::guardian_path(options.guardian_path), journal->fd(), hv->name());
+    if (g) {
+      guardian = std::move(*g);
+      return {};
+    }
+    if (options.guardian == GuardianMode::Required)
+      return fail(g.error().code, "the guardian is required and could not be started: " + g.error().what);
+    if (!guardian_warned)
+      XP_LOG(Warn, "no guardian (%s): if this process is killed, probes on the debugger and vmevent channels stay "
+                   "in the guests",
+             g.error().what.c_str());
+    guardian_warned = true;
+    return {};
+  }
+
+  Result<void> journal_domain(channel::Channel* ch, DomId dom) {
+    if (!journal || journal->has_domain(dom)) return {};
+    probe::JournalChannel jc;
+    probe::JournalMonitor mon = probe::JournalMonitor::None;
+    if (ch == debugger.get()) {
+      jc = probe::JournalChannel::Debugger;
+    } else if (ch == vmevent.get() || ch == vmevent_int3.get()) {
+      jc = probe::JournalChannel::VmEvent;
+      mon = static_cast<channel::VmEventChannel*>(ch)->mode() == channel::VmEventChannel::Mode::Int3
+                ? probe::JournalMonitor::SoftwareBreakpoints
+                : probe::JournalMonitor::DebugExceptions;
+    } else {
+      return {};  // the guest channel: the module's own fail-safe
+    }
+    hv::DomainInfo info = XP_TRY(hv->domain_info(dom));
+    return journal->add_domain(dom, jc, ch->trap_byte(), mon, info.vcpus);
   }
 
   // Domains that died are forgotten (nothing to restore in a dead guest), and so are domains
@@ -155,7 +222,15 @@ struct Session::Impl {
       case ChannelKind::Auto:
         return fail(Errc::InvalidArgument, "try_channel(Auto)");
     }
+    if (journaled_kind(kind)) {
+      if (auto g = ensure_guardian(); !g) return std::unexpected(g.error());
+      // Journaled before the channel touches the domain (debugging mode, the monitor ring).
+      if (auto j = journal_domain(ch, dom); !j) return std::unexpected(j.error());
+      if (kind == ChannelKind::Debugger && journal) debugger->set_journal(journal.get());
+      if (kind == ChannelKind::VmEvent && journal) static_cast<channel::VmEventChannel*>(ch)->set_journal(journal.get());
+    }
     if (auto a = ch->attach(dom); !a) {
+      if (journal && journaled_kind(kind)) journal->remove_domain(dom);
       // Nothing else uses it: give the host-wide VIRQ back rather than hold it for nothing.
       if (ch == debugger.get() &&
           std::none_of(chosen.begin(), chosen.end(), [&](const auto& e) { return e.second == ch; }))
@@ -168,7 +243,10 @@ struct Session::Impl {
   // The channel for a domain: the one asked for, or with Auto the first that works of guest
   // (module present), vmevent (HVM/PVH), debugger (GDBSX), each refusal kept for the error.
   Result<channel::Channel*> choose(DomId dom) {
-    if (auto it = chosen.find(dom); it != chosen.end()) return it->second;
+    if (auto it = chosen.find(dom); it != chosen.end()) {
+      XP_TRY(journal_domain(it->second, dom));  // dropped if the engine's attach failed before
+      return it->second;
+    }
     std::vector<ChannelKind> order{options.channel};
     if (options.channel == ChannelKind::Auto) order = {ChannelKind::Guest, ChannelKind::VmEvent, ChannelKind::Debugger};
     std::string why;
@@ -203,6 +281,15 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   auto impl = std::make_unique<Impl>();
   impl->hv = std::move(hv);
   impl->options = o;
+  if (o.guardian != GuardianMode::Off) {
+    auto j = probe::Journal::create();
+    if (j)
+      impl->journal = std::move(*j);
+    else if (o.guardian == GuardianMode::Required)
+      return std::unexpected(j.error());
+    else
+      XP_LOG(Warn, "no journal for the guardian: %s", j.error().what.c_str());
+  }
   if (o.channel == ChannelKind::Debugger) {
     // Asked for explicitly: refuse now (no GDBSX, VIRQ taken) rather than at the first probe.
     auto ch = channel::DebuggerChannel::open(*impl->hv);
@@ -211,6 +298,7 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   }
   Impl* raw = impl.get();
   impl->engine = std::make_unique<probe::Engine>(*impl->hv, [raw](DomId d) { return raw->choose(d); });
+  impl->engine->set_journal(impl->journal.get());
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w)
     impl->watching = true;
@@ -320,6 +408,33 @@ Result<void> Session::set_enabled(std::uint64_t id, bool on) { return impl_->eng
 Result<void> Session::unregister(std::uint64_t id) { return impl_->engine->remove(id); }
 ProbeStats Session::stats(std::uint64_t id) const { return impl_->engine->stats(id); }
 Result<ProbeInfo> Session::info(std::uint64_t id) const { return impl_->engine->info(id); }
+
+// ---- test hooks (api/session_testing.hpp) ----
+
+int SessionTesting::journal_fd(Session& s) { return s.impl_->journal ? s.impl_->journal->fd() : -1; }
+
+pid_t SessionTesting::guardian_pid(Session& s) { return s.impl_->guardian ? s.impl_->guardian->pid() : -1; }
+
+int SessionTesting::wait_guardian(Session& s, int ms) { return s.impl_->guardian ? s.impl_->guardian->wait_exit(ms) : -1; }
+
+std::unique_ptr<hv::Hypervisor> SessionTesting::abandon(std::unique_ptr<Session> s) {
+  s->impl_->abandon();
+  // The handle goes last, as the process's death would take it (its VIRQ binding and event
+  // channels, its ring mappings); the caller keeps it alive if it wants to (the sim's
+  // domains do not depend on it).
+  std::unique_ptr<hv::Hypervisor> hv = std::move(s->impl_->hv);
+  s->impl_->engine.reset();
+  s->impl_->guest.reset();
+  s->impl_->vmevent.reset();
+  s->impl_->vmevent_int3.reset();
+  s->impl_->debugger.reset();
+  s->impl_->journal.reset();  // unmapped; the caller dup()ed the fd if it wants to read it
+  s->impl_->guardian.reset();
+  s->impl_->watching = false;
+  s.reset();
+  return hv;
+}
+
 
 // ---- Probe ----
 

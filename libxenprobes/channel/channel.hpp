@@ -103,6 +103,9 @@ class Channel {
   // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
   // `sink` and resumes it (used before disarming, so no stop is left behind).
   [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;
+  // Test hook (the guardian's tests): forget every domain without a word to the hypervisor,
+  // as a killed process would; the destructor then only releases what death releases.
+  virtual void abandon() {}
 };
 
 }  // namespace xenprobes::channel

@@ -93,7 +93,7 @@ Result<unsigned> DebuggerChannel::flush(DomId dom, StopSink& sink) {
 Result<void> DebuggerChannel::pay(DomId dom, Attached& a) {
   while (a.owed > 0) {
     XP_TRY(hv_.unpause(dom));
-    --a.owed;
+    journal_owed(dom, --a.owed);
   }
   return {};
 }
@@ -117,7 +117,13 @@ Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, b
       s.regs = regs;
       s.regs.rip = trap.value;  // the byte is the original again: execute it
     }
-    XP_TRY(hv_.set_vcpu_regs(dom, VcpuId{v}, s.regs));
+    // Owed from the moment the vCPU no longer shows the stop: journaled before, so the
+    // guardian never misses it (an extra one it skips once the domain is unpaused).
+    journal_owed(dom, a.owed + 1);
+    if (auto w = hv_.set_vcpu_regs(dom, VcpuId{v}, s.regs); !w) {
+      journal_owed(dom, a.owed);
+      return std::unexpected(w.error());
+    }
     ++stops;
     ++a.owed;  // resumed: its pause reference is now ours to release
   }
@@ -143,7 +149,11 @@ Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, b
       a.given_up = true;  // the vCPU re-executes the int3 and now takes its own #BP
     }
     regs.rip = at;
-    XP_TRY(hv_.set_vcpu_regs(dom, VcpuId{*st->vcpu}, regs));
+    journal_owed(dom, a.owed + 1);
+    if (auto w = hv_.set_vcpu_regs(dom, VcpuId{*st->vcpu}, regs); !w) {
+      journal_owed(dom, a.owed);
+      return std::unexpected(w.error());
+    }
     ++stops;
     ++a.owed;
   }

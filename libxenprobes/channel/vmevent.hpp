@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "channel/channel.hpp"
+#include "probe/journal.hpp"
 
 namespace xenprobes::channel {
 
@@ -50,8 +51,11 @@ class VmEventChannel final : public Channel {
   Result<unsigned> process(StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
   void trap_removed(DomId, Gva) override;
+  void abandon() override;
 
   Mode mode() const { return mode_; }
+  // The guardian's journal: detach's own pause of the domain is recorded there.
+  void set_journal(probe::Journal* j) { journal_ = j; }
 
   // What the channel did, for tests and diagnostics.
   struct Counters {
@@ -110,6 +114,7 @@ class VmEventChannel final : public Channel {
   std::map<DomId, Attached> domains_;
   std::map<int, unsigned> fd_refs_;  // a ring fd may serve several rings (the sim's does)
   Counters counters_;
+  probe::Journal* journal_ = nullptr;
 };
 
 }  // namespace xenprobes::channel

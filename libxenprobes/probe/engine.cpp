@@ -69,13 +69,21 @@ class Engine::Pause {
 
 Result<void> Engine::pause(Domain& d) {
   auto first = [&]() -> Result<void> {
-    XP_TRY(hv_.pause(d.id));
+    // Journaled before the pause: a process killed right after it leaves the guardian a
+    // pause to release (it releases one only while the domain is still paused).
+    if (d.journaled) journal_->set_held_pause(d.id, true);
+    if (auto p = hv_.pause(d.id); !p) {
+      if (d.journaled) journal_->set_held_pause(d.id, false);
+      return p;
+    }
     // Paused, vCPU 0's page tables cannot go away: walk those, with nothing cached from
     // before (the guest ran).
     if (auto r = refresh_context(d); !r) {
       d.memory->invalidate_translations();
       if (auto u = hv_.unpause(d.id); !u && u.error().code != Errc::NoSuchDomain)
         XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, u.error().what.c_str());
+      else if (d.journaled)
+        journal_->set_held_pause(d.id, false);
       return r;
     }
     return {};
@@ -97,7 +105,10 @@ Result<void> Engine::unpause(Domain& d) {
   Result<void> r;
   for (int attempt = 0; attempt < 3; ++attempt) {
     r = hv_.unpause(d.id);
-    if (r || r.error().code == Errc::NoSuchDomain) return {};
+    if (r || r.error().code == Errc::NoSuchDomain) {
+      if (d.journaled) journal_->set_held_pause(d.id, false);
+      return {};
+    }
     XP_LOG(Warn, "domain %u: unpause failed (%s), retrying", d.id.value, r.error().what.c_str());
   }
   XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, r.error().what.c_str());
@@ -244,9 +255,11 @@ Result<void> Engine::attach(DomId id) {
     return d->ch->attach(id);
   };
   if (auto r = rest(); !r) {
-    (void)d->ch->detach(id);  // the selector may have attached it already
+    // The selector may have attached it already (and journaled it).
+    if (d->ch->detach(id) && journal_) journal_->remove_domain(id);
     return r;
   }
+  d->journaled = journal_ && journal_->has_domain(id);
   domains_[id] = std::move(d);
   return {};
 }
@@ -282,7 +295,26 @@ void Engine::forget(DomId id) {
   }
   channel::Channel* ch = it->second->ch;
   domains_.erase(it);
-  (void)ch->detach(id);
+  // A channel that could not let go (vm_event vCPUs still waiting) keeps the domain in the
+  // journal: the guardian tears that down should this process die.
+  if (auto r = ch->detach(id); r && journal_) journal_->remove_domain(id);
+}
+
+void Engine::abandon() {
+  batching_ = false;
+  batch_paused_.clear();
+  probes_.clear();
+  domains_.clear();  // no detach, no restore: the guests keep what we left in them
+}
+
+Result<void> Engine::journal_patch(Domain& d, PatchKind kind, Gva at, std::span<const std::uint8_t> written,
+                                   std::span<const std::uint8_t> restore, Gva resume) {
+  if (!d.journaled) return {};
+  return journal_->add_patch(d.id, kind, at, written, restore, resume);
+}
+
+void Engine::unjournal_patch(Domain& d, Gva at) {
+  if (d.journaled) journal_->remove_patch(d.id, at);
 }
 
 Result<void> Engine::detach(DomId id) {
@@ -308,6 +340,7 @@ Result<void> Engine::detach(DomId id) {
     }
     if (d->trampoline) {
       d->ch->trap_removed(d->id, *d->trampoline);
+      unjournal_patch(*d, *d->trampoline);
       (void)d->pool->release(*d->trampoline);
       d->trampoline.reset();
     }
@@ -464,6 +497,20 @@ Result<void> Engine::write_slot(Domain& d, Point& p, bool trap_tail, std::array<
       (void)d.pool->release(slot);
       return r;
     }
+    if (d.journaled) {
+      // What the guardian puts there: the jump neutralize_slot_traps() would write.
+      std::array<std::uint8_t, 5> jmp{};
+      auto n = x86::emit_jmp_rel32(jmp, te.addr, st.original_next);
+      std::size_t off = te.addr.value - slot.value;
+      Result<void> j = n ? journal_patch(d, PatchKind::SlotTrap, te.addr, std::span(code).subspan(off, 5), jmp,
+                                         st.original_next)
+                         : Result<void>(std::unexpected(n.error()));
+      if (!j) {
+        d.ch->trap_removed(d.id, te.addr);
+        (void)d.pool->release(slot);
+        return j;
+      }
+    }
     d.slot_traps[te.addr] = st;
   }
   if (old) {  // an armed point switches slots: the old one stays valid until reclaimed
@@ -541,8 +588,16 @@ Result<void> Engine::arm(Domain& d, Point& p) {
   // The channel learns of the trap before the guest can execute it.
   XP_TRY(d.ch->trap_added(d.id, trap_entry(p)));
   std::uint8_t b = d.ch->trap_byte();
-  if (auto w = d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))); !w) {
+  if (auto j = journal_patch(d, PatchKind::Text, p.addr, std::span(&b, 1), std::span(p.original.data(), 1), p.addr);
+      !j) {
     if (!p.flush_pending) d.ch->trap_removed(d.id, p.addr);
+    return j;
+  }
+  if (auto w = d.memory->write(p.addr, std::as_bytes(std::span(&b, 1))); !w) {
+    if (!p.flush_pending) {
+      d.ch->trap_removed(d.id, p.addr);
+      unjournal_patch(d, p.addr);
+    }
     return w;
   }
   p.armed = true;
@@ -562,7 +617,10 @@ Result<void> Engine::flush(Domain& d) {
   XP_TRY(d.ch->flush(d.id, *this));
   // No vCPU is stopped on a restored byte any more: the channel may forget it.
   for (auto& [addr, p] : d.points) {
-    if (p->flush_pending && !p->armed) d.ch->trap_removed(d.id, addr);
+    if (p->flush_pending && !p->armed) {
+      d.ch->trap_removed(d.id, addr);
+      unjournal_patch(d, addr);
+    }
     p->flush_pending = false;
   }
   return {};
@@ -628,6 +686,7 @@ Result<void> Engine::reclaim_slots(Domain& d) {
     auto slot = d.pool->slot_of(it->first);
     if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty)) {
       d.ch->trap_removed(d.id, it->first);
+      unjournal_patch(d, it->first);
       it = d.slot_traps.erase(it);
     } else
       ++it;
@@ -683,6 +742,7 @@ Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHa
     // Transactional: the trampoline this registration made goes too (no other user yet).
     if (auto hold = Pause::take(*this, *d)) {
       d->ch->trap_removed(d->id, *d->trampoline);
+      unjournal_patch(*d, *d->trampoline);
       (void)d->memory->write(*d->trampoline, std::as_bytes(std::span(*before)));
       (void)d->pool->release(*d->trampoline);
       d->trampoline.reset();
@@ -757,7 +817,10 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     if (auto r = arm(*d, *point); !r) {
       if (point->slot) {
         (void)d->memory->write(*point->slot, std::as_bytes(std::span(slot_before)));
-        if (d->slot_traps.erase(*point->slot + point->insn.length)) d->ch->trap_removed(id, *point->slot + point->insn.length);
+        if (d->slot_traps.erase(*point->slot + point->insn.length)) {
+          d->ch->trap_removed(id, *point->slot + point->insn.length);
+          unjournal_patch(*d, *point->slot + point->insn.length);
+        }
         (void)d->pool->release(*point->slot);
         point->slot.reset();
       }
@@ -1075,8 +1138,14 @@ Result<Gva> Engine::ensure_trampoline(Domain& d, std::array<std::uint8_t, kSlotS
   std::array<std::uint8_t, kSlotSize> code{};
   code.fill(0xcc);  // never executed: the vCPU always leaves from the trap
   code[0] = d.ch->trap_byte();
+  if (auto j = journal_patch(d, PatchKind::Trampoline, t, std::span(code.data(), 1), std::span(code.data(), 1), t); !j) {
+    d.ch->trap_removed(d.id, t);
+    (void)d.pool->release(t);
+    return std::unexpected(j.error());
+  }
   if (auto w = d.memory->write(t, std::as_bytes(std::span(code))); !w) {
     d.ch->trap_removed(d.id, t);
+    unjournal_patch(d, t);
     (void)d.pool->release(t);
     return std::unexpected(w.error());
   }
@@ -1105,6 +1174,10 @@ void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
   if (!in.live) return;
   d.live_returns.erase(in.slot.value);
   d.ch->return_removed(d.id, in.slot);
+  if (in.journal != ~0u) {
+    journal_->remove_return(in.journal);
+    in.journal = ~0u;
+  }
   if (remember) remember_return(d, in.slot.value, in.ret);
   in.live = false;
   in.owner->ret->free.push_back(&in);
@@ -1159,14 +1232,28 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     reg.stats.nmissed++;
     return;
   }
+  std::uint32_t journaled = ~0u;
+  if (d.journaled) {
+    // Before the stack changes: the guardian puts the return address back from this.
+    auto j = journal_->add_return(d.id, slot, *ret, Gva{tramp});
+    if (!j) {
+      d.ch->return_removed(d.id, slot);
+      rs.free.push_back(&in);
+      reg.stats.nmissed++;
+      return;
+    }
+    journaled = *j;
+  }
   if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
     XP_LOG(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), w.error().what.c_str());
     d.ch->return_removed(d.id, slot);
+    if (journaled != ~0u) journal_->remove_return(journaled);
     rs.free.push_back(&in);
     reg.stats.missed++;
     return;
   }
+  in.journal = journaled;
   in.owner = &reg;
   in.slot = slot;
   in.ret = *ret;

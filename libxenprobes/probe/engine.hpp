@@ -16,6 +16,7 @@
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "probe/module_info.hpp"
+#include "probe/journal.hpp"
 #include "probe/oea_pool.hpp"
 #include "probe/slot_map.hpp"
 #include "symbols/symbol_table.hpp"
@@ -67,6 +68,12 @@ class Engine final : public channel::StopSink {
 
   // A domain is gone (released): forget it without touching it.
   void forget(DomId);
+  // The guardian's journal (probe/journal.hpp). Domains the session journaled (debugger and
+  // vmevent channels) get every patch, pause and return-probe instance recorded in it.
+  void set_journal(Journal* j) { journal_ = j; }
+  // Test hook: drops every domain without restoring anything, as a killed process would
+  // (the journal keeps what it says; nothing is written to any guest).
+  void abandon();
   std::vector<DomId> domains() const;
 
   bool stop_requested() const { return stop_requested_; }
@@ -90,6 +97,7 @@ class Engine final : public channel::StopSink {
     std::uint64_t ret = 0;
     std::vector<std::byte> data;  // RetProbeOptions::data_size bytes, zeroed per call
     bool live = false;
+    std::uint32_t journal = ~0u;  // its record in the guardian's journal
   };
   struct RetState {
     EntryHandler entry;
@@ -147,6 +155,7 @@ class Engine final : public channel::StopSink {
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
     unsigned pause_depth = 0;
     std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
+    bool journaled = false;       // its patches go into the guardian's journal
     bool growth_requested = false;  // oea-request written, new area not seen yet
     // Quiescence before a released slot is reused: a task preempted inside the slot keeps
     // its rip on its own stack, where no vCPU register shows it. A released slot waits for
@@ -233,6 +242,11 @@ class Engine final : public channel::StopSink {
     return p.next && (p.next_plan == x86::Plan::EmulateBranch || p.next_plan == x86::Plan::EmulateLoaded);
   }
   void flush_deferred();
+  // The guardian's journal: a patch recorded before the guest sees it, forgotten after it
+  // is undone and no vCPU can still be stopped on it.
+  Result<void> journal_patch(Domain&, PatchKind, Gva, std::span<const std::uint8_t> written,
+                             std::span<const std::uint8_t> restore, Gva resume);
+  void unjournal_patch(Domain&, Gva);
 
   hv::Hypervisor& hv_;
   ChannelFor channel_for_;
@@ -246,6 +260,7 @@ class Engine final : public channel::StopSink {
   bool hit_memory_ready_ = false;
   std::vector<ProbeId> deferred_removals_;
   bool stop_requested_ = false;
+  Journal* journal_ = nullptr;
 };
 
 }  // namespace xenprobes::probe

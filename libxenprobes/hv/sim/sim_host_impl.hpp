@@ -151,6 +151,7 @@ class SimXenHandle final : public Hypervisor {
   Result<void> monitor_disable(DomId) override;
   Result<void> monitor_software_breakpoint(DomId, bool) override;
   Result<void> monitor_debug_exceptions(DomId, bool, bool) override;
+  Result<void> monitor_recover(DomId) override;
   Result<void> inject_event(DomId, VcpuId, std::uint8_t, std::uint8_t, std::uint32_t,
                             std::uint8_t) override;
 

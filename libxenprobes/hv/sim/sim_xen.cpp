@@ -490,6 +490,30 @@ Result<void> SimXenHandle::monitor_disable(DomId id) {
   return {};
 }
 
+Result<void> SimXenHandle::monitor_recover(DomId id) {
+  std::lock_guard lk(host_->mu_);
+  XP_TRY(host_->check(Op::MonitorDisable));
+  Domain* d = XP_TRY(host_->dom(id));
+  if (!d->monitor) return fail(Errc::InvalidArgument, "domain " + dstr(id) + ": monitor not enabled");
+  // What xc_shim's version reaches on a real Xen in several steps (monitoring off, disable,
+  // a fresh ring answering every vCPU, disable again): no monitoring, no ring, no vCPU left
+  // paused by vm_event or waiting for ring room. Those vCPUs stand on their trap address and
+  // re-execute what is there now.
+  d->mon_sw_bp = d->mon_debug = false;
+  for (auto& v : d->vcpus) {
+    v->vm_pause = 0;
+    v->ring_wait = false;
+  }
+  d->ring_waiters.clear();
+  d->requests.clear();
+  d->responses.clear();
+  d->outstanding = 0;
+  d->monitor = false;
+  d->monitor_owner = nullptr;
+  host_->cv_.notify_all();
+  return {};
+}
+
 Result<void> SimXenHandle::monitor_software_breakpoint(DomId id, bool on) {
   std::lock_guard lk(host_->mu_);
   XP_TRY(host_->check(Op::MonitorSoftwareBreakpoint));

@@ -929,6 +929,55 @@ Result<void> XcShim::monitor_disable(DomId dom) {
   return {};
 }
 
+// The guardian's step after the ring's owner died (docs/guardian.md). Read from the Xen 4.17
+// sources, not yet run on a real Xen:
+//  - xc_monitor_enable took the ring page out of the guest's physmap and the dead process's
+//    mapping went with it, so nobody can answer the requests in that ring any more;
+//  - vm_event_disable frees the ring but resumes only vCPUs it paused for lack of ring room
+//    (and refuses with EBUSY while one waits for room); a vCPU paused by a request keeps its
+//    vm_event pause;
+//  - vm_event_resume acts on a response only for a vCPU that has a vm_event pause, and a
+//    response with VM_EVENT_FLAG_VCPU_PAUSED releases it.
+// So: monitoring off, disable the dead ring, enable a fresh one (xc_monitor_enable puts a page
+// back for it), answer every vCPU once through it (XEN_VM_EVENT_RESUME, no event channel
+// needed), disable it again.
+Result<void> XcShim::monitor_recover(DomId dom, unsigned vcpus) {
+  (void)xc_monitor_software_breakpoint(xch_, dom.value, false);
+  (void)xc_monitor_debug_exceptions(xch_, dom.value, false, false);
+  if (xc_monitor_disable(xch_, dom.value) < 0) {
+    int e = errno;
+    if (e == EBUSY)
+      return fail(Errc::Busy, on_dom("xc_monitor_disable", dom) +
+                                  ": vCPUs wait for room in a ring whose owner is gone; they stay paused");
+    if (e != ENODEV && e != EINVAL) return fail_errno(e, on_dom("xc_monitor_disable", dom));
+  }
+  std::uint32_t port = 0;
+  void* page = xc_monitor_enable(xch_, dom.value, &port);
+  if (!page) return fail_errno(errno, on_dom("xc_monitor_enable (to release paused vCPUs)", dom));
+  auto* sring = static_cast<vm_event_sring_t*>(page);
+  SHARED_RING_INIT(sring);
+  vm_event_back_ring_t back{};
+  BACK_RING_INIT(&back, sring, XC_PAGE_SIZE);
+  const unsigned size = RING_SIZE(&back);
+  Result<void> result;
+  for (unsigned v = 0; v < vcpus && result;) {
+    for (unsigned n = 0; n < size && v < vcpus; ++n, ++v) {
+      vm_event_response_t rsp{};
+      rsp.version = VM_EVENT_INTERFACE_VERSION;
+      rsp.vcpu_id = v;
+      rsp.flags = VM_EVENT_FLAG_VCPU_PAUSED;
+      rsp.reason = VM_EVENT_REASON_DEBUG_EXCEPTION;
+      std::memcpy(RING_GET_RESPONSE(&back, back.rsp_prod_pvt), &rsp, sizeof rsp);
+      ++back.rsp_prod_pvt;
+    }
+    RING_PUSH_RESPONSES(&back);
+    if (xc_monitor_resume(xch_, dom.value) < 0) result = fail_errno(errno, on_dom("xc_monitor_resume", dom));
+  }
+  munmap(page, XC_PAGE_SIZE);
+  if (xc_monitor_disable(xch_, dom.value) < 0 && result) result = fail_errno(errno, on_dom("xc_monitor_disable", dom));
+  return result;
+}
+
 Result<void> XcShim::monitor_software_breakpoint(DomId dom, bool on) {
   if (xc_monitor_software_breakpoint(xch_, dom.value, on) < 0)
     return fail_errno(errno, on_dom("xc_monitor_software_breakpoint", dom));

@@ -186,6 +186,11 @@ class XenHypervisor final : public Hypervisor {
     XP_TRY(require_hvm(dom, "vm_event needs an HVM or PVH guest"));
     return gone_check(dom, xc_->monitor_debug_exceptions(dom, on, sync));
   }
+  Result<void> monitor_recover(DomId dom) override {
+    XP_TRY(require_hvm(dom, "vm_event needs an HVM or PVH guest"));
+    DomainInfo info = XP_TRY(domain_info(dom));
+    return gone_check(dom, xc_->monitor_recover(dom, info.vcpus));
+  }
   Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector, std::uint8_t type,
                             std::uint32_t error_code, std::uint8_t insn_len) override {
     XP_TRY(require_hvm(dom, "event injection needs an HVM or PVH guest"));

@@ -276,6 +276,7 @@ class XcShim {
   [[nodiscard]] Result<void> monitor_disable(DomId dom);
   [[nodiscard]] Result<void> monitor_software_breakpoint(DomId dom, bool on);
   [[nodiscard]] Result<void> monitor_debug_exceptions(DomId dom, bool on, bool sync);
+  [[nodiscard]] Result<void> monitor_recover(DomId dom, unsigned vcpus);
   [[nodiscard]] Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector,
                                           std::uint8_t type, std::uint32_t error_code,
                                           std::uint8_t insn_len);

@@ -1,0 +1,26 @@
+// Test hooks on a Session (the guardian's tests, tests/guardian/). Not part of the API: the
+// library's own tests link the static layers and reach them; libxenprobes.so hides them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobes {
+
+class SessionTesting {
+ public:
+  // The guardian's journal (a memfd; -1 when the guardian is Off). dup() it to keep it.
+  static int journal_fd(Session&);
+  static pid_t guardian_pid(Session&);  // -1: none spawned
+  // Waits up to `ms` for the guardian to exit; its wait status, or -1.
+  static int wait_guardian(Session&, int ms);
+  // Drops the session as SIGKILL would: no byte restored, no channel detached, no vCPU
+  // answered, the journal left as it is, the guardian's pipe closed without the clean flag.
+  // Returns the hypervisor handle (destroy it to release what the process's death releases).
+  static std::unique_ptr<hv::Hypervisor> abandon(std::unique_ptr<Session>);
+};
+
+}  // namespace xenprobes

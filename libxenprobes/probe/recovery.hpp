@@ -1,0 +1,39 @@
+// Recovery from a journal (probe/journal.hpp): what the guardian does after the process that
+// patched the guests died without undoing it (docs/guardian.md). In the library so that the
+// simulated Xen can test it in-process; xenprobes-guardian calls it on the real Xen.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "common/log.hpp"
+#include "hv/hypervisor.hpp"
+#include "probe/journal.hpp"
+
+namespace xenprobes::probe {
+
+struct RecoveryReport {
+  unsigned domains = 0;           // journaled domains looked at
+  unsigned gone = 0;              // skipped: dead or dying
+  unsigned restored = 0;          // patches put back (text bytes, slot traps made jumps)
+  unsigned already = 0;           // patches already undone
+  unsigned left_alone = 0;        // patches whose bytes changed since: not touched
+  unsigned vcpus_moved = 0;       // vCPUs moved off a trap, a slot trap or the trampoline
+  unsigned returns_restored = 0;  // stack slots given their return address back
+  unsigned unpaused = 0;          // pause references released (ours and the stops')
+  unsigned failures = 0;          // steps that failed (each logged; the others still ran)
+};
+
+// Called for each line of the account (the guardian also sends them to syslog).
+using RecoveryLog = std::function<void(log::Level, const std::string&)>;
+
+// Best effort, per journaled domain that still exists: pause it; move vCPUs stopped on our
+// traps (and on the trampoline) to where they would have gone on; put back every patch whose
+// bytes are still exactly what we wrote (anything else is logged and left alone); give stack
+// slots that still hold the trampoline address their return address back; turn the channel
+// off (debugger: debugging mode; vmevent: monitoring and the ring, releasing every vCPU it
+// paused); release our pause and every pause a stop held. Never writes a byte the journal
+// does not say is ours. Skips a snapshot marked clean.
+RecoveryReport recover(hv::Hypervisor&, const JournalSnapshot&, const RecoveryLog& = {});
+
+}  // namespace xenprobes::probe

@@ -1,0 +1,155 @@
+// The guardian's journal: what the writer leaves is what the reader reads; a record caught
+// mid-update is ignored; a file that is not a sound journal is refused as a whole.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "probe/journal.hpp"
+
+namespace xenprobes::probe {
+namespace {
+
+std::unique_ptr<Journal> small() {
+  auto j = Journal::create(JournalLimits{4, 8, 8});
+  if (!j) throw std::runtime_error(j.error().what);
+  return std::move(*j);
+}
+
+std::vector<std::byte> copy(const Journal& j) { return {j.bytes().begin(), j.bytes().end()}; }
+
+JournalHeader& header_of(std::vector<std::byte>& img) { return *reinterpret_cast<JournalHeader*>(img.data()); }
+
+TEST(GuardianJournal, WhatIsWrittenIsRead) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{3}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 2));
+  const std::uint8_t trap[] = {0xf1}, orig[] = {0x55};
+  ASSERT_TRUE(j->add_patch(DomId{3}, PatchKind::Text, Gva{0xffffffff81000010}, trap, orig, Gva{0xffffffff81000010}));
+  auto r = j->add_return(DomId{3}, Gva{0xffffc90000001ff8}, 0xffffffff81000100, Gva{0xffffffffa0000020});
+  ASSERT_TRUE(r);
+  j->set_held_pause(DomId{3}, true);
+  j->set_owed_unpauses(DomId{3}, 2);
+  auto s = read_journal(j->bytes());
+  ASSERT_TRUE(s) << s.error().what;
+  EXPECT_FALSE(s->clean);
+  EXPECT_EQ(s->owner_pid, static_cast<std::uint32_t>(getpid()));
+  ASSERT_EQ(s->domains.size(), 1u);
+  EXPECT_EQ(s->domains[0].domid, DomId{3});
+  EXPECT_EQ(s->domains[0].channel, JournalChannel::Debugger);
+  EXPECT_EQ(s->domains[0].vcpus, 2u);
+  EXPECT_EQ(s->domains[0].held_pauses, 1u);
+  EXPECT_EQ(s->domains[0].owed_unpauses, 2u);
+  ASSERT_EQ(s->patches.size(), 1u);
+  EXPECT_EQ(s->patches[0].gva, Gva{0xffffffff81000010});
+  EXPECT_EQ(s->patches[0].written, std::vector<std::uint8_t>{0xf1});
+  EXPECT_EQ(s->patches[0].restore, std::vector<std::uint8_t>{0x55});
+  ASSERT_EQ(s->returns.size(), 1u);
+  EXPECT_EQ(s->returns[0].ret, 0xffffffff81000100u);
+
+  j->remove_return(*r);
+  j->remove_domain(DomId{3});
+  EXPECT_TRUE(j->empty());
+  j->set_clean(true);
+  s = read_journal(j->bytes());
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->clean);
+  EXPECT_TRUE(s->domains.empty() && s->patches.empty() && s->returns.empty());
+}
+
+TEST(GuardianJournal, FullTablesRefuseAndCount) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::VmEvent, 0xf1, JournalMonitor::DebugExceptions, 1));
+  const std::uint8_t b[] = {0xf1};
+  for (unsigned i = 0; i < 8; ++i) ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000 + i}, b, b, Gva{0}));
+  auto full = j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, b, b, Gva{0});
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code, Errc::NoSpace);
+  for (unsigned i = 0; i < 8; ++i) ASSERT_TRUE(j->add_return(DomId{1}, Gva{0x8000 + 8 * i}, 1, Gva{2}));
+  EXPECT_FALSE(j->add_return(DomId{1}, Gva{0x9000}, 1, Gva{2}));
+  EXPECT_EQ(read_journal(j->bytes())->refused, 2u);
+}
+
+TEST(GuardianJournal, ATornRecordIsIgnored) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  const std::uint8_t t[] = {0xf1}, o[] = {0x90};
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000}, t, o, Gva{0x1000}));
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, t, o, Gva{0x2000}));
+  auto img = copy(*j);
+  // The writer died between "odd" and "even" on the second patch: its fields are half new.
+  const JournalHeader& h = header_of(img);
+  for (std::uint32_t i = 0; i < h.max_patches; ++i) {
+    auto* r = reinterpret_cast<JournalPatchRec*>(img.data() + h.patches_off) + i;
+    if (r->used && r->gva == 0x2000) {
+      r->seq += 1;
+      r->gva = 0xdead;
+    }
+  }
+  auto s = read_journal(img);
+  ASSERT_TRUE(s) << s.error().what;
+  EXPECT_EQ(s->torn, 1u);
+  ASSERT_EQ(s->patches.size(), 1u);
+  EXPECT_EQ(s->patches[0].gva, Gva{0x1000});
+}
+
+TEST(GuardianJournal, ImpossibleRecordsAreIgnored) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  const std::uint8_t t[] = {0xf1}, o[] = {0x90};
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000}, t, o, Gva{0x1000}));
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, t, o, Gva{0x2000}));
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x3000}, t, o, Gva{0x3000}));
+  auto img = copy(*j);
+  const JournalHeader& h = header_of(img);
+  for (std::uint32_t i = 0; i < h.max_patches; ++i) {
+    auto* r = reinterpret_cast<JournalPatchRec*>(img.data() + h.patches_off) + i;
+    if (r->used && r->gva == 0x2000) r->len = 200;    // beyond its 8 bytes
+    if (r->used && r->gva == 0x3000) r->domid = 77;   // a domain the journal does not have
+  }
+  auto s = read_journal(img);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->invalid, 2u);
+  ASSERT_EQ(s->patches.size(), 1u);
+  EXPECT_EQ(s->patches[0].gva, Gva{0x1000});
+}
+
+TEST(GuardianJournal, GarbageIsRefused) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  const auto good = copy(*j);
+  auto refused = [&](auto mutate, const char* why) {
+    auto img = good;
+    mutate(img);
+    auto s = read_journal(img);
+    EXPECT_FALSE(s) << why;
+    if (!s) {
+      EXPECT_EQ(s.error().code, Errc::Io) << why;
+    }
+  };
+  refused([](auto& img) { header_of(img).magic ^= 1; }, "bad magic");
+  refused([](auto& img) { header_of(img).version = 99; }, "unknown version");
+  refused([](auto& img) { header_of(img).max_patches = 0x7fffffff; }, "patch count out of range");
+  refused([](auto& img) { header_of(img).max_returns = 1u << 19; }, "returns beyond the file");
+  refused([](auto& img) { header_of(img).patches_off = header_of(img).domains_off; }, "tables overlap");
+  refused([](auto& img) { header_of(img).domains_off = 3; }, "misaligned table");
+  refused([](auto& img) { header_of(img).total_size = ~0ull; }, "size beyond the file");
+  refused([](auto& img) { header_of(img).patch_size = 8; }, "record size");
+  refused([](auto& img) { img.resize(100); }, "shorter than the header");
+  std::vector<std::byte> zeros(8192);
+  EXPECT_FALSE(read_journal(zeros));
+  EXPECT_TRUE(read_journal(good));
+}
+
+TEST(GuardianJournal, ReadFromTheFileDescriptor) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{5}, JournalChannel::VmEvent, 0xcc, JournalMonitor::SoftwareBreakpoints, 4));
+  auto s = read_journal_fd(j->fd());
+  ASSERT_TRUE(s) << s.error().what;
+  ASSERT_EQ(s->domains.size(), 1u);
+  EXPECT_EQ(s->domains[0].monitor, JournalMonitor::SoftwareBreakpoints);
+}
+
+}  // namespace
+}  // namespace xenprobes::probe
