@@ -135,3 +135,41 @@ bench_scenario() {
   [ $rc -eq 0 ] || result FAIL "xpe2e-probe bench failed (exit $rc; its XPE2E-CHECK lines above)"
   result PASS "benchmark complete on the $2 channel (XPE2E-BENCH lines above)"
 }
+
+# guardian_kill9 <DomU name> <channel> <extra kernel args> <seconds for the workload to start>:
+# the probing process SIGKILLs itself inside a handler with probes armed under load, on a
+# channel where the guest has no fail-safe (debugger, vmevent); the session's guardian
+# (xenprobes-guardian, docs/guardian.md) must restore the guest: its account in the
+# program's output, the workload finishes ok, the text byte-identical to the snapshot, the
+# domain neither paused nor debugged, the module untouched; then detach + rmmod.
+guardian_kill9() {
+  N=$1
+  domid=$(domu_start $N "$3 xpe2e.modparams=timeout_ms=2000 xpe2e.work=2000:50:20") || result FAIL "xl create failed"
+  echo "XPE2E-INFO: DomU $N is domain $domid"
+  wait_console $N "XPE2E-WORKLOAD: waiting" "$4" || { dump_console $N; result FAIL "the workload did not start within $4 s"; }
+  timeout 400 "$PROBE" kill --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap --die-after-hits 50 \
+    --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
+  rc=$?
+  cat /tmp/$S.out
+  grep -q "^XPE2E-KILL" /tmp/$S.out || result FAIL "xpe2e-probe kill did not reach its SIGKILL (exit $rc)"
+  [ $rc -eq 137 ] || result FAIL "xpe2e-probe kill exited $rc, not 137 (SIGKILL)"
+  t0=$(cut -d. -f1 /proc/uptime)
+  done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
+    grep -a "xenprobes-guardian" /tmp/$S.out | sed 's/^/XPE2E-INFO: /'
+    xl list "$domid" | sed 's/^/XPE2E-INFO: /'
+    dump_console $N
+    result FAIL "the workload did not finish within 240 s after the kill"
+  }
+  echo "XPE2E-INFO: workload finished $(($(cut -d. -f1 /proc/uptime) - t0)) s after the kill: $done"
+  # The guardian's account (it writes to the stderr it inherited: the same file).
+  grep -a "xenprobes-guardian" /tmp/$S.out | sed 's/^/XPE2E-INFO: /'
+  grep -aq "xenprobes-guardian.*recovering" /tmp/$S.out || result FAIL "no account of the guardian's recovery in its output"
+  timeout 120 "$PROBE" verify-text --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap --timeout 60
+  rc2=$?
+  xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
+  un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
+  domu_verdict $N "$domid"
+  [ $rc2 -eq 0 ] || result FAIL "text not restored or the domain still paused/debugged (its XPE2E-CHECK lines above)"
+  [ "$un" = ok ] || result FAIL "detach + rmmod after the kill: '$un'"
+  result PASS "guest kept running, workload ok, text restored and domain released by the guardian ($2 channel)"
+}

@@ -1,0 +1,8 @@
+# Scenario (not in the default list: PVH guests lose processes on their own here, docs/e2e.md):
+# as gdbsx_kill9, on a PVH DomU through the vm_event channel (ICEBP debug exceptions, the
+# stock hypervisor under QEMU 10). The trapping vCPU waits for a response the dead process
+# will never send: the guardian must turn monitoring off, release that vCPU (a fresh ring,
+# one response per vCPU), restore the text and unpause; the workload must finish.
+S=stock_pvh_kill9
+. /usr/lib/xenprobes-e2e/scenarios/lib.sh
+DOMU_TYPE=pvh guardian_kill9 xpe2e-pkill vmevent nokaslr 240
