@@ -1265,9 +1265,9 @@ int cmd_bench(const Args& a) {
       for (auto& p : probes)
         if (auto inf = p.info()) say("XPE2E-INFO: bench %s: probe %" PRIu64 " mode=%s", config.c_str(), p.id(), mode_name(inf->mode));
     }
-    auto go = fmt("%s %.3f %d %d", spec.c_str(), a.round_s, a.rounds, a.untar);
+    auto go = fmt("%s %.3f %d %d", config.c_str(), a.round_s, a.rounds, a.untar);  // the guest needs no suffix
     must(hv.xs_write(dom_path(a.dom, fmt("data/xpe2e/bench/go-%d", i)), go), "write go");
-    say("XPE2E-STAGE bench %s: %s", channel.c_str(), go.c_str());
+    say("XPE2E-STAGE bench %s: %s (%s)", channel.c_str(), go.c_str(), spec.c_str());
     auto t0 = Clock::now();
     auto end = t0 + std::chrono::seconds(a.timeout_s);
     // The result key is read only when a run_once call handled nothing for wait_ms (the
