@@ -25,8 +25,9 @@ E2E_TOOLS=$E2E_SRC/tools/e2e
 
 E2E_QEMU_MEM=${XENPROBES_E2E_QEMU_MEM:-3G}
 E2E_QEMU_ACCEL=${XENPROBES_E2E_QEMU_ACCEL:-tcg,thread=multi}
-# real-xen.md's model. (fsgsbase=off, avx=off and thread=single were tried against the
-# environment's random process deaths: none removed them; docs/e2e.md "The environment".)
+# real-xen.md's model. The environment's random process deaths were not the CPU model's
+# doing (fsgsbase=off, avx=off, thread=single changed nothing): Xen's lazy FPU switching under
+# TCG, which run.sh turns off (spec-ctrl=eager-fpu); docs/e2e.md "The environment".
 E2E_QEMU_CPU=${XENPROBES_E2E_QEMU_CPU:-max}
 
 E2E_T0=${E2E_T0:-$(date +%s)}
