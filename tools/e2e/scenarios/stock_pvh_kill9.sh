@@ -1,5 +1,4 @@
-# Scenario:
-# as gdbsx_kill9, on a PVH DomU through the vm_event channel (ICEBP debug exceptions, the
+# Scenario: as gdbsx_kill9, on a PVH DomU through the vm_event channel (ICEBP debug exceptions, the
 # stock hypervisor under QEMU 10). The trapping vCPU waits for a response the dead process
 # will never send: the guardian must turn monitoring off, release that vCPU (a fresh ring,
 # one response per vCPU), restore the text and unpause; the workload must finish.
