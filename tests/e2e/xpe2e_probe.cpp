@@ -40,7 +40,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -1209,18 +1208,16 @@ int cmd_bench(const Args& a) {
       fatal("unknown bench config " + c);
     for (std::size_t at = c.find('/'); at != std::string::npos; at = c.find('/', at + 1)) {
       std::string opt = c.substr(at + 1, c.find('/', at + 1) - at - 1);
-      if (opt != "thread" && (opt.size() < 2 || opt[0] != 'w' || opt.find_first_not_of("0123456789", 1) != std::string::npos))
-        fatal("unknown bench config option '" + opt + "' in " + c + " (/thread, /w<run_once timeout in ms>)");
+      if (opt.size() < 2 || opt[0] != 'w' || opt.find_first_not_of("0123456789", 1) != std::string::npos)
+        fatal("unknown bench config option '" + opt + "' in " + c + " (/w<run_once timeout in ms>)");
     }
     configs.push_back(c);
   }
   int i = 0;
   for (const std::string& spec : configs) {
     ++i;
-    // Diagnostics: "<config>/thread" polls the result key from another thread; "/w<ms>" sets
-    // run_once's timeout for this config.
+    // Diagnostics: "<config>/w<ms>" sets run_once's timeout for this config.
     const std::string config = spec.substr(0, spec.find('/'));
-    const bool poll_thread = spec.find("/thread") != std::string::npos;
     int wait_ms = a.wait_ms;
     if (auto w = spec.find("/w"); w != std::string::npos) wait_ms = std::atoi(spec.c_str() + w + 2);
     std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);
@@ -1272,23 +1269,10 @@ int cmd_bench(const Args& a) {
     auto end = t0 + std::chrono::seconds(a.timeout_s);
     // The result key is read only when a run_once call handled nothing for wait_ms (the
     // guest's measurement is over or between phases): a xenstore read between two hits would
-    // delay the second and count as probe cost. "/thread": read it every 200 ms from another
-    // thread with its own connection instead.
+    // delay the second and count as probe cost.
     const std::string result_key = dom_path(a.dom, fmt("data/xpe2e/bench/result-%d", i));
     std::optional<std::string> result;
-    std::atomic<bool> have_result{false}, stop_poll{false};
-    std::thread poll([&] {
-      auto phv = poll_thread ? hv::open_hypervisor("xen") : Result<std::unique_ptr<hv::Hypervisor>>(std::unexpected(Error{}));
-      while (phv && !stop_poll.load() && Clock::now() < end) {
-        if (auto v = (*phv)->xs_read(result_key)) {
-          result = *v;
-          have_result.store(true);
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-    });
-    while (Clock::now() < end && !have_result.load()) {
+    while (Clock::now() < end && !result) {
       auto l0 = Clock::now();
       auto r = s->run_once(wait_ms);
       if (!r) {
@@ -1298,17 +1282,11 @@ int cmd_bench(const Args& a) {
       ++loops;
       if (*r == 0) {
         ++idle_loops;
-        if (!poll_thread)
-          if (auto v = hv.xs_read(result_key)) {
-            result = *v;
-            have_result.store(true);
-          }
+        if (auto v = hv.xs_read(result_key)) result = *v;
       }
       // Handled something only after (about) the whole timeout: its event came late or not at all.
       if (*r > 0 && Clock::now() - l0 >= std::chrono::milliseconds(wait_ms * 9 / 10)) ++late_loops;
     }
-    stop_poll.store(true);
-    poll.join();
     double window = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!probes.empty())
       say("XPE2E-INFO: bench %s: %" PRIu64 " run_once calls, %" PRIu64 " handled nothing, %" PRIu64 " handled hits only at their timeout; gaps between hits <1ms %" PRIu64
