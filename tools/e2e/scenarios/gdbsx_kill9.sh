@@ -6,4 +6,4 @@
 # with correct results.
 S=gdbsx_kill9
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
-guardian_kill9 xpe2e-gkill debugger "" 180
+kill9_scenario xpe2e-gkill debugger "" 180

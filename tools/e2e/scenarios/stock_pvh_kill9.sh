@@ -4,4 +4,4 @@
 # one response per vCPU), restore the text and unpause; the workload must finish.
 S=stock_pvh_kill9
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
-DOMU_TYPE=pvh guardian_kill9 xpe2e-pkill vmevent nokaslr 240
+DOMU_TYPE=pvh kill9_scenario xpe2e-pkill vmevent nokaslr 240
