@@ -15,7 +15,7 @@ E2E_KERNEL_VERSION=6.1.176-1
 # runtime libraries libxenprobes.so needs (ldd: libcapstone4, libunicorn2, libxen*, libstdc++).
 E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libstdc++6"
 # Host tools the harness uses (Debian package names).
-E2E_HOST_PKGS="qemu-system-x86 debootstrap cpio busybox-static e2fsprogs gzip cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
+E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
 
 E2E_CACHE=${XENPROBES_E2E_CACHE:-/var/cache/xenprobes-e2e}
 E2E_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
