@@ -97,6 +97,11 @@ struct ProbeInfo {
   ExecMode mode = ExecMode::Boosted;
   Gva slot;                 // out-of-line slot (0 for emulated and skipped instructions)
   Gva trampoline;           // return probes: the domain's return trampoline (else 0)
+  // The address asked for. A probe asked for at a function's first byte sits past its endbr64
+  // and its 5-byte ftrace site, which belong to the guest kernel (registers and the return
+  // address are the same there); `moved_because` then says why, and `address` is where it is.
+  Gva requested;
+  std::string moved_because;
 };
 
 class Session;
@@ -209,6 +214,8 @@ class XENPROBES_API Session {
  private:
   friend class SessionTesting;
   explicit Session(std::unique_ptr<Impl>);
+  // On the simulated Xen, the demo guest's System.map unless symbols were loaded.
+  Result<void> default_symbols(DomId);
   std::unique_ptr<Impl> impl_;
 };
 

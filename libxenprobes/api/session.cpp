@@ -320,6 +320,7 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
 }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
+  XP_TRY(default_symbols(dom));
   auto id = XP_TRY(impl_->engine->add(dom, address, std::move(pre), std::move(post)));
   return Probe(this, impl_->alive, id);
 }
@@ -329,12 +330,17 @@ Result<Probe> Session::probe(DomId dom, std::string_view symbol, PreHandler pre,
   return probe(dom, addr, std::move(pre), std::move(post));
 }
 
-Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
+Result<void> Session::default_symbols(DomId dom) {
   if (!impl_->engine->symbols(dom) && impl_->hv->name() == "sim") {
     // The simulated Xen's demo guest ships its System.map: use it unless told otherwise.
     std::string map = hv::sim::default_guest_dir() + "/System.map";
     if (std::filesystem::exists(map)) XP_TRY(load_symbols(dom, map));
   }
+  return {};
+}
+
+Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
+  XP_TRY(default_symbols(dom));
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   if (!t)
     return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
@@ -344,6 +350,7 @@ Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
 
 Result<Probe> Session::ret_probe(DomId dom, Gva address, EntryHandler entry, ReturnHandler on_return,
                                  RetProbeOptions o) {
+  XP_TRY(default_symbols(dom));
   auto id = XP_TRY(impl_->engine->add_ret(dom, address, std::move(entry), std::move(on_return), o));
   return Probe(this, impl_->alive, id);
 }

@@ -268,6 +268,12 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   XP_TRY(attach(id));
   Domain* d = XP_TRY(domain(id));
   if (d->kernel_text.value) XP_TRY(t.slide_from_text(d->kernel_text));
+  // The kernel's own tables, through vCPU 0's current page tables (the domain may be paused
+  // in a batch: pause() took them then).
+  if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
+  mem::GuestMemory& m = *d->memory;
+  d->tables = kernel::KernelTables::read(t, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  XP_LOG(Info, "domain %u: guest kernel tables: %s", id.value, d->tables->summary().c_str());
   d->syms = std::move(t);
   return {};
 }
@@ -351,35 +357,92 @@ Result<void> Engine::detach(DomId id) {
 
 // ---- registration ---------------------------------------------------------------------
 
+kernel::RuleContext Engine::rule_context(const Domain& d) const {
+  kernel::RuleContext c;
+  c.tables = d.tables ? &*d.tables : nullptr;
+  c.syms = d.syms ? &*d.syms : nullptr;
+  c.module_text = d.module_text;
+  c.guest_channel = d.ch && std::string_view(d.ch->name()) == "guest";
+  return c;
+}
+
+Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
+  if (!d.syms) return kernel::EntryPlacement{addr, {}};
+  auto fn = d.syms->function_containing(addr);
+  if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
+  // Only the first instructions matter: read a little, not the whole function.
+  std::vector<std::uint8_t> bytes(std::min<std::uint64_t>(fn->size, 2 * x86::kMaxInsnLen + 8));
+  if (d.pause_depth == 0) XP_TRY(refresh_context(d));
+  XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
+  for (auto& [a, q] : d.points)  // our own trap bytes read back as the original
+    if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + bytes.size())
+      bytes[a.value - fn->start.value] = q->original[0];
+  std::vector<x86::Insn> head;
+  std::size_t off = 0;
+  while (head.size() < 2 && off < bytes.size()) {
+    auto i = x86::decode(std::span(bytes).subspan(off), Gva{fn->start.value + off});
+    if (!i) break;
+    off += i->length;
+    head.push_back(*i);
+  }
+  auto placed = kernel::place_entry_probe(rule_context(d), head, addr);
+  if (!placed.moved_because.empty())
+    XP_LOG(Info, "domain %u: a probe asked for at %s goes to %s: %s", d.id.value, fn->name.c_str(),
+           d.syms->symbolize(placed.address).c_str(), placed.moved_because.c_str());
+  return placed;
+}
+
 Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   const Gva addr = p.addr;
   std::vector<x86::Insn> fn_insns;
-  std::string fn_name;
-  if (d.syms) {
-    auto fn = d.syms->function_containing(addr);
-    if (fn && fn->size > 0 && fn->size <= kMaxFunctionBytes) {
-      std::vector<std::uint8_t> bytes(fn->size);
-      XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
-      // Bytes we patched ourselves read back as the original instruction.
-      for (auto& [a, q] : d.points)
-        if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
-          bytes[a.value - fn->start.value] = q->original[0];
-      auto insn = x86::decode_at(bytes, fn->start, addr);
-      if (!insn) {
-        Error e = insn.error();
-        e.what = fn->name + ": " + e.what;
-        return std::unexpected(e);
-      }
-      p.insn = *insn;
-      fn_name = fn->name;
-      if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
-    }
+  if (!d.syms)
+    return fail(Errc::InvalidArgument,
+                hex(addr.value) + ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
+                "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
+                "System.map or kallsyms first)");
+  auto fn = d.syms->function_containing(addr);
+  if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
+    // No function to decode from: the address rules say why (data, a gap, not text).
+    x86::Insn bare;
+    bare.address = addr;
+    bare.length = 1;
+    auto r = kernel::check_address(rule_context(d), bare, nullptr);
+    std::string where = d.syms->symbolize(addr);
+    if (where != hex(addr.value)) where += " (" + hex(addr.value) + ")";
+    if (r) return fail(r->code, r->message(where));
+    return fail(Errc::InvalidArgument, where + ": no function symbol covers it");
   }
-  if (fn_name.empty()) {
-    // No symbols for this address: the boundary cannot be checked; decode what is there.
-    std::array<std::uint8_t, x86::kMaxInsnLen> bytes{};
-    XP_TRY(d.memory->read(addr, std::as_writable_bytes(std::span(bytes))));
-    p.insn = XP_TRY(x86::decode(bytes, addr));
+  std::vector<std::uint8_t> bytes(fn->size);
+  XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
+  // Bytes we patched ourselves read back as the original instruction.
+  for (auto& [a, q] : d.points)
+    if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
+      bytes[a.value - fn->start.value] = q->original[0];
+  auto insn = x86::decode_at(bytes, fn->start, addr);
+  if (!insn) {
+    Error e = insn.error();
+    e.what = fn->name + ": " + e.what;
+    return std::unexpected(e);
+  }
+  p.insn = *insn;
+  if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
+  const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
+  if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));
+  // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
+  // debugger) hides the instruction it replaced, so the boundary check above may have walked
+  // through garbage. An int3 right after ret or jmp is padding (straight-line-speculation
+  // hardening puts one after every ret); one in the flow is not ours to reason about.
+  for (std::size_t k = 0; k < fn_insns.size() && fn_insns[k].address.value <= addr.value; ++k) {
+    const x86::Insn& i = fn_insns[k];
+    if (!x86::is_trap_byte(i) || d.points.contains(i.address)) continue;
+    bool padding = k > 0 && (fn_insns[k - 1].branch == x86::BranchKind::Ret ||
+                             fn_insns[k - 1].branch == x86::BranchKind::Jmp ||
+                             fn_insns[k - 1].branch == x86::BranchKind::JmpIndirect || x86::is_trap_byte(fn_insns[k - 1]));
+    if (!padding)
+      return fail(Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
+                                      "debugger) at " + d.syms->symbolize(i.address) +
+                                      " hides the instruction it replaced, so the instruction boundaries of " +
+                                      fn->name + " cannot be trusted; no channel accepts it until it is gone");
   }
   std::copy(p.insn.bytes.begin(), p.insn.bytes.end(), p.original.begin());
   p.plan = XP_TRY(x86::analyze(p.insn));
@@ -585,6 +648,18 @@ channel::TrapEntry Engine::trap_entry(const Point& p) const {
 
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
+  // Never a trap over bytes we did not decode: the guest may have rewritten the instruction
+  // since (a static key flipped while the probe was disabled, a module unloaded and another
+  // loaded at the address). Its slot copy would then run the old instruction.
+  {
+    std::array<std::uint8_t, x86::kMaxInsnLen> now{};
+    XP_TRY(d.memory->read(p.addr, std::as_writable_bytes(std::span(now.data(), p.insn.length))));
+    if (!std::equal(now.begin(), now.begin() + p.insn.length, p.original.begin()))
+      return fail(Errc::Again, hex(p.addr.value) + ": refused by rule 'text-changed': the guest rewrote the instruction "
+                               "since it was decoded (" + p.insn.describe() + " now reads " +
+                               hex_bytes(std::span(now.data(), p.insn.length)) +
+                               "); unregister the probe and register it again to decode it afresh");
+  }
   // The channel learns of the trap before the guest can execute it.
   XP_TRY(d.ch->trap_added(d.id, trap_entry(p)));
   std::uint8_t b = d.ch->trap_byte();
@@ -607,7 +682,16 @@ Result<void> Engine::arm(Domain& d, Point& p) {
 Result<void> Engine::disarm(Domain& d, Point& p) {
   if (!p.armed) return {};
   XP_LOG(Debug, "domain %u: disarm %s", d.id.value, hex(p.addr.value).c_str());
-  XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(p.original.data(), 1))));
+  // Restore only our own byte: if the guest rewrote the site meanwhile, writing the saved
+  // byte back would corrupt its new instruction.
+  std::uint8_t now = XP_TRY(d.memory->read_u8(p.addr));
+  if (now == d.ch->trap_byte()) {
+    XP_TRY(d.memory->write(p.addr, std::as_bytes(std::span(p.original.data(), 1))));
+  } else {
+    XP_LOG(Warn, "domain %u: %s holds %s, not our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
+           d.id.value, hex(p.addr.value).c_str(), hex(now).c_str());
+    ++d.text_changed;
+  }
   p.armed = false;
   p.flush_pending = true;
   return {};
@@ -763,6 +847,12 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
                 "instruction runs in the hypervisor's emulator and no stop follows it, so post-handlers "
                 "cannot run (load the xenprobesU module in the guest)");
   reg->id = next_id_;
+  reg->requested = addr;
+  {
+    auto placed = XP_TRY(place(*d, addr));
+    addr = placed.address;
+    reg->moved_because = std::move(placed.moved_because);
+  }
 
   auto existing = d->points.find(addr);
   if (existing != d->points.end()) {
@@ -954,6 +1044,8 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
   const Point& p = *it->second->point;
   ProbeInfo i;
   i.address = p.addr;
+  i.requested = it->second->requested;
+  i.moved_because = it->second->moved_because;
   i.instruction = p.insn.describe();
   i.mode = exec_mode(p.plan, p.trap_tail);
   i.slot = p.slot.value_or(Gva{0});

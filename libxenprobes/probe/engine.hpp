@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "channel/channel.hpp"
+#include "kernel/address_rules.hpp"
+#include "kernel/tables.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "probe/module_info.hpp"
@@ -111,6 +113,8 @@ class Engine final : public channel::StopSink {
     PreHandler pre;
     PostHandler post;
     bool enabled = true;
+    Gva requested;              // the address asked for (the point's may be past an ftrace site)
+    std::string moved_because;  // why the point is not at `requested`
     ProbeStats stats;
     std::unique_ptr<RetState> ret;  // a return probe's entry registration
   };
@@ -150,6 +154,10 @@ class Engine final : public channel::StopSink {
     std::unique_ptr<mem::GuestMemory> memory;
     std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
     std::optional<symbols::SymbolTable> syms;
+    // The guest kernel's own tables (exception table, jump labels, …), read with the symbols.
+    std::optional<kernel::KernelTables> tables;
+    kernel::Range module_text;  // the guest module's own text, as it publishes it (guest channel)
+    std::uint64_t text_changed = 0;  // disarms that found the guest's own byte, not ours
     Gva kernel_text;
     std::map<Gva, std::unique_ptr<Point>> points;
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
@@ -190,8 +198,13 @@ class Engine final : public channel::StopSink {
   // (stacks and user pages are freed and reused). Lazy: a hit that touches no memory costs
   // nothing. Outside a hit (the domain paused) it does nothing: pause() prepared the memory.
   Result<void> hit_memory(Domain&);
-  // Decodes the probed instruction (and, when needed, the one after it).
+  // Decodes the probed instruction (and, when needed, the one after it), and checks the
+  // address rules (kernel/address_rules.hpp) for the domain's channel.
   Result<void> decode_probe_point(Domain&, Point&);
+  // Where a probe asked for at `addr` goes: past the endbr64 and the ftrace site when `addr`
+  // starts a function (kernel::place_entry_probe), else `addr`.
+  Result<kernel::EntryPlacement> place(Domain&, Gva addr);
+  kernel::RuleContext rule_context(const Domain&) const;
   bool uses_slot(const Point&) const;
   // Allocates and writes a new slot for the point; `before` receives what the slot held.
   Result<void> write_slot(Domain&, Point&, bool trap_tail, std::array<std::uint8_t, 32>* before = nullptr);

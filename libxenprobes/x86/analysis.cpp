@@ -33,6 +33,7 @@ bool is_far_transfer(const Insn& i) { return i.branch == BranchKind::Far; }
 bool is_transaction_begin(const Insn& i) { return i.kind == Kind::Xbegin; }
 bool is_opsize_relative_branch(const Insn& i) { return i.is_relative_branch() && i.has_opsize(); }
 bool is_addr32_rip_relative(const Insn& i) { return i.is_rip_relative && i.has_addr32(); }
+bool is_interrupt_enable(const Insn& i) { return i.kind == Kind::Sti; }
 
 bool is_relative_branch(const Insn& i) { return i.is_relative_branch(); }
 bool is_rip_relative(const Insn& i) { return i.is_rip_relative; }
@@ -75,6 +76,9 @@ constexpr Rule kRules[] = {
      "operand-size prefix on a relative branch: Intel and AMD disagree on its length and target"},
     {is_addr32_rip_relative, Errc::InvalidArgument,
      "EIP-relative (addr32) operand: wraps at 4 GiB, not relocated"},
+    {is_interrupt_enable, Errc::InvalidArgument,
+     "sti: its one-instruction interrupt shadow would cover the slot's jump back instead of the next "
+     "instruction (in `sti; hlt` a wakeup between the two is lost)"},
 };
 
 }  // namespace

@@ -46,6 +46,7 @@ bool is_far_transfer(const Insn& i);          // ljmp, lcall, retf → EINVAL
 bool is_transaction_begin(const Insn& i);     // xbegin → EINVAL
 bool is_opsize_relative_branch(const Insn& i);  // 66 + jmp/jcc/call rel → EINVAL
 bool is_addr32_rip_relative(const Insn& i);   // 67 + [eip+disp] → EINVAL
+bool is_interrupt_enable(const Insn& i);      // sti → EINVAL
 
 // ---- Shape predicates (not refusals).
 bool is_relative_branch(const Insn& i);

@@ -1,0 +1,232 @@
+#include "kernel/address_rules.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string_view>
+
+#include "common/hex.hpp"
+#include "x86/analysis.hpp"
+
+namespace xenprobes::kernel {
+namespace {
+
+using x86::Insn;
+
+// What the guest module's die notifier runs on every kernel int3 before it can tell a nested
+// hit from a new one, in Linux 6.1 and 6.12 (arch/x86/kernel/traps.c exc_int3 → do_int3 →
+// notify_die → atomic_notifier_call_chain → notifier_call_chain → the module's hook, which
+// takes RCU read locks, reads text with copy_from_kernel_nofault, checks pages with
+// lookup_address, waits with ktime_get_mono_fast_ns and xen_poll_irq_timeout, and signals
+// Dom0 through an event channel). A trap on any of them re-enters the same path before the
+// module can refuse it: unbounded recursion, then a BUG in __nmi_enter or a stack overflow.
+// Only the guest channel has this path; the module's own text is refused by its published
+// range (module-text).
+constexpr std::array<std::string_view, 40> kGuestHookPath = {
+    "exc_int3", "do_int3", "do_int3_user", "poke_int3_handler", "irqentry_nmi_enter",
+    "irqentry_nmi_exit", "kprobe_int3_handler", "notify_die", "atomic_notifier_call_chain",
+    "notifier_call_chain", "__rcu_read_lock", "__rcu_read_unlock", "rcu_read_unlock_special",
+    "lookup_address", "lookup_address_in_pgd", "lookup_address_in_pgd_attr",
+    "copy_from_kernel_nofault", "copy_from_kernel_nofault_allowed", "copy_to_kernel_nofault",
+    "ktime_get_mono_fast_ns", "xen_poll_irq_timeout", "xen_clear_irq_pending", "evtchn_from_irq",
+    "notify_remote_via_evtchn", "irq_work_queue", "xen_hypercall_pv", "xen_hypercall_hvm",
+    "xen_hypercall_intel", "xen_hypercall_amd", "hypercall_page", "xen_vcpu_nr",
+    "pvclock_clocksource_read", "__pvclock_read_cycles", "text_poke", "text_poke_bp",
+    "text_poke_sync", "sync_core", "xen_force_evtchn_callback", "atomic_notifier_chain_register",
+    "entry_untrain_ret",
+};
+// Return and indirect-branch thunks: with retbleed/SRSO/ITS mitigations every `ret` and
+// indirect call on the hook path goes through them.
+constexpr std::array<std::string_view, 8> kGuestHookPathPrefixes = {
+    "__x86_return_thunk", "__x86_indirect_thunk_", "__x86_indirect_call_thunk_", "zen_untrain_ret",
+    "srso_", "retbleed_", "its_return_thunk", "__x86_indirect_its_thunk_",
+};
+
+std::string where_of(const RuleContext& c, std::uint64_t a) {
+  std::string s = hex(a);
+  if (c.syms) {
+    std::string sym = c.syms->symbolize(Gva{a});
+    if (sym != s) s = sym + " (" + s + ")";
+  }
+  return s;
+}
+
+Refusal refuse(const char* rule, Errc code, std::string reason, std::string entry, bool guest_only = false) {
+  return Refusal{rule, code, std::move(reason), std::move(entry), guest_only};
+}
+
+bool looks_like_patch_site(const Insn& i) {
+  // The shapes a jump label or a static call can take: nop2, nop5, jmp rel8/rel32, call rel32.
+  return (i.kind == x86::Kind::Nop && (i.length == 2 || i.length == 5)) || i.branch == x86::BranchKind::Jmp ||
+         i.branch == x86::BranchKind::Call;
+}
+bool may_fault_with_fixup(const Insn& i) {
+  // Anything that touches memory through an operand, and the rep string instructions.
+  return i.mem.present || (!i.has_modrm && (i.prefixes[0] == 0xf3 || i.prefixes[0] == 0xf2));
+}
+
+}  // namespace
+
+std::string Refusal::message(const std::string& where) const {
+  std::string m = where + ": refused by rule '" + rule + "': " + reason;
+  if (!entry.empty()) m += " (" + entry + ")";
+  m += guest_channel_only ? "; the vmevent and debugger channels accept it (Xen takes their traps before the "
+                            "guest's own int3 path runs)"
+                          : "; no channel accepts it";
+  return m;
+}
+
+bool in_kernel_text(const RuleContext& c, std::uint64_t a) {
+  return c.tables && c.tables->core_text().contains(a);
+}
+bool in_entry_text(const RuleContext& c, std::uint64_t a) {
+  return c.tables && c.tables->entry_text() && c.tables->entry_text()->contains(a);
+}
+bool in_noinstr_text(const RuleContext& c, std::uint64_t a) {
+  return c.tables && c.tables->noinstr_text() && c.tables->noinstr_text()->contains(a);
+}
+bool in_kprobes_text(const RuleContext& c, std::uint64_t a) {
+  return c.tables && c.tables->kprobes_text() && c.tables->kprobes_text()->contains(a);
+}
+bool on_guest_hook_path(std::string_view name) {
+  if (std::find(kGuestHookPath.begin(), kGuestHookPath.end(), name) != kGuestHookPath.end()) return true;
+  return std::any_of(kGuestHookPathPrefixes.begin(), kGuestHookPathPrefixes.end(),
+                     [&](std::string_view p) { return name.starts_with(p); });
+}
+bool is_static_call_trampoline(std::string_view name) { return name.starts_with("__SCT__"); }
+
+bool is_ftrace_site(const RuleContext& c, std::span<const Insn> fn, const Insn& i) {
+  if (fn.empty()) return false;
+  std::size_t first = x86::is_endbr(fn[0]) && fn.size() > 1 ? 1 : 0;
+  if (fn[first].address != i.address || i.length != 5) return false;
+  if (!(i.kind == x86::Kind::Nop || i.branch == x86::BranchKind::Call)) return false;
+  if (c.tables && (c.tables->jump_label_in(i.address.value, i.next().value) ||
+                   c.tables->static_call_in(i.address.value, i.next().value)))
+    return false;
+  return true;
+}
+
+EntryPlacement place_entry_probe(const RuleContext& c, std::span<const Insn> fn, Gva requested) {
+  if (fn.empty() || fn[0].address != requested) return {requested, {}};
+  std::size_t k = 0;
+  std::string why;
+  if (x86::is_endbr(fn[0]) && fn.size() > 1) {
+    k = 1;
+    why = "past the endbr64 (with IBT an int3 over it breaks every indirect call of the function)";
+  }
+  if (k < fn.size() && k + 1 < fn.size() && is_ftrace_site(c, fn, fn[k])) {
+    ++k;
+    why += std::string(why.empty() ? "" : ", then ") +
+           "past the 5-byte ftrace site (the guest's ftrace, kprobes, BPF and livepatch rewrite it and would "
+           "find our trap byte there)";
+  }
+  return {fn[k].address, why};
+}
+
+std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const symbols::Function* fn) {
+  const std::uint64_t a = i.address.value, end = i.next().value;
+  const KernelTables* t = c.tables;
+  if (!t || t->core_text().empty())
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "the guest kernel's text bounds are unknown, so no address can be checked",
+                  "load symbols that list _stext and _etext");
+  if (!fn)
+    return refuse("no-function", Errc::InvalidArgument,
+                  "no function symbol covers it, so the instruction boundary cannot be checked (a data "
+                  "symbol, padding, or a function the symbols do not list)",
+                  "");
+  if (!in_kernel_text(c, a) || !t->core_text().contains(end - 1))
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "outside the kernel's text [_stext, _etext): data, freed init code or module text",
+                  "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
+  if (in_entry_text(c, a))
+    return refuse("entry-text", Errc::InvalidArgument,
+                  "entry code runs on the entry stack, with the user GS or the user page tables (PTI), "
+                  "where neither a trap nor the out-of-line slot is mapped or safe",
+                  ".entry.text " + hex(t->entry_text()->start) + "-" + hex(t->entry_text()->end));
+  if (is_static_call_trampoline(fn->name))
+    return refuse("static-call-trampoline", Errc::Busy,
+                  "a static-call trampoline: the kernel rewrites it when the call's target changes and "
+                  "BUG()s on a byte it did not write",
+                  fn->name);
+  // Run-time-patched sites: the kernel checks the bytes before rewriting and BUG()s (jump
+  // labels, static calls) on a mismatch, with its text locks held.
+  if (!t->jump_status().found) {
+    if (looks_like_patch_site(i))
+      return refuse("jump-label", Errc::Busy,
+                    "the jump-label table could not be read, so a nop or jmp may be a static-key site",
+                    "__jump_table: " + t->jump_status().why);
+  } else if (const Site* s = t->jump_label_in(a, end)) {
+    return refuse("jump-label", Errc::Busy,
+                  "a static-key site: the kernel rewrites it when the key flips and BUG()s on a byte it "
+                  "did not write",
+                  "__jump_table site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
+  }
+  if (!t->static_call_status().found) {
+    if (looks_like_patch_site(i))
+      return refuse("static-call", Errc::Busy,
+                    "the static-call table could not be read, so a call, jmp or nop5 may be a static-call site",
+                    ".static_call_sites: " + t->static_call_status().why);
+  } else if (const Site* s = t->static_call_in(a, end)) {
+    return refuse("static-call", Errc::Busy,
+                  "a static-call site: the kernel rewrites it when the call's target changes and BUG()s "
+                  "on a byte it did not write",
+                  ".static_call_sites site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
+  }
+  if (!t->smp_locks_status().found) {
+    if (i.has_lock() || i.prefixes[1] == 0x3e)
+      return refuse("smp-lock", Errc::Busy,
+                    "the SMP lock-site table could not be read, so this prefix may be rewritten at CPU hotplug",
+                    ".smp_locks: " + t->smp_locks_status().why);
+  } else if (auto l = t->smp_lock_in(a, end)) {
+    return refuse("smp-lock", Errc::Busy,
+                  "a lock prefix the kernel rewrites (0x3e <-> 0xf0) when CPUs come and go; restoring our "
+                  "copy could leave the operation non-atomic",
+                  ".smp_locks " + where_of(c, *l));
+  }
+  if (!t->ex_status().found) {
+    if (may_fault_with_fixup(i))
+      return refuse("exception-table", Errc::InvalidArgument,
+                    "the exception table could not be read, so this memory access may expect its fault to "
+                    "be fixed up at the original address",
+                    "__ex_table: " + t->ex_status().why);
+  } else if (const ExEntry* e = t->exception_entry(a)) {
+    return refuse("exception-table", Errc::InvalidArgument,
+                  "the kernel expects this instruction to fault (a user copy, a *_safe access) and looks "
+                  "its fixup up by the faulting address, which out of line would be the slot's",
+                  "__ex_table entry " + where_of(c, e->insn) + " -> fixup " + where_of(c, e->fixup) +
+                      ", type " + std::to_string(e->type()));
+  }
+  // The guest's own int3 path (guest channel only).
+  if (c.guest_channel) {
+    if (!c.module_text.empty() && c.module_text.overlaps(a, end))
+      return refuse("module-text", Errc::InvalidArgument,
+                    "the guest module's own code runs in its int3 hook: a trap there recurses",
+                    "xenprobes module text " + hex(c.module_text.start) + "-" + hex(c.module_text.end), true);
+    if (on_guest_hook_path(fn->name))
+      return refuse("guest-hook-path", Errc::InvalidArgument,
+                    "runs on every kernel int3 before the guest module can tell a nested hit: a trap there "
+                    "recurses until the kernel panics",
+                    fn->name, true);
+    if (in_noinstr_text(c, a))
+      return refuse("noinstr", Errc::InvalidArgument,
+                    "noinstr code runs before RCU and context tracking are set up for a trap handler",
+                    ".noinstr.text " + hex(t->noinstr_text()->start) + "-" + hex(t->noinstr_text()->end), true);
+    if (in_kprobes_text(c, a))
+      return refuse("kprobes-text", Errc::InvalidArgument,
+                    "the kernel's own breakpoint-handling code (.kprobes.text) must not trap",
+                    ".kprobes.text " + hex(t->kprobes_text()->start) + "-" + hex(t->kprobes_text()->end), true);
+    if (!t->blacklist_status().found)
+      return refuse("kprobe-blacklist", Errc::InvalidArgument,
+                    "the kernel's kprobe blacklist could not be read, so the guest's int3 path cannot be told "
+                    "from other code",
+                    "kprobe_blacklist: " + t->blacklist_status().why, true);
+    if (const Range* r = t->blacklisted(a))
+      return refuse("kprobe-blacklist", Errc::InvalidArgument,
+                    "the kernel marks it NOKPROBE: it runs where a trap into the guest's own handler recurses "
+                    "or corrupts state",
+                    "kprobe_blacklist " + where_of(c, r->start) + "-" + hex(r->end), true);
+  }
+  return std::nullopt;
+}
+
+}  // namespace xenprobes::kernel

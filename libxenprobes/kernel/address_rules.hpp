@@ -1,0 +1,71 @@
+// Address rules: whether a probe may go on an instruction *at this address* of this guest
+// kernel, given its own tables (tables.hpp). The instruction rules (x86/analysis.hpp) say
+// whether an instruction can run out of line at all; these say whether the kernel lets
+// anybody else write a trap over it. Each rule is one named predicate with its one-line
+// reason; the gate (check_address) runs them in order and returns the first that refuses.
+//
+// Channels differ in one respect only: on the guest channel the trap enters the guest's own
+// int3 path (exc_int3 → notify_die → the guest module's notifier), so every address on that
+// path — and everything kprobes refuses for the same reason (.kprobes.text, noinstr, the
+// kprobe blacklist) — would recurse. On the vmevent and debugger channels Xen takes the trap
+// before the guest sees it, so those points are safe there; the refusal says so.
+//
+// Where a table could not be read (TableStatus::found false), its rule refuses every
+// instruction of the shapes that table could cover, naming the missing table.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "common/result.hpp"
+#include "kernel/tables.hpp"
+#include "symbols/symbol_table.hpp"
+#include "x86/insn.hpp"
+
+namespace xenprobes::kernel {
+
+struct RuleContext {
+  const KernelTables* tables = nullptr;     // the guest kernel's tables
+  const symbols::SymbolTable* syms = nullptr;
+  Range module_text;                        // the guest module's own text (empty: unknown)
+  bool guest_channel = false;               // the trap enters the guest's own int3 path
+};
+
+struct Refusal {
+  const char* rule = "";      // e.g. "exception-table"
+  Errc code = Errc::InvalidArgument;
+  std::string reason;         // why the rule exists, one line
+  std::string entry;          // what in the guest's tables triggered it
+  bool guest_channel_only = false;  // the vmevent and debugger channels accept the point
+  // "<where>: refused by rule '<rule>': <reason> (<entry>); <which channels accept it>"
+  std::string message(const std::string& where) const;
+};
+
+// The instruction at insn.address, inside `fn` (its containing function from the symbols;
+// null when none covers it).
+[[nodiscard]] std::optional<Refusal> check_address(const RuleContext&, const x86::Insn& insn,
+                                                   const symbols::Function* fn);
+
+// The named predicates, for tests (each true when its rule refuses the instruction).
+bool in_kernel_text(const RuleContext&, std::uint64_t addr);
+bool in_entry_text(const RuleContext&, std::uint64_t addr);
+bool in_noinstr_text(const RuleContext&, std::uint64_t addr);
+bool in_kprobes_text(const RuleContext&, std::uint64_t addr);
+bool on_guest_hook_path(std::string_view function_name);
+bool is_static_call_trampoline(std::string_view function_name);
+
+// Where a probe asked for at a function's first byte goes: past an endbr64 (IBT), then past
+// the 5-byte ftrace site (a nop5, or a call once ftrace uses it), which belongs to the
+// kernel's ftrace, as kprobes arms such points through ftrace rather than with an int3.
+// Registers and [rsp] are the same there as at the first byte. `function` is the decoded
+// function; returns the address and, when moved, why.
+struct EntryPlacement {
+  Gva address;
+  std::string moved_because;  // empty when not moved
+};
+EntryPlacement place_entry_probe(const RuleContext&, std::span<const x86::Insn> function, Gva requested);
+// True when `i` is the function's ftrace site: the first instruction (after an endbr64),
+// a nop5 or a call rel32, and no jump-label or static-call site.
+bool is_ftrace_site(const RuleContext&, std::span<const x86::Insn> function, const x86::Insn& i);
+
+}  // namespace xenprobes::kernel

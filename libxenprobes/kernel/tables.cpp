@@ -1,0 +1,290 @@
+#include "kernel/tables.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "common/log.hpp"
+
+namespace xenprobes::kernel {
+namespace {
+
+std::optional<std::uint64_t> address_of(const symbols::SymbolTable& s, std::string_view name) {
+  auto r = s.lookup(name);
+  if (!r || r->empty()) return std::nullopt;
+  return r->front().address.value;
+}
+
+// [start, end) from two symbols, or nullopt (either is missing, or they are reversed).
+std::optional<Range> bounds(const symbols::SymbolTable& s, std::string_view start, std::string_view end) {
+  auto a = address_of(s, start), b = address_of(s, end);
+  if (!a || !b || *b < *a) return std::nullopt;
+  return Range{*a, *b};
+}
+
+std::int64_t s32_at(const std::byte* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+std::int64_t s64_at(const std::byte* p) {
+  std::int64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+std::uint64_t u64_at(const std::byte* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The bytes of the table bounded by two symbols, in entries of `esize` bytes; the status says
+// why not when it cannot be read.
+std::optional<std::vector<std::byte>> read_table(const symbols::SymbolTable& syms, const ReadFn& read,
+                                                 std::string_view start, std::string_view stop, std::size_t esize,
+                                                 const Limits& limits, TableStatus& st, std::uint64_t* base) {
+  auto a = address_of(syms, start), b = address_of(syms, stop);
+  if (!a || !b) {
+    st.why = std::string("no ") + std::string(!a ? start : stop) + " in the symbols (" + syms.source() + ")";
+    return std::nullopt;
+  }
+  if (*b < *a) {
+    st.why = std::string(stop) + " is below " + std::string(start);
+    return std::nullopt;
+  }
+  const std::uint64_t bytes = *b - *a;
+  if (bytes % esize != 0) {
+    st.why = std::to_string(bytes) + " bytes is not a whole number of " + std::to_string(esize) + "-byte entries";
+    return std::nullopt;
+  }
+  if (bytes / esize > limits.max_entries) {
+    st.why = std::to_string(bytes / esize) + " entries is more than the limit of " + std::to_string(limits.max_entries);
+    return std::nullopt;
+  }
+  std::vector<std::byte> out(bytes);
+  for (std::uint64_t off = 0; off < bytes; off += limits.chunk_bytes) {
+    std::uint64_t n = std::min<std::uint64_t>(limits.chunk_bytes, bytes - off);
+    if (auto r = read(Gva{*a + off}, std::span(out.data() + off, n)); !r) {
+      st.why = "cannot read it at " + std::to_string(*a + off) + ": " + r.error().what;
+      return std::nullopt;
+    }
+  }
+  *base = *a;
+  st.found = true;
+  return out;
+}
+
+}  // namespace
+
+KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits) {
+  KernelTables t;
+  if (auto r = bounds(syms, "_stext", "_etext")) t.text_ = *r;
+  if (auto r = bounds(syms, "_sinittext", "_einittext")) t.init_text_ = *r;
+  auto inside = [&](std::optional<Range> r) -> std::optional<Range> {
+    // A section outside the kernel's text is a lie: treat its bounds as unknown.
+    if (!r || t.text_.empty() || r->start < t.text_.start || r->end > t.text_.end) return std::nullopt;
+    return r;
+  };
+  t.entry_ = inside(bounds(syms, "__entry_text_start", "__entry_text_end"));
+  t.noinstr_ = inside(bounds(syms, "__noinstr_text_start", "__noinstr_text_end"));
+  t.kprobes_ = inside(bounds(syms, "__kprobes_text_start", "__kprobes_text_end"));
+
+  // Where a decoded address may point: the kernel's text (kept), its init text (freed after
+  // boot: dropped, counted), anything else (a corrupt or hostile entry: dropped, counted).
+  auto classify = [&](std::uint64_t a, TableStatus& st) {
+    if (t.text_.contains(a)) return true;
+    if (t.init_text_.contains(a))
+      ++st.init_entries;
+    else
+      ++st.invalid;
+    return false;
+  };
+  const bool have_text = !t.text_.empty();
+  auto no_text = [&](TableStatus& st) {
+    st.found = false;
+    st.why = "the kernel's text bounds (_stext, _etext) are not in the symbols";
+  };
+
+  std::uint64_t base = 0;
+  if (auto raw = read_table(syms, read, "__start___ex_table", "__stop___ex_table", 12, limits, t.ex_status_, &base)) {
+    if (!have_text) no_text(t.ex_status_);
+    for (std::size_t off = 0; have_text && off < raw->size(); off += 12) {
+      const std::byte* e = raw->data() + off;
+      ExEntry x;
+      x.insn = base + off + s32_at(e);
+      x.fixup = base + off + 4 + s32_at(e + 4);
+      x.data = static_cast<std::int32_t>(s32_at(e + 8));
+      if (classify(x.insn, t.ex_status_)) t.ex_.push_back(x);
+    }
+  }
+  if (auto raw = read_table(syms, read, "__start___jump_table", "__stop___jump_table", 16, limits, t.jump_status_,
+                            &base)) {
+    if (!have_text) no_text(t.jump_status_);
+    for (std::size_t off = 0; have_text && off < raw->size(); off += 16) {
+      const std::byte* e = raw->data() + off;
+      Site s{base + off + s32_at(e), (base + off + 8 + s64_at(e + 8)) & ~3ull};
+      if (classify(s.addr, t.jump_status_)) t.jumps_.push_back(s);
+    }
+  }
+  if (auto raw = read_table(syms, read, "__start_static_call_sites", "__stop_static_call_sites", 8, limits,
+                            t.sc_status_, &base)) {
+    if (!have_text) no_text(t.sc_status_);
+    for (std::size_t off = 0; have_text && off < raw->size(); off += 8) {
+      const std::byte* e = raw->data() + off;
+      Site s{base + off + s32_at(e), (base + off + 4 + s32_at(e + 4)) & ~3ull};
+      if (classify(s.addr, t.sc_status_)) t.calls_.push_back(s);
+    }
+  }
+  if (auto raw = read_table(syms, read, "__smp_locks", "__smp_locks_end", 4, limits, t.locks_status_, &base)) {
+    if (!have_text) no_text(t.locks_status_);
+    for (std::size_t off = 0; have_text && off < raw->size(); off += 4) {
+      std::uint64_t a = base + off + s32_at(raw->data() + off);
+      if (classify(a, t.locks_status_)) t.locks_.push_back(a);
+    }
+  }
+
+  // kprobe_blacklist: a list_head whose nodes start with their own list_head, so `next`
+  // points at the next node itself. Walked with a bound; a repeated node ends the walk.
+  if (auto head = address_of(syms, "kprobe_blacklist"); !head) {
+    t.bl_status_.why = "no kprobe_blacklist in the symbols (" + syms.source() + ")";
+  } else if (!have_text) {
+    no_text(t.bl_status_);
+  } else {
+    std::set<std::uint64_t> seen;
+    std::uint64_t node = 0;
+    std::byte buf[40];
+    bool ok = true;
+    if (auto r = read(Gva{*head}, std::span(buf, 8)); !r) {
+      t.bl_status_.why = "cannot read its head: " + r.error().what;
+      ok = false;
+    } else {
+      node = u64_at(buf);
+    }
+    while (ok && node != *head) {
+      if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > limits.max_blacklist) {
+        t.bl_status_.why = seen.size() > limits.max_blacklist ? "more nodes than the limit"
+                           : node < symbols::kKernelHalfStart ? "a node outside the kernel's half"
+                                                              : "the list loops without returning to its head";
+        ok = false;
+        break;
+      }
+      if (auto r = read(Gva{node}, std::span(buf, sizeof buf)); !r) {
+        t.bl_status_.why = "cannot read a node: " + r.error().what;
+        ok = false;
+        break;
+      }
+      Range r{u64_at(buf + 16), u64_at(buf + 24)};
+      if (r.start < r.end && r.end - r.start <= (64u << 20) && t.text_.contains(r.start) && r.end <= t.text_.end)
+        t.blacklist_.push_back(r);
+      else if (!r.empty() && t.init_text_.contains(r.start))
+        ++t.bl_status_.init_entries;
+      else
+        ++t.bl_status_.invalid;
+      node = u64_at(buf);
+    }
+    t.bl_status_.found = ok;
+    if (!ok) t.blacklist_.clear();  // a list we could not walk to its end is not trusted in part
+  }
+  t.index();
+  for (TableStatus* st : {&t.ex_status_, &t.jump_status_, &t.sc_status_, &t.locks_status_, &t.bl_status_})
+    if (st->invalid)
+      XP_LOG(Warn, "guest kernel table %s: %zu entries point outside the kernel's text (dropped)", st->name,
+             st->invalid);
+  return t;
+}
+
+KernelTables KernelTables::from_parts(Range text, std::vector<ExEntry> ex, std::vector<Site> jumps,
+                                      std::vector<Site> calls, std::vector<std::uint64_t> locks,
+                                      std::vector<Range> blacklist) {
+  KernelTables t;
+  t.text_ = text;
+  t.ex_ = std::move(ex);
+  t.jumps_ = std::move(jumps);
+  t.calls_ = std::move(calls);
+  t.locks_ = std::move(locks);
+  t.blacklist_ = std::move(blacklist);
+  for (TableStatus* st : {&t.ex_status_, &t.jump_status_, &t.sc_status_, &t.locks_status_, &t.bl_status_})
+    st->found = true;
+  t.index();
+  return t;
+}
+
+void KernelTables::index() {
+  // Hostile input is never trusted to be sorted (Linux sorts __ex_table at build time).
+  std::sort(ex_.begin(), ex_.end(), [](const ExEntry& a, const ExEntry& b) { return a.insn < b.insn; });
+  auto by_addr = [](const Site& a, const Site& b) { return a.addr < b.addr; };
+  std::sort(jumps_.begin(), jumps_.end(), by_addr);
+  std::sort(calls_.begin(), calls_.end(), by_addr);
+  std::sort(locks_.begin(), locks_.end());
+  ex_status_.entries = ex_.size();
+  jump_status_.entries = jumps_.size();
+  sc_status_.entries = calls_.size();
+  locks_status_.entries = locks_.size();
+  // Blacklist ranges merged, so one binary search answers.
+  std::sort(blacklist_.begin(), blacklist_.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
+  std::vector<Range> merged;
+  for (const Range& r : blacklist_) {
+    if (!merged.empty() && r.start <= merged.back().end)
+      merged.back().end = std::max(merged.back().end, r.end);
+    else
+      merged.push_back(r);
+  }
+  bl_status_.entries = blacklist_.size();
+  blacklist_ = std::move(merged);
+}
+
+const ExEntry* KernelTables::exception_entry(std::uint64_t insn) const {
+  auto it = std::lower_bound(ex_.begin(), ex_.end(), insn, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
+  return it != ex_.end() && it->insn == insn ? &*it : nullptr;
+}
+
+const ExEntry* KernelTables::exception_entry_in(std::uint64_t lo, std::uint64_t hi) const {
+  auto it = std::lower_bound(ex_.begin(), ex_.end(), lo, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
+  return it != ex_.end() && it->insn < hi ? &*it : nullptr;
+}
+
+const Site* KernelTables::site_in(const std::vector<Site>& v, std::uint64_t len, std::uint64_t lo, std::uint64_t hi) {
+  // A site [addr, addr + len) overlaps [lo, hi) when addr < hi and addr + len > lo.
+  const std::uint64_t from = lo >= len ? lo - len + 1 : 0;
+  auto it = std::lower_bound(v.begin(), v.end(), from, [](const Site& s, std::uint64_t a) { return s.addr < a; });
+  return it != v.end() && it->addr < hi ? &*it : nullptr;
+}
+
+const Site* KernelTables::jump_label_in(std::uint64_t lo, std::uint64_t hi) const {
+  return site_in(jumps_, kJumpSiteLen, lo, hi);
+}
+const Site* KernelTables::static_call_in(std::uint64_t lo, std::uint64_t hi) const {
+  return site_in(calls_, kStaticCallSiteLen, lo, hi);
+}
+
+std::optional<std::uint64_t> KernelTables::smp_lock_in(std::uint64_t lo, std::uint64_t hi) const {
+  auto it = std::lower_bound(locks_.begin(), locks_.end(), lo);
+  if (it != locks_.end() && *it < hi) return *it;
+  return std::nullopt;
+}
+
+const Range* KernelTables::blacklisted(std::uint64_t addr) const {
+  auto it = std::upper_bound(blacklist_.begin(), blacklist_.end(), addr,
+                             [](std::uint64_t a, const Range& r) { return a < r.start; });
+  if (it == blacklist_.begin()) return nullptr;
+  --it;
+  return it->contains(addr) ? &*it : nullptr;
+}
+
+std::string KernelTables::summary() const {
+  std::string s;
+  for (const TableStatus* st : {&ex_status_, &jump_status_, &sc_status_, &locks_status_, &bl_status_}) {
+    if (!s.empty()) s += ", ";
+    s += st->name;
+    if (!st->found) {
+      s += " not read (" + st->why + ")";
+      continue;
+    }
+    s += " " + std::to_string(st->entries);
+    if (st->init_entries) s += " (+" + std::to_string(st->init_entries) + " init)";
+    if (st->invalid) s += " (" + std::to_string(st->invalid) + " invalid dropped)";
+  }
+  return s;
+}
+
+}  // namespace xenprobes::kernel

@@ -1,0 +1,143 @@
+// The guest kernel's own tables, read from its memory: which addresses the kernel itself
+// rewrites at run time (jump labels, static calls, SMP lock prefixes), which instructions it
+// expects to fault (the exception table), and which ranges its own int3 path and entry code
+// occupy (the section bounds, the kprobe blacklist). The address rules (address_rules.hpp)
+// consult this index at every registration.
+//
+// Trust. Everything here comes from a guest that may be hostile or simply another kernel
+// version: table bounds come from the symbols (also hostile), every size is bounded, every
+// decoded address must fall inside the kernel's text (or its freed init text, counted apart),
+// nothing is assumed sorted, and a linked list is walked with a bound and a cycle check.
+// Where a table cannot be read, the table says so (TableStatus) and the rules fall back to
+// their strictest form for it.
+//
+// Layouts are Linux's on x86-64 (v5.18 to at least v6.12), relative offsets as in
+// arch/x86/include/asm/extable.h, jump_label.h (CONFIG_HAVE_ARCH_JUMP_LABEL_RELATIVE),
+// include/linux/static_call_types.h, arch/x86/include/asm/alternative.h (LOCK_PREFIX) and
+// kernel/kprobes.c (struct kprobe_blacklist_entry).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "symbols/symbol_table.hpp"
+#include "xenprobes/types.hpp"
+
+namespace xenprobes::kernel {
+
+// A half-open address range [start, end).
+struct Range {
+  std::uint64_t start = 0;
+  std::uint64_t end = 0;
+  bool contains(std::uint64_t a) const { return a >= start && a < end; }
+  bool overlaps(std::uint64_t lo, std::uint64_t hi) const { return lo < end && hi > start; }
+  bool empty() const { return end <= start; }
+};
+
+// Bounds on what is read from a guest (a distribution 6.1 kernel has ~8k exception entries,
+// ~30k jump entries, ~12k static-call sites, ~40k lock sites, ~1.5k blacklist entries).
+struct Limits {
+  std::size_t max_entries = 1u << 20;        // per table
+  std::size_t max_blacklist = 1u << 16;      // kprobe_blacklist list nodes
+  std::size_t chunk_bytes = 64u << 10;       // one guest read
+};
+
+// One exception-table entry: the instruction that may fault, where the fault goes, and the
+// handler type and its data (data & 0xff is the EX_TYPE_*).
+struct ExEntry {
+  std::uint64_t insn = 0;
+  std::uint64_t fixup = 0;
+  std::int32_t data = 0;
+  unsigned type() const { return static_cast<std::uint32_t>(data) & 0xffu; }
+};
+
+// A run-time-patched site: its first byte and the key that flips it.
+struct Site {
+  std::uint64_t addr = 0;
+  std::uint64_t key = 0;
+};
+
+struct TableStatus {
+  const char* name = "";  // "__ex_table", "__jump_table", ...
+  bool found = false;     // its bounds were in the symbols and it could be read
+  std::size_t entries = 0;       // kept
+  std::size_t init_entries = 0;  // pointing into freed init text: dropped
+  std::size_t invalid = 0;       // pointing outside the kernel's text: dropped
+  std::string why;        // when !found: what was missing or wrong
+};
+
+// Reads `out.size()` bytes of guest memory at `addr`.
+using ReadFn = std::function<Result<void>(Gva addr, std::span<std::byte> out)>;
+
+class KernelTables {
+ public:
+  KernelTables() = default;
+
+  // Reads every table it can; never fails as a whole (a table it cannot read is marked so).
+  static KernelTables read(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits = {});
+
+  // The kernel's text, [_stext, _etext); empty if unknown.
+  const Range& core_text() const { return text_; }
+  const Range& init_text() const { return init_text_; }
+  // .entry.text, .noinstr.text and .kprobes.text; nullopt when their bounds are unknown.
+  const std::optional<Range>& entry_text() const { return entry_; }
+  const std::optional<Range>& noinstr_text() const { return noinstr_; }
+  const std::optional<Range>& kprobes_text() const { return kprobes_; }
+
+  // The entry covering exactly this instruction address (faults report the instruction's
+  // own address), or null. O(log n).
+  const ExEntry* exception_entry(std::uint64_t insn) const;
+  // The first entry whose instruction lies in [lo, hi), or null.
+  const ExEntry* exception_entry_in(std::uint64_t lo, std::uint64_t hi) const;
+  // A jump-label or static-call site whose `site_len` bytes overlap [lo, hi), or null.
+  const Site* jump_label_in(std::uint64_t lo, std::uint64_t hi) const;
+  const Site* static_call_in(std::uint64_t lo, std::uint64_t hi) const;
+  // A lock prefix recorded in .smp_locks inside [lo, hi), or nullopt.
+  std::optional<std::uint64_t> smp_lock_in(std::uint64_t lo, std::uint64_t hi) const;
+  // A kprobe_blacklist range holding `addr`, or null.
+  const Range* blacklisted(std::uint64_t addr) const;
+
+  const TableStatus& ex_status() const { return ex_status_; }
+  const TableStatus& jump_status() const { return jump_status_; }
+  const TableStatus& static_call_status() const { return sc_status_; }
+  const TableStatus& smp_locks_status() const { return locks_status_; }
+  const TableStatus& blacklist_status() const { return bl_status_; }
+  // "__ex_table 812 entries, __jump_table …": for logs and the doctor.
+  std::string summary() const;
+
+  // Bytes of a jump-label site (jmp rel32 / nop5) and of a static-call site (call/jmp rel32).
+  static constexpr std::uint64_t kJumpSiteLen = 5;
+  static constexpr std::uint64_t kStaticCallSiteLen = 5;
+
+  // For tests: tables built directly.
+  static KernelTables from_parts(Range text, std::vector<ExEntry> ex, std::vector<Site> jumps,
+                                 std::vector<Site> calls, std::vector<std::uint64_t> locks,
+                                 std::vector<Range> blacklist);
+
+ private:
+  void index();
+  static const Site* site_in(const std::vector<Site>& v, std::uint64_t len, std::uint64_t lo, std::uint64_t hi);
+
+  Range text_, init_text_;
+  std::optional<Range> entry_, noinstr_, kprobes_;
+  std::vector<ExEntry> ex_;          // sorted by insn
+  std::vector<Site> jumps_, calls_;  // sorted by addr
+  std::vector<std::uint64_t> locks_; // sorted
+  std::vector<Range> blacklist_;     // sorted by start, merged
+  static TableStatus named(const char* n) {
+    TableStatus s;
+    s.name = n;
+    return s;
+  }
+  TableStatus ex_status_ = named("__ex_table"), jump_status_ = named("__jump_table"),
+              sc_status_ = named(".static_call_sites"), locks_status_ = named(".smp_locks"),
+              bl_status_ = named("kprobe_blacklist");
+};
+
+}  // namespace xenprobes::kernel

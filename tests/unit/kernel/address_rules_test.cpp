@@ -1,0 +1,230 @@
+// The address rules, one test per rule, each from annotated instruction bytes at an address
+// of a fake kernel whose tables say what is there.
+#include <gtest/gtest.h>
+
+#include "kernel/address_rules.hpp"
+#include "unit/kernel/fake_kernel.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+using kernel::check_address;
+using kernel::RuleContext;
+
+x86::Insn insn(std::uint64_t at, std::vector<std::uint8_t> bytes) {
+  auto i = x86::decode(bytes, Gva{at});
+  if (!i) throw std::runtime_error(i.error().what);
+  return *i;
+}
+
+// A kernel with every table present and one entry of each kind.
+struct Rules : ::testing::Test {
+  static constexpr std::uint64_t kFn = kText + 0x1000;   // "some_function", 0x100 bytes
+  static constexpr std::uint64_t kCopy = kFn + 0x20;     // an __ex_table instruction
+  static constexpr std::uint64_t kJump = kFn + 0x40;     // a jump-label site
+  static constexpr std::uint64_t kCall = kFn + 0x60;     // a static-call site
+  static constexpr std::uint64_t kLock = kFn + 0x80;     // an .smp_locks prefix
+  static constexpr std::uint64_t kNok = kText + 0x3000;  // a NOKPROBE function
+  FakeKernel k;
+  kernel::KernelTables tables;
+  symbols::SymbolTable syms;
+  symbols::Function fn{"some_function", Gva{kFn}, 0x100};
+
+  void SetUp() override {
+    k.sym(kFn, 'T', "some_function");
+    k.sym(kFn + 0x100, 'T', "other_function");
+    k.sym(kText + 0x2000, 'T', "__entry_text_start");
+    k.sym(kText + 0x2100, 'T', "__entry_text_end");
+    k.sym(kText + 0x2100, 'T', "__noinstr_text_start");
+    k.sym(kText + 0x2200, 'T', "__noinstr_text_end");
+    k.sym(kText + 0x2200, 'T', "__kprobes_text_start");
+    k.sym(kText + 0x2300, 'T', "__kprobes_text_end");
+    k.ex_table({{kCopy, kFn + 0xf0, 3}});
+    k.jump_table({{kJump, kFn + 0xe0, kData + 0x800}});
+    k.static_calls({{kCall, kData + 0x900}});
+    k.smp_locks({kLock});
+    k.blacklist({{kNok, kNok + 0x40}});
+    tables = k.read();
+    syms = k.symbols();
+  }
+  RuleContext ctx(bool guest) {
+    RuleContext c;
+    c.tables = &tables;
+    c.syms = &syms;
+    c.guest_channel = guest;
+    return c;
+  }
+  std::string rule(const x86::Insn& i, bool guest = true, const symbols::Function* f = nullptr) {
+    auto r = check_address(ctx(guest), i, f ? f : &fn);
+    return r ? r->rule : "";
+  }
+};
+
+TEST_F(Rules, OrdinaryInstructionsPass) {
+  EXPECT_EQ(rule(insn(kFn + 4, {0x48, 0x89, 0xe5})), "");                    // mov rbp, rsp
+  EXPECT_EQ(rule(insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08})), "");              // mov rax, [rdi+8]
+}
+
+TEST_F(Rules, ExceptionTableInstructionsAreRefused) {
+  auto r = check_address(ctx(false), insn(kCopy, {0xf3, 0xa4}), &fn);  // rep movsb
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "exception-table");
+  EXPECT_FALSE(r->guest_channel_only);
+  std::string m = r->message("some_function+0x20");
+  EXPECT_NE(m.find("rule 'exception-table'"), std::string::npos) << m;
+  EXPECT_NE(m.find("fixup"), std::string::npos) << m;
+  EXPECT_NE(m.find("no channel accepts it"), std::string::npos) << m;
+  EXPECT_EQ(rule(insn(kCopy + 2, {0x48, 0x89, 0xc8})), "");  // the instruction after it
+}
+
+TEST_F(Rules, JumpLabelSitesAreRefusedWhateverTheirState) {
+  EXPECT_EQ(rule(insn(kJump, {0x0f, 0x1f, 0x44, 0x00, 0x00})), "jump-label");  // nop5
+  EXPECT_EQ(rule(insn(kJump, {0xe9, 0x10, 0x00, 0x00, 0x00})), "jump-label");  // jmp rel32
+  EXPECT_EQ(rule(insn(kJump, {0xeb, 0x10})), "jump-label");                    // jmp rel8
+  // An instruction that overlaps the site's bytes from before.
+  EXPECT_EQ(rule(insn(kJump - 2, {0x48, 0x89, 0xc8})), "jump-label");
+  auto r = check_address(ctx(false), insn(kJump, {0x66, 0x90}), &fn);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code, Errc::Busy);
+}
+
+TEST_F(Rules, StaticCallSitesAndTrampolinesAreRefused) {
+  EXPECT_EQ(rule(insn(kCall, {0xe8, 0x00, 0x10, 0x00, 0x00})), "static-call");
+  symbols::Function tramp{"__SCT__preempt_schedule", Gva{kText + 0x4000}, 8};
+  EXPECT_EQ(rule(insn(kText + 0x4000, {0xe9, 0x00, 0x10, 0x00, 0x00}), false, &tramp), "static-call-trampoline");
+}
+
+TEST_F(Rules, SmpLockPrefixesAreRefused) {
+  EXPECT_EQ(rule(insn(kLock, {0xf0, 0x48, 0xff, 0x00})), "smp-lock");  // lock inc qword [rax]
+}
+
+TEST_F(Rules, EntryTextIsRefusedOnEveryChannel) {
+  symbols::Function f{"entry_SYSCALL_64", Gva{kText + 0x2000}, 0x100};
+  EXPECT_EQ(rule(insn(kText + 0x2010, {0x48, 0x89, 0xe5}), true, &f), "entry-text");
+  EXPECT_EQ(rule(insn(kText + 0x2010, {0x48, 0x89, 0xe5}), false, &f), "entry-text");
+}
+
+TEST_F(Rules, NoinstrAndKprobesTextAreRefusedOnlyOnTheGuestChannel) {
+  symbols::Function ni{"exc_page_fault", Gva{kText + 0x2100}, 0x100};
+  auto r = check_address(ctx(true), insn(kText + 0x2110, {0x48, 0x89, 0xe5}), &ni);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "noinstr");
+  EXPECT_TRUE(r->guest_channel_only);
+  EXPECT_NE(r->message("x").find("vmevent and debugger channels accept it"), std::string::npos);
+  EXPECT_EQ(rule(insn(kText + 0x2110, {0x48, 0x89, 0xe5}), false, &ni), "");
+  symbols::Function kp{"kprobe_handler", Gva{kText + 0x2200}, 0x100};
+  EXPECT_EQ(rule(insn(kText + 0x2210, {0x48, 0x89, 0xe5}), true, &kp), "kprobes-text");
+  EXPECT_EQ(rule(insn(kText + 0x2210, {0x48, 0x89, 0xe5}), false, &kp), "");
+}
+
+TEST_F(Rules, TheKprobeBlacklistAppliesToTheGuestChannel) {
+  symbols::Function f{"nmi_handle", Gva{kNok}, 0x40};
+  EXPECT_EQ(rule(insn(kNok + 4, {0x48, 0x89, 0xe5}), true, &f), "kprobe-blacklist");
+  EXPECT_EQ(rule(insn(kNok + 4, {0x48, 0x89, 0xe5}), false, &f), "");
+}
+
+TEST_F(Rules, TheGuestModulesOwnPathIsRefusedOnTheGuestChannel) {
+  symbols::Function rcu{"__rcu_read_lock", Gva{kText + 0x5000}, 0x20};
+  EXPECT_EQ(rule(insn(kText + 0x5004, {0x48, 0x89, 0xe5}), true, &rcu), "guest-hook-path");
+  EXPECT_EQ(rule(insn(kText + 0x5004, {0x48, 0x89, 0xe5}), false, &rcu), "");
+  symbols::Function thunk{"__x86_indirect_thunk_rax", Gva{kText + 0x5100}, 0x20};
+  EXPECT_EQ(rule(insn(kText + 0x5100, {0xff, 0xe0}), true, &thunk), "guest-hook-path");
+  // The module's own text, as it publishes it.
+  RuleContext c = ctx(true);
+  c.module_text = {kText + 0x1000, kText + 0x1100};
+  auto r = check_address(c, insn(kFn + 4, {0x48, 0x89, 0xe5}), &fn);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "module-text");
+}
+
+TEST_F(Rules, AddressesOutsideTheTextOrWithoutAFunctionAreRefused) {
+  symbols::Function data{"jiffies_64", Gva{kRodata}, 8};
+  EXPECT_EQ(rule(insn(kRodata, {0x90}), false, &data), "not-kernel-text");
+  auto r = check_address(ctx(false), insn(kFn, {0x90}), nullptr);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "no-function");
+  // An instruction that starts in the text and runs past _etext.
+  symbols::Function last{"last", Gva{kTextEnd - 2}, 2};
+  EXPECT_EQ(rule(insn(kTextEnd - 2, {0x48, 0x89, 0xe5}), false, &last), "not-kernel-text");
+  // No tables at all: nothing can be checked.
+  RuleContext none;
+  EXPECT_STREQ(check_address(none, insn(kFn, {0x90}), &fn)->rule, "not-kernel-text");
+}
+
+// Where a table could not be read, its rule refuses every instruction it could cover.
+TEST(RulesWithoutTables, EachMissingTableRefusesTheShapesItCouldCover) {
+  FakeKernel k;
+  k.sym(kText + 0x1000, 'T', "some_function");
+  auto tables = k.read();
+  auto syms = k.symbols();
+  symbols::Function fn{"some_function", Gva{kText + 0x1000}, 0x100};
+  RuleContext c;
+  c.tables = &tables;
+  c.syms = &syms;
+  auto rule = [&](std::vector<std::uint8_t> b, bool guest) {
+    c.guest_channel = guest;
+    auto r = check_address(c, insn(kText + 0x1010, std::move(b)), &fn);
+    return r ? std::string(r->rule) + ": " + r->entry : std::string();
+  };
+  EXPECT_EQ(rule({0x48, 0x89, 0xe5}, false), "");  // mov rbp, rsp: no table could cover it
+  EXPECT_EQ(rule({0x0f, 0x1f, 0x44, 0x00, 0x00}, false).substr(0, 10), "jump-label");
+  EXPECT_EQ(rule({0xe8, 0, 0, 0, 0}, false).substr(0, 10), "jump-label");
+  EXPECT_EQ(rule({0x48, 0x8b, 0x07}, false).substr(0, 15), "exception-table");
+  EXPECT_EQ(rule({0xf3, 0xa4}, false).substr(0, 15), "exception-table");
+  EXPECT_EQ(rule({0xf0, 0x48, 0xff, 0x00}, false).substr(0, 8), "smp-lock");
+  // On the guest channel the unreadable blacklist refuses everything.
+  EXPECT_EQ(rule({0x48, 0x89, 0xe5}, true).substr(0, 16), "kprobe-blacklist");
+  EXPECT_NE(rule({0x48, 0x89, 0xe5}, true).find("kprobe_blacklist"), std::string::npos);
+}
+
+// ---- entry placement
+
+struct Entry : Rules {
+  std::vector<x86::Insn> fn_insns(std::vector<std::vector<std::uint8_t>> code, std::uint64_t at = kFn) {
+    std::vector<x86::Insn> v;
+    for (auto& b : code) {
+      v.push_back(insn(at, b));
+      at += b.size();
+    }
+    return v;
+  }
+};
+
+TEST_F(Entry, AProbeOnAFunctionStartGoesPastTheFtraceSite) {
+  auto f = fn_insns({{0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}});
+  auto p = kernel::place_entry_probe(ctx(false), f, Gva{kFn});
+  EXPECT_EQ(p.address, Gva{kFn + 5});
+  EXPECT_NE(p.moved_because.find("ftrace"), std::string::npos);
+  // When ftrace uses the site it is a call: still the kernel's.
+  auto g = fn_insns({{0xe8, 0x00, 0x10, 0x00, 0x00}, {0x55}, {0xc3}});
+  EXPECT_EQ(kernel::place_entry_probe(ctx(false), g, Gva{kFn}).address, Gva{kFn + 5});
+}
+
+TEST_F(Entry, PastTheEndbrThenTheFtraceSite) {
+  auto f = fn_insns({{0xf3, 0x0f, 0x1e, 0xfa}, {0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}});
+  auto p = kernel::place_entry_probe(ctx(false), f, Gva{kFn});
+  EXPECT_EQ(p.address, Gva{kFn + 9});
+  EXPECT_NE(p.moved_because.find("endbr64"), std::string::npos);
+  EXPECT_NE(p.moved_because.find("ftrace"), std::string::npos);
+  // Without an ftrace site only the endbr is passed.
+  auto g = fn_insns({{0xf3, 0x0f, 0x1e, 0xfa}, {0x55}, {0xc3}});
+  EXPECT_EQ(kernel::place_entry_probe(ctx(false), g, Gva{kFn}).address, Gva{kFn + 4});
+}
+
+TEST_F(Entry, OtherAddressesAndOtherFirstInstructionsStay) {
+  auto f = fn_insns({{0x55}, {0x48, 0x89, 0xe5}, {0xc3}});
+  EXPECT_EQ(kernel::place_entry_probe(ctx(false), f, Gva{kFn}).address, Gva{kFn});
+  auto g = fn_insns({{0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}});
+  EXPECT_EQ(kernel::place_entry_probe(ctx(false), g, Gva{kFn + 5}).address, Gva{kFn + 5});
+  EXPECT_TRUE(kernel::place_entry_probe(ctx(false), g, Gva{kFn + 5}).moved_because.empty());
+}
+
+TEST_F(Entry, ANopThatIsAJumpLabelSiteIsNotAnFtraceSite) {
+  // A function whose first instruction is a static branch (the site at kJump).
+  auto f = fn_insns({{0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}}, kJump);
+  EXPECT_FALSE(kernel::is_ftrace_site(ctx(false), f, f[0]));
+  EXPECT_EQ(kernel::place_entry_probe(ctx(false), f, Gva{kJump}).address, Gva{kJump});
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
