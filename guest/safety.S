@@ -78,7 +78,6 @@ demo_hook_target:
 	.type __SCT__demo_hook, @function
 __SCT__demo_hook:
 	jmp demo_hook_target
-	.byte 0x0f, 0xb9, 0xcc	/* ud1 %esp, %ecx: the trampoline's signature */
 	.size __SCT__demo_hook, . - __SCT__demo_hook
 
 /* An SMP-alternatives site: the lock prefix a uniprocessor kernel would rewrite to 0x3e. */

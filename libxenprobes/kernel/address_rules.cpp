@@ -129,15 +129,15 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
     return refuse("not-kernel-text", Errc::InvalidArgument,
                   "the guest kernel's text bounds are unknown, so no address can be checked",
                   "load symbols that list _stext and _etext");
+  if (!in_kernel_text(c, a) || !t->core_text().contains(end - 1))
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "outside the kernel's text [_stext, _etext): data, freed init code or module text",
+                  "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
   if (!fn)
     return refuse("no-function", Errc::InvalidArgument,
                   "no function symbol covers it, so the instruction boundary cannot be checked (a data "
                   "symbol, padding, or a function the symbols do not list)",
                   "");
-  if (!in_kernel_text(c, a) || !t->core_text().contains(end - 1))
-    return refuse("not-kernel-text", Errc::InvalidArgument,
-                  "outside the kernel's text [_stext, _etext): data, freed init code or module text",
-                  "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
   if (in_entry_text(c, a))
     return refuse("entry-text", Errc::InvalidArgument,
                   "entry code runs on the entry stack, with the user GS or the user page tables (PTI), "

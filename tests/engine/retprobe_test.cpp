@@ -377,6 +377,7 @@ TEST(RetProbe, ReturnsPairByStackSlotNotByVcpu) {
       RetProbeOptions{4, 8});
   ASSERT_TRUE(id) << id.error().what;
   Gva tramp = engine.info(*id)->trampoline;
+  const Gva at = engine.info(*id)->address;  // past the ftrace nop at fn
   auto gv = GuestView::open(*hv, dom);
   ASSERT_TRUE(gv);
   const std::uint64_t stacks = *host->symbol(dom, DEMO_SYM_STACKS);
@@ -393,8 +394,8 @@ TEST(RetProbe, ReturnsPairByStackSlotNotByVcpu) {
     EXPECT_EQ(engine.on_stop(s), channel::Verdict::Resume);
     return s.regs;
   };
-  stop(0, Gva{fn}, rsp_a, 0xa);
-  stop(0, Gva{fn}, rsp_b, 0xb);
+  stop(0, at, rsp_a, 0xa);
+  stop(0, at, rsp_b, 0xb);
   EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_a}), tramp.value);
   EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_b}), tramp.value);
   hv::VcpuRegs back_b = stop(1, tramp, rsp_b + 8, 0);  // the ret popped the slot

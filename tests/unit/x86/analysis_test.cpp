@@ -33,6 +33,7 @@ const NamedPred kRefusals[] = {
     {"is_transaction_begin", is_transaction_begin},
     {"is_opsize_relative_branch", is_opsize_relative_branch},
     {"is_addr32_rip_relative", is_addr32_rip_relative},
+    {"is_interrupt_enable", is_interrupt_enable},
 };
 
 struct RefusalCase {
@@ -80,14 +81,16 @@ INSTANTIATE_TEST_SUITE_P(
         RefusalCase{"is_opsize_relative_branch", {0x66, 0x0f, 0x84, 0x10, 0x00},
                     Errc::InvalidArgument, "operand-size"},  // 66 je rel16 (AMD reading)
         RefusalCase{"is_addr32_rip_relative", {0x67, 0x8b, 0x05, 0x10, 0, 0, 0},
-                    Errc::InvalidArgument, "addr32"}));  // mov eax, [eip + 0x10]
+                    Errc::InvalidArgument, "addr32"},  // mov eax, [eip + 0x10]
+        RefusalCase{"is_interrupt_enable", {0xfb}, Errc::InvalidArgument, "shadow"}));  // sti
 
 TEST(Analyze, BoostablePlain) {
   // 48 89 e5   mov rbp, rsp ; 55 push rbp ; f0 48 0f b1 0e lock cmpxchg [rsi], rcx
-  // 9c pushfq ; 9d popfq ; fa cli ; fb sti ; e6 e9 out 0xe9, al ; f3 a4 rep movsb
+  // 9c pushfq ; 9d popfq ; fa cli ; e6 e9 out 0xe9, al ; f3 a4 rep movsb (sti is refused:
+  // see is_interrupt_enable)
   const std::vector<std::vector<std::uint8_t>> boost = {
       {0x48, 0x89, 0xe5}, {0x55}, {0xf0, 0x48, 0x0f, 0xb1, 0x0e}, {0x9c}, {0x9d},
-      {0xfa}, {0xfb}, {0xe6, 0xe9}, {0xf3, 0xa4}};
+      {0xfa}, {0xe6, 0xe9}, {0xf3, 0xa4}};
   for (const auto& b : boost) {
     const Insn i = dec(b);
     EXPECT_TRUE(can_boost(i)) << i.describe();

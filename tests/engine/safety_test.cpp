@@ -1,0 +1,184 @@
+// The address rules on the simulated Xen, over each channel: the demo guest carries the
+// kernel's own tables in Linux's formats (guest/safety.S), and every point they cover is
+// refused with its rule, the table entry and the channels that would accept it, without a
+// byte of the guest changed. Also the text checks at arm and disarm, and entry placement.
+#include <cstring>
+
+#include "mem/frame_source.hpp"
+#include "probe/engine.hpp"
+#include "channel/debugger.hpp"
+#include "xenprobes/guest_view.hpp"
+
+#include "engine/engine_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+auto nop() {
+  return [](HitContext&) { return 0; };
+}
+
+struct Case {
+  const char* at;    // symbol+offset
+  const char* rule;  // the rule that refuses it
+  bool guest_only;   // the vmevent and debugger channels accept it
+};
+
+// Offsets from guest/safety.S (each function starts with the 5-byte ftrace nop unless noted).
+const Case kCases[] = {
+    {"demo_uaccess_copy+0x8", "exception-table", false},   // rep movsb with a fixup
+    {"demo_static_branch+0x5", "jump-label", false},       // the static-key nop5
+    {"demo_static_call+0x5", "static-call", false},        // call __SCT__demo_hook
+    {"__SCT__demo_hook", "static-call-trampoline", false}, // the trampoline's jmp
+    {"demo_locked_inc+0xc", "smp-lock", false},            // lock incq (%rax)
+    {"demo_entry_stub", "entry-text", false},              // .entry.text
+    {"demo_noinstr_fn", "noinstr", true},                  // .noinstr.text
+    {"demo_kprobes_fn", "kprobes-text", true},             // .kprobes.text
+    {"demo_nokprobe_fn+0x5", "kprobe-blacklist", true},    // on kprobe_blacklist
+    {"__rcu_read_lock+0x5", "guest-hook-path", true},      // the module's int3 path
+    {"lookup_address+0x5", "guest-hook-path", true},
+};
+
+TEST(AddressRules, EveryTableEntryIsRefusedWithItsRuleAndNothingIsWritten) {
+  ProbedGuest g;
+  const bool guest = test_channel() == ChannelKind::Guest;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.at);
+    Gva a = *g.session->resolve(g.dom, c.at);
+    auto before = g.peek(a.value, 8);
+    auto p = g.session->probe(g.dom, a, nop());
+    if (c.guest_only && !guest) {
+      // Xen takes these traps before the guest's own int3 path: safe here.
+      ASSERT_TRUE(p) << p.error().what;
+      EXPECT_EQ(g.peek(a.value, 1)[0], trap_byte());
+      ASSERT_TRUE(p->unregister());
+      EXPECT_EQ(g.peek(a.value, 8), before);
+      continue;
+    }
+    ASSERT_FALSE(p) << "probed " << c.at;
+    const std::string& m = p.error().what;
+    EXPECT_NE(m.find(std::string("rule '") + c.rule + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find(c.guest_only ? "the vmevent and debugger channels accept it" : "no channel accepts it"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(g.peek(a.value, 8), before) << "a refusal writes nothing";
+  }
+}
+
+TEST(AddressRules, RefusalsNameTheTableEntry) {
+  ProbedGuest g;
+  auto ex = g.session->probe(g.dom, "demo_uaccess_copy+0x8", nop());
+  ASSERT_FALSE(ex);
+  EXPECT_EQ(ex.error().code, Errc::InvalidArgument);
+  EXPECT_NE(ex.error().what.find("__ex_table entry demo_uaccess_copy+0x8"), std::string::npos) << ex.error().what;
+  EXPECT_NE(ex.error().what.find("fixup demo_uaccess_copy+0xa"), std::string::npos) << ex.error().what;
+  auto jl = g.session->probe(g.dom, "demo_static_branch+0x5", nop());
+  ASSERT_FALSE(jl);
+  EXPECT_EQ(jl.error().code, Errc::Busy);
+  EXPECT_NE(jl.error().what.find("key demo_static_key"), std::string::npos) << jl.error().what;
+  auto sc = g.session->probe(g.dom, "demo_static_call+0x5", nop());
+  ASSERT_FALSE(sc);
+  EXPECT_NE(sc.error().what.find("key __SCK__demo_hook"), std::string::npos) << sc.error().what;
+}
+
+TEST(AddressRules, DataAndAddressesOutsideTheTextAreRefused) {
+  ProbedGuest g;
+  Gva key{g.sym("demo_static_key")};
+  auto before = g.peek(key.value, 8);
+  auto p = g.session->probe(g.dom, key, nop());
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what.find("rule 'not-kernel-text'"), std::string::npos) << p.error().what;
+  EXPECT_EQ(g.peek(key.value, 8), before);
+  auto r = g.session->ret_probe(g.dom, key, {}, [](HitContext&, std::span<std::byte>) {});
+  ASSERT_FALSE(r);
+}
+
+TEST(AddressRules, WithoutSymbolsNothingIsProbed) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(1, 1);
+  c.start_paused = true;
+  DomId dom = *host->create_domain(c);
+  auto hv = host->open();
+  auto ch = channel::DebuggerChannel::open(*hv);
+  ASSERT_TRUE(ch) << ch.error().what;
+  probe::Engine engine(*hv, **ch);
+  const std::uint64_t at = *host->symbol(dom, "sys_getppid") + 5;
+  auto id = engine.add(dom, Gva{at}, [](HitContext&) { return 0; }, {});
+  ASSERT_FALSE(id);
+  EXPECT_NE(id.error().what.find("rule 'no-symbols'"), std::string::npos) << id.error().what;
+  EXPECT_NE(id.error().what.find("load_symbols()"), std::string::npos) << id.error().what;
+}
+
+TEST(AddressRules, AForeignBreakpointEarlierInTheFunctionMakesItsBoundariesUntrusted) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  // An in-guest kprobe's int3 over the first byte of `sub $…, %rax` at demo_classify+0x8.
+  const std::uint64_t foreign = g.sym("demo_classify") + 0x8;
+  std::uint8_t orig = g.peek(foreign, 1)[0], cc = 0xcc;
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(&cc, 1))));
+  auto p = g.session->probe(g.dom, Gva{g.sym("demo_classify") + 0x15}, nop());  // mov %rax,%rcx
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Errc::Busy);
+  EXPECT_NE(p.error().what.find("rule 'foreign-trap'"), std::string::npos) << p.error().what;
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(&orig, 1))));
+  auto q = g.session->probe(g.dom, Gva{g.sym("demo_classify") + 0x15}, nop());
+  EXPECT_TRUE(q) << q.error().what;
+}
+
+TEST(TextChecks, EnableAfterTheGuestRewroteTheInstructionIsRefused) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  const std::uint64_t at = g.sym("demo_classify") + 0x15;  // mov %rax,%rcx (3 bytes)
+  auto p = g.session->probe(g.dom, Gva{at}, nop());
+  ASSERT_TRUE(p) << p.error().what;
+  ASSERT_TRUE(p->disable());
+  // The guest rewrites it meanwhile (as a static key flip or a module reload would).
+  const std::uint8_t other[3] = {0x48, 0x89, 0xc2};  // mov %rax,%rdx
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(other))));
+  auto e = p->enable();
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code, Errc::Again);
+  EXPECT_NE(e.error().what.find("rule 'text-changed'"), std::string::npos) << e.error().what;
+  EXPECT_EQ(g.peek(at, 3), std::vector<std::uint8_t>(other, other + 3)) << "no trap over bytes we did not decode";
+}
+
+TEST(TextChecks, DisarmLeavesAByteTheGuestRewroteAlone) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  const std::uint64_t at = g.sym("demo_classify") + 0x15;
+  auto p = g.session->probe(g.dom, Gva{at}, nop());
+  ASSERT_TRUE(p) << p.error().what;
+  EXPECT_EQ(g.peek(at, 1)[0], trap_byte());
+  const std::uint8_t theirs = 0x90;
+  ASSERT_TRUE((*gv)->write(Gva{at}, std::as_bytes(std::span(&theirs, 1))));
+  ASSERT_TRUE(p->unregister());
+  EXPECT_EQ(g.peek(at, 1)[0], theirs) << "the saved byte must not be written over the guest's own";
+}
+
+TEST(EntryPlacement, NameAndStartAddressBothLandPastTheFtraceSite) {
+  ProbedGuest g;
+  std::uint64_t hits = 0;
+  auto by_name = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
+    EXPECT_EQ(c.regs().rip, g.entry("sys_getppid"));
+    ++hits;
+    return 0;
+  });
+  ASSERT_TRUE(by_name) << by_name.error().what;
+  auto by_addr = g.session->probe(g.dom, Gva{g.sym("sys_getppid")}, nop());
+  ASSERT_TRUE(by_addr) << by_addr.error().what;
+  EXPECT_EQ(by_addr->info()->address.value, g.entry("sys_getppid"));
+  EXPECT_EQ(by_addr->info()->requested.value, g.sym("sys_getppid"));
+  // The ftrace nop itself is untouched; the trap is on the next instruction.
+  EXPECT_EQ(g.peek(g.sym("sys_getppid"), 5), (std::vector<std::uint8_t>{0x0f, 0x1f, 0x44, 0x00, 0x00}));
+  EXPECT_EQ(g.peek(g.entry("sys_getppid"), 1)[0], trap_byte());
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(hits, expected_calls(DEMO_FN_GETPPID, 5)) << "every call is still seen";
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
