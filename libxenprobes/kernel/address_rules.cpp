@@ -177,7 +177,8 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
       return refuse("smp-lock", Errc::Busy,
                     "the SMP lock-site table could not be read, so this prefix may be rewritten at CPU hotplug",
                     ".smp_locks: " + t->smp_locks_status().why);
-  } else if (auto l = t->smp_lock_in(a, end)) {
+  } else if (auto l = t->smp_lock_in(a, end); l && (i.bytes[*l - a] == 0xf0 || i.bytes[*l - a] == 0x3e)) {
+    // (An entry whose byte is no lock prefix is garbage from a freed table, not a site.)
     return refuse("smp-lock", Errc::Busy,
                   "a lock prefix the kernel rewrites (0x3e <-> 0xf0) when CPUs come and go; restoring our "
                   "copy could leave the operation non-atomic",

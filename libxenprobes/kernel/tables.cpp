@@ -138,6 +138,10 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
   if (auto raw = read_table(syms, read, "__smp_locks", "__smp_locks_end", 4, limits, t.locks_status_, &base)) {
     if (!have_text) no_text(t.locks_status_);
     for (std::size_t off = 0; have_text && off < raw->size(); off += 4) {
+      // The section is padded to a page with zeros; once booted SMP the kernel frees it as
+      // init memory (poisoned, then reused): garbage points anywhere and is dropped, and the
+      // rule also checks the prefix byte itself (address_rules.cpp).
+      if (s32_at(raw->data() + off) == 0) continue;
       std::uint64_t a = base + off + s32_at(raw->data() + off);
       if (classify(a, t.locks_status_)) t.locks_.push_back(a);
     }

@@ -96,6 +96,9 @@ TEST_F(Rules, StaticCallSitesAndTrampolinesAreRefused) {
 
 TEST_F(Rules, SmpLockPrefixesAreRefused) {
   EXPECT_EQ(rule(insn(kLock, {0xf0, 0x48, 0xff, 0x00})), "smp-lock");  // lock inc qword [rax]
+  EXPECT_EQ(rule(insn(kLock, {0x3e, 0x48, 0xff, 0x00})), "smp-lock");  // as a UP kernel patched it
+  // An entry whose byte is no lock prefix (a freed, reused table) is not a site.
+  EXPECT_EQ(rule(insn(kLock, {0x48, 0xff, 0x00})), "");
 }
 
 TEST_F(Rules, EntryTextIsRefusedOnEveryChannel) {
