@@ -129,6 +129,12 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
     return refuse("not-kernel-text", Errc::InvalidArgument,
                   "the guest kernel's text bounds are unknown, so no address can be checked",
                   "load symbols that list _stext and _etext");
+  // Checked before the text bounds, which it lies outside of, for the more useful reason.
+  if (!c.module_text.empty() && c.module_text.overlaps(a, end))
+    return refuse("module-text", Errc::InvalidArgument,
+                  "the guest module's own code: its int3 hook runs it (a trap there recurses on the guest "
+                  "channel), and module text is not probed on any channel yet",
+                  "xenprobes module text " + hex(c.module_text.start) + "-" + hex(c.module_text.end));
   if (!in_kernel_text(c, a) || !t->core_text().contains(end - 1))
     return refuse("not-kernel-text", Errc::InvalidArgument,
                   "outside the kernel's text [_stext, _etext): data, freed init code or module text",
@@ -199,10 +205,6 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
   }
   // The guest's own int3 path (guest channel only).
   if (c.guest_channel) {
-    if (!c.module_text.empty() && c.module_text.overlaps(a, end))
-      return refuse("module-text", Errc::InvalidArgument,
-                    "the guest module's own code runs in its int3 hook: a trap there recurses",
-                    "xenprobes module text " + hex(c.module_text.start) + "-" + hex(c.module_text.end), true);
     if (on_guest_hook_path(fn->name))
       return refuse("guest-hook-path", Errc::InvalidArgument,
                     "runs on every kernel int3 before the guest module can tell a nested hit: a trap there "

@@ -132,12 +132,17 @@ TEST_F(Rules, TheGuestModulesOwnPathIsRefusedOnTheGuestChannel) {
   EXPECT_EQ(rule(insn(kText + 0x5004, {0x48, 0x89, 0xe5}), false, &rcu), "");
   symbols::Function thunk{"__x86_indirect_thunk_rax", Gva{kText + 0x5100}, 0x20};
   EXPECT_EQ(rule(insn(kText + 0x5100, {0xff, 0xe0}), true, &thunk), "guest-hook-path");
-  // The module's own text, as it publishes it.
-  RuleContext c = ctx(true);
-  c.module_text = {kText + 0x1000, kText + 0x1100};
-  auto r = check_address(c, insn(kFn + 4, {0x48, 0x89, 0xe5}), &fn);
-  ASSERT_TRUE(r);
-  EXPECT_STREQ(r->rule, "module-text");
+  // The module's own text, as it publishes it (outside the kernel's text, like all module
+  // text): named as such on every channel.
+  for (bool guest : {true, false}) {
+    RuleContext c = ctx(guest);
+    c.module_text = {0xffffffffc0001000ull, 0xffffffffc0002000ull};
+    symbols::Function hook{"xp_die_notify", Gva{0xffffffffc0001100ull}, 0x40};
+    auto r = check_address(c, insn(0xffffffffc0001104ull, {0x48, 0x89, 0xe5}), &hook);
+    ASSERT_TRUE(r);
+    EXPECT_STREQ(r->rule, "module-text");
+    EXPECT_FALSE(r->guest_channel_only);
+  }
 }
 
 TEST_F(Rules, AddressesOutsideTheTextOrWithoutAFunctionAreRefused) {
