@@ -1375,10 +1375,19 @@ channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
     d.returned.erase(it);
     return channel::Verdict::Resume;
   }
-  // Nothing of ours returns from here: the guest jumped to the trampoline on its own.
-  XP_LOG(Error, "domain %u vcpu %u: reached the return trampoline with rsp %s, which no call of ours returns to",
-         d.id.value, s.vcpu.value, hex(r.rsp).c_str());
-  return channel::Verdict::NotOurs;
+  // Nothing of ours returns from here: the call's instance was reclaimed and its return
+  // address forgotten since, or the guest jumped here on its own. The trap byte stays, so
+  // answering "not ours" would stop the vCPU here again, forever. As Linux's rethook does
+  // (BUG_ON on a return address it cannot find), the task cannot go on: it resumes at
+  // address 0, so the guest kernel's own oops names it, once, and the vCPU is free.
+  ++d.lost_returns;
+  XP_LOG(Error,
+         "domain %u vcpu %u: reached the return trampoline with rsp %s, which no call of ours returns to (its "
+         "return address is unknown); the task is sent to address 0 so that the guest's oops reports it (lost "
+         "returns in this domain: %" PRIu64 ")",
+         d.id.value, s.vcpu.value, hex(r.rsp).c_str(), d.lost_returns);
+  r.rip = 0;
+  return channel::Verdict::Resume;
 }
 
 unsigned Engine::reclaim_instances(Domain& d, Registration& reg) {

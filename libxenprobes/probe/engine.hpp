@@ -158,6 +158,7 @@ class Engine final : public channel::StopSink {
     std::optional<kernel::KernelTables> tables;
     kernel::Range module_text;  // the guest module's own text, as it publishes it (guest channel)
     std::uint64_t text_changed = 0;  // disarms that found the guest's own byte, not ours
+    std::uint64_t lost_returns = 0;  // trampoline stops with no known return address
     Gva kernel_text;
     std::map<Gva, std::unique_ptr<Point>> points;
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot

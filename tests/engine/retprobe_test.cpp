@@ -398,6 +398,15 @@ TEST(RetProbe, ReturnsPairByStackSlotNotByVcpu) {
   stop(0, at, rsp_b, 0xb);
   EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_a}), tramp.value);
   EXPECT_EQ(*(*gv)->read_u64(Gva{rsp_b}), tramp.value);
+  // A vCPU at the trampoline whose return no call of ours knows (its instance reclaimed and
+  // forgotten, or a stray jump): sent away once, never stopped there again and again.
+  {
+    hv::VcpuRegs r = base;
+    r.rsp = stacks + DEMO_STACK_SIZE - 256;
+    channel::Stop lost{dom, VcpuId{0}, tramp, r};
+    EXPECT_EQ(engine.on_stop(lost), channel::Verdict::Resume);
+    EXPECT_EQ(lost.regs.rip, 0u) << "not back onto the trampoline's trap";
+  }
   hv::VcpuRegs back_b = stop(1, tramp, rsp_b + 8, 0);  // the ret popped the slot
   hv::VcpuRegs back_a = stop(1, tramp, rsp_a + 8, 0);
   EXPECT_EQ(back_b.rip, ret_b);
