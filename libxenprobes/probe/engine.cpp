@@ -210,6 +210,29 @@ Result<void> Engine::refresh_context(Domain& d) {
   d.memory->set_context(ctx);
   d.memory->invalidate_translations();
   hit_memory_ready_ = false;  // a handler that registers a probe reads its own vCPU's memory next
+  // Kernel text is read and written through page tables that map it. With page-table
+  // isolation (HVM/PVH guests on CPUs affected by Meltdown) a vCPU in user mode holds the
+  // user page tables, which map almost none of it. Linux allocates the kernel's and the
+  // user's top-level tables as an 8 KiB pair, the kernel's first (PGD_ALLOCATION_ORDER with
+  // CONFIG_PAGE_TABLE_ISOLATION; the user one is selected by bit 12 of cr3), so the kernel's
+  // are the user's with bit 12 clear. PV guests need none of this: Xen reports the kernel's
+  // table in cr3 whatever mode the vCPU is in.
+  constexpr std::uint64_t kPtiUserBit = 1ull << 12;
+  Gva probe = d.syms ? d.syms->resolve("_stext").value_or(d.kernel_text) : d.kernel_text;
+  if (d.info.type != hv::GuestType::Pv && probe.value && (ctx.cr3 & kPtiUserBit) && !d.memory->translate(probe)) {
+    mem::PagingContext kernel = ctx;
+    kernel.cr3 &= ~kPtiUserBit;
+    d.memory->set_context(kernel);
+    d.memory->invalidate_translations();
+    if (!d.memory->translate(probe)) {
+      d.memory->set_context(ctx);
+      d.memory->invalidate_translations();
+      return fail(Errc::Fault, "domain " + std::to_string(d.id.value) + ": the kernel's text at " + hex(probe.value) +
+                                   " is mapped neither by vCPU 0's page tables (cr3 " + hex(ctx.cr3) +
+                                   ") nor by their kernel half (page-table isolation); retry when it runs in the kernel");
+    }
+    XP_LOG(Debug, "domain %u: vCPU 0 holds user page tables (PTI): using their kernel half", d.id.value);
+  }
   return {};
 }
 
@@ -269,13 +292,18 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   XP_TRY(attach(id));
   Domain* d = XP_TRY(domain(id));
   if (d->kernel_text.value) XP_TRY(t.slide_from_text(d->kernel_text));
+  d->syms = std::move(t);
   // The kernel's own tables, through vCPU 0's current page tables (the domain may be paused
   // in a batch: pause() took them then).
-  if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
+  if (d->pause_depth == 0) {
+    if (auto r = refresh_context(*d); !r) {
+      d->syms.reset();
+      return r;
+    }
+  }
   mem::GuestMemory& m = *d->memory;
-  d->tables = kernel::KernelTables::read(t, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  d->tables = kernel::KernelTables::read(*d->syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
   XP_LOG(Info, "domain %u: guest kernel tables: %s", id.value, d->tables->summary().c_str());
-  d->syms = std::move(t);
   return {};
 }
 

@@ -182,3 +182,36 @@ TEST(EntryPlacement, NameAndStartAddressBothLandPastTheFtraceSite) {
 
 }  // namespace
 }  // namespace xenprobes::testing
+
+namespace xenprobes::testing {
+namespace {
+
+// Page-table isolation: vCPU 0 in user mode holds the user half of its top-level table pair,
+// which maps no kernel text (the simulated Xen allocates the pair as Linux does). Kernel text
+// is still decoded and patched, through the kernel half.
+TEST(KernelPageTables, AVcpuHoldingUserPageTablesDoesNotHideKernelText) {
+  hv::sim::DomainConfig c = demo_config(1, 5);
+  c.type = hv::GuestType::Hvm;
+  ProbedGuest g(c);
+  hv::Hypervisor& hv = g.session->hypervisor();
+  hv::VcpuRegs r = *hv.get_vcpu_regs(g.dom, VcpuId{0});
+  const std::uint64_t kernel_cr3 = r.cr3;
+  ASSERT_EQ(kernel_cr3 & 0x1fffu, 0u) << "the kernel half of an 8 KiB pair";
+  r.cr3 = kernel_cr3 | 0x1000;
+  ASSERT_TRUE(hv.set_vcpu_regs(g.dom, VcpuId{0}, r));
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  r.cr3 = kernel_cr3;  // back in the kernel before it runs
+  ASSERT_TRUE(hv.set_vcpu_regs(g.dom, VcpuId{0}, r));
+  EXPECT_EQ(g.peek(g.entry("sys_getppid"), 1)[0], trap_byte());
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(hits, expected_calls(DEMO_FN_GETPPID, 5));
+}
+
+}  // namespace
+}  // namespace xenprobes::testing

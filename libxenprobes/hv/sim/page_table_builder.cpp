@@ -15,8 +15,14 @@ PageTableBuilder::PageTableBuilder(std::span<std::uint8_t> ram, std::uint64_t ta
                                    std::uint64_t table_limit,
                                    std::function<std::uint64_t(std::uint64_t)> entry_frame)
     : ram_(ram), next_(table_base), limit_(table_limit), entry_frame_(std::move(entry_frame)) {
+  // The root as Linux allocates it with page-table isolation compiled in: an 8 KiB-aligned
+  // pair, the kernel's table first and the user's (here: empty, mapping nothing) second
+  // (PGD_ALLOCATION_ORDER 1). A cr3 with bit 12 set then names a user table that maps no
+  // kernel text, as a PTI guest's vCPU holds in user mode.
+  next_ = (next_ + 0x1fff) & ~0x1fffull;
   auto root = alloc_table();
   root_ = root ? *root : 0;
+  (void)alloc_table();
 }
 
 Result<std::uint64_t> PageTableBuilder::alloc_table() {

@@ -646,6 +646,7 @@ VcpuRegs SimHostImpl::read_regs(const Domain& d, const Vcpu& v) const {
   r.cr2 = v.cr2;
   r.cr3 = (d.root_gpa >> 12) + d.mfn_base;
   r.cr3 <<= 12;
+  if (v.pti_user_half) r.cr3 |= 0x1000;
   r.cr4 = v.cr4;
   r.efer = v.efer;
   r.dr6 = v.dr6;

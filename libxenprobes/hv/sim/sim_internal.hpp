@@ -56,6 +56,10 @@ struct Vcpu {
   // Control state as Xen would report it (Unicorn runs with paging off; see sim.hpp).
   std::uint64_t cr0 = 0x80050033, cr4 = 0x6a0, efer = 0xd01, cr2 = 0;
   std::uint64_t dr6 = 0xffff0ff0, dr7 = 0x400;
+  // HVM/PVH: cr3 names the user half of the top-level table pair (bit 12), as a vCPU of a
+  // guest with page-table isolation does in user mode. Only what Dom0 sees: the guest itself
+  // always runs on the kernel half (the demo guest has no user mode).
+  bool pti_user_half = false;
   bool halted = false;
   bool done_port = false;       // wrote DEMO_PORT_DONE
   unsigned vm_pause = 0;        // paused by a vm_event request

@@ -134,6 +134,8 @@ Result<void> SimXenHandle::set_vcpu_regs(DomId id, VcpuId vid, const VcpuRegs& r
   Vcpu* v = XP_TRY(host_->vcpu(*d, vid));
   host_->stop_vcpu_locked(lk, *d, *v);
   host_->write_regs(*v, r, true);
+  // HVM/PVH: which half of the top-level table pair cr3 names (see Vcpu::pti_user_half).
+  if (d->cfg.type != GuestType::Pv) v->pti_user_half = (r.cr3 & 0x1000) != 0;
   host_->resume_vcpu_locked(*v);
   return {};
 }
