@@ -135,7 +135,18 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
       if (classify(s.addr, t.sc_status_)) t.calls_.push_back(s);
     }
   }
-  if (auto raw = read_table(syms, read, "__smp_locks", "__smp_locks_end", 4, limits, t.locks_status_, &base)) {
+  // .smp_locks lives in init memory. Linux frees it after boot exactly when it will never
+  // rewrite a lock prefix again: when it booted with its SMP alternatives in place or can
+  // only ever have one CPU (alternative_instructions(): free_init_pages("SMP alternatives")
+  // if !uniproc_patched || num_possible_cpus() == 1), and x86-64 unmaps freed init memory
+  // from the kernel image's mapping. So a table whose bounds are known but whose bytes are
+  // unmapped lists no site that can change; it is not "unknown".
+  auto locks = read_table(syms, read, "__smp_locks", "__smp_locks_end", 4, limits, t.locks_status_, &base);
+  if (!locks && t.locks_status_.why.starts_with("cannot read")) {
+    t.locks_status_.found = true;
+    t.locks_status_.why = "freed after boot (its memory is unmapped): the kernel rewrites no lock prefix any more";
+  }
+  if (auto& raw = locks) {
     if (!have_text) no_text(t.locks_status_);
     for (std::size_t off = 0; have_text && off < raw->size(); off += 4) {
       // The section is padded to a page with zeros; once booted SMP the kernel frees it as

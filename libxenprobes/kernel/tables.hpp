@@ -69,7 +69,7 @@ struct TableStatus {
   std::size_t entries = 0;       // kept
   std::size_t init_entries = 0;  // pointing into freed init text: dropped
   std::size_t invalid = 0;       // pointing outside the kernel's text: dropped
-  std::string why;        // when !found: what was missing or wrong
+  std::string why;        // when !found: what was missing or wrong (or a note when found)
 };
 
 // Reads `out.size()` bytes of guest memory at `addr`.

@@ -126,6 +126,20 @@ TEST(KernelTables, StaticCallSitesAndLockPrefixes) {
   EXPECT_FALSE(t.smp_lock_in(kText + 0x381, kText + 0x388));
 }
 
+TEST(KernelTables, AnUnmappedLockTableWasFreedAndListsNothingThatChanges) {
+  FakeKernel k;
+  k.smp_locks({kText + 0x400});
+  k.unreadable.push_back(kRodata + 0x3000);
+  auto t = k.read();
+  EXPECT_TRUE(t.smp_locks_status().found) << t.smp_locks_status().why;
+  EXPECT_EQ(t.smp_locks_status().entries, 0u);
+  EXPECT_NE(t.smp_locks_status().why.find("freed"), std::string::npos);
+  EXPECT_FALSE(t.smp_lock_in(kText + 0x400, kText + 0x404));
+  // Without its bounds, though, nothing is known.
+  FakeKernel none;
+  EXPECT_FALSE(none.read().smp_locks_status().found);
+}
+
 TEST(KernelTables, TheBlacklistIsWalkedAndMerged) {
   FakeKernel k;
   k.blacklist({{kText + 0x500, kText + 0x540}, {kText + 0x520, kText + 0x560}, {kText + 0x600, kText + 0x610},
