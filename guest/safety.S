@@ -33,6 +33,26 @@ demo_uaccess_copy:
 	.long 3			/* EX_TYPE_UACCESS */
 	.popsection
 
+/* A 1-byte instruction before one the exception table covers: on the debugger channel the
+   neighbour runs out of line with it, so the same rule refuses it there. */
+	.globl demo_uaccess_neighbour
+	.type demo_uaccess_neighbour, @function
+demo_uaccess_neighbour:
+	FTRACE_NOP5
+	movq %rdx, %rcx
+	push %rbx
+1:	rep movsb
+2:	pop %rbx
+	movq %rcx, %rax
+	ret
+	.size demo_uaccess_neighbour, . - demo_uaccess_neighbour
+	.pushsection __ex_table, "a"
+	.balign 4
+	.long 1b - .
+	.long 2b - .
+	.long 3			/* EX_TYPE_UACCESS */
+	.popsection
+
 /* A static branch: a 5-byte NOP the kernel turns into `jmp 2f` when demo_static_key flips. */
 	.globl demo_static_branch
 	.type demo_static_branch, @function

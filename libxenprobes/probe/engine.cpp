@@ -511,6 +511,11 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   if (d.points.contains(after)) return fail(Errc::Busy, p.insn.describe() + ": the next instruction is probed already");
   auto next_plan = x86::analyze(*it);
   if (!next_plan) return refuse("is followed by an instruction that cannot be probed (" + it->describe() + ")");
+  // The next instruction runs out of line too (or is emulated): the address rules hold for it
+  // as for the probed one.
+  if (auto r = kernel::check_address(rule_context(d), *it, &*fn))
+    return fail(r->code, where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger "
+                                 "channel; the neighbour " + r->message(d.syms->symbolize(it->address)));
   p.next = *it;
   p.next_plan = *next_plan;  // a branch (pop; ret) is emulated at a trap after the copy
   if (p.plan == x86::Plan::Skip) p.plan = x86::Plan::Boost;  // a 1-byte nop: copy it with the next

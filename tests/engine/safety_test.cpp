@@ -65,6 +65,21 @@ TEST(AddressRules, EveryTableEntryIsRefusedWithItsRuleAndNothingIsWritten) {
   }
 }
 
+TEST(AddressRules, ANeighbourRunOutOfLineIsCheckedToo) {
+  ProbedGuest g;
+  // push %rbx, then a rep movsb the exception table covers.
+  Gva push = *g.session->resolve(g.dom, "demo_uaccess_neighbour+0x8");
+  ASSERT_EQ(g.peek(push.value, 1)[0], 0x53);
+  auto p = g.session->probe(g.dom, push, nop());
+  if (test_channel() != ChannelKind::Debugger) {
+    EXPECT_TRUE(p) << p.error().what;  // only the push runs out of line there
+    return;
+  }
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what.find("neighbour"), std::string::npos) << p.error().what;
+  EXPECT_NE(p.error().what.find("rule 'exception-table'"), std::string::npos) << p.error().what;
+}
+
 TEST(AddressRules, RefusalsNameTheTableEntry) {
   ProbedGuest g;
   auto ex = g.session->probe(g.dom, "demo_uaccess_copy+0x8", nop());

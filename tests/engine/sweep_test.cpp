@@ -67,7 +67,7 @@ Reference reference(const std::vector<Site>& sites) {
 const std::set<std::string> kTableFunctions = {
     "demo_uaccess_copy", "demo_static_branch", "demo_static_call", "__SCT__demo_hook", "demo_locked_inc",
     "__rcu_read_lock",   "lookup_address",     "demo_nokprobe_fn", "demo_entry_stub",  "demo_noinstr_fn",
-    "demo_kprobes_fn",   "demo_hook_target"};
+    "demo_kprobes_fn",   "demo_hook_target",   "demo_uaccess_neighbour"};
 
 class Sweep : public ::testing::TestWithParam<bool> {};
 
