@@ -30,6 +30,16 @@
 //       nothing), lets the guest's loop measure getppid/read/write/open latencies and a small
 //       tar extraction (xpe2e-workload bench), disarms, checks the text is restored and every
 //       measured call was seen by the probes, and prints "XPE2E-BENCH ..." lines.
+//   xpe2e-probe safety  --domid D [--channel guest|vmevent] [--hazards extable,ftrace,statickey,hookpath]
+//                       [--points P1,P2] [--timeout S]
+//       Probe safety (issue 12, docs/e2e.md "Probe safety"): for each hazard class, finds the
+//       points in the running guest itself (the kernel's own tables, read here, independently of
+//       the library), registers probes there and drives the guest's matching phase
+//       (xpe2e-workload safety). Expected: the library refuses points the guest patches or
+//       fixes up at run time (`rule '<name>'` in the message) and points on the guest module's
+//       own int3 path (guest channel); it moves a probe on a function's ftrace site past it,
+//       and that probe still counts every call; the guest's phases all succeed. On the vmevent
+//       channel (--hazards hookpath) the hook-path points must register and count instead.
 //
 // Every check prints one line "XPE2E-CHECK <name> PASS|FAIL <detail>"; the last line is
 // "XPE2E-PROG <command> PASS|FAIL <failed checks>". Exit status 0 only when all passed.
@@ -48,7 +58,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -144,6 +156,10 @@ struct Args {
   int rounds = 3;                                           // bench: rounds per syscall
   int untar = 3;                                            // bench: tar extractions per config
   int wait_ms = 100;                                        // bench: run_once's timeout
+  // safety: the classes, in order. Without the rules, statickey's BUG() leaves text_mutex
+  // held (ftrace would then hang) and hookpath kills the guest: each goes after the others.
+  std::string hazards = "extable,ftrace,statickey,hookpath";
+  std::string points;                                         // safety: hookpath points (default all)
 };
 
 Args g_args;
@@ -151,7 +167,7 @@ bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::stri
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair|bench --domid D ...");
+  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair|bench|safety --domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -187,6 +203,10 @@ Args parse(int argc, char** argv) {
       a.untar = std::stoi(v);
     else if (k == "--wait-ms")
       a.wait_ms = std::stoi(v);
+    else if (k == "--hazards")
+      a.hazards = v;
+    else if (k == "--points")
+      a.points = v;
     else
       fatal("unknown option " + k);
   }
@@ -390,7 +410,10 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   auto ins = disasm(s.hypervisor(), dom, "__x64_sys_getppid", getppid, 40);
   auto oi = disasm(s.hypervisor(), dom, "__x64_sys_openat", openat, 3);
 
-  // XP with a pre- and a post-handler on the syscall's first instruction.
+  // XP with a pre- and a post-handler on the syscall's entry. The library places it past
+  // the function's ftrace site (docs/probes.md, "Entry placement"); the post-handler must see
+  // rip past the placed instruction.
+  auto placed = std::make_shared<std::uint64_t>(getppid.value);
   ps.getppid = keep(must(s.probe(
                              dom, getppid,
                              [](HitContext&) {
@@ -398,22 +421,32 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                maybe_die();
                                return 0;
                              },
-                             [getppid](HitContext& c) {
+                             [placed](HitContext& c) {
                                ++g_c.getppid_post;
-                               if (c.regs().rip == getppid.value) ++g_c.post_rip_wrong;
+                               if (c.regs().rip == *placed) ++g_c.post_rip_wrong;
                              }),
                          "XP on __x64_sys_getppid"));
-  ps.points.push_back(getppid);
+  *placed = ps.getppid->info()->address.value;
+  check("xp.getppid.placed", *placed != getppid.value && ps.getppid->info()->requested == getppid,
+        fmt("asked for at 0x%" PRIx64 ", placed at __x64_sys_getppid+0x%" PRIx64 " (%s): %s", getppid.value,
+            *placed - getppid.value, ps.getppid->info()->instruction.c_str(),
+            ps.getppid->info()->moved_because.c_str()));
+  ps.points.push_back(Gva{*placed});
 
   // XP on the function's first relative call (Dom0 emulates it: pushes the return address
   // on the guest's stack) and on the instruction the call returns to (a plain instruction:
   // boosted, pre-handler only). Not on the 1-byte `push rbx` right before the call: channels
   // that find stops by rip == probe + 1 (debugger) refuse a probe after a probed 1-byte
   // instruction.
+  // A call right after the placed entry probe when that is a 1-byte instruction (`push rbx`
+  // on Debian's 6.1) is the continuation the debugger channel copies with it: the next call.
+  std::uint64_t not_before = *placed;
+  for (const Insn& i : ins)
+    if (i.addr.value == *placed && i.size == 1) not_before = *placed + 2;
   const Insn* call = nullptr;
   const Insn* after_call = nullptr;
   for (std::size_t i = 0; i < ins.size(); ++i)
-    if (ins[i].size == 5 && ins[i].first == 0xe8) {
+    if (ins[i].size == 5 && ins[i].first == 0xe8 && ins[i].addr.value >= not_before) {
       call = &ins[i];
       if (i + 1 < ins.size()) after_call = &ins[i + 1];
       break;
@@ -832,7 +865,7 @@ void pair_register(Session& s, PairSide& p) {
   p.getppid = must(s.resolve(p.dom, "__x64_sys_getppid"), "resolve __x64_sys_getppid");
   p.unlink = must(s.resolve(p.dom, "do_unlinkat"), "resolve do_unlinkat");
   const DomId mine = p.dom;
-  const Gva getppid = p.getppid;
+  auto placed = std::make_shared<std::uint64_t>(p.getppid.value);  // past the ftrace site, once registered
   auto count = [mine](HitContext& c) -> PairCounters& {
     if (c.domain() != mine) ++g_pc[mine.value].wrong_domain;
     return g_pc[c.domain().value];
@@ -843,12 +876,13 @@ void pair_register(Session& s, PairSide& p) {
                     ++count(c).pre;
                     return 0;
                   },
-                  [count, getppid](HitContext& c) {
+                  [count, placed](HitContext& c) {
                     auto& k = count(c);
                     ++k.post;
-                    if (c.regs().rip == getppid.value) ++k.post_rip_wrong;
+                    if (c.regs().rip == *placed) ++k.post_rip_wrong;
                   }),
               fmt("%s: XP on __x64_sys_getppid", p.tag));
+  *placed = p.xp.info()->address.value;
   p.xrp = must(s.ret_probe(
                    p.dom, p.getppid,
                    [count](HitContext& c, std::span<std::byte>) {
@@ -1342,6 +1376,611 @@ int cmd_bench(const Args& a) {
   return g_failed ? 1 : 0;
 }
 
+// ---- safety: the probe-safety hazard classes (issue 12) ----------------------------------
+//
+// Each class is found in the running guest from the kernel's own tables, read here through
+// GuestView with Dom0's symbols: independent of the library's rules, so a rule that misses a
+// point shows up as a probe that got registered (and, in the guest, as the hazard itself).
+
+// Dom0's /proc/kallsyms (a PV guest runs Dom0's kernel build, no KASLR; the PVH guest boots
+// with nokaslr), and the kernel's System.map for linker symbols kallsyms might leave out.
+struct KSyms {
+  struct Sym {
+    std::uint64_t addr;
+    char type;
+    std::string name;
+  };
+  std::vector<Sym> all;  // sorted by address; the kernel's own symbols only (no [module])
+  std::map<std::string, std::vector<std::uint64_t>> by_name;
+  std::string source;
+
+  bool load(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return false;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string addr, type, name, mod;
+      if (!(ls >> addr >> type >> name) || type.size() != 1) continue;
+      if (ls >> mod) continue;  // a module's symbol
+      std::uint64_t a = std::strtoull(addr.c_str(), nullptr, 16);
+      if (!a) continue;
+      all.push_back(Sym{a, type[0], name});
+    }
+    std::stable_sort(all.begin(), all.end(), [](const Sym& x, const Sym& y) { return x.addr < y.addr; });
+    for (auto& y : all) by_name[y.name].push_back(y.addr);
+    source = path;
+    return !all.empty();
+  }
+  std::optional<std::uint64_t> addr(const std::string& name) const {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second.empty()) return std::nullopt;
+    return it->second.front();
+  }
+  // The extent of the function at `start`: up to the next symbol at a higher address.
+  std::uint64_t end_of(std::uint64_t start) const {
+    auto it = std::upper_bound(all.begin(), all.end(), start, [](std::uint64_t a, const Sym& y) { return a < y.addr; });
+    return it == all.end() ? start : it->addr;
+  }
+  // "name+0xoff" of an address (the symbol at or below it).
+  std::string describe(std::uint64_t a) const {
+    auto it = std::upper_bound(all.begin(), all.end(), a, [](std::uint64_t v, const Sym& y) { return v < y.addr; });
+    if (it == all.begin()) return fmt("%#" PRIx64, a);
+    --it;
+    return fmt("%s+0x%" PRIx64, it->name.c_str(), a - it->addr);
+  }
+};
+
+// A symbol from kallsyms, else from the System.map (whose source is named in the detail).
+struct SymSource {
+  const KSyms* kallsyms;
+  const KSyms* map;  // may be empty
+  std::optional<std::uint64_t> addr(const std::string& name, std::string* from = nullptr) const {
+    if (auto a = kallsyms->addr(name)) {
+      if (from) *from = kallsyms->source;
+      return a;
+    }
+    if (map && !map->all.empty())
+      if (auto a = map->addr(name)) {
+        if (from) *from = map->source;
+        return a;
+      }
+    return std::nullopt;
+  }
+};
+
+// The bytes of a linker-bounded table (__start_X .. __stop_X) in guest memory.
+std::optional<std::vector<std::byte>> read_table(hv::Hypervisor& hv, DomId dom, const SymSource& syms, const char* start_sym,
+                                                 const char* stop_sym, std::uint64_t* start, std::string* why) {
+  std::string f1, f2;
+  auto b = syms.addr(start_sym, &f1), e = syms.addr(stop_sym, &f2);
+  if (!b || !e || *e < *b || *e - *b > (64u << 20)) {
+    *why = fmt("no usable %s/%s in %s or the System.map", start_sym, stop_sym, syms.kallsyms->source.c_str());
+    return std::nullopt;
+  }
+  say("XPE2E-INFO: %s = %#" PRIx64 " (%s), %s = %#" PRIx64 " (%s): %" PRIu64 " bytes", start_sym, *b, f1.c_str(), stop_sym,
+      *e, f2.c_str(), *e - *b);
+  auto view = GuestView::open(hv, dom);
+  if (!view) {
+    *why = "GuestView::open: " + view.error().what;
+    return std::nullopt;
+  }
+  std::vector<std::byte> out(*e - *b);
+  // Page by page: a table is not guaranteed to be mapped as one run.
+  for (std::uint64_t off = 0; off < out.size();) {
+    std::size_t n = std::min<std::uint64_t>(4096 - ((*b + off) & 4095), out.size() - off);
+    if (auto r = (*view)->read(Gva{*b + off}, std::span(out).subspan(off, n)); !r) {
+      *why = fmt("read %s+%#" PRIx64 ": ", start_sym, off) + r.error().what;
+      return std::nullopt;
+    }
+    off += n;
+  }
+  *start = *b;
+  return out;
+}
+
+std::int32_t s32_at(const std::vector<std::byte>& t, std::size_t off) {
+  std::int32_t v;
+  std::memcpy(&v, t.data() + off, 4);
+  return v;
+}
+std::int64_t s64_at(const std::vector<std::byte>& t, std::size_t off) {
+  std::int64_t v;
+  std::memcpy(&v, t.data() + off, 8);
+  return v;
+}
+
+// What a refusal must look like for each rule (the library's design, issue 12): runtime-patched
+// sites are Busy, the rest InvalidArgument.
+Errc rule_errc(const std::string& rule) {
+  return rule == "jump-label" || rule == "static-call" || rule == "static-call-trampoline" || rule == "ftrace-site" ||
+                 rule == "smp-lock"
+             ? Errc::Busy
+             : Errc::InvalidArgument;
+}
+
+// Counts per probe point, by address (handlers find their counter through HitContext).
+std::map<std::uint64_t, std::uint64_t> g_safety_hits;
+
+PreHandler safety_counter() {
+  return [](HitContext& c) {
+    ++g_safety_hits[c.address().value];
+    return 0;
+  };
+}
+
+struct Armed {
+  std::string what;
+  Gva at;
+  Probe probe;
+};
+
+// A registration that must be refused by `rule`. What got registered anyway (a library
+// without the rule) stays armed in `armed`: the guest's phase then shows the hazard itself.
+bool expect_refused(const std::string& name, Result<Probe> r, const std::string& rule, const std::string& what, Gva at,
+                    std::vector<Armed>& armed) {
+  if (r) {
+    std::string d = "registered";
+    if (auto i = r->info()) d += fmt(" at %#" PRIx64 " (%s, mode=%s)", i->address.value, i->instruction.c_str(), mode_name(i->mode));
+    armed.push_back(Armed{what, at, std::move(*r)});
+    return check(name, false, what + ": " + d + "; expected a refusal by rule '" + rule + "'");
+  }
+  bool named = r.error().what.find("rule '" + rule + "'") != std::string::npos;
+  bool code = r.error().code == rule_errc(rule);
+  return check(name, named && code,
+               fmt("%s: refused (%s%s): ", what.c_str(), errc_name(r.error().code),
+                   code ? "" : fmt(", expected %s", errc_name(rule_errc(rule))).c_str()) +
+                   r.error().what);
+}
+
+bool domain_alive(hv::Hypervisor& hv, DomId dom, std::string* state) {
+  auto i = hv.domain_info(dom);
+  if (!i) {
+    *state = i.error().what;
+    return false;
+  }
+  *state = fmt("crashed=%d shutdown=%d dying=%d paused=%d", i->crashed, i->shutdown, i->dying, i->paused);
+  return !i->crashed && !i->shutdown && !i->dying;
+}
+
+// Phase i of the guest's safety loop: sends it and serves hits until its result. `cap`, when
+// given, is called after every run_once (the vmevent control unregisters hot probes there).
+std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std::string& phase, int seconds,
+                                        const std::function<void()>& cap = {}) {
+  hv::Hypervisor& hv = s.hypervisor();
+  must(hv.xs_write(dom_path(dom, fmt("data/xpe2e/safety/go-%d", i)), fmt("%s %d", phase.c_str(), seconds)),
+       "write data/xpe2e/safety/go");
+  say("XPE2E-STAGE safety phase %d: %s", i, phase.c_str());
+  const std::string key = dom_path(dom, fmt("data/xpe2e/safety/result-%d", i));
+  auto t0 = Clock::now(), last_alive = t0;
+  // The guest bounds the phase itself (its child gets `seconds`); 30 s more for the rest.
+  auto end = t0 + std::chrono::seconds(seconds + 30);
+  unsigned errors = 0;
+  while (Clock::now() < end) {
+    auto r = s.run_once(100);
+    if (!r && ++errors <= 3) say("XPE2E-INFO: run_once: %s", r.error().what.c_str());
+    if (cap) cap();
+    if (auto v = hv.xs_read(key)) {
+      (void)s.run_once(0);
+      say("XPE2E-INFO: phase %s: %.1f s: %s", phase.c_str(), std::chrono::duration<double>(Clock::now() - t0).count(), v->c_str());
+      return *v;
+    }
+    if (Clock::now() - last_alive > std::chrono::seconds(1)) {
+      last_alive = Clock::now();
+      std::string st;
+      if (!domain_alive(hv, dom, &st)) {
+        say("XPE2E-INFO: phase %s: the domain is not running any more (%s)", phase.c_str(), st.c_str());
+        return std::nullopt;
+      }
+    }
+  }
+  say("XPE2E-INFO: phase %s: no result within %d s", phase.c_str(), seconds + 30);
+  return std::nullopt;
+}
+
+// After a phase: its result ok=1 and the guest still running.
+bool phase_checks(hv::Hypervisor& hv, DomId dom, const std::string& tag, const std::optional<std::string>& res) {
+  check("safety." + tag + ".guest", res && num(kv(*res), "ok") == 1, res ? "guest: " + *res : "no result from the guest's phase");
+  std::string st;
+  bool alive = domain_alive(hv, dom, &st);
+  check("safety." + tag + ".alive", alive, st);
+  return alive;
+}
+
+void unregister_all(std::vector<Armed>& armed, const std::string& tag) {
+  for (auto& a : armed) {
+    auto st = a.probe.stats();
+    say("XPE2E-INFO: %s: probe at %s: %" PRIu64 " hits (handler %" PRIu64 ")", tag.c_str(), a.what.c_str(), st.hits,
+        g_safety_hits[a.at.value]);
+    if (auto r = a.probe.unregister(); !r) say("XPE2E-INFO: %s: unregister %s: %s", tag.c_str(), a.what.c_str(), r.error().what.c_str());
+  }
+  armed.clear();
+}
+
+struct SafetyCtx {
+  Session& s;
+  DomId dom;
+  const KSyms& ks;
+  SymSource syms;
+  std::string channel;
+  int timeout_s;
+  int phase = 0;  // the guest's phase counter
+  bool dead = false;
+};
+
+// 1. Instructions covered by the exception table: their faults are fixed up only at their
+// own address; run out of line (a slot) the fault finds no entry and oopses.
+void hazard_extable(SafetyCtx& x) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  std::uint64_t base = 0;
+  std::string why;
+  auto t = read_table(hv, x.dom, x.syms, "__start___ex_table", "__stop___ex_table", &base, &why);
+  if (!check("safety.extable.table", t && t->size() % 12 == 0 && !t->empty(),
+             t ? fmt("%zu entries of 12 bytes", t->size() / 12) : why))
+    return;
+  struct Fn {
+    const char* name;
+    std::uint64_t start = 0, end = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> sites;  // insn, fixup
+  };
+  std::vector<Fn> fns;
+  for (const char* n : {"strncpy_from_user", "copy_user_enhanced_fast_string", "copy_user_generic_string",
+                        "copy_user_generic_unrolled", "__get_user_8"})
+    fns.push_back(Fn{n, 0, 0, {}});
+  for (auto& f : fns)
+    if (auto a = x.ks.addr(f.name)) f.start = *a, f.end = x.ks.end_of(*a);
+  // {s32 insn, s32 fixup, s32 data}: each offset relative to its own field.
+  for (std::size_t off = 0; off + 12 <= t->size(); off += 12) {
+    std::uint64_t e = base + off;
+    std::uint64_t insn = e + static_cast<std::int64_t>(s32_at(*t, off));
+    std::uint64_t fixup = e + 4 + static_cast<std::int64_t>(s32_at(*t, off + 4));
+    for (auto& f : fns)
+      if (f.start && insn >= f.start && insn < f.end) f.sites.emplace_back(insn, fixup);
+  }
+  std::string found;
+  std::size_t total = 0;
+  for (auto& f : fns) {
+    std::sort(f.sites.begin(), f.sites.end());
+    found += fmt("%s%s: %s", found.empty() ? "" : "; ", f.name,
+                 !f.start ? "not in this kernel" : fmt("%zu in [%#" PRIx64 ", %#" PRIx64 ")", f.sites.size(), f.start, f.end).c_str());
+    for (auto& [i, fx] : f.sites)
+      say("XPE2E-INFO: __ex_table: %s (%#" PRIx64 ") -> fixup %s", x.ks.describe(i).c_str(), i, x.ks.describe(fx).c_str());
+    total += f.sites.size();
+  }
+  if (!check("safety.extable.sites", total > 0, fmt("%zu covered instructions: ", total) + found)) return;
+
+  std::vector<Armed> armed;
+  must(x.s.begin_batch(), "begin_batch");
+  for (auto& f : fns) {
+    if (f.sites.empty()) continue;
+    std::size_t refused = 0;
+    std::string first, regd;
+    for (auto& [i, fx] : f.sites) {
+      auto r = x.s.probe(x.dom, Gva{i}, safety_counter());
+      std::string what = x.ks.describe(i);
+      if (r) {
+        auto inf = r->info();
+        regd += fmt(" %s(mode=%s)", what.c_str(), inf ? mode_name(inf->mode) : "?");
+        armed.push_back(Armed{what, Gva{i}, std::move(*r)});
+      } else if (r.error().what.find("rule 'exception-table'") != std::string::npos && r.error().code == Errc::InvalidArgument) {
+        ++refused;
+        if (first.empty()) first = r.error().what;
+      } else if (regd.find("other:") == std::string::npos) {
+        regd += " other: " + what + ": " + errc_name(r.error().code) + " " + r.error().what;
+      }
+    }
+    check(fmt("safety.extable.refused.%s", f.name), refused == f.sites.size(),
+          fmt("%zu of %zu refused by rule 'exception-table' (EINVAL)", refused, f.sites.size()) +
+              (first.empty() ? "" : "; e.g. " + first) + (regd.empty() ? "" : "; registered:" + regd));
+  }
+  must(x.s.end_batch(), "end_batch");
+  // openat((char *)16) -> EFAULT, a read() cut short at a PROT_NONE page, open() and execve() of
+  // paths ending at a page's end, execve() with argv at address 16.
+  auto res = safety_phase(x.s, x.dom, ++x.phase, "extable", x.timeout_s);
+  unregister_all(armed, "extable");
+  x.dead = !phase_checks(hv, x.dom, "extable", res);
+}
+
+// 2. A tracepoint's static key (jump label) and static call sites in kernel_clone, and the
+// static call's trampoline: the kernel rewrites them when the tracepoint is enabled and BUG()s
+// on a byte it did not expect (an int3).
+void hazard_statickey(SafetyCtx& x) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  auto fn = x.ks.addr("kernel_clone");
+  auto tp = x.syms.addr("__tracepoint_sched_process_fork");
+  auto sck = x.syms.addr("__SCK__tp_func_sched_process_fork");
+  auto sct = x.syms.addr("__SCT__tp_func_sched_process_fork");
+  if (!check("safety.statickey.symbols", fn && tp && sck && sct,
+             fmt("kernel_clone %#" PRIx64 ", __tracepoint_sched_process_fork %#" PRIx64 ", __SCK__tp_func_sched_process_fork %#" PRIx64
+                 ", __SCT__tp_func_sched_process_fork %#" PRIx64,
+                 fn.value_or(0), tp.value_or(0), sck.value_or(0), sct.value_or(0))))
+    return;
+  const std::uint64_t fn_end = x.ks.end_of(*fn);
+  // struct tracepoint { const char *name; struct static_key key; ... }: the key is at +8.
+  const std::uint64_t key = *tp + 8;
+
+  std::vector<std::uint64_t> jump_sites, call_sites;
+  std::uint64_t base = 0;
+  std::string why;
+  // __jump_table: {s32 code, s32 target, s64 key}, each relative to its own field; the key's
+  // low 2 bits are flags (the kernel sorted the table at boot, fixing up the offsets).
+  if (auto t = read_table(hv, x.dom, x.syms, "__start___jump_table", "__stop___jump_table", &base, &why)) {
+    std::size_t n_key = 0;
+    for (std::size_t off = 0; off + 16 <= t->size(); off += 16) {
+      std::uint64_t e = base + off;
+      std::uint64_t k = (e + 8 + static_cast<std::uint64_t>(s64_at(*t, off + 8) & ~std::int64_t{3}));
+      if (k != key) continue;
+      ++n_key;
+      std::uint64_t code = e + static_cast<std::int64_t>(s32_at(*t, off));
+      std::uint64_t target = e + 4 + static_cast<std::int64_t>(s32_at(*t, off + 4));
+      say("XPE2E-INFO: __jump_table: key __tracepoint_sched_process_fork.key: code %s (%#" PRIx64 ") target %s",
+          x.ks.describe(code).c_str(), code, x.ks.describe(target).c_str());
+      if (code >= *fn && code < fn_end) jump_sites.push_back(code);
+    }
+    check("safety.statickey.jump_sites", !jump_sites.empty(),
+          fmt("%zu of the table's %zu entries for this key, %zu in kernel_clone [%#" PRIx64 ", %#" PRIx64 ")", n_key,
+              t->size() / 16, jump_sites.size(), *fn, fn_end));
+  } else {
+    check("safety.statickey.jump_sites", false, why);
+  }
+  // .static_call_sites: {s32 addr, s32 key}, relative; the key's low 2 bits are flags.
+  if (auto t = read_table(hv, x.dom, x.syms, "__start_static_call_sites", "__stop_static_call_sites", &base, &why)) {
+    std::size_t n_key = 0;
+    for (std::size_t off = 0; off + 8 <= t->size(); off += 8) {
+      std::uint64_t e = base + off;
+      std::uint64_t k = (e + 4 + static_cast<std::int64_t>(s32_at(*t, off + 4))) & ~std::uint64_t{3};
+      if (k != *sck) continue;
+      ++n_key;
+      std::uint64_t site = e + static_cast<std::int64_t>(s32_at(*t, off));
+      say("XPE2E-INFO: .static_call_sites: key __SCK__tp_func_sched_process_fork: site %s (%#" PRIx64 ")",
+          x.ks.describe(site).c_str(), site);
+      if (site >= *fn && site < fn_end) call_sites.push_back(site);
+    }
+    check("safety.statickey.call_sites", !call_sites.empty(),
+          fmt("%zu of the table's %zu entries for this key, %zu in kernel_clone", n_key, t->size() / 8, call_sites.size()));
+  } else {
+    check("safety.statickey.call_sites", false, why);
+  }
+
+  std::vector<Armed> armed;
+  must(x.s.begin_batch(), "begin_batch");
+  for (auto a : jump_sites)
+    expect_refused(fmt("safety.statickey.refused.jump-label.%s", x.ks.describe(a).c_str()), x.s.probe(x.dom, Gva{a}, safety_counter()),
+                   "jump-label", x.ks.describe(a), Gva{a}, armed);
+  for (auto a : call_sites)
+    expect_refused(fmt("safety.statickey.refused.static-call.%s", x.ks.describe(a).c_str()), x.s.probe(x.dom, Gva{a}, safety_counter()),
+                   "static-call", x.ks.describe(a), Gva{a}, armed);
+  expect_refused("safety.statickey.refused.static-call-trampoline", x.s.probe(x.dom, Gva{*sct}, safety_counter()),
+                 "static-call-trampoline", "__SCT__tp_func_sched_process_fork", Gva{*sct}, armed);
+  must(x.s.end_batch(), "end_batch");
+  // Enable sched_process_fork, fork 5 times, disable it, then toggle sched_process_exec.
+  auto res = safety_phase(x.s, x.dom, ++x.phase, "statickey", x.timeout_s);
+  unregister_all(armed, "statickey");
+  x.dead = !phase_checks(hv, x.dom, "statickey", res);
+}
+
+// 3. The ftrace site at a function's entry: ftrace rewrites it (tracers, kprobe events on
+// ftrace) and refuses, with a WARN, bytes it did not write. A probe asked for by name or at the
+// function's start must be moved past the 5-byte site, and must still see every call.
+void hazard_ftrace(SafetyCtx& x) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  const char* name = "__x64_sys_getppid";
+  auto start = x.ks.addr(name);
+  if (!check("safety.ftrace.symbol", start.has_value(), fmt("%s at %#" PRIx64, name, start.value_or(0)))) return;
+  auto before = snapshot(hv, x.dom, {{name, Gva{*start}}});
+  say("XPE2E-INFO: %s starts with %s (the ftrace site: 0f1f440000 is its NOP5)", name, hexbytes(before[0].bytes, 8).c_str());
+
+  std::uint64_t by_name_hits = 0, by_addr_hits = 0;
+  auto count_into = [](std::uint64_t* n) -> PreHandler {
+    return [n](HitContext&) {
+      ++*n;
+      return 0;
+    };
+  };
+  std::vector<std::pair<std::string, Result<Probe>>> regs;
+  regs.emplace_back("byname", x.s.probe(x.dom, std::string_view(name), count_into(&by_name_hits)));
+  const std::string addr_expr = fmt("0x%" PRIx64, *start);
+  regs.emplace_back("byaddr", x.s.probe(x.dom, std::string_view(addr_expr), count_into(&by_addr_hits)));
+  std::vector<Armed> armed;
+  for (auto& [tag, r] : regs) {
+    std::string asked = tag == "byname" ? std::string(name) : "'" + addr_expr + "'";
+    if (!r) {
+      check("safety.ftrace." + tag + ".moved", false,
+            fmt("%s: refused (%s): ", asked.c_str(), errc_name(r.error().code)) + r.error().what);
+      continue;
+    }
+    auto i = r->info();
+    check("safety.ftrace." + tag + ".moved", i && i->address.value == *start + 5,
+          i ? fmt("%s: ProbeInfo.address %#" PRIx64 " = %s (the function starts at %#" PRIx64 "; past its ftrace site: %#" PRIx64
+                  "), %s, mode=%s",
+                  asked.c_str(), i->address.value, x.ks.describe(i->address.value).c_str(), *start, *start + 5,
+                  i->instruction.c_str(), mode_name(i->mode))
+            : "info(): " + i.error().what);
+    armed.push_back(Armed{asked, i ? i->address : Gva{*start}, std::move(*r)});
+  }
+  // set_ftrace_filter + the function tracer, 10 getppid, nop; a kprobe event on the function,
+  // 10 getppid; the guest reports its count (20).
+  auto res = safety_phase(x.s, x.dom, ++x.phase, "ftrace", x.timeout_s);
+  std::vector<ProbeStats> st;
+  for (auto& a : armed) st.push_back(a.probe.stats());
+  unregister_all(armed, "ftrace");
+  long calls = res ? num(kv(*res), "getppid") : -1;
+  if (regs[0].second)
+    check("safety.ftrace.byname.hits", (long)by_name_hits == calls && calls == 20,
+          fmt("the probe by name counted %" PRIu64 ", the guest made %ld getppid calls", by_name_hits, calls));
+  if (regs[1].second)
+    check("safety.ftrace.byaddr.hits", (long)by_addr_hits == calls && calls == 20,
+          fmt("the probe by address counted %" PRIu64 ", the guest made %ld getppid calls", by_addr_hits, calls));
+  x.dead = !phase_checks(hv, x.dom, "ftrace", res);
+  if (!x.dead) {
+    std::string diff = compare(hv, x.dom, before);
+    check("safety.ftrace.text_restored", diff.empty(),
+          diff.empty() ? fmt("%s: %zu bytes byte-identical (the tracer put its NOP5 back)", name, kSnapBytes) : diff);
+  }
+}
+
+// 4. The guest module's own int3 path: a probe there (the guest channel) traps again inside
+// the int3 handling, recursively. Through vm_event the trap never reaches the guest's handler:
+// the same points are ordinary probes there.
+void hazard_hookpath(SafetyCtx& x, const std::string& only) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  const bool guest = x.channel == "guest";
+  struct Point {
+    std::string name;
+    Gva at;
+    std::string rule;
+    std::uint64_t min_hits;  // vmevent: hits the phase guarantees (its user int3s reach notify_die)
+  };
+  std::vector<Point> pts;
+  // notify_die too: on 6.1.0-50 it inlines the die chain's walk (atomic_notifier_call_chain
+  // and notifier_call_chain), so the out-of-line notifier_call_chain is not on the int3 path.
+  for (const char* n : {"__rcu_read_lock", "lookup_address", "notifier_call_chain", "notify_die"}) {
+    auto a = x.ks.addr(n);
+    if (!a) {
+      check(fmt("safety.hookpath.symbol.%s", n), false, "not in " + x.ks.source);
+      continue;
+    }
+    // Hits the activity guarantees: its 3 user int3s each reach notify_die (which walks the
+    // die chain under rcu_read_lock); nothing there is sure to call lookup_address or the
+    // out-of-line notifier_call_chain on a PVH guest.
+    std::string sn = n;
+    pts.push_back(Point{sn, Gva{*a}, "guest-hook-path", sn == "notify_die" ? 3u : sn == "__rcu_read_lock" ? 1u : 0u});
+  }
+  // The module's die notifier, as the guest's own kallsyms name it (Dom0's do not hold the
+  // guest module's symbols): data/xpe2e/modfn = "0x<addr> <name>".
+  auto modfn = wait_key(hv, dom_path(x.dom, "data/xpe2e/modfn"), 5);
+  auto mt_start = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/module-text/start"));
+  auto mt_end = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/module-text/end"));
+  say("XPE2E-INFO: guest module function: %s; module-text keys: start %s end %s", modfn ? modfn->c_str() : "(none)",
+      mt_start ? mt_start->c_str() : "(none)", mt_end ? mt_end->c_str() : "(none)");
+  if (guest) {
+    std::istringstream in(modfn.value_or(""));
+    std::string a, n;
+    if (check("safety.hookpath.module_symbol", static_cast<bool>(in >> a >> n),
+              modfn ? "data/xpe2e/modfn: " + *modfn : "no data/xpe2e/modfn from the guest")) {
+      std::uint64_t v = std::strtoull(a.c_str(), nullptr, 16);
+      if (mt_start && mt_end) {
+        std::uint64_t b = std::strtoull(mt_start->c_str(), nullptr, 16), e = std::strtoull(mt_end->c_str(), nullptr, 16);
+        check("safety.hookpath.module_text_keys", v >= b && v < e,
+              fmt("%s at %#" PRIx64 " within the published module text [%#" PRIx64 ", %#" PRIx64 ")", n.c_str(), v, b, e));
+      }
+      pts.push_back(Point{n + " [xenprobes]", Gva{v}, "module-text", 0});
+    }
+  }
+  if (!only.empty())
+    std::erase_if(pts, [&](const Point& p) { return ("," + only + ",").find("," + p.name.substr(0, p.name.find(' ')) + ",") == std::string::npos; });
+
+  bool activity_ran = false;
+  for (auto& p : pts) {
+    std::vector<Armed> armed;
+    auto r = x.s.probe(x.dom, p.at, safety_counter());
+    if (guest) {
+      // Registered anyway (a library without the rule): armed while the guest runs its
+      // activity, which is where the recursion shows.
+      expect_refused("safety.hookpath.refused." + p.name.substr(0, p.name.find(' ')), std::move(r), p.rule,
+                     fmt("%s (%#" PRIx64 ")", p.name.c_str(), p.at.value), p.at, armed);
+    } else if (!check("safety.hookpath.registered." + p.name, r.has_value(),
+                      r ? fmt("%s (%#" PRIx64 "): registered on the %s channel", p.name.c_str(), p.at.value, x.channel.c_str())
+                        : fmt("%s: refused (%s): ", p.name.c_str(), errc_name(r.error().code)) + r.error().what)) {
+      continue;
+    } else {
+      armed.push_back(Armed{p.name, p.at, std::move(*r)});
+    }
+    if (armed.empty()) continue;
+    // A hot point (__rcu_read_lock) costs a round trip per call: once it has shown it counts,
+    // it goes, and the rest of the activity runs unprobed.
+    std::uint64_t frozen_hits = 0, frozen_handler = 0;
+    bool frozen = false;
+    auto cap = [&] {
+      if (frozen || guest || armed.empty() || g_safety_hits[p.at.value] < 300) return;
+      frozen = true;
+      frozen_handler = g_safety_hits[p.at.value];
+      frozen_hits = armed[0].probe.stats().hits;
+      (void)armed[0].probe.unregister();
+      say("XPE2E-INFO: hookpath: %s: %" PRIu64 " hits: unregistered early (a hot point)", p.name.c_str(), frozen_handler);
+    };
+    auto res = safety_phase(x.s, x.dom, ++x.phase, "activity", x.timeout_s, cap);
+    activity_ran = true;
+    if (!frozen) {
+      frozen_hits = armed[0].probe.stats().hits;
+      frozen_handler = g_safety_hits[p.at.value];
+    }
+    auto st = armed[0].probe.stats();
+    unregister_all(armed, "hookpath");
+    if (!guest)
+      check("safety.hookpath.hits." + p.name, frozen_hits == frozen_handler && frozen_hits >= p.min_hits && st.missed == 0,
+            fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", missed %" PRIu64 " (at least %" PRIu64 " expected)", frozen_handler,
+                frozen_hits, st.missed, p.min_hits));
+    x.dead = !phase_checks(hv, x.dom, "hookpath." + p.name.substr(0, p.name.find(' ')), res);
+    if (x.dead) {
+      say("XPE2E-INFO: hookpath: the guest is dead after %s: the remaining points are not tried", p.name.c_str());
+      return;
+    }
+  }
+  // Every point refused: the guest's activity runs once, unprobed, and must be fine.
+  if (!activity_ran) {
+    auto res = safety_phase(x.s, x.dom, ++x.phase, "activity", x.timeout_s);
+    x.dead = !phase_checks(hv, x.dom, "hookpath", res);
+  }
+}
+
+int cmd_safety(const Args& a) {
+  auto opt = must(parse_channel_kind(a.channel), "--channel");
+  auto s = open_session(a, SessionOptions{opt});
+  hv::Hypervisor& hv = s->hypervisor();
+  std::string channel = must(s->channel_name(a.dom), "channel_name");
+  KSyms ks, map;
+  if (!ks.load("/proc/kallsyms")) fatal("cannot read /proc/kallsyms");
+  std::string rel;
+  if (std::ifstream f("/proc/sys/kernel/osrelease"); f) std::getline(f, rel);
+  // Linker symbols (table bounds) kallsyms may leave out: Debian ships the System.map.
+  map.load("/boot/System.map-" + rel);
+  say("XPE2E-INFO: symbols: %zu from /proc/kallsyms, %zu from %s", ks.all.size(), map.all.size(),
+      map.all.empty() ? "(no System.map)" : map.source.c_str());
+  SafetyCtx x{*s, a.dom, ks, SymSource{&ks, &map}, channel, a.timeout_s};
+  auto ready = wait_key(hv, dom_path(a.dom, "data/xpe2e/safety/ready"), 120);
+  if (!check("safety.ready", ready && *ready == "1", ready ? "guest: " + *ready : "no data/xpe2e/safety/ready within 120 s"))
+    fatal("the guest's safety loop did not start");
+
+  std::istringstream in(a.hazards);
+  for (std::string h; !x.dead && std::getline(in, h, ',');) {
+    say("XPE2E-STAGE safety hazard %s (%s channel)", h.c_str(), channel.c_str());
+    if (h == "extable")
+      hazard_extable(x);
+    else if (h == "statickey")
+      hazard_statickey(x);
+    else if (h == "ftrace")
+      hazard_ftrace(x);
+    else if (h == "hookpath")
+      hazard_hookpath(x, a.points);
+    else
+      fatal("unknown hazard " + h);
+  }
+  if (x.dead) {
+    check("safety.guest_survived", false, "the guest stopped running; see its console");
+    say("XPE2E-PROG safety FAIL %d", g_failed);
+    return 1;
+  }
+  must(hv.xs_write(dom_path(a.dom, "data/xpe2e/safety/end"), "1"), "write data/xpe2e/safety/end");
+  auto done = wait_key(hv, dom_path(a.dom, "data/xpe2e/done"), 60);
+  check("workload.ok", done && num(kv(*done), "ok") == 1, done ? *done : "no data/xpe2e/done within 60 s");
+  if (channel == "guest") {
+    auto h = ctl_header(hv, a.dom);
+    check("module.no_timeouts", h && h->timeouts == 0, describe(h));
+  }
+  s.reset();
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  if (channel == "guest") {
+    auto h = ctl_header(*hvp, a.dom);
+    check("module.traps_cleared", h && h->nr_traps == 0, "after the session closed: " + describe(h));
+  }
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  say("XPE2E-PROG safety %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1355,5 +1994,6 @@ int main(int argc, char** argv) {
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);
   if (a.cmd == "bench") return cmd_bench(a);
+  if (a.cmd == "safety") return cmd_safety(a);
   fatal("unknown command " + a.cmd);
 }

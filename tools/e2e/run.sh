@@ -29,7 +29,8 @@ E2E_T0=$(date +%s)
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
-  [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10)
+  [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
+  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
 BENCH_SCENARIOS="bench_table1_guest bench_table1_debugger bench_table1_vmevent"

@@ -20,6 +20,16 @@
  *       lat_syscall style, and the time to extract a small file tree with busybox tar; writes
  *       the numbers to data/xpe2e/bench/result-<i>. Configs "kprobe" and "kretprobe" arm
  *       in-guest kprobe events (tracefs) on the same functions first and disarm them after.
+ *   xpe2e-workload safety <seconds>
+ *       The probe-safety phases (issue 12, docs/e2e.md "Probe safety"), driven by Dom0 like
+ *       bench: for i = 1, 2, ... waits up to <seconds> for data/xpe2e/safety/go-<i> (a phase
+ *       name) or data/xpe2e/safety/end, runs the phase in a child process and writes
+ *       "phase=<name> ok=0|1 ..." to data/xpe2e/safety/result-<i>. Phases: extable (kernel
+ *       accesses to user memory that fault and must be fixed up through __ex_table), statickey
+ *       (a tracepoint's static key and static call toggled through tracefs), ftrace (the
+ *       function tracer and a kprobe event on __x64_sys_getppid, exactly 20 getppid calls),
+ *       activity (fork/exec, opens, getppid: the kernel paths the guest module's int3 hook
+ *       shares). At the end prints "XPE2E-WORKLOAD: done ... ok=<all phases ok>".
  *
  * Keys are relative to the domain's home (/local/domain/<domid>/): the guest owns data/.
  * xenstore is reached through /dev/xen/xenbus (the kernel's xenbus device, no libraries),
@@ -27,11 +37,15 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -135,6 +149,8 @@ static int wait_key(const char *key, double seconds)
 }
 
 static const char content[] = "xpe2e-target-content\n";
+/* The safety phases' file (the run mode takes its path from the command line). */
+static const char kTargetPath[] = "/tmp/xpe2e-target";
 
 static int run(const char *go, double seconds, long n_getppid, long n_openat, long n_unlink, const char *path)
 {
@@ -478,6 +494,391 @@ static int bench(double seconds)
 	}
 }
 
+/* ---- safety: the probe-safety phases (issue 12) ---------------------------------------- */
+
+/*
+ * Each phase runs in a child: a kernel oops in a syscall kills only the calling task, and a
+ * BUG() taken with a mutex held leaves later writes of the same child hanging; the parent
+ * stays, reports what happened and can serve the next phase. Results travel through a pipe:
+ * only the parent talks to xenstore (one request at a time on the xenbus device).
+ */
+static char phase_out[1024];
+
+static void phase_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void phase_add(const char *fmt, ...)
+{
+	size_t len = strlen(phase_out);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(phase_out + len, sizeof phase_out - len, fmt, ap);
+	va_end(ap);
+}
+
+/* Writes s to a tracefs file; 0 or the errno. */
+static int tfs_write(const char *file, const char *s, int trunc)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/%s", tracefs, file);
+	int fd = open(path, O_WRONLY | O_CLOEXEC | (trunc ? O_TRUNC : O_APPEND));
+	if (fd < 0)
+		return errno;
+	ssize_t w = write(fd, s, strlen(s));
+	int e = w == (ssize_t)strlen(s) ? 0 : w < 0 ? errno : EIO;
+	close(fd);
+	return e;
+}
+
+/* Lines of a tracefs file containing needle (-1 if it cannot be read). */
+static long tfs_count(const char *file, const char *needle)
+{
+	char path[256], line[512];
+	snprintf(path, sizeof path, "%s/%s", tracefs, file);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long n = 0;
+	while (fgets(line, sizeof line, f))
+		if (line[0] != '#' && strstr(line, needle))
+			n++;
+	fclose(f);
+	return n;
+}
+
+/* One tracefs write, recorded as " <tag>=ok" or " <tag>=<errno name>"; returns 1 when ok. */
+static int tfs_step(const char *tag, const char *file, const char *s, int trunc)
+{
+	int e = tfs_write(file, s, trunc);
+	phase_add(" %s=%s", tag, e ? strerror(e) : "ok");
+	/* Printed as it happens: if the next step hangs (a BUG with a mutex held), the console
+	 * still says how far the phase got. */
+	printf("XPE2E-SAFETY: %s -> %s: %s\n", s[0] ? s : "(empty)", file, e ? strerror(e) : "ok");
+	return !e;
+}
+
+/* A string that ends in the last bytes of a page followed by an unmapped page: the kernel's
+ * word-at-a-time copies read past its NUL into the hole and must fall back (an exception
+ * table fixup), not fail. Returns the string's address, or NULL. */
+static char *at_page_end(const char *s)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	char *p = mmap(NULL, (size_t)pg * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (munmap(p + pg, (size_t)pg))
+		return NULL;
+	size_t n = strlen(s) + 1;
+	memcpy(p + pg - n, s, n);
+	return p + pg - n;
+}
+
+static int phase_extable(void)
+{
+	int ok = 1;
+	long pg = sysconf(_SC_PAGESIZE);
+	/* 1. A filename at user address 16: strncpy_from_user faults, the fixup returns -EFAULT. */
+	long r = syscall(SYS_openat, AT_FDCWD, (char *)16, O_RDONLY, 0);
+	int e = errno;
+	phase_add(" openat_bad_ptr=%s", r == -1 && e == EFAULT ? "EFAULT" : r >= 0 ? "opened" : strerror(e));
+	ok &= r == -1 && e == EFAULT;
+	if (r >= 0)
+		close((int)r);
+	printf("XPE2E-SAFETY: extable: openat((char *)16) done\n");
+
+	/* 2. read() of 2 pages into a buffer whose second page is PROT_NONE: copy_to_user
+	 * faults on the second page, the fixup makes it a short read of one page. */
+	static const char big[] = "/tmp/xpe2e-8k";
+	char *page = malloc((size_t)pg);
+	memset(page, 'k', (size_t)pg);
+	int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int made = fd >= 0 && !write_all(fd, page, (size_t)pg) && !write_all(fd, page, (size_t)pg);
+	if (fd >= 0)
+		close(fd);
+	char *buf = mmap(NULL, (size_t)pg * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!made || buf == MAP_FAILED || mprotect(buf + pg, (size_t)pg, PROT_NONE)) {
+		phase_add(" short_read=setup-failed");
+		ok = 0;
+	} else {
+		fd = open(big, O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, buf, (size_t)pg * 2) : -1;
+		e = errno;
+		int same = n == pg && !memcmp(buf, page, (size_t)pg);
+		phase_add(" short_read=%zd%s", n, n < 0 ? strerror(e) : same ? "" : "-wrong-bytes");
+		ok &= same;
+		if (fd >= 0)
+			close(fd);
+	}
+	free(page);
+	printf("XPE2E-SAFETY: extable: short read done\n");
+
+	/* 3. open() of a path that ends at a page's end, the next page unmapped. */
+	char *path = at_page_end(kTargetPath);
+	fd = path ? (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0) : -1;
+	e = errno;
+	char got[64];
+	ssize_t n = fd >= 0 ? read(fd, got, sizeof got) : -1;
+	int open_ok = fd >= 0 && n == (ssize_t)(sizeof content - 1) && !memcmp(got, content, sizeof content - 1);
+	phase_add(" open_page_end=%s", open_ok ? "ok" : fd < 0 ? strerror(e) : "wrong-content");
+	ok &= open_ok;
+	if (fd >= 0)
+		close(fd);
+	printf("XPE2E-SAFETY: extable: open at a page end done\n");
+
+	/* 4. execve() of a path at a page's end; 5. execve() with argv at user address 16 (the
+	 * first get_user of an argv pointer faults: __get_user_8's fixup, -EFAULT). */
+	for (int k = 0; k < 2; k++) {
+		char *exe = k == 0 ? at_page_end("/bin/true") : (char *)"/bin/true";
+		char *argv_ok[] = { (char *)"true", NULL }, *envp[] = { NULL };
+		pid_t pid = fork();
+		if (pid == 0) {
+			if (!exe)
+				_exit(3);
+			syscall(SYS_execve, exe, k == 0 ? argv_ok : (char **)16, envp);
+			_exit(errno == EFAULT ? 42 : 4);
+		}
+		int st = 0;
+		if (pid < 0 || waitpid(pid, &st, 0) != pid)
+			st = -1;
+		int want = k == 0 ? 0 : 42;
+		int good = pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == want;
+		if (k == 0)
+			phase_add(" exec_page_end=%s", good ? "ok" : "failed");
+		else
+			phase_add(" exec_bad_argv=%s", good ? "EFAULT" : "wrong");
+		if (!good)
+			phase_add("(status %#x)", st);
+		ok &= good;
+	}
+	printf("XPE2E-SAFETY: extable: execs done\n");
+	return ok;
+}
+
+static int phase_statickey(void)
+{
+	/* Enabling sched_process_fork patches its static call sites and trampoline
+	 * (static_call_update) and its static key's jump sites (jump_label_update), under
+	 * text_mutex: kernel_clone's sites among them. */
+	int ok = tfs_step("fork_on", "events/sched/sched_process_fork/enable", "1", 0);
+	int forks = 0;
+	for (int i = 0; i < 5; i++) {
+		pid_t pid = fork();
+		if (pid == 0)
+			_exit(0);
+		int st;
+		if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+			forks++;
+	}
+	ok &= tfs_step("fork_off", "events/sched/sched_process_fork/enable", "0", 0);
+	long ev = tfs_count("trace", "sched_process_fork:");
+	phase_add(" forks=%d fork_events=%ld", forks, ev);
+	ok &= forks == 5 && ev >= 5;
+	/* Another tracepoint: takes the same mutexes again (a BUG() with them held hangs here). */
+	ok &= tfs_step("exec_on", "events/sched/sched_process_exec/enable", "1", 0);
+	ok &= tfs_step("exec_off", "events/sched/sched_process_exec/enable", "0", 0);
+	ok &= tfs_step("trace_clear", "trace", "", 1);
+	return ok;
+}
+
+static int phase_ftrace(void)
+{
+	/* Exactly 20 getppid calls (10 under the function tracer, 10 under a kprobe event): Dom0's
+	 * probe on __x64_sys_getppid must count exactly these. */
+	long calls = 0;
+	int ok = tfs_step("filter", "set_ftrace_filter", "__x64_sys_getppid", 1);
+	ok &= tfs_step("tracer_on", "current_tracer", "function", 1);
+	for (int i = 0; i < 10; i++, calls++)
+		syscall(SYS_getppid);
+	/* Before the tracer goes: switching tracers resets the buffer. The trace may name the
+	 * function by its alias at the same address (__do_sys_getppid, as ftrace's own messages
+	 * do): match both. */
+	long fn = tfs_count("trace", "sys_getppid <-");
+	ok &= tfs_step("tracer_off", "current_tracer", "nop", 1);
+	ok &= tfs_step("filter_clear", "set_ftrace_filter", "", 1);
+	phase_add(" traced=%ld", fn);
+	ok &= fn >= 10;
+	ok &= tfs_step("kprobe_add", "kprobe_events", "p:xpsafety/getppid __x64_sys_getppid\n", 1);
+	ok &= tfs_step("kprobe_on", "events/xpsafety/getppid/enable", "1", 0);
+	for (int i = 0; i < 10; i++, calls++)
+		syscall(SYS_getppid);
+	ok &= tfs_step("kprobe_off", "events/xpsafety/getppid/enable", "0", 0);
+	char path[256], line[256], name[128];
+	unsigned long hits = 0, missed = 0, kp = 0;
+	snprintf(path, sizeof path, "%s/kprobe_profile", tracefs);
+	FILE *f = fopen(path, "r");
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "%127s %lu %lu", name, &hits, &missed) == 3 && !strcmp(name, "getppid"))
+			kp = hits;
+	if (f)
+		fclose(f);
+	ok &= tfs_step("kprobe_del", "kprobe_events", "", 1);
+	phase_add(" kprobe_hits=%lu getppid=%ld", kp, calls);
+	ok &= kp >= 10;
+	ok &= tfs_step("trace_clear", "trace", "", 1);
+	return ok;
+}
+
+static void on_sigtrap(int sig)
+{
+	(void)sig;
+	_exit(42);
+}
+
+static int phase_activity(void)
+{
+	/* The paths the guest module's int3 hook shares with everything else: RCU read sides,
+	 * notifier chains, page-table lookups; reached by forks, execs, opens and int3s. */
+	int ok = 1, execs = 0, opens = 0;
+	for (int i = 0; i < 20; i++)
+		syscall(SYS_getppid);
+	for (int i = 0; i < 5; i++) {
+		char got[64];
+		int fd = open(kTargetPath, O_RDONLY | O_CLOEXEC);
+		if (fd >= 0 && read(fd, got, sizeof got) == (ssize_t)(sizeof content - 1))
+			opens++;
+		if (fd >= 0)
+			close(fd);
+	}
+	for (int i = 0; i < 3; i++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			execl("/bin/true", "true", (char *)NULL);
+			_exit(127);
+		}
+		int st;
+		if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+			execs++;
+	}
+	/* User-mode int3s: each one goes through the kernel's int3 handling (do_int3 ->
+	 * notify_die -> the die notifier chain, the guest module's hook among them) before the
+	 * SIGTRAP; Dom0 counts notify_die at least this often. The child handles its SIGTRAP: an
+	 * unhandled one makes the kernel log a "traps:" line, which the guest's verdict counts as
+	 * a crashed process. */
+	int traps = 0;
+	for (int i = 0; i < 3; i++) {
+		pid_t pid = fork();
+		if (pid == 0) {
+			struct sigaction sa;
+			memset(&sa, 0, sizeof sa);
+			sa.sa_handler = on_sigtrap;
+			sigaction(SIGTRAP, &sa, NULL);
+			__asm__ volatile("int3");
+			_exit(0);
+		}
+		int st;
+		if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 42)
+			traps++;
+	}
+	phase_add(" opens=%d execs=%d sigtraps=%d", opens, execs, traps);
+	ok &= opens == 5 && execs == 3 && traps == 3;
+	return ok;
+}
+
+/* Runs one phase in a child; its one-line result in out. A child killed by an oops, or stuck
+ * for <limit> s (a BUG() with a mutex held), is reported as such. */
+static int safety_phase(const char *phase, double limit, char *out, size_t outsz)
+{
+	int (*fn)(void) = !strcmp(phase, "extable")	? phase_extable
+			  : !strcmp(phase, "statickey") ? phase_statickey
+			  : !strcmp(phase, "ftrace")	? phase_ftrace
+			  : !strcmp(phase, "activity")	? phase_activity
+							: NULL;
+	if (!fn) {
+		snprintf(out, outsz, "phase=%s ok=0 error=unknown-phase", phase);
+		return 0;
+	}
+	int p[2];
+	if (pipe(p)) {
+		snprintf(out, outsz, "phase=%s ok=0 error=pipe", phase);
+		return 0;
+	}
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		phase_out[0] = 0;
+		int ok = fn();
+		char line[1200];
+		int n = snprintf(line, sizeof line, "ok=%d%s", ok, phase_out);
+		write_all(p[1], line, (size_t)n);
+		_exit(0);
+	}
+	close(p[1]);
+	char got[1200] = "";
+	size_t have = 0;
+	int status = -1, done = 0;
+	/* Until EOF (the child exited or died) or the limit: a child stuck in the kernel keeps
+	 * the pipe open, hence poll. */
+	for (double end = now() + limit; now() < end && have < sizeof got - 1;) {
+		struct pollfd pf = { p[0], POLLIN, 0 };
+		int left = (int)((end - now()) * 1000) + 1;
+		if (poll(&pf, 1, left > 1000 ? 1000 : left) <= 0)
+			continue;
+		ssize_t r = read(p[0], got + have, sizeof got - 1 - have);
+		if (r > 0)
+			have += (size_t)r;
+		else if (r == 0 || errno != EINTR)
+			break;
+	}
+	got[have] = 0;
+	close(p[0]);
+	for (double end = now() + 5; now() < end; usleep(50 * 1000))
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			done = 1;
+			break;
+		}
+	if (!done) {
+		/* Stuck in the kernel (D state); kill what can be killed and go on. */
+		kill(pid, SIGKILL);
+		snprintf(out, outsz, "phase=%s ok=0 child=stuck-after-%.0fs %s", phase, limit, got);
+	} else if (WIFSIGNALED(status)) {
+		snprintf(out, outsz, "phase=%s ok=0 child=killed-by-signal-%d %s", phase, WTERMSIG(status), got);
+	} else if (!have) {
+		snprintf(out, outsz, "phase=%s ok=0 child=exit-%d-no-result", phase, WEXITSTATUS(status));
+	} else {
+		snprintf(out, outsz, "phase=%s %s", phase, got);
+	}
+	return strstr(out, " ok=1") != NULL;
+}
+
+static int safety(double seconds)
+{
+	char key[64], v[256], out[1400];
+	int phases = 0, good = 0, fd = open(kTargetPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0 || write_all(fd, content, sizeof content - 1) || close(fd) || xs_open() < 0) {
+		printf("XPE2E-SAFETY: setup failed: %s\n", strerror(errno));
+		xs_write("data/xpe2e/safety/ready", "setup-failed");
+		return 1;
+	}
+	xs_write("data/xpe2e/safety/ready", "1");
+	printf("XPE2E-WORKLOAD: waiting for data/xpe2e/safety/go-1 (at most %.0f s)\n", seconds);
+	for (int i = 1;; i++) {
+		snprintf(key, sizeof key, "data/xpe2e/safety/go-%d", i);
+		int got = 0, ended = 0;
+		for (double end = now() + seconds; !got && !ended && now() < end; usleep(100 * 1000)) {
+			if (xs_read(key, v, sizeof v) == 0)
+				got = 1;
+			else if (xs_read("data/xpe2e/safety/end", out, sizeof out) == 0)
+				ended = 1;
+		}
+		if (!got)
+			break;
+		char phase[64];
+		double limit = 90;
+		if (sscanf(v, "%63s %lf", phase, &limit) < 1)
+			snprintf(phase, sizeof phase, "?");
+		printf("XPE2E-SAFETY: phase %d: %s\n", i, phase);
+		phases++;
+		good += safety_phase(phase, limit, out, sizeof out);
+		printf("XPE2E-SAFETY: result %d: %s\n", i, out);
+		snprintf(key, sizeof key, "data/xpe2e/safety/result-%d", i);
+		if (xs_write(key, out))
+			printf("XPE2E-SAFETY: cannot write %s\n", key);
+	}
+	snprintf(out, sizeof out, "safety phases=%d phases_ok=%d ok=%d", phases, good, phases > 0 && good == phases);
+	printf("XPE2E-WORKLOAD: done %s\n", out);
+	xs_write("data/xpe2e/done", out);
+	return phases > 0 && good == phases ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	char v[4096];
@@ -506,8 +907,10 @@ int main(int argc, char **argv)
 	}
 	if (argc == 3 && !strcmp(argv[1], "bench"))
 		return bench(atof(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "safety"))
+		return safety(atof(argv[2]));
 	if (argc == 8 && !strcmp(argv[1], "run"))
 		return run(argv[2], atof(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), argv[7]);
-	fprintf(stderr, "usage: xpe2e-workload wait|put|get|first|run|bench ... (see the source)\n");
+	fprintf(stderr, "usage: xpe2e-workload wait|put|get|first|run|bench|safety ... (see the source)\n");
 	return 2;
 }

@@ -180,3 +180,58 @@ kill9_scenario() {
   [ "$un" = ok ] || result FAIL "detach + rmmod after the kill: '$un'"
   result PASS "guest kept running, workload ok, text restored by the $by ($2 channel), module unloaded"
 }
+
+# What a kernel says when it is hurt: an oops, a BUG()/WARN(), a panic, a lockup or an RCU
+# stall, and the hazards' own lines (ftrace refusing a site it did not write, jump labels and
+# static calls finding an unexpected byte). Probe safety (docs/e2e.md) fails on any of them.
+KERNEL_BAD_RE='BUG:|Oops|WARNING:|general protection|kernel BUG|panic|soft lockup|rcu_(sched|preempt) detected stall|ftrace failed to modify|jump_label: Fatal|unexpected static_call'
+
+# dom0_dmesg_mark: remembers how long Dom0's kernel log is (dom0_kernel_clean checks only
+# what came after).
+dom0_dmesg_mark() { DOM0_DMESG_MARK=$(dmesg | wc -l); }
+
+# domu_kernel_clean <name>: FAILs the scenario when the DomU's console (its kernel's messages
+# among them) holds a KERNEL_BAD_RE line; prints every such line first.
+domu_kernel_clean() {
+  bad=$(tr -d '\r' <"$(console_log "$1")" 2>/dev/null | grep -aE "$KERNEL_BAD_RE" | grep -av '^XPE2E-')
+  [ -z "$bad" ] && return 0
+  echo "$bad" | head -n 40 | sed "s/^/XPE2E-INFO: DomU $1 kernel: /"
+  dump_console "$1"
+  result FAIL "DomU $1: kernel: $(echo "$bad" | head -n 1 | cut -c1-200)"
+}
+
+# dom0_kernel_clean: the same for Dom0's kernel log since dom0_dmesg_mark.
+dom0_kernel_clean() {
+  bad=$(dmesg | tail -n +"$((${DOM0_DMESG_MARK:-0} + 1))" | grep -aE "$KERNEL_BAD_RE")
+  [ -z "$bad" ] && return 0
+  echo "$bad" | head -n 40 | sed 's/^/XPE2E-INFO: Dom0 kernel: /'
+  result FAIL "Dom0: kernel: $(echo "$bad" | head -n 1 | cut -c1-200)"
+}
+
+# safety_scenario <DomU name> <channel> <extra kernel args> <seconds for the guest to start>
+# <xpe2e-probe safety options...>: probe safety (issue 12, docs/e2e.md "Probe safety"). One
+# DomU runs the safety phases (xpe2e.safety=1) while xpe2e-probe safety registers probes on
+# each hazard class and drives them; the program's checks, the workload's phases, the module's
+# unload and both kernels' logs must all be clean.
+safety_scenario() {
+  N=$1
+  ch=$2
+  dom0_dmesg_mark
+  domid=$(domu_start "$N" "$3 xpe2e.safety=1") || result FAIL "xl create failed"
+  echo "XPE2E-INFO: DomU $N is domain $domid"
+  wait_console "$N" "XPE2E-WORKLOAD: waiting" "$4" || { dump_console "$N"; result FAIL "the safety loop did not start within $4 s"; }
+  shift 4
+  # shellcheck disable=SC2086
+  timeout 900 "$PROBE" safety --domid "$domid" --channel "$ch" "$@" $PROBE_EXTRA
+  rc=$?
+  # A guest that died (a crash of a PV guest may print nothing) has nothing left to wait for.
+  if domain_alive "$domid"; then
+    domu_release "$domid"
+    wait_console "$N" "XPE2E-DOMU: idle" 90
+  fi
+  domu_kernel_clean "$N"
+  domain_alive "$domid" || { dump_console "$N"; result FAIL "DomU $N is not running any more (xl list: $(xl list "$domid" 2>&1 | tail -n 1))"; }
+  dom0_kernel_clean
+  domu_verdict "$N" "$domid"
+  [ $rc -eq 0 ] || result FAIL "xpe2e-probe safety failed (exit $rc; its XPE2E-CHECK lines above)"
+}

@@ -1,0 +1,22 @@
+# Scenario: probe safety on a real kernel (issue 12), a PV DomU with the module, the guest
+# channel. One hazard class after another in one guest (docs/e2e.md "Probe safety"), in this
+# order (without the rules, statickey leaves text_mutex held and hookpath kills the guest):
+#   extable    instructions covered by __ex_table in strncpy_from_user, copy_user_* and
+#              __get_user_8 (found here from the guest's own table): refused, rule
+#              'exception-table'; the guest's faulting user accesses (EFAULT, a short read, paths
+#              ending at a page's end, execve with a bad argv) behave as without probes;
+#   ftrace     XP on __x64_sys_getppid by name and by '0x<its start>': moved past the ftrace
+#              NOP5 (ProbeInfo.address = start + 5); the function tracer and a kprobe event on
+#              it work in the guest and the probes count its 20 calls exactly;
+#   statickey  kernel_clone's sched_process_fork jump label and static call sites and the
+#              static call's trampoline: refused ('jump-label', 'static-call',
+#              'static-call-trampoline'); the tracepoint toggles in the guest;
+#   hookpath   __rcu_read_lock, lookup_address, notifier_call_chain ('guest-hook-path') and the
+#              module's die notifier ('module-text'): refused; the guest's activity is fine.
+# No oops, BUG, WARN, panic, lockup or stall in either kernel's log.
+S=stock_pv_safety
+. /usr/lib/xenprobes-e2e/scenarios/lib.sh
+# timeout_ms=5000 (the module's maximum): a library without the rules leaves probes armed on
+# hot paths, and slow hits must not turn into timeouts that disarm them before the hazard shows.
+safety_scenario xpe2e-safety guest "xpe2e.modparams=timeout_ms=5000" 180 --timeout 90
+result PASS "every hazard point refused or moved; the guest's phases ok; no oops/BUG/WARN in either kernel"
