@@ -12,9 +12,26 @@
  * holding locks: the hook takes no lock, never sleeps, never allocates, never printks on the
  * hot path, and uses irq_work to get to process context.
  *
- * Nesting. If a probed address is hit again on the same CPU while the hook is running (an
- * NMI, or a probe on something the hook calls), the inner hit resumes at once through its
- * fallback: the CPU's mailbox is busy with the outer hit.
+ * Nesting. A probed address hit again on the same CPU while the hook is running (an NMI, or
+ * a probe on something the hook calls) must not recurse without bound: the per-CPU depth is
+ * taken before anything else the hook does (a per-CPU increment, inline, after two inline
+ * tests of its arguments), and
+ *  - depth 1 is the normal path;
+ *  - depth 2 (a nested hit) takes the entry's fallback at once, through the simplest path:
+ *    no mailbox (it is busy with the outer hit), no Dom0, no kernel function on the way
+ *    except lookup_address() when the fallback resumes in another module's text (kernel
+ *    text and the OEA are executable by construction, xp_is_exec_nested()). What it runs is
+ *    this module's code: the table search, the fallback (xp_logic.c), the stack accessors
+ *    (inline nofault accesses, xp_text.c) and inline per-CPU and atomic operations;
+ *  - depth 3 or more is a hit inside that nested path itself: Dom0 trapped this module's own
+ *    code (which it must never do: the module publishes module-text for Dom0 to refuse it) or
+ *    lookup_address(). Looking the entry up would run the trapped code again, so, with inline
+ *    code only, the int3 is rewound if its byte is gone, else left to the kernel (die("int3"),
+ *    an oops): bounded, where recursing would overflow the exception stack.
+ * No depth count can guard the code that runs at every depth: the kernel's int3 path up to
+ * this hook (exc_int3, do_int3, notify_die, the die notifier chain) and xp_die_notify() itself.
+ * A trap there recurses whatever the module does; only Dom0 refusing those addresses (kernel
+ * functions it must know, and module-text) prevents it.
  */
 #include <linux/kdebug.h>
 #include <linux/kernel.h>
@@ -240,13 +257,23 @@ abandoned:
 	return false;
 }
 
-/* After a failed fallback: if the byte is no longer an int3, running it is right. */
-static int xp_rewind_or_die(struct pt_regs *regs, u64 addr)
+/*
+ * The byte at addr, the int3 this CPU just executed (regs->ip - 1): mapped and readable, since
+ * the CPU fetched it. A plain load, like kprobe_int3_handler()'s, rather than
+ * copy_from_kernel_nofault(): no kernel function a probe could sit on.
+ */
+static __always_inline u8 xp_trap_byte(u64 addr)
 {
-	u8 byte;
+	return READ_ONCE(*(const u8 *)(unsigned long)addr);
+}
 
-	if (!copy_from_kernel_nofault(&byte, (const void *)(unsigned long)addr, 1) &&
-	    byte != XP_INT3) {
+/*
+ * After a failed fallback: if the byte is no longer an int3, running it is right. Inline, as
+ * depth 3 runs it (see "Nesting"): no call there for a probe to sit on.
+ */
+static __always_inline int xp_rewind_or_die(struct pt_regs *regs, u64 addr)
+{
+	if (xp_trap_byte(addr) != XP_INT3) {
 		regs->ip = addr;
 		return NOTIFY_STOP;
 	}
@@ -254,60 +281,82 @@ static int xp_rewind_or_die(struct pt_regs *regs, u64 addr)
 	return NOTIFY_DONE;	/* die("int3"): nothing correct is left to do */
 }
 
+/* Resumes without Dom0 as the entry says (b: which addresses count as executable). */
+static int xp_fallback(struct pt_regs *regs, const struct xenprobes_trap *e,
+		       const struct xp_bounds *b)
+{
+	struct xenprobes_regs r;
+
+	xp_count(&xp.timeouts, &xp.hdr->timeouts);
+	xp_regs_from_pt(&r, regs, e->addr);
+	if (xp_take_fallback(e, &r, xp.rets, xp.ret_cap, b, &xp_mem) != XP_FB_OK)
+		return xp_rewind_or_die(regs, e->addr);
+	xp_regs_to_pt(regs, &r);
+	return NOTIFY_STOP;
+}
+
+/* Depth 1: hand the hit to Dom0 when it can take it, else the fallback. */
 static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
 {
 	struct xenprobes_regs hit, out;
 	u32 mbox = xen_vcpu_nr(smp_processor_id());
-	bool nested = this_cpu_inc_return(xp_depth) > 1;
-	bool answered = false;
-	int ret = NOTIFY_STOP;
 
 	xp_regs_from_pt(&hit, regs, e->addr);
+	/* Not nested: nested hits never get here (xp_die_notify). */
 	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
-			 nested, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH)
-		answered = xp_exchange(&xp.mbox[mbox], &hit, &out);
-	if (!answered) {
-		xp_count(&xp.timeouts, &xp.hdr->timeouts);
-		out = hit;
-		if (xp_take_fallback(e, &out, xp.rets, xp.ret_cap, &xp.bounds, &xp_mem) != XP_FB_OK) {
-			ret = xp_rewind_or_die(regs, e->addr);
-			goto out;
+			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
+	    xp_exchange(&xp.mbox[mbox], &hit, &out)) {
+		xp_regs_to_pt(regs, &out);
+		return NOTIFY_STOP;
+	}
+	return xp_fallback(regs, e, &xp.bounds);
+}
+
+/* Depth 1 and 2: find the entry of the int3 at regs->ip - 1, then handle it. */
+static int xp_int3(struct pt_regs *regs, bool nested)
+{
+	struct xenprobes_trap e;
+	u64 addr = regs->ip - 1;
+	u32 nr_traps = READ_ONCE(xp.hdr->nr_traps);
+
+	if (!xp_trap_search(xp.traps, nr_traps, xp.trap_cap, addr, &e)) {
+		/* Dom0 removed the trap after this CPU executed it: run the original byte. */
+		if (xp_trap_byte(addr) != XP_INT3) {
+			regs->ip = addr;
+			return NOTIFY_STOP;
+		}
+		/* An unsorted table from a buggy Dom0 would make us oops the guest: look again. */
+		if (!xp_trap_scan(xp.traps, nr_traps, xp.trap_cap, addr, &e)) {
+			xp_count(&xp.foreign, &xp.hdr->foreign);
+			return NOTIFY_DONE;
 		}
 	}
-	xp_regs_to_pt(regs, &out);
-out:
-	this_cpu_dec(xp_depth);
-	return ret;
+	if (nested)
+		return xp_fallback(regs, &e, &xp.nested_bounds);
+	return xp_handle_hit(regs, &e);
 }
 
 static int xp_die_notify(struct notifier_block *nb, unsigned long val, void *data)
 {
 	struct die_args *args = data;
-	struct pt_regs *regs = args->regs;
-	struct xenprobes_trap e;
-	u32 nr_traps;
-	u64 addr;
-	u8 byte;
+	struct pt_regs *regs;
+	int depth, ret;
 
-	if (val != DIE_INT3 || !regs || user_mode(regs))
+	if (val != DIE_INT3)
 		return NOTIFY_DONE;
-	addr = regs->ip - 1;
-	nr_traps = READ_ONCE(xp.hdr->nr_traps);
-	if (xp_trap_search(xp.traps, nr_traps, xp.trap_cap, addr, &e))
-		return xp_handle_hit(regs, &e);
-
-	/* Dom0 removed the trap after this CPU executed it: run the original byte (kprobes). */
-	if (!copy_from_kernel_nofault(&byte, (const void *)(unsigned long)addr, 1) &&
-	    byte != XP_INT3) {
-		regs->ip = addr;
-		return NOTIFY_STOP;
-	}
-	/* An unsorted table from a buggy Dom0 would make us oops the guest: look again. */
-	if (xp_trap_scan(xp.traps, nr_traps, xp.trap_cap, addr, &e))
-		return xp_handle_hit(regs, &e);
-
-	xp_count(&xp.foreign, &xp.hdr->foreign);
-	return NOTIFY_DONE;
+	regs = args->regs;
+	if (!regs || user_mode(regs))
+		return NOTIFY_DONE;
+	/* First, before any call a probe could sit on (see "Nesting"). */
+	depth = this_cpu_inc_return(xp_depth);
+	if (depth == 1)
+		ret = xp_int3(regs, false);
+	else if (depth == 2)
+		ret = xp_int3(regs, true);
+	else
+		ret = xp_rewind_or_die(regs, regs->ip - 1);	/* inline: no call at all */
+	this_cpu_dec(xp_depth);
+	return ret;
 }
 
 static struct notifier_block xp_die_nb = {

@@ -62,6 +62,11 @@ struct xp_state {
 
 	/* Where the guest may resume, what may be patched (xp_text.c). */
 	struct xp_bounds bounds;
+	/*
+	 * The same ranges for a nested hit's fallback (xp_hook.c, "Nesting"): is_exec walks the
+	 * page tables (lookup_address()) only for an address outside kernel text and the OEA.
+	 */
+	struct xp_bounds nested_bounds;
 	unsigned long ktext;	/* _text */
 
 	/* Liveness of Dom0. */
@@ -110,6 +115,8 @@ void xp_resume_watch_unregister(void);
 /* xp_text.c */
 int xp_text_init(unsigned long kernel_text_param);
 bool xp_is_exec(void *ctx, u64 addr);
+bool xp_is_exec_nested(void *ctx, u64 addr);
+void xp_module_text(unsigned long *start, unsigned long *end);
 bool xp_read_kernel_u64(u64 addr, u64 *val);
 bool xp_write_kernel_u64(u64 addr, u64 val);
 unsigned int xp_restore_traps(void);

@@ -267,7 +267,7 @@ enum xp_give_up xp_give_up_step(xenprobes_u32 seen, xenprobes_u32 answer_seq, xe
 	return XP_GIVE_UP_FORCE;
 }
 
-/* ---- relative branches and near ret ---- */
+/* ---- branches the fallback emulates ---- */
 
 static xp_s64 xp_rel8(const xenprobes_u8 *p)
 {
@@ -282,29 +282,54 @@ static xp_s64 xp_rel32(const xenprobes_u8 *p)
 	return v < 0x80000000u ? (xp_s64)v : (xp_s64)v - 0x100000000ll;
 }
 
-bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_branch *out)
+/* The prefixes xp_decode_branch looks past, and where the opcode is. */
+struct xp_prefixes {
+	xenprobes_u32 op;	/* index of the opcode byte (len when there is none) */
+	xenprobes_u8 rex;	/* the REX byte right before the opcode, 0 if none */
+	bool rep;		/* f3 */
+	bool addr32;		/* 67 */
+};
+
+/*
+ * Skips branch hints (2e/3e), BND (f2), f3 and 67 in any order, then at most one REX right
+ * before the opcode. Stops at anything else (66 included: it is then taken for the opcode
+ * and refused there).
+ */
+static void xp_skip_prefixes(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_prefixes *p)
 {
-	struct xp_branch br = { .kind = XP_BR_NONE };
-	bool rep = false, addr32 = false;
-	xenprobes_u32 i = 0, imm = 0;
-	xenprobes_u8 op;
+	xenprobes_u32 i = 0;
 
-	if (!bytes || len == 0 || len > 15)
-		return false;
+	p->rex = 0;
+	p->rep = false;
+	p->addr32 = false;
 	for (; i < len; i++) {
-		xenprobes_u8 p = bytes[i];
+		xenprobes_u8 b = bytes[i];
 
-		if (p == 0x2e || p == 0x3e || p == 0xf2)
-			continue;		/* branch hints, BND */
-		if (p == 0xf3)
-			rep = true;
-		else if (p == 0x67)
-			addr32 = true;
+		if (b == 0x2e || b == 0x3e || b == 0xf2)
+			continue;		/* branch hints / notrack, BND */
+		if (b == 0xf3)
+			p->rep = true;
+		else if (b == 0x67)
+			p->addr32 = true;
 		else
 			break;
 	}
 	if (i < len && (bytes[i] & 0xf0) == 0x40)
-		i++;				/* REX: nothing to change for these forms */
+		p->rex = bytes[i++];
+	p->op = i;
+}
+
+bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_branch *out)
+{
+	struct xp_branch br = { .kind = XP_BR_NONE };
+	struct xp_prefixes px;
+	xenprobes_u32 i, imm = 0;
+	xenprobes_u8 op;
+
+	if (!bytes || len == 0 || len > 15)
+		return false;
+	xp_skip_prefixes(bytes, len, &px);
+	i = px.op;
 	if (i >= len)
 		return false;
 	op = bytes[i++];
@@ -333,7 +358,7 @@ bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_br
 			br.kind = XP_BR_LOOP;
 		} else {
 			br.kind = XP_BR_JRCXZ;
-			br.ecx = addr32;
+			br.ecx = px.addr32;
 		}
 	} else if (op == 0xe9 || op == 0xe8) {
 		if (i + 4 != len)
@@ -346,17 +371,47 @@ bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_br
 		br.kind = XP_BR_JCC;
 		br.cc = bytes[i] & 0xf;
 		br.disp = xp_rel32(&bytes[i + 1]);
+	} else if (op == 0xff) {
+		xenprobes_u8 modrm;
+
+		/* Only the register forms: ModRM and nothing after it (no SIB, no displacement). */
+		if (i + 1 != len)
+			return false;
+		modrm = bytes[i];
+		if ((modrm & 0xc0) != 0xc0)
+			return false;		/* through memory */
+		if (((modrm >> 3) & 7) == 2)
+			br.kind = XP_BR_CALL_REG;
+		else if (((modrm >> 3) & 7) == 4)
+			br.kind = XP_BR_JMP_REG;
+		else
+			return false;		/* inc, dec, push; /3 and /5 are far and need memory */
+		br.reg = (modrm & 7) | ((px.rex & 1) ? 8 : 0);
 	} else {
 		return false;
 	}
 	/* 66 was refused above by ending the prefix loop on it; rep/67 only where harmless. */
-	if (rep && br.kind != XP_BR_RET)
+	if (px.rep && br.kind != XP_BR_RET)
 		return false;
-	if (addr32 && br.kind != XP_BR_JRCXZ)
+	if (px.addr32 && br.kind != XP_BR_JRCXZ)
 		return false;
 	br.len = len;
 	*out = br;
 	return true;
+}
+
+bool xp_is_mem_indirect_branch(const xenprobes_u8 *bytes, xenprobes_u32 len)
+{
+	struct xp_prefixes px;
+	xenprobes_u8 reg;
+
+	if (!bytes || len == 0 || len > 15)
+		return false;
+	xp_skip_prefixes(bytes, len, &px);
+	if (px.op + 1 >= len || bytes[px.op] != 0xff)
+		return false;
+	reg = (bytes[px.op + 1] >> 3) & 7;
+	return (bytes[px.op + 1] & 0xc0) != 0xc0 && (reg == 2 || reg == 4);
 }
 
 bool xp_condition(xenprobes_u32 cc, xenprobes_u64 rflags)
@@ -395,6 +450,29 @@ bool xp_condition(xenprobes_u32 cc, xenprobes_u64 rflags)
 	return (cc & 1) ? !r : r;
 }
 
+/* The value of register n (an enum xp_gpr) in r, whose fields are in another order. */
+static xenprobes_u64 xp_gpr_value(const struct xenprobes_regs *r, xenprobes_u32 n)
+{
+	switch (n) {
+	case XP_GPR_RAX: return r->rax;
+	case XP_GPR_RCX: return r->rcx;
+	case XP_GPR_RDX: return r->rdx;
+	case XP_GPR_RBX: return r->rbx;
+	case XP_GPR_RSP: return r->rsp;
+	case XP_GPR_RBP: return r->rbp;
+	case XP_GPR_RSI: return r->rsi;
+	case XP_GPR_RDI: return r->rdi;
+	case XP_GPR_R8: return r->r8;
+	case XP_GPR_R9: return r->r9;
+	case XP_GPR_R10: return r->r10;
+	case XP_GPR_R11: return r->r11;
+	case XP_GPR_R12: return r->r12;
+	case XP_GPR_R13: return r->r13;
+	case XP_GPR_R14: return r->r14;
+	default: return r->r15;
+	}
+}
+
 enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xenprobes_regs *r,
 			const struct xp_bounds *b, const struct xp_mem_ops *m)
 {
@@ -411,6 +489,11 @@ enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xen
 	case XP_BR_JMP:
 	case XP_BR_CALL:
 		taken = true;
+		break;
+	case XP_BR_JMP_REG:
+	case XP_BR_CALL_REG:
+		taken = true;
+		target = xp_gpr_value(r, br.reg);
 		break;
 	case XP_BR_JCC:
 		taken = xp_condition(br.cc, r->rflags);
@@ -439,7 +522,7 @@ enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xen
 	if (!xp_resume_ok(b, target))
 		return XP_EMUL_BAD_TARGET;
 
-	if (br.kind == XP_BR_CALL) {
+	if (br.kind == XP_BR_CALL || br.kind == XP_BR_CALL_REG) {
 		/* The kernel's int3 entry leaves a gap below the frame for exactly this push. */
 		if (!m || !m->write_u64(m->ctx, r->rsp - 8, next))
 			return XP_EMUL_FAULT;

@@ -46,9 +46,12 @@ extern "C" {
 #define XP_ENOSPC 28
 
 /*
- * The rflags bits taken from Dom0's answer: the arithmetic flags (CF PF AF ZF SF OF) and
- * TF. IF, DF, IOPL, NT, RF, AC, ... stay what the guest had: Dom0 must not be able to enable
- * interrupts inside an exception handler or change the privilege-related bits.
+ * The rflags bits taken from Dom0's answer: the arithmetic flags (CF PF AF ZF SF OF) only.
+ * IF, DF, IOPL, NT, RF, AC, ... stay what the guest had: Dom0 must not be able to enable
+ * interrupts inside an exception handler or change the privilege-related bits. TF stays the
+ * guest's too: a kernel resumed with TF set that Linux did not set itself takes a #DB that
+ * exc_debug_kernel() WARNs about (no kernel debugger expects it), and an emulated branch
+ * never needs it.
  */
 #define XP_RFLAGS_CF 0x001ull
 #define XP_RFLAGS_PF 0x004ull
@@ -58,7 +61,7 @@ extern "C" {
 #define XP_RFLAGS_TF 0x100ull
 #define XP_RFLAGS_OF 0x800ull
 #define XP_RFLAGS_FROM_DOM0 (XP_RFLAGS_CF | XP_RFLAGS_PF | XP_RFLAGS_AF | XP_RFLAGS_ZF | \
-			     XP_RFLAGS_SF | XP_RFLAGS_TF | XP_RFLAGS_OF)
+			     XP_RFLAGS_SF | XP_RFLAGS_OF)
 
 /*
  * How far Dom0 may move the stack pointer in an answer: a call or ret it emulated moves it
@@ -209,7 +212,8 @@ enum xp_route {
 /*
  * A found hit goes to Dom0 unless Dom0 was declared gone, the module is detaching, this
  * CPU is already inside the hook (a probe hit from the hook's own path, e.g. an NMI), or
- * the CPU has no mailbox.
+ * the CPU has no mailbox. (The hook itself sends nested hits to the fallback before it gets
+ * here, taking as few calls as it can: xp_hook.c, "Nesting".)
  */
 enum xp_route xp_route_hit(bool dom0_gone, bool detaching, bool nested,
 			   xenprobes_u32 mailbox, xenprobes_u32 nr_mailboxes);
@@ -264,7 +268,7 @@ static inline bool xp_dead_after(xenprobes_u32 consecutive)
 	return consecutive >= XENPROBES_DEAD_AFTER;
 }
 
-/* ---- relative branches and near ret (XENPROBES_TRAP_EMULATE) ---- */
+/* ---- branches the fallback emulates (XENPROBES_TRAP_EMULATE) ---- */
 
 enum xp_branch_kind {
 	XP_BR_NONE = 0,
@@ -276,6 +280,16 @@ enum xp_branch_kind {
 	XP_BR_LOOPNE,	/* e0 rel8 */
 	XP_BR_JRCXZ,	/* e3 rel8 (67 e3: jecxz) */
 	XP_BR_RET,	/* c3, c2 imm16 */
+	XP_BR_CALL_REG,	/* ff /2 with mod 3: call *%reg (retpoline sites patched to it) */
+	XP_BR_JMP_REG,	/* ff /4 with mod 3: jmp *%reg */
+};
+
+/* Register numbers as x86 encodes them (ModRM.rm plus REX.B), for XP_BR_*_REG. */
+enum xp_gpr {
+	XP_GPR_RAX = 0, XP_GPR_RCX, XP_GPR_RDX, XP_GPR_RBX,
+	XP_GPR_RSP, XP_GPR_RBP, XP_GPR_RSI, XP_GPR_RDI,
+	XP_GPR_R8, XP_GPR_R9, XP_GPR_R10, XP_GPR_R11,
+	XP_GPR_R12, XP_GPR_R13, XP_GPR_R14, XP_GPR_R15,
 };
 
 struct xp_branch {
@@ -284,17 +298,31 @@ struct xp_branch {
 	xenprobes_u32 cc;	/* XP_BR_JCC: the condition code 0..15 */
 	xp_s64 disp;		/* relative displacement (sign extended) */
 	xenprobes_u32 imm16;	/* XP_BR_RET: bytes popped after the return address */
+	xenprobes_u32 reg;	/* XP_BR_*_REG: the target register, an enum xp_gpr */
 	bool ecx;		/* XP_BR_JRCXZ with a 67 prefix: tests ecx */
 };
 
 /*
  * Decodes one of the branch forms above from bytes[0..len). Allowed prefixes: 2e/3e (branch
- * hints), f2 (BND), f3 before a ret (`rep ret`), 67 before jrcxz only, and a REX prefix right
- * before the opcode. Refused: 66 (operand size truncates rip on AMD), 67 on anything but
- * jrcxz, far forms, indirect forms, anything else. The decoded length must equal len exactly
- * (the entry's len is the instruction's length). false when the bytes are not such a branch.
+ * hints; 3e is also `notrack`), f2 (BND), f3 before a ret (`rep ret`), 67 before jrcxz only,
+ * and a REX prefix right before the opcode (REX.B selects r8..r15 for the register forms; the
+ * other REX bits change nothing for these forms). Refused: 66 (operand size truncates rip on
+ * AMD), 67 on anything but jrcxz, far forms, branches through memory (`jmp/call *mem`: the
+ * target is loaded from an address the module would have to compute and read, see
+ * xp_is_mem_indirect_branch), anything else. The decoded length must equal len exactly (the
+ * entry's len is the instruction's length). false when the bytes are not such a branch.
+ *
+ * Dom0 (libxenprobes/channel/guest.cpp) runs this very function on every EMULATE entry before
+ * it arms the trap: an entry the module could not emulate is refused there, never armed.
  */
 bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_branch *out);
+
+/*
+ * true when bytes[0..len) is a near jmp/call through memory (ff /2 or ff /4 with a memory
+ * operand, e.g. `jmp *table(,%rdi,8)`, `call *0x10(%rax)`), which xp_decode_branch refuses.
+ * For Dom0's refusal message only: the module itself never needs to know why.
+ */
+bool xp_is_mem_indirect_branch(const xenprobes_u8 *bytes, xenprobes_u32 len);
 
 /* Evaluates condition code cc (the low nibble of a jcc opcode) on rflags. */
 bool xp_condition(xenprobes_u32 cc, xenprobes_u64 rflags);
@@ -315,8 +343,10 @@ enum xp_emul {
 
 /*
  * Executes the branch in bytes[0..len) as if it sat at r->rip (the trap address): updates
- * rip, and rsp/rcx and the stack where the instruction does. The target is validated before
- * anything is changed; on failure *r and the stack are left untouched.
+ * rip, and rsp/rcx and the stack where the instruction does. A call pushes the address after
+ * the whole instruction; a register-indirect one jumps to the register's value at the trap
+ * (read before the push, as the CPU does: `call *%rsp` targets the old rsp). The target is
+ * validated before anything is changed; on failure *r and the stack are left untouched.
  */
 enum xp_emul xp_emulate(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xenprobes_regs *r,
 			const struct xp_bounds *b, const struct xp_mem_ops *m);

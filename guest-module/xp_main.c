@@ -232,6 +232,29 @@ static void xp_watches_unregister(void)
 	xp_watches_on = false;
 }
 
+/*
+ * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
+ * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
+ * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
+ * that predates the keys).
+ */
+static int xp_publish_module_text(void)
+{
+	unsigned long start, end;
+	int err;
+
+	xp_module_text(&start, &end);
+	if (!start || end <= start || end - start > XENPROBES_MODULE_TEXT_MAX_SIZE) {
+		pr_warn(XP_NAME ": own text [0x%lx, 0x%lx) is not a plausible range: module-text not published (Dom0 cannot refuse probes on this module's code)\n",
+			start, end);
+		return 0;
+	}
+	err = xp_xs_printf(XENPROBES_XS_MODULE_TEXT_START, "0x%lx", start);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_MODULE_TEXT_END, "0x%lx", end);
+	return err;
+}
+
 static int xp_publish(void)
 {
 	const struct xp_range *a0 = &xp.oea.areas[0];
@@ -247,6 +270,8 @@ static int xp_publish(void)
 		err = xp_xs_printf(XENPROBES_XS_RELEASE, "%s", init_utsname()->release);
 	if (!err)
 		err = xp_xs_printf(XENPROBES_XS_NR_CPUS, "%u", num_possible_cpus());
+	if (!err)
+		err = xp_publish_module_text();
 	if (!err)
 		err = xp_publish_area(0, a0->start, a0->end - a0->start);
 	if (!err)

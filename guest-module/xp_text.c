@@ -20,6 +20,7 @@
 #include <linux/kernel.h>
 #include <linux/kdebug.h>
 #include <linux/mm.h>
+#include <linux/module.h>
 #include <linux/sched/signal.h>
 #include <linux/sched/task_stack.h>
 #include <linux/slab.h>
@@ -27,8 +28,11 @@
 #include <linux/stop_machine.h>
 #include <linux/string.h>
 #include <linux/uaccess.h>
+#include <linux/version.h>
 #include <linux/vmalloc.h>
+#include <asm/page.h>
 #include <asm/pgtable.h>
+#include <asm/processor.h>
 #include <asm/sync_core.h>
 
 #include "xp_internal.h"
@@ -41,21 +45,59 @@ bool xp_is_exec(void *ctx, u64 addr)
 	return pte && pte_present(*pte) && pte_exec(*pte);
 }
 
-/* Reads 8 bytes of kernel memory without oopsing on a bad address. */
+/*
+ * xp_is_exec for a nested hit's fallback (xp_hook.c, "Nesting"): kernel text (found by the
+ * page walk at load time, up to the first non-executable page) and the OEA pool (this
+ * module's own text) are executable by construction, so the walk -- lookup_address(), a
+ * kernel function a probe could sit on -- is left for addresses in other modules' text.
+ */
+bool xp_is_exec_nested(void *ctx, u64 addr)
+{
+	if (xp_in_range(&xp.bounds.ktext, addr) || xp_in_range(&xp.bounds.oea, addr))
+		return true;
+	return xp_is_exec(ctx, addr);
+}
+
+/*
+ * Where the 8 bytes at addr may be accessed without oopsing: kernel half, canonical (a
+ * non-canonical address raises #GP, which the nofault fixup WARNs about), and for writes
+ * aligned. The checks copy_from_kernel_nofault_allowed() makes on x86.
+ */
+static bool xp_kernel_u64_ok(u64 addr)
+{
+	return (s64)addr < 0 && __is_canonical_address(addr, boot_cpu_data.x86_virt_bits);
+}
+
+/*
+ * Reads 8 bytes of kernel memory without oopsing on a bad address. The nofault accessor is
+ * an inline access with an exception-table fixup: unlike copy_from_kernel_nofault(), no
+ * kernel function runs, so a nested hit's fallback (a `ret` it emulates) calls nothing a
+ * probe could sit on.
+ */
 bool xp_read_kernel_u64(u64 addr, u64 *val)
 {
-	return copy_from_kernel_nofault(val, (const void *)(unsigned long)addr, sizeof(*val)) == 0;
+	bool ok = false;
+
+	if (!xp_kernel_u64_ok(addr))
+		return false;
+	pagefault_disable();
+	__get_kernel_nofault(val, (const void *)(unsigned long)addr, u64, out);
+	ok = true;
+out:
+	pagefault_enable();
+	return ok;
 }
 
 /*
  * Writes 8 bytes of kernel memory, never user memory, without oopsing on a bad or read-only
- * address (copy_to_kernel_nofault() is not exported; the nofault accessor is a macro).
+ * address (copy_to_kernel_nofault() is not exported; the nofault accessor is a macro, inline
+ * like the read above).
  */
 bool xp_write_kernel_u64(u64 addr, u64 val)
 {
 	bool ok = false;
 
-	if ((s64)addr >= 0 || addr & 7)
+	if (!xp_kernel_u64_ok(addr) || addr & 7)
 		return false;
 	pagefault_disable();
 	__put_kernel_nofault((void *)(unsigned long)addr, &val, u64, out);
@@ -63,6 +105,24 @@ bool xp_write_kernel_u64(u64 addr, u64 val)
 out:
 	pagefault_enable();
 	return ok;
+}
+
+/*
+ * This module's core text [start, end), published as module-text for Dom0 to refuse probes
+ * there (the int3 hook runs it). It holds the static OEA pool (xp_oea.S is a section of the
+ * module's text). 6.4 replaced struct module's core_layout with mem[MOD_TEXT].
+ */
+void xp_module_text(unsigned long *start, unsigned long *end)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 4, 0)
+	const struct module_memory *t = &THIS_MODULE->mem[MOD_TEXT];
+
+	*start = (unsigned long)t->base;
+	*end = *start + t->size;
+#else
+	*start = (unsigned long)THIS_MODULE->core_layout.base;
+	*end = *start + THIS_MODULE->core_layout.text_size;
+#endif
 }
 
 /* sprint_symbol() prints "0x<addr>" when nothing resolves, else "name+0xoff/0xsize". */
@@ -179,6 +239,8 @@ int xp_text_init(unsigned long kernel_text_param)
 	xp.bounds.oea.end = (unsigned long)xp_oea_pool + XP_OEA_POOL_SIZE;
 	xp.bounds.is_exec = xp_is_exec;
 	xp.bounds.ctx = NULL;
+	xp.nested_bounds = xp.bounds;
+	xp.nested_bounds.is_exec = xp_is_exec_nested;
 	return 0;
 }
 

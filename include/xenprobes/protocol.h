@@ -16,6 +16,16 @@
  *   oea/<i>/addr  hex: guest-virtual start of area i (page aligned, executable,
  *                 within +-2 GiB of kernel text)
  *   oea/<i>/size  decimal bytes, a multiple of the page size
+ *   module-text/start, module-text/end
+ *                 optional, together: hex, the module's own core text [start, end) (end: one
+ *                 past the last byte). Its int3 hook runs that code (and the kernel's int3
+ *                 path), so Dom0 must never put a trap there: the hook would recurse into
+ *                 itself. The real module's range holds its static OEA pool (a section of its
+ *                 text), so it contains the OEA areas, where Dom0 does write slot traps. A
+ *                 module that does not publish them (older ones) is still valid: Dom0 then
+ *                 knows no range to refuse. They came with the EMULATE fallback of jmp/call
+ *                 through a register (below): Dom0 arms such an EMULATE trap only on a module
+ *                 that publishes them, as an older one could not run it.
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -28,6 +38,9 @@
  * multiple of 4096 and at most XENPROBES_OEA_MAX_SIZE, no wrap-around, in the canonical upper
  * half, every byte within rel32 reach (+-2 GiB) of kernel-text, outside the first 16 MiB of
  * the kernel image, disjoint from the other areas, and every page mapped and executable.
+ * module-text: both keys or neither, each a canonical upper-half address, start < end, at most
+ * XENPROBES_MODULE_TEXT_MAX_SIZE bytes, outside the first 16 MiB of the kernel image (the
+ * pages are not checked: Dom0 only refuses to probe there).
  *
  * Growing the OEA (Dom0 asks, the module answers):
  *
@@ -78,7 +91,8 @@
  *      hit is unclaimed, and while state == XENPROBES_MBOX_CLAIMED (Dom0 is running the
  *      handlers) up to the claim bound, both counted from step 1.
  *   3. DONE: read barrier; copy mailbox.regs back into pt_regs (the general registers and
- *      rflags' arithmetic flags and TF only; cs/ss are never taken from Dom0); resume at
+ *      rflags' arithmetic flags CF PF AF ZF SF OF only: not TF, whose unexpected #DB the
+ *      kernel warns about, and cs/ss are never taken from Dom0); resume at
  *      mailbox.regs.rip; state = XENPROBES_MBOX_IDLE.
  *   4. timeout (timeout_ms passed and the hit is not claimed, or the claim bound passed):
  *      compare-and-swap state from HIT (or, past the claim bound, from CLAIMED) to
@@ -90,7 +104,10 @@
  *      handler) and resume without the handler as the trap entry's flags say:
  *      XENPROBES_TRAP_FALLBACK: at `fallback` (a slot holding the original instruction, or
  *        the instruction after a slot's trap byte); XENPROBES_TRAP_EMULATE: by emulating the
- *      `len` original bytes in `insn` (a relative jmp/jcc/call/loop/jrcxz or a near ret);
+ *      `len` original bytes in `insn`: a relative jmp/jcc/call/loop/jrcxz, a jmp/call through
+ *      a register (`ff /4`, `ff /2` with a register operand; a call pushes the address after
+ *      the instruction) or a near ret; never a jmp/call through memory, so Dom0 arms no
+ *      EMULATE trap on one (the module's decoder, guest-module/xp_logic.c, decides);
  *      XENPROBES_TRAP_RETURN: the return trampoline, by the return table entry whose `slot`
  *        equals the stack pointer minus 8 (then the entry is cleared). "The stack pointer"
  *        is rsp at the trampoline's trap: the probed function's `ret` already popped the
@@ -166,11 +183,14 @@
 #define XENPROBES_XS_EVTCHN "evtchn"
 #define XENPROBES_XS_QUIESCE_REQUEST "quiesce-request"
 #define XENPROBES_XS_QUIESCE_DONE "quiesce-done"
+#define XENPROBES_XS_MODULE_TEXT_START "module-text/start"
+#define XENPROBES_XS_MODULE_TEXT_END "module-text/end"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
 #define XENPROBES_OEA_MAX_SIZE (16u << 20)
 #define XENPROBES_CTL_MAX_PAGES 64
+#define XENPROBES_MODULE_TEXT_MAX_SIZE (64u << 20)
 
 #ifdef __KERNEL__
 #include <linux/types.h>
@@ -229,7 +249,7 @@ struct xenprobes_mailbox {
 };
 
 #define XENPROBES_TRAP_FALLBACK 1u /* resume at `fallback` */
-#define XENPROBES_TRAP_EMULATE 2u  /* emulate `insn` (relative branch or near ret) */
+#define XENPROBES_TRAP_EMULATE 2u  /* emulate `insn` (relative or register branch, near ret) */
 #define XENPROBES_TRAP_RETURN 4u   /* the return trampoline: use the return table */
 
 struct xenprobes_trap {

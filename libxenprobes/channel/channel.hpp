@@ -53,7 +53,7 @@ class StopSink {
 struct TrapEntry {
   enum class Fallback {
     ResumeAt,  // resume at `resume_at` (a slot holding the original instruction, ...)
-    Emulate,   // emulate `insn` (a relative branch or a near ret)
+    Emulate,   // emulate `insn`: a relative branch, a near ret or a branch through a register (what the module decodes)
     Return,    // the return trampoline: the return-address table says where
   };
   Gva addr;

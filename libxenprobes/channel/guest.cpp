@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 #include "common/hex.hpp"
@@ -12,6 +13,7 @@
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
 #include "probe/module_info.hpp"
+#include "xp_logic.h"  // the guest module's own decoder (guest-module/, linked into xp_common)
 
 namespace xenprobes::channel {
 namespace {
@@ -55,6 +57,47 @@ struct Range {
 };
 
 std::string dom_str(DomId d) { return "domain " + std::to_string(d.value); }
+
+// "ff 24 fd 00 10 00 81": a trap entry's original bytes, for messages.
+std::string insn_bytes(const TrapEntry& t) {
+  std::string s;
+  char b[4];
+  for (unsigned i = 0; i < t.len && i < sizeof t.insn; ++i) {
+    std::snprintf(b, sizeof b, "%s%02x", i ? " " : "", t.insn[i]);
+    s += b;
+  }
+  return s;
+}
+
+// Whether the module's EMULATE fallback can run `t`'s instruction: decided by the module's own
+// decoder (xp_decode_branch, the function its hook calls), so the two can never disagree. A
+// module older than that decoder's register forms (register_branches false: it publishes no
+// module-text, which came with them) cannot run `jmp/call *%reg` either. The refusal says what
+// the module cannot do and what works instead.
+Result<void> module_can_emulate(DomId dom, const TrapEntry& t, bool register_branches) {
+  xp_branch br;
+  const std::string what = dom_str(dom) + ": trap at " + hex(t.addr.value) + " (" + insn_bytes(t) + "): ";
+  // The fallback runs whenever Dom0 does not answer: Dom0 killed, detach, a timeout, a hit
+  // nested in the module's hook. One the module cannot run leaves it only die("int3").
+  const std::string why =
+      "; use the vmevent or debugger channel (the module emulates the instruction itself whenever Dom0 does not "
+      "answer a hit, e.g. once Dom0 is gone, and would oops the guest on one it cannot emulate)";
+  if (xp_decode_branch(t.insn, t.len, &br)) {
+    if (register_branches || (br.kind != XP_BR_CALL_REG && br.kind != XP_BR_JMP_REG)) return {};
+    return fail(Errc::NotSupported, what +
+                                        "the guest module is too old to emulate a jmp/call through a register (it "
+                                        "publishes no " XENPROBES_XS_MODULE_TEXT_START "); install the current "
+                                        "xenprobesU in the guest, or" +
+                                        why.substr(1));
+  }
+  if (xp_is_mem_indirect_branch(t.insn, t.len))
+    return fail(Errc::NotSupported, what + "the guest module's fallback cannot emulate a memory-indirect branch" + why);
+  return fail(Errc::NotSupported,
+              what +
+                  "the guest module's fallback cannot emulate this instruction (it emulates relative jmp/jcc/call/"
+                  "loop/jrcxz, jmp/call through a register and near ret, with no 66 prefix and 67 only on jrcxz)" +
+                  why);
+}
 
 // A mailbox's state, the field both sides compare-and-swap.
 std::atomic_ref<std::uint32_t> state_of(std::byte* mb) {
@@ -183,6 +226,7 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.layout = Layout{h.nr_mailboxes, h.mailbox_offset, h.trap_capacity, h.trap_offset, h.ret_capacity, h.ret_offset};
   a.port = *port;
   a.oea = mi->areas;
+  a.register_branches = mi->has_module_text();
   a.rets.assign(h.ret_capacity, xenprobes_ret{0, 0});
   a.answered.assign(h.nr_mailboxes, std::nullopt);
   a.answered_rip.assign(h.nr_mailboxes, 0);
@@ -281,6 +325,7 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
     return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) +
                                            ": no original bytes (needed to emulate it, and to restore "
                                            "a trap outside the out-of-line execution area)");
+  if (t.fallback == TrapEntry::Fallback::Emulate) XP_TRY(module_can_emulate(dom, t, a->register_branches));
   xenprobes_trap e{};
   e.addr = t.addr.value;
   switch (t.fallback) {

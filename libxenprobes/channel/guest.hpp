@@ -60,6 +60,11 @@ class GuestChannel final : public Channel {
   int poll_interval_ms() const override { return 0; }
   bool stops_found_by_rip() const override { return false; }
   Result<unsigned> process(StopSink&) override;
+  // Writes the entry into the module's trap table. Refuses (NotSupported, naming the channels
+  // that can) an Emulate entry the module's fallback could not run, as the module's own decoder
+  // (guest-module/xp_logic.c, linked in) decides: a jmp/call through memory among them. The
+  // module runs that fallback whenever Dom0 does not answer; with none it could run, the guest
+  // would oops.
   Result<void> trap_added(DomId, const TrapEntry&) override;
   void trap_removed(DomId, Gva) override;
   Result<void> return_added(DomId, Gva stack_slot, Gva ret) override;
@@ -101,6 +106,9 @@ class GuestChannel final : public Channel {
     Layout layout;
     hv::EvtchnPort port = 0;
     std::vector<probe::OeaArea> oea;    // the module's areas as last read
+    // The module emulates jmp/call through a register (one that publishes module-text: both
+    // came in the same version; an older one would oops the guest on such a fallback).
+    bool register_branches = false;
     std::vector<xenprobes_trap> traps;  // sorted by addr: what the shared table is written from
     std::vector<xenprobes_ret> rets;    // index = entry in the shared table; slot 0 = free
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "mem/guest_memory.hpp"
 #include "xenprobes/protocol.h"
@@ -210,6 +211,47 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
         return fail(Errc::Fault, bad(apath, as, "page " + hex(*addr + off) + " is not usable: " + r.error().what));
     }
     info.areas.push_back(area);
+  }
+
+  // module-text: optional (older modules publish none), but both keys or neither.
+  auto read_optional = [&](const std::string& path) -> Result<std::optional<std::string>> {
+    auto v = hv.xs_read(path);
+    if (v) return std::optional<std::string>(std::move(*v));
+    if (v.error().code == Errc::NotFound) return std::optional<std::string>();
+    return fail(v.error().code, "reading xenstore key " + path + ": " + v.error().what);
+  };
+  const std::string mspath = module_key(dom, XENPROBES_XS_MODULE_TEXT_START);
+  const std::string mepath = module_key(dom, XENPROBES_XS_MODULE_TEXT_END);
+  auto mss = XP_TRY(read_optional(mspath));
+  auto mes = XP_TRY(read_optional(mepath));
+  if (mss || mes) {
+    if (!mss || !mes)
+      return fail(Errc::NotFound, "xenstore key " + (mss ? mepath : mspath) + " is missing although " +
+                                      (mss ? mspath : mepath) +
+                                      " is there: the guest module publishes both or neither; reload it");
+    auto start = parse_hex(*mss);
+    if (!start) return fail(Errc::InvalidArgument, bad(mspath, *mss, "not a 0x-prefixed 64-bit hex address"));
+    auto end = parse_hex(*mes);
+    if (!end) return fail(Errc::InvalidArgument, bad(mepath, *mes, "not a 0x-prefixed 64-bit hex address"));
+    if (*start < kUpperHalfStart)
+      return fail(Errc::InvalidArgument, bad(mspath, *mss, "not a canonical kernel (upper-half) address"));
+    if (*end < kUpperHalfStart)
+      return fail(Errc::InvalidArgument, bad(mepath, *mes, "not a canonical kernel (upper-half) address"));
+    if (*end <= *start)
+      return fail(Errc::InvalidArgument,
+                  bad(mepath, *mes, "not above " + std::string(XENPROBES_XS_MODULE_TEXT_START) + " " + hex(*start) +
+                                        " (the end is one past the last byte of the module's text)"));
+    if (*end - *start > kMaxModuleText)
+      return fail(Errc::InvalidArgument,
+                  bad(mepath, *mes, "module text of " + std::to_string(*end - *start) + " bytes from " + hex(*start) +
+                                        ", more than " + std::to_string(kMaxModuleText) +
+                                        " bytes: not a module's text"));
+    if (options.kernel_text_guard && ranges_overlap(*start, *end - 1, guard_first, guard_last))
+      return fail(Errc::InvalidArgument,
+                  bad(mspath, *mss, "module text [" + hex(*start) + ", " + hex(*end) + ") overlaps the kernel image [" +
+                                        hex(guard_first) + ", " + hex(guard_last) + "]"));
+    info.module_text_start = Gva{*start};
+    info.module_text_end = Gva{*end};
   }
   return info;
 }

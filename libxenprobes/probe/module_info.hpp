@@ -14,6 +14,7 @@
 #include "common/result.hpp"
 #include "common/types.hpp"
 #include "hv/hypervisor.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::mem {
 class GuestMemory;
@@ -38,6 +39,17 @@ struct ModuleInfo {
   std::string release;      // uname -r
   unsigned nr_cpus = 0;
   std::vector<OeaArea> areas;  // in publication order (oea/0 first)
+  // The module's own core text [module_text_start, module_text_end) (module-text/start and
+  // module-text/end, optional): its int3 hook runs this code, so no probe may go there (the hook
+  // would recurse into itself). Both 0 when the module does not publish them. The real module's
+  // range contains its OEA areas (its static pool is a section of its text), where slots live.
+  Gva module_text_start{0};
+  Gva module_text_end{0};
+
+  bool has_module_text() const { return module_text_end.value != 0; }
+  bool in_module_text(Gva va) const {
+    return va.value >= module_text_start.value && va.value < module_text_end.value;
+  }
 };
 
 // Tells whether the guest page at `page` (4 KiB aligned) is mapped (and executable) in the
@@ -56,14 +68,18 @@ struct ModuleInfoOptions {
 inline constexpr unsigned kMaxNrCpus = 8192;          // Linux CONFIG_NR_CPUS upper bound
 inline constexpr std::size_t kMaxReleaseLen = 64;     // utsname.release without the NUL
 inline constexpr std::uint64_t kUpperHalfStart = 0xffff800000000000ull;  // canonical with LA48 and LA57
+// module-text's largest range: the real module's text (a few dozen KiB of code plus its static
+// OEA pool, 2 MiB by default) stays far below it; a larger value is not a module's text.
+inline constexpr std::uint64_t kMaxModuleText = XENPROBES_MODULE_TEXT_MAX_SIZE;
 
 // "/local/domain/<id>/data/xenprobes" and "/local/domain/<id>/data/xenprobes/<key>".
 std::string module_dir(DomId);
 std::string module_key(DomId, std::string_view key);
 
 // Reads and validates everything the module publishes (the order of the checks: version,
-// state, kernel-text, release, nr-cpus, oea/count, then each area). Errors:
-//  - NotFound: no version key (module not loaded), or a required key is missing;
+// state, kernel-text, release, nr-cpus, oea/count, then each area, then module-text). Errors:
+//  - NotFound: no version key (module not loaded), a required key is missing, or one of
+//    module-text/start and module-text/end without the other;
 //  - NotSupported: another protocol version;
 //  - Again: state is not "ready" (the module is still publishing: watch the state key);
 //  - InvalidArgument: a value is malformed or breaks a rule; the message names the key and

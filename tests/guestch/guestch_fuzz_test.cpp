@@ -91,6 +91,7 @@ TEST(GuestChannelFuzz, HostileHeadersAtAttach) {
     e.addr = Gva{0xffffffff81000000ull + rng() % 4096};
     e.fallback = TrapEntry::Fallback::Emulate;
     e.len = 1;
+    e.insn[0] = 0xc3;  // ret: a form the module can emulate (the channel refuses others)
     sink.probes[e.addr.value];
     (void)ch.trap_added(g.dom, e);
     (void)ch.return_added(g.dom, Gva{0xffff888000100000ull}, Gva{0xffffffff81000000ull});
@@ -167,6 +168,7 @@ TEST(GuestChannelFuzz, HostileMailboxesAndTables) {
           e.addr = Gva{0xffffffff81001000ull + (rng() % 8) * 0x40};
           e.fallback = TrapEntry::Fallback::Emulate;
           e.len = 2;
+          e.insn[0] = 0xeb;  // jmp .+2: a form the module can emulate
           if (g.ch->trap_added(g.dom, e)) table.insert(e.addr.value);
         } else if (table.size() > 1) {
           const std::uint64_t a = *table.begin();
@@ -222,6 +224,7 @@ TEST(GuestChannelFuzz, TheGuestScribblesWhileDom0Reads) {
   e.addr = Gva{0xffffffff81002000ull};
   e.fallback = TrapEntry::Fallback::Emulate;
   e.len = 1;
+  e.insn[0] = 0xc3;  // ret: a form the module can emulate (the channel refuses others)
   ASSERT_TRUE(g.ch->trap_added(g.dom, e));
   sink.probes[e.addr.value];
   std::atomic<bool> stop{false};
@@ -267,6 +270,7 @@ TEST(GuestChannelFuzz, TheGuestFlipsStatesAtRandom) {
   e.addr = Gva{0xffffffff81002000ull};
   e.fallback = TrapEntry::Fallback::Emulate;
   e.len = 1;
+  e.insn[0] = 0xc3;  // ret: a form the module can emulate (the channel refuses others)
   ASSERT_TRUE(g.ch->trap_added(g.dom, e));
   sink.probes[e.addr.value];
   std::atomic<bool> stop{false};
@@ -325,6 +329,7 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   e.addr = Gva{0xffffffff81003000ull};
   e.fallback = TrapEntry::Fallback::Emulate;
   e.len = 1;
+  e.insn[0] = 0xc3;  // ret: a form the module can emulate (the channel refuses others)
   ASSERT_TRUE(g.ch->trap_added(g.dom, e));
   FakeSink sink;
   sink.probes[e.addr.value];

@@ -1,7 +1,7 @@
 // The guest module's pure decisions (guest-module/xp_logic.c), compiled as userspace C11 and
 // driven here: the control-area layout, the trap-table search under hostile contents, address
 // validation, Dom0's answers, the mailbox state machine, branch emulation of every form the
-// fallback supports, the return table, the fallback choice, xenstore numbers and the OEA pool.
+// fallback supports (relative, through a register, ret; never through memory), the return table, the fallback choice, xenstore numbers and the OEA pool.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -284,7 +284,7 @@ TEST(ModuleAddresses, RestoreOnlyInt3sOutsideTheOeaInText) {
 
 // ---- Dom0's answer ----
 
-TEST(ModuleAnswer, TakesGprsRipAndOnlyArithmeticFlagsAndTf) {
+TEST(ModuleAnswer, TakesGprsRipAndOnlyArithmeticFlags) {
   Guest g;
   auto b = g.bounds();
   auto hit = regs_at(kText + 0x100);
@@ -304,9 +304,27 @@ TEST(ModuleAnswer, TakesGprsRipAndOnlyArithmeticFlagsAndTf) {
   EXPECT_EQ(out.rbx, hit.rbx);
   EXPECT_EQ(out.rsp, hit.rsp - 8);
   EXPECT_EQ(out.rip, kOea + 0x80);
-  EXPECT_EQ(out.rflags, 0x2 | kRflagsIf | kRflagsDf | XP_RFLAGS_CF | XP_RFLAGS_TF | XP_RFLAGS_OF);
+  // TF set by Dom0 is dropped: the guest would take a #DB its kernel WARNs about.
+  EXPECT_EQ(out.rflags, 0x2 | kRflagsIf | kRflagsDf | XP_RFLAGS_CF | XP_RFLAGS_OF);
   EXPECT_EQ(out.cs, 0x10u);
   EXPECT_EQ(out.ss, 0x18u);
+}
+
+TEST(ModuleAnswer, TrapFlagStaysTheGuests) {
+  Guest g;
+  auto b = g.bounds();
+  auto hit = regs_at(kText + 0x100);
+  auto ans = hit;
+  ans.rflags = hit.rflags | XP_RFLAGS_TF;  // a handler setting TF
+  xenprobes_regs out{};
+  ASSERT_EQ(xp_answer_apply(&b, &hit, &ans, &out), XP_ANSWER_OK);
+  EXPECT_EQ(out.rflags & XP_RFLAGS_TF, 0u);
+  EXPECT_EQ(out.rflags, hit.rflags);
+  // A guest that had TF itself (a kernel debugger stepping) keeps it whatever Dom0 says.
+  hit.rflags |= XP_RFLAGS_TF;
+  ans.rflags = hit.rflags & ~XP_RFLAGS_TF;
+  ASSERT_EQ(xp_answer_apply(&b, &hit, &ans, &out), XP_ANSWER_OK);
+  EXPECT_EQ(out.rflags & XP_RFLAGS_TF, XP_RFLAGS_TF);
 }
 
 TEST(ModuleAnswer, RefusesRipOutsideTextAndWildStacks) {
@@ -575,10 +593,13 @@ TEST(ModuleMailbox, Dom0IsGoneAfterDeadAfterTimeoutsInARow) {
   EXPECT_TRUE(xp_dead_after(XENPROBES_DEAD_AFTER + 1));
 }
 
-TEST(ModuleMailbox, FlagsMergeKeepsEverythingButArithmeticAndTf) {
-  EXPECT_EQ(XP_RFLAGS_FROM_DOM0, 0x9d5ull);
+TEST(ModuleMailbox, FlagsMergeKeepsEverythingButArithmetic) {
+  EXPECT_EQ(XP_RFLAGS_FROM_DOM0, 0x8d5ull);          // CF PF AF ZF SF OF
+  EXPECT_EQ(XP_RFLAGS_FROM_DOM0 & XP_RFLAGS_TF, 0u);  // never TF
   EXPECT_EQ(xp_merge_flags(0x246, 0), 0x202ull);     // ZF, PF dropped; IF kept
-  EXPECT_EQ(xp_merge_flags(0x2, ~0ull), 0x2ull | 0x9d5ull);
+  EXPECT_EQ(xp_merge_flags(0x2, ~0ull), 0x2ull | 0x8d5ull);
+  EXPECT_EQ(xp_merge_flags(0x202, 0x302), 0x202ull);  // Dom0's TF ignored
+  EXPECT_EQ(xp_merge_flags(0x302, 0x202), 0x302ull);  // the guest's own TF kept
 }
 
 // ---- branch decoding and emulation ----
@@ -610,6 +631,14 @@ TEST(ModuleBranch, DecodesEveryForm) {
       {{0xf3, 0xc3}, XP_BR_RET, 0},                            // rep ret
       {{0x48, 0xe9, 1, 0, 0, 0}, XP_BR_JMP, 1},                // rex.W jmp
       {{0x67, 0xe3, 0x05}, XP_BR_JRCXZ, 5},                    // jecxz
+      {{0xff, 0xd0}, XP_BR_CALL_REG, 0},                       // call *%rax
+      {{0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},                 // call *%r11
+      {{0xff, 0xe0}, XP_BR_JMP_REG, 0},                        // jmp *%rax
+      {{0x41, 0xff, 0xe3}, XP_BR_JMP_REG, 0},                  // jmp *%r11
+      {{0x3e, 0xff, 0xe2}, XP_BR_JMP_REG, 0},                  // notrack jmp *%rdx
+      {{0x2e, 0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},           // cs call *%r11 (retpoline padding)
+      {{0xf2, 0xff, 0xd1}, XP_BR_CALL_REG, 0},                 // bnd call *%rcx
+      {{0x48, 0xff, 0xe7}, XP_BR_JMP_REG, 0},                  // rex.W jmp *%rdi (W changes nothing)
   };
   for (const auto& c : cases) {
     xp_branch br{};
@@ -631,13 +660,76 @@ TEST(ModuleBranch, DecodesEveryForm) {
   EXPECT_TRUE(br.ecx);
 }
 
+TEST(ModuleBranch, RegisterFormsNameEveryRegister) {
+  // ModRM.rm is the register, REX.B adds 8; /2 is call, /4 is jmp.
+  for (std::uint32_t reg = 0; reg < 16; ++reg) {
+    for (std::uint8_t op : {std::uint8_t{2}, std::uint8_t{4}}) {
+      std::vector<std::uint8_t> b;
+      if (reg >= 8) b.push_back(0x41);
+      b.push_back(0xff);
+      b.push_back(static_cast<std::uint8_t>(0xc0 | op << 3 | (reg & 7)));
+      xp_branch br{};
+      ASSERT_TRUE(xp_decode_branch(b.data(), static_cast<std::uint32_t>(b.size()), &br)) << reg;
+      EXPECT_EQ(br.kind, op == 2 ? XP_BR_CALL_REG : XP_BR_JMP_REG) << reg;
+      EXPECT_EQ(br.reg, reg);
+      EXPECT_EQ(br.len, b.size());
+      EXPECT_FALSE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size())));
+    }
+  }
+  // Another REX (R, X, W, none of B) keeps rax..rdi.
+  const std::uint8_t rexr[] = {0x44, 0xff, 0xd0};
+  xp_branch br{};
+  ASSERT_TRUE(xp_decode_branch(rexr, 3, &br));
+  EXPECT_EQ(br.reg, std::uint32_t{XP_GPR_RAX});
+  const std::uint8_t rexwb[] = {0x49, 0xff, 0xe7};
+  ASSERT_TRUE(xp_decode_branch(rexwb, 3, &br));
+  EXPECT_EQ(br.reg, std::uint32_t{XP_GPR_R15});
+}
+
+TEST(ModuleBranch, BranchesThroughMemoryAreRefusedAndNamed) {
+  // What Dom0 plans as EmulateLoaded besides ret: the target is in memory.
+  const std::vector<std::vector<std::uint8_t>> mem = {
+      {0xff, 0x24, 0xfd, 0x00, 0x10, 0x00, 0x81},  // jmp *-0x7efff000(,%rdi,8) (a jump table)
+      {0xff, 0x15, 0x10, 0x00, 0x00, 0x00},        // call *0x10(%rip)
+      {0xff, 0x25, 0x10, 0x00, 0x00, 0x00},        // jmp *0x10(%rip)
+      {0xff, 0x10},                                // call *(%rax)
+      {0xff, 0x60, 0x08},                          // jmp *0x8(%rax)
+      {0x41, 0xff, 0x13},                          // call *(%r11)
+      {0x41, 0xff, 0x94, 0x24, 0, 1, 0, 0},        // call *0x100(%r12)
+      {0x3e, 0xff, 0x24, 0xc5, 0, 0, 0, 0},        // notrack jmp *0(,%rax,8)
+  };
+  for (const auto& b : mem) {
+    xp_branch br{};
+    EXPECT_FALSE(xp_decode_branch(b.data(), static_cast<std::uint32_t>(b.size()), &br)) << std::hex << int(b[1]);
+    EXPECT_TRUE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size()))) << std::hex << int(b[1]);
+  }
+  // Not a branch through memory: register forms, other ff forms, other instructions.
+  const std::vector<std::vector<std::uint8_t>> other = {
+      {0xff, 0xd0}, {0x41, 0xff, 0xe3}, {0xff, 0x30} /* push (%rax) */, {0xff, 0x00} /* inc (%rax) */,
+      {0xff, 0x18} /* lcall *(%rax) */, {0xe8, 0, 0, 0, 0}, {0xc3}, {0xff}, {}};
+  for (const auto& b : other)
+    EXPECT_FALSE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size())));
+  EXPECT_FALSE(xp_is_mem_indirect_branch(nullptr, 2));
+}
+
 TEST(ModuleBranch, RefusesEverythingElse) {
   const std::vector<std::vector<std::uint8_t>> bad = {
       {},                                   // nothing
       {0x90},                               // nop
       {0x55},                               // push %rbp
-      {0xff, 0xe0},                         // jmp *%rax
       {0xff, 0x15, 0, 0, 0, 0},             // call *0(%rip)
+      {0xff, 0x24, 0xfd, 0, 0x10, 0, 0x81}, // jmp *table(,%rdi,8)
+      {0xff},                               // ff without ModRM
+      {0xff, 0xd0, 0x90},                   // call *%rax, length longer than the instruction
+      {0xff, 0xc0},                         // inc %eax
+      {0xff, 0xc8},                         // dec %eax
+      {0xff, 0xf0},                         // push %rax
+      {0xff, 0xd8},                         // lcall with a register: invalid
+      {0xff, 0xe8},                         // ljmp with a register: invalid
+      {0x66, 0xff, 0xd0},                   // data16 call *%ax
+      {0x67, 0xff, 0xd0},                   // addr32 call *%rax
+      {0xf3, 0xff, 0xe0},                   // rep jmp *%rax
+      {0x41, 0x3e, 0xff, 0xe3},             // REX not right before the opcode
       {0xea, 0, 0, 0, 0, 0, 0},             // far jmp (invalid in 64-bit)
       {0xcb},                               // lret
       {0xca, 0, 0},                         // lret $0
@@ -773,6 +865,91 @@ TEST_F(ModuleEmulate, CallPushesTheReturnAddress) {
   EXPECT_EQ(g.stack.at(kStack - 8), kAt + 6);
 }
 
+TEST_F(ModuleEmulate, CallThroughARegisterPushesTheAddressAfterIt) {
+  auto r = regs_at(kAt);
+  r.rax = kText + 0x5000;
+  ASSERT_EQ(run({0xff, 0xd0}, r), XP_EMUL_OK);  // call *%rax
+  EXPECT_EQ(r.rip, kText + 0x5000);
+  EXPECT_EQ(r.rsp, kStack - 8);
+  EXPECT_EQ(g.stack.at(kStack - 8), kAt + 2);
+  EXPECT_EQ(r.rax, kText + 0x5000);
+  r = regs_at(kAt);
+  r.r11 = kOea + 0x100;  // into the OEA
+  ASSERT_EQ(run({0x41, 0xff, 0xd3}, r), XP_EMUL_OK);  // call *%r11
+  EXPECT_EQ(r.rip, kOea + 0x100);
+  EXPECT_EQ(r.rsp, kStack - 8);
+  EXPECT_EQ(g.stack.at(kStack - 8), kAt + 3);
+  // Prefixes count in the return address.
+  r = regs_at(kAt);
+  r.r11 = kModules + 0x40;
+  ASSERT_EQ(run({0x2e, 0x41, 0xff, 0xd3}, r), XP_EMUL_OK);  // cs call *%r11
+  EXPECT_EQ(r.rip, kModules + 0x40);
+  EXPECT_EQ(g.stack.at(kStack - 8), kAt + 4);
+  EXPECT_EQ(g.writes, 3);
+}
+
+TEST_F(ModuleEmulate, JmpThroughARegisterPushesNothing) {
+  auto r = regs_at(kAt);
+  r.rax = kText + 0x6000;
+  ASSERT_EQ(run({0xff, 0xe0}, r), XP_EMUL_OK);  // jmp *%rax
+  EXPECT_EQ(r.rip, kText + 0x6000);
+  EXPECT_EQ(r.rsp, kStack);
+  r = regs_at(kAt);
+  r.r11 = kText + 0x7000;
+  ASSERT_EQ(run({0x41, 0xff, 0xe3}, r), XP_EMUL_OK);  // jmp *%r11
+  EXPECT_EQ(r.rip, kText + 0x7000);
+  EXPECT_EQ(r.rsp, kStack);
+  EXPECT_EQ(g.writes, 0);
+}
+
+TEST_F(ModuleEmulate, EveryRegisterIsReadFromItsOwnField) {
+  // xenprobes_regs orders the registers rax rbx rcx rdx rsi rdi rbp rsp r8..r15; x86 encodes
+  // them rax rcx rdx rbx rsp rbp rsi rdi r8..r15.
+  for (std::uint32_t reg = 0; reg < 16; ++reg) {
+    if (reg == XP_GPR_RSP) continue;  // below
+    auto r = regs_at(kAt);
+    std::uint64_t* f[16] = {&r.rax, &r.rcx, &r.rdx, &r.rbx, &r.rsp, &r.rbp, &r.rsi, &r.rdi,
+                            &r.r8,  &r.r9,  &r.r10, &r.r11, &r.r12, &r.r13, &r.r14, &r.r15};
+    for (std::uint32_t k = 0; k < 16; ++k)
+      if (k != XP_GPR_RSP) *f[k] = kText + 0x10000 + k * 0x100;  // every register a different target
+    std::vector<std::uint8_t> b;
+    if (reg >= 8) b.push_back(0x41);
+    b.push_back(0xff);
+    b.push_back(static_cast<std::uint8_t>(0xe0 | (reg & 7)));
+    ASSERT_EQ(xp_emulate(b.data(), static_cast<std::uint32_t>(b.size()), &r, &this->b, &m), XP_EMUL_OK) << reg;
+    EXPECT_EQ(r.rip, kText + 0x10000 + reg * 0x100) << reg;
+  }
+}
+
+TEST_F(ModuleEmulate, RegisterTargetsOutsideCodeAreRefusedWithoutSideEffects) {
+  for (std::uint64_t to : std::initializer_list<std::uint64_t>{0x0, 0x400000, kStack, kTextEnd, kModulesEnd,
+                                                              0xffff888000000000ull}) {
+    auto r = regs_at(kAt);
+    r.rbx = to;
+    const auto before = r;
+    EXPECT_EQ(run({0xff, 0xd3}, r), XP_EMUL_BAD_TARGET) << std::hex << to;  // call *%rbx
+    EXPECT_EQ(run({0xff, 0xe3}, r), XP_EMUL_BAD_TARGET) << std::hex << to;  // jmp *%rbx
+    EXPECT_EQ(std::memcmp(&r, &before, sizeof r), 0);
+  }
+  // A non-executable page in the module area.
+  g.nx_pages.insert(kModules + 0x3000);
+  auto r = regs_at(kAt);
+  r.rax = kModules + 0x3010;
+  EXPECT_EQ(run({0xff, 0xd0}, r), XP_EMUL_BAD_TARGET);
+  // call *%rsp targets the stack as it was before the push: refused, nothing pushed.
+  r = regs_at(kAt);
+  EXPECT_EQ(run({0xff, 0xd4}, r), XP_EMUL_BAD_TARGET);
+  EXPECT_EQ(r.rsp, kStack);
+  EXPECT_EQ(g.writes, 0);
+  // A call whose push faults changes nothing.
+  g.faulting.insert(kStack - 8);
+  r = regs_at(kAt);
+  r.rax = kText + 0x5000;
+  const auto before = r;
+  EXPECT_EQ(run({0xff, 0xd0}, r), XP_EMUL_FAULT);
+  EXPECT_EQ(std::memcmp(&r, &before, sizeof r), 0);
+}
+
 TEST_F(ModuleEmulate, CallThatCannotPushChangesNothing) {
   g.faulting.insert(kStack - 8);
   auto r = regs_at(kAt);
@@ -903,7 +1080,9 @@ TEST_F(ModuleEmulate, NotABranch) {
   EXPECT_EQ(run({0x55}, r), XP_EMUL_UNSUPPORTED);                    // push %rbp
   EXPECT_EQ(run({0x48, 0x89, 0xe5}, r), XP_EMUL_UNSUPPORTED);        // mov %rsp,%rbp
   EXPECT_EQ(run({0xff, 0x25, 0, 0, 0, 0}, r), XP_EMUL_UNSUPPORTED);  // jmp *0(%rip)
+  EXPECT_EQ(run({0xff, 0x10}, r), XP_EMUL_UNSUPPORTED);              // call *(%rax)
   EXPECT_EQ(r.rip, kAt);
+  EXPECT_EQ(g.writes, 0);
 }
 
 // ---- the return table ----
@@ -962,7 +1141,21 @@ TEST_F(ModuleFallback, EmulatesTheOriginalBranch) {
   EXPECT_EQ(r.rip, kAt + 5 + 0x10);
   EXPECT_EQ(r.rsp, kStack - 8);
   EXPECT_EQ(g.stack.at(kStack - 8), kAt + 5);
+  // A retpoline site patched to `call *%r11` (what Dom0 plans as EmulateBranch).
   r = regs_at(kAt);
+  r.r11 = kText + 0x9000;
+  ASSERT_EQ(take(trap(kAt, XENPROBES_TRAP_EMULATE, {0x41, 0xff, 0xd3}), r), XP_FB_OK);
+  EXPECT_EQ(r.rip, kText + 0x9000);
+  EXPECT_EQ(r.rsp, kStack - 8);
+  EXPECT_EQ(g.stack.at(kStack - 8), kAt + 3);
+  r = regs_at(kAt);
+  r.rax = kText + 0x9100;
+  ASSERT_EQ(take(trap(kAt, XENPROBES_TRAP_EMULATE, {0xff, 0xe0}), r), XP_FB_OK);  // jmp *%rax
+  EXPECT_EQ(r.rip, kText + 0x9100);
+  EXPECT_EQ(r.rsp, kStack);
+  // Through memory: not emulated (Dom0 refuses to arm such an EMULATE trap on the guest channel).
+  r = regs_at(kAt);
+  EXPECT_EQ(take(trap(kAt, XENPROBES_TRAP_EMULATE, {0xff, 0x24, 0xfd, 0, 0x10, 0, 0x81}), r), XP_FB_EMULATE_FAILED);
   EXPECT_EQ(take(trap(kAt, XENPROBES_TRAP_EMULATE, {0x55}), r), XP_FB_EMULATE_FAILED);
   g.stack[kStack] = kStack;  // a ret to the stack
   EXPECT_EQ(take(trap(kAt, XENPROBES_TRAP_EMULATE, {0xc3}), r), XP_FB_BAD_TARGET);

@@ -21,6 +21,7 @@
 #include "common/log.hpp"
 #include "hv/sim/page_table_builder.hpp"
 #include "hv/sim/sim_host_impl.hpp"
+#include "xp_logic.h"  // the guest module's own decisions (guest-module/xp_logic.c)
 
 namespace xenprobes::hv::sim {
 namespace {
@@ -30,8 +31,14 @@ namespace {
 constexpr std::uint64_t kControlVa = 0xffffffffc0000000ull;
 constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's reserve-area spacing
 constexpr std::uint32_t kMailboxOffset = 256;      // after the header, cache-line aligned
-// The rflags bits the hook takes from Dom0 (protocol.h): the arithmetic flags and TF.
-constexpr std::uint64_t kFlagsFromDom0 = 0x8d5 | 0x100;
+// Linux's module mapping [MODULES_VADDR, MODULES_END) without KASLR: where the module's own
+// code (and every other module's) lies, and where a fallback may resume.
+constexpr std::uint64_t kModulesVa = 0xffffffffa0000000ull, kModulesEnd = 0xffffffffff000000ull;
+// The module's code after its static OEA pool, as module-text publishes it (a real xenprobesU
+// is a few dozen KiB of code; nothing of it is mapped here: the sim runs its hook on the host).
+constexpr std::uint64_t kModuleCodeSize = 64ull << 10;
+// The rflags bits the hook takes from Dom0 (protocol.h): the module's own mask.
+constexpr std::uint64_t kFlagsFromDom0 = XP_RFLAGS_FROM_DOM0;
 constexpr std::uint8_t kInt3 = 0xcc;
 // Compare-and-swaps of a mailbox's state to ABANDONED that may fail before the module stores
 // ABANDONED regardless: Dom0 flipping the state without end must not keep the hook looping.
@@ -110,113 +117,45 @@ xenprobes_regs to_protocol(const VcpuRegs& r) {
                         r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
 }
 
-bool condition(unsigned cc, std::uint64_t fl) {
-  const bool cf = fl & 0x1, pf = fl & 0x4, zf = fl & 0x40, sf = fl & 0x80, of = fl & 0x800;
-  bool r = false;
-  switch (cc >> 1) {
-    case 0: r = of; break;
-    case 1: r = cf; break;
-    case 2: r = zf; break;
-    case 3: r = cf || zf; break;
-    case 4: r = sf; break;
-    case 5: r = pf; break;
-    case 6: r = sf != of; break;
-    default: r = zf || sf != of; break;
-  }
-  return (cc & 1) ? !r : r;
-}
-
-// XENPROBES_TRAP_EMULATE: what the module can run without the original bytes in place — a
-// relative jmp/jcc/call/loop/jrcxz or a near ret (branch-hint and BND prefixes allowed).
-// r.rip is the trap address; false when the bytes are anything else.
+// XENPROBES_TRAP_EMULATE, run by the guest module's own code (xp_emulate): the forms it
+// decodes (relative jmp/jcc/call/loop/jrcxz, jmp/call through a register, near ret), the
+// target it computes, the return address a call pushes, and its refusal of a target outside
+// kernel text and the module area. r.rip is the trap address; false (nothing changed) when
+// the module could not run the entry either.
 bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
-  const std::uint8_t* b = e.insn;
-  const std::size_t len = e.len;
-  if (len == 0 || len > sizeof e.insn) return false;
-  std::size_t i = 0;
-  while (i < len && (b[i] == 0x2e || b[i] == 0x3e || b[i] == 0xf2)) ++i;
-  if (i >= len) return false;
-  const std::uint64_t next = r.rip + len;
-  std::int64_t disp = 0;
-  auto rel8 = [&](std::size_t at) {
-    if (at + 1 != len) return false;
-    disp = static_cast<std::int8_t>(b[at]);
-    return true;
+  xp_bounds b{};
+  b.ktext = {d.layout.text_start, d.layout.text_end};
+  b.modules = {kModulesVa, kModulesEnd};
+  b.oea = {d.layout.oea_addr, d.layout.oea_addr + d.layout.oea_size};
+  // The module asks the page tables whether the page is executable; here: mapped, and not the
+  // control area (the one NX mapping inside the module area).
+  b.is_exec = [](void* ctx, std::uint64_t va) {
+    Domain& dom = *static_cast<Domain*>(ctx);
+    const ModuleState& m = dom.module;
+    if (m.present && va >= m.ctl_va && va - m.ctl_va < std::uint64_t{m.ctl_pages} * kPageSize) return false;
+    return guest_ptr(dom, va, 1) != nullptr;
   };
-  auto rel32 = [&](std::size_t at) {
-    if (at + 4 != len) return false;
-    std::int32_t v;
-    std::memcpy(&v, b + at, 4);
-    disp = v;
-    return true;
-  };
-  auto push = [&](std::uint64_t v) {
-    std::uint8_t* p = guest_ptr(d, r.rsp - 8, 8);
+  b.ctx = &d;
+  xp_mem_ops m{};
+  m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
+    const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
     if (!p) return false;
-    std::memcpy(p, &v, 8);
-    r.rsp -= 8;
+    std::memcpy(val, p, 8);
     return true;
   };
-  auto pop = [&](std::uint64_t& v) {
-    const std::uint8_t* p = guest_ptr(d, r.rsp, 8);
+  m.write_u64 = [](void* ctx, std::uint64_t va, std::uint64_t val) {
+    std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
     if (!p) return false;
-    std::memcpy(&v, p, 8);
-    r.rsp += 8;
+    std::memcpy(p, &val, 8);
     return true;
   };
-  const std::uint8_t op = b[i];
-  switch (op) {
-    case 0xeb:
-      if (!rel8(i + 1)) return false;
-      r.rip = next + disp;
-      return true;
-    case 0xe9:
-      if (!rel32(i + 1)) return false;
-      r.rip = next + disp;
-      return true;
-    case 0xe8:
-      if (!rel32(i + 1) || !push(next)) return false;
-      r.rip = next + disp;
-      return true;
-    case 0xe0:  // loopne
-    case 0xe1:  // loope
-    case 0xe2: {  // loop
-      if (!rel8(i + 1)) return false;
-      r.rcx -= 1;
-      const bool zf = r.rflags & 0x40;
-      const bool take = r.rcx != 0 && (op == 0xe2 || (op == 0xe1) == zf);
-      r.rip = take ? next + disp : next;
-      return true;
-    }
-    case 0xe3:  // jrcxz
-      if (!rel8(i + 1)) return false;
-      r.rip = r.rcx == 0 ? next + disp : next;
-      return true;
-    case 0xc3: {
-      std::uint64_t to;
-      if (i + 1 != len || !pop(to)) return false;
-      r.rip = to;
-      return true;
-    }
-    case 0xc2: {
-      std::uint16_t imm;
-      std::uint64_t to;
-      if (i + 3 != len) return false;
-      std::memcpy(&imm, b + i + 1, 2);
-      if (!pop(to)) return false;
-      r.rsp += imm;
-      r.rip = to;
-      return true;
-    }
-    case 0x0f:
-      if (i + 1 >= len || (b[i + 1] & 0xf0) != 0x80 || !rel32(i + 2)) return false;
-      r.rip = condition(b[i + 1] & 0xf, r.rflags) ? next + disp : next;
-      return true;
-    default:
-      if (op < 0x70 || op > 0x7f || !rel8(i + 1)) return false;
-      r.rip = condition(op & 0xf, r.rflags) ? next + disp : next;
-      return true;
-  }
+  m.ctx = &d;
+  xenprobes_regs x = to_protocol(r);
+  if (xp_emulate(e.insn, e.len, &x, &b, &m) != XP_EMUL_OK) return false;
+  r.rip = x.rip;
+  r.rsp = x.rsp;
+  r.rcx = x.rcx;
+  return true;
 }
 
 std::string dir_of(const Domain& d) { return "/local/domain/" + std::to_string(d.id.value) + "/" XENPROBES_XS_DIR "/"; }
@@ -273,6 +212,13 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
 void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   ModuleState& m = d.module;
   if (!m.present) return;
+  // module-text (protocol.h): the module's core text, which in a real xenprobesU holds its
+  // static OEA pool, here oea/0, followed by its code.
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%" PRIx64, d.layout.oea_addr);
+  store_[dir + XENPROBES_XS_MODULE_TEXT_START] = text;
+  std::snprintf(text, sizeof text, "0x%" PRIx64, d.layout.oea_addr + d.layout.oea_size + kModuleCodeSize);
+  store_[dir + XENPROBES_XS_MODULE_TEXT_END] = text;
   // EVTCHNOP_alloc_unbound for remote domain 0, as guest_evtchn_alloc_unbound does.
   m.port = d.next_guest_port++;
   d.guest_ports[m.port] = GuestPort{};

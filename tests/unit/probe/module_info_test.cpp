@@ -64,6 +64,15 @@ TEST_F(ModuleInfoTest, ReadsWhatTheDemoGuestPublishes) {
   auto pool = OeaPool::create(r->areas);
   ASSERT_TRUE(pool.has_value());
   EXPECT_EQ(pool->total(), layout.oea_size / 32);
+  // The module's own text: like a real module's, it holds the OEA pool (oea/0 here).
+  ASSERT_TRUE(r->has_module_text());
+  EXPECT_EQ(r->module_text_start, Gva{layout.oea_addr});
+  EXPECT_GT(r->module_text_end.value, layout.oea_addr + layout.oea_size);
+  EXPECT_LE(r->module_text_end.value - r->module_text_start.value, kMaxModuleText);
+  EXPECT_TRUE(r->in_module_text(Gva{layout.oea_addr}));
+  EXPECT_TRUE(r->in_module_text(Gva{r->module_text_end.value - 1}));
+  EXPECT_FALSE(r->in_module_text(r->module_text_end));
+  EXPECT_FALSE(r->in_module_text(Gva{layout.text_start}));
 }
 
 TEST_F(ModuleInfoTest, RealPageTableCheck) {
@@ -449,6 +458,111 @@ TEST(ModuleInfoParse, StrictNumbers) {
   EXPECT_FALSE(parse_hex("x1"));
   EXPECT_FALSE(parse_hex("01"));
   EXPECT_EQ(sanitize("a\tb"), "a?b");
+}
+
+// ---- module-text: optional, both keys or neither, validated as hostile input ----
+
+TEST_F(ModuleInfoTest, ModuleTextIsOptional) {
+  rm(XENPROBES_XS_MODULE_TEXT_START);
+  rm(XENPROBES_XS_MODULE_TEXT_END);
+  auto r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;  // an older module: still valid
+  EXPECT_FALSE(r->has_module_text());
+  EXPECT_EQ(r->module_text_start, Gva{0});
+  EXPECT_EQ(r->module_text_end, Gva{0});
+  EXPECT_FALSE(r->in_module_text(Gva{0}));
+  EXPECT_FALSE(r->in_module_text(Gva{layout.oea_addr}));
+}
+
+TEST_F(ModuleInfoTest, ModuleTextBothKeysOrNeither) {
+  const std::string start = *g.hv->xs_read(path(XENPROBES_XS_MODULE_TEXT_START));
+  rm(XENPROBES_XS_MODULE_TEXT_END);
+  expect_error(Errc::NotFound, {path(XENPROBES_XS_MODULE_TEXT_END), "is missing although",
+                                path(XENPROBES_XS_MODULE_TEXT_START), "both or neither"});
+  rm(XENPROBES_XS_MODULE_TEXT_START);
+  put(XENPROBES_XS_MODULE_TEXT_END, "0xffffffffa0400000");
+  expect_error(Errc::NotFound, {path(XENPROBES_XS_MODULE_TEXT_START), "is missing although",
+                                path(XENPROBES_XS_MODULE_TEXT_END)});
+  put(XENPROBES_XS_MODULE_TEXT_START, start);
+  EXPECT_TRUE(read().has_value());
+}
+
+TEST_F(ModuleInfoTest, ModuleTextJunkIsRefusedNamingKeyAndValue) {
+  const char* s = XENPROBES_XS_MODULE_TEXT_START;
+  const char* e = XENPROBES_XS_MODULE_TEXT_END;
+  const Junk cases[] = {
+      {s, ""},  {s, "ffffffffa0000000"}, {s, "0x"}, {s, "0xg"}, {s, "0x1ffffffffa0000000"},
+      {s, " 0xffffffffa0000000"}, {s, "0xffffffffa0000000 "}, {s, "-0xffffffffa0000000"},
+      {s, "18446744072098938880"},  // decimal
+      {e, ""},  {e, "0x"}, {e, "0xffffffffa0400000\n"}, {e, "0xffffffffa04000000000"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.key) + " = '" + c.value + "'");
+    auto r = read();
+    ASSERT_TRUE(r.has_value()) << "previous case not restored: " << r.error().what;
+    auto old = *g.hv->xs_read(path(c.key));
+    put(c.key, c.value);
+    expect_error(Errc::InvalidArgument, {path(c.key), "hex address"});
+    put(c.key, old);
+  }
+  // Sanitised in messages.
+  put(e, std::string("0x\x1b[2J") + std::string(200, 'f'));
+  auto r = read();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().what.find("'0x?[2Jffff"), std::string::npos) << r.error().what;
+  EXPECT_LT(r.error().what.size(), 250u);
+}
+
+TEST_F(ModuleInfoTest, ModuleTextRangeRules) {
+  auto put_range = [&](std::uint64_t start, std::uint64_t end) {
+    put(XENPROBES_XS_MODULE_TEXT_START, hexs(start));
+    put(XENPROBES_XS_MODULE_TEXT_END, hexs(end));
+  };
+  const std::uint64_t base = 0xffffffffc0200000ull;
+  // Lower half, or the non-canonical hole: not a kernel address.
+  put_range(0x7fffc0200000ull, base);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "canonical"});
+  put_range(0xffff7fffc0200000ull, base);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "canonical"});
+  put_range(0x1000, 0x2000);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "canonical"});
+  put_range(base, 0x7fffc0300000ull);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_END), "canonical"});
+  // Empty or backwards.
+  put_range(base, base);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_END), "not above", hexs(base)});
+  put_range(base, base - 4096);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_END), "not above"});
+  // At most 64 MiB: the bound itself is fine, a byte more is not.
+  put_range(base, base + kMaxModuleText);
+  auto r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_EQ(r->module_text_start, Gva{base});
+  EXPECT_EQ(r->module_text_end, Gva{base + kMaxModuleText});
+  put_range(base, base + kMaxModuleText + 1);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_END), "more than 67108864 bytes"});
+  put_range(0xffff800000000000ull, 0xfffffffffffff000ull);  // the whole upper half
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_END), "not a module's text"});
+  // Kernel text is not the module's (a confused module would make Dom0 refuse every probe).
+  put_range(layout.text_start, layout.text_start + 0x10000);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "overlaps the kernel image"});
+  put_range(layout.text_start - 0x1000, layout.text_start + 1);  // its last byte is _text
+  expect_error(Errc::InvalidArgument, {"overlaps the kernel image"});
+  put_range(layout.text_start - 0x1000, layout.text_start);  // ends right below _text
+  EXPECT_TRUE(read().has_value());
+  // Not unaligned-sensitive, and one byte is a range.
+  put_range(base + 3, base + 4);
+  r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_TRUE(r->in_module_text(Gva{base + 3}));
+  EXPECT_FALSE(r->in_module_text(Gva{base + 4}));
+}
+
+TEST_F(ModuleInfoTest, ModuleTextReadErrorsPropagate) {
+  // version, state, kernel-text, release, nr-cpus, oea/count, oea/0/addr, oea/0/size: then
+  // module-text/start.
+  g.host->fail_op(hv::sim::Op::XsRead, Errc::Io, 8);
+  expect_error(Errc::Io, {path(XENPROBES_XS_MODULE_TEXT_START)});
 }
 
 }  // namespace
