@@ -80,6 +80,17 @@ TEST(AddressRules, ANeighbourRunOutOfLineIsCheckedToo) {
   EXPECT_NE(p.error().what.find("rule 'exception-table'"), std::string::npos) << p.error().what;
 }
 
+TEST(AddressRules, TheGuestModulesOwnTextIsRefused) {
+  ProbedGuest g;
+  auto layout = g.host->layout(g.dom);
+  ASSERT_TRUE(layout);
+  // The module's code after its static OEA pool, as it publishes module-text.
+  Gva code{layout->oea_addr + layout->oea_size + 0x10};
+  auto p = g.session->probe(g.dom, code, nop());
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what.find("rule 'module-text'"), std::string::npos) << p.error().what;
+}
+
 TEST(AddressRules, RefusalsNameTheTableEntry) {
   ProbedGuest g;
   auto ex = g.session->probe(g.dom, "demo_uaccess_copy+0x8", nop());
