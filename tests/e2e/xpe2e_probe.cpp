@@ -555,11 +555,17 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   ps.points.push_back(unlink);
   }
 
+  // The armed points are where the library placed the probes: one asked for at a function's
+  // start sits past its ftrace site.
+  ps.points.clear();
   for (Probe* p : {ps.getppid, ps.boosted, ps.branch, ps.openat, ps.openat2, ps.filp, ps.ret_getppid, ps.ret_unlink}) {
     if (!p) continue;
-    if (auto i = p->info())
-      say("XPE2E-INFO: probe %" PRIu64 ": %s mode=%s slot=%#" PRIx64 " trampoline=%#" PRIx64, p->id(),
-          i->instruction.c_str(), mode_name(i->mode), i->slot.value, i->trampoline.value);
+    if (auto i = p->info()) {
+      say("XPE2E-INFO: probe %" PRIu64 ": %s mode=%s slot=%#" PRIx64 " trampoline=%#" PRIx64 "%s%s", p->id(),
+          i->instruction.c_str(), mode_name(i->mode), i->slot.value, i->trampoline.value,
+          i->moved_because.empty() ? "" : "; moved: ", i->moved_because.c_str());
+      if (std::find(ps.points.begin(), ps.points.end(), i->address) == ps.points.end()) ps.points.push_back(i->address);
+    }
   }
 }
 
@@ -993,7 +999,8 @@ int cmd_pair(const Args& a) {
   pair_register(*s, B);
   for (PairSide* p : {&A, &B}) {
     std::string d;
-    bool armed = first_bytes_are_traps(hv, p->dom, {p->getppid, p->unlink}, 0xcc, &d);
+    // Where the library placed them (past each function's ftrace site).
+    bool armed = first_bytes_are_traps(hv, p->dom, {p->xp.info()->address, p->xrp_unlink.info()->address}, 0xcc, &d);
     check(fmt("%s.text.armed", p->tag), armed, fmt("domain %u: ", p->dom.value) + d);
   }
 
@@ -1288,7 +1295,7 @@ int cmd_bench(const Args& a) {
       } else {
         continue;
       }
-      points.push_back(at);
+      points.push_back(probes.back().info()->address);  // past the function's ftrace site
     }
     if (!points.empty()) {
       std::string d;
