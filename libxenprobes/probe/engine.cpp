@@ -395,17 +395,22 @@ kernel::RuleContext Engine::rule_context(const Domain& d) const {
   return c;
 }
 
+Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::uint64_t size) {
+  std::vector<std::uint8_t> bytes(size);
+  XP_TRY(d.memory->read(start, std::as_writable_bytes(std::span(bytes))));
+  // Bytes we patched ourselves read back as the original instruction.
+  for (auto& [a, q] : d.points)
+    if (q->armed && a.value >= start.value && a.value < start.value + size) bytes[a.value - start.value] = q->original[0];
+  return bytes;
+}
+
 Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
   if (!d.syms) return kernel::EntryPlacement{addr, {}};
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
   // Only the first instructions matter: read a little, not the whole function.
-  std::vector<std::uint8_t> bytes(std::min<std::uint64_t>(fn->size, 2 * x86::kMaxInsnLen + 8));
   if (d.pause_depth == 0) XP_TRY(refresh_context(d));
-  XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
-  for (auto& [a, q] : d.points)  // our own trap bytes read back as the original
-    if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + bytes.size())
-      bytes[a.value - fn->start.value] = q->original[0];
+  auto bytes = XP_TRY(read_text(d, fn->start, std::min<std::uint64_t>(fn->size, 2 * x86::kMaxInsnLen + 8)));
   std::vector<x86::Insn> head;
   std::size_t off = 0;
   while (head.size() < 2 && off < bytes.size()) {
@@ -441,12 +446,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
     if (r) return fail(r->code, r->message(where));
     return fail(Errc::InvalidArgument, where + ": no function symbol covers it");
   }
-  std::vector<std::uint8_t> bytes(fn->size);
-  XP_TRY(d.memory->read(fn->start, std::as_writable_bytes(std::span(bytes))));
-  // Bytes we patched ourselves read back as the original instruction.
-  for (auto& [a, q] : d.points)
-    if (q->armed && a.value >= fn->start.value && a.value < fn->start.value + fn->size)
-      bytes[a.value - fn->start.value] = q->original[0];
+  auto bytes = XP_TRY(read_text(d, fn->start, fn->size));
   auto insn = x86::decode_at(bytes, fn->start, addr);
   if (!insn) {
     Error e = insn.error();

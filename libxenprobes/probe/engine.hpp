@@ -205,6 +205,8 @@ class Engine final : public channel::StopSink {
   // Where a probe asked for at `addr` goes: past the endbr64 and the ftrace site when `addr`
   // starts a function (kernel::place_entry_probe), else `addr`.
   Result<kernel::EntryPlacement> place(Domain&, Gva addr);
+  // Kernel text as the guest would run it: bytes we patched read back as the original.
+  Result<std::vector<std::uint8_t>> read_text(Domain&, Gva start, std::uint64_t size);
   kernel::RuleContext rule_context(const Domain&) const;
   bool uses_slot(const Point&) const;
   // Allocates and writes a new slot for the point; `before` receives what the slot held.
