@@ -9,6 +9,10 @@
 set -eu
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
+# Every program the host-side scripts run must come from a package they install (a fresh
+# machine once stopped at the e2e images for want of kmod): a check of seconds, before the
+# long stages.
+sh tools/check-host-commands.sh
 jobs="$(nproc)"
 
 echo "== build (RelWithDebInfo, -Werror)"
