@@ -255,15 +255,29 @@ Symbol SymbolTable::to_symbol(const Entry& e) const {
   return Symbol{e.name, Gva{running(e.link)}, e.type, e.kind, e.size};
 }
 
+namespace {
+// The names the kernel's linker script gives section bounds: _text, _stext, _etext, _sinittext,
+// _einittext, __<section>_start / __<section>_end (__entry_text_start, __noinstr_text_end, ...),
+// __start_<section> / __stop_<section>. They mark addresses, never start code of their own.
+bool is_section_marker(std::string_view n) {
+  if (n == "_text" || n == "_stext" || n == "_etext" || n == "_sinittext" || n == "_einittext") return true;
+  if (n.starts_with("__start_") || n.starts_with("__stop_")) return true;
+  return n.starts_with("__") && (n.ends_with("_start") || n.ends_with("_end"));
+}
+}  // namespace
+
 std::size_t SymbolTable::covering(std::uint64_t link) const {
   auto it = std::upper_bound(syms_.begin(), syms_.end(), link,
                              [](std::uint64_t v, const Entry& e) { return v < e.link; });
   if (it == syms_.begin()) return npos;
   const std::uint64_t start = std::prev(it)->link;
-  // Several names at one address (_text, _stext, startup_64): prefer a real function, then a
-  // global symbol, then one without a leading '_' (not a linker marker), then file order.
+  // Several names at one address (_text, _stext, startup_64; __noinstr_text_end with the local
+  // function after it): prefer a real function, then a name that is not a section marker (a
+  // global marker must not hide a local function: the address rules key on the function's
+  // name), then a global symbol, then one without a leading '_', then file order.
   auto rank = [](const Entry& e) {
-    return std::tuple{e.end_marker, e.kind != SymbolKind::Text, e.type >= 'a', e.name.starts_with('_')};
+    return std::tuple{e.end_marker, e.kind != SymbolKind::Text, is_section_marker(e.name), e.type >= 'a',
+                      e.name.starts_with('_')};
   };
   std::size_t best = npos;
   for (auto k = static_cast<std::size_t>(it - syms_.begin()); k-- > 0 && syms_[k].link == start;)

@@ -395,5 +395,37 @@ TEST(SymbolTable, DemoGuestSystemMap) {
 #endif
 }
 
+// Linux 6.1's System.map puts the global marker `T __noinstr_text_end` at the address of the
+// local static-call trampoline that follows the section (`t __SCT__preempt_schedule`): the
+// function's own name must win, or the rules keyed on it never see it.
+TEST(SymbolTable, SectionMarkerNeverHidesTheFunctionAtItsAddress) {
+  auto t = SymbolTable::parse(
+      "ffffffff81000000 T _stext\n"
+      "ffffffff81000000 T startup_64\n"
+      "ffffffff81000100 T __noinstr_text_start\n"
+      "ffffffff81000100 t noinstr_fn\n"
+      "ffffffff81000200 T __noinstr_text_end\n"
+      "ffffffff81000200 t __SCT__preempt_schedule\n"
+      "ffffffff81000208 T __start_probe_section\n"
+      "ffffffff81000208 t after_start\n"
+      "ffffffff81000210 T __stop_probe_section\n"
+      "ffffffff81000210 t after_stop\n"
+      "ffffffff81000218 T __real_end\n"  // a real function whose name merely ends in _end
+      "ffffffff81000220 T _etext\n",
+      "markers.map");
+  ASSERT_TRUE(t.has_value());
+  auto name_at = [&](std::uint64_t a) {
+    auto f = t->function_containing(Gva{a});
+    return f ? f->name : std::string("<") + f.error().what + ">";
+  };
+  EXPECT_EQ(name_at(0xffffffff81000000), "startup_64");
+  EXPECT_EQ(name_at(0xffffffff81000100), "noinstr_fn");
+  EXPECT_EQ(name_at(0xffffffff81000204), "__SCT__preempt_schedule");
+  EXPECT_EQ(name_at(0xffffffff81000208), "after_start");
+  EXPECT_EQ(name_at(0xffffffff81000210), "after_stop");
+  EXPECT_EQ(name_at(0xffffffff81000218), "__real_end");  // alone at its address: still a function
+  EXPECT_EQ(t->symbolize(Gva{0xffffffff81000201}), "__SCT__preempt_schedule+0x1");
+}
+
 }  // namespace
 }  // namespace xenprobes::symbols
