@@ -13,6 +13,7 @@
 // the domain dies in between (Xen keeps the page referenced as long as it is mapped).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,8 +33,14 @@ namespace xenprobes::hv {
 
 enum class GuestType { Pv, Hvm };  // PVH reports as Hvm, as XEN_DOMINF_hvm_guest does
 
+// xen_domain_handle_t: the 16-byte handle (the toolstack's UUID) XEN_DOMCTL_getdomaininfo
+// reports. A domid is reused once its domain is gone; the handle names one domain (xl gives
+// every domain a fresh UUID; a toolstack that leaves it zero gives no such guarantee).
+using DomainHandle = std::array<std::uint8_t, 16>;
+
 struct DomainInfo {
   DomId domid;
+  DomainHandle handle{};
   GuestType type = GuestType::Pv;
   unsigned guest_width = 8;   // bytes: 8 for 64-bit, 4 for 32-bit guests
   unsigned vcpus = 0;         // max_vcpu_id + 1

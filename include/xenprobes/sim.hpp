@@ -21,8 +21,9 @@
 //    coalescing), xenstore with watches (@introduceDomain/@releaseDomain), domain death;
 //  - the guest module (protocol.h; unless publish_module = false): its keys, the control
 //    area, and its int3 hook, which hands hits in its trap table to Dom0 through the vCPU's
-//    mailbox, blocks only that vCPU until Dom0 answers or module_timeout_ms passes, then
-//    falls back as the trap entry says (docs/simulated-xen.md, "The guest module");
+//    mailbox, blocks only that vCPU until Dom0 answers or module_timeout_ms passes (on real
+//    time, or on a manual clock that tests advance), then falls back as the trap entry says
+//    (docs/simulated-xen.md, "The guest module");
 //  - an exception the guest cannot take (it has no IDT: #UD, #GP, an unmapped access, an int3
 //    nobody intercepts) crashes the domain, as an oops would; the reason is kept.
 //
@@ -32,6 +33,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,10 +60,18 @@ struct SimOptions {
   std::string xen_version = "4.17.5-sim";
   unsigned quantum_blocks = 512;  // translated blocks a vCPU runs before the next is scheduled
   unsigned ring_slots = 8;        // vm_event ring capacity (one 4 KiB page holds 8 requests)
+  // The clock the guest module measures its waits with (DomainConfig::module_timeout_ms and
+  // the claim bound). Off: real time. On: a clock that stands still until advance_clock()
+  // moves it, so whether a hit times out is the caller's decision, not the machine's load.
+  bool manual_clock = false;
 };
 
 struct DomainConfig {
   std::string name = "demo";
+  // 0: the next domid (they count up from 1). Otherwise this one, which no live domain may
+  // hold: a domid is free again once its domain is destroyed, as on Xen. Every domain gets a
+  // handle of its own (DomainInfo::handle) all the same.
+  std::uint32_t domid = 0;
   GuestType type = GuestType::Pv;
   unsigned vcpus = 1;
   std::size_t ram_mb = 64;
@@ -105,7 +115,8 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   static std::shared_ptr<SimHost> create(SimOptions = {});
   virtual ~SimHost() = default;
 
-  // Creates and starts a domain (domids count up from 1). Fails with the loader's reason.
+  // Creates and starts a domain (domids count up from 1, or DomainConfig::domid). Fails with
+  // the loader's reason.
   virtual Result<DomId> create_domain(const DomainConfig&) = 0;
   // xl destroy: the domain dies, @releaseDomain fires, later calls get ESRCH.
   virtual Result<void> destroy_domain(DomId) = 0;
@@ -134,6 +145,12 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   virtual std::uint64_t op_count(Op) const = 0;
   virtual std::uint64_t total_calls() const = 0;
   virtual void reset_counts() = 0;
+  // Moves the manual clock (SimOptions::manual_clock) forward by `by`, then returns once the
+  // scheduler of every live domain has looked at its waiting vCPUs at the new time: each wait
+  // whose timeout (or claim bound) has passed is over, with its fallback taken, and no other
+  // one is. InvalidArgument on a host with the real clock; TimedOut if a scheduler did not
+  // get round to it within 30 s.
+  virtual Result<void> advance_clock(std::chrono::milliseconds by) = 0;
   // Internal pause reference count (the real Xen does not expose it): for tests.
   virtual Result<unsigned> pause_count(DomId) = 0;
   // How often control reached `va` (one of DomainConfig::count_executions).

@@ -10,17 +10,17 @@
 #include <optional>
 #include <vector>
 
-#include "api/guardian.hpp"
 #include "api/session_testing.hpp"
 #include "channel/debugger.hpp"
 #include "channel/guest.hpp"
 #include "channel/vmevent.hpp"
 #include "common/log.hpp"
 #include "common/result.hpp"
+#include "guardian/journal.hpp"
+#include "guardian/spawn.hpp"
 #include "hv/sim/sim.hpp"
 #include "probe/engine.hpp"
-#include "probe/journal.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 
@@ -57,8 +57,8 @@ struct Session::Impl {
   std::map<DomId, channel::Channel*> chosen;
   // The guardian (docs/guardian.md): the journal exists unless it is Off; the process is
   // spawned with the first debugger/vmevent domain.
-  std::unique_ptr<probe::Journal> journal;
-  std::unique_ptr<api::GuardianProcess> guardian;
+  std::unique_ptr<guardian::Journal> journal;
+  std::unique_ptr<guardian::GuardianProcess> guardian;
   bool guardian_warned = false;
   std::unique_ptr<probe::Engine> engine;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -80,8 +80,9 @@ struct Session::Impl {
       // Clean only when nothing is left: a domain whose channel could not let go stays in
       // the journal, and the guardian tears it down.
       bool clean = journal->empty();
-      if (!clean) XP_LOG(Warn, "session end left work in the journal: the guardian finishes it");
+      if (!clean) XP_LOG(Warn, "session end left work in the journal: the guardian finishes it once this process exits");
       journal->set_clean(clean);
+      if (!clean && guardian) guardian->abandon();  // it waits for this process to exit: no use waiting for it
     }
     guardian.reset();  // EOF: the guardian reads the flag and exits (or recovers)
   }
@@ -92,7 +93,7 @@ struct Session::Impl {
     engine->abandon();
     for (channel::Channel* c : channels()) c->abandon();
     chosen.clear();
-    if (guardian) guardian->close_pipe();
+    if (guardian) guardian->abandon();
   }
 
   static bool journaled_kind(ChannelKind k) { return k == ChannelKind::Debugger || k == ChannelKind::VmEvent; }
@@ -104,7 +105,8 @@ struct Session::Impl {
     if (options.guardian == GuardianMode::Off || guardian) return {};
     if (!journal) return fail(Errc::Io, "the guardian's journal could not be created");
     if (options.guardian == GuardianMode::Auto && hv->name() == "sim") return {};
-    auto g = api::GuardianProcess::spawn(api::guardian_path(options.guardian_path), journal->fd(), hv->name());
+    auto g =
+        guardian::GuardianProcess::spawn(guardian::guardian_path(options.guardian_path), journal->fd(), hv->name());
     if (g) {
       guardian = std::move(*g);
       return {};
@@ -121,20 +123,20 @@ struct Session::Impl {
 
   Result<void> journal_domain(channel::Channel* ch, DomId dom) {
     if (!journal || journal->has_domain(dom)) return {};
-    probe::JournalChannel jc;
-    probe::JournalMonitor mon = probe::JournalMonitor::None;
+    guardian::JournalChannel jc;
+    guardian::JournalMonitor mon = guardian::JournalMonitor::None;
     if (ch == debugger.get()) {
-      jc = probe::JournalChannel::Debugger;
+      jc = guardian::JournalChannel::Debugger;
     } else if (ch == vmevent.get() || ch == vmevent_int3.get()) {
-      jc = probe::JournalChannel::VmEvent;
+      jc = guardian::JournalChannel::VmEvent;
       mon = static_cast<channel::VmEventChannel*>(ch)->mode() == channel::VmEventChannel::Mode::Int3
-                ? probe::JournalMonitor::SoftwareBreakpoints
-                : probe::JournalMonitor::DebugExceptions;
+                ? guardian::JournalMonitor::SoftwareBreakpoints
+                : guardian::JournalMonitor::DebugExceptions;
     } else {
       return {};  // the guest channel: the module's own fail-safe
     }
     hv::DomainInfo info = XP_TRY(hv->domain_info(dom));
-    return journal->add_domain(dom, jc, ch->trap_byte(), mon, info.vcpus);
+    return journal->add_domain(dom, info.handle, jc, ch->trap_byte(), mon, info.vcpus);
   }
 
   // Domains that died are forgotten (nothing to restore in a dead guest), and so are domains
@@ -146,7 +148,7 @@ struct Session::Impl {
     for (DomId id : engine->domains()) {
       auto it = chosen.find(id);
       if (it != chosen.end() && it->second == guest.get()) {
-        auto state = hv->xs_read(probe::module_key(id, XENPROBES_XS_STATE));
+        auto state = hv->xs_read(guestmod::module_key(id, XENPROBES_XS_STATE));
         if (!state && state.error().code == Errc::NotFound) {
           // The toolstack destroying the domain removes its whole xenstore directory first
           // (xl destroy does so before the domain dies): say that, not "withdrew".
@@ -175,7 +177,7 @@ struct Session::Impl {
   void unwatch_module(DomId id) {
     auto it = chosen.find(id);
     if (it == chosen.end()) return;
-    if (it->second == guest.get()) (void)hv->xs_unwatch(probe::module_key(id, XENPROBES_XS_STATE), kModuleToken);
+    if (it->second == guest.get()) (void)hv->xs_unwatch(guestmod::module_key(id, XENPROBES_XS_STATE), kModuleToken);
     chosen.erase(it);
   }
 
@@ -256,7 +258,7 @@ struct Session::Impl {
         XP_LOG(Info, "domain %u: probing through the %s channel", dom.value, (*ch)->name());
         chosen[dom] = *ch;
         if (*ch == guest.get())  // noticed by reap() when the module withdraws
-          if (auto w = hv->xs_watch(probe::module_key(dom, XENPROBES_XS_STATE), kModuleToken); !w)
+          if (auto w = hv->xs_watch(guestmod::module_key(dom, XENPROBES_XS_STATE), kModuleToken); !w)
             XP_LOG(Warn, "domain %u: cannot watch the guest module's state: %s", dom.value, w.error().what.c_str());
         return *ch;
       }
@@ -282,7 +284,7 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   impl->hv = std::move(hv);
   impl->options = o;
   if (o.guardian != GuardianMode::Off) {
-    auto j = probe::Journal::create();
+    auto j = guardian::Journal::create();
     if (j)
       impl->journal = std::move(*j);
     else if (o.guardian == GuardianMode::Required)
@@ -450,7 +452,8 @@ Probe::Probe(Probe&& o) noexcept
 
 Probe& Probe::operator=(Probe&& o) noexcept {
   if (this != &o) {
-    (void)unregister();
+    if (auto r = unregister(); !r)
+      XP_LOG(Error, "probe %llu: unregister failed: %s", (unsigned long long)id_, r.error().what.c_str());
     session_ = std::exchange(o.session_, nullptr);
     alive_ = std::move(o.alive_);
     id_ = std::exchange(o.id_, 0);
@@ -476,14 +479,19 @@ Result<void> Probe::disable() {
 
 Result<void> Probe::unregister() {
   Session* s = live();
-  session_ = nullptr;
-  alive_.reset();
-  if (!s) return {};
+  if (!s) {
+    session_ = nullptr;
+    alive_.reset();
+    return {};
+  }
   auto r = s->unregister(id_);
   // NotFound: the session already dropped it with its domain (gone, or its guest module
-  // withdrew): nothing is left to restore.
-  if (!r && r.error().code == Errc::NotFound) return {};
-  return r;
+  // withdrew): nothing is left to restore. Any other failure keeps the handle: the probe may
+  // still be armed, and a retry must find it.
+  if (!r && r.error().code != Errc::NotFound) return r;
+  session_ = nullptr;
+  alive_.reset();
+  return {};
 }
 
 ProbeStats Probe::stats() const {

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "channel/channel.hpp"
-#include "probe/journal.hpp"
+#include "guardian/journal.hpp"
 
 namespace xenprobes::channel {
 
@@ -32,7 +32,7 @@ class DebuggerChannel final : public Channel {
   Result<unsigned> flush(DomId, StopSink&) override;
   void abandon() override { domains_.clear(); }
   // The guardian's journal: the pause references owed are kept there (see pay()).
-  void set_journal(probe::Journal* j) { journal_ = j; }
+  void set_journal(guardian::Journal* j) { journal_ = j; }
 
   static constexpr std::uint8_t kIcebp = 0xf1;
   // A guest's own int3 (text_poke_bp, an in-guest kprobe) stops the domain too under debugging
@@ -59,7 +59,7 @@ class DebuggerChannel final : public Channel {
   hv::Hypervisor& hv_;
   hv::EvtchnPort port_;
   std::map<DomId, Attached> domains_;
-  probe::Journal* journal_ = nullptr;
+  guardian::Journal* journal_ = nullptr;
   void journal_owed(DomId dom, unsigned owed) {
     if (journal_) journal_->set_owed_unpauses(dom, owed);
   }

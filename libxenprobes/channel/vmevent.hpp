@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "channel/channel.hpp"
-#include "probe/journal.hpp"
+#include "guardian/journal.hpp"
 
 namespace xenprobes::channel {
 
@@ -55,7 +55,7 @@ class VmEventChannel final : public Channel {
 
   Mode mode() const { return mode_; }
   // The guardian's journal: detach's own pause of the domain is recorded there.
-  void set_journal(probe::Journal* j) { journal_ = j; }
+  void set_journal(guardian::Journal* j) { journal_ = j; }
 
   // What the channel did, for tests and diagnostics.
   struct Counters {
@@ -114,7 +114,7 @@ class VmEventChannel final : public Channel {
   std::map<DomId, Attached> domains_;
   std::map<int, unsigned> fd_refs_;  // a ring fd may serve several rings (the sim's does)
   Counters counters_;
-  probe::Journal* journal_ = nullptr;
+  guardian::Journal* journal_ = nullptr;
 };
 
 }  // namespace xenprobes::channel

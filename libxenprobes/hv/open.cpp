@@ -1,7 +1,10 @@
 // open_hypervisor(): picks the backend named by XENPROBES_BACKEND (default: xen). A monitoring
-// program must never silently watch a simulation, so "sim" is only ever chosen explicitly.
+// program must never silently watch a simulation, so "sim" is only ever chosen explicitly,
+// and said so. The variable is read with secure_getenv: a set-user-ID (or otherwise
+// privileged-at-exec) program ignores it and gets the real Xen.
 #include <cstdlib>
 
+#include "common/log.hpp"
 #include "common/result.hpp"
 #include "hv/hypervisor.hpp"
 #include "hv/sim/sim.hpp"
@@ -26,8 +29,10 @@ Result<std::unique_ptr<Hypervisor>> open_hypervisor(const std::string& backend) 
 }
 
 Result<std::unique_ptr<Hypervisor>> open_hypervisor() {
-  const char* b = std::getenv("XENPROBES_BACKEND");
-  return open_hypervisor(b && *b ? b : "xen");
+  const char* b = ::secure_getenv("XENPROBES_BACKEND");
+  if (!b || !*b) return open_hypervisor("xen");
+  if (std::string(b) == "sim") XP_LOG(Warn, "XENPROBES_BACKEND=sim: the SIMULATED Xen, not a real one");
+  return open_hypervisor(b);
 }
 
 }  // namespace xenprobes::hv

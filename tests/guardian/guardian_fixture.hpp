@@ -14,8 +14,8 @@
 
 #include "api/session_testing.hpp"
 #include "demo_abi.h"
-#include "probe/journal.hpp"
-#include "probe/recovery.hpp"
+#include "guardian/journal.hpp"
+#include "guardian/recovery.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/insn.hpp"
 #include "xenprobes/sim.hpp"

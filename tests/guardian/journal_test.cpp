@@ -1,16 +1,22 @@
 // The guardian's journal: what the writer leaves is what the reader reads; a record caught
-// mid-update is ignored; a file that is not a sound journal is refused as a whole.
+// mid-update is ignored; a file that is not a sound journal is refused as a whole, and so is
+// a descriptor that is not a sealed memfd.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <vector>
 
-#include "probe/journal.hpp"
+#include "guardian/journal.hpp"
 
-namespace xenprobes::probe {
+namespace xenprobes::guardian {
 namespace {
+
+constexpr hv::DomainHandle kHandle{0x6b, 0x1f, 0x3c, 0x55, 0x90, 0x2e, 0x4a, 0x11,
+                                   0x8d, 0x07, 0xc4, 0x19, 0x3e, 0xa2, 0x5f, 0x60};
 
 std::unique_ptr<Journal> small() {
   auto j = Journal::create(JournalLimits{4, 8, 8});
@@ -24,7 +30,7 @@ JournalHeader& header_of(std::vector<std::byte>& img) { return *reinterpret_cast
 
 TEST(GuardianJournal, WhatIsWrittenIsRead) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{3}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 2));
+  ASSERT_TRUE(j->add_domain(DomId{3}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 2));
   const std::uint8_t trap[] = {0xf1}, orig[] = {0x55};
   ASSERT_TRUE(j->add_patch(DomId{3}, PatchKind::Text, Gva{0xffffffff81000010}, trap, orig, Gva{0xffffffff81000010}));
   auto r = j->add_return(DomId{3}, Gva{0xffffc90000001ff8}, 0xffffffff81000100, Gva{0xffffffffa0000020});
@@ -37,6 +43,7 @@ TEST(GuardianJournal, WhatIsWrittenIsRead) {
   EXPECT_EQ(s->owner_pid, static_cast<std::uint32_t>(getpid()));
   ASSERT_EQ(s->domains.size(), 1u);
   EXPECT_EQ(s->domains[0].domid, DomId{3});
+  EXPECT_EQ(s->domains[0].handle, kHandle) << "a domain is named by its handle as well as its domid";
   EXPECT_EQ(s->domains[0].channel, JournalChannel::Debugger);
   EXPECT_EQ(s->domains[0].vcpus, 2u);
   EXPECT_EQ(s->domains[0].held_pauses, 1u);
@@ -60,7 +67,7 @@ TEST(GuardianJournal, WhatIsWrittenIsRead) {
 
 TEST(GuardianJournal, FullTablesRefuseAndCount) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::VmEvent, 0xf1, JournalMonitor::DebugExceptions, 1));
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::VmEvent, 0xf1, JournalMonitor::DebugExceptions, 1));
   const std::uint8_t b[] = {0xf1};
   for (unsigned i = 0; i < 8; ++i) ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000 + i}, b, b, Gva{0}));
   auto full = j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, b, b, Gva{0});
@@ -73,7 +80,7 @@ TEST(GuardianJournal, FullTablesRefuseAndCount) {
 
 TEST(GuardianJournal, ATornRecordIsIgnored) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
   const std::uint8_t t[] = {0xf1}, o[] = {0x90};
   ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000}, t, o, Gva{0x1000}));
   ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, t, o, Gva{0x2000}));
@@ -96,7 +103,7 @@ TEST(GuardianJournal, ATornRecordIsIgnored) {
 
 TEST(GuardianJournal, ImpossibleRecordsAreIgnored) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
   const std::uint8_t t[] = {0xf1}, o[] = {0x90};
   ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x1000}, t, o, Gva{0x1000}));
   ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0x2000}, t, o, Gva{0x2000}));
@@ -117,7 +124,7 @@ TEST(GuardianJournal, ImpossibleRecordsAreIgnored) {
 
 TEST(GuardianJournal, GarbageIsRefused) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{1}, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
   const auto good = copy(*j);
   auto refused = [&](auto mutate, const char* why) {
     auto img = good;
@@ -130,6 +137,7 @@ TEST(GuardianJournal, GarbageIsRefused) {
   };
   refused([](auto& img) { header_of(img).magic ^= 1; }, "bad magic");
   refused([](auto& img) { header_of(img).version = 99; }, "unknown version");
+  refused([](auto& img) { header_of(img).version = 1; }, "version 1: no domain handles");
   refused([](auto& img) { header_of(img).max_patches = 0x7fffffff; }, "patch count out of range");
   refused([](auto& img) { header_of(img).max_returns = 1u << 19; }, "returns beyond the file");
   refused([](auto& img) { header_of(img).patches_off = header_of(img).domains_off; }, "tables overlap");
@@ -142,14 +150,58 @@ TEST(GuardianJournal, GarbageIsRefused) {
   EXPECT_TRUE(read_journal(good));
 }
 
+// A journal of the version before domain handles is refused with a message saying so: the
+// guardian cannot tell its domains from later ones under the same domids.
+TEST(GuardianJournal, AnOldVersionIsRefusedClearly) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));
+  std::vector<std::byte> img(j->bytes().begin(), j->bytes().end());
+  header_of(img).version = 1;
+  auto s = read_journal(img);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().what, "journal: version 1, this guardian reads version 2");
+}
+
 TEST(GuardianJournal, ReadFromTheFileDescriptor) {
   auto j = small();
-  ASSERT_TRUE(j->add_domain(DomId{5}, JournalChannel::VmEvent, 0xcc, JournalMonitor::SoftwareBreakpoints, 4));
+  ASSERT_TRUE(j->add_domain(DomId{5}, kHandle, JournalChannel::VmEvent, 0xcc, JournalMonitor::SoftwareBreakpoints, 4));
   auto s = read_journal_fd(j->fd());
   ASSERT_TRUE(s) << s.error().what;
   ASSERT_EQ(s->domains.size(), 1u);
   EXPECT_EQ(s->domains[0].monitor, JournalMonitor::SoftwareBreakpoints);
 }
 
+// What the guardian is handed as its journal must be what Journal::create makes: a memfd
+// sealed against resizing. Anything else is refused before a byte of it is trusted.
+TEST(GuardianJournalFd, OnlyASealedMemfdIsAccepted) {
+  auto j = small();
+  EXPECT_TRUE(check_journal_fd(j->fd())) << "what create() makes";
+  EXPECT_TRUE(read_journal_fd(j->fd()));
+
+  int unsealed = ::memfd_create("not-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, static_cast<off_t>(j->bytes().size())), 0);
+  ASSERT_EQ(::pwrite(unsealed, j->bytes().data(), j->bytes().size(), 0), static_cast<ssize_t>(j->bytes().size()));
+  auto r = check_journal_fd(unsealed);
+  ASSERT_FALSE(r) << "a sound journal image, but its size could change under the reader";
+  EXPECT_NE(r.error().what.find("not sealed"), std::string::npos) << r.error().what;
+  EXPECT_FALSE(read_journal_fd(unsealed));
+  ::close(unsealed);
+
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  r = check_journal_fd(p[0]);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what.find("not a memfd"), std::string::npos) << r.error().what;
+  ::close(p[0]);
+  ::close(p[1]);
+
+  int file = ::open(::testing::TempDir().c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_GE(file, 0);
+  r = check_journal_fd(file);
+  ASSERT_FALSE(r) << "a file that is no memfd: no seals at all (or, on tmpfs, only F_SEAL_SEAL)";
+  ::close(file);
+}
+
 }  // namespace
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guardian

@@ -7,6 +7,8 @@
 #include "mem/paging.hpp"
 
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace xenprobes::testing {
 namespace {
@@ -49,7 +51,7 @@ TEST_P(Abandoned, RecoveryFromTheJournalRestoresTheGuest) {
   ASSERT_GE(jfd, 0);
   EXPECT_FALSE(g.host->wait_halted(g.dom, 300ms)) << "without recovery the guest is stuck";
 
-  auto snap = probe::read_journal_fd(jfd);
+  auto snap = guardian::read_journal_fd(jfd);
   ::close(jfd);
   ASSERT_TRUE(snap) << snap.error().what;
   EXPECT_FALSE(snap->clean);
@@ -59,7 +61,7 @@ TEST_P(Abandoned, RecoveryFromTheJournalRestoresTheGuest) {
   EXPECT_GT(snap->returns.size(), 0u);
 
   auto hv = g.host->open();  // the guardian's own handle
-  auto rep = probe::recover(*hv, *snap);
+  auto rep = guardian::recover(*hv, *snap);
   EXPECT_EQ(rep.failures, 0u);
   EXPECT_EQ(rep.domains, 1u);
   // (Popped slots below a stack pointer may still hold the trampoline's address: dead data.)
@@ -101,11 +103,11 @@ TEST_P(Abandoned, VcpusInsidePostHandlerSlotsGoOn) {
   ASSERT_TRUE(g.session->run());
   std::this_thread::sleep_for(30ms);
   int jfd = g.abandon();
-  auto snap = probe::read_journal_fd(jfd);
+  auto snap = guardian::read_journal_fd(jfd);
   ::close(jfd);
   ASSERT_TRUE(snap);
   auto hv = g.host->open();
-  auto rep = probe::recover(*hv, *snap);
+  auto rep = guardian::recover(*hv, *snap);
   EXPECT_EQ(rep.failures, 0u);
   EXPECT_EQ(g.text(), g.text_before);
   ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
@@ -133,10 +135,10 @@ TEST_P(Abandoned, ChangedBytesAreLeftAloneAndForeignPausesKept) {
     std::uint8_t cc = 0xcc;
     ASSERT_TRUE(m.write(changed, std::as_bytes(std::span(&cc, 1))));
   }
-  auto snap = probe::read_journal_fd(jfd);
+  auto snap = guardian::read_journal_fd(jfd);
   ::close(jfd);
   ASSERT_TRUE(snap);
-  auto rep = probe::recover(*hv, *snap);
+  auto rep = guardian::recover(*hv, *snap);
   EXPECT_EQ(rep.left_alone, 1u);
   EXPECT_EQ(rep.restored, 1u);
   EXPECT_EQ(rep.failures, 0u);
@@ -154,14 +156,79 @@ TEST_P(Abandoned, ADomainGoneIsSkipped) {
   a->release();
   int jfd = g.abandon();
   ASSERT_TRUE(g.host->destroy_domain(g.dom));
-  auto snap = probe::read_journal_fd(jfd);
+  auto snap = guardian::read_journal_fd(jfd);
   ::close(jfd);
   ASSERT_TRUE(snap);
   auto hv = g.host->open();
-  auto rep = probe::recover(*hv, *snap);
+  auto rep = guardian::recover(*hv, *snap);
   EXPECT_EQ(rep.gone, 1u);
   EXPECT_EQ(rep.domains, 0u);
   EXPECT_EQ(rep.failures, 0u);
+}
+
+// The journaled domain was destroyed and another one was given its domid. Recovery refuses
+// it (its handle is not the journal's) with a line that says so, and touches nothing of it,
+// although everything a recovery fooled by the domid would act on is there: the journaled
+// trap bytes at the journaled address, a vCPU just past one (a debugger stop), a pause, and
+// (debugger) debugging mode, all the new domain's own.
+TEST_P(Abandoned, ADomidReusedByAnotherDomainIsRefused) {
+  Guest g(GetParam(), 1, 5);
+  auto a = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+  ASSERT_TRUE(a);
+  a->release();
+  int jfd = g.abandon();
+  auto hv = g.host->open();
+  const hv::DomainHandle old_handle = hv->domain_info(g.dom)->handle;
+  ASSERT_TRUE(g.host->destroy_domain(g.dom));
+
+  hv::sim::DomainConfig c;
+  c.domid = g.dom.value;
+  c.vcpus = 1;
+  c.iterations = 5;
+  c.start_paused = true;  // its creator's pause
+  if (GetParam() == ChannelKind::VmEvent) c.type = hv::GuestType::Hvm;
+  auto reused = g.host->create_domain(c);
+  ASSERT_TRUE(reused) << reused.error().what;
+  ASSERT_EQ(*reused, g.dom) << "the same domid";
+  ASSERT_NE(hv->domain_info(g.dom)->handle, old_handle) << "another domain: another handle";
+
+  auto snap = guardian::read_journal_fd(jfd);
+  ::close(jfd);
+  ASSERT_TRUE(snap) << snap.error().what;
+  ASSERT_EQ(snap->domains.size(), 1u);
+  EXPECT_EQ(snap->domains[0].handle, old_handle) << "the journal names the domain by its handle";
+  const guardian::JournalSnapshot::Patch* text = nullptr;
+  for (const auto& p : snap->patches)
+    if (p.kind == guardian::PatchKind::Text) text = &p;
+  ASSERT_NE(text, nullptr);
+  {
+    mem::HypervisorFrameSource src(*hv, g.dom);
+    mem::GuestMemory m(src);
+    m.set_context(*mem::paging_context(*hv->domain_info(g.dom), *hv->get_vcpu_regs(g.dom, VcpuId{0})));
+    ASSERT_TRUE(m.write(text->gva, std::as_bytes(std::span(text->written))));
+  }
+  auto regs = *hv->get_vcpu_regs(g.dom, VcpuId{0});
+  regs.rip = text->gva.value + 1;
+  ASSERT_TRUE(hv->set_vcpu_regs(g.dom, VcpuId{0}, regs));
+  if (GetParam() == ChannelKind::Debugger) {
+    ASSERT_TRUE(hv->set_debugging(g.dom, true));
+  }
+  const auto text_now = g.text();
+
+  std::vector<std::string> lines;
+  auto rep = guardian::recover(*hv, *snap, [&](log::Level, const std::string& l) { lines.push_back(l); });
+  EXPECT_EQ(rep.reused, 1u);
+  EXPECT_EQ(rep.domains + rep.gone + rep.restored + rep.vcpus_moved + rep.unpaused + rep.failures, 0u);
+  const std::string want = "domain " + std::to_string(g.dom.value) + ": refusing to recover: its handle is ";
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind(want, 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("its domid was reused); not touched"), std::string::npos) << lines[0];
+
+  EXPECT_EQ(g.text(), text_now) << "its bytes untouched";
+  EXPECT_EQ(hv->get_vcpu_regs(g.dom, VcpuId{0})->rip, text->gva.value + 1) << "its vCPU not moved";
+  EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "its creator's pause kept";
+  EXPECT_EQ(hv->domain_info(g.dom)->debugged, GetParam() == ChannelKind::Debugger) << "its debugging mode kept";
+  ASSERT_TRUE(g.host->destroy_domain(g.dom));
 }
 
 // An orderly end leaves the guardian nothing: the clean flag, and no record.
@@ -183,13 +250,13 @@ TEST_P(Abandoned, TheCleanPathLeavesNothingToDo) {
   ASSERT_TRUE(g.session->run());
   int jfd = ::dup(SessionTesting::journal_fd(*g.session));
   g.session.reset();  // the orderly end
-  auto snap = probe::read_journal_fd(jfd);
+  auto snap = guardian::read_journal_fd(jfd);
   ::close(jfd);
   ASSERT_TRUE(snap);
   EXPECT_TRUE(snap->clean);
   EXPECT_TRUE(snap->domains.empty() && snap->patches.empty() && snap->returns.empty());
   auto hv = g.host->open();
-  auto rep = probe::recover(*hv, *snap);
+  auto rep = guardian::recover(*hv, *snap);
   EXPECT_EQ(rep.domains + rep.restored + rep.unpaused + rep.failures, 0u);
   ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
 }
@@ -197,12 +264,36 @@ TEST_P(Abandoned, TheCleanPathLeavesNothingToDo) {
 INSTANTIATE_TEST_SUITE_P(Channels, Abandoned, ::testing::Values(ChannelKind::Debugger, ChannelKind::VmEvent),
                          [](const auto& i) { return std::string(channel_kind_name(i.param)); });
 
+// The simulated Xen gives every domain a handle of its own, as xl does: a domid given again
+// after a destroy comes with a new handle; a domid in use is not given again.
+TEST(GuardianDomainHandle, EveryDomainHasItsOwn) {
+  auto host = hv::sim::SimHost::create();
+  auto hv = host->open();
+  hv::sim::DomainConfig c;
+  c.start_paused = true;
+  DomId a = *host->create_domain(c), b = *host->create_domain(c);
+  const hv::DomainHandle ha = hv->domain_info(a)->handle, hb = hv->domain_info(b)->handle;
+  EXPECT_NE(ha, hv::DomainHandle{});
+  EXPECT_NE(ha, hb);
+  c.domid = a.value;
+  auto taken = host->create_domain(c);
+  ASSERT_FALSE(taken) << "domain " << a.value << " is alive";
+  EXPECT_EQ(taken.error().code, Errc::Exists);
+  ASSERT_TRUE(host->destroy_domain(a));
+  auto again = host->create_domain(c);
+  ASSERT_TRUE(again) << again.error().what;
+  EXPECT_EQ(*again, a);
+  const hv::DomainHandle hc = hv->domain_info(a)->handle;
+  EXPECT_NE(hc, ha);
+  EXPECT_NE(hc, hb);
+}
+
 // The guest channel is never journaled: its module has a fail-safe of its own.
 TEST(GuardianJournalScope, TheGuestChannelIsNotJournaled) {
   Guest g(ChannelKind::Guest, 1, 5);
   auto a = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
   ASSERT_TRUE(a);
-  auto snap = probe::read_journal_fd(SessionTesting::journal_fd(*g.session));
+  auto snap = guardian::read_journal_fd(SessionTesting::journal_fd(*g.session));
   ASSERT_TRUE(snap);
   EXPECT_TRUE(snap->domains.empty() && snap->patches.empty());
 }

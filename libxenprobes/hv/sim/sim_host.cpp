@@ -9,6 +9,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "common/log.hpp"
 #include "hv/sim/page_table_builder.hpp"
@@ -31,6 +32,23 @@ void EventFd::signal() {
 void EventFd::drain() {
   std::uint64_t v;
   [[maybe_unused]] auto n = read(fd_, &v, sizeof v);
+}
+
+// As xl gives every domain a fresh UUID: random bits drawn once per process, and a counter,
+// so that no two domains this process creates share a handle (a reused domid included).
+static DomainHandle new_domain_handle() {
+  static const std::array<std::uint32_t, 2> seed = [] {
+    std::random_device rd;
+    return std::array<std::uint32_t, 2>{rd(), rd()};
+  }();
+  static std::atomic<std::uint64_t> made{0};
+  const std::uint64_t n = ++made;
+  DomainHandle h{};
+  std::memcpy(h.data(), seed.data(), 8);
+  std::memcpy(h.data() + 8, &n, 8);
+  h[6] = static_cast<std::uint8_t>((h[6] & 0x0f) | 0x40);  // UUID version 4
+  h[8] = static_cast<std::uint8_t>((h[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return h;
 }
 
 GuestRam::~GuestRam() {
@@ -86,6 +104,10 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & 
 std::shared_ptr<SimHost> SimHost::create(SimOptions o) { return std::make_shared<SimHostImpl>(o); }
 
 SimHostImpl::SimHostImpl(SimOptions o) : opts_(std::move(o)) {
+  if (opts_.manual_clock)
+    clock_ = std::make_unique<ManualClock>();
+  else
+    clock_ = std::make_unique<RealClock>();
   store_["/local/domain/0/name"] = "Domain-0";
   store_["/local/domain/0/domid"] = "0";
 }
@@ -190,7 +212,15 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
 
   {
     std::lock_guard lk(mu_);
-    d->id = DomId{next_domid_++};
+    if (cfg.domid == 0) {
+      d->id = DomId{next_domid_++};
+    } else {
+      if (cfg.domid >= 0x7ff0) return fail(Errc::InvalidArgument, "sim: domid must be 1..0x7fef");
+      if (domains_.contains(DomId{cfg.domid}))
+        return fail(Errc::Exists, "sim: domain " + std::to_string(cfg.domid) + " exists");
+      d->id = DomId{cfg.domid};
+    }
+    d->handle = new_domain_handle();
   }
   d->mfn_base = cfg.type == GuestType::Pv ? 0x100000ull * d->id.value : 0;
 
@@ -373,6 +403,10 @@ void SimHostImpl::run_domain(Domain& d) {
   std::unique_lock lk(mu_);
   while (!d.dying) {
     module_poll_locked(d);
+    if (d.clock_seen != clock_advances_) {  // advance_clock waits for this
+      d.clock_seen = clock_advances_;
+      cv_.notify_all();
+    }
     Vcpu* next = nullptr;
     for (unsigned k = 0; k < d.vcpus.size(); ++k) {
       Vcpu& c = *d.vcpus[(d.rr_next + k) % d.vcpus.size()];
@@ -383,7 +417,7 @@ void SimHostImpl::run_domain(Domain& d) {
     }
     if (!next) {
       if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
-        cv_.wait_until(lk, *deadline);
+        clock_->wait_until(cv_, lk, *deadline);
       else
         cv_.wait(lk);
       continue;
@@ -789,6 +823,23 @@ Result<std::uint64_t> SimHostImpl::executions(DomId id, std::uint64_t va) {
   auto it = d->executions.find(va);
   if (it == d->executions.end()) return fail(Errc::NotFound, "sim: executions at this address are not counted");
   return it->second;
+}
+
+Result<void> SimHostImpl::advance_clock(std::chrono::milliseconds by) {
+  std::unique_lock lk(mu_);
+  if (!clock_->manual()) return fail(Errc::InvalidArgument, "sim: advance_clock needs SimOptions::manual_clock");
+  if (by.count() < 0) return fail(Errc::InvalidArgument, "sim: the clock does not go back");
+  clock_->advance(by);
+  const std::uint64_t gen = ++clock_advances_;
+  cv_.notify_all();
+  // Every live domain's scheduler runs module_poll_locked at the top of its loop: between two
+  // quanta, or at once when it waits with nothing to run (the notification above).
+  const bool polled = cv_.wait_for(lk, std::chrono::seconds(30), [&] {
+    return std::all_of(domains_.begin(), domains_.end(),
+                       [&](const auto& e) { return e.second->dying || e.second->clock_seen >= gen; });
+  });
+  if (!polled) return fail(Errc::TimedOut, "sim: a domain's scheduler did not look at the advanced clock within 30 s");
+  return {};
 }
 
 Result<unsigned> SimHostImpl::pause_count(DomId id) {

@@ -33,6 +33,7 @@ class SimHostImpl final : public SimHost {
   std::uint64_t op_count(Op) const override;
   std::uint64_t total_calls() const override;
   void reset_counts() override;
+  Result<void> advance_clock(std::chrono::milliseconds) override;
   Result<unsigned> pause_count(DomId) override;
   Result<std::uint64_t> executions(DomId, std::uint64_t va) override;
   Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) override;
@@ -90,7 +91,7 @@ class SimHostImpl final : public SimHost {
   // Scheduler: answers, timeouts and quiescence for the domain's waiting vCPUs.
   void module_poll_locked(Domain&);
   // When the scheduler must look again although nothing else happens (the earliest timeout).
-  std::optional<std::chrono::steady_clock::time_point> module_deadline_locked(const Domain&) const;
+  std::optional<ModuleClock::time_point> module_deadline_locked(const Domain&) const;
   void module_quiesce_request_locked(Domain&, const std::string& value);
   void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED and the fallback, unless claimed
   void module_fallback_locked(Domain&, Vcpu&, const xenprobes_trap&, VcpuRegs);
@@ -100,6 +101,8 @@ class SimHostImpl final : public SimHost {
   SimOptions opts_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::unique_ptr<ModuleClock> clock_;  // the guest module's (guarded by mu_)
+  std::uint64_t clock_advances_ = 0;    // advance_clock calls so far
   std::map<DomId, std::unique_ptr<Domain>> domains_;
   std::uint32_t next_domid_ = 1;
   std::map<std::string, std::string> store_;

@@ -20,6 +20,45 @@ namespace xenprobes::hv::sim {
 
 class SimXenHandle;
 
+// The clock the simulated guest module measures its waits with: when a hit's timeout_ms and
+// claim bound run out (sim_module.cpp). Used with the host mutex held. Real time, or a manual
+// clock that only SimHost::advance_clock moves (SimOptions::manual_clock).
+class ModuleClock {
+ public:
+  using time_point = std::chrono::steady_clock::time_point;
+  virtual ~ModuleClock() = default;
+  virtual time_point now() const = 0;
+  // The scheduler, with nothing to run, waits for a notification or until the clock reaches t.
+  virtual void wait_until(std::condition_variable&, std::unique_lock<std::mutex>&, time_point t) const = 0;
+  virtual bool manual() const = 0;
+  // Manual clocks only.
+  virtual void advance(std::chrono::milliseconds) {}
+};
+
+class RealClock final : public ModuleClock {
+ public:
+  time_point now() const override { return std::chrono::steady_clock::now(); }
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lk, time_point t) const override {
+    cv.wait_until(lk, t);
+  }
+  bool manual() const override { return false; }
+};
+
+// Starts at the real time of its creation and moves only when advanced; the scheduler then
+// waits for a notification only (advance_clock notifies after moving it).
+class ManualClock final : public ModuleClock {
+ public:
+  time_point now() const override { return now_; }
+  void wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lk, time_point) const override {
+    cv.wait(lk);
+  }
+  bool manual() const override { return true; }
+  void advance(std::chrono::milliseconds by) override { now_ += by; }
+
+ private:
+  time_point now_ = std::chrono::steady_clock::now();
+};
+
 // A pollable counter (eventfd) that handles expose as their xs/evtchn/ring fds.
 class EventFd {
  public:
@@ -86,7 +125,7 @@ struct Vcpu {
   // at module_deadline (timeout_ms) unless Dom0 claimed the hit, then at module_claim_deadline
   // (the claim bound, protocol.h); both counted from the hit.
   bool module_wait = false;
-  std::chrono::steady_clock::time_point module_deadline, module_claim_deadline;
+  ModuleClock::time_point module_deadline, module_claim_deadline;  // on the host's ModuleClock
   std::uint32_t module_seq = 0;
   xenprobes_trap module_entry{};
   VcpuRegs module_regs;
@@ -122,6 +161,7 @@ struct GuestPort {
 
 struct Domain {
   DomId id;
+  DomainHandle handle{};  // xen_domain_handle_t: distinct for every domain the process creates
   DomainConfig cfg;
   std::shared_ptr<GuestRam> ram;
   std::uint64_t mfn_base = 0;  // PV: MFN = GFN + mfn_base; HVM: 0
@@ -157,6 +197,9 @@ struct Domain {
   std::map<std::uint64_t, std::uint64_t> executions;
 
   std::thread thread;
+  // The last advance of the manual clock (SimHostImpl::clock_advances_) the scheduler has run
+  // the module's timeouts against.
+  std::uint64_t clock_seen = 0;
   int running_vcpu = -1;
   unsigned rr_next = 0;
 

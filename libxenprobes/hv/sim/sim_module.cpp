@@ -266,7 +266,7 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
     gp->second.peer->raise_port(gp->second.peer_port);
   // Step 2: only this vCPU waits (SCHEDOP_poll with a timeout, in a real module).
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_->now();
   v.module_wait = true;
   v.module_deadline = now + std::chrono::milliseconds(m.timeout_ms);
   v.module_claim_deadline = now + claim_bound(m.timeout_ms);
@@ -281,7 +281,7 @@ void SimHostImpl::module_poll_locked(Domain& d) {
   // A paused or dead guest runs no hook: it neither sees answers nor times out until it runs.
   if (!m.present || d.dying || d.crashed || d.pause_count > 0) return;
   if (m.waiters) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock_->now();
     for (auto& vp : d.vcpus) {
       Vcpu& v = *vp;
       if (!v.module_wait) continue;
@@ -313,7 +313,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
   ModuleState& m = d.module;
   std::uint8_t* mb = mailbox(d, v.id);
   std::atomic_ref<std::uint32_t> state(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
-  const bool past_bound = std::chrono::steady_clock::now() >= v.module_claim_deadline;
+  const bool past_bound = clock_->now() >= v.module_claim_deadline;
   std::uint32_t from = XENPROBES_MBOX_HIT;
   bool claim_expired = false;  // Dom0 died or hung in a handler
   for (unsigned tries = 0;; ++tries) {
@@ -446,12 +446,12 @@ bool SimHostImpl::module_quiescent_locked(Domain& d) {
   return true;
 }
 
-std::optional<std::chrono::steady_clock::time_point> SimHostImpl::module_deadline_locked(const Domain& d) const {
+std::optional<ModuleClock::time_point> SimHostImpl::module_deadline_locked(const Domain& d) const {
   if (!d.module.present || !d.module.waiters || d.pause_count > 0) return std::nullopt;
   // Past its timeout a vCPU still waits only on a claim: until the claim bound, or until Dom0
   // answers or gives the hit back, either of which it notifies (waking the scheduler).
-  const auto now = std::chrono::steady_clock::now();
-  std::optional<std::chrono::steady_clock::time_point> first;
+  const auto now = clock_->now();
+  std::optional<ModuleClock::time_point> first;
   for (const auto& vp : d.vcpus) {
     if (!vp->module_wait) continue;
     const auto t = now < vp->module_deadline ? vp->module_deadline : vp->module_claim_deadline;

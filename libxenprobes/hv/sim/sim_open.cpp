@@ -1,4 +1,6 @@
-// open_default_sim(): what XENPROBES_BACKEND=sim gives a program.
+// open_default_sim(): what XENPROBES_BACKEND=sim gives a program. Its variables are read with
+// secure_getenv (XENPROBES_SIM_GUEST names a file it reads): a privileged-at-exec program
+// ignores them.
 #include <cstdlib>
 #include <cstring>
 
@@ -9,7 +11,7 @@ namespace xenprobes::hv::sim {
 namespace {
 
 Result<unsigned> env_uint(const char* name, unsigned dflt, unsigned lo, unsigned hi) {
-  const char* s = std::getenv(name);
+  const char* s = ::secure_getenv(name);
   if (!s || !*s) return dflt;
   char* end = nullptr;
   unsigned long v = std::strtoul(s, &end, 10);
@@ -26,7 +28,7 @@ Result<std::unique_ptr<Hypervisor>> open_default_sim() {
   opts.gdbsx = XP_TRY(env_uint("XENPROBES_SIM_GDBSX", 1, 0, 1)) == 1;
   DomainConfig cfg;
   cfg.vcpus = XP_TRY(env_uint("XENPROBES_SIM_VCPUS", 2, 1, 8));
-  if (const char* t = std::getenv("XENPROBES_SIM_TYPE"); t && *t) {
+  if (const char* t = ::secure_getenv("XENPROBES_SIM_TYPE"); t && *t) {
     if (!std::strcmp(t, "pv"))
       cfg.type = GuestType::Pv;
     else if (!std::strcmp(t, "hvm") || !std::strcmp(t, "pvh"))
@@ -34,7 +36,7 @@ Result<std::unique_ptr<Hypervisor>> open_default_sim() {
     else
       return fail(Errc::InvalidArgument, std::string("XENPROBES_SIM_TYPE='") + t + "': expected pv, pvh or hvm");
   }
-  if (const char* g = std::getenv("XENPROBES_SIM_GUEST"); g && *g) cfg.image = g;
+  if (const char* g = ::secure_getenv("XENPROBES_SIM_GUEST"); g && *g) cfg.image = g;
   auto host = SimHost::create(opts);
   auto id = host->create_domain(cfg);
   if (!id) {

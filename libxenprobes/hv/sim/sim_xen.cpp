@@ -54,6 +54,7 @@ Result<Capabilities> SimXenHandle::capabilities() {
 DomainInfo SimXenHandle::info_locked(const Domain& d) const {
   DomainInfo i;
   i.domid = d.id;
+  i.handle = d.handle;
   i.type = d.cfg.type;
   i.guest_width = 8;
   i.vcpus = static_cast<unsigned>(d.vcpus.size());

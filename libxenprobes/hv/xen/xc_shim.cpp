@@ -511,6 +511,8 @@ void ext_state_prepare_set(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtS
 DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& x) {
   DomainInfo d;
   d.domid = DomId{x.domain};
+  static_assert(sizeof x.handle == std::tuple_size_v<DomainHandle>);
+  std::memcpy(d.handle.data(), x.handle, d.handle.size());
   d.type = (x.flags & XEN_DOMINF_hvm_guest) ? GuestType::Hvm : GuestType::Pv;
   d.guest_width = 8;  // PV: replaced by xc_domain_get_guest_width; HVM: per-vCPU mode (EFER.LMA)
   d.vcpus = x.max_vcpu_id == XEN_INVALID_MAX_VCPU_ID ? 0 : x.max_vcpu_id + 1;

@@ -580,8 +580,12 @@ TEST(DomainInfo, FromGetdomaininfo) {
   x.flags = XEN_DOMINF_hvm_guest | XEN_DOMINF_paused | XEN_DOMINF_debugged;
   x.max_vcpu_id = 3;
   x.nr_online_vcpus = 2;
+  for (unsigned i = 0; i < 16; ++i) x.handle[i] = static_cast<std::uint8_t>(0xa0 + i);
   DomainInfo d = domain_info_from_xen(x);
   EXPECT_EQ(d.domid, DomId{7});
+  EXPECT_EQ(d.handle, (DomainHandle{0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad,
+                                    0xae, 0xaf}))
+      << "the domain's unique handle (xen_domain_handle_t)";
   EXPECT_EQ(d.type, GuestType::Hvm);
   EXPECT_EQ(d.vcpus, 4u);
   EXPECT_EQ(d.online_vcpus, 2u);

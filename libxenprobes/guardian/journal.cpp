@@ -1,4 +1,4 @@
-#include "probe/journal.hpp"
+#include "guardian/journal.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include "common/log.hpp"
 
-namespace xenprobes::probe {
+namespace xenprobes::guardian {
 namespace {
 
 // A record's sequence word: odd while its writer changes it. Release on the way out so the
@@ -28,6 +28,8 @@ void end_update(Rec* r) {
 }
 
 void store32(std::uint32_t* p, std::uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+constexpr int kJournalSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -48,8 +50,13 @@ Result<std::unique_ptr<Journal>> Journal::create(JournalLimits lim) {
     ::close(fd);
     return fail_errno(e, "ftruncate of the guardian's journal");
   }
-  // Its size never changes: the guardian may trust fstat.
-  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // Its size never changes: the guardian may trust fstat (and refuses a journal without
+  // these seals, check_journal_fd).
+  if (::fcntl(fd, F_ADD_SEALS, kJournalSeals) < 0) {
+    int e = errno;
+    ::close(fd);
+    return fail_errno(e, "sealing the guardian's journal");
+  }
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     int e = errno;
@@ -109,8 +116,8 @@ std::uint32_t Journal::domain_index(DomId d) const {
   return it == domains_.end() ? ~0u : it->second;
 }
 
-Result<void> Journal::add_domain(DomId d, JournalChannel ch, std::uint8_t trap_byte, JournalMonitor mon,
-                                 unsigned vcpus) {
+Result<void> Journal::add_domain(DomId d, const hv::DomainHandle& handle, JournalChannel ch, std::uint8_t trap_byte,
+                                 JournalMonitor mon, unsigned vcpus) {
   std::uint32_t i = domain_index(d);
   if (i == ~0u) {
     if (free_domains_.empty()) {
@@ -125,6 +132,7 @@ Result<void> Journal::add_domain(DomId d, JournalChannel ch, std::uint8_t trap_b
   JournalDomainRec* r = dom_rec(i);
   begin_update(r);
   r->domid = d.value;
+  std::memcpy(r->handle, handle.data(), sizeof r->handle);
   r->channel = static_cast<std::uint8_t>(ch);
   r->trap_byte = trap_byte;
   r->monitor = static_cast<std::uint8_t>(mon);
@@ -319,8 +327,10 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
       continue;
     }
     by_dom[r.domid] = s.domains.size();
-    s.domains.push_back({DomId{r.domid}, JournalChannel(r.channel), r.trap_byte, JournalMonitor(r.monitor), r.vcpus,
-                         r.held_pauses, r.owed_unpauses});
+    JournalSnapshot::Domain d{DomId{r.domid}, {}, JournalChannel(r.channel), r.trap_byte, JournalMonitor(r.monitor),
+                              r.vcpus, r.held_pauses, r.owed_unpauses};
+    std::memcpy(d.handle.data(), r.handle, d.handle.size());
+    s.domains.push_back(d);
   }
   for (std::uint32_t i = 0; i < h.max_patches; ++i) {
     JournalPatchRec r;
@@ -357,7 +367,24 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
   return s;
 }
 
+Result<void> check_journal_fd(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) < 0) return fail_errno(errno, "fstat of the journal");
+  if (!S_ISREG(st.st_mode)) return fail(Errc::InvalidArgument, "the journal is not a memfd (not even a regular file)");
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return fail(Errc::InvalidArgument, "the journal is not a memfd (it takes no seals: " +
+                                           std::string(std::strerror(errno)) + ")");
+  if ((seals & kJournalSeals) != kJournalSeals)
+    return fail(Errc::InvalidArgument, "the journal is not sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW, "
+                                       "F_SEAL_SEAL): its size cannot be trusted");
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || (fl & O_ACCMODE) == O_WRONLY) return fail(Errc::InvalidArgument, "the journal is not open for reading");
+  return {};
+}
+
 Result<JournalSnapshot> read_journal_fd(int fd) {
+  XP_TRY(check_journal_fd(fd));
   struct stat st{};
   if (::fstat(fd, &st) < 0) return fail_errno(errno, "fstat of the journal");
   if (st.st_size < static_cast<off_t>(sizeof(JournalHeader)) || st.st_size > (off_t{1} << 30))
@@ -370,4 +397,4 @@ Result<JournalSnapshot> read_journal_fd(int fd) {
   return r;
 }
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guardian

@@ -1,6 +1,6 @@
-// Recovery from a journal (probe/journal.hpp): what the guardian does after the process that
-// patched the guests died without undoing it (docs/guardian.md). In the library so that the
-// simulated Xen can test it in-process; xenprobes-guardian calls it on the real Xen.
+// Recovery from a journal (guardian/journal.hpp): what the guardian does after the process
+// that patched the guests died without undoing it (docs/guardian.md). A library function so
+// that the simulated Xen can test it in-process; xenprobes-guardian calls it on the real Xen.
 #pragma once
 
 #include <functional>
@@ -8,13 +8,14 @@
 
 #include "common/log.hpp"
 #include "hv/hypervisor.hpp"
-#include "probe/journal.hpp"
+#include "guardian/journal.hpp"
 
-namespace xenprobes::probe {
+namespace xenprobes::guardian {
 
 struct RecoveryReport {
   unsigned domains = 0;           // journaled domains looked at
   unsigned gone = 0;              // skipped: dead or dying
+  unsigned reused = 0;            // skipped: the domid names another domain now (its handle differs)
   unsigned restored = 0;          // patches put back (text bytes, slot traps made jumps)
   unsigned already = 0;           // patches already undone
   unsigned left_alone = 0;        // patches whose bytes changed since: not touched
@@ -27,7 +28,8 @@ struct RecoveryReport {
 // Called for each line of the account (the guardian also sends them to syslog).
 using RecoveryLog = std::function<void(log::Level, const std::string&)>;
 
-// Best effort, per journaled domain that still exists: pause it; move vCPUs stopped on our
+// Best effort, per journaled domain that still exists with the journaled handle (a domid
+// another domain now holds is left alone): pause it; move vCPUs stopped on our
 // traps (and on the trampoline) to where they would have gone on; put back every patch whose
 // bytes are still exactly what we wrote (anything else is logged and left alone); give stack
 // slots that still hold the trampoline address their return address back; turn the channel
@@ -36,4 +38,4 @@ using RecoveryLog = std::function<void(log::Level, const std::string&)>;
 // does not say is ours. Skips a snapshot marked clean.
 RecoveryReport recover(hv::Hypervisor&, const JournalSnapshot&, const RecoveryLog& = {});
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guardian

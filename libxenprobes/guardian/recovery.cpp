@@ -1,4 +1,4 @@
-#include "probe/recovery.hpp"
+#include "guardian/recovery.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -12,7 +12,7 @@
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
 
-namespace xenprobes::probe {
+namespace xenprobes::guardian {
 namespace {
 
 class Account {
@@ -40,6 +40,14 @@ class Account {
 
 bool gone(const Error& e) { return e.code == Errc::NoSuchDomain; }
 
+// 8-4-4-4-12 hex digits, as xl prints a domain's UUID.
+std::string uuid(const hv::DomainHandle& h) {
+  char s[40];
+  std::snprintf(s, sizeof s, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2],
+                h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]);
+  return s;
+}
+
 void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalSnapshot::Domain& jd,
                     RecoveryReport& rep, Account& acc) {
   const DomId dom = jd.domid;
@@ -48,6 +56,17 @@ void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalS
   if (!info || info->dying) {
     rep.gone++;
     acc.say(log::Level::Warn, "domain %u: %s; skipped", dom.value, info ? "dying" : "gone");
+    return;
+  }
+  if (info->handle != jd.handle) {
+    // The journaled domain is gone and another one was given its domid: nothing of ours is
+    // in it, and pausing it, moving its vCPUs or turning its debugger/monitor off would
+    // only harm it (or another tool using it).
+    rep.reused++;
+    acc.say(log::Level::Error,
+            "domain %u: refusing to recover: its handle is %s, the journal's is %s (the journaled domain is gone "
+            "and its domid was reused); not touched",
+            dom.value, uuid(info->handle).c_str(), uuid(jd.handle).c_str());
     return;
   }
   rep.domains++;
@@ -251,4 +270,4 @@ RecoveryReport recover(hv::Hypervisor& hv, const JournalSnapshot& s, const Recov
   return rep;
 }
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guardian

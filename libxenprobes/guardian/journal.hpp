@@ -2,7 +2,7 @@
 // shared memory file (memfd, MAP_SHARED) with plain stores, so a separate process — the
 // guardian, xenprobes-guardian — can undo it after the owner was killed (docs/guardian.md).
 //
-//   offset 0                 JournalHeader (128 bytes)
+//   offset 0                 JournalHeader (128 bytes; version 2)
 //   header.domains_off       max_domains × JournalDomainRec (64 bytes)
 //   header.patches_off       max_patches × JournalPatchRec  (64 bytes)
 //   header.returns_off       max_returns × JournalReturnRec (48 bytes)
@@ -13,6 +13,11 @@
 // return address) and removes it only *after* undoing that change, so a record torn on
 // either side never hides something to undo. The two counters of a domain record are single
 // aligned 32-bit words written in place.
+//
+// A domain is named by its domid and its handle (xen_domain_handle_t): a domid is reused once
+// its domain is gone, and recovery acts only on the domain whose handle the journal holds.
+// Version 1 journals had no handle: this reader refuses them (a library and a guardian from
+// different builds), so nothing is done to a domain it cannot tell from its successor.
 //
 // The reader treats the file as hostile input: every size, offset, count and field is
 // checked; a journal that fails the header checks is refused as a whole.
@@ -28,12 +33,13 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "hv/hypervisor.hpp"
 #include "xenprobes/types.hpp"
 
-namespace xenprobes::probe {
+namespace xenprobes::guardian {
 
 inline constexpr std::uint64_t kJournalMagic = 0x314c4e524a505830ull;  // "0XPJRNL1" little-endian
-inline constexpr std::uint32_t kJournalVersion = 1;
+inline constexpr std::uint32_t kJournalVersion = 2;
 inline constexpr std::size_t kJournalMaxBytes = 8 * 4096;  // bytes of one patch (written / restore)
 inline constexpr std::uint32_t kJournalMaxRecords = 1u << 20;  // per table, for the reader's checks
 
@@ -72,7 +78,8 @@ struct JournalDomainRec {
   // Written in place, not under seq:
   std::uint32_t held_pauses;    // the engine's own pause of the domain (0 or 1)
   std::uint32_t owed_unpauses;  // debugger channel: stops resumed whose pause is not released yet
-  std::uint8_t reserved[36];
+  std::uint8_t handle[16];      // the domain's xen_domain_handle_t
+  std::uint8_t reserved[20];
 };
 static_assert(sizeof(JournalDomainRec) == 64);
 
@@ -112,7 +119,8 @@ struct JournalLimits {
 // The writer, in the process that patches the guests. Not thread-safe (the engine is not).
 class Journal {
  public:
-  // A memfd of the right size, mapped shared, with an empty journal in it.
+  // A memfd of the right size, sealed against resizing, mapped shared, with an empty journal
+  // in it.
   static Result<std::unique_ptr<Journal>> create(JournalLimits = {});
   ~Journal();
   Journal(const Journal&) = delete;
@@ -126,7 +134,8 @@ class Journal {
   void set_clean(bool);
   bool empty() const;  // no record in use
 
-  [[nodiscard]] Result<void> add_domain(DomId, JournalChannel, std::uint8_t trap_byte, JournalMonitor, unsigned vcpus);
+  [[nodiscard]] Result<void> add_domain(DomId, const hv::DomainHandle&, JournalChannel, std::uint8_t trap_byte,
+                                        JournalMonitor, unsigned vcpus);
   bool has_domain(DomId d) const { return domains_.contains(d.value); }
   void remove_domain(DomId);  // with every patch and return of the domain
   void set_held_pause(DomId, bool held);
@@ -168,6 +177,7 @@ struct JournalSnapshot {
   std::uint32_t refused = 0;
   struct Domain {
     DomId domid;
+    hv::DomainHandle handle{};
     JournalChannel channel;
     std::uint8_t trap_byte = 0;
     JournalMonitor monitor = JournalMonitor::None;
@@ -197,7 +207,11 @@ struct JournalSnapshot {
 
 // Validates and reads a journal image (a copy: the reader never keeps pointers into it).
 [[nodiscard]] Result<JournalSnapshot> read_journal(std::span<const std::byte>);
-// Maps the file read-only (its size from fstat) and reads it.
+// What the guardian was handed as its journal is one: a memfd (a regular file that takes
+// seals) sealed against shrinking, growing and further seals, so that its size is the one
+// the writer gave it, opened for reading.
+[[nodiscard]] Result<void> check_journal_fd(int fd);
+// check_journal_fd, then maps the file read-only (its size from fstat) and reads it.
 [[nodiscard]] Result<JournalSnapshot> read_journal_fd(int fd);
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guardian
