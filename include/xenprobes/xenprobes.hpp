@@ -122,7 +122,8 @@ class XENPROBES_API Probe {
   Result<void> enable();
   Result<void> disable();
   // Restores the bytes. A probe whose domain the session already dropped (the domain died or
-  // its guest module withdrew) has nothing left to restore: success.
+  // its guest module withdrew) has nothing left to restore: success. On any other failure the
+  // handle keeps the probe (it may still be armed): call unregister() again.
   Result<void> unregister();
   ProbeStats stats() const;
   Result<ProbeInfo> info() const;

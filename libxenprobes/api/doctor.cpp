@@ -7,7 +7,7 @@
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 #include "xenprobes/protocol.h"
 
 namespace xenprobes {
@@ -21,9 +21,9 @@ const char* type_name(const DomainReport& d) {
 // Reads and validates the module's keys the way an attach would (hostile input), through a
 // read-only view of the guest's page tables.
 void check_module(hv::Hypervisor& hv, const hv::DomainInfo& info, DomainReport& r) {
-  auto version = hv.xs_read(probe::module_key(info.domid, XENPROBES_XS_VERSION));
+  auto version = hv.xs_read(guestmod::module_key(info.domid, XENPROBES_XS_VERSION));
   if (!version) {
-    r.module_problem = version.error().code == Errc::NotFound ? "not loaded (no " + probe::module_dir(info.domid) + ")"
+    r.module_problem = version.error().code == Errc::NotFound ? "not loaded (no " + guestmod::module_dir(info.domid) + ")"
                                                               : version.error().what;
     return;
   }
@@ -40,7 +40,7 @@ void check_module(hv::Hypervisor& hv, const hv::DomainInfo& info, DomainReport& 
     return;
   }
   memory.set_context(*ctx);
-  auto mi = probe::read_module_info(hv, info.domid, probe::check_mapped_via(memory));
+  auto mi = guestmod::read_module_info(hv, info.domid, guestmod::check_mapped_via(memory));
   if (!mi) {
     r.module_problem = mi.error().what;
     return;
@@ -57,7 +57,7 @@ ChannelCheck check_guest(hv::Hypervisor& hv, const DomainReport& r) {
     return c;
   }
   for (const char* key : {XENPROBES_XS_CONTROL_ADDR, XENPROBES_XS_EVTCHN}) {
-    if (!hv.xs_read(probe::module_key(r.domid, key))) {
+    if (!hv.xs_read(guestmod::module_key(r.domid, key))) {
       c.detail = std::string("the module publishes no ") + key + " (a module without the guest channel)";
       return c;
     }

@@ -12,7 +12,7 @@
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 #include "xp_logic.h"  // the guest module's own decoder (guest-module/, linked into xp_common)
 
 namespace xenprobes::channel {
@@ -145,13 +145,13 @@ Result<void> GuestChannel::attach(DomId dom) {
   mem::GuestMemory memory(source);
   hv::VcpuRegs r0 = XP_TRY(hv_.get_vcpu_regs(dom, VcpuId{0}));
   memory.set_context(XP_TRY(mem::paging_context(info, r0)));
-  auto mi = probe::read_module_info(hv_, dom, probe::check_mapped_via(memory));
+  auto mi = guestmod::read_module_info(hv_, dom, guestmod::check_mapped_via(memory));
   if (!mi) {
     Error e = mi.error();
     e.what = "the guest channel needs the guest module: " + e.what;
     return std::unexpected(e);
   }
-  probe::GuestChannelInfo gc = XP_TRY(probe::read_guest_channel_info(hv_, dom, *mi));
+  guestmod::GuestChannelInfo gc = XP_TRY(guestmod::read_guest_channel_info(hv_, dom, *mi));
   const std::string where = ds + ": the guest module's control area at " + hex(gc.control.value);
 
   // Translate every page; each must be mapped writable by the guest, and no frame twice
@@ -248,7 +248,7 @@ Result<void> GuestChannel::detach(DomId dom) {
   // A module that removed `state` is leaving and may free the area (protocol.h): not a byte
   // more from Dom0 then. (Between hits nothing else tells; the engine is expected to detach
   // when it sees `state` go.)
-  auto st = hv_.xs_read(probe::module_key(dom, XENPROBES_XS_STATE));
+  auto st = hv_.xs_read(guestmod::module_key(dom, XENPROBES_XS_STATE));
   if (st && *st == XENPROBES_XS_STATE_READY) {
     // Count first: from then on the module sees no entry, whatever the entries still hold.
     set_nr_traps(a, 0);
@@ -303,11 +303,11 @@ void GuestChannel::set_nr_traps(Attached& a, std::size_t n) {
 
 bool GuestChannel::in_oea(DomId dom, Attached& a, Gva addr) {
   auto known = [&] {
-    return std::any_of(a.oea.begin(), a.oea.end(), [&](const probe::OeaArea& o) { return o.contains(addr); });
+    return std::any_of(a.oea.begin(), a.oea.end(), [&](const guestmod::OeaArea& o) { return o.contains(addr); });
   };
   if (known()) return true;
   // Only the bounds matter here (the engine checked the pages when it took the area).
-  auto mi = probe::read_module_info(hv_, dom, [](Gva) -> Result<void> { return {}; });
+  auto mi = guestmod::read_module_info(hv_, dom, [](Gva) -> Result<void> { return {}; });
   if (!mi) return false;
   a.oea = mi->areas;
   return known();
@@ -538,7 +538,7 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     auto late = [&] {
       // As common as hung handlers, or as a hostile guest likes: the first few are warnings.
       if (++a->stats.late <= kRejectWarnings)
-        XP_LOG(Warn, "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
+        XP_LOG_RATELIMITED(Warn, "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
                      "bound) before the handlers finished: answer dropped, guest memory they wrote stays written%s",
                dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str(),
                a->stats.late == kRejectWarnings ? " (further ones: debug log)" : "");

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "channel/channel.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 #include "xenprobes/protocol.h"
 
 namespace xenprobes::channel {
@@ -105,7 +105,7 @@ class GuestChannel final : public Channel {
     hv::ForeignMapping map;
     Layout layout;
     hv::EvtchnPort port = 0;
-    std::vector<probe::OeaArea> oea;    // the module's areas as last read
+    std::vector<guestmod::OeaArea> oea;    // the module's areas as last read
     // The module emulates jmp/call through a register (one that publishes module-text: both
     // came in the same version; an older one would oops the guest on such a fallback).
     bool register_branches = false;

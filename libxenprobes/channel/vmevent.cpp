@@ -293,7 +293,7 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
   // answer, or its ring slot is never given back.
   rsp.flags = req.flags & hv::kVmEventFlagVcpuPaused;
   if (!(req.flags & hv::kVmEventFlagVcpuPaused)) {
-    XP_LOG(Warn, "%s vcpu %u: vm_event request without a paused vCPU (reason %u): nothing to resume",
+    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: vm_event request without a paused vCPU (reason %u): nothing to resume",
            dom_str(dom).c_str(), req.vcpu, static_cast<unsigned>(req.reason));
     return rsp;
   }
@@ -307,11 +307,11 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
     if (auto r = hv_.inject_event(dom, VcpuId{req.vcpu}, kVectorDebug, kHwException, kNoErrorCode, 0); r)
       ++counters_.injected;
     else
-      XP_LOG(Error, "%s vcpu %u: cannot hand its #DB back: %s", dom_str(dom).c_str(), req.vcpu,
+      XP_LOG_RATELIMITED(Error, "%s vcpu %u: cannot hand its #DB back: %s", dom_str(dom).c_str(), req.vcpu,
              r.error().what.c_str());
     return rsp;
   } else {
-    XP_LOG(Warn, "%s vcpu %u: unexpected vm_event reason %u: resumed unchanged", dom_str(dom).c_str(), req.vcpu,
+    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: unexpected vm_event reason %u: resumed unchanged", dom_str(dom).c_str(), req.vcpu,
            static_cast<unsigned>(req.reason));
     return rsp;
   }
@@ -382,7 +382,7 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
     return rsp;
   }
   if (s.emulate)
-    XP_LOG(Warn, "%s vcpu %u: emulation asked with rip moved from %s to %s: resumed at the new rip",
+    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: emulation asked with rip moved from %s to %s: resumed at the new rip",
            dom_str(dom).c_str(), req.vcpu, hex(trap.value).c_str(), hex(s.regs.rip).c_str());
   rsp.flags |= hv::kVmEventFlagSetRegisters;
   rsp.regs = s.regs;
@@ -407,7 +407,7 @@ void VmEventChannel::hand_back(DomId dom, const hv::VmEventRequest& req, std::ui
   if (!r) {
     // Not injected (EBUSY: another event is pending on that vCPU): RIP still points at the
     // trap, so the vCPU executes it again and comes back.
-    XP_LOG(Warn, "%s vcpu %u: cannot hand the guest its own %s at %s back (%s): it will retry",
+    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: cannot hand the guest its own %s at %s back (%s): it will retry",
            dom_str(dom).c_str(), req.vcpu, int3 ? "int3" : "ICEBP", hex(req.regs.rip).c_str(), r.error().what.c_str());
     return;
   }
@@ -420,7 +420,7 @@ bool VmEventChannel::byte_still_there(DomId dom, const hv::VmEventRequest& req, 
   const Frame f{req.gfn};
   auto m = hv_.map_frames(dom, std::span(&f, 1), hv::MapAccess::Read);
   if (!m) {
-    XP_LOG(Warn, "%s: cannot read the trap at %s (%s): taken for the guest's own", dom_str(dom).c_str(),
+    XP_LOG_RATELIMITED(Warn, "%s: cannot read the trap at %s (%s): taken for the guest's own", dom_str(dom).c_str(),
            hex(req.regs.rip).c_str(), m.error().what.c_str());
     return true;
   }

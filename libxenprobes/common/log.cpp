@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace xenprobes::log {
 namespace {
@@ -23,10 +24,32 @@ std::atomic<Level>& current() {
   return l;
 }
 
+std::atomic<std::uint64_t> g_suppressed{0};
+
 }  // namespace
 
 Level level() { return current().load(std::memory_order_relaxed); }
 void set_level(Level l) { current().store(l, std::memory_order_relaxed); }
+
+std::uint64_t suppressed_total() { return g_suppressed.load(std::memory_order_relaxed); }
+void count_suppressed() { g_suppressed.fetch_add(1, std::memory_order_relaxed); }
+
+bool RateLimit::allow(Clock::time_point now, std::uint64_t* dropped) {
+  std::lock_guard lock(mu_);
+  if (in_window_ == 0 || now - window_ >= interval_ || now < window_) {
+    window_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= burst_) {
+    ++pending_;
+    total_.fetch_add(1, std::memory_order_relaxed);
+    count_suppressed();
+    return false;
+  }
+  ++in_window_;
+  *dropped = std::exchange(pending_, 0);
+  return true;
+}
 
 void write(Level l, const char* fmt, ...) {
   static const char* names[] = {"debug", "info", "warn", "error", "off"};

@@ -1,5 +1,5 @@
 #include "common/hex.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 
 #include <algorithm>
 #include <cinttypes>
@@ -10,7 +10,7 @@
 #include "mem/guest_memory.hpp"
 #include "xenprobes/protocol.h"
 
-namespace xenprobes::probe {
+namespace xenprobes::guestmod {
 
 namespace {
 
@@ -348,4 +348,4 @@ CheckMapped check_mapped_via(mem::GuestMemory& memory) {
   };
 }
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guestmod

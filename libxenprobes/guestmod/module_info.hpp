@@ -20,7 +20,7 @@ namespace xenprobes::mem {
 class GuestMemory;
 }
 
-namespace xenprobes::probe {
+namespace xenprobes::guestmod {
 
 // One out-of-line execution area: [addr, addr + size), guest-virtual.
 struct OeaArea {
@@ -143,4 +143,4 @@ CheckMapped check_mapped_via(mem::GuestMemory& memory);
 // A hostile value made safe for an error message: printable ASCII, at most 40 characters.
 std::string sanitize(std::string_view s);
 
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guestmod

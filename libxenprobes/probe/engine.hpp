@@ -17,9 +17,10 @@
 #include "kernel/tables.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
-#include "probe/module_info.hpp"
-#include "probe/journal.hpp"
+#include "guestmod/module_info.hpp"
+#include "guardian/journal.hpp"
 #include "probe/oea_pool.hpp"
+#include "probe/patcher.hpp"
 #include "probe/slot_map.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
@@ -70,7 +71,7 @@ class Engine final : public channel::StopSink {
 
   // A domain is gone (released): forget it without touching it.
   void forget(DomId);
-  // The guardian's journal (probe/journal.hpp). Domains the session journaled (debugger and
+  // The guardian's journal (guardian/journal.hpp). Domains the session journaled (debugger and
   // vmevent channels) get every patch, pause and return-probe instance recorded in it.
   void set_journal(Journal* j) { journal_ = j; }
   // Test hook: drops every domain without restoring anything, as a killed process would
@@ -135,6 +136,8 @@ class Engine final : public channel::StopSink {
     // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
     // channel must still find it (and rewind it) until the next flush.
     bool flush_pending = false;
+    // The trap byte over the instruction: applied while armed, restored while flush_pending.
+    std::optional<Patch> text;
     std::vector<Registration*> regs;  // registration order
   };
   // A slot trap that still resolves after its point went away (until the slot is reclaimed).
@@ -145,6 +148,14 @@ class Engine final : public channel::StopSink {
     // A branch after a 1-byte probed instruction, emulated at this trap (see Point::next).
     std::optional<x86::Insn> emulate_next;
     x86::Plan emulate_plan = x86::Plan::EmulateBranch;
+    Patch patch;    // the slot's code; forgotten (entry and journal record) when the slot is reclaimed
+  };
+  // A slot written for a point and not yet its own (adopt_slot): dropping it undoes it.
+  struct NewSlot {
+    Gva slot;
+    bool trap_tail = false;
+    Gva resume;
+    Patch patch;
   };
   struct Domain {
     DomId id;
@@ -177,6 +188,7 @@ class Engine final : public channel::StopSink {
     // unregister is caught. Live instances by stack slot; `returned` remembers where calls
     // that lost their instance (unregistered, reclaimed) return to, in case one still comes.
     std::optional<Gva> trampoline;
+    Patch trampoline_patch;
     SlotMap<Instance> live_returns;
     struct Returned {
       std::uint64_t ret;
@@ -209,8 +221,14 @@ class Engine final : public channel::StopSink {
   Result<std::vector<std::uint8_t>> read_text(Domain&, Gva start, std::uint64_t size);
   kernel::RuleContext rule_context(const Domain&) const;
   bool uses_slot(const Point&) const;
-  // Allocates and writes a new slot for the point; `before` receives what the slot held.
-  Result<void> write_slot(Domain&, Point&, bool trap_tail, std::array<std::uint8_t, 32>* before = nullptr);
+  // Patches guest code (probe/patcher.hpp): with the domain's channel and, when journaled, its journal.
+  Patcher patcher(Domain&);
+  // Allocates and writes a new slot for the point (an uncommitted patch: dropping it undoes
+  // it); adopt_slot() makes it the point's, releasing the one it had.
+  Result<NewSlot> write_slot(Domain&, const Point&, bool trap_tail);
+  void adopt_slot(Domain&, Point&, NewSlot&&);
+  // write_slot() then adopt_slot().
+  Result<void> replace_slot(Domain&, Point&, bool trap_tail);
   Result<void> arm(Domain&, Point&);
   Result<void> disarm(Domain&, Point&);
   Result<void> remove_now(ProbeId);
@@ -240,8 +258,10 @@ class Engine final : public channel::StopSink {
   channel::Verdict hit_trampoline(Domain&, channel::Stop&);
   // A return probe's entry: takes an instance and rewrites the return address (or counts a miss).
   void enter_return_probe(Domain&, Registration&, Ctx&);
-  // `before` (when given) receives what the slot held, for undoing a failed registration.
-  Result<Gva> ensure_trampoline(Domain&, std::array<std::uint8_t, kSlotSize>* before);
+  // The domain's return trampoline; made now if it has none (then `made` is set: the caller
+  // commits Domain::trampoline_patch, or undo_trampoline() takes it away again).
+  Result<Gva> ensure_trampoline(Domain&, bool* made);
+  void undo_trampoline(Domain&);
   // Frees the instance; its slot is remembered in Domain::returned when `remember`.
   void drop_instance(Domain&, Instance&, bool remember);
   // Instances whose stack slot no longer holds the trampoline address can never return
@@ -258,11 +278,6 @@ class Engine final : public channel::StopSink {
     return p.next && (p.next_plan == x86::Plan::EmulateBranch || p.next_plan == x86::Plan::EmulateLoaded);
   }
   void flush_deferred();
-  // The guardian's journal: a patch recorded before the guest sees it, forgotten after it
-  // is undone and no vCPU can still be stopped on it.
-  Result<void> journal_patch(Domain&, PatchKind, Gva, std::span<const std::uint8_t> written,
-                             std::span<const std::uint8_t> restore, Gva resume);
-  void unjournal_patch(Domain&, Gva);
 
   hv::Hypervisor& hv_;
   ChannelFor channel_for_;

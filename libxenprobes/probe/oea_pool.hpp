@@ -24,9 +24,11 @@
 
 #include "common/result.hpp"
 #include "common/types.hpp"
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 
 namespace xenprobes::probe {
+
+using guestmod::OeaArea;  // the module's published areas (guestmod/module_info.hpp)
 
 enum class SlotState : std::uint8_t { Clean, Used, Dirty };
 

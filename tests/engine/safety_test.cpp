@@ -239,5 +239,43 @@ TEST(KernelPageTables, AVcpuHoldingUserPageTablesDoesNotHideKernelText) {
   EXPECT_EQ(hits, expected_calls(DEMO_FN_GETPPID, 5));
 }
 
+// A removal that fails keeps the registration and the caller's handle: the probe may still be
+// armed, and a retry must find it instead of "succeeding" with the trap byte in the guest. The
+// second registration of a point exercises the slot move (its post-handler's trap tail goes).
+TEST(Unregister, AFailedUnregisterKeepsTheHandleAndARetryFinishesTheJob) {
+  ProbedGuest g;
+  auto layout = g.host->layout(g.dom);
+  const auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  const std::uint64_t at = g.sym("sys_getppid") + 0x38;  // boosted: a slot
+  auto first = g.session->probe(g.dom, Gva{at}, [](HitContext&) { return 0; });
+  ASSERT_TRUE(first) << first.error().what;
+  auto second = g.session->probe(g.dom, Gva{at}, {}, [](HitContext&) {});
+  ASSERT_TRUE(second) << second.error().what;
+  unsigned failures = 0;
+  for (std::uint64_t n = 0; n < 200; ++n) {
+    g.host->fail_nth_call(n, Errc::Io);
+    auto r = second->unregister();
+    g.host->clear_faults();
+    if (r) break;
+    ++failures;
+    EXPECT_TRUE(*second) << "fault at call " << n << ": the handle was dropped";
+    EXPECT_TRUE(second->info()) << "fault at call " << n << ": the registration is gone";
+    EXPECT_EQ(g.peek(at, 1)[0], trap_byte()) << "fault at call " << n << ": the point lost its trap";
+  }
+  EXPECT_GT(failures, 0u);
+  EXPECT_FALSE(*second);
+  ASSERT_TRUE(first->info());
+  EXPECT_EQ(first->info()->mode, ExecMode::Boosted) << "the post-handler's trap tail went with it";
+  for (std::uint64_t n = 0; n < 200; ++n) {
+    g.host->fail_nth_call(n, Errc::Io);
+    auto r = first->unregister();
+    g.host->clear_faults();
+    if (r) break;
+    EXPECT_TRUE(*first) << "fault at call " << n;
+  }
+  EXPECT_FALSE(*first);
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "text restored exactly";
+}
+
 }  // namespace
 }  // namespace xenprobes::testing

@@ -5,12 +5,12 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "probe/module_info.hpp"
+#include "guestmod/module_info.hpp"
 #include "probe/oea_pool.hpp"
 #include "sim/sim_fixture.hpp"
 #include "xenprobes/protocol.h"
 
-namespace xenprobes::probe {
+namespace xenprobes::guestmod {
 namespace {
 
 using testing::SimGuest;
@@ -61,7 +61,7 @@ TEST_F(ModuleInfoTest, ReadsWhatTheDemoGuestPublishes) {
   EXPECT_EQ(r->nr_cpus, 1u);
   ASSERT_EQ(r->areas.size(), 1u);
   EXPECT_EQ(r->areas[0], (OeaArea{Gva{layout.oea_addr}, layout.oea_size}));
-  auto pool = OeaPool::create(r->areas);
+  auto pool = probe::OeaPool::create(r->areas);
   ASSERT_TRUE(pool.has_value());
   EXPECT_EQ(pool->total(), layout.oea_size / 32);
   // The module's own text: like a real module's, it holds the OEA pool (oea/0 here).
@@ -280,7 +280,7 @@ TEST_F(ModuleInfoTest, UnmappedPageRefused) {
 TEST_F(ModuleInfoTest, GrowthRequestAndReRead) {
   auto first = read();
   ASSERT_TRUE(first.has_value());
-  auto pool = OeaPool::create(first->areas);
+  auto pool = probe::OeaPool::create(first->areas);
   ASSERT_TRUE(pool.has_value());
 
   EXPECT_EQ(request_growth(*g.hv, g.dom, 0).error().code, Errc::InvalidArgument);
@@ -566,4 +566,4 @@ TEST_F(ModuleInfoTest, ModuleTextReadErrorsPropagate) {
 }
 
 }  // namespace
-}  // namespace xenprobes::probe
+}  // namespace xenprobes::guestmod

@@ -1,0 +1,68 @@
+// Arming and disarming a point's trap byte through the Patcher, and the flush that lets the
+// channel and the journal forget a disarmed one.
+#include "probe/engine_internal.hpp"
+
+namespace xenprobes::probe {
+
+Patcher Engine::patcher(Domain& d) { return Patcher(*d.memory, *d.ch, d.journaled ? journal_ : nullptr, d.id); }
+
+Result<void> Engine::arm(Domain& d, Point& p) {
+  if (p.armed) return {};
+  // Never a trap over bytes we did not decode: the guest may have rewritten the instruction
+  // since (a static key flipped while the probe was disabled, a module unloaded and another
+  // loaded at the address). Its slot copy would then run the old instruction.
+  auto text_changed = [&](const Error& e) {
+    if (e.code != Errc::Again) return e;
+    return Error{Errc::Again, hex(p.addr.value) + ": refused by rule 'text-changed': the guest rewrote the instruction "
+                              "since it was decoded (" + p.insn.describe() + "; " + e.what +
+                              "); unregister the probe and register it again to decode it afresh"};
+  };
+  if (p.text) {
+    // Restored, not flushed yet: the channel and the journal still have it.
+    if (auto r = p.text->reapply(trap_entry(p)); !r) return std::unexpected(text_changed(r.error()));
+  } else {
+    PatchSpec spec;
+    spec.at = p.addr;
+    spec.bytes = {d.ch->trap_byte()};
+    spec.expect.assign(p.original.begin(), p.original.begin() + p.insn.length);
+    spec.trap = trap_entry(p);  // the channel learns of the trap before the guest can execute it
+    spec.journal = PatchSpec::Record{PatchKind::Text, p.addr, {d.ch->trap_byte()}, {p.original[0]}, p.addr};
+    auto patch = patcher(d).apply(std::move(spec));
+    if (!patch) return std::unexpected(text_changed(patch.error()));
+    patch->commit();
+    p.text = std::move(*patch);
+  }
+  p.armed = true;
+  return {};
+}
+
+Result<void> Engine::disarm(Domain& d, Point& p) {
+  if (!p.armed) return {};
+  XP_LOG(Debug, "domain %u: disarm %s", d.id.value, hex(p.addr.value).c_str());
+  // Restore only our own byte: if the guest rewrote the site meanwhile, writing the saved
+  // byte back would corrupt its new instruction.
+  const bool ours = XP_TRY(p.text->restore());
+  if (!ours) {
+    XP_LOG(Warn, "domain %u: %s no longer holds our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
+           d.id.value, hex(p.addr.value).c_str());
+    ++d.text_changed;
+  }
+  p.armed = false;
+  p.flush_pending = true;
+  return {};
+}
+
+Result<void> Engine::flush(Domain& d) {
+  XP_TRY(d.ch->flush(d.id, *this));
+  // No vCPU is stopped on a restored byte any more: the channel may forget it.
+  for (auto& [addr, p] : d.points) {
+    if (p->flush_pending && !p->armed && p->text) {
+      p->text->forget();
+      p->text.reset();
+    }
+    p->flush_pending = false;
+  }
+  return {};
+}
+
+}  // namespace xenprobes::probe

@@ -1,0 +1,191 @@
+// Preparing a probe point: where it goes (entry placement), decoding, the address rules, and
+// the channel's trap entry for it.
+#include "probe/engine_internal.hpp"
+
+#include "x86/relocate.hpp"
+
+namespace xenprobes::probe {
+
+namespace {
+
+constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // larger "functions" are symbol gaps
+
+}  // namespace
+
+kernel::RuleContext Engine::rule_context(const Domain& d) const {
+  kernel::RuleContext c;
+  c.tables = d.tables ? &*d.tables : nullptr;
+  c.syms = d.syms ? &*d.syms : nullptr;
+  c.module_text = d.module_text;
+  c.guest_channel = d.ch && std::string_view(d.ch->name()) == "guest";
+  return c;
+}
+
+Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::uint64_t size) {
+  std::vector<std::uint8_t> bytes(size);
+  XP_TRY(d.memory->read(start, std::as_writable_bytes(std::span(bytes))));
+  // Bytes we patched ourselves read back as the original instruction.
+  for (auto& [a, q] : d.points)
+    if (q->armed && a.value >= start.value && a.value < start.value + size) bytes[a.value - start.value] = q->original[0];
+  return bytes;
+}
+
+Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
+  if (!d.syms) return kernel::EntryPlacement{addr, {}};
+  auto fn = d.syms->function_containing(addr);
+  if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
+  // Only the first instructions matter: read a little, not the whole function.
+  if (d.pause_depth == 0) XP_TRY(refresh_context(d));
+  auto bytes = XP_TRY(read_text(d, fn->start, std::min<std::uint64_t>(fn->size, 2 * x86::kMaxInsnLen + 8)));
+  std::vector<x86::Insn> head;
+  std::size_t off = 0;
+  while (head.size() < 2 && off < bytes.size()) {
+    auto i = x86::decode(std::span(bytes).subspan(off), Gva{fn->start.value + off});
+    if (!i) break;
+    off += i->length;
+    head.push_back(*i);
+  }
+  auto placed = kernel::place_entry_probe(rule_context(d), head, addr);
+  if (!placed.moved_because.empty())
+    XP_LOG(Info, "domain %u: a probe asked for at %s goes to %s: %s", d.id.value, fn->name.c_str(),
+           d.syms->symbolize(placed.address).c_str(), placed.moved_because.c_str());
+  return placed;
+}
+
+Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
+  const Gva addr = p.addr;
+  std::vector<x86::Insn> fn_insns;
+  if (!d.syms)
+    return fail(Errc::InvalidArgument,
+                hex(addr.value) + ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
+                "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
+                "System.map or kallsyms first)");
+  auto fn = d.syms->function_containing(addr);
+  if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
+    // No function to decode from: the address rules say why (data, a gap, not text).
+    x86::Insn bare;
+    bare.address = addr;
+    bare.length = 1;
+    auto r = kernel::check_address(rule_context(d), bare, nullptr);
+    std::string where = d.syms->symbolize(addr);
+    if (where != hex(addr.value)) where += " (" + hex(addr.value) + ")";
+    if (r) return fail(r->code, r->message(where));
+    return fail(Errc::InvalidArgument, where + ": no function symbol covers it");
+  }
+  auto bytes = XP_TRY(read_text(d, fn->start, fn->size));
+  auto insn = x86::decode_at(bytes, fn->start, addr);
+  if (!insn) {
+    Error e = insn.error();
+    e.what = fn->name + ": " + e.what;
+    return std::unexpected(e);
+  }
+  p.insn = *insn;
+  if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
+  const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
+  if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));
+  // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
+  // debugger) hides the instruction it replaced, so the boundary check above may have walked
+  // through garbage. An int3 right after ret or jmp is padding (straight-line-speculation
+  // hardening puts one after every ret); one in the flow is not ours to reason about.
+  for (std::size_t k = 0; k < fn_insns.size() && fn_insns[k].address.value <= addr.value; ++k) {
+    const x86::Insn& i = fn_insns[k];
+    if (!x86::is_trap_byte(i) || d.points.contains(i.address)) continue;
+    bool padding = k > 0 && (fn_insns[k - 1].branch == x86::BranchKind::Ret ||
+                             fn_insns[k - 1].branch == x86::BranchKind::Jmp ||
+                             fn_insns[k - 1].branch == x86::BranchKind::JmpIndirect || x86::is_trap_byte(fn_insns[k - 1]));
+    if (!padding)
+      return fail(Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
+                                      "debugger) at " + d.syms->symbolize(i.address) +
+                                      " hides the instruction it replaced, so the instruction boundaries of " +
+                                      fn->name + " cannot be trusted; no channel accepts it until it is gone");
+  }
+  std::copy(p.insn.bytes.begin(), p.insn.bytes.end(), p.original.begin());
+  p.plan = XP_TRY(x86::analyze(p.insn));
+
+  // On a channel that recognises stops by rip == trap + 1, a vCPU must never stand at
+  // addr + 1 for any other reason. For a 1-byte instruction that is exactly where it would
+  // continue, so the next instruction runs from the slot as well, and addr + 1 must not be a
+  // branch target (a vCPU jumping there would look stopped).
+  if (!d.ch->stops_found_by_rip() || p.insn.length != 1) return {};
+  auto refuse = [&](const std::string& why) {
+    return fail(Errc::InvalidArgument, p.insn.describe() + ": a 1-byte instruction " + why +
+                                           " (on the debugger channel a vCPU standing right after "
+                                           "it cannot be told apart from one stopped on the probe)");
+  };
+  if (fn_insns.empty()) return refuse("needs the function's symbols to be probed");
+  Gva after = p.insn.next();
+  auto it = std::find_if(fn_insns.begin(), fn_insns.end(), [&](const x86::Insn& i) { return i.address == after; });
+  if (it == fn_insns.end()) return refuse("ends its function");
+  for (const auto& i : fn_insns)
+    if (i.is_relative_branch() && i.branch_target == after) return refuse("is followed by a branch target");
+  // Jump tables: `jmp *table(,%reg,8)` — read the table's entries while they point into the
+  // function (a compiler's switch table is bounded by the cmp before the jump).
+  const std::uint64_t fn_lo = fn_insns.front().address.value, fn_hi = fn_insns.back().next().value;
+  for (const auto& i : fn_insns) {
+    if (i.branch != x86::BranchKind::JmpIndirect || !i.mem.present || i.mem.base != x86::Reg::None ||
+        i.mem.index == x86::Reg::None || i.mem.scale != 8)
+      continue;
+    std::uint64_t table = static_cast<std::uint64_t>(i.mem.disp);
+    for (unsigned k = 0; k < 1024; ++k) {
+      auto e = d.memory->read_u64(Gva{table + 8ull * k});
+      if (!e || *e < fn_lo || *e >= fn_hi) break;
+      if (*e == after.value) return refuse("is followed by a jump-table target");
+    }
+  }
+  // An emulated 1-byte instruction (ret) never continues at addr + 1 through us: nothing to copy.
+  if (p.plan == x86::Plan::EmulateLoaded || p.plan == x86::Plan::EmulateBranch) return {};
+  if (d.points.contains(after)) return fail(Errc::Busy, p.insn.describe() + ": the next instruction is probed already");
+  auto next_plan = x86::analyze(*it);
+  if (!next_plan) return refuse("is followed by an instruction that cannot be probed (" + it->describe() + ")");
+  // The next instruction runs out of line too (or is emulated): the address rules hold for it
+  // as for the probed one.
+  if (auto r = kernel::check_address(rule_context(d), *it, &*fn))
+    return fail(r->code, where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger "
+                                 "channel; the neighbour " + r->message(d.syms->symbolize(it->address)));
+  p.next = *it;
+  p.next_plan = *next_plan;  // a branch (pop; ret) is emulated at a trap after the copy
+  if (p.plan == x86::Plan::Skip) p.plan = x86::Plan::Boost;  // a 1-byte nop: copy it with the next
+  return {};
+}
+
+bool Engine::uses_slot(const Point& p) const {
+  return !p.agentless && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel);
+}
+
+bool Engine::needs_trap_tail(const Point& p) const {
+  if (next_emulated(p)) return true;
+  return std::any_of(p.regs.begin(), p.regs.end(), [](const Registration* r) { return bool(r->post); });
+}
+
+bool Engine::any_enabled(const Point& p) const {
+  return std::any_of(p.regs.begin(), p.regs.end(), [](const Registration* r) { return r->enabled; });
+}
+
+channel::TrapEntry Engine::trap_entry(const Point& p) const {
+  channel::TrapEntry e;
+  e.addr = p.addr;
+  e.len = p.insn.length;
+  std::copy(p.original.begin(), p.original.begin() + p.insn.length, e.insn);
+  switch (p.plan) {
+    case x86::Plan::Boost:
+    case x86::Plan::BoostRipRel:
+      if (p.slot) {
+        e.fallback = channel::TrapEntry::Fallback::ResumeAt;
+        e.resume_at = *p.slot;  // the slot runs the original instruction
+      } else {
+        e.fallback = channel::TrapEntry::Fallback::Emulate;
+      }
+      break;
+    case x86::Plan::Skip:
+      e.fallback = channel::TrapEntry::Fallback::ResumeAt;
+      e.resume_at = p.insn.next();
+      break;
+    case x86::Plan::EmulateBranch:
+    case x86::Plan::EmulateLoaded:
+      e.fallback = channel::TrapEntry::Fallback::Emulate;
+      break;
+  }
+  return e;
+}
+
+}  // namespace xenprobes::probe

@@ -1,0 +1,84 @@
+#!/bin/sh
+# The library's layers (docs/architecture.md), bottom to top. A source file of a layer may
+# include its own layer's headers, the public headers (include/xenprobes/) and those of the
+# layers listed before it on lower lines; never one on its own line or above:
+#
+#   common
+#   hv
+#   mem
+#   x86 symbols
+#   kernel
+#   guestmod
+#   guardian
+#   channel
+#   probe
+#   api
+#
+# The public headers include only each other (and the C++ library). A folder under
+# libxenprobes/ that is not in the list fails the check too: a new layer gets its place here
+# and in docs/architecture.md first. The test command (tools/run-tests.sh) runs this.
+#
+#   sh tools/check-layers.sh
+set -eu
+cd "$(dirname "$0")/.."
+
+LAYERS="common:0 hv:1 mem:2 x86:3 symbols:3 kernel:4 guestmod:5 guardian:6 channel:7 probe:8 api:9"
+
+rank_of() {
+  for l in $LAYERS; do
+    if [ "${l%%:*}" = "$1" ]; then
+      echo "${l#*:}"
+      return
+    fi
+  done
+  echo ""
+}
+
+bad=0
+for dir in libxenprobes/*/; do
+  layer=$(basename "$dir")
+  if [ -z "$(rank_of "$layer")" ]; then
+    echo "check-layers: libxenprobes/$layer/ is in no layer: give it a place in tools/check-layers.sh and docs/architecture.md" >&2
+    bad=1
+  fi
+done
+
+# Every quoted include of <folder>/<file> in the library: file, line, folder.
+includes=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[A-Za-z0-9_]+/' libxenprobes include \
+             --include='*.h' --include='*.hpp' --include='*.c' --include='*.cpp' |
+           sed -E 's|^([^:]+):([0-9]+):.*#[[:space:]]*include[[:space:]]+"([A-Za-z0-9_]+)/.*|\1 \2 \3|')
+
+echo "$includes" | {
+  status=0
+  while read -r file line target; do
+    [ -n "$file" ] || continue
+    case "$file" in
+      include/xenprobes/*)
+        if [ "$target" != xenprobes ]; then
+          echo "$file:$line: a public header includes \"$target/...\": the installed headers include only xenprobes/ ones" >&2
+          status=1
+        fi
+        continue ;;
+    esac
+    [ "$target" = xenprobes ] && continue
+    layer=$(echo "$file" | cut -d/ -f2)
+    [ "$target" = "$layer" ] && continue
+    own=$(rank_of "$layer")
+    theirs=$(rank_of "$target")
+    [ -n "$own" ] || continue  # reported above
+    if [ -z "$theirs" ]; then
+      echo "$file:$line: includes \"$target/...\", which is no layer of the library" >&2
+      status=1
+    elif [ "$theirs" -ge "$own" ]; then
+      echo "$file:$line: layer '$layer' includes \"$target/...\", a layer at or above its own (layers, bottom up: $(echo "$LAYERS" | sed 's/:[0-9]*//g'))" >&2
+      status=1
+    fi
+  done
+  exit $status
+} || bad=1
+
+if [ "$bad" != 0 ]; then
+  echo "check-layers: FAILED (docs/architecture.md says what each layer may use)" >&2
+  exit 1
+fi
+echo "check-layers: every include goes down the layers"
