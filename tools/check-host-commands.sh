@@ -74,6 +74,7 @@ busybox busybox-static
 cat coreutils
 chmod coreutils
 chroot coreutils
+clang-14 clang-14
 cmake cmake
 cp coreutils
 cpio cpio

@@ -3,7 +3,8 @@
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
-      googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64"
+      googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64
+      clang-14 libclang-rt-14-dev"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
