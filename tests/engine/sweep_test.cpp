@@ -58,7 +58,8 @@ Reference reference(const std::vector<Site>& sites) {
   if (!host->wait_halted(dom, 120s)) throw std::runtime_error("reference run did not finish");
   Reference r;
   for (const auto& s : sites) r.executions[s.address] = *host->executions(dom, s.address);
-  (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(&r.stats, 1)));
+  if (!host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(&r.stats, 1))))
+    throw std::runtime_error("reference run: cannot read demo_stats");
   return r;
 }
 

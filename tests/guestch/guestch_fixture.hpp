@@ -1,5 +1,9 @@
 // Guest-channel tests: the Dom0 side (channel/guest.hpp) over the simulated Xen, whose guest
 // module (hv/sim/sim_module.cpp) plays the other side of include/xenprobes/protocol.h.
+//
+// The module's clock is manual here (SimOptions::manual_clock): a hit times out only when a
+// test advances the clock past its timeout, never because the machine is loaded. A test that
+// expects the module to give up on Dom0 says when (advance, advance_until).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -41,6 +45,20 @@ inline hv::sim::DomainConfig guest_config(unsigned vcpus, std::uint64_t iteratio
   return c;
 }
 
+// A host whose guest module's clock moves only when the test advances it.
+inline hv::sim::SimOptions manual_clock() {
+  hv::sim::SimOptions o;
+  o.manual_clock = true;
+  return o;
+}
+
+// protocol.h, "The claim bound": how long the module waits for a hit Dom0 claimed.
+inline std::chrono::milliseconds claim_bound(unsigned timeout_ms) {
+  return std::chrono::milliseconds(
+      std::max<std::uint64_t>(timeout_ms, std::min<std::uint64_t>(XENPROBES_CLAIM_FACTOR * std::uint64_t{timeout_ms},
+                                                                   XENPROBES_CLAIM_MAX_MS)));
+}
+
 inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
   static const std::uint64_t k[DEMO_NFUNCS] = DEMO_CALLS_PER_ITER_INIT;
   return k[fn] * iterations;
@@ -58,7 +76,8 @@ inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsig
     DomId dom = *host->create_domain(c);
     if (!host->wait_halted(dom, 60s)) throw std::runtime_error("reference run did not finish");
     v.resize(vcpus);
-    (void)host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(v)));
+    if (!host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(v))))
+      throw std::runtime_error("reference run: cannot read demo_stats");
   }
   return v.at(vcpu);
 }
@@ -112,7 +131,7 @@ struct ChannelGuest {
   symbols::SymbolTable syms;
   unsigned max_batch = 0;  // most stops one process() handled
 
-  explicit ChannelGuest(hv::sim::DomainConfig cfg, hv::sim::SimOptions opts = {}) {
+  explicit ChannelGuest(hv::sim::DomainConfig cfg, hv::sim::SimOptions opts = manual_clock()) {
     host = hv::sim::SimHost::create(opts);
     auto id = host->create_domain(cfg);
     if (!id) throw std::runtime_error(id.error().what);
@@ -141,28 +160,62 @@ struct ChannelGuest {
   }
 
   std::uint64_t sym(const char* name) { return *host->symbol(dom, name); }
+  // Oracle reads through the sim. A read that fails throws: a zeroed buffer would make every
+  // "counter is 0" and "entry cleared" check pass without looking.
+  void peek_into(std::uint64_t va, std::span<std::byte> out) {
+    auto r = host->peek(dom, va, out);
+    if (!r) throw std::runtime_error("peek at " + std::to_string(va) + ": " + r.error().what);
+  }
+  template <typename T>
+  std::vector<T> peek_array(std::uint64_t va, std::size_t n) {
+    std::vector<T> v(n);
+    if (n) peek_into(va, std::as_writable_bytes(std::span(v)));
+    return v;
+  }
   demo_stats stats(unsigned vcpu) {
     demo_stats st{};
-    (void)host->peek(dom, sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
+    peek_into(sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
     return st;
   }
-  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) {
-    std::vector<std::uint8_t> b(n);
-    auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b)));
-    if (!r) throw std::runtime_error(r.error().what);
-    return b;
-  }
+  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) { return peek_array<std::uint8_t>(va, n); }
   // The control area as the module laid it out (read through the sim, not the channel).
   xenprobes_ctl_header header() {
     xenprobes_ctl_header h{};
-    (void)host->peek(dom, layout.control_addr, std::as_writable_bytes(std::span(&h, 1)));
+    peek_into(layout.control_addr, std::as_writable_bytes(std::span(&h, 1)));
     return h;
   }
   xenprobes_mailbox mailbox(unsigned v) {
     xenprobes_mailbox m{};
     const auto h = header();
-    (void)host->peek(dom, layout.control_addr + h.mailbox_offset + v * sizeof m, std::as_writable_bytes(std::span(&m, 1)));
+    peek_into(layout.control_addr + h.mailbox_offset + v * sizeof m, std::as_writable_bytes(std::span(&m, 1)));
     return m;
+  }
+  // The module's return table, every entry (read through the sim).
+  std::vector<xenprobes_ret> return_table() {
+    const auto h = header();
+    return peek_array<xenprobes_ret>(layout.control_addr + h.ret_offset, h.ret_capacity);
+  }
+
+  // The module's clock (manual_clock()). advance() returns once the module has looked at its
+  // waiting vCPUs at the new time.
+  void advance(std::chrono::milliseconds by) {
+    auto r = host->advance_clock(by);
+    if (!r) throw std::runtime_error("advance_clock: " + r.error().what);
+  }
+  // Advances the clock by `step` at a time until pred() holds, the guest crashed, or `limit`
+  // of real time passed. For a guest left to its module (Dom0 gone or silent): each step lets
+  // the waits that ran out end.
+  bool advance_until(const std::function<bool()>& pred, std::chrono::milliseconds step,
+                     std::chrono::milliseconds limit = 60s) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (!pred()) {
+      if (!host->crash_reason(dom).empty() || std::chrono::steady_clock::now() >= end) return false;
+      advance(step);
+    }
+    return true;
+  }
+  bool advance_until_halted(std::chrono::milliseconds step, std::chrono::milliseconds limit = 60s) {
+    return advance_until([&] { return host->wait_halted(dom, 0ms); }, step, limit);
   }
   // The control area mapped through handle `h` (as Dom0 maps it), so a test can compare-and-
   // swap a mailbox's state the way the module or the channel does. Keep the mapping alive

@@ -191,7 +191,7 @@ TEST(GuestChannelFuzz, HostileMailboxesAndTables) {
         ASSERT_TRUE(r) << r.error().what;
         // An answer is exactly: DONE, answer_seq = seq; anything not answered is untouched.
         xenprobes_mailbox after{};
-        (void)g.host->peek(g.dom, g.layout.control_addr + mb, std::as_writable_bytes(std::span(&after, 1)));
+        g.peek_into(g.layout.control_addr + mb, std::as_writable_bytes(std::span(&after, 1)));
         if (after.state == XENPROBES_MBOX_DONE && m.state == XENPROBES_MBOX_HIT) {
           EXPECT_EQ(after.answer_seq, m.seq);
           EXPECT_EQ(after.seq, m.seq);
@@ -466,14 +466,15 @@ TEST(GuestChannelFuzz, TheModuleSurvivesGarbageTables) {
     const std::uint8_t cc = 0xcc;
     ASSERT_TRUE(g.memory->write(Gva{fn}, std::as_bytes(std::span(&cc, 1))));
     g.start();
-    if (g.host->wait_halted(g.dom, 20s)) {
+    // Dom0 never answers: each hit lasts until the module's clock passes its timeout.
+    if (g.advance_until_halted(2ms, 20s)) {
       ++finished;
     } else {
       ASSERT_FALSE(g.host->crash_reason(g.dom).empty()) << "neither finished nor crashed";
       ++crashed;
     }
   }
-  EXPECT_EQ(crashed + finished, 12u);
+  std::cout << "garbage tables: " << finished << " guests finished, " << crashed << " oopsed\n";
 }
 
 }  // namespace

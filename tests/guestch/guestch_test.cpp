@@ -276,10 +276,7 @@ TEST(GuestChannelAttach, DetachAndAttachAgain) {
 
 std::vector<xenprobes_trap> shared_traps(ChannelGuest& g) {
   const auto h = g.header();
-  std::vector<xenprobes_trap> t(std::min(h.nr_traps, h.trap_capacity));
-  if (!t.empty())
-    (void)g.host->peek(g.dom, g.layout.control_addr + h.trap_offset, std::as_writable_bytes(std::span(t)));
-  return t;
+  return g.peek_array<xenprobes_trap>(g.layout.control_addr + h.trap_offset, std::min(h.nr_traps, h.trap_capacity));
 }
 
 TEST(GuestChannelTables, TrapTableSortedBoundedAndExact) {
@@ -336,8 +333,7 @@ TEST(GuestChannelTables, TrapTableSortedBoundedAndExact) {
   EXPECT_EQ(g.ch->trap_added(DomId{77}, entry(0xffffffff81001000)).error().code, Errc::InvalidArgument);
   ASSERT_TRUE(g.ch->detach(g.dom));
   EXPECT_EQ(g.header().nr_traps, 0u);
-  std::vector<xenprobes_trap> all(8);
-  (void)g.host->peek(g.dom, g.layout.control_addr + g.header().trap_offset, std::as_writable_bytes(std::span(all)));
+  const auto all = g.peek_array<xenprobes_trap>(g.layout.control_addr + g.header().trap_offset, 8);
   for (const auto& e : all) EXPECT_EQ(e.addr, 0u);
 }
 
@@ -373,8 +369,8 @@ TEST(GuestChannelTables, ReturnTable) {
   ChannelGuest g(cfg);
   g.attach();
   auto rets = [&] {
-    std::vector<xenprobes_ret> r(2);
-    (void)g.host->peek(g.dom, g.layout.control_addr + g.header().ret_offset, std::as_writable_bytes(std::span(r)));
+    auto r = g.return_table();
+    EXPECT_EQ(r.size(), 2u);
     return r;
   };
   ASSERT_TRUE(g.ch->return_added(g.dom, Gva{0x1000}, Gva{0xaaa}));
@@ -568,7 +564,7 @@ TEST(GuestChannelRegisterBranch, AnExpiredClaimOnACallThroughARegisterPushesTheA
   // module takes the EMULATE fallback on its own. The next stop, the callee's entry, shows
   // where the fallback sent the vCPU and what it pushed.
   constexpr std::uint64_t kIters = 2;
-  constexpr unsigned kTimeoutMs = 100;  // claim bound 2 s; 100 ms for Dom0 to claim the next hit
+  constexpr unsigned kTimeoutMs = 100;  // claim bound 2 s
   ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
   g.attach();
   const ViaRegister v = via_register(g, "demo_main", "sys_getppid", g.layout.oea_addr + 0x800, 0xd0, true);
@@ -589,7 +585,12 @@ TEST(GuestChannelRegisterBranch, AnExpiredClaimOnACallThroughARegisterPushesTheA
     if (!held) {
       held = true;
       // Hung in the handler until the module gives the claim up (its bound) and moves on.
-      EXPECT_TRUE(eventually([&] { return g.mailbox(0).state != XENPROBES_MBOX_CLAIMED; }, 10s));
+      g.advance(claim_bound(kTimeoutMs) - 1ms);
+      EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED) << "a claimed hit is waited for up to the bound";
+      EXPECT_EQ(g.header().timeouts, 0u);
+      g.advance(1ms);  // given up on: the vCPU runs on (and may hit again at once)
+      EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED) << "and not a moment longer";
+      EXPECT_EQ(g.header().timeouts, 1u);
       return;
     }
     // Later hits: Dom0 emulates the call, as the engine does.
@@ -638,7 +639,7 @@ TEST(GuestChannelRegisterBranch, Dom0GoneEveryBranchThroughARegisterFinishesThro
   g.arm(jmp.branch, TrapEntry::Fallback::Emulate);
   g.start();
   g.kill_dom0();  // never answered a hit
-  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(g.advance_until_halted(10ms)) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
   EXPECT_EQ(g.stats(0).iterations, kIters);
   for (unsigned f = 0; f < DEMO_NFUNCS; ++f)
@@ -683,7 +684,7 @@ TEST_P(GuestChannelNoAnswer, TheGuestFinishesOnItsOwn) {
   const auto original = g.peek(addr, 1);
   ASSERT_EQ(g.peek(addr, 1)[0], 0xcc);
   g.start();
-  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(g.advance_until_halted(20ms)) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
   EXPECT_EQ(g.stats(0).iterations, kIters);
   const auto h = g.header();
@@ -731,16 +732,20 @@ TEST(GuestChannelDom0Gone, KilledWhileVcpusWait) {
   g.start();
   // Dom0 serves a while, then dies with a vCPU waiting in the hook.
   ASSERT_TRUE(g.pump_until(sink, [&] { return sink.total >= 20; })) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.header().timeouts, 0u) << "the clock stood still while Dom0 served";
   ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, kVcpus) >= 1; }));
   g.kill_dom0();
-  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(g.advance_until_halted(30ms)) << g.host->crash_reason(g.dom);
   for (unsigned v = 0; v < kVcpus; ++v) {
     EXPECT_EQ(g.stats(v).checksum, reference_stats(v, kIters, kVcpus).checksum) << "vcpu " << v;
     EXPECT_EQ(g.stats(v).calls[DEMO_FN_OPEN], expected_calls(DEMO_FN_OPEN, kIters));
   }
   const auto h = g.header();
   EXPECT_EQ(h.dom0_gone, 1u);
+  // The third timeout in a row declares Dom0 gone; a vCPU waiting at that moment is released
+  // as one more.
   EXPECT_GE(h.timeouts, unsigned{XENPROBES_DEAD_AFTER});
+  EXPECT_LE(h.timeouts, unsigned{XENPROBES_DEAD_AFTER} + kVcpus - 1);
   for (std::size_t i = 0; i < addrs.size(); ++i) EXPECT_EQ(g.peek(addrs[i], 5), originals[i]) << fns[i];
 }
 
@@ -791,14 +796,15 @@ TEST(GuestChannelDom0Gone, ReturnsFinishThroughTheReturnTable) {
   ASSERT_TRUE(g.pump_until(sink, [&] { return kill; })) << g.host->crash_reason(g.dom);
   EXPECT_EQ(returns, entries - 1);
   EXPECT_EQ(live.size(), 1u);
+  EXPECT_EQ(g.header().timeouts, 0u);
   g.kill_dom0();
-  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(g.advance_until_halted(30ms)) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIters));
   const auto h = g.header();
   EXPECT_EQ(h.dom0_gone, 1u);
-  std::vector<xenprobes_ret> rets(h.ret_capacity);
-  (void)g.host->peek(g.dom, g.layout.control_addr + h.ret_offset, std::as_writable_bytes(std::span(rets)));
+  const auto rets = g.return_table();
+  ASSERT_EQ(rets.size(), h.ret_capacity);
   for (const auto& r : rets) EXPECT_EQ(r.slot, 0u) << "the module used and cleared the entry";
   EXPECT_EQ(g.peek(fn, 1)[0], 0x0f) << "the entry's byte is restored";
   EXPECT_EQ(g.peek(tramp, 1)[0], 0xcc) << "the trampoline is in the OEA: left alone";
@@ -808,9 +814,9 @@ TEST(GuestChannelDom0Gone, ReturnsFinishThroughTheReturnTable) {
 
 TEST(GuestChannelClaim, ASlowHandlerIsWaitedFor) {
   // The module waits timeout_ms (30) for Dom0 to claim a hit, and a claimed hit up to the
-  // claim bound (600 ms here). Handlers that take three timeouts -- one of them after writing
-  // guest memory, as a call Dom0 emulates pushes its return address -- are waited for: every
-  // answer is applied and nothing times out.
+  // claim bound (600 ms here). Handlers that take three timeouts of the module's clock -- one
+  // of them after writing guest memory, as a call Dom0 emulates pushes its return address --
+  // are waited for: every answer is applied and nothing times out.
   constexpr std::uint64_t kIters = 2;
   constexpr unsigned kTimeoutMs = 30;
   ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
@@ -828,7 +834,8 @@ TEST(GuestChannelClaim, ASlowHandlerIsWaitedFor) {
     if (slow >= 2) return;
     ++slow;
     EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED);
-    std::this_thread::sleep_for(std::chrono::milliseconds(3 * kTimeoutMs));
+    g.advance(std::chrono::milliseconds(3 * kTimeoutMs));  // past timeout_ms, within the bound
+    EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED) << "the module waits on for a claimed hit";
   };
   // sys_getppid returns 42 without running: only Dom0's answer does that (the module's
   // fallback would run the body).
@@ -869,34 +876,33 @@ TEST(GuestChannelClaim, ASlowHandlerIsWaitedFor) {
 }
 
 TEST(GuestChannelClaim, AHandlerPastTheClaimBoundIsGivenUpOnAndItsAnswerDropped) {
-  // Dom0 hangs in a handler: the module waits the claim bound (1 s for a 50 ms timeout), then
-  // resumes on its own (counted as a timeout); Dom0's answer, when it comes, is dropped as
-  // late and written nowhere. Dom0 answers everything else.
+  // Dom0 hangs in a handler: the module waits the claim bound (1 s for a 50 ms timeout,
+  // counted from the hit), then resumes on its own (counted as a timeout); Dom0's answer, when
+  // it comes, is dropped as late and written nowhere. Dom0 answers everything else.
   constexpr std::uint64_t kIters = 2;
   constexpr unsigned kTimeoutMs = 50;
   ChannelGuest g(guest_config(1, kIters, kTimeoutMs));
   g.attach();
   FakeSink sink;
   bool hung = false;
-  std::chrono::milliseconds waited{0};
   std::uint32_t hung_seq = 0;
   sink.skip(g.sym("sys_open")).on_hit = [&](channel::Stop& s) {
     s.regs.rip = s.trap.value + 5;
     if (hung) return;
     hung = true;
-    const auto t0 = std::chrono::steady_clock::now();
     hung_seq = g.mailbox(0).seq;
     EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED);
-    ASSERT_TRUE(eventually([&] { return g.mailbox(0).state != XENPROBES_MBOX_CLAIMED; }, 10s));
-    waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    g.advance(claim_bound(kTimeoutMs) - 1ms);
+    EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED) << "still within the bound";
+    EXPECT_EQ(g.header().timeouts, 0u);
+    g.advance(1ms);  // given up on: the vCPU runs on (and may hit again at once)
+    EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_CLAIMED) << "the bound has passed";
+    EXPECT_EQ(g.header().timeouts, 1u);
   };
   g.arm_skip("sys_open");
   g.start();
   ASSERT_TRUE(g.run_to_completion(sink)) << g.host->crash_reason(g.dom);
   ASSERT_TRUE(hung);
-  // The bound counts from the hit; the claim came within the 50 ms timeout of it.
-  EXPECT_GE(waited, std::chrono::milliseconds(20 * kTimeoutMs - kTimeoutMs));
-  EXPECT_LT(waited, 5s);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
   const auto h = g.header();
   EXPECT_EQ(h.timeouts, 1u);
@@ -922,18 +928,18 @@ TEST(GuestChannelClaim, ADom0ThatDiesHoldingAClaimLeavesTheGuestRunning) {
   auto state = ChannelGuest::mailbox_word(map, h, 0, offsetof(xenprobes_mailbox, state));
   g.kill_dom0();  // the channel never answers anything
   ASSERT_TRUE(other->unpause(g.dom));
-  // Claim the first hit we catch before the module gives up on it.
-  std::chrono::steady_clock::time_point claimed;
+  // Claim the first hit (the module's clock stands still: it cannot give up on it first).
   ASSERT_TRUE(eventually([&] {
     std::uint32_t expected = XENPROBES_MBOX_HIT;
-    if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED)) return false;
-    claimed = std::chrono::steady_clock::now();
-    return true;
+    return state.compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED);
   }, 20s));
-  ASSERT_TRUE(eventually([&] { return state.load() != XENPROBES_MBOX_CLAIMED; }, 10s));
-  const auto waited = std::chrono::steady_clock::now() - claimed;
-  EXPECT_GE(waited, std::chrono::milliseconds(20 * kTimeoutMs - kTimeoutMs));
-  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  g.advance(claim_bound(kTimeoutMs) - 1ms);
+  EXPECT_EQ(state.load(), XENPROBES_MBOX_CLAIMED) << "the claim is honoured up to the bound";
+  EXPECT_EQ(g.header().timeouts, 0u);
+  g.advance(1ms);
+  EXPECT_NE(state.load(), XENPROBES_MBOX_CLAIMED) << "and given up on once it has passed";
+  EXPECT_EQ(g.header().timeouts, 1u);
+  ASSERT_TRUE(g.advance_until_halted(std::chrono::milliseconds(kTimeoutMs))) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
   EXPECT_EQ(g.stats(0).iterations, kIters);
   const auto after = g.header();
@@ -989,16 +995,44 @@ TEST(GuestChannelClaim, DetachFromAHandlerGivesTheClaimBack) {
   };
   g.arm_skip("sys_open");
   g.start();
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(g.pump_until(sink, [&] { return sink.total == 1; }, 10s));
-  // Resumed by the module's timeout, well before the claim bound (2 s).
-  ASSERT_TRUE(eventually([&] { return g.header().timeouts == 1; }, 5s));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(10 * kTimeoutMs));
+  EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_HIT) << "the claim was given back";
+  // Resumed by the module's timeout, not after the claim bound (2 s).
+  g.advance(std::chrono::milliseconds(kTimeoutMs) - 1ms);
+  EXPECT_EQ(g.header().timeouts, 0u);
+  g.advance(1ms);
+  EXPECT_EQ(g.header().timeouts, 1u);
   EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_ABANDONED);
   EXPECT_EQ(g.mailbox(0).seq, seq);
   EXPECT_NE(g.mailbox(0).answer_seq, seq);
   std::this_thread::sleep_for(50ms);
   EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+}
+
+// ---- the module's clock -------------------------------------------------------------------
+
+TEST(GuestChannelClock, AHitTimesOutWhenTheModulesClockSaysSoNotTheMachine) {
+  // The fixture's hosts run the module on a manual clock: real time passing (a loaded
+  // machine, a slow Dom0) times nothing out; advancing the clock past timeout_ms does, at once.
+  constexpr unsigned kTimeoutMs = 30;
+  ChannelGuest g(guest_config(1, 0, kTimeoutMs));
+  g.attach();
+  g.arm_skip("sys_open");
+  g.start();
+  ASSERT_TRUE(eventually([&] { return g.mailboxes_in(XENPROBES_MBOX_HIT, 1) == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 * kTimeoutMs));
+  EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_HIT) << "real time does not time a hit out";
+  g.advance(std::chrono::milliseconds(kTimeoutMs) - 1ms);
+  EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_HIT);
+  EXPECT_EQ(g.header().timeouts, 0u);
+  g.advance(1ms);
+  EXPECT_EQ(g.header().timeouts, 1u) << "the clock passed timeout_ms";
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+  // Only a manual clock moves on demand.
+  auto real = hv::sim::SimHost::create();
+  auto r = real->advance_clock(1ms);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::InvalidArgument);
 }
 
 // ---- quiescence --------------------------------------------------------------------------
