@@ -6,9 +6,11 @@
 //       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
 //       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
 //       text is byte-identical to before.
-//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
+//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N] [--die-in getppid|filp]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
-//       waiting for the answer at that moment). The text snapshot goes to FILE first.
+//       waiting for the answer at that moment): getppid's pre-handler, or do_filp_open's on
+//       the workload's file (the XrP on __x64_sys_openat then has that call in flight). The
+//       text snapshot goes to FILE first.
 //   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S] [--channel C]
 //       Waits until the kernel text equals the snapshot again and checks who restored it: the
 //       module's fail-safe (guest channel: dom0_gone, timeouts), or with --channel debugger or
@@ -149,6 +151,7 @@ struct Args {
   int timeout_s = 240;
   std::string snapshot;
   unsigned die_after = 50;
+  std::string die_in = "getppid";  // kill: the handler that SIGKILLs (getppid, filp)
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
   std::string skip;  // comma-separated: xrp, branch, openat, filp (to bisect a failure)
   std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
@@ -193,6 +196,8 @@ Args parse(int argc, char** argv) {
       a.skip = v;
     else if (k == "--die-after-hits")
       a.die_after = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--die-in")
+      a.die_in = v;
     else if (k == "--configs")
       a.configs = v;
     else if (k == "--round")
@@ -211,6 +216,7 @@ Args parse(int argc, char** argv) {
       fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
+  if (a.die_in != "getppid" && a.die_in != "filp") fatal("--die-in: getppid or filp");
   if (a.cmd == "pair" && (!a.dom2.value || a.dom2 == a.dom)) fatal("pair: --domid2 (another domain) is required");
   return a;
 }
@@ -346,6 +352,27 @@ std::vector<Insn> disasm(hv::Hypervisor& hv, DomId dom, const char* name, Gva fn
   return out;
 }
 
+// The first nop after the function's first ret within its first 256 bytes (the padding
+// before the next function), decoded from the running guest's text; nullopt when none.
+std::optional<Gva> padding_nop(hv::Hypervisor& hv, DomId dom, Gva fn) {
+  auto view = must(GuestView::open(hv, dom), "GuestView::open");
+  std::vector<std::byte> b(256);
+  must(view->read(fn, b), "read the bytes after a function's ret");
+  csh h;
+  if (cs_open(CS_ARCH_X86, CS_MODE_64, &h) != CS_ERR_OK) fatal("cs_open");
+  cs_insn* insn = nullptr;
+  std::size_t n = cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), fn.value, 0, &insn);
+  std::optional<Gva> out;
+  bool after_ret = false;
+  for (std::size_t i = 0; i < n && !out; ++i) {
+    if (insn[i].id == X86_INS_RET) after_ret = true;
+    else if (after_ret && insn[i].id == X86_INS_NOP) out = Gva{insn[i].address};
+  }
+  if (n) cs_free(insn, n);
+  cs_close(&h);
+  return out;
+}
+
 const char* mode_name(ExecMode m) {
   switch (m) {
     case ExecMode::Boosted: return "boosted";
@@ -369,8 +396,12 @@ struct Counters {
   std::uint64_t ret_getppid_entries = 0, ret_getppid_returns = 0;
   std::map<std::uint64_t, std::uint64_t> getppid_rax, unlink_rax;
   std::uint64_t ret_unlink_returns = 0;
+  std::uint64_t ret_openat_entries = 0, ret_openat_returns = 0, ret_openat_failed = 0;
+  std::uint64_t skipped_hits = 0;
   std::string first_read_error;
-  std::uint64_t post_rip_wrong = 0;
+  // Post-handlers that saw a rip other than the instruction after the probed one.
+  std::uint64_t post_rip_wrong = 0, openat2_post_rip_wrong = 0;
+  std::string first_post_rip;
 };
 
 struct ProbeSet {
@@ -378,16 +409,22 @@ struct ProbeSet {
   std::vector<std::pair<std::string, Gva>> functions;  // for the text snapshot
   std::vector<Gva> points;                            // every probe address
   Probe *getppid = nullptr, *boosted = nullptr, *branch = nullptr, *openat = nullptr, *openat2 = nullptr,
-        *filp = nullptr, *ret_getppid = nullptr, *ret_unlink = nullptr;
+        *filp = nullptr, *ret_getppid = nullptr, *ret_unlink = nullptr, *ret_openat = nullptr,
+        *skipped = nullptr;
 };
 
 // Kept separate from ProbeSet so handlers can capture it by pointer before the set exists.
 Counters g_c;
 unsigned g_die_after = 0;
+std::string g_die_in;
 
-void maybe_die() {
-  if (g_die_after && g_c.getppid_pre == g_die_after) {
-    say("XPE2E-KILL: SIGKILL to myself inside a handler after %u hits (a vCPU waits for this answer)", g_die_after);
+// `where` names the handler calling; `hits` its count so far.
+void maybe_die(const char* where, std::uint64_t hits) {
+  if (g_die_after && g_die_in == where && hits == g_die_after) {
+    say("XPE2E-KILL: SIGKILL to myself inside the %s handler after %u hits (a vCPU waits for this answer); "
+        "XrP calls in flight: __x64_sys_openat %" PRIu64 ", __x64_sys_getppid %" PRIu64,
+        where, g_die_after, g_c.ret_openat_entries - g_c.ret_openat_returns,
+        g_c.ret_getppid_entries - g_c.ret_getppid_returns);
     std::fflush(nullptr);
     ::kill(::getpid(), SIGKILL);
   }
@@ -409,24 +446,33 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   // Decode before anything is patched (a probe's int3 would stop the decoding).
   auto ins = disasm(s.hypervisor(), dom, "__x64_sys_getppid", getppid, 40);
   auto oi = disasm(s.hypervisor(), dom, "__x64_sys_openat", openat, 3);
+  const std::optional<Gva> pad = padding_nop(s.hypervisor(), dom, getppid);
 
   // XP with a pre- and a post-handler on the syscall's entry. The library places it past
   // the function's ftrace site (docs/probes.md, "Entry placement"); the post-handler must see
-  // rip past the placed instruction.
+  // rip at the instruction after the placed one.
   auto placed = std::make_shared<std::uint64_t>(getppid.value);
+  auto post_rip = std::make_shared<std::uint64_t>(0);
   ps.getppid = keep(must(s.probe(
                              dom, getppid,
                              [](HitContext&) {
                                ++g_c.getppid_pre;
-                               maybe_die();
+                               maybe_die("getppid", g_c.getppid_pre);
                                return 0;
                              },
-                             [placed](HitContext& c) {
+                             [post_rip](HitContext& c) {
                                ++g_c.getppid_post;
-                               if (c.regs().rip == *placed) ++g_c.post_rip_wrong;
+                               if (c.regs().rip != *post_rip && ++g_c.post_rip_wrong == 1)
+                                 g_c.first_post_rip = fmt("getppid post-handler rip %#" PRIx64 ", expected %#" PRIx64,
+                                                          c.regs().rip, *post_rip);
                              }),
                          "XP on __x64_sys_getppid"));
   *placed = ps.getppid->info()->address.value;
+  for (const Insn& i : ins)
+    if (i.addr.value == *placed) *post_rip = i.addr.value + i.size;
+  check("xp.getppid.next", *post_rip != 0,
+        fmt("the instruction after the placed probe: %#" PRIx64 " (0: the placed address is not an instruction "
+            "boundary of the test's own decoding)", *post_rip));
   check("xp.getppid.placed", *placed != getppid.value && ps.getppid->info()->requested == getppid,
         fmt("asked for at 0x%" PRIx64 ", placed at __x64_sys_getppid+0x%" PRIx64 " (%s): %s", getppid.value,
             *placed - getppid.value, ps.getppid->info()->instruction.c_str(),
@@ -451,6 +497,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
       if (i + 1 < ins.size()) after_call = &ins[i + 1];
       break;
     }
+  if (!after_call && !skipped("boosted"))
+    check("boosted.found", false, "no instruction after a call rel32 in __x64_sys_getppid: the boosted probe is missing");
   if (after_call && !skipped("boosted")) {
     ps.boosted = keep(must(s.probe(dom, after_call->addr,
                                    [](HitContext&) {
@@ -499,15 +547,24 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   // A pre- and post-handler on a plain instruction (openat's second one).
   if (!skipped("openat2")) {
     if (oi.size() > 1) {
+      const std::uint64_t next = oi[1].addr.value + oi[1].size;
       ps.openat2 = keep(must(s.probe(
                                  dom, oi[1].addr,
                                  [](HitContext&) {
                                    ++g_c.openat2_pre;
                                    return 0;
                                  },
-                                 [](HitContext&) { ++g_c.openat2_post; }),
+                                 [next](HitContext& c) {
+                                   ++g_c.openat2_post;
+                                   if (c.regs().rip != next && ++g_c.openat2_post_rip_wrong == 1 &&
+                                       g_c.first_post_rip.empty())
+                                     g_c.first_post_rip = fmt("openat post-handler rip %#" PRIx64 ", expected %#" PRIx64,
+                                                              c.regs().rip, next);
+                                 }),
                              "XP with a post-handler on __x64_sys_openat's second instruction"));
       ps.points.push_back(oi[1].addr);
+    } else {
+      check("openat2.found", false, "__x64_sys_openat decoded to fewer than 2 instructions: the trap-after probe is missing");
     }
   }
 
@@ -524,6 +581,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                     g_c.first_read_error = "do_filp_open kernel filename: " + name.error().what;
                                 } else if (*name == kTarget) {
                                   ++g_c.filp_target;
+                                  maybe_die("filp", g_c.filp_target);
                                 } else {
                                   ++g_c.filp_other;
                                 }
@@ -553,20 +611,67 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                         }),
                             "XrP on do_unlinkat"));
   ps.points.push_back(unlink);
+  // The outer call of do_filp_open: in flight while that handler runs (kill --die-in filp).
+  ps.ret_openat = keep(must(s.ret_probe(
+                                dom, openat,
+                                [](HitContext&, std::span<std::byte>) {
+                                  ++g_c.ret_openat_entries;
+                                  return 0;
+                                },
+                                [](HitContext& c, std::span<std::byte>) {
+                                  ++g_c.ret_openat_returns;
+                                  if (static_cast<std::int32_t>(c.regs().rax) < 0) ++g_c.ret_openat_failed;
+                                }),
+                            "XrP on __x64_sys_openat"));
+  }
+
+  // XP on a nop: the alignment padding after __x64_sys_getppid's ret (the kernel's straight-line
+  // code has no executed nop past the ftrace site, which the library moves probes off). Its
+  // mode must be skipped, and the guest never runs it: no hit.
+  if (!skipped("skipped")) {
+    if (const auto& nop = pad) {
+      ps.skipped = keep(must(s.probe(dom, *nop,
+                                     [](HitContext&) {
+                                       ++g_c.skipped_hits;
+                                       return 0;
+                                     }),
+                             fmt("XP on the nop at %#" PRIx64 " after __x64_sys_getppid's ret", nop->value)));
+    } else {
+      check("skipped.found", false, "no nop after __x64_sys_getppid's ret: the skipped-mode probe is missing");
+    }
   }
 
   // The armed points are where the library placed the probes: one asked for at a function's
   // start sits past its ftrace site.
   ps.points.clear();
-  for (Probe* p : {ps.getppid, ps.boosted, ps.branch, ps.openat, ps.openat2, ps.filp, ps.ret_getppid, ps.ret_unlink}) {
+  for (Probe* p : {ps.getppid, ps.boosted, ps.branch, ps.openat, ps.openat2, ps.filp, ps.ret_getppid, ps.ret_unlink,
+                   ps.ret_openat, ps.skipped}) {
     if (!p) continue;
-    if (auto i = p->info()) {
-      say("XPE2E-INFO: probe %" PRIu64 ": %s mode=%s slot=%#" PRIx64 " trampoline=%#" PRIx64 "%s%s", p->id(),
-          i->instruction.c_str(), mode_name(i->mode), i->slot.value, i->trampoline.value,
-          i->moved_because.empty() ? "" : "; moved: ", i->moved_because.c_str());
-      if (std::find(ps.points.begin(), ps.points.end(), i->address) == ps.points.end()) ps.points.push_back(i->address);
-    }
+    auto i = p->info();
+    if (!check(fmt("probe.%" PRIu64 ".info", p->id()), i.has_value(), i ? "registered" : i.error().what)) continue;
+    say("XPE2E-INFO: probe %" PRIu64 ": %s mode=%s slot=%#" PRIx64 " trampoline=%#" PRIx64 "%s%s", p->id(),
+        i->instruction.c_str(), mode_name(i->mode), i->slot.value, i->trampoline.value,
+        i->moved_because.empty() ? "" : "; moved: ", i->moved_because.c_str());
+    if (std::find(ps.points.begin(), ps.points.end(), i->address) == ps.points.end()) ps.points.push_back(i->address);
   }
+  // Each execution mode on real kernel text (docs/probes.md): a post-handler on a copied
+  // instruction makes its slot end in a trap (trap-after), and so does any other probe
+  // sharing that point.
+  auto mode_is = [](const char* name, Probe* p, ExecMode want, const char* why) {
+    if (!p) return;
+    auto i = p->info();
+    check(std::string("xp.") + name + ".mode", i && i->mode == want,
+          i ? fmt("mode=%s, expected %s (%s): %s", mode_name(i->mode), mode_name(want), why, i->instruction.c_str())
+            : i.error().what);
+  };
+  mode_is("getppid", ps.getppid, ExecMode::TrapAfter, "a post-handler on a copied instruction");
+  mode_is("boosted", ps.boosted, ExecMode::Boosted, "a plain instruction, pre-handler only");
+  mode_is("call", ps.branch, ExecMode::Emulated, "a call rel32: Dom0 pushes the return address");
+  mode_is("openat2", ps.openat2, ExecMode::TrapAfter, "a post-handler on a copied instruction");
+  mode_is("skipped", ps.skipped, ExecMode::Skipped, "a nop");
+  if (ps.openat && ps.openat2 && ps.openat->info() && ps.openat2->info() &&
+      ps.openat->info()->address == ps.openat2->info()->address)
+    mode_is("openat", ps.openat, ExecMode::TrapAfter, "placed on the second instruction, with its post-handler");
 }
 
 // Everything before the probes: the module's keys, the session, the symbols.
@@ -650,10 +755,6 @@ int cmd_probe(const Args& a) {
   register_probes(*s, a.dom, ps);
   std::string d;
   check("text.armed", first_bytes_are_traps(hv, a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
-  if (ps.branch)
-    if (auto i = ps.branch->info()) check("xp.call.mode", i->mode == ExecMode::Emulated, std::string("mode=") + mode_name(i->mode));
-  if (ps.boosted)
-    if (auto i = ps.boosted->info()) check("xp.boosted.mode", i->mode == ExecMode::Boosted, std::string("mode=") + mode_name(i->mode));
 
   auto done = run_workload(*s, a.dom, a.timeout_s);
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
@@ -676,8 +777,9 @@ int cmd_probe(const Args& a) {
   }
 
   check("xp.getppid.pre", (long)g_c.getppid_pre == n_getppid, fmt("pre-handler %" PRIu64 ", guest made %ld calls", g_c.getppid_pre, n_getppid));
-  check("xp.getppid.post", (long)g_c.getppid_post == n_getppid,
-        fmt("post-handler %" PRIu64 ", guest %ld; post rip still at the probe: %" PRIu64, g_c.getppid_post, n_getppid, g_c.post_rip_wrong));
+  check("xp.getppid.post", (long)g_c.getppid_post == n_getppid && g_c.post_rip_wrong == 0,
+        fmt("post-handler %" PRIu64 ", guest %ld; post rip not at the next instruction: %" PRIu64 "%s", g_c.getppid_post,
+            n_getppid, g_c.post_rip_wrong, g_c.first_post_rip.empty() ? "" : (" (" + g_c.first_post_rip + ")").c_str()));
   check("xp.getppid.stats", (long)stt_of(ps.getppid).hits == n_getppid && stt_of(ps.getppid).missed == 0,
         fmt("stats hits=%" PRIu64 " missed=%" PRIu64, stt_of(ps.getppid).hits, stt_of(ps.getppid).missed));
   if (ps.boosted)
@@ -687,9 +789,10 @@ int cmd_probe(const Args& a) {
   // The workload's openat calls: n_openat on the target, n_unlink creating the files it unlinks.
   if (ps.openat2)
     check("xp.openat.post", g_c.openat2_pre == g_c.openat_hits && g_c.openat2_post == g_c.openat_hits &&
-                                (long)g_c.openat_hits == n_openat + n_unlink,
-          fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64 "; the guest made %ld openat calls",
-              g_c.openat2_pre, g_c.openat2_post, g_c.openat_hits, n_openat + n_unlink));
+                                (long)g_c.openat_hits == n_openat + n_unlink && g_c.openat2_post_rip_wrong == 0,
+          fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64 "; the guest made %ld openat "
+              "calls; post rip not at the next instruction: %" PRIu64,
+              g_c.openat2_pre, g_c.openat2_post, g_c.openat_hits, n_openat + n_unlink, g_c.openat2_post_rip_wrong));
   if (ps.openat) check("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
         fmt("user filename %s read %" PRIu64 " times, guest opened it %ld times; other names %" PRIu64 ", read errors %" PRIu64 "%s",
             kTarget, g_c.openat_target, n_openat, g_c.openat_other, g_c.openat_read_errors,
@@ -715,7 +818,17 @@ int cmd_probe(const Args& a) {
   if (ps.ret_unlink) check("xrp.unlinkat", (long)zero == n_unlink && (long)enoent == n_enoent && g_c.ret_unlink_returns == zero + enoent,
         fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s",
             g_c.ret_unlink_returns, zero, enoent, n_unlink, n_enoent, rax.c_str()));
-  for (Probe* p : {ps.ret_getppid, ps.ret_unlink}) {
+  if (ps.ret_openat)
+    check("xrp.openat", (long)g_c.ret_openat_entries == n_openat + n_unlink && g_c.ret_openat_returns == g_c.ret_openat_entries &&
+                            g_c.ret_openat_failed == 0 && stt_of(ps.ret_openat).nmissed == 0,
+          fmt("entries %" PRIu64 " returns %" PRIu64 " (failed %" PRIu64 "), nmissed %" PRIu64 "; the guest made %ld openat calls",
+              g_c.ret_openat_entries, g_c.ret_openat_returns, g_c.ret_openat_failed, stt_of(ps.ret_openat).nmissed,
+              n_openat + n_unlink));
+  if (ps.skipped)
+    check("xp.skipped.hits", g_c.skipped_hits == 0 && stt_of(ps.skipped).hits == 0,
+          fmt("handler %" PRIu64 ", stats hits %" PRIu64 " on padding the guest never runs", g_c.skipped_hits,
+              stt_of(ps.skipped).hits));
+  for (Probe* p : {ps.ret_getppid, ps.ret_unlink, ps.ret_openat}) {
     if (!p) continue;
     auto t = stt_of(p);
     say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " nmissed=%" PRIu64 " reclaimed=%" PRIu64
@@ -761,6 +874,7 @@ int cmd_kill(const Args& a) {
     fns.emplace_back(n, must(s->resolve(a.dom, n), std::string("resolve ") + n));
   save(snapshot(s->hypervisor(), a.dom, fns), a.snapshot);
   g_die_after = a.die_after;
+  g_die_in = a.die_in;
   register_probes(*s, a.dom, ps);
   std::string d;
   check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
@@ -790,10 +904,42 @@ int cmd_verify_text(const Args& a) {
     check("guardian.domain_released", info && !info->paused && !info->debugged,
           info ? fmt("paused=%d debugged=%d", info->paused, info->debugged) : info.error().what);
     check("module.untouched", h && h->dom0_gone == 0 && h->timeouts == 0, describe(h));
+    if (a.channel == "vmevent") {
+      // The dead session's monitor is gone: a new one can be enabled (and is closed again).
+      auto ring = hv->monitor_enable(a.dom);
+      bool ok = ring.has_value();
+      std::string detail = ok ? "a fresh monitor was enabled and disabled" : "monitor_enable: " + ring.error().what;
+      if (ok) {
+        if (auto off = hv->monitor_disable(a.dom); !off) {
+          ok = false;
+          detail = "a fresh monitor was enabled; monitor_disable: " + off.error().what;
+        }
+        ring->reset();
+      }
+      check("guardian.monitor_torn_down", ok, detail);
+    }
   } else {
     check("text.restored_by_module", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
     check("module.dom0_gone", h && h->dom0_gone == 1, describe(h));
     check("module.timeouts", h && h->timeouts >= XENPROBES_DEAD_AFTER, describe(h));
+    // Every call that was in flight returned through the return table (the module clears an
+    // entry as it uses it): none is left.
+    std::string left = "control area unreadable";
+    if (h) {
+      auto a0 = hv->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_CONTROL_ADDR));
+      auto view = GuestView::open(*hv, a.dom);
+      std::vector<xenprobes_ret> rets(h->ret_capacity);
+      if (a0 && view &&
+          (*view)->read(Gva{std::stoull(*a0, nullptr, 16) + h->ret_offset}, std::as_writable_bytes(std::span(rets)))) {
+        auto live = std::count_if(rets.begin(), rets.end(), [](const xenprobes_ret& r) { return r.slot != 0; });
+        left = fmt("%td of %u return-table entries still in use", live, h->ret_capacity);
+        check("module.returns_finished", live == 0, left);
+      } else {
+        check("module.returns_finished", false, left);
+      }
+    } else {
+      check("module.returns_finished", false, left);
+    }
   }
   say("XPE2E-PROG verify-text %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
@@ -1550,6 +1696,34 @@ bool domain_alive(hv::Hypervisor& hv, DomId dom, std::string* state) {
   return !i->crashed && !i->shutdown && !i->dying;
 }
 
+// Diagnostics of a guest that stopped making progress, taken while the probes are still
+// armed: what Dom0 sees (dump_stall), then scenarios/lib.sh's domu_diag (every vCPU's stack
+// through xenctx, the guest's sysrq l/w/t, Xen's 'q', the guest's console) in a child
+// process, while this process keeps serving hits (bounded: 180 s).
+void guest_diag(Session& s, DomId dom, const std::string& why) {
+  dump_stall(s.hypervisor(), dom, why.c_str());
+  const std::string script = ". /usr/lib/xenprobes-e2e/scenarios/lib.sh && domu_diag \"$0\" \"$1\"";
+  const std::string id = std::to_string(dom.value);
+  const char* argv[] = {"sh", "-c", script.c_str(), id.c_str(), why.c_str(), nullptr};
+  std::fflush(stdout);
+  pid_t pid = -1;
+  if (int e = posix_spawnp(&pid, "sh", nullptr, nullptr, const_cast<char* const*>(argv), environ)) {
+    say("XPE2E-INFO: posix_spawnp(sh domu_diag): %s", std::strerror(e));
+    return;
+  }
+  auto end = Clock::now() + std::chrono::seconds(180);
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) != pid) {
+    if (Clock::now() > end) {
+      say("XPE2E-INFO: domu_diag still running after 180 s: killing it");
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      break;
+    }
+    (void)s.run_once(100);
+  }
+}
+
 // Phase i of the guest's safety loop: sends it and serves hits until its result. `cap`, when
 // given, is called after every run_once (the vmevent control unregisters hot probes there).
 std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std::string& phase, int seconds,
@@ -1570,6 +1744,8 @@ std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std:
     if (auto v = hv.xs_read(key)) {
       (void)s.run_once(0);
       say("XPE2E-INFO: phase %s: %.1f s: %s", phase.c_str(), std::chrono::duration<double>(Clock::now() - t0).count(), v->c_str());
+      // The guest gave up on a phase child stuck in its kernel: where it stands, while it does.
+      if (v->find("child=stuck") != std::string::npos) guest_diag(s, dom, "safety phase " + phase + ": " + *v);
       return *v;
     }
     if (Clock::now() - last_alive > std::chrono::seconds(1)) {
@@ -1582,6 +1758,7 @@ std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std:
     }
   }
   say("XPE2E-INFO: phase %s: no result within %d s", phase.c_str(), seconds + 30);
+  guest_diag(s, dom, fmt("safety phase %s: no result within %d s", phase.c_str(), seconds + 30));
   return std::nullopt;
 }
 
@@ -1887,10 +2064,14 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
       expect_refused("safety.hookpath.refused." + p.name.substr(0, p.name.find(' ')), std::move(r), p.rule,
                      fmt("%s (%#" PRIx64 ")", p.name.c_str(), p.at.value), p.at, armed);
     } else if (!check("safety.hookpath.registered." + p.name, r.has_value(),
-                      r ? fmt("%s (%#" PRIx64 "): registered on the %s channel", p.name.c_str(), p.at.value, x.channel.c_str())
+                      r ? fmt("%s (%#" PRIx64 "): registered on the %s channel at %s", p.name.c_str(), p.at.value,
+                              x.channel.c_str(), r->info() ? x.ks.describe(r->info()->address.value).c_str() : "?")
                         : fmt("%s: refused (%s): ", p.name.c_str(), errc_name(r.error().code)) + r.error().what)) {
       continue;
     } else {
+      // The handler counts by the address the library placed the probe at: past the
+      // function's ftrace site (docs/probes.md, "Entry placement"), e.g. __rcu_read_lock+0x5.
+      if (auto i = r->info()) p.at = i->address;
       armed.push_back(Armed{p.name, p.at, std::move(*r)});
     }
     if (armed.empty()) continue;

@@ -683,8 +683,39 @@ static int phase_ftrace(void)
 	/* Exactly 20 getppid calls (10 under the function tracer, 10 under a kprobe event): Dom0's
 	 * probe on __x64_sys_getppid must count exactly these. */
 	long calls = 0;
-	int ok = tfs_step("filter", "set_ftrace_filter", "__x64_sys_getppid", 1);
-	ok &= tfs_step("tracer_on", "current_tracer", "function", 1);
+	/*
+	 * The filter must name the function as ftrace does: by the first of its aliases in
+	 * kallsyms, which on 6.1.0-50 is __do_sys_getppid (at the same address as
+	 * __x64_sys_getppid, which ftrace does not know). Each name ends with a newline: only
+	 * then is it matched by the write itself, which fails (EINVAL) when nothing matches.
+	 * Without it the name is matched at close(), whose error nobody sees, the filter stays
+	 * empty, and the function tracer then patches every function of the kernel (40,432
+	 * sites: minutes under TCG, with soft lockups on the way; run 20261125-043322-24959).
+	 */
+	static const char *const names[] = { "__x64_sys_getppid", "__do_sys_getppid" };
+	const char *traced_name = NULL;
+	for (size_t k = 0; k < sizeof names / sizeof names[0] && !traced_name; k++) {
+		char line[64];
+		snprintf(line, sizeof line, "%s\n", names[k]);
+		int e = tfs_write("set_ftrace_filter", line, 1);
+		phase_add(" filter.%s=%s", names[k], e ? strerror(e) : "ok");
+		printf("XPE2E-SAFETY: %s -> set_ftrace_filter: %s\n", names[k], e ? strerror(e) : "ok");
+		if (!e)
+			traced_name = names[k];
+	}
+	/* Never the function tracer on more than this one function. */
+	long filtered = tfs_count("set_ftrace_filter", "");
+	phase_add(" filter_lines=%ld", filtered);
+	if (!traced_name || filtered != 1) {
+		tfs_write("set_ftrace_filter", "", 1);
+		phase_add(" error=no-single-function-filter");
+		return 0;
+	}
+	int ok = tfs_step("tracer_on", "current_tracer", "function", 1);
+	/* The sites ftrace now calls out of: this function's only. */
+	long enabled = tfs_count("enabled_functions", "");
+	phase_add(" enabled_functions=%ld", enabled);
+	ok &= enabled == 1;
 	for (int i = 0; i < 10; i++, calls++)
 		syscall(SYS_getppid);
 	/* Before the tracer goes: switching tracers resets the buffer. The trace may name the

@@ -3,11 +3,14 @@ E2E=/usr/lib/xenprobes-e2e
 PROBE=$E2E/xpe2e-probe
 KVER=$(uname -r)
 
-# result PASS|FAIL|SKIP|XFAIL <reason...>: the one line the host harness reads.
+# result PASS|FAIL|XFAIL <reason...>: the one line the host harness reads (run.sh passes only
+# PASS, and FAIL for a scenario it lists in SCEN_XFAIL). What the scenario had to try again
+# (domu_start's xl create) is appended in brackets, so that a pass after a retry says so.
 result() {
   r=$1
   shift
-  echo "XPE2E-RESULT $S $r $*"
+  notes=$([ -f "/tmp/$S.notes" ] && tr '\n' ' ' <"/tmp/$S.notes" | sed 's/ $//')
+  echo "XPE2E-RESULT $S $r $*${notes:+ [$notes]}"
   exit 0
 }
 
@@ -34,7 +37,10 @@ EOF
     timeout 60 xl -vvv create ${XL_CREATE_FLAGS:-} "/tmp/$1.cfg" >"/tmp/$1.create.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then
-      [ $try -gt 1 ] && echo "XPE2E-INFO: xl create of $1 succeeded on try $try" >&2
+      if [ $try -gt 1 ]; then
+        echo "XPE2E-INFO: xl create of $1 succeeded on try $try" >&2
+        echo "xl create of $1 needed $try tries" >>"/tmp/$S.notes"
+      fi
       xl domid "$1"
       return 0
     fi
@@ -71,6 +77,48 @@ dump_console() {
   echo "XPE2E-INFO: ---- console of DomU $1 ----"
   tr -d '\r' <"$(console_log "$1")" 2>/dev/null | sed "s/^/[domu $1] /"
   echo "XPE2E-INFO: ---- end of console of DomU $1 ----"
+}
+
+# domu_diag <domid> <why...>: diagnostics of a DomU that stopped making progress, for the
+# serial log, taken while it is still in that state (nothing here waits on the guest itself):
+#  - every vCPU's registers and the kernel addresses on its stack, with their symbols
+#    (xenctx pauses the domain for the read; works with the guest's interrupts off);
+#  - the guest's own view through sysrq (xenstore control/sysrq, handled by its xenwatch
+#    thread: needs one vCPU that still schedules; the DomU's init enables these keys): 'l'
+#    backtraces of every CPU (NMI), 'w' blocked tasks, 't' every task;
+#  - Xen's per-vCPU state ('q' debug key: blocked/running, pending events; on the serial
+#    console directly, Xen's log goes there);
+#  - the DomU's console: its last 80 lines before, and everything after (the sysrq output).
+# Header and footer lines start with XPE2E-DIAG (the host shows them as they come); the rest
+# with "[diag d<domid>]".
+domu_diag() {
+  _d=$1
+  shift
+  _n=$(xl domname "$_d" 2>/dev/null)
+  _log=$(console_log "${_n:-?}")
+  _m=$(wc -l <"$_log" 2>/dev/null || echo 0)
+  _t0=$(cut -d. -f1 /proc/uptime)
+  echo "XPE2E-DIAG domain $_d (${_n:-no name}): $*"
+  {
+    xl list "$_d" 2>&1
+    # Dom0's own kallsyms name the DomU's kernel addresses (a PV DomU runs Dom0's kernel; a
+    # PVH one boots with nokaslr). Debian's /boot/System.map is a stub. Text symbols only,
+    # one per address, sorted: xenctx inserts each symbol into a list, from its head for an
+    # address equal to the previous one's (aliases), which took minutes on all of kallsyms.
+    [ -s /tmp/xpe2e-kallsyms.text ] ||
+      awk '$2 == "t" || $2 == "T"' /proc/kallsyms | sort -s -u -k1,1 >/tmp/xpe2e-kallsyms.text
+    timeout 60 xenctx -s /tmp/xpe2e-kallsyms.text -S -C "$_d" 2>&1
+  } | sed "s/^/[diag d$_d] /"
+  for k in l w t; do
+    timeout 20 xl sysrq "$_d" $k >/dev/null 2>&1 || echo "[diag d$_d] xl sysrq $k failed"
+    sleep 4
+  done
+  timeout 20 xl debug-keys q >/dev/null 2>&1
+  sleep 4
+  _from=$((_m > 80 ? _m - 79 : 1))
+  echo "[diag d$_d] ---- console of ${_n:-?} from line $_from (the sysrq output from line $((_m + 1))) ----"
+  tr -d '\r' <"$_log" 2>/dev/null | tail -n +"$_from" | sed "s/^/[diag d$_d] /"
+  echo "XPE2E-DIAG domain $_d: end of diagnostics ($(($(cut -d. -f1 /proc/uptime) - _t0)) s)"
 }
 
 # domain_alive <domid>: running, not crashed
@@ -136,28 +184,73 @@ bench_scenario() {
   result PASS "benchmark complete on the $2 channel (XPE2E-BENCH lines above)"
 }
 
+# guardian_account <program output>: FAILs the scenario unless the guardian's account
+# (docs/guardian.md, "What recovery does") shows a whole recovery: xpe2e-reap saw it exit 0;
+# it recovered the one domain; restored at least one patch per armed probe point (the
+# text.armed line), left none alone and no step failed; every return-probe call in flight at
+# the kill (at least one: the program dies inside do_filp_open's handler, under the XrP on
+# __x64_sys_openat) got its return address back; on the debugger channel it moved the
+# stopped vCPU back onto its probe point and released that stop's pause too.
+guardian_account() {
+  g=$(grep -a "xenprobes-guardian\[" "$1")
+  echo "$g" | sed 's/^/XPE2E-INFO: /'
+  reaped=$(grep -a "^XPE2E-REAPED .* comm=xenprobes-guard" "$1" | head -n 1)
+  [ -n "$reaped" ] || result FAIL "guardian: its end was not seen (no XPE2E-REAPED line for it: still running, or never started)"
+  case "$reaped" in
+    *" status=exit 0") ;;
+    *) result FAIL "guardian: ${reaped#XPE2E-REAPED }" ;;
+  esac
+  bad=$(echo "$g" | grep -aE " failed: |: left alone$|: left as it is$" | head -n 1)
+  [ -z "$bad" ] || result FAIL "guardian: ${bad#*]: }"
+  set -- $(echo "$g" | sed -nE 's/.*recovering ([0-9]+) domains \(([0-9]+) patches, ([0-9]+) return-probe calls in flight\).*/\1 \2 \3/p' | head -n 1) \
+    $(echo "$g" | sed -nE 's/.*: done: ([0-9]+) domains recovered, ([0-9]+) gone, ([0-9]+) patches restored, ([0-9]+) left alone \(changed since\), ([0-9]+) vCPUs moved, ([0-9]+) return addresses restored, ([0-9]+) pauses released, ([0-9]+) steps failed.*/\1 \2 \3 \4 \5 \6 \7 \8/p' | head -n 1) \
+    $(sed -nE 's/^XPE2E-CHECK text.armed PASS ([0-9]+) probe points.*/\1/p' /tmp/$S.out | head -n 1)
+  [ $# -eq 12 ] || result FAIL "guardian: no complete account (its 'recovering' and 'done' lines) in the output"
+  # $1 domains $2 patches $3 calls in flight | $4 recovered $5 gone $6 restored $7 left alone
+  # $8 vCPUs moved $9 returns restored ${10} pauses released ${11} steps failed | ${12} armed points
+  acct="journal: $1 domains, $2 patches, $3 calls in flight; recovered $4, gone $5, restored $6, left alone $7, vCPUs moved $8, returns restored $9, pauses released ${10}, failed ${11}; ${12} points armed"
+  echo "XPE2E-INFO: guardian account: $acct"
+  [ "$1" = 1 ] && [ "$4" = 1 ] && [ "$5" = 0 ] && [ "$7" = 0 ] && [ "${11}" = 0 ] ||
+    result FAIL "guardian: not one domain recovered whole ($acct)"
+  [ "$6" -ge "${12}" ] || result FAIL "guardian: fewer patches restored than probe points armed ($acct)"
+  [ "$3" -ge 1 ] || result FAIL "guardian: no return-probe call in flight at the kill ($acct)"
+  [ "$9" -ge 1 ] || result FAIL "guardian: no return address put back ($acct)"
+  if [ "$CHANNEL" = debugger ]; then
+    [ "$8" -ge 1 ] && [ "${10}" -ge 2 ] || result FAIL "guardian: the stopped vCPU was not moved back, or its stop's pause not released ($acct)"
+  else
+    [ "${10}" -ge 1 ] || result FAIL "guardian: its own pause not released ($acct)"
+  fi
+}
+
 # kill9_scenario <DomU name> <channel> <extra kernel args> <seconds for the workload to start>:
-# the probing process SIGKILLs itself inside a handler (a vCPU waits for that answer) with
-# probes armed under load; the guest must keep running, its workload (2000 getppid, 50
-# openat, 20 unlink) finish with correct results, and its text return byte-identical to the
-# snapshot taken before arming. Who restores it depends on the channel: on `guest` the
-# module's fail-safe, after XENPROBES_DEAD_AFTER timeouts (timeout_ms = 500, its default);
-# on `debugger` and `vmevent` the session's guardian (xenprobes-guardian, docs/guardian.md),
-# whose account must be in the program's output and which must leave the domain neither
-# paused nor debugged and the module untouched. Then detach + rmmod.
+# the probing process SIGKILLs itself inside do_filp_open's handler on its 10th hit on the
+# workload's file (a vCPU waits for that answer, and the XrP on __x64_sys_openat has that call
+# in flight) with probes armed under load; the guest must keep running, its workload (2000
+# getppid, 50 openat, 20 unlink) finish with correct results, and its text return
+# byte-identical to the snapshot taken before arming. Who restores it depends on the channel:
+# on `guest` the module's fail-safe, after XENPROBES_DEAD_AFTER timeouts (timeout_ms = 500,
+# its default), the call in flight returning through the module's return table; on
+# `debugger` and `vmevent` the session's guardian (xenprobes-guardian, docs/guardian.md),
+# whose exit status and account are checked (guardian_account), and which must leave the
+# domain neither paused nor debugged, no monitor behind and the module untouched. Then
+# detach + rmmod. The program runs under xpe2e-reap, which outlives it and reaps the guardian.
 kill9_scenario() {
   N=$1
+  CHANNEL=$2
   tmo=2000 by=guardian
   [ "$2" = guest ] && tmo=500 by=module
   domid=$(domu_start $N "$3 xpe2e.modparams=timeout_ms=$tmo xpe2e.work=2000:50:20") || result FAIL "xl create failed"
   echo "XPE2E-INFO: DomU $N is domain $domid"
   wait_console $N "XPE2E-WORKLOAD: waiting" "$4" || { dump_console $N; result FAIL "the workload did not start within $4 s"; }
-  timeout 400 "$PROBE" kill --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap --die-after-hits 50 \
-    --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
+  timeout 400 "$E2E/xpe2e-reap" --wait 120 -- "$PROBE" kill --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap \
+    --die-in filp --die-after-hits 10 --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
   rc=$?
   cat /tmp/$S.out
   grep -q "^XPE2E-KILL" /tmp/$S.out || result FAIL "xpe2e-probe kill did not reach its SIGKILL (exit $rc)"
   [ $rc -eq 137 ] || result FAIL "xpe2e-probe kill exited $rc, not 137 (SIGKILL)"
+  bad=$(grep -a "^XPE2E-CHECK .* FAIL" /tmp/$S.out | head -n 1)
+  [ -z "$bad" ] || result FAIL "xpe2e-probe kill, before the kill: ${bad#XPE2E-CHECK }"
+  grep -aq "^XPE2E-KILL.*__x64_sys_openat [1-9]" /tmp/$S.out || result FAIL "no XrP call in flight at the kill: $(grep -a '^XPE2E-KILL' /tmp/$S.out)"
   t0=$(cut -d. -f1 /proc/uptime)
   done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
     grep -a "xenprobes-guardian" /tmp/$S.out | sed 's/^/XPE2E-INFO: /'
@@ -167,9 +260,9 @@ kill9_scenario() {
   }
   echo "XPE2E-INFO: workload finished $(($(cut -d. -f1 /proc/uptime) - t0)) s after the kill: $done"
   if [ $by = guardian ]; then
-    # The guardian's account (it writes to the stderr it inherited: the same file).
-    grep -a "xenprobes-guardian" /tmp/$S.out | sed 's/^/XPE2E-INFO: /'
-    grep -aq "xenprobes-guardian.*recovering" /tmp/$S.out || result FAIL "no account of the guardian's recovery in its output"
+    guardian_account /tmp/$S.out
+  elif grep -aq "xenprobes-guardian" /tmp/$S.out; then
+    result FAIL "a guardian ran for a guest-channel session (its domains are never journaled)"
   fi
   timeout 120 "$PROBE" verify-text --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap --timeout 60
   rc2=$?
@@ -178,7 +271,7 @@ kill9_scenario() {
   domu_verdict $N "$domid"
   [ $rc2 -eq 0 ] || result FAIL "text not restored, or the module's counters or the domain's state wrong (its XPE2E-CHECK lines above)"
   [ "$un" = ok ] || result FAIL "detach + rmmod after the kill: '$un'"
-  result PASS "guest kept running, workload ok, text restored by the $by ($2 channel), module unloaded"
+  result PASS "guest kept running, workload ok, text restored by the $by ($2 channel) with an XrP call in flight, module unloaded"
 }
 
 # What a kernel says when it is hurt: an oops, a BUG()/WARN(), a panic, a lockup or an RCU
