@@ -87,12 +87,9 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
 
   {
     auto hold = XP_TRY(Pause::take(*this, *d));  // with vCPU 0's paging context, fresh
-    // The bytes may have changed since we decoded them (the guest patches itself too).
-    std::array<std::uint8_t, x86::kMaxInsnLen> now{};
-    XP_TRY(d->memory->read(addr, std::as_writable_bytes(std::span(now.data(), point->insn.length))));
-    if (!std::equal(now.begin(), now.begin() + point->insn.length, point->original.begin()))
-      return fail(Errc::Again, hex(addr.value) + ": the guest changed this instruction while we looked at it; retry");
-    // The slot is the point's only once the trap is in: a failed arm drops (undoes) it.
+    // The bytes may have changed since we decoded them (the guest patches itself too): arm()'s
+    // patch checks them before anything is written. The slot is the point's only once the
+    // trap is in: a failed arm drops (undoes) it.
     std::optional<NewSlot> ns;
     if (uses_slot(*point)) ns = XP_TRY(write_slot(*d, *point, bool(reg->post)));
     if (ns) {
