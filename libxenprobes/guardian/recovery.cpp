@@ -270,4 +270,19 @@ RecoveryReport recover(hv::Hypervisor& hv, const JournalSnapshot& s, const Recov
   return rep;
 }
 
+std::string describe_journal(const std::string& who, const JournalSnapshot& snap) {
+  return who + " ended without cleaning up: recovering " + std::to_string(snap.domains.size()) + " domains (" +
+         std::to_string(snap.patches.size()) + " patches, " + std::to_string(snap.returns.size()) +
+         " return-probe calls in flight)";
+}
+
+std::string describe_report(const RecoveryReport& rep) {
+  return "done: " + std::to_string(rep.domains) + " domains recovered, " + std::to_string(rep.gone) + " gone, " +
+         std::to_string(rep.reused) + " refused (domid reused), " + std::to_string(rep.restored) +
+         " patches restored, " + std::to_string(rep.left_alone) + " left alone (changed since), " +
+         std::to_string(rep.vcpus_moved) + " vCPUs moved, " + std::to_string(rep.returns_restored) +
+         " return addresses restored, " + std::to_string(rep.unpaused) + " pauses released, " +
+         std::to_string(rep.failures) + " steps failed";
+}
+
 }  // namespace xenprobes::guardian

@@ -38,4 +38,11 @@ using RecoveryLog = std::function<void(log::Level, const std::string&)>;
 // does not say is ours. Skips a snapshot marked clean.
 RecoveryReport recover(hv::Hypervisor&, const JournalSnapshot&, const RecoveryLog& = {});
 
+// The account's first and last lines (docs/guardian.md, "What recovery does"): what the
+// journal holds, said before recovery starts ("<who> ended without cleaning up: recovering
+// ..."), and the report's counts ("done: ..."). Tools read them (the real-Xen scenarios, via
+// tools/e2e/guardian-account.sh): their wording changes only with that script.
+std::string describe_journal(const std::string& who, const JournalSnapshot&);
+std::string describe_report(const RecoveryReport&);
+
 }  // namespace xenprobes::guardian

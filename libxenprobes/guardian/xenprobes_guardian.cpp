@@ -253,9 +253,7 @@ int main(int argc, char** argv) {
 
   // ---- recovery.
   acc.hold();
-  acc.say(log::Level::Warn, who + " ended without cleaning up: recovering " + std::to_string(snap->domains.size()) +
-                                " domains (" + std::to_string(snap->patches.size()) + " patches, " +
-                                std::to_string(snap->returns.size()) + " return-probe calls in flight)");
+  acc.say(log::Level::Warn, guardian::describe_journal(who, *snap));
 #ifdef XENPROBES_GUARDIAN_TEST_HOOKS
   // The test build only (tests/guardian): the simulated Xen lived in the dead owner, so
   // XENPROBES_GUARDIAN_REPORT=<file> has the journal's contents written where recovery
@@ -285,12 +283,6 @@ int main(int argc, char** argv) {
   }
   log::set_level(log::Level::Off);  // every line goes through the account instead
   auto rep = guardian::recover(**hv, *snap, [&](log::Level l, const std::string& line) { acc.say(l, line); });
-  acc.say(rep.failures ? log::Level::Error : log::Level::Warn,
-          "done: " + std::to_string(rep.domains) + " domains recovered, " + std::to_string(rep.gone) + " gone, " +
-              std::to_string(rep.reused) + " refused (domid reused), " + std::to_string(rep.restored) +
-              " patches restored, " + std::to_string(rep.left_alone) + " left alone (changed since), " +
-              std::to_string(rep.vcpus_moved) + " vCPUs moved, " + std::to_string(rep.returns_restored) +
-              " return addresses restored, " + std::to_string(rep.unpaused) + " pauses released, " +
-              std::to_string(rep.failures) + " steps failed");
+  acc.say(rep.failures ? log::Level::Error : log::Level::Warn, guardian::describe_report(rep));
   return acc.finish(rep.failures ? 1 : 0);
 }

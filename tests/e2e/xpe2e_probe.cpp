@@ -6,11 +6,12 @@
 //       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
 //       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
 //       text is byte-identical to before.
-//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N] [--die-in getppid|filp]
+//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N] [--die-in getppid|call|filp]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
-//       waiting for the answer at that moment): getppid's pre-handler, or do_filp_open's on
-//       the workload's file (the XrP on __x64_sys_openat then has that call in flight). The
-//       text snapshot goes to FILE first.
+//       waiting for the answer at that moment): getppid's pre-handler (before the XrP entry
+//       there), the handler of the call inside __x64_sys_getppid (the XrP on getppid then has
+//       that call in flight), or do_filp_open's on the workload's file (the XrP on
+//       __x64_sys_openat has that call in flight). The text snapshot goes to FILE first.
 //   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S] [--channel C]
 //       Waits until the kernel text equals the snapshot again and checks who restored it: the
 //       module's fail-safe (guest channel: dom0_gone, timeouts), or with --channel debugger or
@@ -151,9 +152,9 @@ struct Args {
   int timeout_s = 240;
   std::string snapshot;
   unsigned die_after = 50;
-  std::string die_in = "getppid";  // kill: the handler that SIGKILLs (getppid, filp)
+  std::string die_in = "getppid";  // kill: the handler that SIGKILLs (getppid, call, filp)
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
-  std::string skip;  // comma-separated: xrp, branch, openat, filp (to bisect a failure)
+  std::string skip;  // comma-separated: xrp, branch, boosted, openat, openat2, filp, skipped (to bisect a failure)
   std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
   double round_s = 1.0;                                     // bench: seconds per measured round
   int rounds = 3;                                           // bench: rounds per syscall
@@ -216,7 +217,7 @@ Args parse(int argc, char** argv) {
       fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
-  if (a.die_in != "getppid" && a.die_in != "filp") fatal("--die-in: getppid or filp");
+  if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp") fatal("--die-in: getppid, call or filp");
   if (a.cmd == "pair" && (!a.dom2.value || a.dom2 == a.dom)) fatal("pair: --domid2 (another domain) is required");
   return a;
 }
@@ -421,10 +422,11 @@ std::string g_die_in;
 // `where` names the handler calling; `hits` its count so far.
 void maybe_die(const char* where, std::uint64_t hits) {
   if (g_die_after && g_die_in == where && hits == g_die_after) {
+    const std::uint64_t getppid = g_c.ret_getppid_entries - g_c.ret_getppid_returns,
+                        openat = g_c.ret_openat_entries - g_c.ret_openat_returns;
     say("XPE2E-KILL: SIGKILL to myself inside the %s handler after %u hits (a vCPU waits for this answer); "
-        "XrP calls in flight: __x64_sys_openat %" PRIu64 ", __x64_sys_getppid %" PRIu64,
-        where, g_die_after, g_c.ret_openat_entries - g_c.ret_openat_returns,
-        g_c.ret_getppid_entries - g_c.ret_getppid_returns);
+        "XrP calls in flight: %" PRIu64 " (__x64_sys_getppid %" PRIu64 ", __x64_sys_openat %" PRIu64 ")",
+        where, g_die_after, getppid + openat, getppid, openat);
     std::fflush(nullptr);
     ::kill(::getpid(), SIGKILL);
   }
@@ -513,6 +515,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
     ps.branch = keep(must(s.probe(dom, call->addr,
                                   [](HitContext&) {
                                     ++g_c.branch;
+                                    maybe_die("call", g_c.branch);
                                     return 0;
                                   }),
                           "XP on the call in __x64_sys_getppid (" + call->text + ")"));

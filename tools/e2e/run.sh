@@ -181,6 +181,7 @@ cp -a "$STAGE/." "$R/"
 install -m 755 "$E2E_TOOLS/dom0/dom0-init" "$R/usr/lib/xenprobes-e2e/dom0-init"
 install -m 755 "$P/domu/bin/fpucheck" "$R/usr/lib/xenprobes-e2e/fpucheck"
 install -m 644 "$E2E_TOOLS"/scenarios/*.sh "$R/usr/lib/xenprobes-e2e/scenarios/"
+install -m 755 "$E2E_TOOLS/guardian-account.sh" "$R/usr/lib/xenprobes-e2e/guardian-account.sh"
 e2e_stage_done
 
 # ---- boot QEMU: one boot per group of scenarios on the same hypervisor -----------------
