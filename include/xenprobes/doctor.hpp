@@ -48,7 +48,7 @@ struct DoctorReport {
 };
 
 // Every domain, or only `only`.
-XENPROBES_API Result<DoctorReport> doctor(hv::Hypervisor&, std::optional<DomId> only = {});
+[[nodiscard]] XENPROBES_API Result<DoctorReport> doctor(hv::Hypervisor&, std::optional<DomId> only = {});
 // A human-readable report, one block per domain.
 XENPROBES_API std::string format(const DoctorReport&);
 

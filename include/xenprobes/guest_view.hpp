@@ -19,17 +19,17 @@ namespace xenprobes {
 class XENPROBES_API GuestView {
  public:
   // Reads the paging mode and CR3 from `vcpu` of `domid`. The hypervisor must outlive the view.
-  static Result<std::unique_ptr<GuestView>> open(hv::Hypervisor& hv, DomId domid, VcpuId vcpu = VcpuId{0});
+  [[nodiscard]] static Result<std::unique_ptr<GuestView>> open(hv::Hypervisor& hv, DomId domid, VcpuId vcpu = VcpuId{0});
   ~GuestView();
 
-  Result<void> read(Gva va, std::span<std::byte> out);
+  [[nodiscard]] Result<void> read(Gva va, std::span<std::byte> out);
   // On a PV guest it leaves no writable mapping of the frames behind: a frame Dom0 holds
   // writable cannot become a page table there, and the guest reuses any page it frees.
-  Result<void> write(Gva va, std::span<const std::byte> data);
-  Result<std::uint64_t> read_u64(Gva va);
-  Result<std::string> read_string(Gva va, std::size_t max_len);
+  [[nodiscard]] Result<void> write(Gva va, std::span<const std::byte> data);
+  [[nodiscard]] Result<std::uint64_t> read_u64(Gva va);
+  [[nodiscard]] Result<std::string> read_string(Gva va, std::size_t max_len);
   // Physical address (GPA for HVM, machine address for PV) of a guest-virtual address.
-  Result<Gpa> translate(Gva va);
+  [[nodiscard]] Result<Gpa> translate(Gva va);
   // Drops cached translations and mappings (after the guest may have changed its tables).
   void flush();
 

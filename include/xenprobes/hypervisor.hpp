@@ -163,9 +163,9 @@ class XENPROBES_API VmEventRing {
   virtual ~VmEventRing() = default;
   virtual int fd() const = 0;  // pollable; readable when requests may be pending
   // Takes the next request, or nullopt if the ring is empty. Acknowledges the notification.
-  virtual Result<std::optional<VmEventRequest>> get_request() = 0;
-  virtual Result<void> put_response(const VmEventResponse&) = 0;
-  virtual Result<void> notify() = 0;  // one EVTCHNOP_send: Xen processes the responses
+  [[nodiscard]] virtual Result<std::optional<VmEventRequest>> get_request() = 0;
+  [[nodiscard]] virtual Result<void> put_response(const VmEventResponse&) = 0;
+  [[nodiscard]] virtual Result<void> notify() = 0;  // one EVTCHNOP_send: Xen processes the responses
 };
 
 // Which optional hypervisor features exist (checked once at open/attach time).
@@ -179,77 +179,77 @@ class XENPROBES_API Hypervisor {
   virtual ~Hypervisor() = default;
 
   virtual std::string name() const = 0;  // "xen" or "sim"
-  virtual Result<std::string> version() = 0;  // "4.17.5" …
-  virtual Result<Capabilities> capabilities() = 0;
+  [[nodiscard]] virtual Result<std::string> version() = 0;  // "4.17.5" …
+  [[nodiscard]] virtual Result<Capabilities> capabilities() = 0;
 
   // ---- domains ----
-  virtual Result<std::vector<DomainInfo>> list_domains() = 0;
-  virtual Result<DomainInfo> domain_info(DomId) = 0;
+  [[nodiscard]] virtual Result<std::vector<DomainInfo>> list_domains() = 0;
+  [[nodiscard]] virtual Result<DomainInfo> domain_info(DomId) = 0;
   // Reference counted exactly as XEN_DOMCTL_pausedomain / unpausedomain: every pause needs
   // one unpause, and unpausing a domain whose count is already zero fails with EINVAL.
-  virtual Result<void> pause(DomId) = 0;
-  virtual Result<void> unpause(DomId) = 0;
+  [[nodiscard]] virtual Result<void> pause(DomId) = 0;
+  [[nodiscard]] virtual Result<void> unpause(DomId) = 0;
 
   // ---- vCPU state ----
-  virtual Result<VcpuRegs> get_vcpu_regs(DomId, VcpuId) = 0;
+  [[nodiscard]] virtual Result<VcpuRegs> get_vcpu_regs(DomId, VcpuId) = 0;
   // Sets GPRs, rip, rflags and dr6/dr7; control registers are echoed, not changed. Must not
   // disturb the guest's extended FPU state (xen-facts.md §3.3).
-  virtual Result<void> set_vcpu_regs(DomId, VcpuId, const VcpuRegs&) = 0;
+  [[nodiscard]] virtual Result<void> set_vcpu_regs(DomId, VcpuId, const VcpuRegs&) = 0;
 
   // ---- memory ----
   // Maps guest frames (MFNs for PV, GFNs for HVM) contiguously into this process.
-  virtual Result<ForeignMapping> map_frames(DomId, std::span<const Frame>, MapAccess) = 0;
+  [[nodiscard]] virtual Result<ForeignMapping> map_frames(DomId, std::span<const Frame>, MapAccess) = 0;
 
   // ---- xenstore ----
-  virtual Result<std::string> xs_read(const std::string& path) = 0;
-  virtual Result<void> xs_write(const std::string& path, const std::string& value) = 0;
-  virtual Result<void> xs_rm(const std::string& path) = 0;
-  virtual Result<std::vector<std::string>> xs_directory(const std::string& path) = 0;
+  [[nodiscard]] virtual Result<std::string> xs_read(const std::string& path) = 0;
+  [[nodiscard]] virtual Result<void> xs_write(const std::string& path, const std::string& value) = 0;
+  [[nodiscard]] virtual Result<void> xs_rm(const std::string& path) = 0;
+  [[nodiscard]] virtual Result<std::vector<std::string>> xs_directory(const std::string& path) = 0;
   // Gives domid read access to path (Dom0 stays owner): xs_set_permissions.
-  virtual Result<void> xs_grant_read(const std::string& path, DomId reader) = 0;
+  [[nodiscard]] virtual Result<void> xs_grant_read(const std::string& path, DomId reader) = 0;
   // Watches path and everything below; "@introduceDomain"/"@releaseDomain" are special.
   // As in xenstored, a new watch fires once at once.
-  virtual Result<void> xs_watch(const std::string& path, const std::string& token) = 0;
-  virtual Result<void> xs_unwatch(const std::string& path, const std::string& token) = 0;
+  [[nodiscard]] virtual Result<void> xs_watch(const std::string& path, const std::string& token) = 0;
+  [[nodiscard]] virtual Result<void> xs_unwatch(const std::string& path, const std::string& token) = 0;
   virtual int xs_fd() = 0;  // pollable; readable when watch events are queued
-  virtual Result<std::vector<WatchEvent>> xs_read_watches() = 0;  // non-blocking, drains
+  [[nodiscard]] virtual Result<std::vector<WatchEvent>> xs_read_watches() = 0;  // non-blocking, drains
 
   // ---- event channels (one handle per Hypervisor object) ----
   // Global VIRQs have one binder per host: a second bind fails with EEXIST.
-  virtual Result<EvtchnPort> evtchn_bind_virq(unsigned virq) = 0;
-  virtual Result<EvtchnPort> evtchn_bind_interdomain(DomId, std::uint32_t remote_port) = 0;
-  virtual Result<void> evtchn_unbind(EvtchnPort) = 0;
-  virtual Result<void> evtchn_notify(EvtchnPort) = 0;
+  [[nodiscard]] virtual Result<EvtchnPort> evtchn_bind_virq(unsigned virq) = 0;
+  [[nodiscard]] virtual Result<EvtchnPort> evtchn_bind_interdomain(DomId, std::uint32_t remote_port) = 0;
+  [[nodiscard]] virtual Result<void> evtchn_unbind(EvtchnPort) = 0;
+  [[nodiscard]] virtual Result<void> evtchn_notify(EvtchnPort) = 0;
   virtual int evtchn_fd() = 0;
   // Next pending port (the port is then masked until evtchn_unmask), or nullopt.
-  virtual Result<std::optional<EvtchnPort>> evtchn_pending() = 0;
-  virtual Result<void> evtchn_unmask(EvtchnPort) = 0;
+  [[nodiscard]] virtual Result<std::optional<EvtchnPort>> evtchn_pending() = 0;
+  [[nodiscard]] virtual Result<void> evtchn_unmask(EvtchnPort) = 0;
 
   // ---- debugging mode (XEN_DOMCTL_setdebugging, gdbsx domctls) ----
-  virtual Result<void> set_debugging(DomId, bool on) = 0;
+  [[nodiscard]] virtual Result<void> set_debugging(DomId, bool on) = 0;
   // Fails with NoSys on a hypervisor built without CONFIG_GDBSX.
-  virtual Result<GdbsxStatus> gdbsx_domstatus(DomId) = 0;
+  [[nodiscard]] virtual Result<GdbsxStatus> gdbsx_domstatus(DomId) = 0;
 
   // ---- vm_event monitor (HVM/PVH only; NotSupported for PV) ----
-  virtual Result<std::unique_ptr<VmEventRing>> monitor_enable(DomId) = 0;
-  virtual Result<void> monitor_disable(DomId) = 0;
-  virtual Result<void> monitor_software_breakpoint(DomId, bool on) = 0;
-  virtual Result<void> monitor_debug_exceptions(DomId, bool on, bool sync) = 0;
+  [[nodiscard]] virtual Result<std::unique_ptr<VmEventRing>> monitor_enable(DomId) = 0;
+  [[nodiscard]] virtual Result<void> monitor_disable(DomId) = 0;
+  [[nodiscard]] virtual Result<void> monitor_software_breakpoint(DomId, bool on) = 0;
+  [[nodiscard]] virtual Result<void> monitor_debug_exceptions(DomId, bool on, bool sync) = 0;
   // The guardian's teardown of a monitor ring whose owner died (docs/guardian.md): turns
   // software-breakpoint and debug-exception monitoring off, releases every vCPU still paused
   // by a request nobody will answer (or waiting for room in the ring), and disables the
   // ring. Only for a ring no live process serves.
-  virtual Result<void> monitor_recover(DomId) {
+  [[nodiscard]] virtual Result<void> monitor_recover(DomId) {
     return std::unexpected(Error{Errc::NotSupported, "this hypervisor backend cannot take over a vm_event ring"});
   }
   // xendevicemodel_inject_event: re-inject an exception the library does not own.
-  virtual Result<void> inject_event(DomId, VcpuId, std::uint8_t vector, std::uint8_t type,
+  [[nodiscard]] virtual Result<void> inject_event(DomId, VcpuId, std::uint8_t vector, std::uint8_t type,
                                     std::uint32_t error_code, std::uint8_t insn_len) = 0;
 };
 
 // Opens the hypervisor selected by XENPROBES_BACKEND (xen | sim; default xen). With "sim"
 // the simulated Xen starts the demo guest (or XENPROBES_SIM_GUEST) as domain 1.
-XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_hypervisor();
-XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_hypervisor(const std::string& backend);
+[[nodiscard]] XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_hypervisor();
+[[nodiscard]] XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_hypervisor(const std::string& backend);
 
 }  // namespace xenprobes::hv

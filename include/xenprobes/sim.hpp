@@ -117,18 +117,18 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
 
   // Creates and starts a domain (domids count up from 1, or DomainConfig::domid). Fails with
   // the loader's reason.
-  virtual Result<DomId> create_domain(const DomainConfig&) = 0;
+  [[nodiscard]] virtual Result<DomId> create_domain(const DomainConfig&) = 0;
   // xl destroy: the domain dies, @releaseDomain fires, later calls get ESRCH.
-  virtual Result<void> destroy_domain(DomId) = 0;
+  [[nodiscard]] virtual Result<void> destroy_domain(DomId) = 0;
   // A new Hypervisor handle on this host.
   virtual std::unique_ptr<Hypervisor> open() = 0;
 
-  virtual Result<GuestLayout> layout(DomId) = 0;
+  [[nodiscard]] virtual Result<GuestLayout> layout(DomId) = 0;
   // Guest symbol (from the ELF symbol table), e.g. "sys_open" or "demo_stats".
-  virtual Result<std::uint64_t> symbol(DomId, const std::string& name) = 0;
+  [[nodiscard]] virtual Result<std::uint64_t> symbol(DomId, const std::string& name) = 0;
   // Reads guest-virtual memory the simple way (through the sim's own mappings, not the
   // page tables): for test oracles only.
-  virtual Result<void> peek(DomId, std::uint64_t va, std::span<std::byte> out) = 0;
+  [[nodiscard]] virtual Result<void> peek(DomId, std::uint64_t va, std::span<std::byte> out) = 0;
   virtual std::string console(DomId) = 0;
   virtual std::string crash_reason(DomId) = 0;  // "" if the domain has not crashed
 
@@ -150,19 +150,19 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // whose timeout (or claim bound) has passed is over, with its fallback taken, and no other
   // one is. InvalidArgument on a host with the real clock; TimedOut if a scheduler did not
   // get round to it within 30 s.
-  virtual Result<void> advance_clock(std::chrono::milliseconds by) = 0;
+  [[nodiscard]] virtual Result<void> advance_clock(std::chrono::milliseconds by) = 0;
   // Internal pause reference count (the real Xen does not expose it): for tests.
-  virtual Result<unsigned> pause_count(DomId) = 0;
+  [[nodiscard]] virtual Result<unsigned> pause_count(DomId) = 0;
   // How often control reached `va` (one of DomainConfig::count_executions).
-  virtual Result<std::uint64_t> executions(DomId, std::uint64_t va) = 0;
+  [[nodiscard]] virtual Result<std::uint64_t> executions(DomId, std::uint64_t va) = 0;
 
   // ---- the guest's side of event channels (what a guest kernel module does) ----
   // EVTCHNOP_alloc_unbound for remote domain 0: a port Dom0 can bind interdomain.
-  virtual Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) = 0;
+  [[nodiscard]] virtual Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) = 0;
   // The guest notifies Dom0 over its port.
-  virtual Result<void> guest_evtchn_notify(DomId, std::uint32_t port) = 0;
+  [[nodiscard]] virtual Result<void> guest_evtchn_notify(DomId, std::uint32_t port) = 0;
   // How many notifications Dom0 has sent the guest on its port.
-  virtual Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) = 0;
+  [[nodiscard]] virtual Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.
@@ -174,6 +174,6 @@ XENPROBES_API std::string default_guest_dir();
 // What `XENPROBES_BACKEND=sim` opens: a host with one domain (domid 1) running
 // XENPROBES_SIM_GUEST or the demo guest. XENPROBES_SIM_VCPUS (default 2),
 // XENPROBES_SIM_TYPE=pv|hvm (default pv) and XENPROBES_SIM_GDBSX=0|1 (default 1) adjust it.
-XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_default_sim();
+[[nodiscard]] XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_default_sim();
 
 }  // namespace xenprobes::hv::sim

@@ -71,10 +71,12 @@ typedef uint16_t domid_t;
  * The register frame handlers receive: Xen's x86_64 struct cpu_user_regs
  * (xen/arch-x86/xen-x86_64.h), the same layout and 64-bit member names. When that header was
  * included before this one, its definition (with its 32/16/8-bit alias unions) is used; include
- * Xen's headers first if a program needs both. Handlers may change the registers: the changes
- * are written back when the vCPU resumes. Changing rip in a pre-handler makes the vCPU continue
- * there without running the probed instruction (kprobes' "return 1"). error_code, entry_vector,
- * saved_upcall_mask and es/ds/fs/gs are not provided (0) and writes to them are ignored.
+ * Xen's headers first if a program needs both. Handlers may change the 16 general registers,
+ * rip and rflags' arithmetic flags (CF PF AF ZF SF OF): those are written back when the vCPU
+ * resumes, on every channel. Changing rip in a pre-handler makes the vCPU continue there
+ * without running the probed instruction (kprobes' "return 1"). cs, ss and rflags' other bits
+ * are for reading (a change is put back); error_code, entry_vector, saved_upcall_mask and
+ * es/ds/fs/gs are not provided (0) and writes to them are ignored.
  */
 #ifndef __XEN_PUBLIC_ARCH_X86_XEN_X86_64_H__
 struct cpu_user_regs {

@@ -36,11 +36,14 @@ class XENPROBES_API HitContext {
   virtual ~HitContext() = default;
   virtual DomId domain() const = 0;
   virtual VcpuId vcpu() const = 0;
-  // The probe point. Pre-handlers see regs().rip == address(); a pre-handler that changes
-  // rip (or returns nonzero) makes the vCPU continue there, skipping the probed instruction
-  // and the post-handlers (kprobes' "return 1").
+  // The probe point. Pre-handlers see regs().rip == address() (PreHandler says what a
+  // change of rip does).
   virtual Gva address() const = 0;
-  // The registers of the hit vCPU; changes are written back when the vCPU resumes.
+  // The registers of the hit vCPU. Written back when the vCPU resumes, the same on every
+  // channel: the 16 general registers, rip, and rflags' arithmetic flags (CF PF AF ZF SF OF).
+  // Everything else (the other rflags bits, cr*, efer, dr6/dr7, fs/gs base, cs/ss,
+  // kernel_mode) is for reading: a change is put back as it was at the hit, with a
+  // (rate-limited) warning in the log.
   virtual Regs& regs() = 0;
   // Guest-virtual memory as the hit vCPU sees it: its own page tables (a user pointer of the
   // task that hit the probe reads that task's memory), walked afresh for each hit. On the
@@ -48,15 +51,20 @@ class XENPROBES_API HitContext {
   // XEN_DOMCTL_getvcpucontext). On a PV guest writes leave no writable mapping of the frame
   // behind (the guest frees and reuses stacks and data, and a frame Dom0 holds writable
   // cannot become a page table there).
-  virtual Result<void> read(Gva va, std::span<std::byte> out) = 0;
-  virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
-  virtual Result<std::uint64_t> read_u64(Gva va) = 0;
-  virtual Result<std::string> read_string(Gva va, std::size_t max_len) = 0;
+  [[nodiscard]] virtual Result<void> read(Gva va, std::span<std::byte> out) = 0;
+  [[nodiscard]] virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
+  [[nodiscard]] virtual Result<std::uint64_t> read_u64(Gva va) = 0;
+  [[nodiscard]] virtual Result<std::string> read_string(Gva va, std::size_t max_len) = 0;
   // Makes run() return once this hit has been handled.
   virtual void stop() = 0;
 };
 
-// Return nonzero to skip the probed instruction (after setting regs().rip yourself).
+// A pre-handler's one contract: regs().rip decides where the vCPU goes. Left at the probe
+// point, the probed instruction runs (then the post-handlers). Changed, the vCPU continues at
+// the new rip: the probed instruction, the post-handlers and the point's later pre-handlers
+// are skipped (kprobes' "set regs->ip and return 1"). Return 0. A nonzero return with rip
+// unchanged is taken as 0, with a (rate-limited) warning in the log: skipping the instruction
+// without moving rip would bring the vCPU straight back to the probe.
 using PreHandler = std::function<int(HitContext&)>;
 using PostHandler = std::function<void(HitContext&)>;
 
@@ -108,7 +116,8 @@ class Session;
 class SessionTesting;  // test hooks, libxenprobes/api/session_testing.hpp
 
 // An RAII probe handle; move-only. Destruction unregisters.
-class XENPROBES_API Probe {
+// (The standard attribute must come first, hence the visibility in the same form.)
+class [[nodiscard]] [[gnu::visibility("default")]] Probe {
  public:
   Probe() = default;
   Probe(Probe&&) noexcept;
@@ -119,14 +128,14 @@ class XENPROBES_API Probe {
 
   explicit operator bool() const { return session_ != nullptr && alive_ && *alive_; }
   std::uint64_t id() const { return id_; }
-  Result<void> enable();
-  Result<void> disable();
+  [[nodiscard]] Result<void> enable();
+  [[nodiscard]] Result<void> disable();
   // Restores the bytes. A probe whose domain the session already dropped (the domain died or
   // its guest module withdrew) has nothing left to restore: success. On any other failure the
   // handle keeps the probe (it may still be armed): call unregister() again.
-  Result<void> unregister();
+  [[nodiscard]] Result<void> unregister();
   ProbeStats stats() const;
-  Result<ProbeInfo> info() const;
+  [[nodiscard]] Result<ProbeInfo> info() const;
   // Gives up ownership: the probe stays registered until the session ends.
   std::uint64_t release();
 
@@ -145,7 +154,7 @@ class XENPROBES_API Probe {
 // when none works the error names every channel's reason.
 enum class ChannelKind { Auto, Debugger, Guest, VmEvent };
 XENPROBES_API const char* channel_kind_name(ChannelKind);
-XENPROBES_API Result<ChannelKind> parse_channel_kind(std::string_view);  // "auto", "guest", ...
+[[nodiscard]] XENPROBES_API Result<ChannelKind> parse_channel_kind(std::string_view);  // "auto", "guest", ...
 
 // The guardian (docs/guardian.md): a small process, xenprobes-guardian, that undoes what a
 // session left in its guests if the session's process dies without doing it (SIGKILL, a
@@ -168,47 +177,47 @@ struct SessionOptions {
 // Not thread-safe, except stop(), which any thread (or a handler) may call.
 class XENPROBES_API Session {
  public:
-  static Result<std::unique_ptr<Session>> open(SessionOptions = {});
-  static Result<std::unique_ptr<Session>> open(std::unique_ptr<hv::Hypervisor>, SessionOptions = {});
+  [[nodiscard]] static Result<std::unique_ptr<Session>> open(SessionOptions = {});
+  [[nodiscard]] static Result<std::unique_ptr<Session>> open(std::unique_ptr<hv::Hypervisor>, SessionOptions = {});
   ~Session();  // unregisters every probe and restores every byte, in every domain
 
   hv::Hypervisor& hypervisor();
   // The channel serving a domain ("guest", "vmevent", "debugger"); attaches it if needed.
-  Result<std::string> channel_name(DomId);
+  [[nodiscard]] Result<std::string> channel_name(DomId);
 
   // Symbols for `symbol+offset` probe points: a System.map (or /proc/kallsyms copy) of the
   // guest's kernel. KASLR: the slide comes from the kernel-text address the guest module
   // publishes, when it does.
-  Result<void> load_symbols(DomId, const std::string& system_map);
+  [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
 
-  Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
-  Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
+  [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
+  [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
 
   // A return probe on the function whose first instruction is at `address` (or `symbol`).
   // Either handler may be empty. It coexists with other probes on the same address.
-  Result<Probe> ret_probe(DomId, Gva address, EntryHandler entry, ReturnHandler on_return,
+  [[nodiscard]] Result<Probe> ret_probe(DomId, Gva address, EntryHandler entry, ReturnHandler on_return,
                           RetProbeOptions = {});
-  Result<Probe> ret_probe(DomId, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
+  [[nodiscard]] Result<Probe> ret_probe(DomId, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
                           RetProbeOptions = {});
 
   // `symbol` or `symbol+offset` to an address, with the symbols loaded for the domain.
-  Result<Gva> resolve(DomId, std::string_view symbol);
+  [[nodiscard]] Result<Gva> resolve(DomId, std::string_view symbol);
 
   // Registrations between begin_batch() and end_batch() pause each domain once.
-  Result<void> begin_batch();
-  Result<void> end_batch();
+  [[nodiscard]] Result<void> begin_batch();
+  [[nodiscard]] Result<void> end_batch();
 
   // Handles hits until stop() (returns Ok) or a fatal channel error.
-  Result<void> run();
+  [[nodiscard]] Result<void> run();
   // Handles what arrives within `timeout_ms` (0: only what is pending); returns hits handled.
-  Result<unsigned> run_once(int timeout_ms);
+  [[nodiscard]] Result<unsigned> run_once(int timeout_ms);
   void stop();
 
   // Used by Probe.
-  Result<void> set_enabled(std::uint64_t id, bool on);
-  Result<void> unregister(std::uint64_t id);
+  [[nodiscard]] Result<void> set_enabled(std::uint64_t id, bool on);
+  [[nodiscard]] Result<void> unregister(std::uint64_t id);
   ProbeStats stats(std::uint64_t id) const;
-  Result<ProbeInfo> info(std::uint64_t id) const;
+  [[nodiscard]] Result<ProbeInfo> info(std::uint64_t id) const;
 
   struct Impl;
 
@@ -216,7 +225,7 @@ class XENPROBES_API Session {
   friend class SessionTesting;
   explicit Session(std::unique_ptr<Impl>);
   // On the simulated Xen, the demo guest's System.map unless symbols were loaded.
-  Result<void> default_symbols(DomId);
+  [[nodiscard]] Result<void> default_symbols(DomId);
   std::unique_ptr<Impl> impl_;
 };
 

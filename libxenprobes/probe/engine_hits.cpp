@@ -15,6 +15,32 @@ x86::CpuState cpu_state(const Regs& r) {
   return s;
 }
 
+// What a handler may change (include/xenprobes/xenprobes.hpp, HitContext::regs): the 16
+// general registers, rip and the arithmetic flags. The guest channel's module can take back
+// no more than that (it keeps the rest of rflags, cs and ss from the hit), so the other
+// channels, which could write more (all of rflags, dr6/dr7 through setvcpucontext), are held
+// to the same set: a handler behaves the same whichever channel serves the domain.
+constexpr std::uint64_t kArithmeticFlags = 0x001 | 0x004 | 0x010 | 0x040 | 0x080 | 0x800;  // CF PF AF ZF SF OF
+
+// `after` with everything outside the writable set put back as it was at the stop; true if
+// something had to be put back.
+bool keep_writable_only(const Regs& before, Regs& after) {
+  Regs kept = before;
+  kept.rax = after.rax, kept.rbx = after.rbx, kept.rcx = after.rcx, kept.rdx = after.rdx;
+  kept.rsi = after.rsi, kept.rdi = after.rdi, kept.rbp = after.rbp, kept.rsp = after.rsp;
+  kept.r8 = after.r8, kept.r9 = after.r9, kept.r10 = after.r10, kept.r11 = after.r11;
+  kept.r12 = after.r12, kept.r13 = after.r13, kept.r14 = after.r14, kept.r15 = after.r15;
+  kept.rip = after.rip;
+  kept.rflags = (before.rflags & ~kArithmeticFlags) | (after.rflags & kArithmeticFlags);
+  const bool changed = kept.rflags != after.rflags || kept.cr0 != after.cr0 || kept.cr2 != after.cr2 ||
+                       kept.cr3 != after.cr3 || kept.cr4 != after.cr4 || kept.efer != after.efer ||
+                       kept.dr6 != after.dr6 || kept.dr7 != after.dr7 || kept.fs_base != after.fs_base ||
+                       kept.gs_base != after.gs_base || kept.cs != after.cs || kept.ss != after.ss ||
+                       kept.kernel_mode != after.kernel_mode;
+  after = kept;
+  return changed;
+}
+
 }  // namespace
 
 bool Engine::owns_trap(DomId id, Gva addr) const {
@@ -31,6 +57,7 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   if (it == domains_.end()) return channel::Verdict::NotOurs;
   Domain& d = *it->second;
   channel::Verdict v = channel::Verdict::NotOurs;
+  const Regs at_stop = s.regs;
   dispatching_ = true;
   hit_stop_ = &s;
   hit_memory_ready_ = false;
@@ -43,6 +70,11 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   }
   dispatching_ = false;
   hit_stop_ = nullptr;
+  if (v == channel::Verdict::Resume && keep_writable_only(at_stop, s.regs))
+    XP_LOG_RATELIMITED(Warn,
+                       "domain %u: a handler changed a register it may not (only the general registers, rip "
+                       "and the arithmetic flags are written back); the others were kept as they were",
+                       s.domain.value);
   // Removals requested by handlers wait for after_dispatch(): removing now would scan for
   // stops while the channel is still resuming this one.
   return v;
@@ -111,16 +143,16 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
       continue;
     }
     if (!reg->pre) continue;
-    int rc = reg->pre(ctx);
-    if (rc != 0 || r.rip != p.addr.value) {
-      // The handler sent the vCPU elsewhere: the probed instruction does not run.
-      if (r.rip == p.addr.value) {
-        XP_LOG_RATELIMITED(Warn, "probe at %s: pre-handler returned %d without changing rip; running the instruction",
-               hex(p.addr.value).c_str(), rc);
-        break;
-      }
-      return channel::Verdict::Resume;
-    }
+    // One contract (PreHandler in xenprobes.hpp): rip decides. Changed, the vCPU goes there and
+    // the probed instruction, the post-handlers and the later pre-handlers are skipped;
+    // unchanged, the instruction runs whatever the handler returned.
+    const int rc = reg->pre(ctx);
+    if (r.rip != p.addr.value) return channel::Verdict::Resume;
+    if (rc != 0)
+      XP_LOG_RATELIMITED(Warn,
+                         "probe at %s: a pre-handler returned %d without changing rip: the instruction runs "
+                         "(to skip it, set regs().rip to where the vCPU should go)",
+                         hex(p.addr.value).c_str(), rc);
   }
   switch (p.plan) {
     case x86::Plan::Skip:

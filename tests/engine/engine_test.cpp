@@ -148,6 +148,57 @@ TEST(Probe, PreHandlerCanRedirect) {
   EXPECT_EQ(g.stats(0).iterations, 5u);
 }
 
+// The pre-handler contract: rip decides. A nonzero return that leaves rip at the probe point
+// is a mistake the engine survives: the instruction runs and the point's other handlers too.
+TEST(Probe, ANonzeroReturnWithoutMovingRipRunsTheInstructionAndTheOtherHandlers) {
+  ProbedGuest g;
+  std::uint64_t first = 0, second = 0;
+  auto a = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++first; return 1; });
+  auto b = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++second; return 0; });
+  ASSERT_TRUE(a && b);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(first, expected_calls(DEMO_FN_GETPPID, 5));
+  EXPECT_EQ(second, first) << "the later pre-handler still ran";
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], first) << "the body ran every time";
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
+// What a handler may change is the same on every channel: the general registers, rip and the
+// arithmetic flags. A pre-handler that also sets rflags.AC, dr7 and fs_base (which the
+// debugger channel's setvcpucontext could write, and the guest channel's module never takes)
+// finds them as they were at the next probe on the same path, and the guest runs on unharmed.
+TEST(Probe, OnlyTheGeneralRegistersRipAndArithmeticFlagsAreWrittenBack) {
+  ProbedGuest g;
+  constexpr std::uint64_t kAc = 0x40000;
+  std::uint64_t load = g.sym("sys_getppid") + 0x38;  // movslq demo_ppid(%rip), %rax
+  hv::VcpuRegs at_entry;
+  std::uint64_t entries = 0, checked = 0;
+  auto writer = g.session->probe(g.dom, "sys_getppid", [&](HitContext& c) {
+    at_entry = c.regs();
+    ++entries;
+    c.regs().rflags ^= kAc;
+    c.regs().dr7 ^= 0x1;
+    c.regs().fs_base ^= 0x1000;
+    c.regs().cr3 ^= 0x1000;
+    return 0;
+  });
+  auto reader = g.session->probe(g.dom, Gva{load}, [&](HitContext& c) {
+    EXPECT_EQ(c.regs().rflags & ~0x8d5ull, at_entry.rflags & ~0x8d5ull) << "rflags beyond the arithmetic flags";
+    EXPECT_EQ(c.regs().dr7, at_entry.dr7);
+    EXPECT_EQ(c.regs().fs_base, at_entry.fs_base);
+    EXPECT_EQ(c.regs().cr3, at_entry.cr3);
+    ++checked;
+    return 0;
+  });
+  ASSERT_TRUE(writer && reader);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(entries, expected_calls(DEMO_FN_GETPPID, 5));
+  EXPECT_EQ(checked, entries);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
 TEST(Probe, AggregatesRunInRegistrationOrderAndLeaveEachOtherAlone) {
   ProbedGuest g(demo_config(1, 6));
   std::vector<int> order;
