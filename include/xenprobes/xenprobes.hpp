@@ -165,12 +165,26 @@ enum class GuardianMode {
   Required,  // attaching a debugger/vmevent domain fails when the guardian cannot be spawned
 };
 
+// What one session takes on at most. Each limit reached is an ENOSPC naming it, and nothing
+// changes in the guest; each must be at least 1.
+struct SessionLimits {
+  unsigned domains = 64;                // domains probed at once
+  unsigned points_per_domain = 4096;    // probe points (distinct addresses) per domain
+  // Return-probe instances (the sum of the return probes' maxactive) per domain: each holds
+  // its data_size bytes of Dom0 memory and, on the guest channel, a slot of the return table.
+  unsigned instances_per_domain = 16384;
+  // Guest frames kept mapped into Dom0 per domain (least recently used go first); each
+  // mapping is one page of Dom0 address space and a grant-free foreign map in Xen.
+  std::size_t mapped_frames_per_domain = 256;
+};
+
 struct SessionOptions {
   ChannelKind channel = ChannelKind::Auto;
   GuardianMode guardian = GuardianMode::Auto;
   // The guardian program: "" = $XENPROBES_GUARDIAN, else the installed
   // <libexecdir>/xenprobes/xenprobes-guardian.
   std::string guardian_path{};
+  SessionLimits limits{};
 };
 
 // One hypervisor connection, its channel, and every probe it owns, in any number of domains.

@@ -280,11 +280,20 @@ Result<std::unique_ptr<Session>> Session::open(SessionOptions o) {
 
 Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> hv, SessionOptions o) {
   if (!hv) return fail(Errc::InvalidArgument, "Session::open: no hypervisor");
+  const SessionLimits& lim = o.limits;
+  for (auto [value, name] : {std::pair{std::uint64_t{lim.domains}, "domains"},
+                             {std::uint64_t{lim.points_per_domain}, "points_per_domain"},
+                             {std::uint64_t{lim.instances_per_domain}, "instances_per_domain"},
+                             {std::uint64_t{lim.mapped_frames_per_domain}, "mapped_frames_per_domain"}})
+    if (value == 0)
+      return fail(Errc::InvalidArgument, std::string("SessionLimits::") + name + " is 0: every limit must be at least 1");
   auto impl = std::make_unique<Impl>();
   impl->hv = std::move(hv);
   impl->options = o;
   if (o.guardian != GuardianMode::Off) {
-    auto j = guardian::Journal::create();
+    guardian::JournalLimits jl;
+    jl.domains = lim.domains;  // every domain the session may probe has its record
+    auto j = guardian::Journal::create(jl);
     if (j)
       impl->journal = std::move(*j);
     else if (o.guardian == GuardianMode::Required)
@@ -301,6 +310,8 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   Impl* raw = impl.get();
   impl->engine = std::make_unique<probe::Engine>(*impl->hv, [raw](DomId d) { return raw->choose(d); });
   impl->engine->set_journal(impl->journal.get());
+  impl->engine->set_limits(probe::Limits{lim.domains, lim.points_per_domain, lim.instances_per_domain,
+                                         lim.mapped_frames_per_domain});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w)
     impl->watching = true;

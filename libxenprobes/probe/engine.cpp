@@ -50,6 +50,10 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   }
 
   auto existing = d->points.find(addr);
+  if (existing == d->points.end() && d->points.size() >= limits_.points_per_domain)
+    return fail(Errc::NoSpace, "domain " + std::to_string(id.value) + " has " + std::to_string(d->points.size()) +
+                                   " probe points, the session's limit (SessionLimits::points_per_domain): remove "
+                                   "some, or open the session with a higher limit");
   if (existing != d->points.end()) {
     // Aggregate: the point is already decoded, slotted and (maybe) armed.
     Point& p = *existing->second;

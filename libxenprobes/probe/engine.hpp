@@ -33,6 +33,14 @@ using ProbeId = std::uint64_t;
 
 inline constexpr std::size_t kSlotSize = 32;  // bytes per out-of-line slot
 
+// What one engine takes on at most (SessionLimits in xenprobes.hpp says why each exists).
+struct Limits {
+  unsigned domains = 64;
+  unsigned points_per_domain = 4096;
+  unsigned instances_per_domain = 16384;
+  std::size_t mapped_frames_per_domain = 256;
+};
+
 class Engine final : public channel::StopSink {
  public:
   // Which channel serves a domain (chosen when the engine first attaches it).
@@ -42,6 +50,10 @@ class Engine final : public channel::StopSink {
   ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  // Takes effect for domains attached and probes added from now on.
+  void set_limits(const Limits& l) { limits_ = l; }
+  const Limits& limits() const { return limits_; }
 
   // Attaches on first use: reads the guest module's keys (OEA), attaches the channel.
   [[nodiscard]] Result<void> attach(DomId);
@@ -280,6 +292,7 @@ class Engine final : public channel::StopSink {
   void flush_deferred();
 
   hv::Hypervisor& hv_;
+  Limits limits_;
   ChannelFor channel_for_;
   std::map<DomId, std::unique_ptr<Domain>> domains_;
   std::map<ProbeId, std::unique_ptr<Registration>> probes_;

@@ -90,6 +90,10 @@ Result<void> Engine::hit_memory(Domain& d) {
 
 Result<void> Engine::attach(DomId id) {
   if (domains_.contains(id)) return {};
+  if (domains_.size() >= limits_.domains)
+    return fail(Errc::NoSpace, "cannot probe domain " + std::to_string(id.value) + ": this session probes " +
+                                   std::to_string(domains_.size()) + " domains, its limit (SessionLimits::domains; "
+                                   "detach one, or open the session with a higher limit)");
   auto d = std::make_unique<Domain>();
   d->id = id;
   hv::DomainInfo info = XP_TRY(hv_.domain_info(id));
@@ -102,6 +106,7 @@ Result<void> Engine::attach(DomId id) {
   d->source = std::make_unique<mem::HypervisorFrameSource>(hv_, id);
   mem::GuestMemoryOptions mo;
   mo.transient_data_writes = info.type == hv::GuestType::Pv;  // see write_transient()
+  mo.mapping_cache_frames = limits_.mapped_frames_per_domain;
   d->memory = std::make_unique<mem::GuestMemory>(*d->source, mo);
   XP_TRY(refresh_context(*d));
   d->ch = XP_TRY(channel_for_(id));

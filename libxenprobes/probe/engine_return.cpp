@@ -33,6 +33,15 @@ Result<ProbeId> Engine::add_ret(DomId id, Gva addr, EntryHandler entry, ReturnHa
                                              ": a return probe goes on a function's first instruction");
   }
   unsigned maxactive = o.maxactive > 0 ? unsigned(o.maxactive) : std::max(10u, 2 * d->info.vcpus);
+  std::size_t in_domain = 0;
+  for (const auto& [pid, r] : probes_)
+    if (r->ret && r->point->dom == id) in_domain += r->ret->instances.size();
+  if (in_domain + maxactive > limits_.instances_per_domain)
+    return fail(Errc::NoSpace, "domain " + std::to_string(id.value) + ": " + std::to_string(maxactive) +
+                                   " more return-probe instances would make " + std::to_string(in_domain + maxactive) +
+                                   ", over the session's limit of " + std::to_string(limits_.instances_per_domain) +
+                                   " (SessionLimits::instances_per_domain): lower maxactive, or open the session "
+                                   "with a higher limit");
   auto reg = std::make_unique<Registration>();
   reg->ret = std::make_unique<RetState>();
   reg->ret->entry = std::move(entry);

@@ -59,14 +59,17 @@ struct ProbedGuest {
   DomId dom;
   std::unique_ptr<Session> session;
 
-  explicit ProbedGuest(hv::sim::DomainConfig cfg = demo_config(), hv::sim::SimOptions opts = {}) {
+  explicit ProbedGuest(hv::sim::DomainConfig cfg = demo_config(), hv::sim::SimOptions opts = {},
+                       SessionLimits limits = {}) {
     if (test_channel() == ChannelKind::Guest) opts.manual_clock = true;
     host = hv::sim::SimHost::create(opts);
     cfg.start_paused = true;
     auto id = host->create_domain(cfg);
     if (!id) throw std::runtime_error(id.error().what);
     dom = *id;
-    auto s = Session::open(host->open(), SessionOptions{test_channel()});
+    SessionOptions so{test_channel()};
+    so.limits = limits;
+    auto s = Session::open(host->open(), so);
     if (!s) throw std::runtime_error(s.error().what);
     session = std::move(*s);
     auto l = session->load_symbols(dom, demo_map());
@@ -133,9 +136,10 @@ struct ProbedGuest {
     return st;
   }
 
-  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) {
+  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) { return peek_at(dom, va, n); }
+  std::vector<std::uint8_t> peek_at(DomId d, std::uint64_t va, std::size_t n) {
     std::vector<std::uint8_t> b(n);
-    auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b)));
+    auto r = host->peek(d, va, std::as_writable_bytes(std::span(b)));
     if (!r) throw std::runtime_error(r.error().what);
     return b;
   }

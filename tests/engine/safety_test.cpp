@@ -277,5 +277,97 @@ TEST(Unregister, AFailedUnregisterKeepsTheHandleAndARetryFinishesTheJob) {
   EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "text restored exactly";
 }
 
+// ---- limits (SessionLimits) -----------------------------------------------------------------
+
+SessionLimits limits_with(unsigned domains, unsigned points, unsigned instances, std::size_t frames = 256) {
+  SessionLimits l;
+  l.domains = domains, l.points_per_domain = points, l.instances_per_domain = instances;
+  l.mapped_frames_per_domain = frames;
+  return l;
+}
+
+TEST(Limits, ADomainOverTheLimitIsRefusedWithEnospcAndLeftUntouched) {
+  ProbedGuest g(demo_config(), {}, limits_with(1, 4096, 16384));
+  auto cfg = demo_config();
+  cfg.start_paused = true;
+  auto second = g.host->create_domain(cfg);
+  ASSERT_TRUE(second) << second.error().what;
+  auto a = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+  ASSERT_TRUE(a) << a.error().what;
+  const auto before = g.peek_at(*second, g.sym("sys_read"), 64);
+  // Loading its symbols attaches the domain: refused there, and so is a probe by address.
+  auto l = g.session->load_symbols(*second, demo_map());
+  ASSERT_FALSE(l);
+  EXPECT_EQ(l.error().code, Errc::NoSpace);
+  EXPECT_NE(l.error().what.find("SessionLimits::domains"), std::string::npos) << l.error().what;
+  auto b = g.session->probe(*second, Gva{g.entry("sys_read")}, [](HitContext&) { return 0; });
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code, Errc::NoSpace);
+  EXPECT_EQ(g.peek_at(*second, g.sym("sys_read"), 64), before);
+  EXPECT_EQ(*g.host->pause_count(*second), 1u) << "only its creator's pause";
+}
+
+TEST(Limits, APointOverTheLimitIsRefusedAndAnotherHandlerOnAnExistingPointIsNot) {
+  ProbedGuest g(demo_config(), {}, limits_with(64, 2, 16384));
+  auto h = [](HitContext&) { return 0; };
+  auto a = g.session->probe(g.dom, "sys_read", h);
+  auto b = g.session->probe(g.dom, "sys_write", h);
+  ASSERT_TRUE(a && b);
+  const auto text = g.peek(g.sym("sys_getppid"), 64);
+  auto c = g.session->probe(g.dom, "sys_getppid", h);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Errc::NoSpace);
+  EXPECT_NE(c.error().what.find("SessionLimits::points_per_domain"), std::string::npos) << c.error().what;
+  EXPECT_EQ(g.peek(g.sym("sys_getppid"), 64), text) << "nothing written";
+  auto same = g.session->probe(g.dom, "sys_read", h);
+  EXPECT_TRUE(same) << "a second handler on a point already there adds no point";
+  ASSERT_TRUE(b->unregister());
+  auto d = g.session->probe(g.dom, "sys_getppid", h);
+  EXPECT_TRUE(d) << "room again after a removal";
+}
+
+TEST(Limits, ReturnProbeInstancesOverTheLimitAreRefused) {
+  ProbedGuest g(demo_config(), {}, limits_with(64, 4096, 20));
+  auto entry = [](HitContext&, std::span<std::byte>) { return 0; };
+  auto ret = [](HitContext&, std::span<std::byte>) {};
+  auto a = g.session->ret_probe(g.dom, "sys_read", entry, ret, RetProbeOptions{16, 0});
+  ASSERT_TRUE(a) << a.error().what;
+  auto b = g.session->ret_probe(g.dom, "sys_write", entry, ret, RetProbeOptions{8, 0});
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code, Errc::NoSpace);
+  EXPECT_NE(b.error().what.find("SessionLimits::instances_per_domain"), std::string::npos) << b.error().what;
+  auto c = g.session->ret_probe(g.dom, "sys_write", entry, ret, RetProbeOptions{4, 0});
+  EXPECT_TRUE(c) << "16 + 4 fits";
+}
+
+// One mapped frame per domain still serves handlers that read across pages (each read maps
+// what it needs, evicting the last), and the guest finishes unchanged.
+TEST(Limits, OneMappedFrameIsEnoughForHandlersToReadGuestMemory) {
+  ProbedGuest g(demo_config(), {}, limits_with(64, 4096, 16384, 1));
+  std::uint64_t ok = 0, hits = 0;
+  auto p = g.session->probe(g.dom, "sys_read", [&](HitContext& c) {
+    ++hits;
+    std::array<std::byte, 64> stack{}, text{};
+    if (c.read(Gva{c.regs().rsp}, stack) && c.read(c.address(), text)) ++ok;
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_GT(hits, 0u);
+  EXPECT_EQ(ok, hits);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 5).checksum);
+}
+
+TEST(Limits, AZeroLimitIsRefusedAtOpen) {
+  auto host = hv::sim::SimHost::create();
+  SessionOptions o;
+  o.limits.points_per_domain = 0;
+  auto s = Session::open(host->open(), o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, Errc::InvalidArgument);
+  EXPECT_NE(s.error().what.find("points_per_domain"), std::string::npos) << s.error().what;
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
