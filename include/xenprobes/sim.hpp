@@ -141,6 +141,9 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   virtual void fail_op(Op op, Errc code, unsigned skip = 0, unsigned count = 1) = 0;
   // The n-th Hypervisor call from now (0-based, any operation) fails with `code`.
   virtual void fail_nth_call(std::uint64_t n, Errc code) = 0;
+  // Every Hypervisor call from the n-th from now on (0-based, any operation, any handle) fails
+  // with `code` until clear_faults(): what a Dom0 process killed at that point leaves behind.
+  virtual void fail_from_call(std::uint64_t n, Errc code) = 0;
   virtual void clear_faults() = 0;
   virtual std::uint64_t op_count(Op) const = 0;
   virtual std::uint64_t total_calls() const = 0;

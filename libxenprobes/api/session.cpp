@@ -405,7 +405,7 @@ Result<unsigned> Session::run_once(int timeout_ms) {
     else if (!first)
       first = h.error();
   }
-  XP_TRY(impl_->engine->after_dispatch());
+  XP_TRY(impl_->engine->after_dispatch(!first));
   if (first) return std::unexpected(*first);
   return handled;
 }

@@ -150,9 +150,9 @@ Result<void> VmEventChannel::detach(DomId dom) {
   bool done = false;
   for (int attempt = 0; attempt < kDetachAttempts && !done; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (journal_) journal_->set_held_pause(dom, true);  // before: a kill right after leaves it to the guardian
+    if (journal_) journal_->add_held_pause(dom);  // before: a kill right after leaves it to the guardian
     auto paused = hv_.pause(dom);
-    if (!paused && journal_) journal_->set_held_pause(dom, false);
+    if (!paused && journal_) journal_->drop_held_pause(dom);
     if (gone(paused)) {
       done = true;
       break;
@@ -166,7 +166,7 @@ Result<void> VmEventChannel::detach(DomId dom) {
                                  " vm_event answers found no room in the ring");
     else
       dis = hv_.monitor_disable(dom);
-    if (paused && hv_.unpause(dom) && journal_) journal_->set_held_pause(dom, false);
+    if (paused && hv_.unpause(dom) && journal_) journal_->drop_held_pause(dom);
     if (dis || gone(dis)) {
       done = true;
     } else if (dis.error().code != Errc::Busy) {

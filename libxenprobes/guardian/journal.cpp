@@ -12,6 +12,10 @@
 #include "common/log.hpp"
 
 namespace xenprobes::guardian {
+
+// Pauses one process can hold on a domain at once, by the journal's count: a handful in
+// practice (the engine's, the vm_event channel's during detach, a release that failed).
+constexpr std::uint32_t kMaxHeldPauses = 255;
 namespace {
 
 // A record's sequence word: odd while its writer changes it. Release on the way out so the
@@ -173,8 +177,18 @@ void Journal::remove_domain(DomId d) {
   domains_.erase(d.value);
 }
 
-void Journal::set_held_pause(DomId d, bool held) {
-  if (std::uint32_t i = domain_index(d); i != ~0u) store32(&dom_rec(i)->held_pauses, held ? 1 : 0);
+void Journal::add_held_pause(DomId d) {
+  if (std::uint32_t i = domain_index(d); i != ~0u) {
+    const std::uint32_t n = dom_rec(i)->held_pauses;
+    if (n < kMaxHeldPauses) store32(&dom_rec(i)->held_pauses, n + 1);
+  }
+}
+
+void Journal::drop_held_pause(DomId d) {
+  if (std::uint32_t i = domain_index(d); i != ~0u) {
+    const std::uint32_t n = dom_rec(i)->held_pauses;
+    if (n > 0) store32(&dom_rec(i)->held_pauses, n - 1);
+  }
 }
 
 void Journal::set_owed_unpauses(DomId d, unsigned owed) {
@@ -320,7 +334,7 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
     bool ok = r.used == 1 && (r.channel == std::uint8_t(JournalChannel::Debugger) ||
                               r.channel == std::uint8_t(JournalChannel::VmEvent)) &&
               r.monitor <= std::uint8_t(JournalMonitor::SoftwareBreakpoints) && r.vcpus >= 1 && r.vcpus <= 4096 &&
-              r.domid != 0 && r.domid < 0x7ff0 && r.held_pauses <= 1 && r.owed_unpauses <= 255 &&
+              r.domid != 0 && r.domid < 0x7ff0 && r.held_pauses <= kMaxHeldPauses && r.owed_unpauses <= 255 &&
               !by_dom.contains(r.domid);
     if (!ok) {
       s.invalid++;

@@ -76,7 +76,7 @@ struct JournalDomainRec {
   std::uint8_t pad0;
   std::uint32_t vcpus;
   // Written in place, not under seq:
-  std::uint32_t held_pauses;    // the engine's own pause of the domain (0 or 1)
+  std::uint32_t held_pauses;    // pauses the process holds on the domain itself (0..255)
   std::uint32_t owed_unpauses;  // debugger channel: stops resumed whose pause is not released yet
   std::uint8_t handle[16];      // the domain's xen_domain_handle_t
   std::uint8_t reserved[20];
@@ -138,7 +138,11 @@ class Journal {
                                         JournalMonitor, unsigned vcpus);
   bool has_domain(DomId d) const { return domains_.contains(d.value); }
   void remove_domain(DomId);  // with every patch and return of the domain
-  void set_held_pause(DomId, bool held);
+  // One pause more (recorded before the pause is asked for) or one fewer (after it was
+  // released) that the process holds on the domain itself: the engine's, the channel's, and
+  // any whose release failed, which the guardian then releases.
+  void add_held_pause(DomId);
+  void drop_held_pause(DomId);
   void set_owed_unpauses(DomId, unsigned owed);
 
   // Adds (or replaces) the record of a patch at gva. `written` and `restore` are 1..8 bytes

@@ -219,7 +219,11 @@ Result<void> Engine::remove_registration(Domain& dom, std::map<ProbeId, std::uni
   return {};
 }
 
-Result<void> Engine::after_dispatch() {
+Result<void> Engine::after_dispatch(bool resumed) {
+  if (resumed) {
+    for (const auto& [dom, record] : returned_records_) journal_->remove_return(record);
+    returned_records_.clear();
+  }
   if (deferred_removals_.empty()) return {};
   flush_deferred();
   return {};

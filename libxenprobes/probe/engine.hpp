@@ -79,7 +79,9 @@ class Engine final : public channel::StopSink {
 
   // Runs what handlers asked for during the last channel process() (deferred removals).
   // Call after the channel has resumed every stop it handled.
-  [[nodiscard]] Result<void> after_dispatch();
+  // `resumed` false: a channel failed this round, so a stop it handled may not have been
+  // resumed; the journal keeps what such a vCPU would need (returned_records_) a round more.
+  [[nodiscard]] Result<void> after_dispatch(bool resumed = true);
 
   // A domain is gone (released): forget it without touching it.
   void forget(DomId);
@@ -186,6 +188,9 @@ class Engine final : public channel::StopSink {
     std::map<Gva, std::unique_ptr<Point>> points;
     std::map<Gva, SlotTrap> slot_traps;  // by trap-byte address in a slot
     unsigned pause_depth = 0;
+    // Pauses of ours whose release failed: the domain stays paused by them. The next release
+    // tries them again; the journal counts them, so the guardian releases them if we die.
+    unsigned stuck_pauses = 0;
     std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
     bool journaled = false;       // its patches go into the guardian's journal
     bool growth_requested = false;  // oea-request written, new area not seen yet
@@ -205,6 +210,7 @@ class Engine final : public channel::StopSink {
     struct Returned {
       std::uint64_t ret;
       std::uint64_t seq;
+      std::uint32_t journal = ~0u;  // its journal record, kept while the slot may still return
     };
     std::map<std::uint64_t, Returned> returned;
     std::deque<std::pair<std::uint64_t, std::uint64_t>> returned_order;  // (slot, seq), oldest first
@@ -282,7 +288,8 @@ class Engine final : public channel::StopSink {
   // With the domain paused: puts every live instance's return address back on its stack
   // (and moves a vCPU standing on the trampoline), for one registration or all (null).
   void restore_returns(Domain&, Registration*);
-  void remember_return(Domain&, std::uint64_t slot, std::uint64_t ret);
+  void remember_return(Domain&, std::uint64_t slot, std::uint64_t ret, std::uint32_t journal);
+  void forget_return(Domain&, std::map<std::uint64_t, Domain::Returned>::iterator);
   [[nodiscard]] Result<ProbeId> add_registration(DomId, Gva, std::unique_ptr<Registration>);
   channel::TrapEntry trap_entry(const Point&) const;
   bool emulate(Domain&, const x86::Insn&, x86::Plan, Regs&);
@@ -303,6 +310,11 @@ class Engine final : public channel::StopSink {
   const channel::Stop* hit_stop_ = nullptr;  // the stop being dispatched (see hit_memory)
   bool hit_memory_ready_ = false;
   std::vector<ProbeId> deferred_removals_;
+  // Journal records of calls whose return a hit has just handled: removed by after_dispatch(),
+  // once the channel has resumed the vCPU at the real return address. Until then a process
+  // killed in between leaves the guardian the record it needs to move that vCPU off the
+  // trampoline.
+  std::vector<std::pair<DomId, std::uint32_t>> returned_records_;
   bool stop_requested_ = false;
   Journal* journal_ = nullptr;
 };

@@ -175,6 +175,7 @@ void Engine::forget(DomId id) {
   }
   channel::Channel* ch = it->second->ch;
   domains_.erase(it);
+  std::erase_if(returned_records_, [&](const auto& r) { return r.first == id; });
   // A channel that could not let go (vm_event vCPUs still waiting) keeps the domain in the
   // journal: the guardian tears that down should this process die.
   if (auto r = ch->detach(id); r && journal_) journal_->remove_domain(id);

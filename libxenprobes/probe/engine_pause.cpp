@@ -7,19 +7,21 @@ Result<void> Engine::pause(Domain& d) {
   auto first = [&]() -> Result<void> {
     // Journaled before the pause: a process killed right after it leaves the guardian a
     // pause to release (it releases one only while the domain is still paused).
-    if (d.journaled) journal_->set_held_pause(d.id, true);
+    if (d.journaled) journal_->add_held_pause(d.id);
     if (auto p = hv_.pause(d.id); !p) {
-      if (d.journaled) journal_->set_held_pause(d.id, false);
+      if (d.journaled) journal_->drop_held_pause(d.id);
       return p;
     }
     // Paused, vCPU 0's page tables cannot go away: walk those, with nothing cached from
     // before (the guest ran).
     if (auto r = refresh_context(d); !r) {
       d.memory->invalidate_translations();
-      if (auto u = hv_.unpause(d.id); !u && u.error().code != Errc::NoSuchDomain)
+      if (auto u = hv_.unpause(d.id); !u && u.error().code != Errc::NoSuchDomain) {
         XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, u.error().what.c_str());
-      else if (d.journaled)
-        journal_->set_held_pause(d.id, false);
+        d.stuck_pauses++;
+      } else if (d.journaled) {
+        journal_->drop_held_pause(d.id);
+      }
       return r;
     }
     return {};
@@ -35,20 +37,29 @@ Result<void> Engine::pause(Domain& d) {
   return {};
 }
 
+// Releases our hold when the last nested one goes, then any earlier hold whose release failed
+// (the domain stayed paused by it).
 Result<void> Engine::unpause(Domain& d) {
   if (d.pause_depth == 0) return {};
   if (--d.pause_depth > 0) return {};
-  Result<void> r;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    r = hv_.unpause(d.id);
-    if (r || r.error().code == Errc::NoSuchDomain) {
-      if (d.journaled) journal_->set_held_pause(d.id, false);
-      return {};
+  unsigned holds = 1 + d.stuck_pauses;
+  d.stuck_pauses = 0;
+  while (holds > 0) {
+    Result<void> r;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      r = hv_.unpause(d.id);
+      if (r || r.error().code == Errc::NoSuchDomain) break;
+      XP_LOG(Warn, "domain %u: unpause failed (%s), retrying", d.id.value, r.error().what.c_str());
     }
-    XP_LOG(Warn, "domain %u: unpause failed (%s), retrying", d.id.value, r.error().what.c_str());
+    if (!r && r.error().code != Errc::NoSuchDomain) {
+      XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, r.error().what.c_str());
+      d.stuck_pauses = holds;  // still ours and journaled: the next release tries them again
+      return r;
+    }
+    if (d.journaled) journal_->drop_held_pause(d.id);
+    --holds;
   }
-  XP_LOG(Error, "domain %u: could not unpause: %s", d.id.value, r.error().what.c_str());
-  return r;
+  return {};
 }
 
 Result<void> Engine::begin_batch() {

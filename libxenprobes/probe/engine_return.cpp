@@ -102,14 +102,17 @@ void Engine::undo_trampoline(Domain& d) {
   d.trampoline.reset();
 }
 
-void Engine::remember_return(Domain& d, std::uint64_t slot, std::uint64_t ret) {
+// A call whose instance is gone but which may still return to the trampoline: its return
+// address stays known, and so does its journal record (the guardian still needs it).
+void Engine::remember_return(Domain& d, std::uint64_t slot, std::uint64_t ret, std::uint32_t journal) {
   std::uint64_t seq = ++d.returned_seq;
-  d.returned[slot] = Domain::Returned{ret, seq};
+  if (auto it = d.returned.find(slot); it != d.returned.end()) forget_return(d, it);
+  d.returned[slot] = Domain::Returned{ret, seq, journal};
   d.returned_order.emplace_back(slot, seq);
   while (d.returned.size() > kReturnedMemory && !d.returned_order.empty()) {
     auto [old, old_seq] = d.returned_order.front();
     d.returned_order.pop_front();
-    if (auto it = d.returned.find(old); it != d.returned.end() && it->second.seq == old_seq) d.returned.erase(it);
+    if (auto it = d.returned.find(old); it != d.returned.end() && it->second.seq == old_seq) forget_return(d, it);
   }
   if (d.returned_order.size() > 2 * kReturnedMemory) {  // entries superseded since: compact
     std::erase_if(d.returned_order, [&](const auto& e) {
@@ -119,15 +122,21 @@ void Engine::remember_return(Domain& d, std::uint64_t slot, std::uint64_t ret) {
   }
 }
 
+void Engine::forget_return(Domain& d, std::map<std::uint64_t, Domain::Returned>::iterator it) {
+  if (it->second.journal != ~0u) journal_->remove_return(it->second.journal);
+  d.returned.erase(it);
+}
+
 void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
   if (!in.live) return;
   d.live_returns.erase(in.slot.value);
   d.ch->return_removed(d.id, in.slot);
-  if (in.journal != ~0u) {
+  if (remember) {
+    remember_return(d, in.slot.value, in.ret, in.journal);
+  } else if (in.journal != ~0u) {
     journal_->remove_return(in.journal);
-    in.journal = ~0u;
   }
-  if (remember) remember_return(d, in.slot.value, in.ret);
+  in.journal = ~0u;
   in.live = false;
   in.owner->ret->free.push_back(&in);
 }
@@ -174,7 +183,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     old->owner->stats.reclaimed++;
     drop_instance(d, *old, false);
   }
-  d.returned.erase(slot.value);
+  if (auto it = d.returned.find(slot.value); it != d.returned.end()) forget_return(d, it);
   if (auto a = d.ch->return_added(d.id, slot, Gva{*ret}); !a) {
     XP_LOG_RATELIMITED(Warn, "return probe at %s: %s", hex(ctx.address().value).c_str(), a.error().what.c_str());
     rs.free.push_back(&in);
@@ -223,11 +232,16 @@ channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
       Ctx ctx(*this, d, s, r, reg.point->addr);
       reg.ret->on_return(ctx, in.data);
     }
+    if (in.journal != ~0u) {
+      returned_records_.emplace_back(d.id, in.journal);
+      in.journal = ~0u;
+    }
     drop_instance(d, in, false);
     return channel::Verdict::Resume;
   }
   if (auto it = d.returned.find(slot); it != d.returned.end()) {
     r.rip = it->second.ret;  // its instance is gone (unregistered or reclaimed): no handler
+    if (it->second.journal != ~0u) returned_records_.emplace_back(d.id, it->second.journal);
     d.returned.erase(it);
     return channel::Verdict::Resume;
   }

@@ -48,7 +48,7 @@ void check_snapshot(const JournalSnapshot& s) {
     FUZZ_CHECK(doms.insert(d.domid.value).second, "a domain twice");
     FUZZ_CHECK(d.domid.value != 0 && d.domid.value < 0x7ff0 && d.vcpus >= 1 && d.vcpus <= 4096);
     FUZZ_CHECK(d.channel == JournalChannel::Debugger || d.channel == JournalChannel::VmEvent);
-    FUZZ_CHECK(d.held_pauses <= 1 && d.owed_unpauses <= 255);
+    FUZZ_CHECK(d.held_pauses <= 255 && d.owed_unpauses <= 255);
   }
   for (const auto& p : s.patches) {
     FUZZ_CHECK(doms.contains(p.domid.value), "a patch of a domain not journaled");
@@ -328,9 +328,13 @@ void writer(Input& in) {
         break;
       }
       case 6: {
-        const bool held = in.flag();
-        j.set_held_pause(DomId{d}, held);
-        if (doms.contains(d)) doms[d].held = held;
+        if (in.flag()) {
+          j.add_held_pause(DomId{d});
+          if (doms.contains(d) && doms[d].held < 255) doms[d].held++;
+        } else {
+          j.drop_held_pause(DomId{d});
+          if (doms.contains(d) && doms[d].held > 0) doms[d].held--;
+        }
         break;
       }
       case 7: {

@@ -35,7 +35,10 @@ TEST(GuardianJournal, WhatIsWrittenIsRead) {
   ASSERT_TRUE(j->add_patch(DomId{3}, PatchKind::Text, Gva{0xffffffff81000010}, trap, orig, Gva{0xffffffff81000010}));
   auto r = j->add_return(DomId{3}, Gva{0xffffc90000001ff8}, 0xffffffff81000100, Gva{0xffffffffa0000020});
   ASSERT_TRUE(r);
-  j->set_held_pause(DomId{3}, true);
+  j->add_held_pause(DomId{3});
+  j->add_held_pause(DomId{3});
+  j->drop_held_pause(DomId{3});
+  j->add_held_pause(DomId{3});
   j->set_owed_unpauses(DomId{3}, 2);
   auto s = read_journal(j->bytes());
   ASSERT_TRUE(s) << s.error().what;
@@ -46,7 +49,7 @@ TEST(GuardianJournal, WhatIsWrittenIsRead) {
   EXPECT_EQ(s->domains[0].handle, kHandle) << "a domain is named by its handle as well as its domid";
   EXPECT_EQ(s->domains[0].channel, JournalChannel::Debugger);
   EXPECT_EQ(s->domains[0].vcpus, 2u);
-  EXPECT_EQ(s->domains[0].held_pauses, 1u);
+  EXPECT_EQ(s->domains[0].held_pauses, 2u) << "a count: two held, one released, one more";
   EXPECT_EQ(s->domains[0].owed_unpauses, 2u);
   ASSERT_EQ(s->patches.size(), 1u);
   EXPECT_EQ(s->patches[0].gva, Gva{0xffffffff81000010});

@@ -125,6 +125,8 @@ Result<void> SimHostImpl::check(Op op) {
   // Called with mu_ held.
   std::uint64_t n = total_calls_++;
   counts_[static_cast<unsigned>(op)]++;
+  if (from_fault_ && n >= from_fault_->first)
+    return fail(from_fault_->second, std::string("sim: injected fault in ") + op_name(op) + " (every call from here on)");
   if (nth_fault_ && nth_fault_->first == n) {
     Errc c = nth_fault_->second;
     nth_fault_.reset();
@@ -151,10 +153,15 @@ void SimHostImpl::fail_nth_call(std::uint64_t n, Errc code) {
   std::lock_guard lk(mu_);
   nth_fault_ = {total_calls_ + n, code};
 }
+void SimHostImpl::fail_from_call(std::uint64_t n, Errc code) {
+  std::lock_guard lk(mu_);
+  from_fault_ = {total_calls_ + n, code};
+}
 void SimHostImpl::clear_faults() {
   std::lock_guard lk(mu_);
   faults_.clear();
   nth_fault_.reset();
+  from_fault_.reset();
 }
 std::uint64_t SimHostImpl::op_count(Op op) const {
   std::lock_guard lk(mu_);

@@ -29,6 +29,7 @@ class SimHostImpl final : public SimHost {
   bool wait_halted(DomId, std::chrono::milliseconds) override;
   void fail_op(Op, Errc, unsigned skip, unsigned count) override;
   void fail_nth_call(std::uint64_t n, Errc) override;
+  void fail_from_call(std::uint64_t n, Errc) override;
   void clear_faults() override;
   std::uint64_t op_count(Op) const override;
   std::uint64_t total_calls() const override;
@@ -113,6 +114,7 @@ class SimHostImpl final : public SimHost {
   std::uint64_t total_calls_ = 0;
   std::vector<Fault> faults_;
   std::optional<std::pair<std::uint64_t, Errc>> nth_fault_;
+  std::optional<std::pair<std::uint64_t, Errc>> from_fault_;
 };
 
 class SimXenHandle final : public Hypervisor {
