@@ -66,6 +66,7 @@ IMPLIED="build-essential:make,gcc,g++,dpkg-dev,libc6-dev"
 
 # command -> Debian package (bookworm). `--verify` checks the entries against dpkg -S.
 MAP="
+apt-cache apt
 apt-get apt
 awk mawk
 basename coreutils
@@ -84,6 +85,7 @@ date coreutils
 debootstrap debootstrap
 dirname coreutils
 dpkg dpkg
+dpkg-deb dpkg
 dpkg-query dpkg
 dpkg-source dpkg-dev
 du coreutils
@@ -102,8 +104,10 @@ make make
 mkdir coreutils
 mkfs.ext4 e2fsprogs
 modprobe kmod
+mv coreutils
 nice coreutils
 nproc coreutils
+od coreutils
 qemu-system-x86_64 qemu-system-x86
 readelf binutils
 readlink coreutils
@@ -114,14 +118,18 @@ sha256sum coreutils
 sleep coreutils
 sort coreutils
 tail coreutils
+tar tar
 tee coreutils
 timeout coreutils
 touch coreutils
 tr coreutils
 uname coreutils
+unshare util-linux
 wc coreutils
 xargs findutils
+xz xz-utils
 zcat gzip
+zstd zstd
 "
 
 # Commands run from a variable: variable -> the program it holds ("-": none from a package).

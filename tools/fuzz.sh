@@ -20,7 +20,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-all="module_info guest_channel vmevent walker x86 journal symbols kernel_tables"
+all="module_info guest_channel vmevent walker x86 journal symbols kernel_tables kallsyms"
 secs=20
 case "${1:-}" in
   ''|*[!0-9]*) ;;
@@ -58,12 +58,14 @@ for t in $targets; do exes="$exes fuzz_$t"; done
 # shellcheck disable=SC2086
 cmake --build "$dir" -j"$jobs" --target $exes
 
-# Inputs larger than libFuzzer's default 4096 bytes: journal images, symbol maps, kernel tables.
+# Inputs larger than libFuzzer's default 4096 bytes: journal images, symbol maps, kernel tables,
+# kallsyms tables (over 256 symbols needs more than one marker).
 max_len() {
   case "$1" in
     journal) echo 12288 ;;
     symbols) echo 16384 ;;
     kernel_tables) echo 16384 ;;
+    kallsyms) echo 65536 ;;
     *) echo 4096 ;;
   esac
 }

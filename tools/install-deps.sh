@@ -4,7 +4,9 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64
-      clang-14 libclang-rt-14-dev"
+      clang-14 libclang-rt-14-dev
+      libbpf-dev libcli11-dev nlohmann-json3-dev
+      xz-utils zstd"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

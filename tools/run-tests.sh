@@ -13,6 +13,9 @@ sh tools/check-host-commands.sh
 # Every include goes down the library's layers (docs/architecture.md).
 sh tools/check-layers.sh
 jobs="$(nproc)"
+# Debian's 6.1 and 6.12 kernels for the kallsyms and BTF test on real images
+# (docs/guest-symbols.md); cached, fetched once.
+sh tools/fetch-debian-kernels.sh
 
 echo "== build (RelWithDebInfo, -Werror)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXENPROBES_WERROR=ON >/dev/null

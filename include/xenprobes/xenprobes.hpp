@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "xenprobes/export.h"
 #include "xenprobes/hypervisor.hpp"
@@ -110,6 +111,15 @@ struct ProbeInfo {
   // address are the same there); `moved_because` then says why, and `address` is where it is.
   Gva requested;
   std::string moved_because;
+};
+
+// One symbol of a guest kernel, at its running address (KASLR applied).
+struct SymbolInfo {
+  std::string name;
+  Gva address;
+  char type = '?';         // the nm type letter from the symbol file: T t W w are text
+  bool function = false;   // a text symbol: something a probe can be put on
+  std::uint64_t size = 0;  // bytes to the next symbol; 0 = unknown
 };
 
 class Session;
@@ -203,6 +213,14 @@ class XENPROBES_API Session {
   // guest's kernel. KASLR: the slide comes from the kernel-text address the guest module
   // publishes, when it does.
   [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
+  // Symbols with no file: the guest kernel's own kallsyms tables, found and decoded in its
+  // memory (docs/guest-symbols.md). They hold running addresses, so no slide is needed; with a
+  // guest module its published kernel text must agree. resolve() and find_symbols() fall back
+  // to this when no symbols were loaded (on a real Xen).
+  [[nodiscard]] Result<void> load_symbols_from_guest(DomId);
+  // The guest kernel's BTF (__start_BTF..__stop_BTF through the domain's symbols, loaded from
+  // the guest if none were), validated by libbpf's parser: a blob for btf__new().
+  [[nodiscard]] Result<std::vector<std::byte>> kernel_btf(DomId);
 
   [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
   [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
@@ -216,6 +234,10 @@ class XENPROBES_API Session {
 
   // `symbol` or `symbol+offset` to an address, with the symbols loaded for the domain.
   [[nodiscard]] Result<Gva> resolve(DomId, std::string_view symbol);
+  // The domain's symbols whose names match a shell glob (`vfs_*`, `sys_?ead`; fnmatch(3)), in
+  // name order: what a tool lists, or expands a wildcard probe into. Loads the default symbols
+  // like resolve(); NotFound when the domain has none.
+  [[nodiscard]] Result<std::vector<SymbolInfo>> find_symbols(DomId, std::string_view glob);
 
   // Registrations between begin_batch() and end_batch() pause each domain once.
   [[nodiscard]] Result<void> begin_batch();

@@ -21,6 +21,9 @@
 #include "hv/sim/sim.hpp"
 #include "probe/engine.hpp"
 #include "guestmod/module_info.hpp"
+#include "kernel/btf.hpp"
+#include "symbols/kallsyms.hpp"
+#include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 
@@ -327,9 +330,72 @@ Result<std::string> Session::channel_name(DomId dom) {
   return std::string(ch->name());
 }
 
+static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId dom);
+
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   auto t = XP_TRY(symbols::SymbolTable::load(path));
+  XP_TRY(impl_->engine->attach(dom));
+  if (!impl_->engine->published_kernel_text(dom)) {
+    // No guest module to publish the running _text (agentless): the guest's own kallsyms
+    // has it, at its running address. A guest without them keeps the file's addresses.
+    if (auto k = guest_kallsyms(*impl_->hv, dom)) {
+      for (const symbols::KallsymsEntry& e : k->entries)
+        if (e.name == "_text") {
+          auto slide = symbols::slide_from_symbol(t, "_text", e.address);
+          if (!slide)
+            return fail(slide.error().code, path + " does not fit domain " + std::to_string(dom.value) +
+                                                "'s kernel: " + slide.error().what);
+          XP_LOG(Info, "domain %u: KASLR slide 0x%llx from the guest's kallsyms", dom.value,
+                 static_cast<unsigned long long>(*slide));
+          break;
+        }
+    } else {
+      XP_LOG(Info, "domain %u: no guest module and no kallsyms in its memory (%s): %s taken unslid", dom.value,
+             k.error().what.c_str(), path.c_str());
+    }
+  }
   return impl_->engine->set_symbols(dom, std::move(t));
+}
+
+Result<void> Session::load_symbols_from_guest(DomId dom) {
+  XP_TRY(impl_->engine->attach(dom));
+  auto found = XP_TRY(guest_kallsyms(*impl_->hv, dom));
+  XP_LOG(Info, "domain %u: %zu kallsyms symbols from guest memory (token table at 0x%llx)", dom.value,
+         found.entries.size(), static_cast<unsigned long long>(found.where.token_table));
+  auto t = XP_TRY(symbols::to_symbol_table(found.entries, "domain " + std::to_string(dom.value) + "'s kallsyms"));
+  return impl_->engine->set_symbols(dom, std::move(t));
+}
+
+// Finds and decodes the guest kernel's kallsyms in its memory.
+static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId dom) {
+  auto view = XP_TRY(GuestView::open(hv, dom));
+  auto read = [&view](std::uint64_t a, std::span<std::byte> out) { return view->read(Gva{a}, out); };
+  // Where the search starts: a vCPU stopped in the kernel is in its text, and .rodata (the
+  // tables) follows the text. With none there (every vCPU in user space), the bottom of the
+  // window KASLR places the image in; unmapped 2 MiB steps are skipped.
+  std::vector<std::uint64_t> starts;
+  hv::DomainInfo info = XP_TRY(hv.domain_info(dom));
+  for (unsigned v = 0; v < info.vcpus && starts.empty(); ++v)
+    if (auto r = hv.get_vcpu_regs(dom, VcpuId{v});
+        r && r->rip >= symbols::kKernelImageStart && r->rip < symbols::kKernelImageEnd)
+      starts.push_back(r->rip & ~(symbols::kSlideAlign - 1));
+  starts.push_back(symbols::kKernelImageStart);
+  Error why{Errc::NotFound, ""};
+  for (std::uint64_t start : starts) {
+    auto found = symbols::find_kallsyms(read, start, symbols::kKernelImageEnd);
+    if (found) return found;
+    why = found.error();
+  }
+  return fail(why.code, "cannot read domain " + std::to_string(dom.value) + "'s kallsyms from its memory: " + why.what +
+                            "; give its System.map to load_symbols() instead");
+}
+
+Result<std::vector<std::byte>> Session::kernel_btf(DomId dom) {
+  XP_TRY(default_symbols(dom));
+  if (!impl_->engine->symbols(dom)) XP_TRY(load_symbols_from_guest(dom));
+  const symbols::SymbolTable* t = impl_->engine->symbols(dom);
+  auto view = XP_TRY(GuestView::open(*impl_->hv, dom));
+  return kernel::read_kernel_btf(*t, [&view](Gva a, std::span<std::byte> out) { return view->read(a, out); });
 }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
@@ -354,11 +420,31 @@ Result<void> Session::default_symbols(DomId dom) {
 
 Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
   XP_TRY(default_symbols(dom));
+  if (!impl_->engine->symbols(dom) && impl_->hv->name() != "sim") {
+    if (auto r = load_symbols_from_guest(dom); !r)
+      return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) + ": " + r.error().what);
+  }
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   if (!t)
     return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
                                     ": call load_symbols() with the guest kernel's System.map first");
   return t->resolve(symbol);
+}
+
+Result<std::vector<SymbolInfo>> Session::find_symbols(DomId dom, std::string_view glob) {
+  XP_TRY(default_symbols(dom));
+  if (!impl_->engine->symbols(dom) && impl_->hv->name() != "sim") {
+    if (auto r = load_symbols_from_guest(dom); !r)
+      return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) + ": " + r.error().what);
+  }
+  const symbols::SymbolTable* t = impl_->engine->symbols(dom);
+  if (!t)
+    return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
+                                    ": call load_symbols() with the guest kernel's System.map first");
+  std::vector<SymbolInfo> out;
+  for (symbols::Symbol& s : t->matching(glob))
+    out.push_back(SymbolInfo{std::move(s.name), s.address, s.type, s.kind == symbols::SymbolKind::Text, s.size});
+  return out;
 }
 
 Result<Probe> Session::ret_probe(DomId dom, Gva address, EntryHandler entry, ReturnHandler on_return,

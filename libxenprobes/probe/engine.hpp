@@ -61,6 +61,9 @@ class Engine final : public channel::StopSink {
   [[nodiscard]] Result<void> detach(DomId);
   [[nodiscard]] Result<void> set_symbols(DomId, symbols::SymbolTable);
   const symbols::SymbolTable* symbols(DomId) const;
+  // The running _text the guest module published (attached domains), or nullopt: no module,
+  // so a System.map's KASLR slide must come from somewhere else.
+  std::optional<Gva> published_kernel_text(DomId) const;
   // The channel serving the domain (attaching it first if needed).
   [[nodiscard]] Result<channel::Channel*> channel_of(DomId);
 

@@ -158,6 +158,12 @@ Result<channel::Channel*> Engine::channel_of(DomId id) {
   return d->ch;
 }
 
+std::optional<Gva> Engine::published_kernel_text(DomId id) const {
+  auto it = domains_.find(id);
+  if (it == domains_.end() || it->second->kernel_text.value == 0) return std::nullopt;
+  return it->second->kernel_text;
+}
+
 const symbols::SymbolTable* Engine::symbols(DomId id) const {
   auto it = domains_.find(id);
   return it != domains_.end() && it->second->syms ? &*it->second->syms : nullptr;

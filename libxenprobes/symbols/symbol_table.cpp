@@ -1,6 +1,8 @@
 #include "common/hex.hpp"
 #include "symbols/symbol_table.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -283,6 +285,14 @@ std::size_t SymbolTable::covering(std::uint64_t link) const {
   for (auto k = static_cast<std::size_t>(it - syms_.begin()); k-- > 0 && syms_[k].link == start;)
     if (best == npos || !(rank(syms_[best]) < rank(syms_[k]))) best = k;  // ties: earliest wins
   return best;
+}
+
+std::vector<Symbol> SymbolTable::matching(std::string_view pattern) const {
+  const std::string pat(pattern);  // fnmatch needs a terminated string
+  std::vector<Symbol> out;
+  for (std::uint32_t i : by_name_)
+    if (::fnmatch(pat.c_str(), syms_[i].name.c_str(), 0) == 0) out.push_back(to_symbol(syms_[i]));
+  return out;
 }
 
 Result<std::vector<Symbol>> SymbolTable::lookup(std::string_view name) const {

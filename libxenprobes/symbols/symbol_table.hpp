@@ -78,6 +78,10 @@ class SymbolTable {
   // kept, in address order). NotFound if none.
   [[nodiscard]] Result<std::vector<Symbol>> lookup(std::string_view name) const;
 
+  // Every symbol whose name matches the shell glob `pattern` (fnmatch(3): `*`, `?`, `[...]`),
+  // in name order, then address order. Empty if none.
+  std::vector<Symbol> matching(std::string_view pattern) const;
+
   // "name", "name+off" or "0xaddr[+off]" (off: 0x-hex or decimal) → running address.
   //   unknown name             → NotFound "no symbol 'x' in <file>"
   //   name at several addresses → InvalidArgument listing them (pass one as "0x…" instead)

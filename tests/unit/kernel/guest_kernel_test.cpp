@@ -1,0 +1,266 @@
+// Kallsyms and BTF read out of real Debian kernels, the way they are read out of a guest: the
+// kernel ELF inside Debian's vmlinuz is laid out at its link addresses (what the boot loader
+// does, minus the relocation), the tables are searched for from the start of its text, and
+// every decoded symbol is compared with the System.map of the same build, from Debian's -dbg
+// package. tools/fetch-debian-kernels.sh fills the cache (the test command runs it); each
+// kernel in the cache is one test case.
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include <elf.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernel/btf.hpp"
+#include "symbols/kallsyms.hpp"
+
+namespace fs = std::filesystem;
+using namespace xenprobes;
+
+namespace {
+
+fs::path cache_dir() {
+  const char* e = std::getenv("XENPROBES_KERNEL_CACHE");
+  return e && *e ? fs::path(e) : fs::path("/var/cache/xenprobes-kernels");
+}
+
+std::vector<std::string> cached_kernels() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(cache_dir(), ec))
+    if (fs::exists(d.path() / "vmlinux") && fs::exists(d.path() / "System.map")) out.push_back(d.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The loadable segments of an ELF at their virtual addresses: a guest's memory, minus paging.
+struct Image {
+  struct Segment {
+    std::uint64_t vaddr;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Segment> segments;
+  std::uint64_t text_start = 0;
+  std::size_t reads = 0;
+
+  static Image load(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::vector<char> file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    Image img;
+    Elf64_Ehdr eh;
+    if (file.size() < sizeof eh) return img;
+    std::memcpy(&eh, file.data(), sizeof eh);
+    for (unsigned i = 0; i < eh.e_phnum; ++i) {
+      Elf64_Phdr ph;
+      std::memcpy(&ph, file.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
+      // The per-CPU segment is linked at 0: not where the kernel image is.
+      if (ph.p_type != PT_LOAD || ph.p_vaddr < symbols::kKernelImageStart) continue;
+      Segment s{ph.p_vaddr, std::vector<std::byte>(ph.p_memsz)};
+      std::memcpy(s.bytes.data(), file.data() + ph.p_offset, std::min(ph.p_filesz, ph.p_memsz));
+      if (img.text_start == 0 || ph.p_vaddr < img.text_start) img.text_start = ph.p_vaddr;
+      img.segments.push_back(std::move(s));
+    }
+    return img;
+  }
+
+  Result<void> read(std::uint64_t addr, std::span<std::byte> out) {
+    ++reads;
+    for (const Segment& s : segments)
+      if (addr >= s.vaddr && addr - s.vaddr <= s.bytes.size() && s.bytes.size() - (addr - s.vaddr) >= out.size()) {
+        std::memcpy(out.data(), s.bytes.data() + (addr - s.vaddr), out.size());
+        return {};
+      }
+    return std::unexpected(Error{Errc::Fault, "not mapped"});
+  }
+};
+
+struct MapLine {
+  std::uint64_t addr;
+  char type;
+};
+
+std::multimap<std::string, MapLine> read_system_map(const fs::path& p) {
+  std::multimap<std::string, MapLine> m;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream is(line);
+    std::string addr, name;
+    char type;
+    if (is >> addr >> type >> name) m.emplace(name, MapLine{std::stoull(addr, nullptr, 16), type});
+  }
+  return m;
+}
+
+class RealKernel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = cache_dir() / GetParam();
+    // Loaded once per kernel (60-100 MB each); a test that pokes bytes puts them back.
+    static std::map<std::string, Image> loaded;
+    if (!loaded.count(GetParam())) loaded.emplace(GetParam(), Image::load(dir_ / "vmlinux"));
+    image_ = &loaded.at(GetParam());
+    ASSERT_FALSE(image_->segments.empty())
+        << dir_ / "vmlinux" << " is missing or has no kernel segment: run sh tools/fetch-debian-kernels.sh "
+        << "(or point XENPROBES_KERNEL_CACHE at its cache)";
+  }
+  symbols::MemoryReadFn reader() {
+    return [this](std::uint64_t a, std::span<std::byte> out) { return image_->read(a, out); };
+  }
+  fs::path dir_;
+  Image* image_ = nullptr;
+};
+
+// Every symbol kallsyms holds is in System.map at the same address with the same type, and
+// every System.map symbol kallsyms is meant to hold (scripts/kallsyms.c keeps everything with
+// --all-symbols but undefined, debugging and absolute symbols and its own tables) is there.
+TEST_P(RealKernel, KallsymsFromTheImageMatchSystemMap) {
+  auto found = symbols::find_kallsyms(reader(), image_->text_start, symbols::kKernelImageEnd);
+  ASSERT_TRUE(found) << found.error().what;
+  const auto map = read_system_map(dir_ / "System.map");
+
+  // The tables are where the linker put them.
+  auto at = [&](const char* n) { return map.find(n) == map.end() ? 0 : map.find(n)->second.addr; };
+  EXPECT_EQ(found->where.token_table, at("kallsyms_token_table"));
+  EXPECT_EQ(found->where.token_index, at("kallsyms_token_index"));
+  EXPECT_EQ(found->where.markers, at("kallsyms_markers"));
+  EXPECT_EQ(found->where.names, at("kallsyms_names"));
+  EXPECT_EQ(found->where.num_syms, at("kallsyms_num_syms"));
+  EXPECT_EQ(found->where.offsets, at("kallsyms_offsets"));
+  EXPECT_EQ(found->where.relative_base, at("kallsyms_relative_base"));
+  EXPECT_EQ(found->entries.size(), found->where.count);
+
+  std::size_t mismatched = 0;
+  std::set<std::pair<std::string, std::uint64_t>> decoded;
+  for (const auto& e : found->entries) {
+    decoded.emplace(e.name, e.address);
+    bool ok = false;
+    auto [lo, hi] = map.equal_range(e.name);
+    for (auto it = lo; it != hi; ++it) {
+      // With CONFIG_KALLSYMS_ABSOLUTE_PERCPU scripts/kallsyms.c retypes the per-CPU
+      // variables (linked at small offsets, not in the image) as absolute: 'A'.
+      const char want = found->absolute_percpu && it->second.addr < symbols::kKernelHalfStart ? 'A' : it->second.type;
+      ok |= it->second.addr == e.address && want == e.type;
+    }
+    if (!ok && mismatched++ < 10)
+      ADD_FAILURE() << e.name << " " << std::hex << e.address << " " << e.type << " is not in System.map";
+  }
+  EXPECT_EQ(mismatched, 0u);
+
+  std::size_t missing = 0;
+  for (const auto& [name, l] : map) {
+    const bool excluded = l.type == 'A' || l.type == 'a' || l.type == 'U' || l.type == 'N' ||
+                          name.rfind("kallsyms_", 0) == 0 || name.rfind("__kcfi_typeid_", 0) == 0;
+    if (excluded || decoded.count({name, l.addr})) continue;
+    if (missing++ < 10) ADD_FAILURE() << name << " " << std::hex << l.addr << " " << l.type << " is not in kallsyms";
+  }
+  EXPECT_EQ(missing, 0u);
+
+  // And as a SymbolTable: names resolve to System.map's addresses.
+  auto table = symbols::to_symbol_table(found->entries, GetParam() + " kallsyms");
+  ASSERT_TRUE(table) << table.error().what;
+  auto vfs_read = table->resolve("vfs_read");
+  ASSERT_TRUE(vfs_read) << vfs_read.error().what;
+  EXPECT_EQ(vfs_read->value, at("vfs_read"));
+  auto fn = table->function_containing(Gva{at("vfs_read") + 1});
+  ASSERT_TRUE(fn) << fn.error().what;
+  EXPECT_EQ(fn->name, "vfs_read");
+}
+
+// A KASLR slide applied to System.map from one running address (what MSR_LSTAR gives).
+TEST_P(RealKernel, SlideFromTheSyscallEntryPoint) {
+  auto map = symbols::SymbolTable::load(dir_ / "System.map");
+  ASSERT_TRUE(map) << map.error().what;
+  const std::uint64_t link = map->resolve("entry_SYSCALL_64")->value;
+  const std::int64_t slide = 0x1e400000;
+  auto s = symbols::slide_from_symbol(*map, "entry_SYSCALL_64", link + slide);
+  ASSERT_TRUE(s) << s.error().what;
+  EXPECT_EQ(*s, slide);
+  EXPECT_EQ(map->resolve("vfs_read")->value, read_system_map(dir_ / "System.map").find("vfs_read")->second.addr + slide);
+  // Not 2 MiB aligned: not a slide.
+  EXPECT_FALSE(symbols::slide_from_symbol(*map, "entry_SYSCALL_64", link + 0x1000));
+  EXPECT_FALSE(symbols::slide_from_symbol(*map, "no_such_symbol", link));
+}
+
+// The BTF between __start_BTF and __stop_BTF (found through the decoded kallsyms) is the
+// image's .BTF section, byte for byte, and libbpf parses it to the same types.
+TEST_P(RealKernel, BtfThroughKallsymsIsTheImagesBtfSection) {
+  auto found = symbols::find_kallsyms(reader(), image_->text_start, symbols::kKernelImageEnd);
+  ASSERT_TRUE(found) << found.error().what;
+  auto table = symbols::to_symbol_table(found->entries, "kallsyms");
+  ASSERT_TRUE(table) << table.error().what;
+  auto blob = kernel::read_kernel_btf(*table, [this](Gva a, std::span<std::byte> out) { return image_->read(a.value, out); });
+  ASSERT_TRUE(blob) << blob.error().what;
+
+  btf* ref = btf__parse_elf((dir_ / "vmlinux").c_str(), nullptr);
+  ASSERT_EQ(libbpf_get_error(ref), 0) << "libbpf cannot parse .BTF of " << dir_ / "vmlinux";
+  __u32 ref_size = 0;
+  const void* ref_data = btf__raw_data(ref, &ref_size);
+  ASSERT_EQ(blob->size(), ref_size);
+  EXPECT_EQ(std::memcmp(blob->data(), ref_data, ref_size), 0);
+
+  btf* mine = btf__new(blob->data(), static_cast<__u32>(blob->size()));
+  ASSERT_EQ(libbpf_get_error(mine), 0);
+  EXPECT_EQ(btf__type_cnt(mine), btf__type_cnt(ref));
+  EXPECT_GT(btf__find_by_name_kind(mine, "task_struct", BTF_KIND_STRUCT), 0);
+  btf__free(mine);
+  btf__free(ref);
+
+  // Cut short, the same bytes are refused.
+  std::vector<std::byte> cut(blob->begin(), blob->begin() + static_cast<std::ptrdiff_t>(blob->size() / 2));
+  EXPECT_FALSE(kernel::validate_btf(cut));
+}
+
+// Damaged tables are refused, not decoded into wrong symbols.
+TEST_P(RealKernel, DamagedTablesAreRefused) {
+  auto found = symbols::find_kallsyms(reader(), image_->text_start, symbols::kKernelImageEnd);
+  ASSERT_TRUE(found) << found.error().what;
+  auto poke = [&](std::uint64_t addr, std::uint8_t v) {
+    for (auto& s : image_->segments)
+      if (addr >= s.vaddr && addr - s.vaddr < s.bytes.size()) {
+        std::byte old = s.bytes[addr - s.vaddr];
+        s.bytes[addr - s.vaddr] = std::byte{v};
+        return old;
+      }
+    return std::byte{0};
+  };
+  // A marker that disagrees with the names.
+  std::byte old = poke(found->where.markers + 4, 0x01);
+  EXPECT_FALSE(symbols::find_kallsyms(reader(), found->where.token_table, found->where.token_table + 4096));
+  poke(found->where.markers + 4, std::to_integer<std::uint8_t>(old));
+  // A token index entry that points elsewhere.
+  old = poke(found->where.token_index + 2 * 0x41, 0xff);
+  auto r2 = symbols::find_kallsyms(reader(), found->where.token_table, found->where.token_table + 4096);
+  ASSERT_FALSE(r2);
+  EXPECT_NE(r2.error().what.find("token"), std::string::npos) << r2.error().what;
+  poke(found->where.token_index + 2 * 0x41, std::to_integer<std::uint8_t>(old));
+  // Undamaged again, found again.
+  EXPECT_TRUE(symbols::find_kallsyms(reader(), found->where.token_table, found->where.token_table + 4096));
+}
+
+std::vector<std::string> kernels_or_placeholder() {
+  auto k = cached_kernels();
+  if (k.empty()) k.push_back("none");
+  return k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Debian, RealKernel, ::testing::ValuesIn(kernels_or_placeholder()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// Without a cache the suite above has one case, "none", which fails in SetUp: a test command
+// that forgot to fetch the kernels must not pass silently.
+
+}  // namespace

@@ -1,0 +1,653 @@
+// xenprobe, run as users run it: a subprocess on the simulated Xen (--sim), its demo guests
+// running a deterministic workload (guest/demo.c), so every count below is exact. The
+// expected values come from the workload's definition (the oracle functions here), never
+// from a previous run of the tool.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "demo_abi.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ToolRun {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs the tool with `args`; `during(pid, stdout_path)` runs while it does (for signals).
+ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
+        const std::function<void(pid_t, const fs::path&)>& during = {}) {
+  static int serial = 0;
+  fs::path dir = fs::temp_directory_path() / ("xenprobe_test." + std::to_string(getpid()) + "." + std::to_string(serial++));
+  fs::create_directories(dir);
+  const fs::path out = dir / "out", err = dir / "err";
+  pid_t pid = fork();
+  if (pid == 0) {
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
+    unsetenv("XENPROBES_BACKEND");
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(XENPROBE_BIN));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(XENPROBE_BIN, argv.data());
+    _exit(127);
+  }
+  if (during) during(pid, out);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ToolRun r;
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove_all(dir);
+  return r;
+}
+
+std::vector<json> records(const std::string& ndjson) {
+  std::vector<json> v;
+  std::istringstream in(ndjson);
+  std::string line;
+  while (std::getline(in, line)) {
+    EXPECT_NO_THROW(v.push_back(json::parse(line))) << "not one JSON record: " << line;
+    const json& r = v.back();
+    EXPECT_TRUE(r.contains("type") && r.contains("domain") && r.contains("data")) << line;
+  }
+  return v;
+}
+
+// The data of the map (or hist) record of `map` in `domain`'s final output (the last one).
+json map_data(const std::vector<json>& recs, const std::string& map, const std::string& domain = "sim-1") {
+  json found;
+  for (const json& r : recs)
+    if ((r["type"] == "map" || r["type"] == "hist") && r["domain"] == domain && r["data"].contains(map))
+      found = r["data"][map];
+  return found;
+}
+
+// ---- the workload's oracle (guest/demo.c demo_iteration and demo_dispatch) ----
+
+const char* const kPaths[8] = {"/etc/hostname", "/etc/passwd", "/tmp",          "/nonexistent",
+                               "/proc/version", "/tmp/demo.log", "relative/path", "/etc"};
+
+// sys_read's third argument, in call order, for `iters` iterations of vCPU v.
+std::vector<std::int64_t> read_counts(std::uint64_t iters, unsigned v) {
+  std::vector<std::int64_t> out;
+  for (std::uint64_t i = 0; i < iters; ++i) {
+    out.push_back(static_cast<std::int64_t>(1 + (i * 13 + v) % 48));  // direct call, buf of 48
+    out.push_back(static_cast<std::int64_t>(i % 32));                 // demo_dispatch case 1
+  }
+  return out;
+}
+
+std::vector<json> hist_oracle(const std::vector<std::int64_t>& xs) {
+  std::vector<std::uint64_t> b(66, 0);
+  for (auto x : xs) {
+    int i = x < 0 ? 0 : x == 0 ? 1 : 2 + (63 - __builtin_clzll(static_cast<unsigned long long>(x)));
+    ++b[static_cast<std::size_t>(i)];
+  }
+  std::size_t first = 0, last = b.size();
+  while (first < last && !b[first]) ++first;
+  while (last > first && !b[last - 1]) --last;
+  std::vector<json> v;
+  for (std::size_t i = first; i < last; ++i) {
+    json o;
+    if (i == 0) {
+      o["max"] = -1;
+    } else if (i <= 2) {
+      o["min"] = i - 1;
+      o["max"] = i - 1;
+    } else {
+      o["min"] = 1ll << (i - 2);
+      o["max"] = (1ll << (i - 1)) - 1;
+    }
+    o["count"] = b[i];
+    v.push_back(o);
+  }
+  return v;
+}
+
+std::vector<json> lhist_oracle(const std::vector<std::int64_t>& xs, std::int64_t lo, std::int64_t hi, std::int64_t step) {
+  const std::size_t n = static_cast<std::size_t>((hi - lo) / step + 2);
+  std::vector<std::uint64_t> b(n, 0);
+  for (auto x : xs) ++b[x < lo ? 0 : x >= hi ? n - 1 : static_cast<std::size_t>(1 + (x - lo) / step)];
+  std::size_t first = 0, last = n;
+  while (first < last && !b[first]) ++first;
+  while (last > first && !b[last - 1]) --last;
+  std::vector<json> v;
+  for (std::size_t i = first; i < last; ++i) {
+    json o;
+    if (i == 0) {
+      o["max"] = lo - 1;
+    } else if (i == n - 1) {
+      o["min"] = hi;
+    } else {
+      o["min"] = lo + static_cast<std::int64_t>(i - 1) * step;
+      o["max"] = lo + static_cast<std::int64_t>(i) * step - 1;
+    }
+    o["count"] = b[i];
+    v.push_back(o);
+  }
+  return v;
+}
+
+const std::vector<std::string> kSim1 = {"--sim", "--sim-vcpus", "1"};
+
+std::vector<std::string> args(std::vector<std::string> base, std::initializer_list<std::string> more) {
+  base.insert(base.end(), more);
+  return base;
+}
+
+// ---- aggregations ----
+
+TEST(Xenprobe, EveryAggregationHasTheWorkloadsExactValues) {
+  constexpr std::uint64_t kIters = 20;
+  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(kIters), "-f", "json", "-e",
+                           "kprobe:sys_read { @count = count(); @sum = sum(arg2); @avg = avg(arg2); "
+                           "@min = min(arg2); @max = max(arg2); @hist = hist(arg2); @lhist = lhist(arg2, 0, 48, 8); "
+                           "@neg = min(0 - arg2); @h2 = hist(0 - 1); }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.front()["type"], "attached_probes");
+  EXPECT_EQ(recs.front()["data"]["probes"], 1);
+  std::vector<std::int64_t> xs = read_counts(kIters, 0);
+  std::int64_t sum = 0, mn = xs[0], mx = xs[0];
+  for (auto x : xs) sum += x, mn = std::min(mn, x), mx = std::max(mx, x);
+  EXPECT_EQ(map_data(recs, "@count"), xs.size());
+  EXPECT_EQ(map_data(recs, "@sum"), sum);
+  EXPECT_EQ(map_data(recs, "@avg"), sum / static_cast<std::int64_t>(xs.size()));
+  EXPECT_EQ(map_data(recs, "@min"), mn);
+  EXPECT_EQ(map_data(recs, "@max"), mx);
+  EXPECT_EQ(map_data(recs, "@neg"), -mx);
+  EXPECT_EQ(map_data(recs, "@hist"), json(hist_oracle(xs)));
+  EXPECT_EQ(map_data(recs, "@lhist"), json(lhist_oracle(xs, 0, 48, 8)));
+  EXPECT_EQ(map_data(recs, "@h2"), json(hist_oracle(std::vector<std::int64_t>(xs.size(), -1))));
+  // Record types: hist for hist/lhist, map for the rest.
+  for (const json& rec : recs) {
+    if (rec["data"].contains("@hist") || rec["data"].contains("@lhist")) {
+      EXPECT_EQ(rec["type"], "hist");
+    }
+  }
+}
+
+// ---- builtins ----
+
+TEST(Xenprobe, EveryBuiltinOnTwoVcpus) {
+  constexpr std::uint64_t K = 10;
+  const std::string prog = R"(
+    BEGIN { @start = nsecs; @dom = domain; }
+    kprobe:demo_dispatch /arg0 >= 5 && arg0 != 7/ { @sel = count(); }
+    kprobe:demo_dispatch { @nr[arg0] = count(); @vcpu_of[arg0, arg1 - arg2 * 7 - arg0] = count(); }
+    kprobe:sys_getppid { @cpu[cpu] = count(); @probe[probe, func] = count(); }
+    kretprobe:sys_getppid { @ret[retval] = count(); @rprobe[probe] = count(); }
+    kretprobe:demo_recurse { @rec = count(); }
+    kprobe:sys_open { @path[str(arg0)] = count(); @short[str(arg0, 5)] = count(); }
+    kprobe:sys_unlink { @later = min(nsecs > @start); }
+    kprobe:sys_* { @f[func] = count(); }
+  )";
+  ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "-f", "json", "-e", prog});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  // 2 demo_dispatch + sys_getppid + kretprobe sys_getppid + demo_recurse + sys_open +
+  // sys_unlink + the 5 sys_* functions.
+  EXPECT_EQ(recs.front()["data"]["probes"], 12);
+  EXPECT_EQ(map_data(recs, "@dom"), "sim-1");
+  EXPECT_EQ(map_data(recs, "@sel"), 4 * K * 2);
+  json nr, vcpu_of, cpu, path, shortp;
+  for (int n = 0; n < 10; ++n) {
+    nr[std::to_string(n)] = 2 * K;
+    for (int v = 0; v < 2; ++v) vcpu_of[std::to_string(n) + "," + std::to_string(v)] = K;
+  }
+  EXPECT_EQ(map_data(recs, "@nr"), nr);
+  EXPECT_EQ(map_data(recs, "@vcpu_of"), vcpu_of);
+  EXPECT_EQ(map_data(recs, "@cpu"), json({{"0", 2 * K}, {"1", 2 * K}}));
+  EXPECT_EQ(map_data(recs, "@probe"), json({{"kprobe:sys_getppid,sys_getppid", 4 * K}}));
+  EXPECT_EQ(map_data(recs, "@ret"), json({{"1", 4 * K}}));
+  EXPECT_EQ(map_data(recs, "@rprobe"), json({{"kretprobe:sys_getppid", 4 * K}}));
+  EXPECT_EQ(map_data(recs, "@rec"), (DEMO_RECURSE_DEPTH + 1 + DEMO_DISPATCH_RECURSE_DEPTH + 1) * K * 2);
+  std::map<std::string, std::uint64_t> paths, shorts;
+  for (unsigned v = 0; v < 2; ++v)
+    for (std::uint64_t i = 0; i < K; ++i)
+      for (const char* p : {kPaths[(i + v) % 8], kPaths[(i * 7 + v + 3) % 8]}) {
+        ++paths[p];
+        ++shorts[std::string(p).substr(0, 4)];
+      }
+  EXPECT_EQ(map_data(recs, "@path"), json(paths));
+  EXPECT_EQ(map_data(recs, "@short"), json(shorts));
+  EXPECT_EQ(map_data(recs, "@later"), 1);
+  json f;
+  for (const char* fn : {"sys_getppid", "sys_read", "sys_write", "sys_open", "sys_unlink"}) f[fn] = 2 * K * 2;
+  EXPECT_EQ(map_data(recs, "@f"), f);
+}
+
+// A return probe tracks --maxactive calls at once: the demo guest's recursion nests 9 deep on
+// each of two vCPUs, so with 10 some returns are missed, and lost_events says how many.
+TEST(Xenprobe, ReturnsBeyondMaxactiveAreLostEvents) {
+  constexpr std::uint64_t K = 10;
+  const std::uint64_t calls = (DEMO_RECURSE_DEPTH + 1 + DEMO_DISPATCH_RECURSE_DEPTH + 1) * K * 2;
+  ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "--maxactive", "10", "-f",
+                   "json", "-e", "kretprobe:demo_recurse { @rec = count(); }"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  std::uint64_t lost = 0;
+  for (const json& rec : recs)
+    if (rec["type"] == "lost_events") lost = rec["data"]["events"];
+  EXPECT_GT(lost, 0u);
+  EXPECT_EQ(map_data(recs, "@rec").get<std::uint64_t>() + lost, calls);
+}
+
+// The counts do not depend on the channel the hits come through.
+TEST(Xenprobe, ExactCountsOnEveryChannel) {
+  constexpr std::uint64_t K = 6;
+  for (const char* ch : {"guest", "debugger", "vmevent"}) {
+    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel",
+                     ch, "-f", "json", "-e",
+                     "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
+    ASSERT_EQ(r.status, 0) << ch << ": " << r.err;
+    auto recs = records(r.out);
+    EXPECT_EQ(map_data(recs, "@c"), 2 * K * 2) << ch;
+    EXPECT_EQ(map_data(recs, "@r"), (DEMO_RECURSE_DEPTH + 1 + DEMO_DISPATCH_RECURSE_DEPTH + 1) * K * 2) << ch;
+  }
+}
+
+TEST(Xenprobe, PrintfFormatsLikeC) {
+  constexpr std::uint64_t K = 6;
+  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "-f", "json", "-e",
+                           R"(kprobe:demo_dispatch /arg0 == 7/ { printf("%s nr=%d a=%x b=%5d|%-4s|%c%%\n", func, arg0, arg1, arg2, "ab", 65); })"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::string> got;
+  for (const json& rec : records(r.out))
+    if (rec["type"] == "printf") got.push_back(rec["data"]);
+  std::vector<std::string> want;
+  for (std::uint64_t i = 0; i < K; ++i) {
+    char b[128];
+    std::snprintf(b, sizeof b, "demo_dispatch nr=7 a=%llx b=%5llu|ab  |A%%\n", static_cast<unsigned long long>(i * 7 + 7),
+                  static_cast<unsigned long long>(i));
+    want.push_back(b);
+  }
+  EXPECT_EQ(got, want);
+}
+
+// Statements: variables, if/else, ternary, string comparison, delete, clear, print, exit, END.
+TEST(Xenprobe, ExitDeleteClearPrintAndEnd) {
+  const std::string prog = R"(
+    kprobe:demo_dispatch {
+      $nr = arg0;
+      @d[$nr] = count();
+      if ($nr == 9) { delete(@d[9]); } else { @notnine++; }
+      @kind[$nr < 5 ? "low" : "high"] = count();
+    }
+    kprobe:sys_open /str(arg0) == "/etc/passwd"/ { @passwd = count(); }
+    kprobe:sys_getppid { @n = count(); @tmp = 1; if (@n == 30) { print(@n); clear(@tmp); exit(); } }
+    END { @end = 1; }
+  )";
+  // The workload runs forever: only exit() ends this run.
+  ToolRun r = run(args(kSim1, {"-f", "json", "-e", prog}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  // The oracle: walk vCPU 0's calls in order until the 30th sys_getppid entry.
+  std::map<std::string, std::uint64_t> d, kind;
+  std::uint64_t passwd = 0, getppid = 0, notnine = 0;
+  for (std::uint64_t i = 0;; ++i) {
+    if (++getppid == 30) break;  // the direct call
+    if (std::string(kPaths[i % 8]) == "/etc/passwd") ++passwd;
+    bool done = false;
+    for (std::uint64_t nr = 0; nr < 10 && !done; ++nr) {
+      if (nr != 9) ++d[std::to_string(nr)], ++notnine;  // demo_dispatch's entry, before its call
+      ++kind[nr < 5 ? "low" : "high"];
+      if (nr == 0) done = ++getppid == 30;
+      if (nr == 3 && std::string(kPaths[(i * 7 + 3) % 8]) == "/etc/passwd") ++passwd;
+    }
+    if (done) break;
+  }
+  EXPECT_EQ(map_data(recs, "@d"), json(d));
+  EXPECT_EQ(map_data(recs, "@kind"), json(kind));
+  EXPECT_EQ(map_data(recs, "@passwd"), passwd);
+  EXPECT_EQ(map_data(recs, "@notnine"), notnine);
+  EXPECT_EQ(map_data(recs, "@n"), 30);
+  EXPECT_EQ(map_data(recs, "@end"), 1);
+  EXPECT_TRUE(map_data(recs, "@tmp").is_null()) << "clear(@tmp) left it in the output";
+  // print(@n) printed it before the final maps, with the same value.
+  int n_records = 0;
+  for (const json& rec : recs) n_records += rec["type"] == "map" && rec["data"].contains("@n");
+  EXPECT_EQ(n_records, 2);
+}
+
+// Integer semantics, in BEGIN (no guest involved): C's precedence, wrapping, BPF's division
+// by zero, casts, logical operators, the ternary, string comparison.
+TEST(Xenprobe, ArithmeticAndCasts) {
+  const std::string prog = R"(BEGIN {
+    printf("%d %d %d %d %d\n", 1 + 2 * 3, (1 + 2) * 3, 7 / 2, -7 / 2, -7 % 3);
+    printf("%d %d %d %d\n", 5 / 0, 5 % 0, 1 << 65, 0x10 >> 4);
+    printf("%d %d %d %d\n", (uint8)257, (int8)255, (uint32)-1, (int16)0x18000);
+    printf("%d %d %d %d %d\n", 3 > 2 && 2 > 1, 0 || 0, !5, ~0, 1 ? 10 : 20);
+    printf("%d %d %s\n", "ab" == "ab", "ab" != "ab", 0 ? "yes" : "no");
+    printf("%d\n", 9223372036854775807 + 1 < 0);
+    exit();
+  })";
+  ToolRun r = run(args(kSim1, {"-e", prog}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "Attaching 0 probes to sim-1 (domain 1, channel none)...\n"
+            "7 9 3 -3 -1\n"
+            "0 5 2 1\n"
+            "1 -1 4294967295 -32768\n"
+            "1 0 0 -1 10\n"
+            "1 0 no\n"
+            "1\n");
+}
+
+// interval runs in Dom0 on its own schedule; exit() from it ends the run.
+TEST(Xenprobe, IntervalProbesRunUntilExit) {
+  ToolRun r = run(args(kSim1, {"-f", "json", "-e",
+                               "kprobe:sys_getppid { @hits = count(); } "
+                               "interval:ms:20 { @ticks = count(); if (@ticks == 3) { print(@ticks); exit(); } }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  EXPECT_EQ(map_data(recs, "@ticks"), 3);
+  int printed = 0;
+  for (const json& rec : recs) printed += rec["type"] == "map" && rec["data"].contains("@ticks");
+  EXPECT_EQ(printed, 2);  // print() at the third tick, then the maps at exit
+}
+
+// Symbols from a file (--symbols DOMAIN=FILE) rather than the library's default.
+TEST(Xenprobe, SymbolsFromAFile) {
+  const fs::path dir = fs::temp_directory_path() / ("xenprobe_test_map." + std::to_string(getpid()));
+  fs::create_directories(dir);
+  // A System.map that knows one function under another name: probes resolve through it.
+  {
+    std::ifstream in(XENPROBES_DEMO_GUEST_SYSTEM_MAP);
+    std::ofstream out(dir / "System.map");
+    for (std::string line; std::getline(in, line);) {
+      if (line.ends_with(" sys_getppid")) line.replace(line.size() - 11, 11, "renamed_getppid");
+      out << line << "\n";
+    }
+  }
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "4", "--symbols", "sim-1=" + (dir / "System.map").string(), "-e",
+                               "kprobe:renamed_getppid { @c[func] = count(); }"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@c[renamed_getppid]: 8\n"), std::string::npos) << r.out;
+  ToolRun bad = run(args(kSim1, {"--symbols", "sim-9=" + (dir / "System.map").string(), "-e", "BEGIN { }"}));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--symbols sim-9="), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("sim-9 is not one of the selected domains"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}
+
+// ---- the tool's limits ----
+
+TEST(Xenprobe, HitLimitStopsAfterExactlyThatManyHits) {
+  ToolRun r = run(args(kSim1, {"-c", "25", "-e", "kprobe:demo_recurse { @ = count(); }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Attaching 1 probe to sim-1 (domain 1, channel guest)...\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n@: 25\n"), std::string::npos) << r.out;
+}
+
+TEST(Xenprobe, DurationEndsARunOnAGuestThatNeverStops) {
+  const auto start = std::chrono::steady_clock::now();
+  ToolRun r = run(args(kSim1, {"--duration", "1", "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); }"}));
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  ASSERT_TRUE(map_data(recs, "@c").is_number()) << r.out;
+  EXPECT_GT(map_data(recs, "@c").get<std::int64_t>(), 0);
+  EXPECT_GE(took, std::chrono::seconds(1));
+}
+
+TEST(Xenprobe, SigtermDetachesAndPrintsTheMaps) {
+  const std::string prog = R"(kprobe:sys_getppid { @c = count(); if (@c == 1) { printf("first hit\n"); } })";
+  ToolRun r = run(args(kSim1, {"-e", prog}), {}, [](pid_t pid, const fs::path& out) {
+    // Signal once the tool has handled a hit (it says so), as a user presses ^C after
+    // seeing output.
+    for (int i = 0; i < 3000 && slurp(out).find("first hit") == std::string::npos; ++i) usleep(10'000);
+    kill(pid, SIGTERM);
+  });
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("terminated: detaching"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("@c: "), std::string::npos) << r.out;
+}
+
+// ---- several domains ----
+
+TEST(Xenprobe, SeveralDomainsEachLineSaysWhich) {
+  constexpr std::uint64_t K = 10;
+  ToolRun r = run({"--sim", "--sim-guests", "3", "--sim-vcpus", "1", "--sim-iterations", std::to_string(K), "-d", "1",
+               "-d", "sim-[3]", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:sys_read { @r = count(); }"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* dom : {"sim-1", "sim-3"}) {
+    const std::string p = std::string("[") + dom + "] ";
+    EXPECT_NE(r.out.find(p + "@c: " + std::to_string(2 * K) + "\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(p + "@r: " + std::to_string(2 * K) + "\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(p + "Attaching 2 probes to " + dom), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(r.out.find("sim-2"), std::string::npos) << "sim-2 was not selected:\n" << r.out;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    EXPECT_TRUE(line.starts_with("[sim-1] ") || line.starts_with("[sim-3] ")) << "a line without its domain: " << line;
+}
+
+TEST(Xenprobe, ADomainDestroyedMidRunLeavesTheOthersRunning) {
+  constexpr std::uint64_t K = 30;
+  ToolRun r = run({"--sim", "--sim-guests", "2", "--sim-vcpus", "1", "--sim-iterations", std::to_string(K),
+               "--sim-destroy", "sim-2@20", "-d", "sim-*", "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); }"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("domain sim-2 (2) is gone (it was destroyed); its probes went with it, going on with 1 other domain"),
+            std::string::npos)
+      << r.err;
+  auto recs = records(r.out);
+  EXPECT_EQ(map_data(recs, "@c", "sim-1"), 2 * K);
+  // sim-2's map holds what it saw before it died: fewer hits than a whole run.
+  ASSERT_TRUE(map_data(recs, "@c", "sim-2").is_number());
+  EXPECT_LT(map_data(recs, "@c", "sim-2").get<std::uint64_t>(), 2 * K);
+}
+
+// Strings are guest data: control bytes are escaped in text, bytes that are not UTF-8 do not
+// break the JSON. The function's first bytes are the ftrace nop 0f 1f 44 00 00; at +5 sits
+// the probe's own trap byte while it is armed (0xcc on the guest channel).
+TEST(Xenprobe, GuestStringsCannotBreakTheOutput) {
+  const std::string prog =
+      R"(kprobe:sys_getppid { @ctl = str(kaddr("sys_getppid"), 4); @bin = str(kaddr("sys_getppid") + 5, 2); })";
+  ToolRun t = run(args(kSim1, {"--sim-iterations", "1", "-e", prog}));
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("@ctl: \\x0f\\x1fD\n"), std::string::npos) << t.out;
+  ToolRun j = run(args(kSim1, {"--sim-iterations", "1", "-f", "json", "-e", prog}));
+  ASSERT_EQ(j.status, 0) << j.err;
+  auto recs = records(j.out);
+  EXPECT_EQ(map_data(recs, "@ctl"), "\x0f\x1f" "D");
+  EXPECT_EQ(map_data(recs, "@bin"), "\xef\xbf\xbd");  // U+FFFD in place of the lone 0xcc
+}
+
+// ---- text layout ----
+
+// bpftrace's layout of hist and lhist, checked against a golden file whose numbers the
+// aggregation test above checks through JSON.
+TEST(Xenprobe, TextOutputMatchesTheGoldenFile) {
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "20", "-e",
+                           "kprobe:sys_read { @h = hist(arg2); @l = lhist(arg2, 0, 40, 10); @c[func, arg2 % 3] = count(); "
+                           "@s[\"x\"] = \"str\"; }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, slurp(fs::path(XENPROBE_TEST_DIR) / "golden" / "hist.txt"));
+}
+
+// ---- list ----
+
+TEST(Xenprobe, ListNamesTheFunctionsMatchingAGlob) {
+  ToolRun r = run({"list", "--sim", "kprobe:sys_*"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "kprobe:sys_getppid\nkprobe:sys_open\nkprobe:sys_read\nkprobe:sys_unlink\nkprobe:sys_write\n");
+  ToolRun data = run({"list", "--sim", "demo_stats"});  // data symbols are not probe targets
+  EXPECT_EQ(data.status, 0) << data.err;
+  EXPECT_EQ(data.out, "");
+}
+
+TEST(Xenprobe, DoctorSaysWhichChannelForEachDomain) {
+  ToolRun r = run({"doctor", "--sim", "--sim-guests", "2", "--sim-type", "pvh", "-d", "sim-*"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* dom : {"[sim-1] ", "[sim-2] "}) {
+    EXPECT_NE(r.out.find(std::string(dom) + "  auto picks: guest\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string(dom) + "  vmevent: yes"), std::string::npos) << r.out;
+  }
+}
+
+// ---- errors ----
+
+TEST(Xenprobe, ErrorsMatchTheirGoldenFiles) {
+  const fs::path dir = fs::path(XENPROBE_TEST_DIR) / "errors";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".bt") continue;
+    ++n;
+    fs::path want = e.path();
+    want.replace_extension(".err");
+    std::vector<std::string> a = {"--check", e.path().filename().string()};
+    ToolRun r = run(a, dir.string());
+    EXPECT_EQ(r.status, 1) << e.path();
+    EXPECT_EQ(r.err, slurp(want)) << "for " << e.path().filename();
+  }
+  EXPECT_GE(n, 20);
+}
+
+TEST(Xenprobe, AttachErrorsNameTheFunctionAndWhatToDo) {
+  ToolRun r = run(args(kSim1, {"-e", "kprobe:no_such_function { }"}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("xenprobe: domain sim-1: kprobe:no_such_function: no symbol 'no_such_function'"),
+            std::string::npos)
+      << r.err;
+  ToolRun w = run(args(kSim1, {"-e", "kprobe:nothing_* { }"}));
+  EXPECT_EQ(w.status, 1);
+  EXPECT_NE(w.err.find("kprobe:nothing_* matches no function (see: xenprobe list -d sim-1 'nothing_*')"),
+            std::string::npos)
+      << w.err;
+  ToolRun d = run(args(kSim1, {"-d", "web*", "-e", "BEGIN { }"}));
+  EXPECT_EQ(d.status, 1);
+  EXPECT_NE(d.err.find("-d web*: no such guest (guests: sim-1 (1))"), std::string::npos) << d.err;
+  ToolRun two = run({"--sim", "--sim-guests", "2", "-e", "BEGIN { }"});
+  EXPECT_NE(two.err.find("there are several guests (sim-1 (1), sim-2 (2)): choose with -d"), std::string::npos)
+      << two.err;
+}
+
+TEST(Xenprobe, WithoutXenItPointsAtTheSimulation) {
+  if (access("/dev/xen/privcmd", F_OK) == 0) GTEST_SKIP() << "this machine is a Xen Dom0";
+  ToolRun r = run({"-e", "BEGIN { }"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no Xen here (no /dev/xen/privcmd)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--sim"), std::string::npos) << r.err;
+}
+
+// ---- BTF ----
+
+std::string test_btf() {
+  std::string p = XENPROBE_TEST_BTF;
+  return !p.empty() && fs::exists(p) ? p : std::string{};
+}
+
+// Casts, fields, arrays and pointer indexing through BTF against the demo guest's memory.
+TEST(XenprobeBtf, FieldsOfTheGuestsOwnStructures) {
+  const std::string btf = test_btf();
+  if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
+  constexpr std::uint64_t K = 8;
+  const std::string prog = R"(
+    kprobe:sys_getppid {
+      $files = (struct demo_file *)kaddr("demo_files");
+      @path = str($files[3].path);
+      @mode = $files[3].mode;
+      @size = $files[2].size;
+      @first = str($files->path);
+      @calls = max(((struct demo_stats *)kaddr("demo_stats"))->calls[0]);
+      @iters = max(((struct demo_stats *)kaddr("demo_stats"))->iterations);
+    }
+  )";
+  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "--btf", btf, "-f", "json", "-e", prog}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  EXPECT_EQ(map_data(recs, "@path"), "/etc/passwd");
+  EXPECT_EQ(map_data(recs, "@mode"), 2);   // DEMO_F_IMMUTABLE
+  EXPECT_EQ(map_data(recs, "@size"), 11);  // "demo-guest\n"
+  EXPECT_EQ(map_data(recs, "@first"), "/");
+  // The probe sits before the function counts its own call: the n-th call sees n - 1.
+  EXPECT_EQ(map_data(recs, "@calls"), 2 * K - 1);
+  EXPECT_EQ(map_data(recs, "@iters"), K - 1);
+  EXPECT_EQ(r.err.find("reads failed"), std::string::npos) << r.err;
+}
+
+TEST(XenprobeBtf, TheIssuesOneLinerChecksAgainstBtf) {
+  const std::string btf = test_btf();
+  if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
+  ToolRun r = run({"--check", "--btf", btf, "-e",
+               "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid, tid] = count(); "
+               "@len = hist(((struct file *)arg1)->f_path.dentry->d_name.len); }"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+TEST(XenprobeBtf, TheHostsKernelBtfWhenThereIsOne) {
+  // The same path as the test above with a real kernel's BTF (6.2+ keeps the task pointer in
+  // pcpu_hot, older ones in current_task: either is found).
+  if (!fs::exists("/sys/kernel/btf/vmlinux")) GTEST_SKIP() << "this kernel has no /sys/kernel/btf/vmlinux";
+  ToolRun r = run({"--check", "--btf", "/sys/kernel/btf/vmlinux", "-e",
+               "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid] = count(); }"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST(XenprobeBtf, CommPidTidRunAndCountUnreadableMemory) {
+  // The demo guest has no tasks: its gs base is 0, so the task pointer is unreadable. The run
+  // goes on, the keys read as "" and 0, and the tool says how many reads failed.
+  const std::string btf = test_btf();
+  if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "3", "--btf", btf, "-f", "json", "-e",
+                           "kprobe:sys_getppid { @[comm, pid, tid] = count(); }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(map_data(records(r.out), "@"), json({{",0,0", 6}}));
+  EXPECT_NE(r.err.find("sim-1: 18 guest memory reads failed"), std::string::npos) << r.err;
+}
+
+TEST(XenprobeBtf, FieldErrorsNameTheFieldsThereAre) {
+  const std::string btf = test_btf();
+  if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
+  ToolRun r = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_pth; }"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err,
+            "-e:1:39: error: struct file has no field 'f_pth'\n"
+            "kprobe:f { @ = ((struct file *)arg0)->f_pth; }\n"
+            "                                      ^~~~~\n"
+            "its fields: f_u, f_path, f_flags\n");
+  ToolRun bf = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_flags; }"});
+  EXPECT_NE(bf.err.find("'f_flags' is a bitfield, which xenprobe cannot read yet"), std::string::npos) << bf.err;
+  ToolRun ns = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct inode *)arg0)->i_mode; }"});
+  EXPECT_NE(ns.err.find("no struct inode in BTF file " + btf), std::string::npos) << ns.err;
+  // A file that is not BTF at all.
+  ToolRun nb = run({"--check", "--btf", XENPROBES_DEMO_GUEST_SYSTEM_MAP, "-e", "BEGIN { }"});
+  EXPECT_EQ(nb.status, 1);
+  EXPECT_NE(nb.err.find(std::string("xenprobe: cannot read BTF from ") + XENPROBES_DEMO_GUEST_SYSTEM_MAP), std::string::npos)
+      << nb.err;
+}
+
+}  // namespace

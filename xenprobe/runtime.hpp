@@ -1,0 +1,109 @@
+// Running a compiled program: one Instance per probed domain (its own maps and variables, as
+// if the program ran inside that guest), and the Output that writes what they print as text
+// or as NDJSON records.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "compile.hpp"
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobe {
+
+enum class OutputFormat { Text, Json };
+
+// Where every instance writes. Text: bpftrace's layout; with several domains each line starts
+// with "[DOMAIN] ". Json: one record per line, bpftrace's record types plus a "domain" field.
+class Output {
+ public:
+  Output(OutputFormat f, std::FILE* out, bool prefix) : format_(f), out_(out), prefix_(prefix) {}
+  OutputFormat format() const { return format_; }
+  // Text for the stdout of `domain`; partial lines wait for the rest (each domain its own).
+  void text(const std::string& domain, std::string_view s);
+  void record(const std::string& domain, const char* type, const std::string& data_json);
+  void flush();  // ends partial lines
+
+ private:
+  OutputFormat format_;
+  std::FILE* out_;
+  bool prefix_;
+  std::map<std::string, std::string> partial_;
+};
+
+// What a hit's probe is: for func and probe.
+struct ProbeSite {
+  std::string function;  // "sys_read"
+  std::string probe;     // "kprobe:sys_read"
+};
+
+struct Value {
+  std::int64_t i = 0;
+  std::string s;
+};
+
+class Instance {
+ public:
+  Instance(const Compiled&, Output&, std::string domain, std::vector<std::int64_t> kaddrs);
+
+  // Runs block `b` (predicate, then body) for one hit (ctx non-null) or for BEGIN, END and
+  // interval (ctx null).
+  void run(int b, const ProbeSite& site, xenprobes::HitContext* ctx);
+  bool exit_requested() const { return exit_; }
+  std::uint64_t read_errors() const { return read_errors_; }
+  const std::string& domain() const { return domain_; }
+
+  void print_map(int slot);
+  void print_all_maps();
+  // For tests: a map's entries as "k1,k2" -> value (avg: the average; hist: bucket sum).
+  std::map<std::string, std::int64_t> snapshot(const std::string& map) const;
+
+ private:
+  struct Entry {
+    std::vector<Value> keys;
+    std::int64_t v = 0;
+    std::int64_t n = 0;  // avg: samples; min/max: whether set
+    std::string s;
+    std::vector<std::uint64_t> buckets;
+  };
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using Table = std::unordered_map<std::string, Entry, Hash, std::equal_to<>>;
+
+  void exec(const std::vector<Stmt>& body);
+  void statement(const Stmt& s);
+  void eval(const Expr& e, Value& out);
+  std::int64_t eval_int(const Expr& e);
+  Entry* entry(const Expr& target, bool create);
+  void aggregate(const Stmt& s);
+  void do_printf(const Expr& e);
+  std::int64_t load(std::uint64_t addr, std::uint32_t size, bool is_signed);
+  std::optional<std::uint64_t> current_task();  // nullopt (counted) if unreadable
+  std::string map_text(int slot) const;
+  std::string map_json(int slot, const char** type) const;
+  std::vector<const Entry*> sorted(int slot) const;
+
+  const Compiled& c_;
+  Output& out_;
+  std::string domain_;
+  std::vector<std::int64_t> kaddrs_;
+  std::vector<Table> maps_;
+  std::vector<Value> vars_;
+  std::string key_;       // scratch: the encoded key of the entry being looked up
+  std::string printf_;    // scratch: printf's output
+  xenprobes::HitContext* ctx_ = nullptr;
+  const ProbeSite* site_ = nullptr;
+  bool exit_ = false;
+  bool leave_ = false;  // exit() in the running action
+  std::uint64_t read_errors_ = 0;
+};
+
+}  // namespace xenprobe

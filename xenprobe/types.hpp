@@ -1,0 +1,51 @@
+// Where xenprobe learns the guest kernel's types: casts, field access, and the task struct
+// behind comm/pid/tid. A TypeSource is an interface so that a source reading the BTF out of
+// the guest's own memory can replace the file-based one without touching the compiler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xenprobe {
+
+// A type with typedefs and qualifiers looked through.
+struct TypeDesc {
+  enum class Kind : std::uint8_t { Int, Ptr, Record, Array, Other };
+  Kind kind = Kind::Other;
+  std::uint32_t id = 0;        // the resolved type itself
+  std::uint32_t size = 0;      // bytes (Ptr: 8)
+  bool is_signed = false;      // Int
+  std::uint32_t target = 0;    // Ptr: pointee; Array: element (both unresolved ids)
+  std::uint32_t count = 0;     // Array: elements
+  std::string name;            // "struct file", "unsigned int", "char *", ...
+};
+
+struct MemberDesc {
+  std::uint32_t type = 0;      // unresolved id
+  std::uint32_t offset = 0;    // bytes from the start of the record
+  std::uint32_t bitfield = 0;  // bits, 0 if not a bitfield
+};
+
+class TypeSource {
+ public:
+  virtual ~TypeSource() = default;
+  virtual std::string description() const = 0;  // "BTF file /sys/kernel/btf/vmlinux"
+  // A struct (or union) by name, e.g. "file". nullopt if there is none.
+  virtual std::optional<std::uint32_t> find_record(std::string_view name, bool is_union) const = 0;
+  virtual TypeDesc describe(std::uint32_t id) const = 0;
+  // A member by name, searched through anonymous structs and unions; nullopt if absent.
+  virtual std::optional<MemberDesc> member(std::uint32_t record, std::string_view name) const = 0;
+  virtual std::vector<std::string> member_names(std::uint32_t record) const = 0;
+  // The offset of a per-CPU variable from the per-CPU base (its place in .data..percpu).
+  virtual std::optional<std::uint64_t> percpu_offset(std::string_view variable) const = 0;
+};
+
+// A BTF file: a raw one (/sys/kernel/btf/vmlinux, `bpftool btf dump ... format raw`) or an ELF
+// object with a .BTF section. Throws std::runtime_error saying what is wrong with the file.
+std::unique_ptr<TypeSource> open_btf_file(const std::string& path);
+
+}  // namespace xenprobe
