@@ -137,14 +137,14 @@ int entry(F&& body) noexcept {
 // (its handlers) gets it at once: the mutex is recursive.
 Result<std::unique_lock<std::recursive_mutex>> acquire() {
   State& s = state();
-  std::unique_lock l(s.mu, std::try_to_lock);
-  while (!l.owns_lock()) {
+  // try_lock's result is the loop's condition: gcc 14's libstdc++ makes it [[nodiscard]].
+  std::unique_lock l(s.mu, std::defer_lock);
+  while (!l.try_lock()) {
     std::thread::id t = s.loop_thread.load();
     if (t != std::thread::id{} && t != std::this_thread::get_id())
       return fail(Errc::Busy, "xenprobes_loop() is running in another thread: call this from a handler, "
                               "or after xenprobes_stop() has ended the loop");
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    l.try_lock();
   }
   return l;
 }

@@ -34,12 +34,15 @@ Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
   if (!d.syms) return kernel::EntryPlacement{addr, {}};
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
-  // Only the first instructions matter: read a little, not the whole function.
+  // Only the first instructions matter: read a little, not the whole function. Three of them:
+  // endbr64, the ftrace site and the instruction the probe moves to (Linux 6.12 as Debian 13
+  // builds it, IBT on, starts every function with endbr64 + nop5; with two, the probe stayed
+  // on the ftrace site).
   if (d.pause_depth == 0) XP_TRY(refresh_context(d));
-  auto bytes = XP_TRY(read_text(d, fn->start, std::min<std::uint64_t>(fn->size, 2 * x86::kMaxInsnLen + 8)));
+  auto bytes = XP_TRY(read_text(d, fn->start, std::min<std::uint64_t>(fn->size, 3 * x86::kMaxInsnLen)));
   std::vector<x86::Insn> head;
   std::size_t off = 0;
-  while (head.size() < 2 && off < bytes.size()) {
+  while (head.size() < 3 && off < bytes.size()) {
     auto i = x86::decode(std::span(bytes).subspan(off), Gva{fn->start.value + off});
     if (!i) break;
     off += i->length;

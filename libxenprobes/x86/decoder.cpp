@@ -120,10 +120,18 @@ void classify(const cs_insn& ci, Insn& out) {
     case X86_INS_HLT: out.kind = Kind::Hlt; return;
     case X86_INS_IRET: case X86_INS_IRETD: case X86_INS_IRETQ: out.kind = Kind::Iret; return;
     case X86_INS_SYSRET: out.kind = Kind::Sysret; return;
+#if CS_API_MAJOR >= 5
+    case X86_INS_SYSRETQ: out.kind = Kind::Sysret; return;  // 48 0f 07: its own id in Capstone 5
+#endif
     case X86_INS_SYSEXIT: out.kind = Kind::Sysexit; return;
     case X86_INS_SYSCALL: out.kind = Kind::Syscall; return;
     case X86_INS_SYSENTER: out.kind = Kind::Sysenter; return;
-    case X86_INS_UD0: case X86_INS_UD2: case X86_INS_UD2B: out.kind = Kind::Ud; return;
+    case X86_INS_UD0: case X86_INS_UD2: out.kind = Kind::Ud; return;
+#if CS_API_MAJOR >= 5
+    case X86_INS_UD1: out.kind = Kind::Ud; return;  // 0f b9: Capstone 5's name
+#else
+    case X86_INS_UD2B: out.kind = Kind::Ud; return;  // 0f b9 (UD1): Capstone 4's name
+#endif
     case X86_INS_SWAPGS: out.kind = Kind::Swapgs; return;
     case X86_INS_PUSHF: case X86_INS_PUSHFD: case X86_INS_PUSHFQ: out.kind = Kind::Pushf; return;
     case X86_INS_POPF: case X86_INS_POPFD: case X86_INS_POPFQ: out.kind = Kind::Popf; return;

@@ -447,7 +447,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   ps.probes.reserve(16);  // handles are referred to by pointer below: no reallocation
   // Decode before anything is patched (a probe's int3 would stop the decoding).
   auto ins = disasm(s.hypervisor(), dom, "__x64_sys_getppid", getppid, 40);
-  auto oi = disasm(s.hypervisor(), dom, "__x64_sys_openat", openat, 3);
+  auto oi = disasm(s.hypervisor(), dom, "__x64_sys_openat", openat, 4);
   const std::optional<Gva> pad = padding_nop(s.hypervisor(), dom, getppid);
 
   // XP with a pre- and a post-handler on the syscall's entry. The library places it past
@@ -547,12 +547,17 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   ps.points.push_back(openat);
   }
 
-  // A pre- and post-handler on a plain instruction (openat's second one).
+  // A pre- and post-handler on a plain instruction: openat's first one past its entry, where
+  // the entry probe lands too. Past the ftrace site (nop5) on Debian 12's 6.1, the second
+  // instruction; past endbr64 and the ftrace site on Debian 13's 6.12 (IBT), the third.
+  std::size_t o2 = 0;
+  if (o2 < oi.size() && oi[o2].text.starts_with("endbr64")) ++o2;
+  if (o2 < oi.size() && oi[o2].size == 5 && oi[o2].text.starts_with("nop")) ++o2;
   if (!skipped("openat2")) {
-    if (oi.size() > 1) {
-      const std::uint64_t next = oi[1].addr.value + oi[1].size;
+    if (o2 > 0 && o2 < oi.size()) {
+      const std::uint64_t next = oi[o2].addr.value + oi[o2].size;
       ps.openat2 = keep(must(s.probe(
-                                 dom, oi[1].addr,
+                                 dom, oi[o2].addr,
                                  [](HitContext&) {
                                    ++g_c.openat2_pre;
                                    return 0;
@@ -564,10 +569,10 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                      g_c.first_post_rip = fmt("openat post-handler rip %#" PRIx64 ", expected %#" PRIx64,
                                                               c.regs().rip, next);
                                  }),
-                             "XP with a post-handler on __x64_sys_openat's second instruction"));
-      ps.points.push_back(oi[1].addr);
+                             "XP with a post-handler on __x64_sys_openat's first instruction past its entry"));
+      ps.points.push_back(oi[o2].addr);
     } else {
-      check("openat2.found", false, "__x64_sys_openat decoded to fewer than 2 instructions: the trap-after probe is missing");
+      check("openat2.found", false, "__x64_sys_openat: no instruction past an ftrace site at its entry: the trap-after probe is missing");
     }
   }
 
@@ -674,7 +679,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   mode_is("skipped", ps.skipped, ExecMode::Skipped, "a nop");
   if (ps.openat && ps.openat2 && ps.openat->info() && ps.openat2->info() &&
       ps.openat->info()->address == ps.openat2->info()->address)
-    mode_is("openat", ps.openat, ExecMode::TrapAfter, "placed on the second instruction, with its post-handler");
+    mode_is("openat", ps.openat, ExecMode::TrapAfter, "placed on the first instruction past the entry, with its post-handler");
 }
 
 // Everything before the probes: the module's keys, the session, the symbols.

@@ -6,7 +6,8 @@
 # Bump when the recipe of e2e_rootfs changes in a way the package list does not show.
 E2E_ROOTFS_RECIPE=1
 
-# Sets ROOTFS_DIR (holding rootfs.ext4, vmlinuz, kver, packages.txt) and DOM0_INITRD.
+# Sets ROOTFS_DIR (holding rootfs.ext4, vmlinuz, kver, packages.txt) and DOM0_INITRD, for
+# the platform e2e_platform chose (lib.sh).
 e2e_rootfs() {
   e2e_stage "rootfs (debootstrap $E2E_SUITE)"
   local key out tree
@@ -18,20 +19,13 @@ e2e_rootfs() {
     e2e_dom0_initrd
     return 0
   fi
-  rm -rf "$out"
-  mkdir -p "$out"
   tree=$out/tree
-  e2e_log "debootstrap --variant=minbase into $tree (log: $out/debootstrap.log; ~2 min)"
-  if ! timeout 1800 nice debootstrap --variant=minbase --include="$E2E_ROOTFS_PKGS" "$E2E_SUITE" "$tree" "$E2E_MIRROR" \
-    >"$out/debootstrap.log" 2>&1; then
-    tail -n 20 "$out/debootstrap.log" >&2
-    e2e_die "debootstrap failed (log: $out/debootstrap.log)"
-  fi
-  # The pins hold: the tools and the kernel come from bookworm main.
+  e2e_debootstrap "$out" "$E2E_ROOTFS_PKGS"
+  # The pins hold: the tools and the kernel come from the suite's main.
   local xv kv
-  xv=$(chroot "$tree" dpkg-query -W -f='${Version}' xen-utils-4.17)
+  xv=$(chroot "$tree" dpkg-query -W -f='${Version}' "xen-utils-$E2E_XEN_SERIES")
   kv=$(chroot "$tree" dpkg-query -W -f='${Version}' "linux-image-$E2E_KERNEL_ABI")
-  [ "$xv" = "$E2E_XEN_VERSION" ] || e2e_die "rootfs has xen-utils-4.17 $xv, expected $E2E_XEN_VERSION"
+  [ "$xv" = "$E2E_XEN_VERSION" ] || e2e_die "rootfs has xen-utils-$E2E_XEN_SERIES $xv, expected $E2E_XEN_VERSION"
   [ "$kv" = "$E2E_KERNEL_VERSION" ] || e2e_die "rootfs has linux-image-$E2E_KERNEL_ABI $kv, expected $E2E_KERNEL_VERSION"
   chroot "$tree" dpkg-query -W -f='${Package} ${Version}\n' >"$out/packages.txt"
   rm -f "$tree"/var/cache/apt/archives/*.deb
@@ -46,6 +40,63 @@ e2e_rootfs() {
   touch "$out/ok"
   e2e_stage_done "built: $out"
   e2e_dom0_initrd
+}
+
+# e2e_debootstrap <dir> <packages,...>: debootstrap --variant=minbase of E2E_SUITE into
+# <dir>/tree, unless an earlier, complete one is there (<dir>/debootstrap.ok: a run stopped
+# after it resumes from there).
+e2e_debootstrap() {
+  local out=$1 tree=$1/tree
+  [ -e "$out/debootstrap.ok" ] && [ -d "$tree" ] && return 0
+  rm -rf "$out"
+  mkdir -p "$out"
+  e2e_log "debootstrap --variant=minbase $E2E_SUITE into $tree (log: $out/debootstrap.log; 5-15 min)"
+  if ! timeout 2400 nice debootstrap --variant=minbase --include="$2" "$E2E_SUITE" "$tree" "$E2E_MIRROR" \
+    >"$out/debootstrap.log" 2>&1; then
+    tail -n 20 "$out/debootstrap.log" >&2
+    e2e_die "debootstrap failed (log: $out/debootstrap.log)"
+  fi
+  touch "$out/debootstrap.ok"
+}
+
+# The trixie build root: what builds the library, its tools, the e2e program and the guest
+# module for Debian 13 (its libxen-dev 4.20, Capstone 5, GoogleTest and gcc 14, and the
+# headers of the kernel its Dom0 and DomUs run). Sets BUILDROOT (the tree).
+E2E_BUILDROOT_RECIPE=1
+e2e_buildroot() {
+  e2e_stage "build root (debootstrap $E2E_SUITE + build dependencies)"
+  # tools/install-deps.sh's build packages that trixie has (no clang-14 or Google Benchmark:
+  # the sanitizer stage and the benchmarks stay on Debian 12), and the DomU kernel's headers.
+  local pkgs="build-essential,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,linux-headers-$E2E_KERNEL_ABI"
+  local out
+  out=$E2E_CACHE/buildroot/$(e2e_hash -s "recipe $E2E_BUILDROOT_RECIPE $E2E_MIRROR $E2E_SUITE $pkgs $E2E_XEN_VERSION $E2E_KERNEL_VERSION")
+  BUILDROOT=$out/tree
+  if [ -e "$out/ok" ]; then
+    e2e_stage_done "cached: $out"
+    return 0
+  fi
+  e2e_debootstrap "$out" "$pkgs"
+  local xv
+  xv=$(chroot "$BUILDROOT" dpkg-query -W -f='${Version}' libxen-dev)
+  [ "$xv" = "$E2E_XEN_VERSION" ] || e2e_die "build root has libxen-dev $xv, expected $E2E_XEN_VERSION"
+  [ -d "$BUILDROOT/usr/src/linux-headers-$E2E_KERNEL_ABI" ] || e2e_die "build root has no linux-headers-$E2E_KERNEL_ABI"
+  chroot "$BUILDROOT" dpkg-query -W -f='${Package} ${Version}\n' >"$out/packages.txt"
+  rm -f "$BUILDROOT"/var/cache/apt/archives/*.deb
+  mkdir -p "$BUILDROOT/src" "$BUILDROOT/build"
+  touch "$out/ok"
+  e2e_stage_done "built: $out"
+}
+
+# e2e_in_buildroot <source dir> <build dir> <command...>: runs the command in the build root
+# with the source read-only at /src and the build dir at /build, in a mount namespace of its
+# own (the bind mounts end with it: nothing to clean up, even when killed).
+e2e_in_buildroot() {
+  local src=$1 bld=$2
+  shift 2
+  mkdir -p "$bld"
+  unshare --mount --propagation private sh -c 'r=$3 && mount --bind "$1" "$r/src" && mount -o remount,bind,ro "$r/src" &&
+    mount --bind "$2" "$r/build" && mount -t proc proc "$r/proc" && shift 3 && exec chroot "$r" "$@"' \
+    sh "$src" "$bld" "$BUILDROOT" "$@"
 }
 
 # The tiny Dom0 boot initrd (busybox + virtio_blk + ext4 and their dependencies), from the
@@ -73,8 +124,15 @@ e2e_dom0_initrd() {
       [ "$1" = insmod ] || continue
       local f=$2 b
       b=$(basename "$f")
+      b=${b%.xz}
       grep -qx "$b" "$ird/lib/modules/load-order" && continue
-      cp "$f" "$ird/lib/modules/$b" 2>/dev/null || cp "$tree/${f#/}" "$ird/lib/modules/$b"
+      [ -e "$f" ] || f=$tree/${f#/}
+      case "$f" in
+        # Debian 13 ships its modules xz-compressed (CONFIG_MODULE_COMPRESS_XZ); the initrd's
+        # busybox insmod passes a file's bytes to init_module as they are: unpack them here.
+        *.ko.xz) busybox unxz -c <"$f" >"$ird/lib/modules/$b" || e2e_die "cannot unpack $f" ;;
+        *) cp "$f" "$ird/lib/modules/$b" ;;
+      esac
       echo "$b" >>"$ird/lib/modules/load-order"
     done
   done
@@ -87,7 +145,8 @@ e2e_dom0_initrd() {
 # Sets XEN_STOCK (the uncompressed ELF of Debian's hypervisor: QEMU's multiboot loader cannot
 # read xen.gz).
 e2e_xen_stock() {
-  e2e_stage "stock hypervisor (xen-hypervisor-4.17-amd64=$E2E_XEN_VERSION)"
+  local pkg=xen-hypervisor-$E2E_XEN_SERIES-amd64
+  e2e_stage "stock hypervisor ($pkg=$E2E_XEN_VERSION)"
   local out=$E2E_CACHE/xen/stock-$E2E_XEN_VERSION
   XEN_STOCK=$out/xen
   if [ -e "$out/ok" ]; then
@@ -96,9 +155,14 @@ e2e_xen_stock() {
   fi
   rm -rf "$out"
   mkdir -p "$out/x"
-  (cd "$out" && timeout 600 apt-get download -q "xen-hypervisor-4.17-amd64=$E2E_XEN_VERSION" >download.log 2>&1) ||
-    e2e_die "apt-get download failed (log: $out/download.log)"
-  dpkg -x "$out"/xen-hypervisor-4.17-amd64_*.deb "$out/x"
+  if [ "$E2E_SUITE" = bookworm ]; then
+    (cd "$out" && timeout 600 apt-get download -q "$pkg=$E2E_XEN_VERSION" >download.log 2>&1)
+  else
+    # Another suite than the host's: through a private apt configuration (e2e_apt).
+    (cd "$out" && e2e_apt "$E2E_CACHE/apt-$E2E_SUITE" "deb $E2E_MIRROR $E2E_SUITE main" \
+      download -q "$pkg=$E2E_XEN_VERSION" >download.log 2>&1)
+  fi || e2e_die "apt-get download failed (log: $out/download.log)"
+  dpkg -x "$out"/"$pkg"_*.deb "$out/x"
   local gz
   gz=$(ls "$out"/x/boot/xen-*.gz | head -n 1)
   [ -n "$gz" ] || e2e_die "no xen-*.gz in the package"
@@ -183,7 +247,7 @@ E2E_QEMU_BPO_PKGS="qemu-system-x86 qemu-system-common qemu-system-data seabios"
 e2e_qemu_backports() {
   e2e_stage "QEMU from bookworm-backports (for ICEBP under TCG)"
   local out
-  out=$E2E_CACHE/qemu-bpo-$(e2e_hash -s "$E2E_SUITE-backports $E2E_QEMU_BPO_PKGS recipe 2")
+  out=$E2E_CACHE/qemu-bpo-$(e2e_hash -s "bookworm-backports $E2E_QEMU_BPO_PKGS recipe 2")
   QEMU_NEW=$out/root/usr/bin/qemu-system-x86_64
   QEMU_NEW_SHARE=$out/root/usr/share/qemu
   if [ -e "$out/ok" ]; then
@@ -195,7 +259,7 @@ e2e_qemu_backports() {
   local p
   for p in $E2E_QEMU_BPO_PKGS; do
     # The private sources list holds bookworm-backports only, so apt picks its version.
-    if ! (cd "$out/debs" && e2e_apt "$E2E_CACHE/apt-bpo" "deb $E2E_MIRROR $E2E_SUITE-backports main" \
+    if ! (cd "$out/debs" && e2e_apt "$E2E_CACHE/apt-bpo" "deb $E2E_MIRROR bookworm-backports main" \
       download -q "$p") >>"$out/download.log" 2>&1; then
       # A companion without a backport (seabios): bookworm's.
       (cd "$out/debs" && apt-get download -q "$p") >>"$out/download.log" 2>&1 || e2e_die "apt-get download $p failed"

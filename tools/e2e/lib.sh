@@ -1,19 +1,47 @@
 # shellcheck shell=bash
 # Shared settings and helpers of the end-to-end harness (sourced by run.sh).
 #
-# Everything is pinned to Debian 12 "bookworm" main: the Xen tools and hypervisor
+# Everything is pinned to Debian 12 "bookworm" main (Debian 13 "trixie": e2e_platform below): the Xen tools and hypervisor
 # (4.17.5+72) and the kernel (6.1.0-50, 6.1.176-1) must come from one suite, see
 # ../shared/docs/real-xen.md. Changing a pin changes the cache keys below, so the next run
 # rebuilds what depends on it.
 
 E2E_MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}
-E2E_SUITE=bookworm
-E2E_XEN_VERSION=4.17.5+72-g01140da4e8-1
-E2E_KERNEL_ABI=6.1.0-50-amd64
-E2E_KERNEL_VERSION=6.1.176-1
+
+# e2e_platform bookworm|trixie: the pins of one platform (issue 17). Debian 12 is the
+# default; Debian 13 "trixie" (Xen 4.20 without CONFIG_GDBSX, Linux 6.12) runs the scenarios
+# named trixie_* (run.sh), with a payload built in a trixie build root (images.sh
+# e2e_buildroot) against its own libxen-dev, Capstone 5 and kernel headers.
 # Dom0 root file system: the Xen toolstack, the kernel (also the DomU kernel), and the
-# runtime libraries libxenprobes.so needs (ldd: libcapstone4, libunicorn2, libxen*, libstdc++).
-E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libstdc++6"
+# runtime libraries libxenprobes.so needs (ldd: libcapstone, libunicorn, libxen*, libstdc++).
+e2e_platform() {
+  E2E_PLATFORM=$1
+  case "$1" in
+    bookworm)
+      E2E_SUITE=bookworm
+      E2E_XEN_SERIES=4.17
+      E2E_XEN_VERSION=4.17.5+72-g01140da4e8-1
+      E2E_KERNEL_ABI=6.1.0-50-amd64
+      E2E_KERNEL_VERSION=6.1.176-1
+      # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp).
+      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6"
+      ;;
+    trixie)
+      # trixie main as the mirror serves it (Debian 13.8): its point releases moved Xen and
+      # the kernel; bumping these pins rebuilds the trixie images.
+      E2E_SUITE=trixie
+      E2E_XEN_SERIES=4.20
+      E2E_XEN_VERSION=4.20.4+63-g7abfd2bce2-0+deb13u1
+      E2E_KERNEL_ABI=6.12.117+deb13-amd64
+      E2E_KERNEL_VERSION=6.12.117-1
+      # Unicorn's runtime is libunicorn2t64 there (the 64-bit time_t transition renamed it);
+      # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp).
+      E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libunicorn2t64,libbpf1,libstdc++6"
+      ;;
+    *) echo "e2e_platform: unknown platform '$1' (bookworm, trixie)" >&2; return 1 ;;
+  esac
+}
+e2e_platform bookworm
 # Host tools the harness uses (Debian package names).
 E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
 

@@ -10,7 +10,8 @@
 #
 # Builds and caches everything outside the source tree (XENPROBES_E2E_CACHE, default
 # /var/cache/xenprobes-e2e), keyed by the inputs: the Dom0 root file system (debootstrap of
-# bookworm main), Debian's stock hypervisor, libxenprobes + tools + the e2e program (their own
+# bookworm main; trixie_* scenarios: trixie's, with a payload built in a trixie build root),
+# Debian's stock hypervisor, libxenprobes + tools + the e2e program (their own
 # CMake build dir, installed with DESTDIR), the guest module (built against the DomU kernel's
 # headers) and the DomU initramfs. Then boots QEMU once per scenario (bounded by a timeout),
 # runs the scenario inside Dom0 against DomUs, and reads the results from the serial log.
@@ -40,12 +41,25 @@ declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_proc
   [stock_pv_safety]=600 [stock_pvh_safety_control]=600)
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
   stock_pv_two_guests stock_pv_safety gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control"
+# Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
+# trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
+declare -A SCEN_PLATFORM=() SCEN_BODY=()
+for s in stock_pv_guest:stock stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock stock_kill9:stock \
+  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock; do
+  t=trixie_${s%%:*}
+  t=${t/trixie_stock_/trixie_}
+  SCEN_PLATFORM[$t]=trixie
+  SCEN_BODY[$t]=${s%%:*}
+  SCEN_XEN[$t]=${s#*:}
+  [ -z "${SCEN_LIMIT[${s%%:*}]:-}" ] || SCEN_LIMIT[$t]=${SCEN_LIMIT[${s%%:*}]}
+done
 # Scenarios known to fail for a recorded reason (docs/e2e.md): reported as XFAIL, not failures.
 declare -A SCEN_XFAIL=()
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   echo "scenarios: $SCEN_ORDER"
+  echo "Debian 13 (not in the default list yet): ${!SCEN_PLATFORM[*]}"
 }
 
 SCENARIOS=""
@@ -102,87 +116,161 @@ e2e_host_deps
 e2e_stage_done
 
 # ---- stage: images (cached) -------------------------------------------------------------
-e2e_rootfs
-KVER=$(cat "$ROOTFS_DIR/kver")
-e2e_xen_stock
-need_gdbsx=0 need_qemu_new=0
+# The platforms the scenarios need (SCEN_PLATFORM; bookworm unless listed).
+need_gdbsx=0 need_qemu_new=0 PLATFORMS=""
 for s in $SCENARIOS; do
   [ "${SCEN_XEN[$s]}" = gdbsx ] && need_gdbsx=1 && need_qemu_new=1
   [ "${SCEN_XEN[$s]}" = stock-qemu10 ] && need_qemu_new=1
+  p=${SCEN_PLATFORM[$s]:-bookworm}
+  case " $PLATFORMS " in *" $p "*) ;; *) PLATFORMS="$PLATFORMS $p" ;; esac
 done
+# The GDBSX hypervisor and QEMU 10 are Debian 12's (bookworm pins), whatever the platform.
+e2e_platform bookworm
 [ $need_gdbsx = 1 ] && e2e_xen_gdbsx
 [ $need_qemu_new = 1 ] && e2e_qemu_backports
 
-# ---- stage: libxenprobes, tools and the e2e program (incremental CMake build) ------------
-e2e_stage "build libxenprobes + tools + xpe2e-probe (CMake, prefix /usr)"
+# Per platform: its root file system and boot initrd, stock hypervisor and payload.
+declare -A ROOTFS_OF=() INITRD_OF=() XEN_OF=() PAYLOAD_OF=()
 # One build tree per source checkout (CMake refuses a build tree made for another source
 # directory; CI builds a fresh clone every time, engineers their own checkouts).
 SRC_KEY=$(printf '%s' "$E2E_SRC" | sha256sum | cut -c1-12)
-BUILD=$E2E_CACHE/build/$SRC_KEY
-STAGE=$E2E_CACHE/stage/$SRC_KEY
-mkdir -p "$BUILD"
-{
-  cmake -S "$E2E_SRC" -B "$BUILD/lib" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
-    -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
-    nice cmake --build "$BUILD/lib" -j2 &&
-    rm -rf "$STAGE" &&
-    DESTDIR=$STAGE cmake --install "$BUILD/lib" --strip &&
-    cmake -S "$E2E_SRC/tests/e2e" -B "$BUILD/prog" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
-      -DCMAKE_PREFIX_PATH="$STAGE/usr" &&
-    nice cmake --build "$BUILD/prog" -j2 &&
-    DESTDIR=$STAGE cmake --install "$BUILD/prog" --strip
-} >"$RUN_DIR/build.log" 2>&1 || {
-  tail -n 30 "$RUN_DIR/build.log" >&2
-  e2e_die "build failed (log: $RUN_DIR/build.log)"
+
+# ---- stage: libxenprobes, tools and the e2e program (incremental CMake build) ------------
+# build_payload_libs: sets STAGE (the staged /usr tree) for E2E_PLATFORM. Debian 12 builds on
+# this host; Debian 13 in its build root (images.sh e2e_buildroot), against its own
+# libxen-dev 4.20 and Capstone 5: libxenctrl users must be built for the Xen they run on.
+build_payload_libs() {
+  e2e_stage "build libxenprobes + tools + xpe2e-probe for $E2E_PLATFORM (CMake, prefix /usr)"
+  local log=$RUN_DIR/build-$E2E_PLATFORM.log
+  [ "$E2E_PLATFORM" = bookworm ] && log=$RUN_DIR/build.log
+  if [ "$E2E_PLATFORM" = bookworm ]; then
+    BUILD=$E2E_CACHE/build/$SRC_KEY
+    STAGE=$E2E_CACHE/stage/$SRC_KEY
+    mkdir -p "$BUILD"
+    {
+      cmake -S "$E2E_SRC" -B "$BUILD/lib" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+        -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
+        nice cmake --build "$BUILD/lib" -j2 &&
+        rm -rf "$STAGE" &&
+        DESTDIR=$STAGE cmake --install "$BUILD/lib" --strip &&
+        cmake -S "$E2E_SRC/tests/e2e" -B "$BUILD/prog" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+          -DCMAKE_PREFIX_PATH="$STAGE/usr" &&
+        nice cmake --build "$BUILD/prog" -j2 &&
+        DESTDIR=$STAGE cmake --install "$BUILD/prog" --strip
+    } >"$log" 2>&1 || {
+      tail -n 30 "$log" >&2
+      e2e_die "build failed (log: $log)"
+    }
+  else
+    BUILD=$E2E_CACHE/build/$SRC_KEY-$E2E_PLATFORM
+    STAGE=$BUILD/stage
+    # The same commands inside the build root: the source at /src, this tree at /build.
+    e2e_in_buildroot "$E2E_SRC" "$BUILD" sh -c '
+      cmake -S /src -B /build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+        -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
+        nice cmake --build /build/lib -j2 &&
+        rm -rf /build/stage &&
+        DESTDIR=/build/stage cmake --install /build/lib --strip &&
+        cmake -S /src/tests/e2e -B /build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+          -DCMAKE_PREFIX_PATH=/build/stage/usr &&
+        nice cmake --build /build/prog -j2 &&
+        DESTDIR=/build/stage cmake --install /build/prog --strip' >"$log" 2>&1 || {
+      tail -n 30 "$log" >&2
+      e2e_die "build in the $E2E_PLATFORM build root failed (log: $log)"
+    }
+  fi
+  e2e_stage_done "$(du -sh "$STAGE" | cut -f1) installed into $STAGE"
 }
-e2e_stage_done "$(du -sh "$STAGE" | cut -f1) installed into $STAGE"
 
 # ---- stage: the guest module, against the DomU kernel's headers (cached) ----------------
-e2e_stage "guest module (xenprobes.ko for $KVER)"
-KDIR=/usr/src/linux-headers-$KVER
-[ -d "$KDIR" ] || e2e_die "no $KDIR (apt-get install linux-headers-$KVER)"
-MOD_KEY=$(e2e_hash -s "$KVER $(dpkg-query -W -f='${Version}' "linux-headers-$KVER")" \
-  "$E2E_SRC/guest-module" "$E2E_SRC/include/xenprobes/protocol.h")
-MOD_DIR=$E2E_CACHE/module/$MOD_KEY
-if [ -e "$MOD_DIR/ok" ]; then
-  e2e_stage_done "cached: $MOD_DIR"
-else
+# build_module: sets MOD_DIR (holding src/xenprobes.ko) for E2E_PLATFORM's kernel (KVER).
+build_module() {
+  e2e_stage "guest module (xenprobes.ko for $KVER)"
+  local hv
+  if [ "$E2E_PLATFORM" = bookworm ]; then
+    KDIR=/usr/src/linux-headers-$KVER
+    [ -d "$KDIR" ] || e2e_die "no $KDIR (apt-get install linux-headers-$KVER)"
+    hv=$(dpkg-query -W -f='${Version}' "linux-headers-$KVER")
+  else
+    KDIR=/usr/src/linux-headers-$KVER  # inside the build root
+    hv=$(chroot "$BUILDROOT" dpkg-query -W -f='${Version}' "linux-headers-$KVER") ||
+      e2e_die "the $E2E_PLATFORM build root has no linux-headers-$KVER"
+  fi
+  MOD_KEY=$(e2e_hash -s "$KVER $hv" "$E2E_SRC/guest-module" "$E2E_SRC/include/xenprobes/protocol.h")
+  MOD_DIR=$E2E_CACHE/module/$MOD_KEY
+  if [ -e "$MOD_DIR/ok" ]; then
+    e2e_stage_done "cached: $MOD_DIR"
+    return 0
+  fi
   rm -rf "$MOD_DIR"
   mkdir -p "$MOD_DIR/src"
   cp "$E2E_SRC"/guest-module/* "$MOD_DIR/src/"
-  if ! nice make -C "$KDIR" M="$MOD_DIR/src" XENPROBES_INCLUDE="$E2E_SRC/include" modules >"$MOD_DIR/build.log" 2>&1; then
+  local ok=1
+  if [ "$E2E_PLATFORM" = bookworm ]; then
+    nice make -C "$KDIR" M="$MOD_DIR/src" XENPROBES_INCLUDE="$E2E_SRC/include" modules >"$MOD_DIR/build.log" 2>&1 || ok=0
+  else
+    e2e_in_buildroot "$E2E_SRC" "$MOD_DIR" nice make -C "$KDIR" M=/build/src XENPROBES_INCLUDE=/src/include modules \
+      >"$MOD_DIR/build.log" 2>&1 || ok=0
+  fi
+  if [ $ok = 0 ]; then
     tail -n 30 "$MOD_DIR/build.log" >&2
     e2e_die "module build failed (log: $MOD_DIR/build.log)"
   fi
   touch "$MOD_DIR/ok"
   e2e_stage_done "built: $MOD_DIR/src/xenprobes.ko"
-fi
+}
 
 # ---- stage: DomU initramfs and the run's payload ----------------------------------------
-e2e_stage "DomU initramfs + Dom0 payload"
-P=$RUN_DIR/payload
-rm -rf "$P"
-mkdir -p "$P/domu/bin" "$P/xpe2e/root/usr/lib/xenprobes-e2e/scenarios"
-gcc -static -O2 -Wall -Wextra -Werror -o "$P/domu/bin/xpe2e-workload" "$E2E_TOOLS/domu/workload.c" \
+# The static DomU programs and busybox run on either platform's kernel: built once.
+e2e_stage "DomU programs (static)"
+DOMU_BIN=$RUN_DIR/domu-bin
+mkdir -p "$DOMU_BIN"
+gcc -static -O2 -Wall -Wextra -Werror -o "$DOMU_BIN/xpe2e-workload" "$E2E_TOOLS/domu/workload.c" \
   >"$RUN_DIR/workload-build.log" 2>&1 || e2e_die "workload build failed (log: $RUN_DIR/workload-build.log)"
-gcc -static -O2 -mgeneral-regs-only -Wall -Wextra -Werror -o "$P/domu/bin/fpucheck" "$E2E_TOOLS/domu/fpucheck.c" \
+gcc -static -O2 -mgeneral-regs-only -Wall -Wextra -Werror -o "$DOMU_BIN/fpucheck" "$E2E_TOOLS/domu/fpucheck.c" \
   >>"$RUN_DIR/workload-build.log" 2>&1 || e2e_die "fpucheck build failed (log: $RUN_DIR/workload-build.log)"
-cp /bin/busybox "$P/domu/bin/busybox"
-for app in $(busybox --list); do
-  [ -e "$P/domu/bin/$app" ] || ln -s busybox "$P/domu/bin/$app"
-done
-mkdir -p "$P/domu/"{dev,proc,sys,tmp,sbin}
-cp "$E2E_TOOLS/domu/init" "$P/domu/init"
-chmod 755 "$P/domu/init"
-cp "$MOD_DIR/src/xenprobes.ko" "$P/domu/xenprobes.ko"
-R=$P/xpe2e/root
-cp -a "$STAGE/." "$R/"
-(cd "$P/domu" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$R/usr/lib/xenprobes-e2e/domu-initramfs.cpio.gz"
-install -m 755 "$E2E_TOOLS/dom0/dom0-init" "$R/usr/lib/xenprobes-e2e/dom0-init"
-install -m 755 "$P/domu/bin/fpucheck" "$R/usr/lib/xenprobes-e2e/fpucheck"
-install -m 644 "$E2E_TOOLS"/scenarios/*.sh "$R/usr/lib/xenprobes-e2e/scenarios/"
-install -m 755 "$E2E_TOOLS/guardian-account.sh" "$R/usr/lib/xenprobes-e2e/guardian-account.sh"
 e2e_stage_done
+
+# build_payload: sets P (the payload directory: DomU initramfs and Dom0 overlay) from STAGE
+# and MOD_DIR.
+build_payload() {
+  e2e_stage "DomU initramfs + Dom0 payload ($E2E_PLATFORM)"
+  P=$RUN_DIR/payload
+  [ "$E2E_PLATFORM" = bookworm ] || P=$RUN_DIR/payload-$E2E_PLATFORM
+  rm -rf "$P"
+  mkdir -p "$P/domu/bin" "$P/xpe2e/root/usr/lib/xenprobes-e2e/scenarios"
+  cp "$DOMU_BIN/xpe2e-workload" "$DOMU_BIN/fpucheck" "$P/domu/bin/"
+  cp /bin/busybox "$P/domu/bin/busybox"
+  local app
+  for app in $(busybox --list); do
+    [ -e "$P/domu/bin/$app" ] || ln -s busybox "$P/domu/bin/$app"
+  done
+  mkdir -p "$P/domu/"{dev,proc,sys,tmp,sbin}
+  cp "$E2E_TOOLS/domu/init" "$P/domu/init"
+  chmod 755 "$P/domu/init"
+  cp "$MOD_DIR/src/xenprobes.ko" "$P/domu/xenprobes.ko"
+  R=$P/xpe2e/root
+  cp -a "$STAGE/." "$R/"
+  (cd "$P/domu" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$R/usr/lib/xenprobes-e2e/domu-initramfs.cpio.gz"
+  install -m 755 "$E2E_TOOLS/dom0/dom0-init" "$R/usr/lib/xenprobes-e2e/dom0-init"
+  install -m 755 "$P/domu/bin/fpucheck" "$R/usr/lib/xenprobes-e2e/fpucheck"
+  install -m 644 "$E2E_TOOLS"/scenarios/*.sh "$R/usr/lib/xenprobes-e2e/scenarios/"
+  install -m 755 "$E2E_TOOLS/guardian-account.sh" "$R/usr/lib/xenprobes-e2e/guardian-account.sh"
+  e2e_stage_done
+}
+
+for plat in $PLATFORMS; do
+  e2e_platform "$plat"
+  [ "$plat" = bookworm ] || e2e_buildroot
+  e2e_rootfs
+  KVER=$(cat "$ROOTFS_DIR/kver")
+  e2e_xen_stock
+  build_payload_libs
+  build_module
+  build_payload
+  ROOTFS_OF[$plat]=$ROOTFS_DIR INITRD_OF[$plat]=$DOM0_INITRD XEN_OF[$plat]=$XEN_STOCK PAYLOAD_OF[$plat]=$P
+done
+e2e_platform bookworm
 
 # ---- boot QEMU: one boot per group of scenarios on the same hypervisor -----------------
 # boot <group name> <scenario...>: runs the scenarios in one boot; sets RESULT[s] and
@@ -192,6 +280,9 @@ boot() {
   local g=$1
   shift
   local scen="$*" s0=$1 xen serial initrd t_start status lines=0 limit qemu_bin=qemu-system-x86_64 qemu_extra=()
+  # The platform's own Dom0 (root file system, kernel, boot initrd), stock hypervisor and payload.
+  local plat=${SCEN_PLATFORM[$s0]:-bookworm}
+  local ROOTFS_DIR=${ROOTFS_OF[$plat]} DOM0_INITRD=${INITRD_OF[$plat]} XEN_STOCK=${XEN_OF[$plat]} P=${PAYLOAD_OF[$plat]}
   case "${SCEN_XEN[$s0]}" in
     stock) xen=$XEN_STOCK ;;
     gdbsx)
@@ -232,6 +323,11 @@ boot() {
   # XPE2E_DIAG_*: diag_env_procs (docs/e2e.md "The environment").
   printf 'DIAG_TYPE="%s"\nDIAG_N="%s"\nDIAG_ROUNDS="%s"\nDIAG_FPU="%s"\n' "${XPE2E_DIAG_TYPE:-pv}" "${XPE2E_DIAG_N:-6}" "${XPE2E_DIAG_ROUNDS:-10}" "${XPE2E_DIAG_FPU:-}" \
     >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
+  # A platform's scenario (trixie_*) runs the body of the Debian 12 one it repeats
+  # (SCEN_BODY): dom0-init reads BODY_<scenario>.
+  for s in $scen; do
+    [ -z "${SCEN_BODY[$s]:-}" ] || printf 'BODY_%s=%s\n' "$s" "${SCEN_BODY[$s]}"
+  done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   (cd "$P" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/payload.cpio.gz"
   (cd "$d/payload-conf" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/conf.cpio.gz"
   initrd=$d/dom0-initrd.cpio.gz
@@ -255,7 +351,7 @@ boot() {
     -drive "file=$ROOTFS_DIR/rootfs.ext4,if=virtio,format=raw,cache=unsafe,snapshot=on")
   printf '%q ' "${qemu[@]}" >"$d/qemu.cmd"
   echo >>"$d/qemu.cmd"
-  e2e_log "boot: [$scen] on the ${SCEN_XEN[$s0]} hypervisor (serial log: $serial; limit ${limit}s)"
+  e2e_log "boot: [$scen] on $plat's ${SCEN_XEN[$s0]} hypervisor (serial log: $serial; limit ${limit}s)"
   t_start=$(date +%s)
   "${qemu[@]}" >"$d/qemu.out" 2>&1 </dev/null &
   QEMU_PID=$!
@@ -309,10 +405,10 @@ e2e_stage "scenarios:$SCENARIOS"
 groups=()
 cur="" curxen=""
 for s in $SCENARIOS; do
-  if [ "$ISOLATE" = 1 ] || [ "${SCEN_XEN[$s]}" != "$curxen" ]; then
+  if [ "$ISOLATE" = 1 ] || [ "${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}" != "$curxen" ]; then
     [ -n "$cur" ] && groups+=("$cur")
     cur=$s
-    curxen=${SCEN_XEN[$s]}
+    curxen=${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}
   else
     cur="$cur $s"
   fi
@@ -322,7 +418,7 @@ n=0
 for grp in "${groups[@]}"; do
   n=$((n + 1))
   # shellcheck disable=SC2086
-  boot "boot$n-${SCEN_XEN[${grp%% *}]}" $grp
+  boot "boot$n-${SCEN_PLATFORM[${grp%% *}]:-bookworm}-${SCEN_XEN[${grp%% *}]}" $grp
 done
 
 failed=0

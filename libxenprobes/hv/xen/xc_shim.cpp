@@ -3,9 +3,14 @@
 // libxenctrl calls, raw domctls through libxencall, the vm_event ring, and the pure
 // translations between Xen's structs and hv types.
 //
-// ABI pinning: XEN_DOMCTL_INTERFACE_VERSION (0x15) and VM_EVENT_INTERFACE_VERSION (7) come from
-// the installed headers; XcShim::sanity_check() refuses a hypervisor that rejects the former,
-// and every ring request is checked against the latter.
+// ABI pinning: XEN_DOMCTL_INTERFACE_VERSION and VM_EVENT_INTERFACE_VERSION (7) come from the
+// installed headers; XcShim::sanity_check() refuses a hypervisor that rejects the former,
+// and every ring request is checked against the latter. Two Xens are known: 4.17 (domctl
+// 0x15, Debian 12) and 4.20 (domctl 0x17, Debian 13). The structs used here
+// (xen_domctl_getdomaininfo, _vcpuextstate, _gdbsx_pauseunp_vcpu, vm_event_request/response)
+// have the same layout in both; 4.20 only adds a member to the vm_event union (I/O
+// instructions), which does not change its size. A libxenprobes must be built against the
+// libxen-dev of the Xen it runs on: Xen answers EACCES to another domctl version.
 
 #include <sys/mman.h>
 
@@ -36,8 +41,15 @@ namespace xenprobes::hv::xen {
 namespace {
 
 static_assert(sizeof(xen_pfn_t) == 8, "x86-64 Dom0 expected");
-static_assert(VM_EVENT_INTERFACE_VERSION == 7, "built against a vm_event ABI other than 4.17's");
-static_assert(XEN_DOMCTL_INTERFACE_VERSION == 0x15, "built against a domctl ABI other than 4.17's");
+static_assert(VM_EVENT_INTERFACE_VERSION == 7, "built against a vm_event ABI other than 4.17's/4.20's");
+static_assert(XEN_DOMCTL_INTERFACE_VERSION == 0x15 || XEN_DOMCTL_INTERFACE_VERSION == 0x17,
+              "built against a domctl ABI other than Xen 4.17's (0x15) or 4.20's (0x17): check "
+              "the structs this file uses, then add it here");
+// The layouts the paragraph above relies on (equal in 4.17's and 4.20's headers).
+static_assert(sizeof(vm_event_request_t) == 400 && sizeof(vm_event_response_t) == 400);
+static_assert(sizeof(xen_domctl_getdomaininfo_t) == 112 && sizeof(xen_domctl_vcpuextstate) == 32);
+// What the headers this library was built with belong to, for messages.
+constexpr const char* kBuiltForXen = XEN_DOMCTL_INTERFACE_VERSION == 0x15 ? "4.17" : "4.20";
 
 // ---- the quiet logger ----------------------------------------------------------------------
 
@@ -611,7 +623,9 @@ Result<void> XcShim::sanity_check() {
     return fail(Errc::NotSupported,
                 "the hypervisor (Xen " + (v ? *v : std::string("?")) +
                     ") refuses domctl interface " + hex(XEN_DOMCTL_INTERFACE_VERSION) +
-                    ": this libxenprobes is built for Xen 4.17 (or an XSM policy denies us)");
+                    ": this libxenprobes is built for Xen " + kBuiltForXen +
+                    " (rebuild it against the libxen-dev of the running Xen), or an XSM policy "
+                    "denies us");
   }
   return fail_errno(e, "xc_domain_getinfolist(dom0)");
 }

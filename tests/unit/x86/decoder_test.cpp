@@ -138,6 +138,7 @@ TEST(Decode, KindsAndPrefixes) {
       {{0x0f, 0x05}, Kind::Syscall},                      // syscall
       {{0x0f, 0x34}, Kind::Sysenter},                     // sysenter
       {{0x0f, 0x0b}, Kind::Ud},                           // ud2
+      {{0x0f, 0xb9}, Kind::Ud},                           // ud1 (Capstone 4: "ud2b")
       {{0x0f, 0x01, 0xf8}, Kind::Swapgs},                 // swapgs
       {{0x8e, 0xd0}, Kind::LoadSs},                       // mov ss, eax
       {{0x9c}, Kind::Pushf},                              // pushfq

@@ -2,7 +2,7 @@
 # with its clear message (EOPNOTSUPP, naming CONFIG_GDBSX and the alternatives) and change
 # nothing: the text is untouched, the domain neither paused nor in debugging mode, and the
 # guest's workload runs normally afterwards.
-S=stock_debugger_refusal
+S=${XPE2E_SCENARIO:-stock_debugger_refusal}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-dbg
 domid=$(domu_start $N "xpe2e.modparams=timeout_ms=2000 xpe2e.work=50:5:2") || result FAIL "xl create failed"

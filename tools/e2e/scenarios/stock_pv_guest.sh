@@ -2,7 +2,7 @@
 # channel. XP (boosted, emulated call, post-handler) and XrP on real kernel functions; hit
 # counts equal the calls the workload made; filenames read from guest memory; the workload's
 # own results unchanged; unregister restores the text byte for byte; the module unloads.
-S=stock_pv_guest
+S=${XPE2E_SCENARIO:-stock_pv_guest}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-guest
 # timeout_ms: TCG is slow; a hit that waits longer than this would be counted as a timeout.

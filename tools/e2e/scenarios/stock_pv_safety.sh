@@ -14,7 +14,7 @@
 #   hookpath   __rcu_read_lock, lookup_address, notifier_call_chain ('guest-hook-path') and the
 #              module's die notifier ('module-text'): refused; the guest's activity is fine.
 # No oops, BUG, WARN, panic, lockup or stall in either kernel's log.
-S=stock_pv_safety
+S=${XPE2E_SCENARIO:-stock_pv_safety}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 # timeout_ms=5000 (the module's maximum): a library without the rules leaves probes armed on
 # hot paths, and slow hits must not turn into timeouts that disarm them before the hazard shows.
