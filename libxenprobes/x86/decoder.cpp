@@ -145,20 +145,29 @@ void classify(const cs_insn& ci, Insn& out) {
       if (op0_imm) out.branch_target = Gva{static_cast<std::uint64_t>(x.operands[0].imm)};
       return;
     case X86_INS_JMP:
+    case X86_INS_CALL:
+      // FF /3 and FF /5 are far call and far jmp through memory (m16:64): Capstone 4 names
+      // them LCALL/LJMP, Capstone 5 plain CALL/JMP, so the ModRM reg field decides.
+      if (x.opcode[0] == 0xff && (((x.modrm >> 3) & 7) == 3 || ((x.modrm >> 3) & 7) == 5)) {
+        out.kind = Kind::Branch;
+        out.branch = BranchKind::Far;
+        return;
+      }
+      if (ci.id == X86_INS_CALL) {
+        if (op0_imm) {
+          relative(BranchKind::Call);
+        } else {
+          out.kind = Kind::Branch;
+          out.branch = BranchKind::CallIndirect;
+          if (op0_reg) out.indirect_reg = reg_of(x.operands[0].reg);
+        }
+        return;
+      }
       if (op0_imm) {
         relative(BranchKind::Jmp);
       } else {
         out.kind = Kind::Branch;
         out.branch = BranchKind::JmpIndirect;
-        if (op0_reg) out.indirect_reg = reg_of(x.operands[0].reg);
-      }
-      return;
-    case X86_INS_CALL:
-      if (op0_imm) {
-        relative(BranchKind::Call);
-      } else {
-        out.kind = Kind::Branch;
-        out.branch = BranchKind::CallIndirect;
         if (op0_reg) out.indirect_reg = reg_of(x.operands[0].reg);
       }
       return;
