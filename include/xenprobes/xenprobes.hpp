@@ -262,6 +262,9 @@ class XENPROBES_API Session {
   explicit Session(std::unique_ptr<Impl>);
   // On the simulated Xen, the demo guest's System.map unless symbols were loaded.
   [[nodiscard]] Result<void> default_symbols(DomId);
+  // default_symbols(), then on a real Xen the guest's own kallsyms if the domain still has none;
+  // NotFound saying what to do when it still has none.
+  [[nodiscard]] Result<void> symbols_for_lookup(DomId);
   std::unique_ptr<Impl> impl_;
 };
 

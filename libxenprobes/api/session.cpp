@@ -418,29 +418,27 @@ Result<void> Session::default_symbols(DomId dom) {
   return {};
 }
 
-Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
+Result<void> Session::symbols_for_lookup(DomId dom) {
   XP_TRY(default_symbols(dom));
   if (!impl_->engine->symbols(dom) && impl_->hv->name() != "sim") {
     if (auto r = load_symbols_from_guest(dom); !r)
       return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) + ": " + r.error().what);
   }
-  const symbols::SymbolTable* t = impl_->engine->symbols(dom);
-  if (!t)
+  if (!impl_->engine->symbols(dom))
     return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
                                     ": call load_symbols() with the guest kernel's System.map first");
+  return {};
+}
+
+Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
+  XP_TRY(symbols_for_lookup(dom));
+  const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   return t->resolve(symbol);
 }
 
 Result<std::vector<SymbolInfo>> Session::find_symbols(DomId dom, std::string_view glob) {
-  XP_TRY(default_symbols(dom));
-  if (!impl_->engine->symbols(dom) && impl_->hv->name() != "sim") {
-    if (auto r = load_symbols_from_guest(dom); !r)
-      return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) + ": " + r.error().what);
-  }
+  XP_TRY(symbols_for_lookup(dom));
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
-  if (!t)
-    return fail(Errc::NotFound, "no symbols for domain " + std::to_string(dom.value) +
-                                    ": call load_symbols() with the guest kernel's System.map first");
   std::vector<SymbolInfo> out;
   for (symbols::Symbol& s : t->matching(glob))
     out.push_back(SymbolInfo{std::move(s.name), s.address, s.type, s.kind == symbols::SymbolKind::Text, s.size});
