@@ -54,8 +54,8 @@ int main(int argc, char **argv) {
 
   if (xenprobes_stats(h, &st) < 0) return fail("xenprobes_stats");
   if (unregister_xenprobe(h) < 0) return fail("unregister_xenprobe");
-  printf("total: %d sys_open calls seen (probe counters: %llu hits, %llu missed); probe removed\n", count,
-         (unsigned long long)st.hits, (unsigned long long)st.missed);
+  printf("total: %d sys_open calls seen (probe counters: %llu hits, %llu unhandled); probe removed\n", count,
+         (unsigned long long)st.hits, (unsigned long long)st.unhandled);
   xenprobes_close();
   return count >= MAX_HITS && st.hits >= MAX_HITS ? 0 : 1;
 }

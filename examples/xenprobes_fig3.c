@@ -3,7 +3,7 @@
  * handler prints the path being removed (read from guest memory through RDI), the return
  * handler prints what the call returned (RAX). At most 8 calls are tracked at once; after 5
  * returns the program stops itself, unregisters the probe and prints its counters, with a
- * warning when calls went untracked (nmissed: raise maxactive).
+ * warning when calls went untracked (untracked_calls: raise maxactive).
  *
  *   xenprobes-fig3 [domid] [system-map]
  *
@@ -66,10 +66,10 @@ int main(int argc, char **argv) {
   printf("total: %d entries, %d returns (probe counters: %llu entries, %llu returns, %llu not tracked); "
          "probe removed\n",
          entries, returns, (unsigned long long)st.hits, (unsigned long long)st.returns,
-         (unsigned long long)st.nmissed);
-  if (st.nmissed > 0)
+         (unsigned long long)st.untracked_calls);
+  if (st.untracked_calls > 0)
     fprintf(stderr, "xenprobes-fig3: warning: %llu calls were not tracked because %d were already in flight; "
-            "raise maxactive\n", (unsigned long long)st.nmissed, MAX_ACTIVE);
+            "raise maxactive\n", (unsigned long long)st.untracked_calls, MAX_ACTIVE);
   xenprobes_close();
   return returns >= MAX_RETURNS && st.returns >= MAX_RETURNS ? 0 : 1;
 }

@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
 
   unsigned vcpus = 1;
   if (auto info = s.hypervisor().domain_info(dom); info) vcpus = std::min<unsigned>(info->vcpus, kMaxVcpus);
-  std::printf("%-18s %-18s %-10s %9s %7s", "function", "address", "mode", "hits", "missed");
+  std::printf("%-18s %-18s %-10s %9s %7s", "function", "address", "mode", "hits", "unhandled");
   for (unsigned v = 0; v < vcpus; ++v) std::printf("   vcpu%u", v);
   std::printf("  instruction\n");
   bool ok = true;
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
     if (!info) die("info " + t.function, info.error());
     ProbeStats st = t.probe.stats();
     std::printf("%-18s 0x%016" PRIx64 " %-10s %9" PRIu64 " %7" PRIu64, t.function.c_str(), info->address.value,
-                mode_name(info->mode), st.hits, st.missed);
+                mode_name(info->mode), st.hits, st.unhandled);
     for (unsigned v = 0; v < vcpus; ++v) std::printf(" %7" PRIu64, t.per_vcpu[v]);
     // ProbeInfo::instruction starts with the address: show the bytes and mnemonic only.
     const std::string& insn = info->instruction;

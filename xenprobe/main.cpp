@@ -541,7 +541,7 @@ class Tool {
   void collect_lost(Target& t) {
     for (const xenprobes::Probe& p : t.probes) {
       auto st = p.stats();
-      t.lost += st.missed + st.nmissed;
+      t.lost += st.unhandled + st.untracked_calls;
     }
   }
 

@@ -153,7 +153,7 @@ XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle) XENPROBES_NOEXC
  * are found by the stack slot holding their return address, so recursion, several vCPUs and
  * calls that sleep or migrate all pair up. At most `maxactive` calls are tracked at once;
  * maxactive <= 0 picks max(10, 2 * the domain's vCPUs) (kretprobes' rule with NR_CPUS). A call
- * made while all are in flight is not tracked and counts in nmissed (xenretprobe_nmissed(),
+ * made while all are in flight is not tracked and counts in untracked_calls (xenretprobe_untracked_calls(),
  * xenprobes_stats()). Either handler may be NULL. Errors as register_xenprobe(), and EINVAL
  * for maxactive above 4096.
  */
@@ -188,8 +188,11 @@ XENPROBES_API xenprobes_handle_t register_xenretprobe_data(domid_t domid, const 
  */
 XENPROBES_API int unregister_xenretprobe(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
-/* Calls a return probe did not track for want of a free instance (>= 0), or -1 with errno. */
-XENPROBES_API long xenretprobe_nmissed(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
+/*
+ * Calls a return probe did not track for want of a free instance (>= 0: kretprobes calls it
+ * nmissed), or -1 with errno EINVAL for an unknown handle or one that is not a return probe.
+ */
+XENPROBES_API long xenretprobe_untracked_calls(xenprobes_handle_t handle) XENPROBES_NOEXCEPT;
 
 /*
  * Handles probe hits, calling the handlers, until xenprobes_stop(). Opens the implicit session
@@ -258,17 +261,14 @@ XENPROBES_API xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const c
 
 #define XENPROBE_STATS_VERSION 2u
 
-/*
- * Counters of one probe. The caller sets version to XENPROBE_STATS_VERSION (version 1, the
- * first two counters only, is still accepted).
- */
+/* Counters of one probe. The caller sets version to XENPROBE_STATS_VERSION. */
 struct xenprobe_stats {
   uint32_t version;
   uint64_t hits;      /* handler invocations (hits while enabled; return probes: entries) */
-  uint64_t missed;    /* hits the guest went through without the handlers */
+  uint64_t unhandled; /* hits the guest went through without the handlers */
   /* Version 2: return probes. */
   uint64_t returns;   /* return-handler invocations */
-  uint64_t nmissed;   /* calls not tracked for want of a free instance: raise maxactive */
+  uint64_t untracked_calls; /* calls not tracked for want of a free instance: raise maxactive */
   uint64_t declined;  /* calls the entry handler declined */
   uint64_t reclaimed; /* instances found stale (the call left by another way) */
   uint32_t maxactive;

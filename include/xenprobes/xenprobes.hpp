@@ -80,17 +80,17 @@ using ReturnHandler = std::function<void(HitContext&, std::span<std::byte> data)
 struct RetProbeOptions {
   // Calls tracked at once, preallocated. <= 0: max(10, 2 * the domain's vCPUs), as kretprobes
   // does with NR_CPUS. A call made while all are in flight is not tracked and counts in
-  // ProbeStats::nmissed.
+  // ProbeStats::untracked_calls.
   int maxactive = 0;
   std::size_t data_size = 0;  // per-call bytes for the handlers, at most 4096
 };
 
 struct ProbeStats {
   std::uint64_t hits = 0;    // handler calls (for a return probe: entries seen)
-  std::uint64_t missed = 0;  // hits the guest went through without the handler (see docs)
+  std::uint64_t unhandled = 0;  // hits the guest went through without the handler (see docs)
   // Return probes only.
   std::uint64_t returns = 0;    // return-handler calls
-  std::uint64_t nmissed = 0;    // calls not tracked: no free instance (raise maxactive)
+  std::uint64_t untracked_calls = 0;  // calls not tracked: no free instance (raise maxactive)
   std::uint64_t declined = 0;   // calls the entry handler chose not to track
   std::uint64_t reclaimed = 0;  // instances found stale (the call left by another way)
   unsigned maxactive = 0;
@@ -124,6 +124,7 @@ struct SymbolInfo {
 
 class Session;
 class SessionTesting;  // test hooks, libxenprobes/api/session_testing.hpp
+struct SessionAccess;  // the C API's access to a session's probes, libxenprobes/api/session_access.hpp
 
 // An RAII probe handle; move-only. Destruction unregisters.
 // (The standard attribute must come first, hence the visibility in the same form.)
@@ -249,22 +250,23 @@ class XENPROBES_API Session {
   [[nodiscard]] Result<unsigned> run_once(int timeout_ms);
   void stop();
 
-  // Used by Probe.
-  [[nodiscard]] Result<void> set_enabled(std::uint64_t id, bool on);
-  [[nodiscard]] Result<void> unregister(std::uint64_t id);
-  ProbeStats stats(std::uint64_t id) const;
-  [[nodiscard]] Result<ProbeInfo> info(std::uint64_t id) const;
-
   struct Impl;
 
  private:
+  // The library's own access (Probe, the C API, the tests); none of it is exported.
+  friend class Probe;
+  friend struct SessionAccess;
   friend class SessionTesting;
-  explicit Session(std::unique_ptr<Impl>);
+  [[gnu::visibility("hidden")]] explicit Session(std::unique_ptr<Impl>);
+  [[nodiscard, gnu::visibility("hidden")]] Result<void> set_enabled(std::uint64_t id, bool on);
+  [[nodiscard, gnu::visibility("hidden")]] Result<void> unregister(std::uint64_t id);
+  [[gnu::visibility("hidden")]] ProbeStats stats(std::uint64_t id) const;
+  [[nodiscard, gnu::visibility("hidden")]] Result<ProbeInfo> info(std::uint64_t id) const;
   // On the simulated Xen, the demo guest's System.map unless symbols were loaded.
-  [[nodiscard]] Result<void> default_symbols(DomId);
+  [[nodiscard, gnu::visibility("hidden")]] Result<void> default_symbols(DomId);
   // default_symbols(), then on a real Xen the guest's own kallsyms if the domain still has none;
   // NotFound saying what to do when it still has none.
-  [[nodiscard]] Result<void> symbols_for_lookup(DomId);
+  [[nodiscard, gnu::visibility("hidden")]] Result<void> symbols_for_lookup(DomId);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 
+#include "api/session_access.hpp"
 #include "common/result.hpp"
 #include "xenprobes/xenprobes.hpp"
 
@@ -116,11 +117,12 @@ int set_error(const Error& e) noexcept {
   return set_error(err > 0 ? err : EIO, e.what.c_str());
 }
 
-// The one try/catch of every entry point: runs `body` (returning Result<int>) and translates.
-template <typename F>
-int entry(F&& body) noexcept {
+// The one try/catch of every entry point: runs `body` (returning Result<int> or Result<long>)
+// and translates a failure into -1 + errno + the detail.
+template <typename F, typename T = typename std::invoke_result_t<F>::value_type>
+T entry(F&& body) noexcept {
   try {
-    Result<int> r = body();
+    Result<T> r = body();
     if (r) return *r;
     return set_error(r.error());
   } catch (const std::bad_alloc&) {
@@ -294,7 +296,7 @@ int unregister_any(xenprobes_handle_t handle, bool ret, const char* fn) noexcept
       return fail(Errc::InvalidArgument, std::string(fn) + "(" + std::to_string(handle) + "): the handle is " +
                                              (p->ret ? "a return probe: use unregister_xenretprobe()"
                                                      : "not a return probe: use unregister_xenprobe()"));
-    if (auto r = s.session->unregister(p->id); !r && r.error().code != Errc::NotFound) {
+    if (auto r = SessionAccess::unregister(*s.session, p->id); !r && r.error().code != Errc::NotFound) {
       // Still registered: the handle stays valid for a retry.
       Error e = r.error();
       e.what = std::string(fn) + "(" + std::to_string(handle) + "): " + e.what;
@@ -386,14 +388,14 @@ int unregister_xenretprobe(xenprobes_handle_t handle) noexcept {
   return unregister_any(handle, true, "unregister_xenretprobe");
 }
 
-long xenretprobe_nmissed(xenprobes_handle_t handle) noexcept {
-  return entry([&]() -> Result<int> {
+long xenretprobe_untracked_calls(xenprobes_handle_t handle) noexcept {
+  return entry([&]() -> Result<long> {
     auto lock = XP_TRY(acquire());
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
-    if (!p->ret) return fail(Errc::InvalidArgument, "xenretprobe_nmissed(" + std::to_string(handle) + "): not a return probe");
-    std::uint64_t n = s.session->stats(p->id).nmissed;
-    return static_cast<int>(std::min<std::uint64_t>(n, INT_MAX));
+    if (!p->ret) return fail(Errc::InvalidArgument, "xenretprobe_untracked_calls(" + std::to_string(handle) + "): not a return probe");
+    std::uint64_t n = SessionAccess::stats(*s.session, p->id).untracked_calls;
+    return static_cast<long>(std::min<std::uint64_t>(n, LONG_MAX));
   });
 }
 
@@ -434,7 +436,7 @@ int xenprobes_enable(xenprobes_handle_t handle, int enable) noexcept {
     auto lock = XP_TRY(acquire());
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
-    XP_TRY(s.session->set_enabled(p->id, enable != 0));
+    XP_TRY(SessionAccess::set_enabled(*s.session, p->id, enable != 0));
     return 0;
   });
 }
@@ -488,25 +490,23 @@ int xenprobes_load_symbols(domid_t domid, const char* system_map) noexcept {
 int xenprobes_stats(xenprobes_handle_t handle, struct xenprobe_stats* out) noexcept {
   return entry([&]() -> Result<int> {
     if (!out) return fail(Errc::InvalidArgument, "xenprobes_stats(): NULL out");
-    if (out->version != 1 && out->version != XENPROBE_STATS_VERSION)
+    if (out->version != XENPROBE_STATS_VERSION)
       return fail(Errc::InvalidArgument, "xenprobes_stats(): struct xenprobe_stats version " +
-                                             std::to_string(out->version) + "; this library knows versions 1 to " +
+                                             std::to_string(out->version) + "; this library knows version " +
                                              std::to_string(XENPROBE_STATS_VERSION) +
                                              " (set out->version = XENPROBE_STATS_VERSION)");
     auto lock = XP_TRY(acquire());
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
-    ProbeStats st = s.session->stats(p->id);
+    ProbeStats st = SessionAccess::stats(*s.session, p->id);
     out->hits = st.hits;
-    out->missed = st.missed;
-    if (out->version >= 2) {  // a version-1 caller's struct ends here
-      out->returns = st.returns;
-      out->nmissed = st.nmissed;
-      out->declined = st.declined;
-      out->reclaimed = st.reclaimed;
-      out->maxactive = st.maxactive;
-      out->active = st.active;
-    }
+    out->unhandled = st.unhandled;
+    out->returns = st.returns;
+    out->untracked_calls = st.untracked_calls;
+    out->declined = st.declined;
+    out->reclaimed = st.reclaimed;
+    out->maxactive = st.maxactive;
+    out->active = st.active;
     return 0;
   });
 }

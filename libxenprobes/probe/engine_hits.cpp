@@ -176,7 +176,7 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
     case x86::Plan::EmulateLoaded:
       if (!emulate(d, p.insn, p.plan, r)) {
         // Give the instruction back to the guest rather than guess: restore it and re-run it.
-        for (Registration* reg : p.regs) reg->stats.missed++;
+        for (Registration* reg : p.regs) reg->stats.unhandled++;
         if (auto u = disarm(d, p); !u)
           XP_LOG(Error, "probe at %s: cannot restore the instruction: %s", hex(p.addr.value).c_str(),
                  u.error().what.c_str());

@@ -154,17 +154,17 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   if (!ret) {
     XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot read the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), ret.error().what.c_str());
-    reg.stats.missed++;
+    reg.stats.unhandled++;
     return;
   }
   if (*ret == tramp) {
     // A tail call back into the function: its return is the tracked caller's return.
-    reg.stats.nmissed++;
+    reg.stats.untracked_calls++;
     return;
   }
   if (rs.free.empty()) reclaim_instances(d, reg);
   if (rs.free.empty()) {
-    reg.stats.nmissed++;
+    reg.stats.untracked_calls++;
     return;
   }
   Instance& in = *rs.free.back();
@@ -187,7 +187,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   if (auto a = d.ch->return_added(d.id, slot, Gva{*ret}); !a) {
     XP_LOG_RATELIMITED(Warn, "return probe at %s: %s", hex(ctx.address().value).c_str(), a.error().what.c_str());
     rs.free.push_back(&in);
-    reg.stats.nmissed++;
+    reg.stats.untracked_calls++;
     return;
   }
   std::uint32_t journaled = ~0u;
@@ -197,7 +197,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     if (!j) {
       d.ch->return_removed(d.id, slot);
       rs.free.push_back(&in);
-      reg.stats.nmissed++;
+      reg.stats.untracked_calls++;
       return;
     }
     journaled = *j;
@@ -208,7 +208,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     d.ch->return_removed(d.id, slot);
     if (journaled != ~0u) journal_->remove_return(journaled);
     rs.free.push_back(&in);
-    reg.stats.missed++;
+    reg.stats.unhandled++;
     return;
   }
   in.journal = journaled;
@@ -290,7 +290,7 @@ void Engine::restore_returns(Domain& d, Registration* only) {
       XP_LOG(Error, "domain %u vcpu %u: cannot move it off the trampoline: %s", d.id.value, v, w.error().what.c_str());
       continue;  // the instance stays remembered below
     }
-    in->owner->stats.missed++;
+    in->owner->stats.unhandled++;
     drop_instance(d, *in, false);
   }
   std::vector<Instance*> live;

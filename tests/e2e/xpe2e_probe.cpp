@@ -788,8 +788,8 @@ int cmd_probe(const Args& a) {
   check("xp.getppid.post", (long)g_c.getppid_post == n_getppid && g_c.post_rip_wrong == 0,
         fmt("post-handler %" PRIu64 ", guest %ld; post rip not at the next instruction: %" PRIu64 "%s", g_c.getppid_post,
             n_getppid, g_c.post_rip_wrong, g_c.first_post_rip.empty() ? "" : (" (" + g_c.first_post_rip + ")").c_str()));
-  check("xp.getppid.stats", (long)stt_of(ps.getppid).hits == n_getppid && stt_of(ps.getppid).missed == 0,
-        fmt("stats hits=%" PRIu64 " missed=%" PRIu64, stt_of(ps.getppid).hits, stt_of(ps.getppid).missed));
+  check("xp.getppid.stats", (long)stt_of(ps.getppid).hits == n_getppid && stt_of(ps.getppid).unhandled == 0,
+        fmt("stats hits=%" PRIu64 " unhandled=%" PRIu64, stt_of(ps.getppid).hits, stt_of(ps.getppid).unhandled));
   if (ps.boosted)
     check("xp.boosted", (long)g_c.boosted == n_getppid, fmt("boosted probe hits %" PRIu64 ", guest %ld", g_c.boosted, n_getppid));
   if (ps.branch)
@@ -828,9 +828,9 @@ int cmd_probe(const Args& a) {
             g_c.ret_unlink_returns, zero, enoent, n_unlink, n_enoent, rax.c_str()));
   if (ps.ret_openat)
     check("xrp.openat", (long)g_c.ret_openat_entries == n_openat + n_unlink && g_c.ret_openat_returns == g_c.ret_openat_entries &&
-                            g_c.ret_openat_failed == 0 && stt_of(ps.ret_openat).nmissed == 0,
-          fmt("entries %" PRIu64 " returns %" PRIu64 " (failed %" PRIu64 "), nmissed %" PRIu64 "; the guest made %ld openat calls",
-              g_c.ret_openat_entries, g_c.ret_openat_returns, g_c.ret_openat_failed, stt_of(ps.ret_openat).nmissed,
+                            g_c.ret_openat_failed == 0 && stt_of(ps.ret_openat).untracked_calls == 0,
+          fmt("entries %" PRIu64 " returns %" PRIu64 " (failed %" PRIu64 "), untracked calls %" PRIu64 "; the guest made %ld openat calls",
+              g_c.ret_openat_entries, g_c.ret_openat_returns, g_c.ret_openat_failed, stt_of(ps.ret_openat).untracked_calls,
               n_openat + n_unlink));
   if (ps.skipped)
     check("xp.skipped.hits", g_c.skipped_hits == 0 && stt_of(ps.skipped).hits == 0,
@@ -839,8 +839,8 @@ int cmd_probe(const Args& a) {
   for (Probe* p : {ps.ret_getppid, ps.ret_unlink, ps.ret_openat}) {
     if (!p) continue;
     auto t = stt_of(p);
-    say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " nmissed=%" PRIu64 " reclaimed=%" PRIu64
-        " active=%u", p->id(), t.hits, t.returns, t.nmissed, t.reclaimed, t.active);
+    say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " untracked_calls=%" PRIu64 " reclaimed=%" PRIu64
+        " active=%u", p->id(), t.hits, t.returns, t.untracked_calls, t.reclaimed, t.active);
   }
 
   std::string diff = compare(hv, a.dom, before);
@@ -1316,13 +1316,13 @@ int cmd_pair(const Args& a) {
   check("a.xp.getppid.pre", (long)ca.pre == n_getppid, fmt("pre-handler %" PRIu64 ", guest made %ld calls", ca.pre, n_getppid));
   check("a.xp.getppid.post", (long)ca.post == n_getppid,
         fmt("post-handler %" PRIu64 ", guest %ld; post rip still at the probe: %" PRIu64, ca.post, n_getppid, ca.post_rip_wrong));
-  check("a.xp.getppid.stats", (long)st_xp.hits == n_getppid && st_xp.missed == 0,
-        fmt("stats hits=%" PRIu64 " missed=%" PRIu64, st_xp.hits, st_xp.missed));
+  check("a.xp.getppid.stats", (long)st_xp.hits == n_getppid && st_xp.unhandled == 0,
+        fmt("stats hits=%" PRIu64 " unhandled=%" PRIu64, st_xp.hits, st_xp.unhandled));
   check("a.xrp.getppid",
         (long)ca.ret_entries == n_getppid && (long)ca.ret_returns == n_getppid && ca.getppid_rax.size() == 1 &&
-            (long)ca.getppid_rax.begin()->first == ppid && st_xrp.nmissed == 0,
-        fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s; nmissed %" PRIu64, ca.ret_entries,
-            ca.ret_returns, n_getppid, ppid, rax_list(ca.getppid_rax).c_str(), st_xrp.nmissed));
+            (long)ca.getppid_rax.begin()->first == ppid && st_xrp.untracked_calls == 0,
+        fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s; untracked calls %" PRIu64, ca.ret_entries,
+            ca.ret_returns, n_getppid, ppid, rax_list(ca.getppid_rax).c_str(), st_xrp.untracked_calls));
   std::uint64_t zero = 0, enoent = 0;
   for (auto& [v, n] : ca.unlink_rax) {
     if (static_cast<std::int32_t>(v) == 0) zero += n;
@@ -1525,7 +1525,7 @@ int cmd_bench(const Args& a) {
           dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
     }
     for (std::size_t k = 0; k < stats.size(); ++k)
-      if (stats[k].missed) say("XPE2E-INFO: bench %s: probe %zu missed %" PRIu64 " hits", config.c_str(), k, stats[k].missed);
+      if (stats[k].unhandled) say("XPE2E-INFO: bench %s: probe %zu: %" PRIu64 " hits unhandled", config.c_str(), k, stats[k].unhandled);
   }
   must(hv.xs_write(dom_path(a.dom, "data/xpe2e/bench/end"), "1"), "write data/xpe2e/bench/end");
   s.reset();
@@ -2104,9 +2104,9 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
     auto st = armed[0].probe.stats();
     unregister_all(armed, "hookpath");
     if (!guest)
-      check("safety.hookpath.hits." + p.name, frozen_hits == frozen_handler && frozen_hits >= p.min_hits && st.missed == 0,
-            fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", missed %" PRIu64 " (at least %" PRIu64 " expected)", frozen_handler,
-                frozen_hits, st.missed, p.min_hits));
+      check("safety.hookpath.hits." + p.name, frozen_hits == frozen_handler && frozen_hits >= p.min_hits && st.unhandled == 0,
+            fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", unhandled %" PRIu64 " (at least %" PRIu64 " expected)", frozen_handler,
+                frozen_hits, st.unhandled, p.min_hits));
     x.dead = !phase_checks(hv, x.dom, "hookpath." + p.name.substr(0, p.name.find(' ')), res);
     if (x.dead) {
       say("XPE2E-INFO: hookpath: the guest is dead after %s: the remaining points are not tried", p.name.c_str());

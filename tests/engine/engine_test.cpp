@@ -35,7 +35,7 @@ TEST(Probe, EntryHitsEqualCallsAndTheGuestIsUnchanged) {
   ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
   EXPECT_EQ(hits, expected_calls(DEMO_FN_OPEN, 5));
   EXPECT_EQ(p->stats().hits, hits);
-  EXPECT_EQ(p->stats().missed, 0u);
+  EXPECT_EQ(p->stats().unhandled, 0u);
   auto ref = reference_stats(0, 5);
   EXPECT_EQ(g.stats(0).checksum, ref.checksum);
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_OPEN], ref.calls[DEMO_FN_OPEN]);

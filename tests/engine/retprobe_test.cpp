@@ -1,5 +1,5 @@
 // XrP return probes over the simulated Xen: entry/return pairing (plain, recursive,
-// multi-return-path functions, several vCPUs), return values, maxactive and nmissed, stale
+// multi-return-path functions, several vCPUs), return values, maxactive and untracked calls, stale
 // instances, unregister and detach with calls in flight, aggregates with XP probes.
 #include <cstring>
 
@@ -106,7 +106,7 @@ TEST(RetProbe, PairsMatchCallsOnSeveralVcpus) {
     ProbeStats st = k.probe.stats();
     EXPECT_EQ(st.hits, k.pairs.entries);
     EXPECT_EQ(st.returns, k.pairs.returns);
-    EXPECT_EQ(st.nmissed, 0u);
+    EXPECT_EQ(st.untracked_calls, 0u);
     EXPECT_EQ(st.reclaimed, 0u);
     EXPECT_EQ(st.maxactive, 64u);
   }
@@ -141,7 +141,7 @@ TEST(RetProbe, ReturnHandlerChangesTheGuestsResult) {
   EXPECT_EQ(g.stats(0).checksum, want.checksum);
 }
 
-TEST(RetProbe, MaxactiveExhaustionCountsNmissedExactly) {
+TEST(RetProbe, MaxactiveExhaustionCountsUntrackedCallsExactly) {
   // One vCPU: demo_recurse(8) nests 9 calls, demo_recurse(3) 4. With 3 instances the 3
   // outermost calls of each are tracked, the rest missed: 6 + 1 missed, 6 tracked, per iteration.
   constexpr std::uint64_t kIters = 5;
@@ -154,7 +154,7 @@ TEST(RetProbe, MaxactiveExhaustionCountsNmissedExactly) {
   ASSERT_TRUE(g.run_to_completion());
   ProbeStats st = p->stats();
   EXPECT_EQ(st.hits, expected_calls(DEMO_FN_RECURSE, kIters));
-  EXPECT_EQ(st.nmissed, 7 * kIters);
+  EXPECT_EQ(st.untracked_calls, 7 * kIters);
   EXPECT_EQ(st.returns, 6 * kIters);
   EXPECT_EQ(pairs.entries, 6 * kIters) << "the entry handler runs only for tracked calls";
   EXPECT_EQ(pairs.wrong_value, 0u);
@@ -189,7 +189,7 @@ TEST(RetProbe, EntryHandlerCanDecline) {
   ASSERT_TRUE(g.run_to_completion());
   EXPECT_EQ(returns, 5u);
   EXPECT_EQ(p->stats().declined, expected_calls(DEMO_FN_RECURSE, 5) - 5);
-  EXPECT_EQ(p->stats().nmissed, 0u);
+  EXPECT_EQ(p->stats().untracked_calls, 0u);
 }
 
 TEST(RetProbe, StaleInstancesAreReclaimed) {
@@ -219,7 +219,7 @@ TEST(RetProbe, StaleInstancesAreReclaimed) {
   std::uint64_t calls = expected_calls(DEMO_FN_GETPPID, 5);
   ProbeStats st = rp->stats();
   EXPECT_EQ(st.hits, calls);
-  EXPECT_EQ(st.nmissed, 0u) << "stale instances were reused";
+  EXPECT_EQ(st.untracked_calls, 0u) << "stale instances were reused";
   // Every call's instance was reclaimed (when all were taken, or when a later call reused its
   // stack slot) except those still held at the end, at most maxactive.
   EXPECT_EQ(st.reclaimed + st.active, calls);

@@ -80,7 +80,7 @@ void pre_post_hits_equal_calls(hv::GuestType type, unsigned vcpus) {
   EXPECT_EQ(classify_pre, vcpus * expected_calls(DEMO_FN_CLASSIFY, kIters));
   EXPECT_EQ(classify_post, classify_pre);
   EXPECT_EQ(e.engine.stats(*p1).hits, open);
-  EXPECT_EQ(e.engine.stats(*p1).missed, 0u);
+  EXPECT_EQ(e.engine.stats(*p1).unhandled, 0u);
   for (unsigned v = 0; v < vcpus; ++v) {
     EXPECT_EQ(e.g.stats(v).checksum, reference_stats(v, kIters, vcpus).checksum) << "vcpu " << v;
     EXPECT_EQ(e.g.stats(v).calls[DEMO_FN_OPEN], expected_calls(DEMO_FN_OPEN, kIters));
@@ -112,7 +112,7 @@ TEST(GuestChannelEngine, ReturnProbesThroughTheReturnTable) {
   ASSERT_TRUE(e.run_to_completion()) << e.g.host->crash_reason(e.g.dom);
   EXPECT_EQ(entries, expected_calls(DEMO_FN_RECURSE, kIters));
   EXPECT_EQ(returns, entries);
-  EXPECT_EQ(e.engine.stats(*p).nmissed, 0u);
+  EXPECT_EQ(e.engine.stats(*p).untracked_calls, 0u);
   EXPECT_EQ(e.g.stats(0).checksum, reference_stats(0, kIters).checksum);
   EXPECT_EQ(e.g.ch->module_counters(e.g.dom)->timeouts, 0u);
 }
