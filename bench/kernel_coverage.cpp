@@ -1,0 +1,436 @@
+// Coverage of a real kernel (issue 14, item 5): every instruction of every function of a kernel
+// image, and the share the library would accept as
+//   - probe-able on the vmevent channel with the guest module's slots (entry placement, the
+//     address rules read from the image's own tables, the foreign-trap rule, the instruction
+//     rules: what Engine::decode_probe_point decides),
+//   - boostable (a slot copy + jmp back: plans boost and boost-riprel),
+//   - jump-optimizable (probe-able, and x86::check_jump accepts a 5-byte jump region for it),
+// with per-reason counts of everything refused.
+//
+// The image stands in for the guest's memory: its PT_LOAD segments at their link addresses
+// (a memory adaptor), and the kernel layer's own table readers run over it unchanged. The
+// image is the kernel before boot: alternatives, retpoline and return-thunk sites and the
+// ftrace sites (still `call __fentry__`) are rewritten when it boots, and .smp_locks is still
+// there (docs/benchmarks.md says what that changes).
+//
+//   kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/hex.hpp"
+#include "common/log.hpp"
+#include "hv/sim/elf_image.hpp"
+#include "kernel/address_rules.hpp"
+#include "kernel/tables.hpp"
+#include "symbols/symbol_table.hpp"
+#include "x86/analysis.hpp"
+#include "x86/jump_safety.hpp"
+
+using namespace xenprobes;
+
+namespace {
+
+constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as the engine: larger "functions" are gaps
+
+// The image's loadable segments at their virtual addresses: what a guest's memory holds there.
+class ImageMemory {
+ public:
+  explicit ImageMemory(hv::sim::ElfImage img) : img_(std::move(img)) {}
+  Result<void> read(Gva addr, std::span<std::byte> out) const {
+    for (const auto& s : img_.segments) {
+      if (s.vaddr < symbols::kKernelImageStart) continue;  // the per-CPU segment, linked at 0
+      const std::uint64_t a = addr.value;
+      if (a < s.vaddr || a - s.vaddr > s.memsz || s.memsz - (a - s.vaddr) < out.size()) continue;
+      const std::uint64_t off = a - s.vaddr;
+      std::memset(out.data(), 0, out.size());  // bss past filesz reads as zeros
+      if (off < s.bytes.size())
+        std::memcpy(out.data(), s.bytes.data() + off, std::min<std::uint64_t>(out.size(), s.bytes.size() - off));
+      return {};
+    }
+    return fail(Errc::Fault, "not in the image: " + hex(addr.value));
+  }
+
+ private:
+  hv::sim::ElfImage img_;
+};
+
+struct Counter {
+  std::map<std::string, std::size_t> n;
+  std::map<std::string, std::string> example;
+  // `ex` makes the example, only for a key's first instruction.
+  template <class Ex>
+  void add(const std::string& key, Ex ex) {
+    if (n[key]++ == 0) example[key] = ex();
+  }
+};
+
+double pct(std::size_t a, std::size_t b) { return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0; }
+
+void print(const char* title, const Counter& c, std::size_t total, bool examples) {
+  std::vector<std::pair<std::size_t, std::string>> v;
+  for (const auto& [k, n] : c.n) v.emplace_back(n, k);
+  std::sort(v.rbegin(), v.rend());
+  std::printf("  %s\n", title);
+  for (const auto& [n, k] : v) {
+    std::printf("    %9zu  %6.2f%%  %s\n", n, pct(n, total), k.c_str());
+    if (examples) std::printf("               e.g. %s\n", c.example.at(k).c_str());
+  }
+}
+
+// Which instruction rule refuses `i` (analysis.hpp's predicates, in the gate's order).
+std::string insn_rule(const x86::Insn& i) {
+  using P = bool (*)(const x86::Insn&);
+  static const std::pair<const char*, P> kRules[] = {
+      {"trap byte (int3 padding or a foreign breakpoint)", x86::is_trap_byte},
+      {"context return (iret/sysret/sysexit)", x86::is_context_return},
+      {"software interrupt / syscall", x86::is_software_interrupt},
+      {"hlt", x86::is_halt},
+      {"ud2/ud1 (BUG/WARN)", x86::is_deliberate_ud},
+      {"swapgs", x86::is_gs_swap},
+      {"loads SS", x86::is_ss_load},
+      {"far transfer", x86::is_far_transfer},
+      {"xbegin", x86::is_transaction_begin},
+      {"66 + relative branch", x86::is_opsize_relative_branch},
+      {"addr32 RIP-relative", x86::is_addr32_rip_relative},
+      {"sti", x86::is_interrupt_enable},
+  };
+  for (const auto& [name, p] : kRules)
+    if (p(i)) return name;
+  return "other";
+}
+
+// A short key for a jump refusal: the rule, and what in the reason tripped it.
+std::string jump_key(const x86::JumpRefusal& r) {
+  std::string k(x86::jump_rule_name(r.rule));
+  struct Word {
+    const char* in;
+    const char* key;
+  };
+  static const Word kWords[] = {
+      {"foreign breakpoint", "int3 in the region"},
+      {"deliberate #UD", "ud2 in the region"},
+      {"landing pad", "endbr64 in the region"},
+      {"rel8 form", "loop/jrcxz"},
+      {"indirect call", "indirect call in the region"},
+      {"out of rel32 reach", "rel32 reach from the detour"},
+      {"push imm32", "call's return address"},
+      {"returns to another context", "iret/sysret in the region"},
+      {"software interrupt", "int/syscall in the region"},
+      {"hlt parks", "hlt in the region"},
+      {"swapgs", "swapgs in the region"},
+      {"sti:", "sti in the region"},
+      {"indirect jump", "indirect jump with unknown targets in the function"},
+      {"__ex_table fixup", "exception fixup inside the region"},
+      {"the target of a branch in", "branch from another function into the region"},
+      {"the branch", "branch into bytes 1..len-1"},
+      {"__ex_table entry", "exception-table instruction"},
+      {"jump label", "jump-label site"},
+      {"static call", "static-call site"},
+      {"lock prefix", "SMP lock prefix"},
+      {"ftrace site", "ftrace site"},
+      {"cross the function's end", "crosses the function's end"},
+      {"not an instruction boundary", "not an instruction boundary"},
+  };
+  for (const Word& w : kWords)
+    if (r.reason.find(w.in) != std::string::npos) return k + ": " + w.key;
+  return k + ": other";
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t every = 1, max_functions = 0;
+  bool examples = false;
+  std::vector<std::string> args;
+  for (int k = 1; k < argc; ++k) {
+    std::string a = argv[k];
+    if ((a == "--every" || a == "--max-functions") && k + 1 < argc) {
+      char* end = nullptr;
+      unsigned long v = std::strtoul(argv[++k], &end, 10);
+      if (!end || *end || v == 0) return usage();
+      (a == "--every" ? every : max_functions) = v;
+    } else if (a == "--examples") {
+      examples = true;
+    } else if (a.starts_with("--")) {
+      return usage();
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.size() != 2) return usage();
+  log::set_level(log::Level::Error);
+  const auto t0 = std::chrono::steady_clock::now();
+
+  auto elf = hv::sim::load_elf(args[0]);
+  if (!elf) {
+    std::fprintf(stderr, "kernel_coverage: %s\n", elf.error().what.c_str());
+    return 1;
+  }
+  const ImageMemory mem(std::move(*elf));
+  auto syms = symbols::SymbolTable::load(args[1]);
+  if (!syms) {
+    std::fprintf(stderr, "kernel_coverage: %s\n", syms.error().what.c_str());
+    return 1;
+  }
+  // The kernel layer's readers, unchanged, over the image.
+  const kernel::KernelTables tables =
+      kernel::KernelTables::read(*syms, [&](Gva a, std::span<std::byte> out) { return mem.read(a, out); });
+  kernel::RuleContext rc;
+  rc.tables = &tables;
+  rc.syms = &*syms;
+  rc.guest_channel = false;  // vmevent: Xen takes the trap before the guest's int3 path runs
+  const kernel::Range text = tables.core_text();
+  if (text.empty()) {
+    std::fprintf(stderr, "kernel_coverage: no _stext/_etext in %s\n", args[1].c_str());
+    return 1;
+  }
+
+  // The functions of the core text, by address (the preferred alias of each start).
+  std::vector<symbols::Function> fns;
+  for (const symbols::Symbol& s : syms->matching("*")) {
+    if (s.kind != symbols::SymbolKind::Text || !text.contains(s.address.value)) continue;
+    auto f = syms->function_containing(s.address);
+    if (f && f->start == s.address) fns.push_back(*f);
+  }
+  std::sort(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start.value < b.start.value; });
+  fns.erase(std::unique(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start == b.start; }),
+            fns.end());
+
+  // What the jump rules must leave alone, from the same tables (their own O(log n) queries,
+  // walked from the start of the text).
+  x86::SiteIndex reserved, entries, thunks;
+  for (const kernel::ExEntry* e = tables.exception_entry_in(text.start, text.end); e;
+       e = tables.exception_entry_in(e->insn + 1, text.end)) {
+    reserved.add(e->insn, 1, "__ex_table entry");
+    entries.add(e->fixup, 1, "__ex_table fixup");
+  }
+  for (const kernel::Site* s = tables.jump_label_in(text.start, text.end); s;
+       s = tables.jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end))
+    reserved.add(s->addr, kernel::KernelTables::kJumpSiteLen, "jump label");
+  for (const kernel::Site* s = tables.static_call_in(text.start, text.end); s;
+       s = tables.static_call_in(s->addr + kernel::KernelTables::kStaticCallSiteLen, text.end))
+    reserved.add(s->addr, kernel::KernelTables::kStaticCallSiteLen, "static call");
+  for (auto l = tables.smp_lock_in(text.start, text.end); l; l = tables.smp_lock_in(*l + 1, text.end)) {
+    std::byte b{};
+    if (mem.read(Gva{*l}, std::span(&b, 1)) && (b == std::byte{0xf0} || b == std::byte{0x3e}))
+      reserved.add(*l, 1, "lock prefix");
+  }
+  for (const symbols::Function& f : fns)
+    if (f.name.starts_with("__x86_indirect_thunk_") || f.name.starts_with("__x86_indirect_jump_thunk_") ||
+        f.name.starts_with("__x86_indirect_its_thunk_"))
+      thunks.add(f.start.value, static_cast<std::uint32_t>(std::min<std::uint64_t>(f.size, 4096)), f.name);
+
+  // Functions analysed (a slice when asked), and their ftrace sites: reserved for jumps
+  // (the kernel's ftrace rewrites them), and moved past by entry placement.
+  // `__pfx_<name>` (CONFIG_CALL_PADDING, 6.2+) is the 16 bytes of nops before a function
+  // that the kernel rewrites at boot (call-depth thunks, FineIBT): no code of its own, and
+  // left out of the figures.
+  std::vector<const symbols::Function*> todo;
+  std::size_t padding_fns = 0, seen = 0;
+  for (const symbols::Function& f : fns) {
+    if (f.name.starts_with("__pfx_")) {
+      ++padding_fns;
+      continue;
+    }
+    if (seen++ % every != 0) continue;
+    if (max_functions && todo.size() >= max_functions) break;
+    todo.push_back(&f);
+  }
+  std::size_t too_large = 0, unreadable = 0, undecodable = 0, undecodable_bytes = 0;
+  std::string undecodable_example;
+  struct Decoded {
+    const symbols::Function* fn;
+    std::vector<std::uint8_t> bytes;
+    std::vector<x86::Insn> insns;
+  };
+  std::vector<Decoded> decoded;
+  decoded.reserve(todo.size());
+  for (const symbols::Function* f : todo) {
+    if (f->size == 0 || f->size > kMaxFunctionBytes) {
+      ++too_large;
+      continue;
+    }
+    std::vector<std::uint8_t> bytes(f->size);
+    if (!mem.read(f->start, std::as_writable_bytes(std::span(bytes)))) {
+      ++unreadable;
+      continue;
+    }
+    auto insns = x86::decode_function(bytes, f->start);
+    if (!insns) {
+      if (undecodable_example.empty()) undecodable_example = f->name + ": " + insns.error().what;
+      ++undecodable;
+      undecodable_bytes += f->size;
+      continue;
+    }
+    for (std::size_t k = 0; k < std::min<std::size_t>(2, insns->size()); ++k)
+      if (kernel::is_ftrace_site(rc, *insns, (*insns)[k])) reserved.add((*insns)[k].address.value, 5, "ftrace site");
+    decoded.push_back(Decoded{f, std::move(bytes), std::move(*insns)});
+  }
+
+  // Branches from one function into the middle of another (a `foo.cold` part jumping back
+  // into `foo`, assembly): entry points of the function they land in. With --every, only the
+  // analysed functions' branches are seen.
+  std::vector<std::uint64_t> starts;
+  starts.reserve(fns.size());
+  for (const symbols::Function& f : fns) starts.push_back(f.start.value);
+  std::size_t cross = 0;
+  for (const Decoded& d : decoded) {
+    const std::uint64_t lo = d.fn->start.value, hi = lo + d.fn->size;
+    for (const x86::Insn& i : d.insns) {
+      const std::uint64_t t = i.branch_target.value;
+      if (!i.is_relative_branch() || (t >= lo && t < hi) || !text.contains(t)) continue;
+      if (std::binary_search(starts.begin(), starts.end(), t)) continue;  // a call or tail call
+      entries.add(t, 1, "the target of a branch in " + d.fn->name + " (" + hex(i.address.value) + ")");
+      ++cross;
+    }
+  }
+
+  // Jump-table entries, as the engine reads them: a `jmp [index*8 + table]`'s entries while
+  // they point into the function. Anything else indirect (a register, a retpoline thunk) has
+  // unknown targets.
+  const Decoded* current = nullptr;
+  x86::JumpContext jc;
+  jc.reserved = &reserved;
+  jc.entry_points = &entries;
+  jc.indirect_thunks = &thunks;
+  // An IBT build lists the endbr64 it may seal at boot between these symbols.
+  jc.endbr_marks_indirect_targets = bool(syms->lookup("__ibt_endbr_seal"));
+  std::size_t tables_read = 0;
+  jc.indirect_targets = [&](const x86::Insn& i) -> std::optional<std::vector<Gva>> {
+    if (i.branch != x86::BranchKind::JmpIndirect || !i.mem.present || i.mem.base != x86::Reg::None ||
+        i.mem.index == x86::Reg::None || i.mem.scale != 8)
+      return std::nullopt;
+    const std::uint64_t lo = current->fn->start.value, hi = lo + current->fn->size;
+    std::vector<Gva> out;
+    for (unsigned k = 0; k < 1024; ++k) {
+      std::uint64_t e = 0;
+      if (!mem.read(Gva{static_cast<std::uint64_t>(i.mem.disp) + 8ull * k}, std::as_writable_bytes(std::span(&e, 1))) ||
+          e < lo || e >= hi)
+        break;
+      out.push_back(Gva{e});
+    }
+    if (out.empty()) return std::nullopt;
+    ++tables_read;
+    return out;
+  };
+
+  std::size_t total = 0, probeable = 0, boostable = 0, jump_ok = 0, jump_own = 0, jump_earlier = 0,
+              agentless = 0, fn_with_unknown = 0;
+  Counter refused, plans, jump_refused, jump_earlier_why;
+  for (const Decoded& d : decoded) {
+    current = &d;
+    const auto& insns = d.insns;
+    const x86::JumpFunction jf = x86::JumpFunction::from_insns(insns, d.fn->start, d.fn->start + d.fn->size, jc);
+    if (jf.unknown_targets()) ++fn_with_unknown;
+    // The engine's foreign-trap rule: an int3 in the flow (not padding after ret/jmp/int3)
+    // hides the instruction it replaced, and refuses every point after it.
+    std::size_t first_foreign = insns.size();
+    for (std::size_t k = 0; k < insns.size(); ++k) {
+      if (!x86::is_trap_byte(insns[k])) continue;
+      const bool padding = k > 0 && (insns[k - 1].branch == x86::BranchKind::Ret ||
+                                     insns[k - 1].branch == x86::BranchKind::Jmp ||
+                                     insns[k - 1].branch == x86::BranchKind::JmpIndirect ||
+                                     x86::is_trap_byte(insns[k - 1]));
+      if (!padding) {
+        first_foreign = k;
+        break;
+      }
+    }
+    for (std::size_t k = 0; k < insns.size(); ++k) {
+      const x86::Insn& i = insns[k];
+      ++total;
+      auto where = [&] { return d.fn->name + "+" + hex(i.address.value - d.fn->start.value) + " " + i.describe(); };
+      if (k == 0 && x86::is_endbr(i) && insns.size() > 1) {
+        refused.add("entry: endbr64 (an entry probe moves past it)", where);
+        continue;
+      }
+      if (k < 2 && kernel::is_ftrace_site(rc, insns, i)) {
+        refused.add("entry: the ftrace site (an entry probe moves past it)", where);
+        continue;
+      }
+      if (auto r = kernel::check_address(rc, i, d.fn)) {
+        refused.add(std::string("address rule: ") + r->rule, where);
+        continue;
+      }
+      if (k > first_foreign) {
+        refused.add("foreign-trap (an int3 earlier in the flow)", where);
+        continue;
+      }
+      auto plan = x86::analyze(i);
+      if (!plan) {
+        refused.add("instruction rule: " + insn_rule(i), where);
+        continue;
+      }
+      ++probeable;
+      plans.add(std::string(x86::plan_name(*plan)), where);
+      if (*plan == x86::Plan::Boost || *plan == x86::Plan::BoostRipRel) ++boostable;
+      if (!x86::xen_emulator_refusal(i)) ++agentless;
+      const x86::JumpVerdict v = x86::check_jump(jf, i.address);
+      if (v.optimizable) {
+        ++jump_ok;
+        if (v.starts_earlier) {
+          ++jump_earlier;
+          jump_earlier_why.add(jump_key(v.refusal), where);
+        } else {
+          ++jump_own;
+        }
+      } else {
+        jump_refused.add(jump_key(v.refusal), [&] { return where() + ": " + v.refusal.reason; });
+      }
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::printf("kernel: %s\n", args[0].c_str());
+  std::printf("symbols: %s (%zu functions in [_stext, _etext) %s-%s)\n", args[1].c_str(), fns.size(),
+              hex(text.start).c_str(), hex(text.end).c_str());
+  std::printf("tables: %s\n", tables.summary().c_str());
+  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu branches from other functions, %zu "
+              "retpoline thunks, IBT build: %s\n",
+              reserved.size(), entries.size() - cross, cross, thunks.size(),
+              jc.endbr_marks_indirect_targets ? "yes" : "no");
+  std::printf("analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
+              "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",
+              decoded.size(), every, max_functions ? ", capped" : "", total, padding_fns, too_large, unreadable,
+              undecodable, undecodable_bytes);
+  if (examples && !undecodable_example.empty()) std::printf("  e.g. undecodable: %s\n", undecodable_example.c_str());
+  std::printf("functions with an indirect jump of unknown targets: %zu; jump tables read: %zu\n", fn_with_unknown,
+              tables_read);
+  std::printf("\n%-58s %9zu  %6.2f%%\n", "probe-able (vmevent channel, module slots)", probeable, pct(probeable, total));
+  std::printf("%-58s %9zu  %6.2f%%\n", "boostable (slot copy + jmp back: boost, boost-riprel)", boostable,
+              pct(boostable, total));
+  std::printf("%-58s %9zu  %6.2f%%\n", "agentless-safe (Xen's emulator runs it as the CPU does)", agentless,
+              pct(agentless, total));
+  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "jump-optimizable", jump_ok, pct(jump_ok, total),
+              pct(jump_ok, probeable));
+  std::printf("%-58s %9zu  %6.2f%%\n", "  its own region", jump_own, pct(jump_own, total));
+  std::printf("%-58s %9zu  %6.2f%%\n", "  a region starting earlier in its basic block", jump_earlier,
+              pct(jump_earlier, total));
+  std::printf("\n(percentages of all %zu instructions)\n", total);
+  print("not probe-able, by first refusal:", refused, total, examples);
+  print("probe-able, by plan:", plans, total, examples);
+  print("probe-able but not jump-optimizable, by the own region's first refusal:", jump_refused, total, examples);
+  print("served by an earlier region; why the own region was refused:", jump_earlier_why, total, examples);
+  std::printf("\ntime: %.1f s\n", secs);
+
+  // A run that saw nothing, or read none of the tables, proves nothing.
+  bool ok = total > 0 && jump_ok > 0;
+  for (const kernel::TableStatus* st :
+       {&tables.ex_status(), &tables.jump_status(), &tables.static_call_status(), &tables.smp_locks_status()})
+    if (!st->found || st->entries == 0) {
+      std::fprintf(stderr, "kernel_coverage: table %s not read: %s\n", st->name, st->why.c_str());
+      ok = false;
+    }
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,187 @@
+// Jump safety: whether a 5-byte `jmp rel32` to a detour may replace the instructions starting at
+// a point of a function (a djprobe / optprobe), instead of a trap byte. The detour runs copies of
+// the instructions the jump covers (the region), relocated, then jumps back to the region's end.
+//
+//   function  start ............ region [start, start + len) ........... end
+//                                 e9 <rel32 → detour> [tail of the last copied insn]
+//   detour    (saved registers, the handler call) copies of the region's instructions,
+//             relocated; jmp rel32 → start + len
+//
+// One named predicate per rule, each with its reason; the gate (check_jump) runs them in order
+// and returns the first refusal. A point whose own region is refused may still be reached by
+// a region that starts earlier in the same basic block (the detour then calls the handler
+// between the copies, right before the probed instruction): check_jump reports that region.
+// A point no region serves stays a trap probe; the verdict says why.
+//
+// Rules (Linux's optprobes, arch/x86/kernel/kprobes/opt.c, checks the same hazards; where they
+// differ the comment in jump_safety.cpp says how):
+//   region-in-function   the region starts on an instruction boundary of the function, decoded
+//                        from its start
+//   fits-in-function     the region (whole instructions, ≥ 5 bytes) ends inside the function
+//   whole-instructions   every instruction of the region can run out of line: the instruction
+//                        rules (analysis.hpp); RIP-relative operands and relative branches reach
+//                        their targets from the detour with rel32; a `call rel32` (always the
+//                        region's last instruction) becomes push <original return address>;
+//                        jmp <target>, and an indirect call closing the region likewise
+//                        (push; jmp <operand>, not through RSP); no loop/jrcxz (rel8 only), no
+//                        endbr64 (an indirect-branch landing pad); int3 padding after a ret or
+//                        jmp is dead and allowed
+//   no-branch-into-region  no branch of the function, no jump-table entry and no address the
+//                        caller names as entered from outside (exception fixups) targets bytes
+//                        1 .. len-1 of the region; an indirect jump whose targets the caller
+//                        cannot supply (a jump table it cannot read, a computed goto through a
+//                        retpoline thunk) makes every region of the function unsafe
+//   no-reserved-address  no address the caller reserves (the kernel's exception table, jump
+//                        labels, static calls, lock prefixes, the ftrace site) overlaps the region
+//
+// Pure code: bytes in, verdict out; the kernel layer supplies the tables.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.hpp"
+#include "x86/insn.hpp"
+
+namespace xenprobes::x86 {
+
+inline constexpr std::uint8_t kJumpPatchLen = 5;  // e9 + rel32
+
+// Sites by address: [addr, addr + len) with what they are, for O(log n) overlap queries.
+class SiteIndex {
+ public:
+  struct Site {
+    std::uint64_t addr = 0;
+    std::uint32_t len = 1;
+    std::string what;  // "__ex_table entry", "jump label", ...: shown in refusals
+  };
+  void add(std::uint64_t addr, std::uint32_t len, std::string what);
+  // The first site overlapping [lo, hi), or null. The first query after an add() sorts the
+  // index: not to be shared between threads until then.
+  const Site* overlapping(std::uint64_t lo, std::uint64_t hi) const;
+  std::size_t size() const { return sites_.size(); }
+
+ private:
+  void sort() const;
+  mutable std::vector<Site> sites_;
+  mutable bool sorted_ = true;
+  std::uint32_t max_len_ = 0;
+};
+
+// What the caller knows beyond the function's bytes. Everything is optional; what is missing
+// makes the rules stricter, never laxer.
+struct JumpContext {
+  // Addresses nobody but their owner may overwrite (no-reserved-address).
+  const SiteIndex* reserved = nullptr;
+  // Addresses entered from outside the function's own branches: exception fixups, known
+  // jump-table entries (no-branch-into-region).
+  const SiteIndex* entry_points = nullptr;
+  // Retpoline thunks (__x86_indirect_thunk_*): a `jmp` into one is an indirect jump.
+  const SiteIndex* indirect_thunks = nullptr;
+  // The targets of an indirect jump (`i` is the jmp through memory or a register, or the jmp to
+  // a thunk), e.g. a jump table's entries read from memory; nullopt when unknown.
+  std::function<std::optional<std::vector<Gva>>(const Insn& i)> indirect_targets;
+  // The kernel is built for IBT (CONFIG_X86_KERNEL_IBT: -fcf-protection=branch, jump tables
+  // off): every target of an indirect jump starts with endbr64, so an indirect jump with
+  // unknown targets no longer taints the function (no region may hold an endbr64).
+  bool endbr_marks_indirect_targets = false;
+  // Where detours run, [detour_area, detour_area + detour_area_size): every relocated
+  // displacement must reach its target from both ends. nullopt: no reach is checked (the
+  // caller checks when it places the detour).
+  std::optional<Gva> detour_area;
+  std::uint64_t detour_area_size = 0;
+};
+
+enum class JumpRule : std::uint8_t {
+  None,
+  RegionInFunction,
+  FitsInFunction,
+  WholeInstructions,
+  NoBranchIntoRegion,
+  NoReservedAddress,
+};
+std::string_view jump_rule_name(JumpRule r);  // "region-in-function", ...
+
+struct JumpRefusal {
+  JumpRule rule = JumpRule::None;
+  std::string reason;  // "<what> at <address>: <why>"
+};
+
+// A function decoded once from its start, with every address its branches (and the caller's
+// entry points) reach inside it: the predicates below run against it.
+class JumpFunction {
+ public:
+  // `bytes` is the whole function (its extent from the symbols); EILSEQ if it does not decode
+  // from its start to its end.
+  [[nodiscard]] static Result<JumpFunction> decode(std::span<const std::uint8_t> bytes, Gva start,
+                                                   const JumpContext& ctx);
+  // From instructions decode_function() returned for [start, end).
+  static JumpFunction from_insns(std::vector<Insn> insns, Gva start, Gva end, const JumpContext& ctx);
+
+  Gva start() const { return start_; }
+  Gva end() const { return end_; }
+  const std::vector<Insn>& insns() const { return insns_; }
+  const JumpContext& context() const { return *ctx_; }
+
+  // Index of the instruction starting at `a`, or npos.
+  std::size_t index_of(Gva a) const;
+  // The first branch target (or entry point) in (lo, hi), with who reaches it; nullopt if none.
+  std::optional<std::string> target_inside(std::uint64_t lo, std::uint64_t hi) const;
+  // Why no region of this function can be trusted (an indirect jump with unknown targets).
+  const std::optional<std::string>& unknown_targets() const { return unknown_targets_; }
+
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+ private:
+  struct Target {
+    std::uint64_t to = 0;
+    std::uint64_t from = 0;  // the branch's address (0: an entry point from the context)
+  };
+  Gva start_{}, end_{};
+  std::vector<Insn> insns_;
+  std::vector<Target> targets_;  // sorted by `to`
+  std::optional<std::string> unknown_targets_;
+  const JumpContext* ctx_ = nullptr;
+};
+
+// The region a jump at `start` would cover: whole instructions from `start` until at least
+// kJumpPatchLen bytes. nullopt when `start` is no instruction boundary or the function ends
+// first.
+struct JumpRegion {
+  Gva start{};
+  std::uint8_t length = 0;
+  std::size_t first = 0;  // index of its first instruction in JumpFunction::insns()
+  std::size_t count = 0;  // its instructions
+  Gva end() const { return start + length; }
+};
+
+// ---- The predicates: each returns its refusal, or nullopt when the rule holds.
+std::optional<JumpRefusal> region_in_function(const JumpFunction& f, Gva start);
+std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start);
+std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpRegion& r);
+std::optional<JumpRefusal> no_branch_into_region(const JumpFunction& f, const JumpRegion& r);
+std::optional<JumpRefusal> no_reserved_address(const JumpFunction& f, const JumpRegion& r);
+
+// All five for a region starting at `start`; the first refusal, or the region.
+[[nodiscard]] std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRegion* out);
+
+struct JumpVerdict {
+  bool optimizable = false;
+  Gva point{};
+  JumpRegion region;          // when optimizable
+  bool starts_earlier = false;  // region.start < point: the handler is called before the copy of
+                                // the probed instruction, after the copies before it
+  // Why the point's own region was refused (set when !optimizable, and when starts_earlier).
+  JumpRefusal refusal;
+};
+
+// The gate for a probe at `point`: its own region, else the latest earlier start in the same
+// basic block whose region covers `point` and passes every rule.
+JumpVerdict check_jump(const JumpFunction& f, Gva point);
+
+}  // namespace xenprobes::x86
