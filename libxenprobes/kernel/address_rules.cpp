@@ -122,6 +122,14 @@ EntryPlacement place_entry_probe(const RuleContext& c, std::span<const Insn> fn,
   return {fn[k].address, why};
 }
 
+std::optional<Refusal> check_in_function(const RuleContext& c, std::span<const Insn> function, const Insn& i) {
+  if (function.empty() || !is_ftrace_site(c, function, i)) return std::nullopt;
+  return refuse("ftrace-site", Errc::Busy,
+                "the function's 5-byte ftrace site: the guest's ftrace, kprobes, BPF and livepatch rewrite it "
+                "and check its bytes first (ftrace_bug) (ask for the function itself and the probe goes past it)",
+                "");
+}
+
 std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const symbols::Function* fn) {
   const std::uint64_t a = i.address.value, end = i.next().value;
   const KernelTables* t = c.tables;
@@ -143,6 +151,16 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
     return refuse("no-function", Errc::InvalidArgument,
                   "no function symbol covers it, so the instruction boundary cannot be checked (a data "
                   "symbol, padding, or a function the symbols do not list)",
+                  "");
+  if (fn->name.starts_with("__pfx_"))
+    return refuse("function-padding", Errc::InvalidArgument,
+                  "the padding before a function (CONFIG_FUNCTION_PADDING): no path of the function runs it, "
+                  "and the kernel rewrites it at boot for call-depth tracking or FineIBT",
+                  fn->name);
+  if (x86::is_endbr(i))
+    return refuse("endbr64", Errc::InvalidArgument,
+                  "an indirect-branch landing pad: with IBT on, an indirect call or jump that lands on a trap "
+                  "byte instead raises #CP in the guest (ask for the function itself and the probe goes past it)",
                   "");
   if (in_entry_text(c, a))
     return refuse("entry-text", Errc::InvalidArgument,

@@ -46,6 +46,12 @@ struct Refusal {
 [[nodiscard]] std::optional<Refusal> check_address(const RuleContext&, const x86::Insn& insn,
                                                    const symbols::Function* fn);
 
+// Rules that need the decoded function (`function`, from its first byte): 'ftrace-site', a
+// point asked for on the 5-byte ftrace site itself (a probe asked for at the function's first
+// byte goes past it: place_entry_probe).
+[[nodiscard]] std::optional<Refusal> check_in_function(const RuleContext&, std::span<const x86::Insn> function,
+                                                       const x86::Insn& insn);
+
 // The named predicates, for tests (each true when its rule refuses the instruction).
 bool in_kernel_text(const RuleContext&, std::uint64_t addr);
 bool in_entry_text(const RuleContext&, std::uint64_t addr);

@@ -86,6 +86,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
   const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
   if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));
+  if (auto r = kernel::check_in_function(rule_context(d), fn_insns, p.insn)) return fail(r->code, r->message(where));
   // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
   // debugger) hides the instruction it replaced, so the boundary check above may have walked
   // through garbage. An int3 right after ret or jmp is padding (straight-line-speculation

@@ -234,5 +234,40 @@ TEST_F(Entry, ANopThatIsAJumpLabelSiteIsNotAnFtraceSite) {
   EXPECT_EQ(kernel::place_entry_probe(ctx(false), f, Gva{kJump}).address, Gva{kJump});
 }
 
+TEST_F(Entry, TheFtraceSiteAskedForByAddressIsRefused) {
+  // Linux 6.12 with IBT: endbr64 at +0, the ftrace nop5 at +4. The first byte moves past both;
+  // +4 asked for by address is the ftrace site itself and is refused, naming the way to it.
+  auto f = fn_insns({{0xf3, 0x0f, 0x1e, 0xfa}, {0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}});
+  auto r = kernel::check_in_function(ctx(false), f, f[1]);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "ftrace-site");
+  EXPECT_EQ(r->code, Errc::Busy);
+  EXPECT_NE(r->message("f+0x4").find("ask for the function itself"), std::string::npos);
+  EXPECT_FALSE(kernel::check_in_function(ctx(false), f, f[2])) << "the instruction after it";
+  // The same shape without endbr64: the site at +0.
+  auto g = fn_insns({{0x0f, 0x1f, 0x44, 0x00, 0x00}, {0x55}, {0xc3}});
+  ASSERT_TRUE(kernel::check_in_function(ctx(false), g, g[0]));
+  // A nop5 further into a function is no ftrace site.
+  auto h = fn_insns({{0x55}, {0x0f, 0x1f, 0x44, 0x00, 0x00}, {0xc3}});
+  EXPECT_FALSE(kernel::check_in_function(ctx(false), h, h[1]));
+}
+
+TEST_F(Rules, AnEndbr64IsRefused) {
+  auto r = check_address(ctx(false), insn(kFn + 0x10, {0xf3, 0x0f, 0x1e, 0xfa}), &fn);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "endbr64");
+  EXPECT_FALSE(r->guest_channel_only);
+  EXPECT_NE(r->reason.find("#CP"), std::string::npos) << r->reason;
+}
+
+TEST_F(Rules, FunctionPaddingIsRefused) {
+  // 6.12's 16 bytes of nop before each function carry their own symbol, __pfx_<function>.
+  symbols::Function pfx{"__pfx_some_function", Gva{kFn - 0x10}, 0x10};
+  auto r = check_address(ctx(false), insn(kFn - 0x10, {0x90}), &pfx);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "function-padding");
+  EXPECT_NE(r->message("__pfx_some_function").find("__pfx_some_function"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
