@@ -178,8 +178,21 @@ void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalS
   } else if (auto ctx = mem::paging_context(*info, *r0); !ctx) {
     acc.failed(dom, "finding the paging mode", ctx.error());
   } else {
-    memory.set_context(*ctx);
-    memory_ok = true;
+    // Through the kernel's page tables even when vCPU 0 runs a user task with page-table
+    // isolation on (it holds the user half then, which maps no kernel text nor stacks).
+    Gva kernel_addr{};
+    for (const auto* p : patches)
+      if (p->kind != PatchKind::Trampoline) {
+        kernel_addr = p->gva;
+        break;
+      }
+    if (!kernel_addr.value && !returns.empty()) kernel_addr = Gva{returns.begin()->first};  // a kernel stack
+    if (auto k = mem::use_kernel_page_tables(memory, *ctx, info->type, kernel_addr); !k) {
+      acc.failed(dom, "finding page tables that map the kernel", k.error());
+    } else {
+      memory_ok = true;
+      if (*k) acc.say(log::Level::Info, "domain %u: vCPU 0 holds user page tables: their kernel half used", dom.value);
+    }
   }
   if (memory_ok) {
     for (const auto* p : patches) {

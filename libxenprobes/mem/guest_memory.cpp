@@ -221,4 +221,22 @@ void GuestMemory::reset_stats() {
   maps_.reset_stats();
 }
 
+Result<bool> use_kernel_page_tables(GuestMemory& memory, const PagingContext& ctx, hv::GuestType type,
+                                    Gva kernel_addr) {
+  constexpr std::uint64_t kPtiUserBit = 1ull << 12;
+  memory.set_context(ctx);
+  memory.invalidate_translations();
+  if (type == hv::GuestType::Pv || !kernel_addr.value || !(ctx.cr3 & kPtiUserBit) || memory.translate(kernel_addr))
+    return false;
+  PagingContext kernel = ctx;
+  kernel.cr3 &= ~kPtiUserBit;
+  memory.set_context(kernel);
+  memory.invalidate_translations();
+  if (memory.translate(kernel_addr)) return true;
+  memory.set_context(ctx);
+  memory.invalidate_translations();
+  return fail(Errc::Fault, "the kernel's text at " + detail::hex(kernel_addr.value) + " is mapped neither by the page tables at cr3 " +
+                               detail::hex(ctx.cr3) + " nor by their kernel half (page-table isolation)");
+}
+
 }  // namespace xenprobes::mem

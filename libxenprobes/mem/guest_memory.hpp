@@ -13,6 +13,7 @@
 #include "mem/lru_map.hpp"
 #include "mem/map_cache.hpp"
 #include "mem/paging.hpp"
+#include "xenprobes/hypervisor.hpp"
 
 namespace xenprobes::mem {
 
@@ -142,5 +143,17 @@ class GuestMemory {
   std::uint64_t translations_cached_ = 0;
   std::uint64_t translations_walked_ = 0;
 };
+
+// Points `memory` at page tables that map the guest kernel's text: `ctx` (read from a vCPU),
+// or, when that vCPU holds the user half of a page-table-isolation pair (HVM/PVH guests on CPUs
+// affected by Meltdown, while it runs in user mode), the kernel half. Linux allocates the
+// kernel's and the user's top-level tables as one 8 KiB pair, the kernel's first
+// (PGD_ALLOCATION_ORDER with CONFIG_PAGE_TABLE_ISOLATION; bit 12 of cr3 selects the user one),
+// so the kernel's are the user's with bit 12 clear. PV guests need none of this: Xen reports
+// the kernel's table in cr3 whatever mode the vCPU is in. `kernel_addr` is an address the
+// kernel's tables map (its text); 0 skips the check. Returns whether the kernel half was
+// taken; Fault, with `memory` left on `ctx`, when neither maps it.
+[[nodiscard]] Result<bool> use_kernel_page_tables(GuestMemory& memory, const PagingContext& ctx, hv::GuestType type,
+                                                  Gva kernel_addr);
 
 }  // namespace xenprobes::mem

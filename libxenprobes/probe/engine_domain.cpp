@@ -47,32 +47,15 @@ Engine::Domain* Engine::domain_of(const Point& p) {
 Result<void> Engine::refresh_context(Domain& d) {
   hv::VcpuRegs r = XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{0}));
   mem::PagingContext ctx = XP_TRY(mem::paging_context(d.info, r));  // type and width: fixed
-  d.memory->set_context(ctx);
-  d.memory->invalidate_translations();
   hit_memory_ready_ = false;  // a handler that registers a probe reads its own vCPU's memory next
-  // Kernel text is read and written through page tables that map it. With page-table
-  // isolation (HVM/PVH guests on CPUs affected by Meltdown) a vCPU in user mode holds the
-  // user page tables, which map almost none of it. Linux allocates the kernel's and the
-  // user's top-level tables as an 8 KiB pair, the kernel's first (PGD_ALLOCATION_ORDER with
-  // CONFIG_PAGE_TABLE_ISOLATION; the user one is selected by bit 12 of cr3), so the kernel's
-  // are the user's with bit 12 clear. PV guests need none of this: Xen reports the kernel's
-  // table in cr3 whatever mode the vCPU is in.
-  constexpr std::uint64_t kPtiUserBit = 1ull << 12;
+  // Kernel text is read and written through page tables that map it: with page-table
+  // isolation a vCPU in user mode holds tables that map almost none of it.
   Gva probe = d.syms ? d.syms->resolve("_stext").value_or(d.kernel_text) : d.kernel_text;
-  if (d.info.type != hv::GuestType::Pv && probe.value && (ctx.cr3 & kPtiUserBit) && !d.memory->translate(probe)) {
-    mem::PagingContext kernel = ctx;
-    kernel.cr3 &= ~kPtiUserBit;
-    d.memory->set_context(kernel);
-    d.memory->invalidate_translations();
-    if (!d.memory->translate(probe)) {
-      d.memory->set_context(ctx);
-      d.memory->invalidate_translations();
-      return fail(Errc::Fault, "domain " + std::to_string(d.id.value) + ": the kernel's text at " + hex(probe.value) +
-                                   " is mapped neither by vCPU 0's page tables (cr3 " + hex(ctx.cr3) +
-                                   ") nor by their kernel half (page-table isolation); retry when it runs in the kernel");
-    }
-    XP_LOG(Debug, "domain %u: vCPU 0 holds user page tables (PTI): using their kernel half", d.id.value);
-  }
+  auto kernel = mem::use_kernel_page_tables(*d.memory, ctx, d.info.type, probe);
+  if (!kernel)
+    return fail(Errc::Fault, "domain " + std::to_string(d.id.value) + ": vCPU 0: " + kernel.error().what +
+                                 "; retry when it runs in the kernel");
+  if (*kernel) XP_LOG(Debug, "domain %u: vCPU 0 holds user page tables (PTI): using their kernel half", d.id.value);
   return {};
 }
 

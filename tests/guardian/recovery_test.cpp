@@ -189,6 +189,40 @@ TEST_P(Abandoned, ChangedBytesAreLeftAloneAndForeignPausesKept) {
   EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "the creation pause is not ours to release";
 }
 
+// Page-table isolation: vCPU 0 running a user task holds the user half of its top-level table
+// pair, which maps no kernel text. Recovery goes through the kernel half (the simulated Xen
+// allocates the pair as Linux does): before, every restore failed and the traps stayed.
+TEST(AbandonedWithPti, AVcpuOnItsUserPageTablesDoesNotHideTheKernelText) {
+  Guest g(ChannelKind::VmEvent, 1, 5);  // HVM: PV guests have no such pair
+  auto a = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+  auto b = g.session->probe(g.dom, "sys_write", [](HitContext&) { return 0; });
+  ASSERT_TRUE(a && b);
+  a->release();
+  b->release();
+  ASSERT_NE(g.text(), g.text_before) << "probes armed";
+  int jfd = g.abandon();
+  auto hv = g.host->open();
+  hv::VcpuRegs r = *hv->get_vcpu_regs(g.dom, VcpuId{0});
+  const std::uint64_t kernel_cr3 = r.cr3;
+  ASSERT_EQ(kernel_cr3 & 0x1fffu, 0u) << "the kernel half of an 8 KiB pair";
+  r.cr3 = kernel_cr3 | 0x1000;
+  ASSERT_TRUE(hv->set_vcpu_regs(g.dom, VcpuId{0}, r));
+  auto snap = guardian::read_journal_fd(jfd);
+  ::close(jfd);
+  ASSERT_TRUE(snap);
+  auto rep = guardian::recover(*hv, *snap);
+  EXPECT_EQ(rep.failures, 0u);
+  EXPECT_EQ(rep.restored, 2u);
+  EXPECT_EQ(g.text(), g.text_before) << "kernel text byte-identical";
+  // Back in the kernel, the guest runs its workload to the end as if never probed.
+  r.cr3 = kernel_cr3;
+  ASSERT_TRUE(hv->set_vcpu_regs(g.dom, VcpuId{0}, r));
+  EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "only the creation pause";
+  ASSERT_TRUE(hv->unpause(g.dom));
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, 5, 1, hv::GuestType::Hvm).checksum);
+}
+
 // A domain that died meanwhile is skipped, and nothing fails.
 TEST_P(Abandoned, ADomainGoneIsSkipped) {
   Guest g(GetParam(), 1, 5);
