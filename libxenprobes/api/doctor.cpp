@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "channel/eligibility.hpp"
 #include "common/result.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
@@ -50,12 +51,14 @@ void check_module(hv::Hypervisor& hv, const hv::DomainInfo& info, DomainReport& 
   r.module_release = mi->release;
 }
 
-ChannelCheck check_guest(hv::Hypervisor& hv, const DomainReport& r) {
+ChannelCheck check_guest(hv::Hypervisor& hv, const hv::DomainInfo& info, const DomainReport& r) {
   ChannelCheck c{ChannelKind::Guest, false, {}};
-  if (!r.module) {
+  if (auto e = channel::guest_domain_eligible(info); !e) {
+    c.detail = e.error().what;
+  } else if (!r.module) {
     c.detail = "needs the xenprobesU module in the guest: " + r.module_problem;
-    return c;
   }
+  if (!c.detail.empty()) return c;
   for (const char* key : {XENPROBES_XS_CONTROL_ADDR, XENPROBES_XS_EVTCHN}) {
     if (!hv.xs_read(guestmod::module_key(r.domid, key))) {
       c.detail = std::string("the module publishes no ") + key + " (a module without the guest channel)";
@@ -67,12 +70,12 @@ ChannelCheck check_guest(hv::Hypervisor& hv, const DomainReport& r) {
   return c;
 }
 
-ChannelCheck check_vmevent(const DoctorReport& host, const DomainReport& r) {
+ChannelCheck check_vmevent(const hv::Capabilities& caps, const hv::DomainInfo& info, const DomainReport& r) {
   ChannelCheck c{ChannelKind::VmEvent, false, {}};
-  if (!host.vm_event) {
-    c.detail = "this hypervisor has no vm_event monitor interface";
-  } else if (r.type == hv::GuestType::Pv) {
-    c.detail = "a PV guest: vm_event needs an HVM or PVH guest (use the guest channel)";
+  if (auto h = channel::vmevent_host_eligible(caps); !h) {
+    c.detail = h.error().what;
+  } else if (auto e = channel::vmevent_domain_eligible(info); !e) {
+    c.detail = e.error().what;
   } else {
     c.available = true;
     c.detail = r.module ? "ICEBP traps, slots from the guest module"
@@ -82,14 +85,15 @@ ChannelCheck check_vmevent(const DoctorReport& host, const DomainReport& r) {
   return c;
 }
 
-ChannelCheck check_debugger(const DoctorReport& host, const DomainReport& r) {
+ChannelCheck check_debugger(const hv::Capabilities& caps, const DoctorReport& host, const hv::DomainInfo& info,
+                            const DomainReport& r) {
   ChannelCheck c{ChannelKind::Debugger, false, {}};
-  if (!host.gdbsx) {
-    c.detail = "this Xen is built without CONFIG_GDBSX (as Debian's is): debugging mode would swallow the traps";
+  if (auto h = channel::debugger_host_eligible(caps); !h) {
+    c.detail = h.error().what;
   } else if (host.virq_debugger != "free") {
     c.detail = "VIRQ_DEBUGGER " + host.virq_debugger;
-  } else if (r.type == hv::GuestType::Pv && r.guest_width != 8) {
-    c.detail = "a 32-bit guest";
+  } else if (auto e = channel::debugger_domain_eligible(info); !e) {
+    c.detail = e.error().what;
   } else if (!r.module) {
     c.detail = "needs the guest module's out-of-line area: " + r.module_problem;
   } else {
@@ -138,7 +142,15 @@ Result<DoctorReport> doctor(hv::Hypervisor& hv, std::optional<DomId> only) {
     } else {
       check_module(hv, info, r);
     }
-    r.channels = {check_guest(hv, r), check_vmevent(rep, r), check_debugger(rep, r)};
+    // In Auto's order: the first available is what Auto picks.
+    for (ChannelKind k : channel::kAutoOrder) {
+      switch (k) {
+        case ChannelKind::Guest: r.channels.push_back(check_guest(hv, info, r)); break;
+        case ChannelKind::VmEvent: r.channels.push_back(check_vmevent(caps, info, r)); break;
+        case ChannelKind::Debugger: r.channels.push_back(check_debugger(caps, rep, info, r)); break;
+        case ChannelKind::Auto: break;
+      }
+    }
     for (const ChannelCheck& c : r.channels)
       if (c.available && !r.auto_choice) r.auto_choice = c.kind;
     rep.domains.push_back(std::move(r));

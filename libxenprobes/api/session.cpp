@@ -12,6 +12,7 @@
 
 #include "api/session_testing.hpp"
 #include "channel/debugger.hpp"
+#include "channel/eligibility.hpp"
 #include "channel/guest.hpp"
 #include "channel/vmevent.hpp"
 #include "common/log.hpp"
@@ -253,7 +254,7 @@ struct Session::Impl {
       return it->second;
     }
     std::vector<ChannelKind> order{options.channel};
-    if (options.channel == ChannelKind::Auto) order = {ChannelKind::Guest, ChannelKind::VmEvent, ChannelKind::Debugger};
+    if (options.channel == ChannelKind::Auto) order.assign(channel::kAutoOrder.begin(), channel::kAutoOrder.end());
     std::string why;
     for (ChannelKind k : order) {
       auto ch = try_channel(k, dom);

@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "channel/eligibility.hpp"
 #include "common/log.hpp"
 
 namespace xenprobes::channel {
@@ -13,14 +14,7 @@ namespace {
 }  // namespace
 
 Result<std::unique_ptr<DebuggerChannel>> DebuggerChannel::open(hv::Hypervisor& hv) {
-  auto caps = hv.capabilities();
-  if (!caps) return std::unexpected(caps.error());
-  if (!caps->gdbsx)
-    return fail(Errc::NotSupported,
-                "the debugger channel needs a Xen built with CONFIG_GDBSX (this hypervisor answers "
-                "ENOSYS to the gdbsx domctls, as Debian's does): without it debugging mode swallows "
-                "breakpoints and the guest would crash. Use the guest channel (load the xenprobesU "
-                "module in the guest) or, for HVM/PVH guests, the vmevent channel");
+  XP_TRY(debugger_host_eligible(XP_TRY(hv.capabilities())));
   auto port = hv.evtchn_bind_virq(hv::kVirqDebugger);
   if (!port) {
     if (port.error().code == Errc::Exists)
@@ -40,8 +34,7 @@ DebuggerChannel::~DebuggerChannel() {
 Result<void> DebuggerChannel::attach(DomId dom) {
   if (domains_.contains(dom)) return {};
   hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
-  if (info.guest_width != 8)
-    return fail(Errc::NotSupported, "domain " + std::to_string(dom.value) + " is a 32-bit guest: not supported");
+  XP_TRY(debugger_domain_eligible(info));
   XP_TRY(hv_.set_debugging(dom, true));
   domains_[dom] = Attached{info.vcpus};
   return {};

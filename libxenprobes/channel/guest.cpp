@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "channel/eligibility.hpp"
 #include "common/hex.hpp"
 #include "common/log.hpp"
 #include "mem/frame_source.hpp"
@@ -136,9 +137,7 @@ Result<void> GuestChannel::attach(DomId dom) {
   if (domains_.contains(dom)) return {};
   const std::string ds = dom_str(dom);
   hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
-  if (info.dying || info.crashed) return fail(Errc::NoSuchDomain, ds + " is dying or crashed");
-  if (info.guest_width != 8) return fail(Errc::NotSupported, ds + " is a 32-bit guest: not supported");
-  if (info.vcpus == 0) return fail(Errc::Io, ds + " reports no vCPU");
+  XP_TRY(guest_domain_eligible(info));
 
   // The module's keys, through the guest's own page tables (vCPU 0's, as the engine does).
   mem::HypervisorFrameSource source(hv_, dom);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "channel/eligibility.hpp"
 #include "common/log.hpp"
 
 namespace xenprobes::channel {
@@ -44,12 +45,7 @@ bool gone(const Result<void>& r) { return !r && r.error().code == Errc::NoSuchDo
 }  // namespace
 
 Result<std::unique_ptr<VmEventChannel>> VmEventChannel::open(hv::Hypervisor& hv, Mode mode) {
-  hv::Capabilities caps = XP_TRY(hv.capabilities());
-  if (!caps.vm_event)
-    return fail(Errc::NotSupported,
-                "the vmevent channel needs Xen's vm_event monitor interface, which this hypervisor "
-                "does not offer: use the guest channel (load the xenprobesU module in the guest) or, "
-                "on a Xen built with CONFIG_GDBSX, the debugger channel");
+  XP_TRY(vmevent_host_eligible(XP_TRY(hv.capabilities())));
   int ep = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) return fail_errno(errno, "epoll_create1");
   return std::unique_ptr<VmEventChannel>(new VmEventChannel(hv, mode, ep));
@@ -98,16 +94,7 @@ Result<void> VmEventChannel::set_monitoring(DomId dom, bool on) {
 Result<void> VmEventChannel::attach(DomId dom) {
   if (domains_.contains(dom)) return {};
   hv::DomainInfo info = XP_TRY(hv_.domain_info(dom));
-  if (info.type == hv::GuestType::Pv)
-    return fail(Errc::NotSupported,
-                dom_str(dom) + " is a PV guest, and Xen's vm_event monitor serves only HVM and PVH "
-                               "guests: use the guest channel (load the xenprobesU module in the guest) "
-                               "or, on a Xen built with CONFIG_GDBSX, the debugger channel");
-  if (info.debugged)
-    return fail(Errc::Busy, dom_str(dom) + " is in debugging mode (XEN_DOMCTL_setdebugging: gdbsx or the "
-                                           "debugger channel), which takes every int3 and #DB before the "
-                                           "vm_event monitor sees it: turn debugging mode off first, or "
-                                           "use the debugger channel");
+  XP_TRY(vmevent_domain_eligible(info));
   auto ring = hv_.monitor_enable(dom);
   if (!ring) {
     if (ring.error().code == Errc::Busy)

@@ -84,6 +84,48 @@ TEST(Doctor, GdbsxHostAndTheVirqInUse) {
   EXPECT_EQ(*host->pause_count(d), 1u) << "the doctor pauses nothing (the domain was created paused)";
 }
 
+// The doctor and the session decide with the same functions (channel/eligibility.hpp): for
+// every kind of domain, what the doctor says Auto picks is the channel a session with Auto
+// attaches, and a domain nothing can probe is refused by both. Before, the doctor ignored
+// debugging mode, which the vmevent channel refuses.
+TEST(Doctor, WhatItSaysAutoPicksIsWhatASessionPicks) {
+  auto host = hv::sim::SimHost::create();
+  std::vector<DomId> doms = {*host->create_domain(guest(hv::GuestType::Pv, true)),
+                             *host->create_domain(guest(hv::GuestType::Pv, false)),
+                             *host->create_domain(guest(hv::GuestType::Hvm, true)),
+                             *host->create_domain(guest(hv::GuestType::Hvm, false)),
+                             *host->create_domain(guest(hv::GuestType::Hvm, false))};
+  auto hv = host->open();
+  ASSERT_TRUE(hv->set_debugging(doms[4], true)) << "an HVM guest in debugging mode (gdbsx)";
+  auto rep = doctor(*hv);
+  ASSERT_TRUE(rep) << rep.error().what;
+  ASSERT_EQ(rep->domains.size(), doms.size());
+  const DomainReport& debugged = rep->domains[4];
+  EXPECT_FALSE(check(debugged, ChannelKind::VmEvent).available);
+  EXPECT_NE(check(debugged, ChannelKind::VmEvent).detail.find("debugging mode"), std::string::npos)
+      << check(debugged, ChannelKind::VmEvent).detail;
+  auto s = Session::open(host->open(), SessionOptions{});
+  ASSERT_TRUE(s) << s.error().what;
+  for (std::size_t k = 0; k < doms.size(); ++k) {
+    SCOPED_TRACE("domain " + std::to_string(doms[k].value));
+    const DomainReport& d = rep->domains[k];
+    auto attached = (*s)->load_symbols(doms[k], demo_map());
+    if (!d.auto_choice) {
+      EXPECT_FALSE(attached) << "the doctor says nothing can probe it";
+      continue;
+    }
+    ASSERT_TRUE(attached) << attached.error().what;
+    auto name = (*s)->channel_name(doms[k]);
+    ASSERT_TRUE(name) << name.error().what;
+    EXPECT_EQ(*name, channel_kind_name(*d.auto_choice));
+  }
+  EXPECT_FALSE(rep->domains[1].auto_choice) << "PV without the module";
+  EXPECT_FALSE(rep->domains[4].auto_choice) << "debugged HVM without the module";
+  EXPECT_NE(check(debugged, ChannelKind::Debugger).detail.find("already in debugging mode"), std::string::npos)
+      << check(debugged, ChannelKind::Debugger).detail;
+  EXPECT_TRUE(hv->domain_info(doms[4])->debugged) << "somebody else's debugging mode is left alone";
+}
+
 TEST(Doctor, UnknownDomainIsAnError) {
   auto host = hv::sim::SimHost::create();
   auto hv = host->open();
