@@ -108,6 +108,7 @@ mv coreutils
 nice coreutils
 nproc coreutils
 od coreutils
+promtool prometheus
 qemu-system-x86_64 qemu-system-x86
 readelf binutils
 readlink coreutils
@@ -117,6 +118,7 @@ sh dash
 sha256sum coreutils
 sleep coreutils
 sort coreutils
+systemd-analyze systemd
 tail coreutils
 tar tar
 tee coreutils

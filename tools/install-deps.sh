@@ -6,6 +6,7 @@ pkgs="build-essential cmake pkg-config binutils libxen-dev libcapstone-dev libun
       googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64
       clang-14 libclang-rt-14-dev
       libbpf-dev libcli11-dev nlohmann-json3-dev
+      libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev prometheus systemd
       xz-utils zstd"
 missing=""
 for p in $pkgs; do

@@ -24,11 +24,12 @@ enum class OutputFormat { Text, Json };
 class Output {
  public:
   Output(OutputFormat f, std::FILE* out, bool prefix) : format_(f), out_(out), prefix_(prefix) {}
+  virtual ~Output() = default;  // xenprobesd sends each instance's records elsewhere
   OutputFormat format() const { return format_; }
   // Text for the stdout of `domain`; partial lines wait for the rest (each domain its own).
-  void text(const std::string& domain, std::string_view s);
-  void record(const std::string& domain, const char* type, const std::string& data_json);
-  void flush();  // ends partial lines
+  virtual void text(const std::string& domain, std::string_view s);
+  virtual void record(const std::string& domain, const char* type, const std::string& data_json);
+  virtual void flush();  // ends partial lines
 
  private:
   OutputFormat format_;
