@@ -67,7 +67,9 @@ e2e_buildroot() {
   e2e_stage "build root (debootstrap $E2E_SUITE + build dependencies)"
   # tools/install-deps.sh's build packages that trixie has (no clang-14 or Google Benchmark:
   # the sanitizer stage and the benchmarks stay on Debian 12), and the DomU kernel's headers.
-  local pkgs="build-essential,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,linux-headers-$E2E_KERNEL_ABI"
+  # xenprobesd's (libtomlplusplus-dev, libcpp-httplib-dev, libsystemd-dev): the whole tree
+  # configures only with them.
+  local pkgs="build-essential,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,libtomlplusplus-dev,libcpp-httplib-dev,libsystemd-dev,linux-headers-$E2E_KERNEL_ABI"
   local out
   out=$E2E_CACHE/buildroot/$(e2e_hash -s "recipe $E2E_BUILDROOT_RECIPE $E2E_MIRROR $E2E_SUITE $pkgs $E2E_XEN_VERSION $E2E_KERNEL_VERSION")
   BUILDROOT=$out/tree

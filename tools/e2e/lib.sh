@@ -2,8 +2,8 @@
 # Shared settings and helpers of the end-to-end harness (sourced by run.sh).
 #
 # Everything is pinned to Debian 12 "bookworm" main (Debian 13 "trixie": e2e_platform below): the Xen tools and hypervisor
-# (4.17.5+72) and the kernel (6.1.0-50, 6.1.176-1) must come from one suite, see
-# ../shared/docs/real-xen.md. Changing a pin changes the cache keys below, so the next run
+# (4.17.5+72) and the kernel (6.1.0-50, 6.1.176-1) must come from one suite (the tools must match the
+# hypervisor, the guest module its kernel). Changing a pin changes the cache keys below, so the next run
 # rebuilds what depends on it.
 
 E2E_MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}

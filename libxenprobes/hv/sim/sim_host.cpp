@@ -340,6 +340,12 @@ Result<void> SimHostImpl::setup_engine(Domain& d, Vcpu& v) {
   std::lock_guard emu(emulation_mutex());
   uc_err e = uc_open(UC_ARCH_X86, UC_MODE_64, &v.uc);
   if (e != UC_ERR_OK) return fail(Errc::NoMemory, std::string("sim: uc_open: ") + uc_strerror(e));
+#ifdef uc_ctl_tlb_mode
+  // Unicorn 2.1 (Debian 13) walks the guest's page tables once CR3 is written; the sim maps
+  // virtual addresses directly (the aliases below), as Unicorn 2.0 always did.
+  e = uc_ctl_tlb_mode(v.uc, UC_TLB_VIRTUAL);
+  if (e != UC_ERR_OK) return fail(Errc::NoMemory, std::string("sim: uc_ctl_tlb_mode: ") + uc_strerror(e));
+#endif
   for (const Alias& a : d.aliases) {
     e = uc_mem_map_ptr(v.uc, a.va, a.len, UC_PROT_ALL, d.ram->base + a.gpa);
     if (e != UC_ERR_OK) return fail(Errc::NoMemory, std::string("sim: uc_mem_map_ptr: ") + uc_strerror(e));

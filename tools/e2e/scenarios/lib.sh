@@ -25,10 +25,22 @@ result() {
 domu_start() {
   CUR_DOMU=$1
   rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
+  # PVH under TCG wants shadow paging (hap = 0: with nested paging QEMU's guest faults early,
+  # docs/e2e.md). Debian 13's Xen 4.20 is built without it (virt_caps has no "shadow"): there
+  # the guest gets the default, nested paging.
+  _paging=""
+  if [ "${DOMU_TYPE:-pv}" = pvh ]; then
+    if xl info 2>/dev/null | grep -q '^virt_caps .*shadow'; then
+      _paging='hap = 0'
+    else
+      echo "XPE2E-INFO: no shadow paging in this hypervisor (virt_caps: $(xl info 2>/dev/null | sed -n 's/^virt_caps *: //p')): PVH $1 with hap = 1" >&2
+      _paging='hap = 1'
+    fi
+  fi
   cat >"/tmp/$1.cfg" <<EOF
 name = "$1"
 type = "${DOMU_TYPE:-pv}"
-$([ "${DOMU_TYPE:-pv}" = pvh ] && printf 'hap = 0\ntsc_mode = "native"\n')
+$([ "${DOMU_TYPE:-pv}" = pvh ] && printf '%s\ntsc_mode = "native"\n' "$_paging")
 kernel = "/boot/vmlinuz-$KVER"
 ramdisk = "$E2E/domu-initramfs.cpio.gz"
 extra = "console=hvc0 rdinit=/init $2"
@@ -52,6 +64,10 @@ EOF
     fi
     echo "XPE2E-INFO: xl create of $1 failed (try $try, exit $rc); the end of its -vvv log:" >&2
     tail -n 12 "/tmp/$1.create.log" | sed 's/^/XPE2E-INFO: xl create: /' >&2
+    # The tail is libxl's teardown; the reason is in its non-debug lines and Xen's own log.
+    grep -v ': debug: ' "/tmp/$1.create.log" | grep -iE 'error|fail|warn|invalid|unknown' | tail -n 12 |
+      sed 's/^/XPE2E-INFO: xl create (not debug): /' >&2
+    xl dmesg 2>/dev/null | tail -n 8 | sed 's/^/XPE2E-INFO: xl dmesg: /' >&2
     timeout 30 xl destroy "$1" >/dev/null 2>&1
     sleep 1
   done
