@@ -6,7 +6,7 @@
 //
 // Two implementations: hv/xen (libxenctrl & co., the real thing) and hv/sim (the simulated
 // Xen that runs a real x86-64 guest kernel with Unicorn). Both follow the Xen 4.17 semantics
-// written down in shared docs xen-facts.md; where the sim simplifies, sim.hpp says so.
+// the comments of hv/xen/ cite from Xen's source; where the sim simplifies, sim.hpp says so.
 //
 // Thread safety: every method may be called from any thread; implementations serialise
 // internally. Returned mappings stay valid until the ForeignMapping is destroyed, even if
@@ -193,7 +193,7 @@ class XENPROBES_API Hypervisor {
   // ---- vCPU state ----
   [[nodiscard]] virtual Result<VcpuRegs> get_vcpu_regs(DomId, VcpuId) = 0;
   // Sets GPRs, rip, rflags and dr6/dr7; control registers are echoed, not changed. Must not
-  // disturb the guest's extended FPU state (xen-facts.md §3.3).
+  // disturb the guest's extended FPU state (a PV setcontext resets it: docs/probes.md "Known limits").
   [[nodiscard]] virtual Result<void> set_vcpu_regs(DomId, VcpuId, const VcpuRegs&) = 0;
 
   // ---- memory ----

@@ -1,5 +1,5 @@
 // The simulated Xen: a host that runs real x86-64 guest kernels with Unicorn and models the
-// Xen 4.17 behaviour libxenprobes depends on (xen-facts.md):
+// Xen 4.17 behaviour libxenprobes depends on (docs/simulated-xen.md):
 //
 //  - domains with reference-counted controller pauses (XEN_DOMCTL_pausedomain semantics);
 //  - one Unicorn engine per vCPU over one guest-RAM buffer. Unicorn's own paging stays off:

@@ -160,7 +160,7 @@ class [[nodiscard]] [[gnu::visibility("default")]] Probe {
   std::uint64_t id_ = 0;
 };
 
-// How hits reach Dom0 (design.md "Trap channels"). Auto picks per domain: guest (the
+// How hits reach Dom0 (docs/probes.md "Choosing a channel"). Auto picks per domain: guest (the
 // xenprobesU module is loaded) → vmevent (HVM/PVH guest) → debugger (a Xen with GDBSX), and
 // when none works the error names every channel's reason.
 enum class ChannelKind { Auto, Debugger, Guest, VmEvent };

@@ -1,6 +1,6 @@
 // A channel carries probe hits from the guest to Dom0 and sends the guest on: the engine
 // (probe/) decides what a hit means, the channel only finds the stopped vCPUs and resumes
-// them (design.md "Trap channels").
+// them (docs/probes.md "Choosing a channel").
 #pragma once
 
 #include <array>

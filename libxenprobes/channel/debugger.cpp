@@ -151,7 +151,7 @@ Result<unsigned> DebuggerChannel::scan(DomId dom, Attached& a, StopSink& sink, b
     ++a.owed;
   }
   // One unpause per stop found, never more: an extra one would release another vCPU's
-  // unhandled stop (real-xen.md).
+  // unhandled stop (seen on a real Xen 4.17: docs/e2e.md).
   XP_TRY(pay(dom, a));
   return stops;
 }

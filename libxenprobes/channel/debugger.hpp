@@ -1,5 +1,5 @@
-// The VIRQ_DEBUGGER channel: the paper's path, made to work on Xen 4.17 (xen-facts.md §2–5,
-// real-xen.md). Debugging mode on the domain, ICEBP (0xF1) as the trap byte: with
+// The VIRQ_DEBUGGER channel: the paper's path, made to work on Xen 4.17 (docs/probes.md
+// "The VIRQ_DEBUGGER channel"). Debugging mode on the domain, ICEBP (0xF1) as the trap byte: with
 // CONFIG_GDBSX every ICEBP in guest kernel mode pauses the whole domain and raises the global
 // VIRQ_DEBUGGER (an int3 would pause it silently). The VIRQ carries nothing and coalesces, so
 // each event is answered by scanning every vCPU of every attached domain for

@@ -1,4 +1,4 @@
-// The guest-assisted channel (design.md "Trap channels"; the contract is
+// The guest-assisted channel (docs/probes.md "The guest channel"; the contract is
 // include/xenprobes/protocol.h). The guest module hooks int3: for an address in the trap
 // table Dom0 keeps in the module's control area, its hook copies the registers into the
 // vCPU's mailbox, notifies an interdomain event channel and waits; Dom0 runs the handlers on

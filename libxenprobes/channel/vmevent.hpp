@@ -1,4 +1,4 @@
-// The vm_event channel: Xen's monitor ring (xen-facts.md §4, §6), for HVM and PVH guests on a
+// The vm_event channel: Xen's monitor ring (docs/probes.md "The vm_event channel"), for HVM and PVH guests on a
 // stock hypervisor. Only the trapping vCPU pauses; the request carries the vCPU, the trap
 // address and every register, and one response (SET_REGISTERS: rip = the slot) plus one
 // event-channel notify resumes it.
@@ -13,7 +13,7 @@
 //    the original bytes itself (EMULATE + SET_EMUL_INSN_DATA), which is what agentless
 //    probing (no guest module, no slots) needs: see Stop::emulate.
 // Never combined with debugging mode on one domain: debugger_attached takes every #BP/#DB
-// before the monitor (xen-facts.md §4.2), so attach refuses such a domain.
+// before the monitor (Xen's debug-trap intercepts check debugging mode first), so attach refuses such a domain.
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
 // The probe engine: probe points per domain (aggregates), their slots, arming and disarming
-// under pause, and what a hit means (design.md "One XP hit, end to end"). Channel-agnostic:
+// under pause, and what a hit means (docs/probes.md "A hit"). Channel-agnostic:
 // a channel finds stopped vCPUs and hands them to on_stop().
 #pragma once
 

@@ -1,6 +1,6 @@
 // The simulated Xen: the demo guest runs, and the Xen 4.17 behaviour the channels depend on
 // (pause reference counts, int3/ICEBP/TF under debugging mode with and without GDBSX, event
-// channels, xenstore, domain death, fault injection) is what xen-facts.md says it is.
+// channels, xenstore, domain death, fault injection) is what docs/simulated-xen.md says it is.
 #include <poll.h>
 
 #include <cstdlib>

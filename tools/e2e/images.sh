@@ -194,7 +194,7 @@ e2e_apt() {
 # Bump when the recipe below changes.
 E2E_GDBSX_RECIPE=1
 
-# Debian's xen source package rebuilt with CONFIG_EXPERT + CONFIG_GDBSX (real-xen.md). Sets
+# Debian's xen source package rebuilt with CONFIG_EXPERT + CONFIG_GDBSX (docs/e2e.md). Sets
 # XEN_GDBSX (uncompressed ELF).
 e2e_xen_gdbsx() {
   e2e_stage "GDBSX hypervisor (xen $E2E_XEN_VERSION source + CONFIG_GDBSX)"

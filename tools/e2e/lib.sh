@@ -53,7 +53,8 @@ E2E_TOOLS=$E2E_SRC/tools/e2e
 
 E2E_QEMU_MEM=${XENPROBES_E2E_QEMU_MEM:-3G}
 E2E_QEMU_ACCEL=${XENPROBES_E2E_QEMU_ACCEL:-tcg,thread=multi}
-# real-xen.md's model. The environment's random process deaths were not the CPU model's
+# QEMU's CPU model: `max` (`-cpu host` needs KVM: docs/e2e.md). The environment's random
+# process deaths were not the CPU model's
 # doing (fsgsbase=off, avx=off, thread=single changed nothing): Xen's lazy FPU switching under
 # TCG, which run.sh turns off (spec-ctrl=eager-fpu); docs/e2e.md "The environment".
 E2E_QEMU_CPU=${XENPROBES_E2E_QEMU_CPU:-max}

@@ -290,7 +290,7 @@ boot() {
   case "${SCEN_XEN[$s0]}" in
     stock) xen=$XEN_STOCK ;;
     gdbsx)
-      # The debugger channel's ICEBP needs QEMU >= 9.1 under TCG (real-xen.md).
+      # The debugger channel's ICEBP needs QEMU >= 9.1 under TCG (docs/e2e.md).
       xen=$XEN_GDBSX
       qemu_bin=$QEMU_NEW
       qemu_extra=(-L "$QEMU_NEW_SHARE")

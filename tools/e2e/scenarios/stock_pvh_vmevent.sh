@@ -1,6 +1,6 @@
 # Scenario: a PVH DomU with the module, probed through the vm_event monitor (ICEBP debug
 # exceptions, slots from the module): the same probes and checks as stock_pv_guest. Under TCG
-# a PVH guest needs hap = 0 and tsc_mode = "native", and ICEBP needs QEMU >= 9.1 (real-xen.md).
+# a PVH guest needs hap = 0 and tsc_mode = "native", and ICEBP needs QEMU >= 9.1 (docs/e2e.md).
 S=${XPE2E_SCENARIO:-stock_pvh_vmevent}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-pvh
