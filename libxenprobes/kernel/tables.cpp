@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "common/bytes.hpp"
 #include "common/log.hpp"
 
 namespace xenprobes::kernel {
@@ -20,22 +21,6 @@ std::optional<Range> bounds(const symbols::SymbolTable& s, std::string_view star
   auto a = address_of(s, start), b = address_of(s, end);
   if (!a || !b || *b < *a) return std::nullopt;
   return Range{*a, *b};
-}
-
-std::int64_t s32_at(const std::byte* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-std::int64_t s64_at(const std::byte* p) {
-  std::int64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-std::uint64_t u64_at(const std::byte* p) {
-  std::uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 // The bytes of the table bounded by two symbols, in entries of `esize` bytes; the status says
@@ -111,9 +96,9 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
     for (std::size_t off = 0; have_text && off < raw->size(); off += 12) {
       const std::byte* e = raw->data() + off;
       ExEntry x;
-      x.insn = base + off + s32_at(e);
-      x.fixup = base + off + 4 + s32_at(e + 4);
-      x.data = static_cast<std::int32_t>(s32_at(e + 8));
+      x.insn = base + off + load<std::int32_t>(e);
+      x.fixup = base + off + 4 + load<std::int32_t>(e + 4);
+      x.data = load<std::int32_t>(e + 8);
       if (classify(x.insn, t.ex_status_)) t.ex_.push_back(x);
     }
   }
@@ -122,7 +107,7 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
     if (!have_text) no_text(t.jump_status_);
     for (std::size_t off = 0; have_text && off < raw->size(); off += 16) {
       const std::byte* e = raw->data() + off;
-      Site s{base + off + s32_at(e), (base + off + 8 + s64_at(e + 8)) & ~3ull};
+      Site s{base + off + load<std::int32_t>(e), (base + off + 8 + load<std::int64_t>(e + 8)) & ~3ull};
       if (classify(s.addr, t.jump_status_)) t.jumps_.push_back(s);
     }
   }
@@ -131,7 +116,7 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
     if (!have_text) no_text(t.sc_status_);
     for (std::size_t off = 0; have_text && off < raw->size(); off += 8) {
       const std::byte* e = raw->data() + off;
-      Site s{base + off + s32_at(e), (base + off + 4 + s32_at(e + 4)) & ~3ull};
+      Site s{base + off + load<std::int32_t>(e), (base + off + 4 + load<std::int32_t>(e + 4)) & ~3ull};
       if (classify(s.addr, t.sc_status_)) t.calls_.push_back(s);
     }
   }
@@ -152,8 +137,8 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
       // The section is padded to a page with zeros; once booted SMP the kernel frees it as
       // init memory (poisoned, then reused): garbage points anywhere and is dropped, and the
       // rule also checks the prefix byte itself (address_rules.cpp).
-      if (s32_at(raw->data() + off) == 0) continue;
-      std::uint64_t a = base + off + s32_at(raw->data() + off);
+      if (load<std::int32_t>(raw->data() + off) == 0) continue;
+      std::uint64_t a = base + off + load<std::int32_t>(raw->data() + off);
       if (classify(a, t.locks_status_)) t.locks_.push_back(a);
     }
   }
@@ -173,7 +158,7 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
       t.bl_status_.why = "cannot read its head: " + r.error().what;
       ok = false;
     } else {
-      node = u64_at(buf);
+      node = load<std::uint64_t>(buf);
     }
     while (ok && node != *head) {
       if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > limits.max_blacklist) {
@@ -188,14 +173,14 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
         ok = false;
         break;
       }
-      Range r{u64_at(buf + 16), u64_at(buf + 24)};
+      Range r{load<std::uint64_t>(buf + 16), load<std::uint64_t>(buf + 24)};
       if (r.start < r.end && r.end - r.start <= (64u << 20) && t.text_.contains(r.start) && r.end <= t.text_.end)
         t.blacklist_.push_back(r);
       else if (!r.empty() && t.init_text_.contains(r.start))
         ++t.bl_status_.init_entries;
       else
         ++t.bl_status_.invalid;
-      node = u64_at(buf);
+      node = load<std::uint64_t>(buf);
     }
     t.bl_status_.found = ok;
     if (!ok) t.blacklist_.clear();  // a list we could not walk to its end is not trusted in part

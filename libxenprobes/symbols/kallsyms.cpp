@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/bytes.hpp"
 #include "common/hex.hpp"
 
 namespace xenprobes::symbols {
@@ -26,22 +27,6 @@ constexpr char kDigits[] = "0\0" "1\0" "2\0" "3\0" "4\0" "5\0" "6\0" "7\0" "8\0"
 constexpr std::size_t kDigitsLen = sizeof kDigits;  // includes the final NUL
 
 std::uint64_t align8(std::uint64_t v) { return (v + 7) & ~std::uint64_t{7}; }
-
-std::uint32_t u32_at(const std::byte* p) {
-  std::uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-std::uint16_t u16_at(const std::byte* p) {
-  std::uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-std::uint64_t u64_at(const std::byte* p) {
-  std::uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 Result<std::vector<std::byte>> read_bytes(const MemoryReadFn& read, std::uint64_t addr, std::uint64_t n,
                                           const char* what) {
@@ -121,8 +106,8 @@ Result<Tokens> read_tokens(const MemoryReadFn& read, std::uint64_t digits) {
   for (std::uint64_t pad = 0; pad < 8; ++pad) {
     if (pos + pad + 2 * kTokens > after.size()) break;
     const std::byte* idx = after.data() + pos + pad;
-    if (u16_at(idx) != 0) continue;
-    const std::uint64_t digits_off = u16_at(idx + 2 * 0x30);
+    if (load<std::uint16_t>(idx) != 0) continue;
+    const std::uint64_t digits_off = load<std::uint16_t>(idx + 2 * 0x30);
     if (digits_off > digits || digits_off > 0x30 * (kMaxTokenLen + 1)) continue;
     const std::uint64_t table = digits - digits_off;
     const std::uint64_t table_len = table_end - table;
@@ -134,7 +119,7 @@ Result<Tokens> read_tokens(const MemoryReadFn& read, std::uint64_t digits) {
     std::uint64_t off = 0;
     bool ok = true;
     for (std::size_t i = 0; i < kTokens && ok; ++i) {
-      if (u16_at(idx + 2 * i) != off || off >= table_len) {
+      if (load<std::uint16_t>(idx + 2 * i) != off || off >= table_len) {
         ok = false;
         break;
       }
@@ -221,7 +206,7 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
   const std::uint64_t lo = got.first;  // not structured bindings: clang 14 cannot capture those
   const std::vector<std::byte>& below = got.second;
   const std::uint64_t max_step = 256 * kMaxEntryBytes, min_step = 256 * kMinEntryBytes;
-  auto at = [&](std::uint64_t addr) { return u32_at(below.data() + (addr - lo)); };
+  auto at = [&](std::uint64_t addr) { return load<std::uint32_t>(below.data() + (addr - lo)); };
   std::string last_reason = "no kallsyms_markers table below the token table at " + hex(tok.table);
 
   // follows[i]: how many u32 after the i-th one (from lo) continue a run of plausible
@@ -229,7 +214,7 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
   const std::size_t words = below.size() / 4;
   std::vector<std::uint32_t> follows(words + 1, 0);
   for (std::size_t i = words; i-- > 1;) {
-    const std::uint32_t prev = u32_at(below.data() + 4 * (i - 1)), cur = u32_at(below.data() + 4 * i);
+    const std::uint32_t prev = load<std::uint32_t>(below.data() + 4 * (i - 1)), cur = load<std::uint32_t>(below.data() + 4 * i);
     const std::uint64_t step = std::uint64_t{cur} - prev;
     if (cur > prev && step >= min_step && step <= max_step) follows[i - 1] = follows[i] + 1;
   }
@@ -240,7 +225,7 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
     const std::size_t first = (p - lo) / 4;
     const std::size_t len = std::min<std::size_t>(1 + follows[first], max_markers);
     std::vector<std::uint32_t> run(len);
-    for (std::size_t k = 0; k < len; ++k) run[k] = u32_at(below.data() + 4 * (first + k));
+    for (std::size_t k = 0; k < len; ++k) run[k] = load<std::uint32_t>(below.data() + 4 * (first + k));
     for (std::size_t m = run.size(); m >= 1 && m + 2 >= run.size(); --m) {
       const std::uint64_t n_lo = 256 * (m - 1) + 1, n_hi = std::min<std::uint64_t>(256 * m, limits.max_symbols);
       if (n_lo > n_hi || !gap_fits(tok.table - align8(p + 4 * m), n_lo, n_hi)) continue;
@@ -261,8 +246,8 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
       const std::vector<std::uint32_t> markers(run.begin(), run.begin() + static_cast<std::ptrdiff_t>(m));
       for (std::uint64_t s = s_hi & ~std::uint64_t{7}; s >= s_lo && s >= rlo + 8; s -= 8) {
         const std::byte* num = rb.data() + (s - 8 - rlo);
-        const std::uint32_t n = u32_at(num);
-        if (n < n_lo || n > n_hi || u32_at(num + 4) != 0) continue;
+        const std::uint32_t n = load<std::uint32_t>(num);
+        if (n < n_lo || n > n_hi || load<std::uint32_t>(num + 4) != 0) continue;
         std::uint64_t end_off = 0;
         if (!names_agree(rb.data() + (s - rlo), rb.data() + rb.size(), n, markers, s, p, &end_off)) continue;
         Names out;
@@ -292,10 +277,10 @@ std::optional<std::vector<std::uint64_t>> decode_offsets(const std::vector<std::
                                                          std::uint64_t base, bool* absolute) {
   *absolute = false;
   for (std::uint32_t i = 0; i < n; ++i)
-    if (static_cast<std::int32_t>(u32_at(raw.data() + 4 * i)) < 0) *absolute = true;
+    if (static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * i)) < 0) *absolute = true;
   std::vector<std::uint64_t> out(n);
   for (std::uint32_t i = 0; i < n; ++i) {
-    const std::int32_t v = static_cast<std::int32_t>(u32_at(raw.data() + 4 * i));
+    const std::int32_t v = static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * i));
     if (!*absolute)
       out[i] = base + static_cast<std::uint32_t>(v);
     else if (v >= 0)
@@ -342,7 +327,7 @@ Result<KallsymsResult> read_kallsyms_at(const MemoryReadFn& read, std::uint64_t 
       why += (why.empty() ? "" : "; ") + (!base ? base.error().what : raw.error().what);
       continue;
     }
-    const std::uint64_t b = u64_at(base->data());
+    const std::uint64_t b = load<std::uint64_t>(base->data());
     if (b < kKernelHalfStart) {
       why += (why.empty() ? "" : "; ") + std::string("kallsyms_relative_base candidate at ") + hex(l.base) +
              " holds " + hex(b) + ", not a kernel address";
