@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "common/hex.hpp"
+#include "kernel/modules.hpp"
 #include "x86/analysis.hpp"
 
 namespace xenprobes::kernel {
@@ -54,6 +55,38 @@ Refusal refuse(const char* rule, Errc code, std::string reason, std::string entr
   return Refusal{rule, code, std::move(reason), std::move(entry), guest_only};
 }
 
+std::string range_of(const std::optional<Range>& r) { return r ? hex(r->start) + "-" + hex(r->end) : "?"; }
+
+// The refusal for an address in neither the core kernel's text nor a live module's: says
+// which module it is in and why that one is kept out, or why modules are unknown.
+Refusal outside_text(const RuleContext& c, std::uint64_t a) {
+  const KernelTables& t = *c.tables;
+  const std::string text = "text " + hex(t.core_text().start) + "-" + hex(t.core_text().end);
+  const ModuleTables* mods = t.modules();
+  if (!mods)
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "outside the kernel's text [_stext, _etext), and the loaded modules were not read: data, freed "
+                  "init code or module text",
+                  text);
+  if (!mods->status().found)
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "outside the kernel's text [_stext, _etext), and the loaded modules could not be read, so module "
+                  "text cannot be checked",
+                  text + "; " + mods->summary());
+  if (const Module* m = mods->module_at(a)) {
+    if (m->init_text.contains(a) && !m->text.contains(a))
+      return refuse("not-kernel-text", Errc::InvalidArgument,
+                    "init text of a module: freed once its init has run", "module " + m->name + " init text " +
+                        hex(m->init_text.start) + "-" + hex(m->init_text.end));
+    return refuse("not-kernel-text", Errc::InvalidArgument, "text of a module that is kept out of the rules: " + m->why,
+                  "module " + m->name + " text " + hex(m->text.start) + "-" + hex(m->text.end));
+  }
+  return refuse("not-kernel-text", Errc::InvalidArgument,
+                "outside the kernel's text and every live module's text: data, freed init code or an unloaded "
+                "module",
+                text + "; " + mods->summary());
+}
+
 bool looks_like_patch_site(const Insn& i) {
   // The shapes a jump label or a static call can take: nop2, nop5, jmp rel8/rel32, call rel32.
   return (i.kind == x86::Kind::Nop && (i.length == 2 || i.length == 5)) || i.branch == x86::BranchKind::Jmp ||
@@ -76,16 +109,21 @@ std::string Refusal::message(const std::string& where) const {
 }
 
 bool in_kernel_text(const RuleContext& c, std::uint64_t a) {
-  return c.tables && c.tables->core_text().contains(a);
+  return c.tables && (c.tables->core_text().contains(a) || c.tables->live_module_at(a));
 }
 bool in_entry_text(const RuleContext& c, std::uint64_t a) {
   return c.tables && c.tables->entry_text() && c.tables->entry_text()->contains(a);
 }
+// (In a module: its own .noinstr.text and .kprobes.text, from its struct module.)
 bool in_noinstr_text(const RuleContext& c, std::uint64_t a) {
-  return c.tables && c.tables->noinstr_text() && c.tables->noinstr_text()->contains(a);
+  if (!c.tables) return false;
+  if (const Module* m = c.tables->live_module_at(a)) return m->noinstr_text && m->noinstr_text->contains(a);
+  return c.tables->noinstr_text() && c.tables->noinstr_text()->contains(a);
 }
 bool in_kprobes_text(const RuleContext& c, std::uint64_t a) {
-  return c.tables && c.tables->kprobes_text() && c.tables->kprobes_text()->contains(a);
+  if (!c.tables) return false;
+  if (const Module* m = c.tables->live_module_at(a)) return m->kprobes_text && m->kprobes_text->contains(a);
+  return c.tables->kprobes_text() && c.tables->kprobes_text()->contains(a);
 }
 bool on_guest_hook_path(std::string_view name) {
   if (std::find(kGuestHookPath.begin(), kGuestHookPath.end(), name) != kGuestHookPath.end()) return true;
@@ -141,12 +179,18 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
   if (!c.module_text.empty() && c.module_text.overlaps(a, end))
     return refuse("module-text", Errc::InvalidArgument,
                   "the guest module's own code: its int3 hook runs it (a trap there recurses on the guest "
-                  "channel), and module text is not probed on any channel yet",
+                  "channel), whatever the other modules allow",
                   "xenprobes module text " + hex(c.module_text.start) + "-" + hex(c.module_text.end));
-  if (!in_kernel_text(c, a) || !t->core_text().contains(end - 1))
-    return refuse("not-kernel-text", Errc::InvalidArgument,
-                  "outside the kernel's text [_stext, _etext): data, freed init code or module text",
-                  "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
+  const Module* mod = t->core_text().contains(a) ? nullptr : t->live_module_at(a);
+  if (!t->core_text().contains(a) && !mod) return outside_text(c, a);
+  if (mod ? !mod->text.contains(end - 1) : !t->core_text().contains(end - 1))
+    return refuse("not-kernel-text", Errc::InvalidArgument, "the instruction runs past the end of the text it starts in",
+                  mod ? "module " + mod->name + " text " + hex(mod->text.start) + "-" + hex(mod->text.end)
+                      : "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
+  // In a module: its own tables (always read, or the module would not count as text).
+  const std::string in_mod = mod ? "module " + mod->name + " " : "";
+  const TableStatus& jump_st = mod ? mod->jump_status : t->jump_status();
+  const TableStatus& sc_st = mod ? mod->sc_status : t->static_call_status();
   if (!fn)
     return refuse("no-function", Errc::InvalidArgument,
                   "no function symbol covers it, so the instruction boundary cannot be checked (a data "
@@ -174,29 +218,41 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
                   fn->name);
   // Run-time-patched sites: the kernel checks the bytes before rewriting and BUG()s (jump
   // labels, static calls) on a mismatch, with its text locks held.
-  if (!t->jump_status().found) {
+  if (!jump_st.found) {
     if (looks_like_patch_site(i))
       return refuse("jump-label", Errc::Busy,
                     "the jump-label table could not be read, so a nop or jmp may be a static-key site",
-                    "__jump_table: " + t->jump_status().why);
+                    "__jump_table: " + jump_st.why);
   } else if (const Site* s = t->jump_label_in(a, end)) {
     return refuse("jump-label", Errc::Busy,
                   "a static-key site: the kernel rewrites it when the key flips and BUG()s on a byte it "
                   "did not write",
-                  "__jump_table site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
+                  in_mod + "__jump_table site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
   }
-  if (!t->static_call_status().found) {
+  if (!sc_st.found) {
     if (looks_like_patch_site(i))
       return refuse("static-call", Errc::Busy,
                     "the static-call table could not be read, so a call, jmp or nop5 may be a static-call site",
-                    ".static_call_sites: " + t->static_call_status().why);
+                    ".static_call_sites: " + sc_st.why);
   } else if (const Site* s = t->static_call_in(a, end)) {
     return refuse("static-call", Errc::Busy,
                   "a static-call site: the kernel rewrites it when the call's target changes and BUG()s "
                   "on a byte it did not write",
-                  ".static_call_sites site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
+                  in_mod + ".static_call_sites site " + where_of(c, s->addr) + ", key " + where_of(c, s->key));
   }
-  if (!t->smp_locks_status().found) {
+  if (mod && !t->smp_locks_status().freed) {
+    // A module's lock sites are not in struct module but in the kernel's smp_alt_modules list,
+    // which is not read; the kernel keeps them only while it may still switch between UP and
+    // SMP, exactly when its own .smp_locks is still mapped (else no prefix is rewritten).
+    if (i.has_lock() || i.prefixes[1] == 0x3e)
+      return refuse("smp-lock", Errc::Busy,
+                    "a lock prefix in a module while the kernel may still rewrite lock prefixes (UP <-> SMP), and a "
+                    "module's lock sites are not read",
+                    in_mod + ".smp_locks: " + (t->smp_locks_status().found ? "the kernel's is still mapped"
+                                                                           : t->smp_locks_status().why));
+  } else if (mod) {
+    // The kernel rewrites no lock prefix any more (its .smp_locks is freed): nothing to refuse.
+  } else if (!t->smp_locks_status().found) {
     if (i.has_lock() || i.prefixes[1] == 0x3e)
       return refuse("smp-lock", Errc::Busy,
                     "the SMP lock-site table could not be read, so this prefix may be rewritten at CPU hotplug",
@@ -208,17 +264,19 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
                   "copy could leave the operation non-atomic",
                   ".smp_locks " + where_of(c, *l));
   }
-  if (!t->ex_status().found) {
+  // In a live module: its own table (always read, or the module would not count as text).
+  const TableStatus& ex_st = mod ? mod->ex_status : t->ex_status();
+  if (!ex_st.found) {
     if (may_fault_with_fixup(i))
       return refuse("exception-table", Errc::InvalidArgument,
                     "the exception table could not be read, so this memory access may expect its fault to "
                     "be fixed up at the original address",
-                    "__ex_table: " + t->ex_status().why);
+                    "__ex_table: " + ex_st.why);
   } else if (const ExEntry* e = t->exception_entry(a)) {
     return refuse("exception-table", Errc::InvalidArgument,
                   "the kernel expects this instruction to fault (a user copy, a *_safe access) and looks "
                   "its fixup up by the faulting address, which out of line would be the slot's",
-                  "__ex_table entry " + where_of(c, e->insn) + " -> fixup " + where_of(c, e->fixup) +
+                  in_mod + "__ex_table entry " + where_of(c, e->insn) + " -> fixup " + where_of(c, e->fixup) +
                       ", type " + std::to_string(e->type()));
   }
   // The guest's own int3 path (guest channel only).
@@ -231,11 +289,11 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
     if (in_noinstr_text(c, a))
       return refuse("noinstr", Errc::InvalidArgument,
                     "noinstr code runs before RCU and context tracking are set up for a trap handler",
-                    ".noinstr.text " + hex(t->noinstr_text()->start) + "-" + hex(t->noinstr_text()->end), true);
+                    in_mod + ".noinstr.text " + range_of(mod ? mod->noinstr_text : t->noinstr_text()), true);
     if (in_kprobes_text(c, a))
       return refuse("kprobes-text", Errc::InvalidArgument,
                     "the kernel's own breakpoint-handling code (.kprobes.text) must not trap",
-                    ".kprobes.text " + hex(t->kprobes_text()->start) + "-" + hex(t->kprobes_text()->end), true);
+                    in_mod + ".kprobes.text " + range_of(mod ? mod->kprobes_text : t->kprobes_text()), true);
     if (!t->blacklist_status().found)
       return refuse("kprobe-blacklist", Errc::InvalidArgument,
                     "the kernel's kprobe blacklist could not be read, so the guest's int3 path cannot be told "

@@ -6,6 +6,8 @@
 
 #include "common/bytes.hpp"
 #include "common/log.hpp"
+#include "kernel/btf.hpp"
+#include "kernel/modules.hpp"
 
 namespace xenprobes::kernel {
 namespace {
@@ -46,20 +48,71 @@ std::optional<std::vector<std::byte>> read_table(const symbols::SymbolTable& sym
     st.why = std::to_string(bytes / esize) + " entries is more than the limit of " + std::to_string(limits.max_entries);
     return std::nullopt;
   }
-  std::vector<std::byte> out(bytes);
-  for (std::uint64_t off = 0; off < bytes; off += limits.chunk_bytes) {
-    std::uint64_t n = std::min<std::uint64_t>(limits.chunk_bytes, bytes - off);
-    if (auto r = read(Gva{*a + off}, std::span(out.data() + off, n)); !r) {
-      st.why = "cannot read it at " + std::to_string(*a + off) + ": " + r.error().what;
-      return std::nullopt;
-    }
-  }
+  auto out = entries::read_bytes(read, *a, bytes, limits, st);
+  if (!out) return std::nullopt;
   *base = *a;
   st.found = true;
   return out;
 }
 
 }  // namespace
+
+namespace entries {
+
+void decode_ex(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep, std::vector<ExEntry>& out) {
+  for (std::size_t off = 0; off + kExSize <= raw.size(); off += kExSize) {
+    const std::byte* e = raw.data() + off;
+    ExEntry x;
+    x.insn = base + off + load<std::int32_t>(e);
+    x.fixup = base + off + 4 + load<std::int32_t>(e + 4);
+    x.data = load<std::int32_t>(e + 8);
+    if (keep(x.insn)) out.push_back(x);
+  }
+}
+
+void decode_jumps(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep, std::vector<Site>& out) {
+  for (std::size_t off = 0; off + kJumpSize <= raw.size(); off += kJumpSize) {
+    const std::byte* e = raw.data() + off;
+    Site s{base + off + load<std::int32_t>(e), (base + off + 8 + load<std::int64_t>(e + 8)) & ~3ull};
+    if (keep(s.addr)) out.push_back(s);
+  }
+}
+
+void decode_static_calls(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep,
+                         std::vector<Site>& out) {
+  for (std::size_t off = 0; off + kStaticCallSize <= raw.size(); off += kStaticCallSize) {
+    const std::byte* e = raw.data() + off;
+    Site s{base + off + load<std::int32_t>(e), (base + off + 4 + load<std::int32_t>(e + 4)) & ~3ull};
+    if (keep(s.addr)) out.push_back(s);
+  }
+}
+
+KeepFn classifier(Range text, Range init, TableStatus& st) {
+  return [text, init, &st](std::uint64_t a) {
+    if (text.contains(a)) return true;
+    if (init.contains(a))
+      ++st.init_entries;
+    else
+      ++st.invalid;
+    return false;
+  };
+}
+
+std::optional<std::vector<std::byte>> read_bytes(const ReadFn& read, std::uint64_t addr, std::uint64_t bytes,
+                                                 const Limits& limits, TableStatus& st) {
+  std::vector<std::byte> out(bytes);
+  const std::uint64_t chunk = std::max<std::uint64_t>(limits.chunk_bytes, 1);
+  for (std::uint64_t off = 0; off < bytes; off += chunk) {
+    std::uint64_t n = std::min<std::uint64_t>(chunk, bytes - off);
+    if (auto r = read(Gva{addr + off}, std::span(out.data() + off, n)); !r) {
+      st.why = "cannot read it at " + std::to_string(addr + off) + ": " + r.error().what;
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+}  // namespace entries
 
 KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits) {
   KernelTables t;
@@ -76,14 +129,7 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
 
   // Where a decoded address may point: the kernel's text (kept), its init text (freed after
   // boot: dropped, counted), anything else (a corrupt or hostile entry: dropped, counted).
-  auto classify = [&](std::uint64_t a, TableStatus& st) {
-    if (t.text_.contains(a)) return true;
-    if (t.init_text_.contains(a))
-      ++st.init_entries;
-    else
-      ++st.invalid;
-    return false;
-  };
+  auto classify = [&](std::uint64_t a, TableStatus& st) { return entries::classifier(t.text_, t.init_text_, st)(a); };
   const bool have_text = !t.text_.empty();
   auto no_text = [&](TableStatus& st) {
     st.found = false;
@@ -91,34 +137,22 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
   };
 
   std::uint64_t base = 0;
-  if (auto raw = read_table(syms, read, "__start___ex_table", "__stop___ex_table", 12, limits, t.ex_status_, &base)) {
+  if (auto raw = read_table(syms, read, "__start___ex_table", "__stop___ex_table", entries::kExSize, limits,
+                            t.ex_status_, &base)) {
     if (!have_text) no_text(t.ex_status_);
-    for (std::size_t off = 0; have_text && off < raw->size(); off += 12) {
-      const std::byte* e = raw->data() + off;
-      ExEntry x;
-      x.insn = base + off + load<std::int32_t>(e);
-      x.fixup = base + off + 4 + load<std::int32_t>(e + 4);
-      x.data = load<std::int32_t>(e + 8);
-      if (classify(x.insn, t.ex_status_)) t.ex_.push_back(x);
-    }
+    if (have_text) entries::decode_ex(base, *raw, entries::classifier(t.text_, t.init_text_, t.ex_status_), t.ex_);
   }
-  if (auto raw = read_table(syms, read, "__start___jump_table", "__stop___jump_table", 16, limits, t.jump_status_,
-                            &base)) {
+  if (auto raw = read_table(syms, read, "__start___jump_table", "__stop___jump_table", entries::kJumpSize, limits,
+                            t.jump_status_, &base)) {
     if (!have_text) no_text(t.jump_status_);
-    for (std::size_t off = 0; have_text && off < raw->size(); off += 16) {
-      const std::byte* e = raw->data() + off;
-      Site s{base + off + load<std::int32_t>(e), (base + off + 8 + load<std::int64_t>(e + 8)) & ~3ull};
-      if (classify(s.addr, t.jump_status_)) t.jumps_.push_back(s);
-    }
+    if (have_text)
+      entries::decode_jumps(base, *raw, entries::classifier(t.text_, t.init_text_, t.jump_status_), t.jumps_);
   }
-  if (auto raw = read_table(syms, read, "__start_static_call_sites", "__stop_static_call_sites", 8, limits,
-                            t.sc_status_, &base)) {
+  if (auto raw = read_table(syms, read, "__start_static_call_sites", "__stop_static_call_sites",
+                            entries::kStaticCallSize, limits, t.sc_status_, &base)) {
     if (!have_text) no_text(t.sc_status_);
-    for (std::size_t off = 0; have_text && off < raw->size(); off += 8) {
-      const std::byte* e = raw->data() + off;
-      Site s{base + off + load<std::int32_t>(e), (base + off + 4 + load<std::int32_t>(e + 4)) & ~3ull};
-      if (classify(s.addr, t.sc_status_)) t.calls_.push_back(s);
-    }
+    if (have_text)
+      entries::decode_static_calls(base, *raw, entries::classifier(t.text_, t.init_text_, t.sc_status_), t.calls_);
   }
   // .smp_locks lives in init memory. Linux frees it after boot exactly when it will never
   // rewrite a lock prefix again: when it booted with its SMP alternatives in place or can
@@ -129,6 +163,7 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
   auto locks = read_table(syms, read, "__smp_locks", "__smp_locks_end", 4, limits, t.locks_status_, &base);
   if (!locks && t.locks_status_.why.starts_with("cannot read")) {
     t.locks_status_.found = true;
+    t.locks_status_.freed = true;
     t.locks_status_.why = "freed after boot (its memory is unmapped): the kernel rewrites no lock prefix any more";
   }
   if (auto& raw = locks) {
@@ -178,12 +213,20 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
         t.blacklist_.push_back(r);
       else if (!r.empty() && t.init_text_.contains(r.start))
         ++t.bl_status_.init_entries;
-      else
+      else {
         ++t.bl_status_.invalid;
+        // A module's, perhaps (the kernel lists their NOKPROBE functions here too): kept aside
+        // until the modules are known (set_modules).
+        if (r.start < r.end && r.end - r.start <= (64u << 20) && r.start >= symbols::kKernelHalfStart)
+          t.bl_outside_.push_back(r);
+      }
       node = load<std::uint64_t>(buf);
     }
     t.bl_status_.found = ok;
-    if (!ok) t.blacklist_.clear();  // a list we could not walk to its end is not trusted in part
+    if (!ok) {
+      t.blacklist_.clear();  // a list we could not walk to its end is not trusted in part
+      t.bl_outside_.clear();
+    }
   }
   t.index();
   for (TableStatus* st : {&t.ex_status_, &t.jump_status_, &t.sc_status_, &t.locks_status_, &t.bl_status_})
@@ -233,14 +276,64 @@ void KernelTables::index() {
   blacklist_ = std::move(merged);
 }
 
+struct KernelTables::LayoutCache {
+  Result<ModuleLayout> layout;
+};
+
+const Module* KernelTables::live_module_at(std::uint64_t addr) const {
+  return modules_ && !text_.contains(addr) ? modules_->live_module_at(addr) : nullptr;
+}
+
+void KernelTables::set_modules(ModuleTables m) {
+  modules_ = std::make_shared<const ModuleTables>(std::move(m));
+  // The blacklist ranges the core walk set aside: those inside a live module's text are its
+  // NOKPROBE functions and .kprobes.text (the kernel adds both when the module comes).
+  module_bl_.clear();
+  for (const Range& r : bl_outside_)
+    if (const Module* mod = modules_->live_module_at(r.start); mod && r.end <= mod->text.end) module_bl_.push_back(r);
+  std::sort(module_bl_.begin(), module_bl_.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
+  std::vector<Range> merged;
+  for (const Range& r : module_bl_) {
+    if (!merged.empty() && r.start <= merged.back().end)
+      merged.back().end = std::max(merged.back().end, r.end);
+    else
+      merged.push_back(r);
+  }
+  module_bl_ = std::move(merged);
+}
+
+bool KernelTables::refresh_modules(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits) {
+  if (modules_ && !modules_->changed(syms, read)) return false;
+  if (!layout_) {
+    // The layout of struct module, once: from the guest's own BTF (4-5 MiB, checked by libbpf).
+    auto cache = std::make_shared<LayoutCache>(LayoutCache{fail(Errc::NotFound, "")});
+    if (auto blob = read_kernel_btf(syms, read); !blob)
+      cache->layout = fail(blob.error().code, "no BTF to read struct module's layout from: " + blob.error().what);
+    else
+      cache->layout = module_layout_from_btf(*blob);
+    layout_ = std::move(cache);
+  }
+  if (!layout_->layout) {
+    set_modules(ModuleTables::unavailable(layout_->layout.error().what));
+  } else {
+    set_modules(ModuleTables::read(syms, read, *layout_->layout, text_, limits));
+  }
+  XP_LOG(Debug, "guest kernel %s", modules_->summary().c_str());
+  return true;
+}
+
 const ExEntry* KernelTables::exception_entry(std::uint64_t insn) const {
-  auto it = std::lower_bound(ex_.begin(), ex_.end(), insn, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
-  return it != ex_.end() && it->insn == insn ? &*it : nullptr;
+  const std::vector<ExEntry>* v = &ex_;
+  if (const Module* m = live_module_at(insn)) v = &m->ex;
+  auto it = std::lower_bound(v->begin(), v->end(), insn, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
+  return it != v->end() && it->insn == insn ? &*it : nullptr;
 }
 
 const ExEntry* KernelTables::exception_entry_in(std::uint64_t lo, std::uint64_t hi) const {
-  auto it = std::lower_bound(ex_.begin(), ex_.end(), lo, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
-  return it != ex_.end() && it->insn < hi ? &*it : nullptr;
+  const std::vector<ExEntry>* v = &ex_;
+  if (const Module* m = live_module_at(lo)) v = &m->ex;
+  auto it = std::lower_bound(v->begin(), v->end(), lo, [](const ExEntry& e, std::uint64_t a) { return e.insn < a; });
+  return it != v->end() && it->insn < hi ? &*it : nullptr;
 }
 
 const Site* KernelTables::site_in(const std::vector<Site>& v, std::uint64_t len, std::uint64_t lo, std::uint64_t hi) {
@@ -250,11 +343,15 @@ const Site* KernelTables::site_in(const std::vector<Site>& v, std::uint64_t len,
   return it != v.end() && it->addr < hi ? &*it : nullptr;
 }
 
+// (A range is looked up in the table of whoever holds `lo`: an instruction never spans the
+// core kernel and a module, and the rules refuse one that runs past its module's end.)
 const Site* KernelTables::jump_label_in(std::uint64_t lo, std::uint64_t hi) const {
-  return site_in(jumps_, kJumpSiteLen, lo, hi);
+  const Module* m = live_module_at(lo);
+  return site_in(m ? m->jumps : jumps_, kJumpSiteLen, lo, hi);
 }
 const Site* KernelTables::static_call_in(std::uint64_t lo, std::uint64_t hi) const {
-  return site_in(calls_, kStaticCallSiteLen, lo, hi);
+  const Module* m = live_module_at(lo);
+  return site_in(m ? m->calls : calls_, kStaticCallSiteLen, lo, hi);
 }
 
 std::optional<std::uint64_t> KernelTables::smp_lock_in(std::uint64_t lo, std::uint64_t hi) const {
@@ -264,9 +361,9 @@ std::optional<std::uint64_t> KernelTables::smp_lock_in(std::uint64_t lo, std::ui
 }
 
 const Range* KernelTables::blacklisted(std::uint64_t addr) const {
-  auto it = std::upper_bound(blacklist_.begin(), blacklist_.end(), addr,
-                             [](std::uint64_t a, const Range& r) { return a < r.start; });
-  if (it == blacklist_.begin()) return nullptr;
+  const std::vector<Range>& v = live_module_at(addr) ? module_bl_ : blacklist_;
+  auto it = std::upper_bound(v.begin(), v.end(), addr, [](std::uint64_t a, const Range& r) { return a < r.start; });
+  if (it == v.begin()) return nullptr;
   --it;
   return it->contains(addr) ? &*it : nullptr;
 }
@@ -284,6 +381,7 @@ std::string KernelTables::summary() const {
     if (st->init_entries) s += " (+" + std::to_string(st->init_entries) + " init)";
     if (st->invalid) s += " (" + std::to_string(st->invalid) + " invalid dropped)";
   }
+  if (modules_) s += ", " + modules_->summary();
   return s;
 }
 

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,6 +47,7 @@ struct Limits {
   std::size_t max_entries = 1u << 20;        // per table
   std::size_t max_blacklist = 1u << 16;      // kprobe_blacklist list nodes
   std::size_t chunk_bytes = 64u << 10;       // one guest read
+  std::size_t max_modules = 4096;            // loaded-module list nodes (a distribution has ~100)
 };
 
 // One exception-table entry: the instruction that may fault, where the fault goes, and the
@@ -69,11 +71,35 @@ struct TableStatus {
   std::size_t entries = 0;       // kept
   std::size_t init_entries = 0;  // pointing into freed init text: dropped
   std::size_t invalid = 0;       // pointing outside the kernel's text: dropped
+  bool freed = false;     // found: its memory is unmapped because the kernel freed it (.smp_locks)
   std::string why;        // when !found: what was missing or wrong (or a note when found)
 };
 
 // Reads `out.size()` bytes of guest memory at `addr`.
 using ReadFn = std::function<Result<void>(Gva addr, std::span<std::byte> out)>;
+
+// Linux's table entries, decoded from their raw bytes: the same formats in the core kernel's
+// sections and in each module's (struct module's extable, jump_entries, static_call_sites).
+// `base` is the guest address of raw[0] (offsets are relative to each field); `keep` decides
+// for each decoded address whether the entry is kept (it counts what it drops).
+namespace entries {
+inline constexpr std::size_t kExSize = 12, kJumpSize = 16, kStaticCallSize = 8, kLockSize = 4;
+using KeepFn = std::function<bool(std::uint64_t addr)>;
+void decode_ex(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep, std::vector<ExEntry>& out);
+void decode_jumps(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep, std::vector<Site>& out);
+void decode_static_calls(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep,
+                         std::vector<Site>& out);
+// Where a decoded address may point: `text` (kept), `init` (freed after init: dropped, counted
+// in init_entries), anything else (a corrupt or hostile entry: dropped, counted in invalid).
+KeepFn classifier(Range text, Range init, TableStatus& st);
+// `bytes` of guest memory at `addr` in reads of at most limits.chunk_bytes; on failure
+// nullopt and st.why says where.
+std::optional<std::vector<std::byte>> read_bytes(const ReadFn& read, std::uint64_t addr, std::uint64_t bytes,
+                                                 const Limits& limits, TableStatus& st);
+}  // namespace entries
+
+class ModuleTables;
+struct Module;
 
 class KernelTables {
  public:
@@ -90,8 +116,21 @@ class KernelTables {
   const std::optional<Range>& noinstr_text() const { return noinstr_; }
   const std::optional<Range>& kprobes_text() const { return kprobes_; }
 
+  // The loaded modules (modules.hpp): null until refresh_modules() ran. A live module's core
+  // text whose tables were read counts as kernel text; the lookups below answer for it too.
+  const ModuleTables* modules() const { return modules_.get(); }
+  // The live, readable module whose core text holds `addr`, or null. O(log n).
+  const Module* live_module_at(std::uint64_t addr) const;
+  // Re-reads the module list when it may have changed since the last walk (modules.hpp,
+  // ModuleTables::changed: the list head's two pointers and each live module's state and
+  // links); the first call also reads the guest's BTF for struct module's layout. Returns
+  // whether it walked the list. Call it after read() and before each registration.
+  bool refresh_modules(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits = {});
+  // For tests: modules read elsewhere.
+  void set_modules(ModuleTables m);
+
   // The entry covering exactly this instruction address (faults report the instruction's
-  // own address), or null. O(log n).
+  // own address), or null. O(log n), over the core kernel's or the holding module's table.
   const ExEntry* exception_entry(std::uint64_t insn) const;
   // The first entry whose instruction lies in [lo, hi), or null.
   const ExEntry* exception_entry_in(std::uint64_t lo, std::uint64_t hi) const;
@@ -100,7 +139,8 @@ class KernelTables {
   const Site* static_call_in(std::uint64_t lo, std::uint64_t hi) const;
   // A lock prefix recorded in .smp_locks inside [lo, hi), or nullopt.
   std::optional<std::uint64_t> smp_lock_in(std::uint64_t lo, std::uint64_t hi) const;
-  // A kprobe_blacklist range holding `addr`, or null.
+  // A kprobe_blacklist range holding `addr`, or null. The kernel adds each module's NOKPROBE
+  // functions and .kprobes.text to the same list: ranges in a live module's text count too.
   const Range* blacklisted(std::uint64_t addr) const;
 
   const TableStatus& ex_status() const { return ex_status_; }
@@ -130,6 +170,12 @@ class KernelTables {
   std::vector<Site> jumps_, calls_;  // sorted by addr
   std::vector<std::uint64_t> locks_; // sorted
   std::vector<Range> blacklist_;     // sorted by start, merged
+  std::vector<Range> bl_outside_;    // plausible ranges outside the core text (module candidates)
+  std::vector<Range> module_bl_;     // those inside a live module's text: sorted, merged
+  std::shared_ptr<const ModuleTables> modules_;
+  // struct module's layout from the guest's BTF, read once (modules.hpp).
+  struct LayoutCache;
+  std::shared_ptr<const LayoutCache> layout_;
   static TableStatus named(const char* n) {
     TableStatus s;
     s.name = n;

@@ -130,7 +130,11 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
     }
   }
   mem::GuestMemory& m = *d->memory;
-  d->tables = kernel::KernelTables::read(*d->syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  const kernel::ReadFn read = [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); };
+  d->tables = kernel::KernelTables::read(*d->syms, read);
+  // The loaded modules (their text is probed under the same rules): walked now, and again
+  // before a registration when the list changed (KernelTables::refresh_modules).
+  d->tables->refresh_modules(*d->syms, read);
   XP_LOG(Info, "domain %u: guest kernel tables: %s", id.value, d->tables->summary().c_str());
   return {};
 }

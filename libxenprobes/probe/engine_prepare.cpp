@@ -63,6 +63,12 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
                 hex(addr.value) + ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
                 "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
                 "System.map or kallsyms first)");
+  // Modules loaded or unloaded since the last walk (cheap when nothing changed): a probe must
+  // never go into the text of a module that has gone.
+  if (d.tables) {
+    mem::GuestMemory& m = *d.memory;
+    d.tables->refresh_modules(*d.syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  }
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
     // No function to decode from: the address rules say why (data, a gap, not text).

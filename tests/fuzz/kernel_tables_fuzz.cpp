@@ -4,8 +4,18 @@
 // both hostile.
 //
 // Input: the System.map text up to the first NUL byte, then: read limits, whether unmapped
-// memory reads as zeros or faults, up to 4 memory regions (base, bytes), the module's text
-// range, then probes (an address in or near the text and up to 15 instruction bytes).
+// memory reads as zeros or faults, up to 4 memory regions (base, bytes), [when the limits
+// byte has 0x10: loaded modules, see read_modules()], the module's text range, then probes (an
+// address in or near the text and up to 15 instruction bytes).
+//
+// Loaded modules (kernel/modules.cpp): up to 4 struct modules in 6.1's or 6.12's layout, each
+// with a fuzzed state, name, text range, table entries (relative to its text, so many land
+// outside it), and optionally broken links, a huge count or a wild table pointer; and fuzzed
+// bytes given to module_layout_from_btf. Invariants: the walk never fails as a whole; with
+// unbroken links it completes; a usable module is LIVE, has a valid name, a text range that
+// overlaps neither the core kernel's nor another usable module's, and every entry it kept lies
+// in its text and is found by KernelTables' lookups; what check_address accepts outside the
+// core text lies wholly inside a usable module's text, on none of its sites.
 //
 // Invariants: read() never fails as a whole; a table is found exactly when its bounds are in
 // the symbols, ordered, a whole number of entries within the limit and readable; its counts
@@ -15,10 +25,12 @@
 // check_address() refuses with a known rule, the same on every channel except for the
 // guest-channel-only rules (last in order), and what it accepts lies in the text, inside a
 // function, on no exception-table entry, jump-label or static-call site.
+#include <cctype>
 #include <cinttypes>
 
 #include "fuzz/fuzz_common.hpp"
 #include "kernel/address_rules.hpp"
+#include "kernel/modules.hpp"
 #include "kernel/tables.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
@@ -136,6 +148,161 @@ const char* const kRules[] = {"not-kernel-text", "module-text", "no-function", "
                               "jump-label", "static-call", "smp-lock", "exception-table", "guest-hook-path",
                               "noinstr", "kprobes-text", "kprobe-blacklist"};
 
+// ---- loaded modules
+
+constexpr std::uint64_t kModHead = 0xffffffffc3000000ull, kModText = 0xffffffffc0000000ull,
+                        kModStructs = 0xffffffffc1000000ull, kModTables = 0xffffffffc2000000ull;
+
+// struct module in Debian's 6.1 (core_layout) and 6.12 (mem[], MOD_TEXT 0, MOD_INIT_TEXT 4)
+// layouts, as pahole prints them; the layout a BTF would give (modules_test.cpp checks that).
+ModuleLayout fuzz_layout(bool mem) {
+  ModuleLayout l;
+  l.struct_size = mem ? 1280 : 896;
+  l.state = {0, 4};
+  l.list = {8, 16};
+  l.name = {24, 56};
+  l.mem_array = mem;
+  l.core_base = {320, 8};
+  l.core_text_size = {mem ? 328u : 332u, 4};
+  l.init_base = {mem ? 320u + 4 * 72 : 400u, 8};
+  l.init_text_size = {l.init_base.offset + (mem ? 8u : 12u), 4};
+  l.num_exentries = {300, 4};
+  l.extable = {304, 8};
+  l.jump_entries = {mem ? 1048u : 696u, 8};
+  l.num_jump_entries = {mem ? 1056u : 704u, 4};
+  l.kprobes_text_start = Field{mem ? 1112u : 760u, 8};
+  l.kprobes_text_size = Field{mem ? 1120u : 768u, 4};
+  l.num_static_call_sites = {mem ? 1140u : 788u, 4};
+  l.static_call_sites = {mem ? 1144u : 792u, 8};
+  l.noinstr_text_start = Field{mem ? 968u : 624u, 8};
+  l.noinstr_text_size = Field{mem ? 976u : 632u, 4};
+  return l;
+}
+
+struct FuzzModules {
+  ModuleLayout layout;
+  bool links_intact = true;
+  std::size_t count = 0;
+};
+
+// Lays out up to 4 modules from the input in two regions put first in `mem` (so they are what
+// a read sees there).
+FuzzModules read_modules(Input& in, Memory& mem) {
+  FuzzModules f;
+  const std::uint8_t flags = in.u8();
+  f.layout = fuzz_layout(flags & 1);
+  if (flags & 4) {  // fuzzed bytes as the guest's BTF: never crashes; a layout it gives is in bounds
+    auto b = in.bytes(in.u16() % 4096);
+    std::vector<std::byte> blob(b.size());
+    if (!b.empty()) std::memcpy(blob.data(), b.data(), b.size());
+    if (auto l = module_layout_from_btf(blob)) {
+      FUZZ_CHECK(l->struct_size > 0 && l->core_base.offset + 8 <= l->struct_size, l->describe());
+      FUZZ_CHECK(fuzz::printable(l->describe()));
+    } else {
+      FUZZ_CHECK(fuzz::printable(l.error().what), l.error().what);
+    }
+  }
+  const ModuleLayout& l = f.layout;
+  f.count = in.u8() % 5;
+  Memory::Region structs{kModStructs, std::vector<std::uint8_t>(0x1000 * std::max<std::size_t>(f.count, 1))};
+  Memory::Region tables{kModTables, std::vector<std::uint8_t>(0x1000 * std::max<std::size_t>(f.count, 1))};
+  Memory::Region head{kModHead, std::vector<std::uint8_t>(16)};
+  auto put = [](Memory::Region& r, std::uint64_t a, std::uint64_t v, unsigned n) {
+    if (a - r.base <= r.bytes.size() && r.bytes.size() - (a - r.base) >= n) std::memcpy(&r.bytes[a - r.base], &v, n);
+  };
+  auto node = [&](std::size_t i) { return i >= f.count ? kModHead : kModStructs + 0x1000 * i + l.list.offset; };
+  for (std::size_t i = 0; i < f.count; ++i) {
+    const std::uint64_t s = kModStructs + 0x1000 * i, tab = kModTables + 0x1000 * i;
+    const std::uint8_t st = in.u8() % 5;
+    put(structs, s + l.state.offset, st == 4 ? 7 : st, 4);
+    auto name = in.bytes(8);
+    std::memcpy(&structs.bytes[0x1000 * i + l.name.offset], name.data(), name.size());
+    const std::uint8_t sel = in.u8();
+    const std::uint64_t text = sel < 4 ? kModText + 0x10000 * sel : sel == 0xff ? in.u64() : kModText + in.u16();
+    put(structs, s + l.core_base.offset, text, 8);
+    put(structs, s + l.core_text_size.offset, in.u16(), 4);
+    put(structs, s + l.init_base.offset, text + 0x100000, 8);
+    put(structs, s + l.init_text_size.offset, 0x1000, 4);
+    put(structs, s + l.kprobes_text_start->offset, text + in.u16(), 8);
+    put(structs, s + l.kprobes_text_size->offset, in.u8(), 4);
+    // Tables: entries relative to their fields, pointing at the text start plus a fuzzed offset.
+    struct T { Field ptr, num; std::size_t esize; std::uint64_t at; };
+    const T ts[] = {{l.extable, l.num_exentries, 12, tab}, {l.jump_entries, l.num_jump_entries, 16, tab + 0x400},
+                    {l.static_call_sites, l.num_static_call_sites, 8, tab + 0x800}};
+    for (const T& t : ts) {
+      const unsigned n = in.u8() % 8;
+      put(structs, s + t.ptr.offset, t.at, 8);
+      put(structs, s + t.num.offset, n, 4);
+      for (unsigned j = 0; j < n; ++j) {
+        const std::uint64_t e = t.at + t.esize * j;
+        const bool in_init = in.flag();  // (one read per statement: the input's order is fixed)
+        const std::uint64_t target = (in_init ? text + 0x100000 : text) + in.u16();
+        put(tables, e, target - e, 4);
+        put(tables, e + 4, kData + in.u8() - (e + 4), 4);
+        if (t.esize >= 12) put(tables, e + 8, t.esize == 16 ? kData + 0x800 - (e + 8) : in.u8(), t.esize == 16 ? 8 : 4);
+      }
+    }
+    const std::uint8_t evil = in.u8();
+    if (evil & 1) put(structs, s + l.num_exentries.offset, in.u32(), 4);  // a huge count
+    if (evil & 2) put(structs, s + l.extable.offset, in.u64(), 8);        // a wild table
+    put(structs, s + l.list.offset, node(i + 1), 8);
+    put(structs, s + l.list.offset + 8, i == 0 ? kModHead : node(i - 1), 8);
+    if (evil & 4) {  // broken links
+      put(structs, s + l.list.offset + ((evil & 8) ? 8 : 0), in.u64(), 8);
+      f.links_intact = false;
+    }
+  }
+  put(head, kModHead, f.count ? node(0) : kModHead, 8);
+  put(head, kModHead + 8, f.count ? node(f.count - 1) : kModHead, 8);
+  mem.regions.insert(mem.regions.begin(), {std::move(head), std::move(structs), std::move(tables)});
+  return f;
+}
+
+bool valid_module_name(const std::string& n) {
+  return !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+void check_modules(const KernelTables& t, const FuzzModules& f, const Limits& lim) {
+  const ModuleTables* m = t.modules();
+  FUZZ_CHECK(m && fuzz::printable(m->summary()), m ? m->summary() : "no modules");
+  if (f.links_intact && f.count <= lim.max_modules)
+    FUZZ_CHECK(m->status().found, "an intact module list not walked: " + m->status().why);
+  if (!m->status().found) {
+    FUZZ_CHECK(m->modules().empty() && !m->live_module_at(kModText));
+    return;
+  }
+  const Module* prev = nullptr;
+  std::size_t usable = 0;
+  for (const Module& x : m->modules()) {
+    if (!x.usable) {
+      FUZZ_CHECK(!x.why.empty() && fuzz::printable(x.why), x.name);
+      continue;
+    }
+    ++usable;
+    FUZZ_CHECK(x.state == ModuleState::Live && valid_module_name(x.name) && !x.text.empty(), x.name);
+    FUZZ_CHECK(!x.text.overlaps(t.core_text().start, t.core_text().end), x.name + " overlaps the core text");
+    FUZZ_CHECK(!prev || prev->text.end <= x.text.start, x.name + " overlaps " + (prev ? prev->name : ""));
+    prev = &x;
+    FUZZ_CHECK(m->live_module_at(x.text.start) == &x && t.live_module_at(x.text.end - 1) == &x, x.name);
+    for (const ExEntry& e : x.ex) {
+      FUZZ_CHECK(x.text.contains(e.insn), x.name + ": an exception entry outside its text");
+      FUZZ_CHECK(t.exception_entry(e.insn) && t.exception_entry(e.insn)->insn == e.insn, x.name);
+    }
+    for (const Site& s : x.jumps) {
+      FUZZ_CHECK(x.text.contains(s.addr), x.name + ": a jump label outside its text");
+      FUZZ_CHECK(t.jump_label_in(s.addr, s.addr + 1) != nullptr, x.name);
+    }
+    for (const Site& s : x.calls) {
+      FUZZ_CHECK(x.text.contains(s.addr), x.name + ": a static call outside its text");
+      FUZZ_CHECK(t.static_call_in(s.addr, s.addr + 1) != nullptr, x.name);
+    }
+    if (x.kprobes_text) FUZZ_CHECK(x.text.contains(x.kprobes_text->start) && x.kprobes_text->end <= x.text.end);
+  }
+  FUZZ_CHECK(usable == m->status().entries);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -169,7 +336,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const auto& r : mem.regions) FUZZ_TRACE("region %s + %zu", fuzz::hexs(r.base).c_str(), r.bytes.size());
   FUZZ_TRACE("limits: %zu entries, %zu chunk, %zu blacklist, faults %d", lim.max_entries, lim.chunk_bytes,
              lim.max_blacklist, mem.faults);
-  const KernelTables t = KernelTables::read(syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); }, lim);
+  std::optional<FuzzModules> mods;
+  std::optional<symbols::SymbolTable> mod_syms;
+  if (lb & 0x10) {
+    // The list head where read_modules() puts it (a `modules` in the fuzzed map too makes it
+    // ambiguous: refused).
+    auto r = symbols::SymbolTable::parse(std::string(all.substr(0, nul)) + "\nffffffffc3000000 D modules\n", "fuzz");
+    if (r) {
+      mod_syms = std::move(*r);
+      mods = read_modules(in, mem);
+    }
+  }
+  KernelTables t = KernelTables::read(syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); }, lim);
+  if (mods) {
+    t.set_modules(ModuleTables::read(*mod_syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); },
+                                     mods->layout, t.core_text(), lim));
+    check_modules(t, *mods, lim);
+    FUZZ_TRACE("%s", t.modules()->summary().c_str());
+  }
   FUZZ_CHECK(fuzz::printable(t.summary()), t.summary());
   FUZZ_TRACE("tables: %s", t.summary().c_str());
   const Range text = t.core_text(), init = t.init_text();
@@ -285,7 +469,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else {
       FUZZ_CHECK(!ro, std::string("refused on the other channels only: ") + ro->rule);
       const std::uint64_t end = insn->next().value;
-      FUZZ_CHECK(have_text && text.contains(a) && text.contains(end - 1), "accepted outside the text: " + fuzz::hexs(a));
+      const Module* in_mod = t.live_module_at(a);
+      FUZZ_CHECK(have_text && ((text.contains(a) && text.contains(end - 1)) || (in_mod && in_mod->text.contains(end - 1))),
+                 "accepted outside the text and every live module's: " + fuzz::hexs(a));
       FUZZ_CHECK(f != nullptr, "accepted without a function");
       FUZZ_CHECK(module_text.empty() || !module_text.overlaps(a, end), "accepted in the module's text");
       FUZZ_CHECK(!t.ex_status().found || !t.exception_entry(a), "accepted on an exception-table entry");

@@ -355,6 +355,23 @@ def kernel_tables():
     loop[0x140:0x148] = u64(n1)
     bad = [l for l in lines if l[2] != "__stop___jump_table"] + [(KT_RODATA + 0x800, "R", "__stop___jump_table")]
     put("kernel_tables", "looping_blacklist", kt_seed(bad, bytes(rodata), bytes(loop), probes[6:8]))
+    # Loaded modules (limits byte 0x10): "ext4" live with one entry of each kind in its text and
+    # one outside, "going" GOING, then probes in ext4's text; in 6.1's and 6.12's layouts.
+    def module(state, name, sel, size, entries, evil=0):
+        out = u8(state) + name.ljust(8, b"\0") + u8(sel) + u16(size) + u16(0x800) + u8(0x40)
+        for kind, offs in enumerate(entries):  # __ex_table, __jump_table, .static_call_sites
+            out += u8(len(offs))
+            for off in offs:
+                out += u8(0) + u16(off) + u8(0x10) + (u8(3) if kind == 0 else b"")
+        return out + u8(evil)
+    mods = module(0, b"ext4", 0, 0x1000, [[0x20, 0x3000], [0x40], [0x60]]) + module(2, b"going", 1, 0x1000, [[], [], []])
+    KT_MOD = 0xFFFFFFFFC0000000
+    mprobes = [(0, KT_MOD + 0x10, bytes.fromhex("4889e5")), (0, KT_MOD + 0x20, bytes.fromhex("8b07")),
+               (0, KT_MOD + 0x40, bytes.fromhex("0f1f440000")), (0, KT_MOD + 0x10010, bytes.fromhex("4889e5"))]
+    for mem in (0, 1):
+        put("kernel_tables", "modules_61" if mem == 0 else "modules_612",
+            kt_seed(lines + [(KT_MOD + 0x10, "t", "ext4_fn"), (KT_MOD + 0x10000, "t", "going_fn")], bytes(rodata),
+                    bytes(data), mprobes, limits=u8(0x10), module=u8(mem) + u8(2) + mods + u8(0)))
 
 
 if __name__ == "__main__":

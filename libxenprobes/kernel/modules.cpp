@@ -1,0 +1,559 @@
+#include "kernel/modules.hpp"
+
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "common/bytes.hpp"
+#include "common/hex.hpp"
+#include "common/log.hpp"
+#include "kernel/btf.hpp"
+
+namespace xenprobes::kernel {
+namespace {
+
+// ---- struct module's layout from BTF
+
+constexpr std::uint32_t kMaxStructBytes = 64u << 10;  // struct module is ~1.2 KiB
+constexpr int kMaxAnonDepth = 8;                       // nesting of anonymous structs/unions searched
+
+struct BtfDeleter {
+  void operator()(btf* b) const { btf__free(b); }
+};
+using BtfPtr = std::unique_ptr<btf, BtfDeleter>;
+
+// The type behind typedefs and qualifiers (bounded: a hostile BTF could loop, though libbpf's
+// parse rejects most such).
+const btf_type* resolve(const btf* b, std::uint32_t id, std::uint32_t* out_id = nullptr) {
+  for (int i = 0; i < 32; ++i) {
+    const btf_type* t = btf__type_by_id(b, id);
+    if (!t) return nullptr;
+    if (!(btf_is_typedef(t) || btf_is_const(t) || btf_is_volatile(t) || btf_is_restrict(t) || btf_is_type_tag(t))) {
+      if (out_id) *out_id = id;
+      return t;
+    }
+    id = t->type;
+  }
+  return nullptr;
+}
+
+struct Member {
+  std::uint64_t bit_offset = 0;
+  std::uint32_t type_id = 0;
+  std::uint32_t bitfield = 0;
+};
+
+// A member by name, searching anonymous struct/union members too.
+std::optional<Member> find_member(const btf* b, std::uint32_t composite_id, std::string_view name,
+                                  std::uint64_t bit_base = 0, int depth = 0) {
+  const btf_type* t = resolve(b, composite_id);
+  if (!t || !btf_is_composite(t)) return std::nullopt;
+  const btf_member* m = btf_members(t);
+  for (std::uint16_t i = 0; i < btf_vlen(t); ++i) {
+    const char* n = btf__name_by_offset(b, m[i].name_off);
+    const std::uint64_t off = bit_base + btf_member_bit_offset(t, i);
+    if (n && *n && name == n) return Member{off, m[i].type, btf_member_bitfield_size(t, i)};
+    if ((!n || !*n) && depth < kMaxAnonDepth)
+      if (auto r = find_member(b, m[i].type, name, off, depth + 1)) return r;
+  }
+  return std::nullopt;
+}
+
+Result<std::uint32_t> byte_offset(const Member& m, std::string_view name) {
+  if (m.bitfield != 0 || m.bit_offset % 8 != 0 || m.bit_offset / 8 > kMaxStructBytes)
+    return fail(Errc::InvalidArgument, "struct module's " + std::string(name) + " is a bitfield or misplaced");
+  return static_cast<std::uint32_t>(m.bit_offset / 8);
+}
+
+// An integer, enum or pointer member of `composite_id` at `base` bytes into struct module.
+Result<std::optional<Field>> scalar(const btf* b, std::uint32_t composite_id, std::string_view name,
+                                    std::uint32_t base, bool required) {
+  auto m = find_member(b, composite_id, name);
+  if (!m) {
+    if (required) return fail(Errc::NotFound, "the guest's BTF has no member " + std::string(name) + " in struct module");
+    return std::optional<Field>{};
+  }
+  const std::uint32_t off = base + XP_TRY(byte_offset(*m, name));
+  const btf_type* t = resolve(b, m->type_id);
+  if (!t || !(btf_is_int(t) || btf_is_any_enum(t) || btf_is_ptr(t)))
+    return fail(Errc::InvalidArgument, "struct module's " + std::string(name) + " is not an integer or a pointer");
+  const std::uint32_t size = btf_is_ptr(t) ? 8 : t->size;
+  if (size != 1 && size != 2 && size != 4 && size != 8)
+    return fail(Errc::InvalidArgument, "struct module's " + std::string(name) + " is " + std::to_string(size) + " bytes");
+  return std::optional<Field>{Field{off, size}};
+}
+
+// The value of enumerator `name` in enum `enum_name`.
+Result<std::int64_t> enum_value(const btf* b, const char* enum_name, std::string_view name) {
+  for (int kind : {int{BTF_KIND_ENUM}, int{BTF_KIND_ENUM64}}) {
+    const int id = btf__find_by_name_kind(b, enum_name, kind);
+    if (id <= 0) continue;
+    const btf_type* t = btf__type_by_id(b, static_cast<std::uint32_t>(id));
+    for (std::uint16_t i = 0; t && i < btf_vlen(t); ++i) {
+      if (btf_is_enum(t)) {
+        const struct btf_enum* e = btf_enum(t) + i;
+        if (const char* n = btf__name_by_offset(b, e->name_off); n && name == n) return std::int64_t{e->val};
+      } else {
+        const struct btf_enum64* e = btf_enum64(t) + i;
+        if (const char* n = btf__name_by_offset(b, e->name_off); n && name == n)
+          return static_cast<std::int64_t>(btf_enum64_value(e));
+      }
+    }
+  }
+  return fail(Errc::NotFound, "the guest's BTF has no " + std::string(name) + " in enum " + enum_name);
+}
+
+// base and text size of one text area: a module_layout (base, text_size) or a module_memory
+// (base, size) at `at` bytes into struct module.
+Result<std::pair<Field, Field>> text_area(const btf* b, std::uint32_t type_id, std::uint32_t at, const char* size_name) {
+  auto base = XP_TRY(scalar(b, type_id, "base", at, true));
+  auto size = XP_TRY(scalar(b, type_id, size_name, at, true));
+  return std::pair{*base, *size};
+}
+
+std::uint64_t load_field(const std::vector<std::byte>& s, Field f) {
+  const std::byte* p = s.data() + f.offset;
+  switch (f.size) {
+    case 1: return load<std::uint8_t>(p);
+    case 2: return load<std::uint16_t>(p);
+    case 4: return load<std::uint32_t>(p);
+    default: return load<std::uint64_t>(p);
+  }
+}
+
+bool valid_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+         c == '.';
+}
+
+ModuleState state_of(const ModuleLayout& l, std::uint64_t v) {
+  if (v == l.state_live) return ModuleState::Live;
+  if (v == l.state_coming) return ModuleState::Coming;
+  if (v == l.state_going) return ModuleState::Going;
+  if (v == l.state_unformed) return ModuleState::Unformed;
+  return ModuleState::Unknown;
+}
+
+constexpr std::uint64_t kMaxModuleText = 1ull << 30;  // the whole module area is 1 GiB (x86-64)
+
+// Why the walk cannot decode with `l`, or nullopt: every field inside the struct (the walk
+// reads struct_size bytes and decodes from them) and of a width load_field() reads.
+std::optional<std::string> layout_error(const ModuleLayout& l) {
+  if (l.struct_size == 0 || l.struct_size > kMaxStructBytes) return "struct module has no sane size";
+  if (l.list.size != 16 || l.name.size < 2 || l.core_base.size != 8 || l.init_base.size != 8)
+    return "struct module's list, name or text base has the wrong shape";
+  std::vector<Field> all = {l.state,      l.list,          l.name,         l.core_base,     l.core_text_size,
+                            l.init_base,  l.init_text_size, l.extable,     l.num_exentries, l.jump_entries,
+                            l.num_jump_entries, l.static_call_sites, l.num_static_call_sites};
+  for (const auto& f : {l.kprobes_text_start, l.kprobes_text_size, l.noinstr_text_start, l.noinstr_text_size})
+    if (f) all.push_back(*f);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const Field& f = all[i];
+    if (std::uint64_t{f.offset} + f.size > l.struct_size)
+      return "a member of struct module at +" + std::to_string(f.offset) + " lies outside its " +
+             std::to_string(l.struct_size) + " bytes";
+    // (list and name are read by their own rules; an absent table member has size 0.)
+    if (i != 1 && i != 2 && f.size != 0 && f.size != 1 && f.size != 2 && f.size != 4 && f.size != 8)
+      return "a member of struct module at +" + std::to_string(f.offset) + " is " + std::to_string(f.size) + " bytes";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* to_string(ModuleState s) {
+  switch (s) {
+    case ModuleState::Live: return "LIVE";
+    case ModuleState::Coming: return "COMING";
+    case ModuleState::Going: return "GOING";
+    case ModuleState::Unformed: return "UNFORMED";
+    case ModuleState::Unknown: break;
+  }
+  return "unknown";
+}
+
+std::string ModuleLayout::describe() const {
+  std::string s = "struct module " + std::to_string(struct_size) + " bytes, " +
+                  (mem_array ? "mem[MOD_TEXT]" : "core_layout") + " text at +" + std::to_string(core_base.offset) +
+                  ", list at +" + std::to_string(list.offset) + ", extable at +" + std::to_string(extable.offset);
+  if (!jump_entries.size) s += ", no jump labels";
+  if (!static_call_sites.size) s += ", no static calls";
+  if (!kprobes_text_start) s += ", no .kprobes.text";
+  if (!noinstr_text_start) s += ", no .noinstr.text";
+  return s;
+}
+
+Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
+  if (blob.size() < sizeof(btf_header) || blob.size() > kMaxKernelBtfBytes)
+    return fail(Errc::Io, "the BTF is " + std::to_string(blob.size()) + " bytes: no header, or beyond the limit");
+  errno = 0;
+  BtfPtr b(btf__new(blob.data(), static_cast<__u32>(blob.size())));
+  if (int err = static_cast<int>(libbpf_get_error(b.get())); err != 0 || !b) {
+    (void)b.release();  // an error pointer, not an object
+    return fail(Errc::Io, std::string("libbpf rejects the guest kernel's BTF: ") + std::strerror(err ? -err : errno));
+  }
+  const btf* bt = b.get();
+  const int mid = btf__find_by_name_kind(bt, "module", BTF_KIND_STRUCT);
+  if (mid <= 0) return fail(Errc::NotFound, "the guest's BTF has no struct module (a kernel without modules?)");
+  const auto id = static_cast<std::uint32_t>(mid);
+  ModuleLayout l;
+  l.struct_size = btf__type_by_id(bt, id)->size;
+  if (l.struct_size == 0 || l.struct_size > kMaxStructBytes)
+    return fail(Errc::InvalidArgument, "struct module is " + std::to_string(l.struct_size) + " bytes");
+
+  l.state = *XP_TRY(scalar(bt, id, "state", 0, true));
+  auto list = find_member(bt, id, "list");
+  auto name = find_member(bt, id, "name");
+  if (!list || !name) return fail(Errc::NotFound, "the guest's BTF has no list or name in struct module");
+  l.list = {XP_TRY(byte_offset(*list, "list")), 16};
+  if (btf__resolve_size(bt, list->type_id) != 16)
+    return fail(Errc::InvalidArgument, "struct module's list is no struct list_head");
+  const btf_type* nt = resolve(bt, name->type_id);
+  const __s64 name_len = btf__resolve_size(bt, name->type_id);
+  if (!nt || !btf_is_array(nt) || name_len < 2 || name_len > 256)
+    return fail(Errc::InvalidArgument, "struct module's name is no char array of a sane size");
+  l.name = {XP_TRY(byte_offset(*name, "name")), static_cast<std::uint32_t>(name_len)};
+
+  if (auto mem = find_member(bt, id, "mem")) {
+    // 6.4+: struct module_memory mem[MOD_MEM_NUM_TYPES], indexed by enum mod_mem_type.
+    l.mem_array = true;
+    const std::uint32_t at = XP_TRY(byte_offset(*mem, "mem"));
+    const btf_type* at_t = resolve(bt, mem->type_id);
+    if (!at_t || !btf_is_array(at_t)) return fail(Errc::InvalidArgument, "struct module's mem is no array");
+    const struct btf_array* arr = btf_array(at_t);
+    const __s64 esize = btf__resolve_size(bt, arr->type);
+    if (esize <= 0 || esize > kMaxStructBytes) return fail(Errc::InvalidArgument, "struct module_memory has no sane size");
+    const std::int64_t text = XP_TRY(enum_value(bt, "mod_mem_type", "MOD_TEXT"));
+    const std::int64_t init = XP_TRY(enum_value(bt, "mod_mem_type", "MOD_INIT_TEXT"));
+    if (text < 0 || init < 0 || text >= arr->nelems || init >= arr->nelems)
+      return fail(Errc::InvalidArgument, "MOD_TEXT or MOD_INIT_TEXT is outside struct module's mem[]");
+    std::tie(l.core_base, l.core_text_size) =
+        XP_TRY(text_area(bt, arr->type, at + static_cast<std::uint32_t>(text * esize), "size"));
+    std::tie(l.init_base, l.init_text_size) =
+        XP_TRY(text_area(bt, arr->type, at + static_cast<std::uint32_t>(init * esize), "size"));
+  } else {
+    // Up to 6.3: struct module_layout core_layout, init_layout.
+    auto core = find_member(bt, id, "core_layout");
+    auto init = find_member(bt, id, "init_layout");
+    if (!core || !init)
+      return fail(Errc::NotFound, "the guest's BTF has neither mem[] nor core_layout/init_layout in struct module");
+    std::tie(l.core_base, l.core_text_size) =
+        XP_TRY(text_area(bt, core->type_id, XP_TRY(byte_offset(*core, "core_layout")), "text_size"));
+    std::tie(l.init_base, l.init_text_size) =
+        XP_TRY(text_area(bt, init->type_id, XP_TRY(byte_offset(*init, "init_layout")), "text_size"));
+  }
+  if (l.core_base.size != 8 || l.init_base.size != 8)
+    return fail(Errc::InvalidArgument, "a module text base is no pointer");
+
+  // Tables: a member the kernel was built without (no CONFIG_JUMP_LABEL, …) means no such
+  // sites at all; a pointer without its count (or the reverse) is a layout we do not know.
+  auto pair = [&](const char* ptr, const char* count, Field& p, Field& n, bool required) -> Result<void> {
+    auto a = XP_TRY(scalar(bt, id, ptr, 0, required));
+    auto c = XP_TRY(scalar(bt, id, count, 0, required));
+    if (a.has_value() != c.has_value())
+      return fail(Errc::InvalidArgument, std::string("struct module has ") + (a ? ptr : count) + " without " +
+                                             (a ? count : ptr));
+    if (a) {
+      if (a->size != 8) return fail(Errc::InvalidArgument, std::string("struct module's ") + ptr + " is no pointer");
+      p = *a;
+      n = *c;
+    }
+    return {};
+  };
+  XP_TRY(pair("extable", "num_exentries", l.extable, l.num_exentries, true));
+  XP_TRY(pair("jump_entries", "num_jump_entries", l.jump_entries, l.num_jump_entries, false));
+  XP_TRY(pair("static_call_sites", "num_static_call_sites", l.static_call_sites, l.num_static_call_sites, false));
+  Field p, n;
+  if (auto a = XP_TRY(scalar(bt, id, "kprobes_text_start", 0, false))) {
+    XP_TRY(pair("kprobes_text_start", "kprobes_text_size", p, n, true));
+    l.kprobes_text_start = p;
+    l.kprobes_text_size = n;
+  }
+  if (auto a = XP_TRY(scalar(bt, id, "noinstr_text_start", 0, false))) {
+    XP_TRY(pair("noinstr_text_start", "noinstr_text_size", p, n, true));
+    l.noinstr_text_start = p;
+    l.noinstr_text_size = n;
+  }
+  l.state_live = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_LIVE")));
+  l.state_coming = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_COMING")));
+  l.state_going = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_GOING")));
+  l.state_unformed = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_UNFORMED")));
+
+  if (auto why = layout_error(l)) return fail(Errc::InvalidArgument, *why);
+  return l;
+}
+
+// ---- the walk
+
+ModuleTables ModuleTables::unavailable(std::string why) {
+  ModuleTables m;
+  m.status_.name = "modules";
+  m.status_.why = std::move(why);
+  return m;
+}
+
+namespace {
+
+// One struct module, decoded and its tables read; `why` set when it is not usable.
+Module read_module(const ReadFn& read, const ModuleLayout& l, std::uint64_t addr, const std::vector<std::byte>& s,
+                   const Limits& limits) {
+  Module m;
+  m.address = addr;
+  m.link_next = load_field(s, {l.list.offset, 8});
+  m.link_prev = load_field(s, {l.list.offset + 8, 8});
+  m.state = state_of(l, load_field(s, l.state));
+  m.ex_status.name = "__ex_table";
+  m.jump_status.name = "__jump_table";
+  m.sc_status.name = ".static_call_sites";
+
+  const char* raw = reinterpret_cast<const char*>(s.data() + l.name.offset);
+  const std::size_t len = strnlen(raw, l.name.size);
+  const std::string_view name(raw, len);
+  if (len == 0 || len == l.name.size || !std::all_of(name.begin(), name.end(), valid_name_char)) {
+    m.name = "?";
+    m.why = "its name is empty, unterminated or has characters no module name has";
+    return m;
+  }
+  m.name = std::string(name);
+
+  const std::uint64_t base = load_field(s, l.core_base), size = load_field(s, l.core_text_size);
+  if (base < symbols::kKernelHalfStart || size == 0 || size > kMaxModuleText || base + size < base) {
+    m.why = "its text (" + hex(base) + ", " + std::to_string(size) + " bytes) is no range in the kernel's half";
+    return m;
+  }
+  m.text = {base, base + size};
+  const std::uint64_t ib = load_field(s, l.init_base), is = load_field(s, l.init_text_size);
+  if (ib >= symbols::kKernelHalfStart && is > 0 && is <= kMaxModuleText && ib + is > ib) m.init_text = {ib, ib + is};
+  auto clip = [&](const std::optional<Field>& fs, const std::optional<Field>& fn) -> std::optional<Range> {
+    if (!fs || !fn) return std::nullopt;
+    const std::uint64_t a = load_field(s, *fs), n = load_field(s, *fn);
+    if (n == 0 || a + n < a || a >= m.text.end || a + n <= m.text.start) return std::nullopt;
+    return Range{std::max(a, m.text.start), std::min(a + n, m.text.end)};
+  };
+  m.kprobes_text = clip(l.kprobes_text_start, l.kprobes_text_size);
+  m.noinstr_text = clip(l.noinstr_text_start, l.noinstr_text_size);
+
+  if (m.state != ModuleState::Live) {
+    m.why = std::string("it is ") + to_string(m.state) +
+            (m.state == ModuleState::Coming  ? " (still loading: its init runs and its jump labels are being set up)"
+             : m.state == ModuleState::Going ? " (being unloaded: its text is about to be freed)"
+                                             : " (not a loaded module yet)");
+    return m;
+  }
+
+  // One table: `count` entries of `esize` bytes at the pointer, decoded by `decode`.
+  auto table = [&](const Field& pf, const Field& nf, std::size_t esize, TableStatus& st, auto decode, auto& out) {
+    if (!pf.size) {  // the kernel has no such member: no such sites
+      st.found = true;
+      st.why = "not in this kernel";
+      return;
+    }
+    const std::uint64_t ptr = load_field(s, pf), count = load_field(s, nf);
+    if (count == 0) {
+      st.found = true;
+      return;
+    }
+    if (count > limits.max_entries) {
+      st.why = std::to_string(count) + " entries is more than the limit of " + std::to_string(limits.max_entries);
+      return;
+    }
+    if (ptr < symbols::kKernelHalfStart || ptr + count * esize < ptr) {
+      st.why = "its address " + hex(ptr) + " is outside the kernel's half";
+      return;
+    }
+    auto raw = entries::read_bytes(read, ptr, count * esize, limits, st);
+    if (!raw) return;
+    st.found = true;
+    decode(ptr, std::span<const std::byte>(*raw), entries::classifier(m.text, m.init_text, st), out);
+  };
+  table(l.extable, l.num_exentries, entries::kExSize, m.ex_status, entries::decode_ex, m.ex);
+  table(l.jump_entries, l.num_jump_entries, entries::kJumpSize, m.jump_status, entries::decode_jumps, m.jumps);
+  table(l.static_call_sites, l.num_static_call_sites, entries::kStaticCallSize, m.sc_status,
+        entries::decode_static_calls, m.calls);
+  for (const TableStatus* st : {&m.ex_status, &m.jump_status, &m.sc_status})
+    if (!st->found) {
+      m.why = std::string("its ") + st->name + " could not be read: " + st->why;
+      return m;
+    }
+  std::sort(m.ex.begin(), m.ex.end(), [](const ExEntry& a, const ExEntry& b) { return a.insn < b.insn; });
+  auto by_addr = [](const Site& a, const Site& b) { return a.addr < b.addr; };
+  std::sort(m.jumps.begin(), m.jumps.end(), by_addr);
+  std::sort(m.calls.begin(), m.calls.end(), by_addr);
+  m.ex_status.entries = m.ex.size();
+  m.jump_status.entries = m.jumps.size();
+  m.sc_status.entries = m.calls.size();
+  m.usable = true;
+  return m;
+}
+
+}  // namespace
+
+ModuleTables ModuleTables::read(const symbols::SymbolTable& syms, const ReadFn& read, const ModuleLayout& layout,
+                                Range core_text, const Limits& limits) {
+  if (auto why = layout_error(layout)) return unavailable("struct module's layout is unusable: " + *why);
+  ModuleTables t;
+  t.status_.name = "modules";
+  t.layout_ = layout;
+  auto head = syms.lookup("modules");
+  if (!head || head->empty()) {
+    t.status_.why = "no `modules` list head in the symbols (" + syms.source() + ")";
+    return t;
+  }
+  if (head->size() != 1) {
+    t.status_.why = "`modules` is at several addresses in " + syms.source();
+    return t;
+  }
+  t.head_ = head->front().address.value;
+  std::byte hb[16];
+  if (auto r = read(Gva{t.head_}, hb); !r) {
+    t.status_.why = "cannot read the list head: " + r.error().what;
+    return t;
+  }
+  t.head_next_ = load<std::uint64_t>(hb);
+  t.head_prev_ = load<std::uint64_t>(hb + 8);
+
+  std::set<std::uint64_t> seen;
+  std::vector<std::byte> buf(layout.struct_size);
+  std::uint64_t node = t.head_next_, prev = t.head_;
+  std::string broken;
+  while (node != t.head_) {
+    if (node < symbols::kKernelHalfStart || node < layout.list.offset) {
+      broken = "a node outside the kernel's half (" + hex(node) + ")";
+      break;
+    }
+    if (!seen.insert(node).second) {
+      broken = "the list loops without returning to its head";
+      break;
+    }
+    if (seen.size() > limits.max_modules) {
+      broken = "more than " + std::to_string(limits.max_modules) + " modules";
+      break;
+    }
+    const std::uint64_t mod = node - layout.list.offset;
+    if (auto r = read(Gva{mod}, buf); !r) {
+      broken = "cannot read the struct module at " + hex(mod) + ": " + r.error().what;
+      break;
+    }
+    Module m = read_module(read, layout, mod, buf, limits);
+    if (m.link_prev != prev) {
+      // Corrupt, or changed under us while the guest ran: either way not this list.
+      broken = "the node at " + hex(node) + " does not point back at its predecessor";
+      break;
+    }
+    prev = node;
+    node = m.link_next;
+    t.modules_.push_back(std::move(m));
+  }
+  if (broken.empty() && t.head_prev_ != prev) broken = "the head's prev is not the last node";
+  if (!broken.empty()) {
+    t.status_.why = "the module list could not be walked: " + broken;
+    t.modules_.clear();
+    return t;
+  }
+  t.status_.found = true;
+  t.walked_ = true;
+
+  // Index: by text start; a module overlapping the core kernel or another one is no module.
+  std::sort(t.modules_.begin(), t.modules_.end(),
+            [](const Module& a, const Module& b) { return a.text.start < b.text.start; });
+  for (std::size_t i = 0; i < t.modules_.size(); ++i) {
+    Module& m = t.modules_[i];
+    if (m.text.empty()) continue;
+    if (m.text.overlaps(core_text.start, core_text.end) && m.usable) {
+      m.usable = false;
+      m.why = "its text overlaps the core kernel's";
+    }
+    for (std::size_t j = i + 1; j < t.modules_.size() && t.modules_[j].text.start < m.text.end; ++j) {
+      Module& o = t.modules_[j];
+      if (o.text.empty()) continue;
+      for (Module* x : {&m, &o}) {
+        if (x->usable || x->why.empty()) x->why = "its text overlaps module " + (x == &m ? o.name : m.name) + "'s";
+        x->usable = false;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < t.modules_.size(); ++i) {
+    const Module& m = t.modules_[i];
+    if (m.usable) {
+      t.live_.push_back(i);
+    } else {
+      ++t.status_.invalid;
+    }
+    for (const TableStatus* st : {&m.ex_status, &m.jump_status, &m.sc_status})
+      if (st->invalid)
+        XP_LOG(Warn, "guest module %s: %zu %s entries point outside its text (dropped)", m.name.c_str(), st->invalid,
+               st->name);
+  }
+  t.status_.entries = t.live_.size();
+  return t;
+}
+
+const Module* ModuleTables::live_module_at(std::uint64_t addr) const {
+  auto it = std::upper_bound(live_.begin(), live_.end(), addr,
+                             [this](std::uint64_t a, std::size_t i) { return a < modules_[i].text.start; });
+  if (it == live_.begin()) return nullptr;
+  const Module& m = modules_[*std::prev(it)];
+  return m.text.contains(addr) ? &m : nullptr;
+}
+
+const Module* ModuleTables::module_at(std::uint64_t addr) const {
+  if (const Module* m = live_module_at(addr)) return m;
+  for (const Module& m : modules_)
+    if (m.text.contains(addr) || m.init_text.contains(addr)) return &m;
+  return nullptr;
+}
+
+bool ModuleTables::changed(const symbols::SymbolTable& syms, const ReadFn& read) const {
+  if (!walked_) return true;
+  auto head = syms.lookup("modules");
+  if (!head || head->size() != 1 || head->front().address.value != head_) return true;
+  std::byte hb[16];
+  if (!read(Gva{head_}, hb) || load<std::uint64_t>(hb) != head_next_ || load<std::uint64_t>(hb + 8) != head_prev_)
+    return true;
+  // A module going away changes its state first (GOING), then its neighbours' links.
+  const std::uint32_t lo = std::min(layout_.state.offset, layout_.list.offset);
+  const std::uint32_t hi = std::max(layout_.state.offset + layout_.state.size, layout_.list.offset + 16);
+  std::vector<std::byte> buf(layout_.struct_size);
+  for (std::size_t i : live_) {
+    const Module& m = modules_[i];
+    if (!read(Gva{m.address + lo}, std::span(buf.data() + lo, hi - lo))) return true;
+    if (state_of(layout_, load_field(buf, layout_.state)) != m.state ||
+        load_field(buf, {layout_.list.offset, 8}) != m.link_next ||
+        load_field(buf, {layout_.list.offset + 8, 8}) != m.link_prev)
+      return true;
+    // Another module whose struct landed where an unloaded one's was, between the same
+    // neighbours: its text is elsewhere (or of another size).
+    for (Field f : {layout_.core_base, layout_.core_text_size})
+      if (!read(Gva{m.address + f.offset}, std::span(buf.data() + f.offset, f.size))) return true;
+    if (load_field(buf, layout_.core_base) != m.text.start ||
+        load_field(buf, layout_.core_text_size) != m.text.end - m.text.start)
+      return true;
+  }
+  return false;
+}
+
+std::string ModuleTables::summary() const {
+  if (!status_.found) return "modules not read (" + status_.why + ")";
+  std::string s = "modules " + std::to_string(live_.size()) + " live";
+  if (status_.invalid) {
+    s += " (" + std::to_string(status_.invalid) + " kept out:";
+    std::size_t shown = 0;
+    for (const Module& m : modules_) {
+      if (m.usable) continue;
+      if (shown++ == 3) {
+        s += " ...";
+        break;
+      }
+      s += " " + m.name + " " + (m.state == ModuleState::Live ? "invalid" : to_string(m.state)) + ";";
+    }
+    s += ")";
+  }
+  return s;
+}
+
+}  // namespace xenprobes::kernel

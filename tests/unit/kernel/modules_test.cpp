@@ -1,0 +1,583 @@
+// The guest kernel's loaded modules (kernel/modules.cpp): struct module's layout from BTF
+// (hand-made with libbpf's writer in both shapes, 6.1's core_layout and 6.4+'s mem[], and
+// Debian's real kernels when their images are cached), then the module list walked in a fake
+// guest memory, hostile layouts included, and the address rules over module text.
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "kernel/address_rules.hpp"
+#include "kernel/btf.hpp"
+#include "kernel/modules.hpp"
+#include "unit/kernel/fake_kernel.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using kernel::Module;
+using kernel::ModuleLayout;
+using kernel::ModuleTables;
+
+// struct module's members as pahole prints them for Debian's 6.1.0-50 and 6.12.117 kernels
+// (offsets in bytes). The hand-made BTF below has exactly these, so the layout the library
+// finds must be these.
+struct Offsets {
+  std::uint32_t size, state, list, name, num_exentries, extable, text, init_text, noinstr, noinstr_size, jump,
+      num_jump, kprobes, kprobes_size, num_sc, sc;
+  bool mem;
+};
+constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false};
+// 6.12: mem[7] of struct module_memory (72 bytes) at 320: MOD_TEXT = 0, MOD_INIT_TEXT = 4.
+constexpr Offsets k612{1280, 0, 8, 24, 300, 304, 320, 320 + 4 * 72, 968, 976, 1048, 1056, 1112, 1120, 1140, 1144, true};
+
+// A BTF holding struct module (and what it needs) with the offsets above; `drop` leaves one
+// member out.
+std::vector<std::byte> module_btf(const Offsets& o, const std::string& drop = "") {
+  btf* b = btf__new_empty();
+  const int u32 = btf__add_int(b, "unsigned int", 4, 0);
+  const int s32 = btf__add_int(b, "int", 4, BTF_INT_SIGNED);
+  const int chr = btf__add_int(b, "char", 1, BTF_INT_CHAR);
+  const int vp = btf__add_ptr(b, 0);  // void *
+  const int state = btf__add_enum(b, "module_state", 4);
+  btf__add_enum_value(b, "MODULE_STATE_LIVE", 0);
+  btf__add_enum_value(b, "MODULE_STATE_COMING", 1);
+  btf__add_enum_value(b, "MODULE_STATE_GOING", 2);
+  btf__add_enum_value(b, "MODULE_STATE_UNFORMED", 3);
+  const int lh = btf__add_struct(b, "list_head", 16);
+  const int lhp = btf__add_ptr(b, lh);
+  btf__add_field(b, "next", lhp, 0, 0);
+  btf__add_field(b, "prev", lhp, 64, 0);
+  const int name = btf__add_array(b, u32, chr, 56);
+  int area = 0, areas = 0;
+  if (o.mem) {
+    btf__add_enum(b, "mod_mem_type", 4);
+    const char* types[] = {"MOD_TEXT",      "MOD_DATA",      "MOD_RODATA",         "MOD_RO_AFTER_INIT",
+                           "MOD_INIT_TEXT", "MOD_INIT_DATA", "MOD_INIT_RODATA"};
+    for (int i = 0; i < 7; ++i) btf__add_enum_value(b, types[i], i);
+    area = btf__add_struct(b, "module_memory", 72);
+    btf__add_field(b, "base", vp, 0, 0);
+    btf__add_field(b, "size", u32, 64, 0);
+    areas = btf__add_array(b, u32, area, 7);
+  } else {
+    area = btf__add_struct(b, "module_layout", 80);
+    btf__add_field(b, "base", vp, 0, 0);
+    btf__add_field(b, "size", u32, 64, 0);
+    btf__add_field(b, "text_size", u32, 96, 0);
+    btf__add_field(b, "ro_size", u32, 128, 0);
+  }
+  btf__add_struct(b, "module", o.size);
+  auto field = [&](const char* n, int type, std::uint32_t off) {
+    if (drop != n) btf__add_field(b, n, type, off * 8, 0);
+  };
+  field("state", state, o.state);
+  field("list", lh, o.list);
+  field("name", name, o.name);
+  field("num_exentries", u32, o.num_exentries);
+  field("extable", vp, o.extable);
+  if (o.mem) {
+    field("mem", areas, o.text);
+  } else {
+    field("core_layout", area, o.text);
+    field("init_layout", area, o.init_text);
+  }
+  field("noinstr_text_start", vp, o.noinstr);
+  field("noinstr_text_size", u32, o.noinstr_size);
+  field("jump_entries", vp, o.jump);
+  field("num_jump_entries", u32, o.num_jump);
+  field("kprobes_text_start", vp, o.kprobes);
+  field("kprobes_text_size", u32, o.kprobes_size);
+  field("num_static_call_sites", s32, o.num_sc);
+  field("static_call_sites", vp, o.sc);
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+  std::vector<std::byte> out(raw, raw + n);
+  btf__free(b);
+  return out;
+}
+
+void expect_layout(const ModuleLayout& l, const Offsets& o) {
+  EXPECT_EQ(l.struct_size, o.size);
+  EXPECT_EQ(l.mem_array, o.mem);
+  EXPECT_EQ(l.state.offset, o.state);
+  EXPECT_EQ(l.state.size, 4u);
+  EXPECT_EQ(l.list.offset, o.list);
+  EXPECT_EQ(l.name.offset, o.name);
+  EXPECT_EQ(l.name.size, 56u);
+  EXPECT_EQ(l.core_base.offset, o.text);
+  EXPECT_EQ(l.core_text_size.offset, o.text + (o.mem ? 8 : 12));  // module_memory.size / module_layout.text_size
+  EXPECT_EQ(l.init_base.offset, o.init_text);
+  EXPECT_EQ(l.extable.offset, o.extable);
+  EXPECT_EQ(l.num_exentries.offset, o.num_exentries);
+  EXPECT_EQ(l.jump_entries.offset, o.jump);
+  EXPECT_EQ(l.num_jump_entries.offset, o.num_jump);
+  EXPECT_EQ(l.static_call_sites.offset, o.sc);
+  EXPECT_EQ(l.num_static_call_sites.offset, o.num_sc);
+  ASSERT_TRUE(l.kprobes_text_start && l.noinstr_text_start);
+  EXPECT_EQ(l.kprobes_text_start->offset, o.kprobes);
+  EXPECT_EQ(l.kprobes_text_size->offset, o.kprobes_size);
+  EXPECT_EQ(l.noinstr_text_start->offset, o.noinstr);
+  EXPECT_EQ(l.noinstr_text_size->offset, o.noinstr_size);
+  EXPECT_EQ(l.state_going, 2u);
+}
+
+TEST(ModuleLayout, FromA61StyleBtf) {
+  auto l = kernel::module_layout_from_btf(module_btf(k61));
+  ASSERT_TRUE(l) << l.error().what;
+  expect_layout(*l, k61);
+}
+
+TEST(ModuleLayout, FromA612StyleBtfWithMemArray) {
+  auto l = kernel::module_layout_from_btf(module_btf(k612));
+  ASSERT_TRUE(l) << l.error().what;
+  expect_layout(*l, k612);
+  EXPECT_NE(l->describe().find("mem[MOD_TEXT]"), std::string::npos) << l->describe();
+}
+
+TEST(ModuleLayout, MissingOrBrokenBtfIsRefusedWithTheReason) {
+  auto no_list = kernel::module_layout_from_btf(module_btf(k61, "list"));
+  ASSERT_FALSE(no_list);
+  EXPECT_EQ(no_list.error().code, Errc::NotFound);
+  // A kernel without jump labels has no such member: fine, and said.
+  auto no_jumps = kernel::module_layout_from_btf(module_btf(k61, "jump_entries"));
+  ASSERT_FALSE(no_jumps);  // the count without the pointer: a layout we do not know
+  EXPECT_EQ(no_jumps.error().code, Errc::InvalidArgument);
+  // Not BTF at all.
+  std::vector<std::byte> junk(64, std::byte{0x5a});
+  auto bad = kernel::module_layout_from_btf(junk);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, Errc::Io);
+  // BTF without struct module.
+  btf* b = btf__new_empty();
+  btf__add_int(b, "int", 4, BTF_INT_SIGNED);
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+  std::vector<std::byte> empty(raw, raw + n);
+  btf__free(b);
+  auto none = kernel::module_layout_from_btf(empty);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Errc::NotFound);
+}
+
+// Real kernels: Debian's 6.1 (core_layout) and 6.12 (mem[]) from the image cache the test
+// command fills (tools/fetch-debian-kernels.sh), and this machine's own BTF when readable.
+TEST(ModuleLayout, FromRealKernelBtf) {
+  const char* e = std::getenv("XENPROBES_KERNEL_CACHE");
+  const fs::path cache = e && *e ? fs::path(e) : fs::path("/var/cache/xenprobes-kernels");
+  int seen = 0;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(cache, ec)) {
+    const fs::path img = d.path() / "vmlinux";
+    if (!fs::exists(img)) continue;
+    btf* b = btf__parse_elf(img.c_str(), nullptr);
+    ASSERT_FALSE(libbpf_get_error(b)) << img;
+    std::uint32_t n = 0;
+    auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+    auto l = kernel::module_layout_from_btf(std::span(raw, n));
+    btf__free(b);
+    ASSERT_TRUE(l) << img << ": " << l.error().what;
+    const std::string v = d.path().filename();
+    SCOPED_TRACE(v);
+    if (v.starts_with("6.1.")) expect_layout(*l, k61);
+    if (v.starts_with("6.12.")) expect_layout(*l, k612);
+    ++seen;
+  }
+  EXPECT_GT(seen, 0) << "no kernel image in " << cache << ": run sh tools/fetch-debian-kernels.sh";
+  // This machine's own kernel, whatever its version (6.18 where this was written: mem[] of a
+  // 16-byte struct module_memory, no kprobes members): a kernel with modules gives a layout.
+  btf* own = btf__parse("/sys/kernel/btf/vmlinux", nullptr);
+  if (libbpf_get_error(own) || !own) return;
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(own, &n));
+  const bool has_modules = btf__find_by_name_kind(own, "module", BTF_KIND_STRUCT) > 0;
+  auto l = kernel::module_layout_from_btf(std::span(raw, n));
+  btf__free(own);
+  if (has_modules) {
+    EXPECT_TRUE(l) << "/sys/kernel/btf/vmlinux: " << l.error().what;
+  }
+}
+
+// ---- the walk
+
+constexpr std::uint64_t kModules = kData + 0x2000;          // the `modules` list head
+constexpr std::uint64_t kMod = 0xffffffffc0000000ull;        // module text area
+constexpr std::uint64_t kStructs = 0xffffffffc1000000ull;    // struct modules (0x1000 apart)
+constexpr std::uint64_t kModTables = 0xffffffffc2000000ull;  // their tables (0x1000 apart)
+
+struct FakeModule {
+  std::string name{};
+  std::uint64_t state = 0;  // MODULE_STATE_LIVE
+  std::uint64_t text = 0, text_size = 0x1000, init = 0, init_size = 0;
+  std::vector<std::array<std::uint64_t, 3>> ex{};     // insn, fixup, data
+  std::vector<std::array<std::uint64_t, 3>> jumps{};  // code, target, key
+  std::vector<std::array<std::uint64_t, 2>> calls{};  // addr, key
+  std::uint64_t kprobes = 0, kprobes_size = 0;
+  std::uint64_t num_ex_override = 0;                // nonzero: the count written instead
+};
+
+struct Walk : ::testing::Test {
+  FakeKernel k;
+  Offsets o = k61;
+
+  // Writes the modules and links them head -> m[0] -> m[1] -> ... -> head; returns the
+  // address of each struct module.
+  std::vector<std::uint64_t> put(const std::vector<FakeModule>& mods) {
+    k.sym(kModules, 'd', "modules");
+    std::vector<std::uint64_t> at;
+    for (std::size_t i = 0; i < mods.size(); ++i) {
+      const FakeModule& m = mods[i];
+      const std::uint64_t s = kStructs + 0x1000 * i, tab = kModTables + 0x1000 * i;
+      at.push_back(s);
+      k.u64(s + o.state, m.state);
+      k.put(s + o.name, m.name.data(), m.name.size());
+      const std::uint64_t text_size_off = o.mem ? 8 : 12;
+      k.u64(s + o.text, m.text);
+      k.s32(s + o.text + text_size_off, static_cast<std::int64_t>(m.text_size));
+      k.u64(s + o.init_text, m.init);
+      k.s32(s + o.init_text + text_size_off, static_cast<std::int64_t>(m.init_size));
+      // Tables, relative to each field as in the core kernel's sections.
+      k.u64(s + o.extable, tab);
+      k.s32(s + o.num_exentries, static_cast<std::int64_t>(m.num_ex_override ? m.num_ex_override : m.ex.size()));
+      for (std::size_t j = 0; j < m.ex.size(); ++j) {
+        const std::uint64_t e = tab + 12 * j;
+        k.s32(e, static_cast<std::int64_t>(m.ex[j][0] - e));
+        k.s32(e + 4, static_cast<std::int64_t>(m.ex[j][1] - (e + 4)));
+        k.s32(e + 8, static_cast<std::int64_t>(m.ex[j][2]));
+      }
+      k.u64(s + o.jump, tab + 0x400);
+      k.s32(s + o.num_jump, static_cast<std::int64_t>(m.jumps.size()));
+      for (std::size_t j = 0; j < m.jumps.size(); ++j) {
+        const std::uint64_t e = tab + 0x400 + 16 * j;
+        k.s32(e, static_cast<std::int64_t>(m.jumps[j][0] - e));
+        k.s32(e + 4, static_cast<std::int64_t>(m.jumps[j][1] - (e + 4)));
+        k.s64(e + 8, static_cast<std::int64_t>(m.jumps[j][2] - (e + 8)));
+      }
+      k.u64(s + o.sc, tab + 0x800);
+      k.s32(s + o.num_sc, static_cast<std::int64_t>(m.calls.size()));
+      for (std::size_t j = 0; j < m.calls.size(); ++j) {
+        const std::uint64_t e = tab + 0x800 + 8 * j;
+        k.s32(e, static_cast<std::int64_t>(m.calls[j][0] - e));
+        k.s32(e + 4, static_cast<std::int64_t>(m.calls[j][1] - (e + 4)));
+      }
+      k.u64(s + o.kprobes, m.kprobes);
+      k.s32(s + o.kprobes_size, static_cast<std::int64_t>(m.kprobes_size));
+    }
+    // The links: list_head at s + o.list.
+    auto node = [&](std::size_t i) { return i == mods.size() ? kModules : at[i] + o.list; };
+    std::uint64_t prev = kModules;
+    for (std::size_t i = 0; i <= mods.size(); ++i) {
+      const std::uint64_t cur = node(i);
+      k.u64(prev, cur);      // prev->next
+      k.u64(cur + 8, prev);  // cur->prev
+      prev = cur;
+      if (i == mods.size()) break;
+    }
+    k.u64(kModules, mods.empty() ? kModules : node(0));
+    k.u64(kModules + 8, mods.empty() ? kModules : node(mods.size() - 1));
+    return at;
+  }
+  // The BTF in guest memory, where __start_BTF/__stop_BTF say.
+  void put_btf() {
+    auto blob = module_btf(o);
+    const std::uint64_t at = kRodata + 0x10000;
+    k.put(at, blob.data(), blob.size());
+    k.sym(at, 'R', "__start_BTF");
+    k.sym(at + blob.size(), 'R', "__stop_BTF");
+  }
+  ModuleTables walk(kernel::Limits l = {}) {
+    auto layout = kernel::module_layout_from_btf(module_btf(o));
+    if (!layout) throw std::runtime_error(layout.error().what);
+    return ModuleTables::read(k.symbols(), k.reader(), *layout, {kText, kTextEnd}, l);
+  }
+};
+
+TEST_F(Walk, ANormalListIsReadWithEachModulesTables) {
+  for (const Offsets* v : {&k61, &k612}) {
+    o = *v;
+    k = FakeKernel{};
+    SCOPED_TRACE(o.mem ? "6.12 layout" : "6.1 layout");
+    put({{.name = "xfs",
+          .text = kMod,
+          .text_size = 0x3000,
+          .init = kMod + 0x100000,
+          .init_size = 0x1000,
+          .ex = {{kMod + 0x120, kMod + 0x2000, 3}, {kMod + 0x100010, kMod, 3}},
+          .jumps = {{kMod + 0x200, kMod + 0x210, kData + 0x10}},
+          .calls = {{kMod + 0x300, kData + 0x20 + 1}}},
+         {.name = "nf_tables", .text = kMod + 0x10000}});
+    auto t = walk();
+    ASSERT_TRUE(t.status().found) << t.status().why;
+    EXPECT_EQ(t.status().entries, 2u);
+    const Module* x = t.live_module_at(kMod + 0x2fff);
+    ASSERT_NE(x, nullptr);
+    EXPECT_EQ(x->name, "xfs");
+    EXPECT_EQ(x->text.end, kMod + 0x3000);
+    EXPECT_EQ(x->ex_status.entries, 1u);
+    EXPECT_EQ(x->ex_status.init_entries, 1u);  // the one in its (freed) init text
+    ASSERT_EQ(x->jumps.size(), 1u);
+    EXPECT_EQ(x->jumps[0].key, kData + 0x10);
+    ASSERT_EQ(x->calls.size(), 1u);
+    EXPECT_EQ(x->calls[0].key, kData + 0x20);  // flag bits cleared
+    EXPECT_EQ(t.live_module_at(kMod + 0x3000), nullptr);
+    ASSERT_NE(t.live_module_at(kMod + 0x10000), nullptr);
+    EXPECT_EQ(t.live_module_at(kMod + 0x10000)->name, "nf_tables");
+    EXPECT_EQ(t.summary(), "modules 2 live");
+  }
+}
+
+TEST_F(Walk, ACycleStopsTheWalkAndNoModuleIsTrusted) {
+  auto at = put({{.name = "a", .text = kMod}, {.name = "b", .text = kMod + 0x10000}});
+  k.u64(at[1] + o.list, at[0] + o.list);  // b->next = a: head -> a -> b -> a -> …
+  auto t = walk();
+  EXPECT_FALSE(t.status().found);
+  EXPECT_NE(t.status().why.find("loops"), std::string::npos) << t.status().why;
+  EXPECT_EQ(t.live_module_at(kMod), nullptr);
+  // a->prev = b: a back link that is not the node the walk came from.
+  k.u64(at[0] + o.list + 8, at[1] + o.list);
+  auto u = walk();
+  EXPECT_FALSE(u.status().found);
+  EXPECT_NE(u.status().why.find("does not point back"), std::string::npos) << u.status().why;
+}
+
+TEST_F(Walk, TheNodeLimitAndNodesOutsideTheKernelHalfStopTheWalk) {
+  put({{.name = "a", .text = kMod}, {.name = "b", .text = kMod + 0x10000}});
+  kernel::Limits l;
+  l.max_modules = 1;
+  auto t = walk(l);
+  EXPECT_FALSE(t.status().found);
+  EXPECT_NE(t.status().why.find("more than 1 modules"), std::string::npos) << t.status().why;
+  k.u64(kModules, 0x1000);
+  auto u = walk();
+  EXPECT_FALSE(u.status().found);
+  EXPECT_NE(u.status().why.find("outside the kernel's half"), std::string::npos) << u.status().why;
+}
+
+TEST_F(Walk, AHugeCountKeepsThatModuleOutAndTheOthersIn) {
+  put({{.name = "evil", .text = kMod, .num_ex_override = 0xfffffff0}, {.name = "good", .text = kMod + 0x10000}});
+  auto t = walk();
+  ASSERT_TRUE(t.status().found);
+  EXPECT_EQ(t.live_module_at(kMod), nullptr);
+  const Module* evil = t.module_at(kMod);
+  ASSERT_NE(evil, nullptr);
+  EXPECT_FALSE(evil->usable);
+  EXPECT_NE(evil->why.find("limit"), std::string::npos) << evil->why;
+  EXPECT_NE(t.live_module_at(kMod + 0x10000), nullptr);
+  EXPECT_EQ(t.status().invalid, 1u);
+  EXPECT_NE(t.summary().find("evil invalid"), std::string::npos) << t.summary();
+}
+
+TEST_F(Walk, EntriesOutsideTheModulesTextAreDroppedAndCounted) {
+  put({{.name = "m",
+        .text = kMod,
+        .ex = {{kMod + 0x10, kMod, 1}, {kText + 0x10, kText, 1}, {kMod + 0x1000, kMod, 1}},
+        .jumps = {{kMod + 0x20000, kMod, kData}},
+        .calls = {{0x1234, kData}}},
+       {.name = "n", .text = kMod + 0x10000}});
+  auto t = walk();
+  const Module* m = t.live_module_at(kMod);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->ex_status.entries, 1u);
+  EXPECT_EQ(m->ex_status.invalid, 2u);  // in the core kernel, and one past its text
+  EXPECT_EQ(m->jump_status.invalid, 1u);  // in another module's text
+  EXPECT_EQ(m->sc_status.invalid, 1u);
+  EXPECT_TRUE(m->jumps.empty());
+}
+
+TEST_F(Walk, ComingGoingBadNamesAndOverlapsAreKeptOutWithTheReason) {
+  put({{.name = "going", .state = 2, .text = kMod},
+       {.name = "coming", .state = 1, .text = kMod + 0x10000},
+       {.name = "bad name!", .text = kMod + 0x20000},
+       {.name = "over1", .text = kMod + 0x30000, .text_size = 0x2000},
+       {.name = "over2", .text = kMod + 0x31000, .text_size = 0x2000},
+       {.name = "core", .text = kText + 0x1000}});
+  auto t = walk();
+  ASSERT_TRUE(t.status().found) << t.status().why;
+  EXPECT_EQ(t.status().entries, 0u);
+  EXPECT_EQ(t.status().invalid, 6u);
+  auto why = [&](std::uint64_t a) { return t.module_at(a) ? t.module_at(a)->why : std::string("none"); };
+  EXPECT_NE(why(kMod).find("GOING"), std::string::npos) << why(kMod);
+  EXPECT_NE(why(kMod + 0x10000).find("COMING"), std::string::npos);
+  EXPECT_NE(why(kMod + 0x30000).find("overlaps module over2"), std::string::npos) << why(kMod + 0x30000);
+  EXPECT_NE(why(kMod + 0x32800).find("overlaps module over1"), std::string::npos) << why(kMod + 0x32800);
+  for (const Module& m : t.modules()) {
+    EXPECT_FALSE(m.usable) << m.name;
+    if (m.name == "?") {
+      EXPECT_NE(m.why.find("name"), std::string::npos);
+    }
+    if (m.name == "core") {
+      EXPECT_NE(m.why.find("core kernel"), std::string::npos);
+    }
+  }
+}
+
+TEST_F(Walk, NoListHeadOrNoBtfSaysWhy) {
+  auto tables = k.read();
+  EXPECT_TRUE(tables.refresh_modules(k.symbols(), k.reader()));
+  ASSERT_NE(tables.modules(), nullptr);
+  EXPECT_FALSE(tables.modules()->status().found);
+  EXPECT_NE(tables.modules()->status().why.find("CONFIG_DEBUG_INFO_BTF"), std::string::npos)
+      << tables.modules()->status().why;
+  // BTF but no list head.
+  put_btf();
+  auto t2 = k.read();
+  t2.refresh_modules(k.symbols(), k.reader());
+  EXPECT_NE(t2.modules()->status().why.find("no `modules`"), std::string::npos) << t2.modules()->status().why;
+}
+
+TEST_F(Walk, RefreshReadsTheBtfOnceAndRewalksOnlyWhenTheListChanged) {
+  for (const Offsets* v : {&k61, &k612}) {
+    o = *v;
+    k = FakeKernel{};
+    put_btf();
+    auto at = put({{.name = "a", .text = kMod}, {.name = "b", .text = kMod + 0x10000}});
+    auto t = k.read();
+    ASSERT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+    ASSERT_TRUE(t.modules()->status().found) << t.modules()->status().why;
+    EXPECT_NE(t.live_module_at(kMod), nullptr);
+    EXPECT_FALSE(t.refresh_modules(k.symbols(), k.reader()));  // nothing changed: no walk
+    // b starts going away: its state changes before its links.
+    k.u64(at[1] + o.state, 2);
+    EXPECT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+    EXPECT_EQ(t.live_module_at(kMod + 0x10000), nullptr);
+    EXPECT_NE(t.live_module_at(kMod), nullptr);
+    // a and b unloaded, c loaded: its struct module where a's was, with the same links.
+    k = FakeKernel{};
+    put_btf();
+    put({{.name = "c", .text = kMod + 0x40000}, {.name = "a", .text = kMod}});
+    EXPECT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+    EXPECT_NE(t.live_module_at(kMod + 0x40000), nullptr);
+    EXPECT_EQ(t.live_module_at(kMod + 0x10000), nullptr);
+  }
+}
+
+// ---- the address rules over module text
+
+x86::Insn insn(std::uint64_t at, std::vector<std::uint8_t> bytes) {
+  auto i = x86::decode(bytes, Gva{at});
+  if (!i) throw std::runtime_error(i.error().what);
+  return *i;
+}
+
+// A kernel with one live module "ext4" whose tables hold one entry of each kind, a GOING
+// module, and a NOKPROBE range and .kprobes.text inside ext4.
+struct ModuleRules : Walk {
+  static constexpr std::uint64_t kFn = kMod + 0x100;      // ext4_fn, 0x100 bytes
+  static constexpr std::uint64_t kCopy = kFn + 0x20;      // ext4's __ex_table instruction
+  static constexpr std::uint64_t kJump = kFn + 0x40;      // ext4's jump-label site
+  static constexpr std::uint64_t kCall = kFn + 0x60;      // ext4's static-call site
+  static constexpr std::uint64_t kKprobes = kMod + 0x800;  // ext4's .kprobes.text, 0x100 bytes
+  static constexpr std::uint64_t kNok = kMod + 0xa00;     // a NOKPROBE function of ext4
+  kernel::KernelTables tables;
+  symbols::SymbolTable syms;
+  symbols::Function fn{"ext4_fn", Gva{kFn}, 0x100};
+
+  void SetUp() override {
+    k.blacklist({{kNok, kNok + 0x40}, {kKprobes, kKprobes + 0x100}});
+    k.smp_locks({kText + 0x10});  // still mapped: the kernel may still rewrite lock prefixes
+    k.ex_table({});
+    k.jump_table({});
+    k.static_calls({});
+    put_btf();
+    put({{.name = "ext4",
+          .text = kMod,
+          .init = kMod + 0x100000,
+          .init_size = 0x1000,
+          .ex = {{kCopy, kFn + 0xf0, 3}},
+          .jumps = {{kJump, kFn + 0xe0, kData + 0x800}},
+          .calls = {{kCall, kData + 0x900}},
+          .kprobes = kKprobes,
+          .kprobes_size = 0x100},
+         {.name = "dying", .state = 2, .text = kMod + 0x10000}});
+    tables = k.read();
+    tables.refresh_modules(k.symbols(), k.reader());
+    syms = k.symbols();
+  }
+  kernel::RuleContext ctx(bool guest) {
+    kernel::RuleContext c;
+    c.tables = &tables;
+    c.syms = &syms;
+    c.guest_channel = guest;
+    return c;
+  }
+  std::string rule(const x86::Insn& i, bool guest = true, const symbols::Function* f = nullptr) {
+    auto r = kernel::check_address(ctx(guest), i, f ? f : &fn);
+    return r ? r->rule : "";
+  }
+};
+
+TEST_F(ModuleRules, ALiveModulesTextIsKernelText) {
+  ASSERT_TRUE(tables.modules()->status().found) << tables.modules()->status().why;
+  EXPECT_TRUE(kernel::in_kernel_text(ctx(false), kFn));
+  EXPECT_EQ(rule(insn(kFn + 4, {0x48, 0x89, 0xe5})), "");        // mov rbp, rsp
+  EXPECT_EQ(rule(insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08})), "");  // mov rax, [rdi+8]
+  EXPECT_EQ(rule(insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08}), false), "");
+}
+
+TEST_F(ModuleRules, ItsOwnTablesApply) {
+  auto r = kernel::check_address(ctx(false), insn(kCopy, {0xf3, 0xa4}), &fn);  // rep movsb
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "exception-table");
+  EXPECT_NE(r->entry.find("module ext4 __ex_table entry"), std::string::npos) << r->entry;
+  EXPECT_EQ(rule(insn(kJump, {0x0f, 0x1f, 0x44, 0x00, 0x00})), "jump-label");  // nop5
+  EXPECT_EQ(rule(insn(kJump - 2, {0x48, 0x89, 0xc8})), "jump-label");          // overlaps it
+  EXPECT_EQ(rule(insn(kCall, {0xe8, 0x00, 0x10, 0x00, 0x00})), "static-call");
+  // The same bytes elsewhere in the module are no site.
+  EXPECT_EQ(rule(insn(kFn + 0x80, {0x0f, 0x1f, 0x44, 0x00, 0x00})), "");
+}
+
+TEST_F(ModuleRules, LockPrefixesAreRefusedWhileTheKernelMayRewriteThem) {
+  auto r = kernel::check_address(ctx(false), insn(kFn + 0x90, {0xf0, 0x48, 0xff, 0x00}), &fn);  // lock inc
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "smp-lock");
+  EXPECT_NE(r->reason.find("module"), std::string::npos);
+  // Once the kernel freed its .smp_locks (no prefix is rewritten any more), accepted.
+  k.unreadable.push_back(kRodata + 0x3000);
+  tables = k.read();
+  ASSERT_TRUE(tables.smp_locks_status().freed);
+  tables.refresh_modules(k.symbols(), k.reader());
+  EXPECT_EQ(rule(insn(kFn + 0x90, {0xf0, 0x48, 0xff, 0x00}), false), "");
+}
+
+TEST_F(ModuleRules, KprobesTextAndTheBlacklistApplyOnTheGuestChannel) {
+  symbols::Function kp{"ext4_kp", Gva{kKprobes}, 0x100};
+  EXPECT_EQ(rule(insn(kKprobes + 0x10, {0x48, 0x89, 0xe5}), true, &kp), "kprobes-text");
+  EXPECT_EQ(rule(insn(kKprobes + 0x10, {0x48, 0x89, 0xe5}), false, &kp), "");
+  symbols::Function nok{"ext4_nok", Gva{kNok}, 0x40};
+  EXPECT_EQ(rule(insn(kNok + 4, {0x48, 0x89, 0xe5}), true, &nok), "kprobe-blacklist");
+  EXPECT_EQ(rule(insn(kNok + 4, {0x48, 0x89, 0xe5}), false, &nok), "");
+  EXPECT_EQ(rule(insn(kNok + 0x40, {0x48, 0x89, 0xe5}), true, &nok), "");  // past it
+}
+
+TEST_F(ModuleRules, GoingInitUnknownAndUnreadableModulesStayRefused) {
+  auto why = [&](std::uint64_t a) {
+    auto r = kernel::check_address(ctx(false), insn(a, {0x48, 0x89, 0xe5}), &fn);
+    return r ? std::string(r->rule) + ": " + r->reason + " (" + r->entry + ")" : std::string();
+  };
+  EXPECT_NE(why(kMod + 0x10010).find("GOING"), std::string::npos) << why(kMod + 0x10010);
+  EXPECT_NE(why(kMod + 0x100010).find("init text of a module"), std::string::npos) << why(kMod + 0x100010);
+  EXPECT_NE(why(kMod + 0x50000).find("every live module"), std::string::npos) << why(kMod + 0x50000);
+  EXPECT_EQ(why(kMod + 0x50000).substr(0, 15), "not-kernel-text");
+  // An instruction that runs past the end of the module's text.
+  EXPECT_NE(why(kMod + 0xffe).find("runs past the end"), std::string::npos) << why(kMod + 0xffe);
+  // The guest module's own text keeps its own rule.
+  kernel::RuleContext c = ctx(true);
+  c.module_text = {kMod, kMod + 0x1000};
+  EXPECT_STREQ(kernel::check_address(c, insn(kFn + 4, {0x48, 0x89, 0xe5}), &fn)->rule, "module-text");
+  // No BTF: module text is refused, saying why.
+  FakeKernel bare;
+  auto t = bare.read();
+  t.refresh_modules(bare.symbols(), bare.reader());
+  c.tables = &t;
+  c.module_text = {};
+  auto r = kernel::check_address(c, insn(kFn + 4, {0x48, 0x89, 0xe5}), &fn);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "not-kernel-text");
+  EXPECT_NE(r->reason.find("could not be read"), std::string::npos) << r->reason;
+  EXPECT_NE(r->entry.find("BTF"), std::string::npos) << r->entry;
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
