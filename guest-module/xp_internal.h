@@ -19,6 +19,7 @@
 #include <linux/workqueue.h>
 #include <xen/interface/event_channel.h>
 
+#include "xp_fixup.h"
 #include "xp_logic.h"
 
 #define XP_NAME "xenprobes"
@@ -29,6 +30,7 @@
 #endif
 
 extern const u8 xp_oea_pool[];
+extern const u8 xp_fixup_slots[];	/* XP_FIXUP_SLOTS * 32 bytes, right after the pool (xp_oea.S) */
 
 /* Why the module stopped handing hits to Dom0 (xp.gone_reason). */
 enum xp_gone_reason {

@@ -16,6 +16,7 @@
  * reference; `rmmod` then succeeds. See README.md.
  */
 #include <linux/err.h>
+#include <linux/extable.h>
 #include <linux/kernel.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -238,6 +239,53 @@ static void xp_watches_unregister(void)
  * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
  * that predates the keys).
  */
+/*
+ * fixup-slots (protocol.h): the entries xp_oea.S gave the fixup slots, in this module's own
+ * exception table as the loader sorted it, slot 0's first and the others after it in slot
+ * order (no other entry of this module points into the slots). Published only when all of
+ * them are found so, and only with module-text, which holds the slots.
+ */
+static unsigned long xp_fixup_table(void)
+{
+	const struct exception_table_entry *e = THIS_MODULE->extable;
+	unsigned int n = THIS_MODULE->num_exentries, i, k;
+	unsigned long base = (unsigned long)xp_fixup_slots, last;
+
+	/* Computed, not a relocation into the slots (objtool's IBT check wants those at ENDBR). */
+	OPTIMIZER_HIDE_VAR(base);
+	last = base + XP_FIXUP_SLOT_BYTES - 1;
+
+	for (i = 0; e && i < n; i++)
+		if ((unsigned long)&e[i].insn + e[i].insn == last)
+			break;
+	if (!e || n - i < XP_FIXUP_SLOTS)
+		return 0;
+	for (k = 0; k < XP_FIXUP_SLOTS; k++)
+		if ((unsigned long)&e[i + k].insn + e[i + k].insn != last + k * XP_FIXUP_SLOT_BYTES)
+			return 0;
+	return (unsigned long)&e[i];
+}
+
+static int xp_publish_fixup_slots(void)
+{
+	unsigned long table = xp_fixup_table();
+	int err;
+
+	BUILD_BUG_ON(XP_FIXUP_SLOT_BYTES != XENPROBES_FIXUP_SLOT_SIZE);
+	BUILD_BUG_ON(XP_FIXUP_SLOTS > XENPROBES_FIXUP_SLOTS_MAX);
+	BUILD_BUG_ON(sizeof(struct exception_table_entry) != XENPROBES_FIXUP_ENTRY_SIZE);
+	if (!table) {
+		pr_warn(XP_NAME ": the fixup slots' entries are not in this module's exception table in order: fixup-slots not published (Dom0 refuses instructions the kernel's exception table covers)\n");
+		return 0;
+	}
+	err = xp_xs_printf(XENPROBES_XS_FIXUP_SLOTS_ADDR, "0x%lx", (unsigned long)xp_fixup_slots);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_FIXUP_SLOTS_COUNT, "%u", XP_FIXUP_SLOTS);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_FIXUP_SLOTS_TABLE, "0x%lx", table);
+	return err;
+}
+
 static int xp_publish_module_text(void)
 {
 	unsigned long start, end;
@@ -252,6 +300,9 @@ static int xp_publish_module_text(void)
 	err = xp_xs_printf(XENPROBES_XS_MODULE_TEXT_START, "0x%lx", start);
 	if (!err)
 		err = xp_xs_printf(XENPROBES_XS_MODULE_TEXT_END, "0x%lx", end);
+	if (!err && (unsigned long)xp_fixup_slots >= start &&
+	    (unsigned long)xp_fixup_slots + XP_FIXUP_SLOTS * XP_FIXUP_SLOT_BYTES <= end)
+		err = xp_publish_fixup_slots();
 	return err;
 }
 

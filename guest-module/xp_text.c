@@ -236,7 +236,8 @@ int xp_text_init(unsigned long kernel_text_param)
 	xp.bounds.modules.start = MODULES_VADDR;
 	xp.bounds.modules.end = MODULES_END;
 	xp.bounds.oea.start = (unsigned long)xp_oea_pool;
-	xp.bounds.oea.end = (unsigned long)xp_oea_pool + XP_OEA_POOL_SIZE;
+	/* The fixup slots follow the pool in the same section: fallbacks resume in either. */
+	xp.bounds.oea.end = (unsigned long)xp_fixup_slots + XP_FIXUP_SLOTS * XP_FIXUP_SLOT_BYTES;
 	xp.bounds.is_exec = xp_is_exec;
 	xp.bounds.ctx = NULL;
 	xp.nested_bounds = xp.bounds;

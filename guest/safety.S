@@ -16,7 +16,8 @@
 
 	.text
 
-/* A user copy: its rep movsb may fault, and the exception table sends the fault to 2:. */
+/* A user copy: its rep movsb may fault, and the exception table sends the fault to 2:. It runs
+   in a fixup slot, never in Xen's emulator (which runs rep strings in chunks). */
 	.globl demo_uaccess_copy
 	.type demo_uaccess_copy, @function
 demo_uaccess_copy:
@@ -31,6 +32,38 @@ demo_uaccess_copy:
 	.long 1b - .
 	.long 2b - .
 	.long 3			/* EX_TYPE_UACCESS */
+	.popsection
+
+/* A get_user: a load the exception table covers. It runs in a fixup slot (or, on the vmevent
+   channel in int3 mode, in Xen's emulator where it is). */
+	.globl demo_get_user
+	.type demo_get_user, @function
+demo_get_user:
+	FTRACE_NOP5
+1:	movq (%rdi), %rax
+2:	ret
+	.size demo_get_user, . - demo_get_user
+	.pushsection __ex_table, "a"
+	.balign 4
+	.long 1b - .
+	.long 2b - .
+	.long 3			/* EX_TYPE_UACCESS */
+	.popsection
+
+/* A load_unaligned_zeropad(): its fixup handler decodes the instruction at the faulting
+   address, which in a slot is the slot's, so no slot may run it. */
+	.globl demo_load_zeropad
+	.type demo_load_zeropad, @function
+demo_load_zeropad:
+	FTRACE_NOP5
+1:	movq (%rdi), %rax
+2:	ret
+	.size demo_load_zeropad, . - demo_load_zeropad
+	.pushsection __ex_table, "a"
+	.balign 4
+	.long 1b - .
+	.long 2b - .
+	.long 20		/* EX_TYPE_ZEROPAD */
 	.popsection
 
 /* A 1-byte instruction before one the exception table covers: on the debugger channel the

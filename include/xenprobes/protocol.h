@@ -26,6 +26,28 @@
  *                 knows no range to refuse. They came with the EMULATE fallback of jmp/call
  *                 through a register (below): Dom0 arms such an EMULATE trap only on a module
  *                 that publishes them, as an older one could not run it.
+ *   fixup-slots/addr, fixup-slots/count, fixup-slots/table
+ *                 optional, together: out-of-line slots for instructions the guest kernel's
+ *                 exception table covers (a user copy, a get_user, an *_safe MSR access). The
+ *                 kernel looks the fixup of a fault up by the faulting address; in an ordinary
+ *                 slot that address is the slot's, which no table lists, and the kernel oopses.
+ *                 These slots have entries of their own in the module's own exception table,
+ *                 which the kernel searches for faults in the module's text.
+ *                 addr: hex, the first slot (page aligned, inside module-text, in no oea/<i>
+ *                 area); count: decimal, 1..XENPROBES_FIXUP_SLOTS_MAX slots of
+ *                 XENPROBES_FIXUP_SLOT_SIZE bytes each, back to back; table: hex, the entry
+ *                 {s32 insn; s32 fixup; s32 data} (each offset relative to its own field, as in
+ *                 Linux's struct exception_table_entry) of slot 0; the entry of slot k is at
+ *                 table + 12 k, in writable memory. An unused slot holds int3 bytes and its
+ *                 entry's insn and fixup both point at the slot's last byte, which is never
+ *                 executed. Dom0 takes an unused slot for one instruction: it writes the copy
+ *                 (the instruction and a jmp back), then the entry's data and fixup (the original
+ *                 entry's), then its insn (the slot's first byte; the entries stay sorted), and
+ *                 only then arms a trap that sends a vCPU there. A slot so taken stays as it is
+ *                 for as long as the module is loaded: a task may sleep in a fault taken there
+ *                 (userfaultfd, a contended mmap lock) for any time, and must come back to the same
+ *                 copy. Dom0 uses it again only for the same instruction, finding it by its bytes
+ *                 and its entry (a later session too).
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -185,12 +207,18 @@
 #define XENPROBES_XS_QUIESCE_DONE "quiesce-done"
 #define XENPROBES_XS_MODULE_TEXT_START "module-text/start"
 #define XENPROBES_XS_MODULE_TEXT_END "module-text/end"
+#define XENPROBES_XS_FIXUP_SLOTS_ADDR "fixup-slots/addr"
+#define XENPROBES_XS_FIXUP_SLOTS_COUNT "fixup-slots/count"
+#define XENPROBES_XS_FIXUP_SLOTS_TABLE "fixup-slots/table"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
 #define XENPROBES_OEA_MAX_SIZE (16u << 20)
 #define XENPROBES_CTL_MAX_PAGES 64
 #define XENPROBES_MODULE_TEXT_MAX_SIZE (64u << 20)
+#define XENPROBES_FIXUP_SLOT_SIZE 32
+#define XENPROBES_FIXUP_SLOTS_MAX 4096
+#define XENPROBES_FIXUP_ENTRY_SIZE 12
 
 #ifdef __KERNEL__
 #include <linux/types.h>

@@ -253,6 +253,56 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
     info.module_text_start = Gva{*start};
     info.module_text_end = Gva{*end};
   }
+
+  // fixup-slots: optional (older modules publish none), all three keys or none, and only with
+  // module-text, which must hold the slots (they are the module's code for the kernel's fault
+  // handling: it finds their entries by the module that holds the faulting address).
+  const std::string fapath = module_key(dom, XENPROBES_XS_FIXUP_SLOTS_ADDR);
+  const std::string fcpath = module_key(dom, XENPROBES_XS_FIXUP_SLOTS_COUNT);
+  const std::string ftpath = module_key(dom, XENPROBES_XS_FIXUP_SLOTS_TABLE);
+  auto fas = XP_TRY(read_optional(fapath));
+  auto fcs = XP_TRY(read_optional(fcpath));
+  auto fts = XP_TRY(read_optional(ftpath));
+  if (fas || fcs || fts) {
+    if (!fas || !fcs || !fts)
+      return fail(Errc::NotFound, "the guest module published only some of " + fapath + ", " + fcpath + " and " +
+                                      ftpath + ": it publishes all three or none; reload it");
+    auto addr = parse_hex(*fas);
+    if (!addr) return fail(Errc::InvalidArgument, bad(fapath, *fas, "not a 0x-prefixed 64-bit hex address"));
+    auto count = parse_decimal(*fcs, XENPROBES_FIXUP_SLOTS_MAX);
+    if (!count || *count == 0)
+      return fail(Errc::InvalidArgument,
+                  bad(fcpath, *fcs, "not a decimal count 1.." + std::to_string(XENPROBES_FIXUP_SLOTS_MAX)));
+    auto table = parse_hex(*fts);
+    if (!table) return fail(Errc::InvalidArgument, bad(ftpath, *fts, "not a 0x-prefixed 64-bit hex address"));
+    const std::uint64_t bytes = *count * XENPROBES_FIXUP_SLOT_SIZE, tbytes = *count * XENPROBES_FIXUP_ENTRY_SIZE;
+    if (*addr % kPageSize) return fail(Errc::InvalidArgument, bad(fapath, *fas, "not page aligned"));
+    if (!info.has_module_text() || *addr < info.module_text_start.value ||
+        bytes > info.module_text_end.value - *addr)
+      return fail(Errc::InvalidArgument,
+                  bad(fapath, *fas, std::to_string(*count) + " slots from " + hex(*addr) +
+                                        " are not inside the module's published text" +
+                                        (info.has_module_text() ? " [" + hex(info.module_text_start.value) + ", " +
+                                                                      hex(info.module_text_end.value) + ")"
+                                                                : std::string(" (module-text is missing)"))));
+    for (unsigned j = 0; j < info.areas.size(); ++j)
+      if (ranges_overlap(*addr, *addr + bytes - 1, info.areas[j].addr.value, info.areas[j].last()))
+        return fail(Errc::InvalidArgument, bad(fapath, *fas, "the slots overlap oea/" + std::to_string(j)));
+    if (*table < kUpperHalfStart || *table % 4 || tbytes - 1 > std::numeric_limits<std::uint64_t>::max() - *table)
+      return fail(Errc::InvalidArgument,
+                  bad(ftpath, *fts, "not a 4-byte aligned upper-half address with room for " +
+                                        std::to_string(*count) + " entries"));
+    // Each entry's offsets (s32) must reach its slot and the kernel's text.
+    if (!within_rel32(*table, *table + tbytes - 1, *addr) || !within_rel32(*table, *table + tbytes - 1, *text))
+      return fail(Errc::InvalidArgument,
+                  bad(ftpath, *fts, "the entries are not within +-2 GiB (rel32) of the slots and of kernel text"));
+    if (ranges_overlap(*table, *table + tbytes - 1, *addr, *addr + bytes - 1))
+      return fail(Errc::InvalidArgument, bad(ftpath, *fts, "the entries overlap the slots"));
+    for (std::uint64_t off = 0; off < bytes; off += kPageSize)
+      if (auto r = check_mapped(Gva{*addr + off}); !r)
+        return fail(Errc::Fault, bad(fapath, *fas, "page " + hex(*addr + off) + " is not usable: " + r.error().what));
+    info.fixup_slots = FixupSlots{Gva{*addr}, static_cast<unsigned>(*count), Gva{*table}};
+  }
   return info;
 }
 

@@ -33,6 +33,20 @@ struct OeaArea {
   bool operator==(const OeaArea&) const = default;
 };
 
+// Out-of-line slots whose faults reach the original instruction's fixup (fixup-slots/*,
+// protocol.h): `count` slots of XENPROBES_FIXUP_SLOT_SIZE bytes from `addr`, the exception-table
+// entry of slot k at `table` + 12 k.
+struct FixupSlots {
+  Gva addr;
+  unsigned count = 0;
+  Gva table;
+  Gva slot(unsigned k) const { return Gva{addr.value + std::uint64_t{k} * XENPROBES_FIXUP_SLOT_SIZE}; }
+  Gva entry(unsigned k) const { return Gva{table.value + std::uint64_t{k} * XENPROBES_FIXUP_ENTRY_SIZE}; }
+  bool contains(Gva va) const {
+    return va.value >= addr.value && va.value - addr.value < std::uint64_t{count} * XENPROBES_FIXUP_SLOT_SIZE;
+  }
+};
+
 struct ModuleInfo {
   unsigned version = 0;
   Gva kernel_text;          // the running kernel's _text (KASLR slide = kernel_text - link address)
@@ -45,6 +59,9 @@ struct ModuleInfo {
   // range contains its OEA areas (its static pool is a section of its text), where slots live.
   Gva module_text_start{0};
   Gva module_text_end{0};
+
+  // fixup-slots/* (optional): none from a module that does not publish them.
+  std::optional<FixupSlots> fixup_slots;
 
   bool has_module_text() const { return module_text_end.value != 0; }
   bool in_module_text(Gva va) const {

@@ -52,7 +52,7 @@ std::string where_of(const RuleContext& c, std::uint64_t a) {
 }
 
 Refusal refuse(const char* rule, Errc code, std::string reason, std::string entry, bool guest_only = false) {
-  return Refusal{rule, code, std::move(reason), std::move(entry), guest_only};
+  return Refusal{rule, code, std::move(reason), std::move(entry), guest_only, {}};
 }
 
 std::string range_of(const std::optional<Range>& r) { return r ? hex(r->start) + "-" + hex(r->end) : "?"; }
@@ -102,10 +102,43 @@ bool may_fault_with_fixup(const Insn& i) {
 std::string Refusal::message(const std::string& where) const {
   std::string m = where + ": refused by rule '" + rule + "': " + reason;
   if (!entry.empty()) m += " (" + entry + ")";
-  m += guest_channel_only ? "; the vmevent and debugger channels accept it (Xen takes their traps before the "
-                            "guest's own int3 path runs)"
-                          : "; no channel accepts it";
+  if (guest_channel_only)
+    m += "; the vmevent and debugger channels accept it (Xen takes their traps before the guest's own int3 path "
+         "runs)";
+  else if (!accepted_by.empty())
+    m += "; " + accepted_by;
+  else
+    m += "; no channel accepts it";
   return m;
+}
+
+std::optional<OwnAddress> needs_own_address(const RuleContext& c, const Insn& i) {
+  if (!c.tables) return may_fault_with_fixup(i) ? std::optional<OwnAddress>(OwnAddress{"no kernel tables", {}}) : std::nullopt;
+  const KernelTables* t = c.tables;
+  // In a live module: its own table (always read, or the module would not count as text).
+  const Module* mod = t->core_text().contains(i.address.value) ? nullptr : t->live_module_at(i.address.value);
+  const TableStatus& st = mod ? mod->ex_status : t->ex_status();
+  if (!st.found)
+    return may_fault_with_fixup(i) ? std::optional<OwnAddress>(OwnAddress{"__ex_table: " + st.why, {}}) : std::nullopt;
+  if (const ExEntry* e = t->exception_entry(i.address.value))
+    return OwnAddress{(mod ? "module " + mod->name + " " : std::string()) + "__ex_table entry " + where_of(c, e->insn) +
+                          " -> fixup " + where_of(c, e->fixup) + ", type " + std::to_string(e->type()),
+                      *e};
+  return std::nullopt;
+}
+
+const char* fixup_slot_refusal(unsigned type) {
+  switch (type) {
+    case 1: case 2: case 3: case 4: case 5: case 6:  // default, fault, uaccess, copy, clear_fs, fpu_restore
+    case 8: case 9: case 10: case 11: case 12: case 13:  // the MSR accesses
+    case 14: case 15: case 16: case 17: case 18: case 19:  // mce-safe, pop_reg, imm_reg, sgx, ucopy_len
+      return nullptr;
+    case 20:
+      return "its fixup handler (zeropad) decodes the instruction at the faulting address, which in a slot is "
+             "the slot's";
+    default:
+      return "a fixup type this library does not know to be independent of the faulting address";
+  }
 }
 
 bool in_kernel_text(const RuleContext& c, std::uint64_t a) {
@@ -264,20 +297,31 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
                   "copy could leave the operation non-atomic",
                   ".smp_locks " + where_of(c, *l));
   }
-  // In a live module: its own table (always read, or the module would not count as text).
-  const TableStatus& ex_st = mod ? mod->ex_status : t->ex_status();
-  if (!ex_st.found) {
-    if (may_fault_with_fixup(i))
-      return refuse("exception-table", Errc::InvalidArgument,
-                    "the exception table could not be read, so this memory access may expect its fault to "
-                    "be fixed up at the original address",
-                    "__ex_table: " + ex_st.why);
-  } else if (const ExEntry* e = t->exception_entry(a)) {
-    return refuse("exception-table", Errc::InvalidArgument,
-                  "the kernel expects this instruction to fault (a user copy, a *_safe access) and looks "
-                  "its fixup up by the faulting address, which out of line would be the slot's",
-                  in_mod + "__ex_table entry " + where_of(c, e->insn) + " -> fixup " + where_of(c, e->fixup) +
-                      ", type " + std::to_string(e->type()));
+  // Run in place (emulates_in_place), a fault has the instruction's own address; in a fixup
+  // slot, the slot's entry sends it to the original fixup: accepted.
+  if (auto own = needs_own_address(c, i); own && !c.emulates_in_place) {
+    const char* type_refusal = own->entry ? fixup_slot_refusal(own->entry->type()) : nullptr;
+    if (!(c.fixup_slots && own->entry && !type_refusal)) {
+      Refusal r = !(mod ? mod->ex_status : t->ex_status()).found
+                      ? refuse("exception-table", Errc::InvalidArgument,
+                               "the exception table could not be read, so this memory access may expect its fault "
+                               "to be fixed up at the original address",
+                               own->why)
+                  : type_refusal
+                      ? refuse("exception-table", Errc::InvalidArgument,
+                               std::string("the kernel expects this instruction to fault and ") + type_refusal,
+                               own->why)
+                      : refuse("exception-table", Errc::InvalidArgument,
+                               "the kernel expects this instruction to fault (a user copy, a *_safe access) and "
+                               "looks its fixup up by the faulting address, which in an ordinary slot is the slot's; "
+                               "this guest module gives no fixup slots (load this version's xenprobesU)",
+                               own->why);
+      r.accepted_by = "the vmevent channel in int3 mode (an HVM or PVH guest without the guest module) accepts it: "
+                      "Xen's emulator runs it at its own address";
+      if (own->entry && !type_refusal)
+        r.accepted_by += ", and so does every channel when the guest module gives fixup slots";
+      return r;
+    }
   }
   // The guest's own int3 path (guest channel only).
   if (c.guest_channel) {

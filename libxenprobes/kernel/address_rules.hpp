@@ -29,6 +29,14 @@ struct RuleContext {
   const symbols::SymbolTable* syms = nullptr;
   Range module_text;                        // the guest module's own text (empty: unknown)
   bool guest_channel = false;               // the trap enters the guest's own int3 path
+  // The channel can have the hypervisor run an instruction at its own address (the vmevent
+  // channel: Xen's emulator). Then an instruction whose fault the kernel fixes up by address
+  // (the exception table) is run that way instead of out of line, and is not refused.
+  bool emulates_in_place = false;
+  // The guest module gives slots with exception-table entries of their own (fixup slots,
+  // protocol.h): an instruction with a known entry runs there and its fault reaches the
+  // original fixup, on every channel.
+  bool fixup_slots = false;
 };
 
 struct Refusal {
@@ -37,6 +45,9 @@ struct Refusal {
   std::string reason;         // why the rule exists, one line
   std::string entry;          // what in the guest's tables triggered it
   bool guest_channel_only = false;  // the vmevent and debugger channels accept the point
+  // Where the refusal does not hold, when not the guest channel alone: e.g. "the vmevent
+  // channel in int3 mode accepts it". Empty: no channel accepts it.
+  std::string accepted_by;
   // "<where>: refused by rule '<rule>': <reason> (<entry>); <which channels accept it>"
   std::string message(const std::string& where) const;
 };
@@ -45,6 +56,22 @@ struct Refusal {
 // null when none covers it).
 [[nodiscard]] std::optional<Refusal> check_address(const RuleContext&, const x86::Insn& insn,
                                                    const symbols::Function* fn);
+
+// An instruction whose fault the kernel fixes up by the faulting address: its exception-table
+// entry, or (the table could not be read) a memory access that may have one.
+struct OwnAddress {
+  std::string why;              // "__ex_table entry f+0x8 (0x...) -> fixup f+0xa (0x...), type 3"
+  std::optional<ExEntry> entry;  // known: it can run in a fixup slot with a copy of it
+};
+// Nullopt for an instruction that may run anywhere. A channel that emulates_in_place runs such
+// an instruction where it is; with fixup slots one with a known entry of a fixup_slot_type runs
+// there; check_address refuses it otherwise.
+[[nodiscard]] std::optional<OwnAddress> needs_own_address(const RuleContext&, const x86::Insn& insn);
+// Whether a fault of this EX_TYPE_* may be fixed up from a fixup slot: its handler uses the
+// registers and the entry's fixup, not the faulting address itself (Linux 6.1 to 6.12,
+// arch/x86/mm/extable.c; the zeropad handler decodes the instruction at the faulting address,
+// and ERETU, BPF and unknown types are refused). Null when it may, else why not.
+const char* fixup_slot_refusal(unsigned ex_type);
 
 // Rules that need the decoded function (`function`, from its first byte): 'ftrace-site', a
 // point asked for on the 5-byte ftrace site itself (a probe asked for at the function's first

@@ -57,6 +57,12 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   if (existing != d->points.end()) {
     // Aggregate: the point is already decoded, slotted and (maybe) armed.
     Point& p = *existing->second;
+    if (reg->post && (p.in_place || p.fixup_slot))
+      return fail(Errc::NotSupported,
+                  p.insn.describe() + (p.fixup_slot ? ": runs in a fixup slot, which ends in a jump back"
+                                                    : ": Xen's emulator runs it in place, and no stop follows it") +
+                      (p.own_address ? " (" + p.own_address->why + ")" : std::string()) +
+                      ": post-handlers cannot run after it (use a pre-handler)");
     bool tail = reg->post && uses_slot(p) && !p.trap_tail;
     bool must_arm = !p.armed;
     if (tail || must_arm) {
@@ -74,17 +80,48 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   auto point = std::make_unique<Point>();
   point->dom = id;
   point->addr = addr;
-  point->agentless = !d->pool;
+  point->in_place = !d->pool;
   // Decoding reads text before the pause: through vCPU 0's page tables now, not through a
   // root left by an earlier hit (whose process may be gone). Checked again under the pause.
   // Already paused (a batch), the context pause() took is still current.
   if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
   XP_TRY(decode_probe_point(*d, *point));
-  if (point->agentless && (point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel))
+  const bool copied = point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel;
+  if (copied && point->own_address && !point->in_place && d->ch->can_emulate()) {
+    // Its fault must have its own address (the kernel looks the fixup up by it): not out of
+    // line, but in Xen's emulator where it is.
+    point->in_place = true;
+    if (auto why = x86::xen_emulator_refusal(point->insn)) {
+      std::string m = point->insn.describe() + ": refused by rule 'exception-table': its fault must reach the "
+                      "kernel's fixup (" + point->own_address->why + "); Xen's emulator, which keeps its address, "
+                      "cannot run it: " + *why;
+      m += d->fixup ? "" : "; a guest module that gives fixup slots would run it on any channel";
+      return fail(Errc::InvalidArgument, m);
+    }
+    if (reg->post)
+      return fail(Errc::NotSupported,
+                  point->insn.describe() + ": its fault must reach the kernel's fixup at its own address (" +
+                      point->own_address->why + "), so Xen's emulator runs it in place and no stop follows it: "
+                      "post-handlers cannot run there (use a pre-handler, or probe the next instruction)");
+  } else if (copied && point->own_address && !point->in_place) {
+    // The address rules accepted it for a fixup slot (the module gives them, the entry is known).
+    point->fixup_slot = true;
+    if (reg->post)
+      return fail(Errc::NotSupported,
+                  point->insn.describe() + ": runs in a fixup slot (" + point->own_address->why +
+                      "), which ends in a jump back and is never rewritten (a task may sleep in a fault there): "
+                      "post-handlers cannot run after it (use a pre-handler, or probe the next instruction)");
+    if (point->next)
+      return fail(Errc::InvalidArgument,
+                  point->insn.describe() + ": a 1-byte instruction with an exception-table entry (" +
+                      point->own_address->why + ") would run out of line together with its neighbour on the "
+                      "debugger channel, which a fixup slot does not hold; the guest and vmevent channels accept it");
+  } else if (copied && point->in_place) {
     if (auto why = x86::xen_emulator_refusal(point->insn))
       return fail(Errc::NotSupported, point->insn.describe() + ": " + *why +
                                           "; without the guest module's slots the hypervisor must emulate it (load "
                                           "the xenprobesU module in the guest)");
+  }
   // A 1-byte point with a continuation copies its neighbour: nobody may probe that one now.
   if (Gva before{addr.value - 1}; d->points.contains(before) && d->points.at(before)->next)
     return fail(Errc::Busy, point->insn.describe() + ": the instruction before it is a probed 1-byte instruction");
@@ -95,7 +132,8 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     // patch checks them before anything is written. The slot is the point's only once the
     // trap is in: a failed arm drops (undoes) it.
     std::optional<NewSlot> ns;
-    if (uses_slot(*point)) ns = XP_TRY(write_slot(*d, *point, bool(reg->post)));
+    if (point->fixup_slot) point->slot = XP_TRY(take_fixup_slot(*d, *point));  // kept whatever follows
+    else if (uses_slot(*point)) ns = XP_TRY(write_slot(*d, *point, bool(reg->post)));
     if (ns) {
       point->slot = ns->slot;  // arm's trap entry sends the vCPU there
       point->trap_tail = ns->trap_tail;
@@ -257,7 +295,8 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
   i.requested = it->second->requested;
   i.moved_because = it->second->moved_because;
   i.instruction = p.insn.describe();
-  i.mode = exec_mode(p.plan, p.trap_tail);
+  // (A module-less domain's Boost points keep reporting Boosted, with no slot.)
+  i.mode = p.in_place && p.own_address ? ExecMode::Emulated : exec_mode(p.plan, p.trap_tail);
   i.slot = p.slot.value_or(Gva{0});
   if (it->second->ret)
     if (auto d = domains_.find(p.dom); d != domains_.end()) i.trampoline = d->second->trampoline.value_or(Gva{0});

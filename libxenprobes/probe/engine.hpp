@@ -148,7 +148,16 @@ class Engine final : public channel::StopSink {
     std::optional<x86::Insn> next;
     x86::Plan next_plan = x86::Plan::Boost;  // Emulate*: Dom0 runs it at the slot's trap
     bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
-    bool agentless = false;      // no slot: the hypervisor emulates the original bytes
+    // An instruction whose fault the kernel fixes up by the faulting address (its exception-
+    // table entry): it runs in place where the channel emulates, else in a fixup slot.
+    std::optional<kernel::OwnAddress> own_address;
+    // No slot: the hypervisor runs the original bytes at their own address (Stop::Emulate).
+    // Every Boost point of a domain without the guest module, and own_address ones on a
+    // channel that emulates.
+    bool in_place = false;
+    // `slot` is a fixup slot (guestmod::FixupSlots): bound to this instruction for as long as
+    // the guest module is loaded, never given back.
+    bool fixup_slot = false;
     bool armed = false;
     // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
     // channel must still find it (and rewind it) until the next flush.
@@ -181,6 +190,7 @@ class Engine final : public channel::StopSink {
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
     std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
+    std::optional<guestmod::FixupSlots> fixup;  // the module's fixup slots, when it gives them
     std::optional<symbols::SymbolTable> syms;
     // The guest kernel's own tables (exception table, jump labels, …), read with the symbols.
     std::optional<kernel::KernelTables> tables;
@@ -242,6 +252,9 @@ class Engine final : public channel::StopSink {
   Result<std::vector<std::uint8_t>> read_text(Domain&, Gva start, std::uint64_t size);
   kernel::RuleContext rule_context(const Domain&) const;
   bool uses_slot(const Point&) const;
+  // A fixup slot for the point (own_address with its entry): the one already holding exactly
+  // its copy and entry, else an unused one, written and its entry set (protocol.h).
+  Result<Gva> take_fixup_slot(Domain&, const Point&);
   // Patches guest code (probe/patcher.hpp): with the domain's channel and, when journaled, its journal.
   Patcher patcher(Domain&);
   // Allocates and writes a new slot for the point (an uncommitted patch: dropping it undoes

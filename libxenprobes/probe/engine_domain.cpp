@@ -98,6 +98,7 @@ Result<void> Engine::attach(DomId id) {
       d->kernel_text = mi->kernel_text;
       if (mi->has_module_text()) d->module_text = {mi->module_text_start.value, mi->module_text_end.value};
       d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
+      d->fixup = mi->fixup_slots;
     } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
       return std::unexpected(mi.error());
     } else {

@@ -161,7 +161,7 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
       break;
     case x86::Plan::Boost:
     case x86::Plan::BoostRipRel:
-      if (p.agentless) {
+      if (p.in_place) {
         // No slot: the channel has the hypervisor execute the original bytes in place.
         channel::Stop::Emulate e;
         e.len = p.insn.length;

@@ -18,6 +18,8 @@ kernel::RuleContext Engine::rule_context(const Domain& d) const {
   c.syms = d.syms ? &*d.syms : nullptr;
   c.module_text = d.module_text;
   c.guest_channel = d.ch && std::string_view(d.ch->name()) == "guest";
+  c.emulates_in_place = d.ch && d.ch->can_emulate();
+  c.fixup_slots = d.fixup.has_value();
   return c;
 }
 
@@ -93,6 +95,8 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
   if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));
   if (auto r = kernel::check_in_function(rule_context(d), fn_insns, p.insn)) return fail(r->code, r->message(where));
+  // Accepted because it can run at its own address or in a fixup slot: it must run there.
+  p.own_address = kernel::needs_own_address(rule_context(d), p.insn);
   // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
   // debugger) hides the instruction it replaced, so the boundary check above may have walked
   // through garbage. An int3 right after ret or jmp is padding (straight-line-speculation
@@ -152,6 +156,13 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   if (auto r = kernel::check_address(rule_context(d), *it, &*fn))
     return fail(r->code, where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger "
                                  "channel; the neighbour " + r->message(d.syms->symbolize(it->address)));
+  // The neighbour runs in the probed instruction's ordinary slot, never in a fixup slot.
+  if (auto own = kernel::needs_own_address(rule_context(d), *it))
+    return fail(Errc::InvalidArgument,
+                where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger channel; "
+                        "the neighbour " + d.syms->symbolize(it->address) + " is refused by rule 'exception-table': its "
+                        "fault must reach the kernel's fixup (" + own->why + "), which a copy in an ordinary slot "
+                        "does not; the guest and vmevent channels accept it");
   p.next = *it;
   p.next_plan = *next_plan;  // a branch (pop; ret) is emulated at a trap after the copy
   if (p.plan == x86::Plan::Skip) p.plan = x86::Plan::Boost;  // a 1-byte nop: copy it with the next
@@ -159,7 +170,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
 }
 
 bool Engine::uses_slot(const Point& p) const {
-  return !p.agentless && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel);
+  return !p.in_place && (p.plan == x86::Plan::Boost || p.plan == x86::Plan::BoostRipRel);
 }
 
 bool Engine::needs_trap_tail(const Point& p) const {

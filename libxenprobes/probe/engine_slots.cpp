@@ -2,6 +2,8 @@
 // growth, release with quiescence, reclaim, and neutralizing slot traps before letting go.
 #include "probe/engine_internal.hpp"
 
+#include "common/bytes.hpp"
+
 #include "x86/relocate.hpp"
 #include "xenprobes/protocol.h"
 
@@ -66,6 +68,88 @@ Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_
   }
   Patch patch = XP_TRY(patcher(d).apply(std::move(spec)));
   return NewSlot{slot, trap_tail, resume, std::move(patch)};
+}
+
+Result<Gva> Engine::take_fixup_slot(Domain& d, const Point& p) {
+  const guestmod::FixupSlots& fs = *d.fixup;
+  const kernel::ExEntry& want = *p.own_address->entry;
+  constexpr std::size_t kSize = XENPROBES_FIXUP_SLOT_SIZE, kEntry = XENPROBES_FIXUP_ENTRY_SIZE;
+  // Everything the module says about its slots is read back and checked, never assumed.
+  std::vector<std::byte> slots(std::size_t{fs.count} * kSize), entries(std::size_t{fs.count} * kEntry);
+  XP_TRY(d.memory->read(fs.addr, slots));
+  XP_TRY(d.memory->read(fs.table, entries));
+  auto code_for = [&](Gva slot) -> Result<std::array<std::uint8_t, kSize>> {
+    std::array<std::uint8_t, kSize> code;
+    code.fill(0xcc);
+    XP_TRY(x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::JmpBack, d.ch->trap_byte()));
+    return code;
+  };
+  std::optional<unsigned> unused;
+  for (unsigned k = 0; k < fs.count; ++k) {
+    const std::uint64_t slot = fs.slot(k).value, entry = fs.entry(k).value;
+    const std::uint64_t insn = entry + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry)});
+    const std::uint64_t fixup = entry + 4 + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry + 4)});
+    const std::int32_t data = load<std::int32_t>(entries.data() + k * kEntry + 8);
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(slots.data()) + std::size_t{k} * kSize;
+    if (insn == slot && fixup == want.fixup && data == want.data) {
+      auto code = XP_TRY(code_for(Gva{slot}));
+      if (std::equal(code.begin(), code.end(), bytes)) return Gva{slot};  // this instruction's, from before
+      continue;
+    }
+    const bool blank = std::all_of(bytes, bytes + kSize, [](std::uint8_t b) { return b == 0xcc; });
+    if (!unused && blank && insn == slot + kSize - 1 && fixup == slot + kSize - 1) unused = k;
+  }
+  if (!unused)
+    return fail(Errc::NoSpace, "domain " + std::to_string(d.id.value) + ": all " + std::to_string(fs.count) +
+                                   " fixup slots of the guest module are taken (each stays with its instruction "
+                                   "while the module is loaded): reload the module to free them");
+  const unsigned k = *unused;
+  const Gva slot = fs.slot(k), entry = fs.entry(k);
+  auto code = XP_TRY(code_for(slot));
+  auto rel = [](std::uint64_t target, std::uint64_t field) -> std::optional<std::int32_t> {
+    const auto off = static_cast<std::int64_t>(target - field);
+    if (!x86::fits_rel32(off)) return std::nullopt;
+    return static_cast<std::int32_t>(off);
+  };
+  auto insn_off = rel(slot.value, entry.value);
+  auto fixup_off = rel(want.fixup, entry.value + 4);
+  if (!insn_off || !fixup_off)
+    return fail(Errc::InvalidArgument, "fixup slot " + hex(slot.value) + ": its entry at " + hex(entry.value) +
+                                           " cannot reach the slot or the fixup " + hex(want.fixup) + " (rel32)");
+  auto le32 = [](std::initializer_list<std::int32_t> values) {  // the entry's fields, little-endian
+    std::vector<std::uint8_t> out;
+    for (std::int32_t v : values)
+      for (int b = 0; b < 4; ++b) out.push_back(static_cast<std::uint8_t>(static_cast<std::uint32_t>(v) >> (8 * b)));
+    return out;
+  };
+  auto old = [&](std::size_t off, std::size_t n) {
+    const auto* b = reinterpret_cast<const std::uint8_t*>(entries.data()) + std::size_t{k} * kEntry + off;
+    return std::vector<std::uint8_t>(b, b + n);
+  };
+  // The copy, then the entry's fixup and data, then its insn: the kernel may search the table
+  // at any time, and until insn moves to the slot's first byte this entry matches nothing. Not
+  // one committed until all three are written: a failure undoes them in reverse.
+  PatchSpec cs;
+  cs.at = slot;
+  cs.bytes.assign(code.begin(), code.end());
+  cs.expect.assign(kSize, 0xcc);
+  Patch copy = XP_TRY(patcher(d).apply(std::move(cs)));
+  PatchSpec fd;
+  fd.at = entry + 4;
+  fd.bytes = le32({*fixup_off, want.data});
+  fd.expect = old(4, 8);
+  Patch fixup_data = XP_TRY(patcher(d).apply(std::move(fd)));
+  PatchSpec is;
+  is.at = entry;
+  is.bytes = le32({*insn_off});
+  is.expect = old(0, 4);
+  Patch insn = XP_TRY(patcher(d).apply(std::move(is)));
+  copy.commit();
+  fixup_data.commit();
+  insn.commit();
+  XP_LOG(Info, "domain %u: fixup slot %u at %s for %s (fixup %s, type %u)", d.id.value, k, hex(slot.value).c_str(),
+         p.insn.describe().c_str(), hex(want.fixup).c_str(), want.type());
+  return slot;
 }
 
 void Engine::adopt_slot(Domain& d, Point& p, NewSlot&& ns) {
@@ -156,6 +240,10 @@ void Engine::neutralize_slot_traps(Domain& d) {
 
 void Engine::release_slot(Domain& d, Point& p) {
   if (!p.slot) return;
+  if (p.fixup_slot) {  // kept as it is for the module's lifetime (protocol.h, fixup-slots)
+    p.slot.reset();
+    return;
+  }
   if (p.trap_tail) {
     auto it = d.slot_traps.find(*p.slot + p.insn.length);
     if (it != d.slot_traps.end()) it->second.point = nullptr;

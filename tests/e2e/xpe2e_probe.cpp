@@ -1803,8 +1803,11 @@ struct SafetyCtx {
   bool dead = false;
 };
 
-// 1. Instructions covered by the exception table: their faults are fixed up only at their
-// own address; run out of line (a slot) the fault finds no entry and oopses.
+// 1. Instructions covered by the exception table: their faults are fixed up by the faulting
+// address; run in an ordinary slot the fault finds no entry and oopses. The guest module's
+// fixup slots have entries of their own: every one of these instructions must register
+// (boosted, in a fixup slot), count exactly, and the guest's bad pointers must give it what
+// an unprobed kernel gives (EFAULT, a short read) without an oops.
 void hazard_extable(SafetyCtx& x) {
   hv::Hypervisor& hv = x.s.hypervisor();
   std::uint64_t base = 0;
@@ -1819,8 +1822,9 @@ void hazard_extable(SafetyCtx& x) {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> sites;  // insn, fixup
   };
   std::vector<Fn> fns;
+  // 6.1's user copies, and 6.12's (rep_movs_alternative, for CPUs without fast rep movsb).
   for (const char* n : {"strncpy_from_user", "copy_user_enhanced_fast_string", "copy_user_generic_string",
-                        "copy_user_generic_unrolled", "__get_user_8"})
+                        "copy_user_generic_unrolled", "rep_movs_alternative", "__get_user_8"})
     fns.push_back(Fn{n, 0, 0, {}});
   for (auto& f : fns)
     if (auto a = x.ks.addr(f.name)) f.start = *a, f.end = x.ks.end_of(*a);
@@ -1844,34 +1848,60 @@ void hazard_extable(SafetyCtx& x) {
   }
   if (!check("safety.extable.sites", total > 0, fmt("%zu covered instructions: ", total) + found)) return;
 
+  // The module's fixup slots (protocol.h): where every copy must go.
+  std::uint64_t fx_lo = 0, fx_hi = 0;
+  {
+    auto a = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FIXUP_SLOTS_ADDR));
+    auto n = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FIXUP_SLOTS_COUNT));
+    if (!check("safety.extable.fixup_slots", a && n, "the module publishes fixup-slots/addr and /count")) return;
+    fx_lo = std::stoull(*a, nullptr, 16);
+    fx_hi = fx_lo + std::stoull(*n) * XENPROBES_FIXUP_SLOT_SIZE;
+    say("XPE2E-INFO: fixup slots [%#" PRIx64 ", %#" PRIx64 ")", fx_lo, fx_hi);
+  }
   std::vector<Armed> armed;
+  std::map<std::string, std::vector<std::size_t>> by_fn;  // indices into armed
   must(x.s.begin_batch(), "begin_batch");
   for (auto& f : fns) {
     if (f.sites.empty()) continue;
-    std::size_t refused = 0;
-    std::string first, regd;
+    std::size_t in_fixup = 0;
+    std::string bad;
     for (auto& [i, fx] : f.sites) {
       auto r = x.s.probe(x.dom, Gva{i}, safety_counter());
       std::string what = x.ks.describe(i);
-      if (r) {
-        auto inf = r->info();
-        regd += fmt(" %s(mode=%s)", what.c_str(), inf ? mode_name(inf->mode) : "?");
-        armed.push_back(Armed{what, Gva{i}, std::move(*r)});
-      } else if (r.error().what.find("rule 'exception-table'") != std::string::npos && r.error().code == Errc::InvalidArgument) {
-        ++refused;
-        if (first.empty()) first = r.error().what;
-      } else if (regd.find("other:") == std::string::npos) {
-        regd += " other: " + what + ": " + errc_name(r.error().code) + " " + r.error().what;
+      if (!r) {
+        bad += fmt(" %s: %s %s;", what.c_str(), errc_name(r.error().code), r.error().what.c_str());
+        continue;
       }
+      auto inf = r->info();
+      if (inf && inf->mode == ExecMode::Boosted && inf->slot.value >= fx_lo && inf->slot.value < fx_hi)
+        ++in_fixup;
+      else
+        bad += fmt(" %s: mode=%s slot=%#" PRIx64 ";", what.c_str(), inf ? mode_name(inf->mode) : "?", inf ? inf->slot.value : 0);
+      by_fn[f.name].push_back(armed.size());
+      armed.push_back(Armed{what, Gva{i}, std::move(*r)});
     }
-    check(fmt("safety.extable.refused.%s", f.name), refused == f.sites.size(),
-          fmt("%zu of %zu refused by rule 'exception-table' (EINVAL)", refused, f.sites.size()) +
-              (first.empty() ? "" : "; e.g. " + first) + (regd.empty() ? "" : "; registered:" + regd));
+    check(fmt("safety.extable.fixup_slot.%s", f.name), in_fixup == f.sites.size(),
+          fmt("%zu of %zu registered, boosted, in a fixup slot", in_fixup, f.sites.size()) + (bad.empty() ? "" : ";" + bad));
   }
   must(x.s.end_batch(), "end_batch");
   // openat((char *)16) -> EFAULT, a read() cut short at a PROT_NONE page, open() and execve() of
   // paths ending at a page's end, execve() with argv at address 16.
   auto res = safety_phase(x.s, x.dom, ++x.phase, "extable", x.timeout_s);
+  // Every hit went through the handler, none around it; the routines the guest's phase must
+  // use (a path copy for every open and execve, a get_user per argv pointer) were hit.
+  for (auto& [fn, idx] : by_fn) {
+    std::uint64_t hits = 0, handler = 0, unhandled = 0;
+    for (std::size_t k : idx) {
+      auto st = armed[k].probe.stats();
+      hits += st.hits;
+      unhandled += st.unhandled;
+      handler += g_safety_hits[armed[k].at.value];
+    }
+    const bool must_hit = fn == "strncpy_from_user" || fn == "__get_user_8";
+    check("safety.extable.hits." + fn, hits == handler && unhandled == 0 && (!must_hit || hits > 0),
+          fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", unhandled %" PRIu64 "%s", handler, hits, unhandled,
+              must_hit ? " (at least one expected)" : ""));
+  }
   unregister_all(armed, "extable");
   x.dead = !phase_checks(hv, x.dom, "extable", res);
 }

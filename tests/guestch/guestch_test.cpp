@@ -450,6 +450,8 @@ TEST(GuestChannelTables, AModuleWithoutModuleTextEmulatesNoRegisterBranch) {
   ChannelGuest g(guest_config(1, 1));
   ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_MODULE_TEXT_START)));
   ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_MODULE_TEXT_END)));
+  for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE})
+    ASSERT_TRUE(g.hv->xs_rm(key(g, k)));  // newer still
   g.attach();
   TrapEntry e;
   e.addr = Gva{0xffffffff81001000ull};

@@ -103,12 +103,22 @@ if(at EQUAL -1)
   message(FATAL_ERROR "xp_logic.o was not built from ${INCLUDE_DIR}/xenprobes/protocol.h")
 endif()
 
-# The OEA pool is an executable section of the configured size in the module's text (int3-filled PROGBITS).
+# The OEA pool and the 256 fixup slots (8 KiB) are one executable section in the module's
+# text (int3-filled PROGBITS), and the module's exception table holds the slots' 256 entries
+# of 12 bytes (0xc00 bytes) and whatever its C code adds.
 find_program(READELF readelf)
 if(READELF)
   execute_process(COMMAND "${READELF}" -SW "${ko}" OUTPUT_VARIABLE sections)
-  if(NOT sections MATCHES "\\.xenprobes_oea +PROGBITS +[0-9a-f]+ [0-9a-f]+ 200000 00 +AX ")
-    message(FATAL_ERROR "no 2 MiB executable .xenprobes_oea section in ${ko}:\n${sections}")
+  if(NOT sections MATCHES "\\.text\\.xenprobes_oea +PROGBITS +[0-9a-f]+ [0-9a-f]+ 202000 00 +AX ")
+    message(FATAL_ERROR "no executable .text.xenprobes_oea section of 2 MiB + 8 KiB in ${ko}:\n${sections}")
+  endif()
+  if(NOT sections MATCHES "__ex_table +PROGBITS +[0-9a-f]+ [0-9a-f]+ ([0-9a-f]+) ")
+    message(FATAL_ERROR "no __ex_table section in ${ko}:\n${sections}")
+  endif()
+  math(EXPR ex_bytes "0x${CMAKE_MATCH_1}")
+  math(EXPR ex_rest "${ex_bytes} % 12")
+  if(ex_bytes LESS 3072 OR NOT ex_rest EQUAL 0)
+    message(FATAL_ERROR "__ex_table of ${ex_bytes} bytes in ${ko}: not the fixup slots' 256 entries of 12 bytes")
   endif()
 endif()
 message(STATUS "xenprobes.ko built cleanly against ${release}")

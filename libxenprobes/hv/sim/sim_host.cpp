@@ -276,8 +276,13 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     d->oea_reserve.push_back(va);
   }
   // The guest module's control area (the guest channel), in RAM after the reserve areas.
-  if (cfg.publish_module)
-    XP_TRY(module_create_control(*d, pt, oea_gpa + (cfg.oea_reserve_areas + 1ull) * cfg.oea_size));
+  if (cfg.publish_module) {
+    const std::uint64_t ctl_gpa = oea_gpa + (cfg.oea_reserve_areas + 1ull) * cfg.oea_size;
+    XP_TRY(module_create_control(*d, pt, ctl_gpa));
+    // Its fixup slots: in its text right after the OEA pool, past the largest control area.
+    if (cfg.module_fixup_slots)
+      XP_TRY(module_create_fixup_slots(*d, pt, kOeaVa + cfg.oea_size, ctl_gpa + XENPROBES_CTL_MAX_PAGES * 4096ull));
+  }
   d->aliases.push_back({kPhysmapBase, 0, ram->size});
 
   auto sym = [&](const char* n, std::uint64_t dflt) {
@@ -290,6 +295,9 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   d->layout.oea_addr = kOeaVa;
   d->layout.oea_size = cfg.oea_size;
   d->layout.physmap_base = kPhysmapBase;
+  d->layout.fixup_slots = d->module.fixup_va;
+  d->layout.fixup_table = d->module.fixup_table_va;
+  d->layout.fixup_count = d->module.fixup_count;
   d->layout.entry = sym("demo_vcpu_entry", d->image.entry);
 
   // vCPUs.

@@ -85,6 +85,8 @@ class SimHostImpl final : public SimHost {
   // The guest module's side of the guest channel (sim_module.cpp; protocol.h).
   // At creation: the control area at `gpa`, mapped in the guest's page tables.
   Result<void> module_create_control(Domain&, PageTableBuilder&, std::uint64_t gpa);
+  // The fixup slots (one executable page at `va`) and their entries (the next page, writable).
+  Result<void> module_create_fixup_slots(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
   // Allocates the port and writes control/addr, control/pages and evtchn under `dir`.
   void module_publish_locked(Domain&, const std::string& dir);
   // The module's int3 hook; rip is after the int3. False: not the module's (the kernel's own).

@@ -146,6 +146,10 @@ struct ModuleState {
   std::uint64_t hits = 0, timeouts = 0, foreign = 0;
   bool quiesce_pending = false;
   std::string quiesce_token;
+  // fixup-slots (protocol.h): the slots, in the module's text after its OEA pool, and their
+  // exception-table entries on the page after them.
+  std::uint64_t fixup_va = 0, fixup_table_va = 0;
+  unsigned fixup_count = 0;
 };
 
 struct WritableFrame {

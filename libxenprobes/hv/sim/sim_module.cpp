@@ -209,6 +209,33 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
   return {};
 }
 
+Result<void> SimHostImpl::module_create_fixup_slots(Domain& d, PageTableBuilder& pt, std::uint64_t va,
+                                                    std::uint64_t gpa) {
+  ModuleState& m = d.module;
+  constexpr unsigned kCount = kPageSize / XENPROBES_FIXUP_SLOT_SIZE;
+  if (gpa % kPageSize || gpa + 2 * kPageSize > d.ram->size)
+    return fail(Errc::InvalidArgument, "sim: the guest module's fixup slots do not fit in guest RAM");
+  XP_TRY(pt.map_4k(va, gpa, kPageSize, PageTableBuilder::kGlobal));
+  XP_TRY(pt.map_4k(va + kPageSize, gpa + kPageSize, kPageSize,
+                   PageTableBuilder::kGlobal | PageTableBuilder::kWrite | PageTableBuilder::kNx));
+  d.aliases.push_back({va, gpa, 2 * kPageSize});
+  // Unused, as a real module leaves them (protocol.h): int3 bytes, and each entry's insn and
+  // fixup on its slot's last byte. Before the domain exists: nobody else sees it yet.
+  std::uint8_t* slots = d.ram->base + gpa;
+  std::memset(slots, 0xcc, kPageSize);
+  for (unsigned k = 0; k < kCount; ++k) {
+    const std::uint64_t last = va + std::uint64_t{k + 1} * XENPROBES_FIXUP_SLOT_SIZE - 1;
+    const std::uint64_t entry = va + kPageSize + std::uint64_t{k} * XENPROBES_FIXUP_ENTRY_SIZE;
+    const std::int32_t fields[3] = {static_cast<std::int32_t>(last - entry), static_cast<std::int32_t>(last - (entry + 4)),
+                                    1 /* EX_TYPE_DEFAULT */};
+    std::memcpy(slots + kPageSize + std::size_t{k} * XENPROBES_FIXUP_ENTRY_SIZE, fields, sizeof fields);
+  }
+  m.fixup_va = va;
+  m.fixup_table_va = va + kPageSize;
+  m.fixup_count = kCount;
+  return {};
+}
+
 void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   ModuleState& m = d.module;
   if (!m.present) return;
@@ -219,6 +246,13 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   store_[dir + XENPROBES_XS_MODULE_TEXT_START] = text;
   std::snprintf(text, sizeof text, "0x%" PRIx64, d.layout.oea_addr + d.layout.oea_size + kModuleCodeSize);
   store_[dir + XENPROBES_XS_MODULE_TEXT_END] = text;
+  if (m.fixup_count) {
+    std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_va);
+    store_[dir + XENPROBES_XS_FIXUP_SLOTS_ADDR] = text;
+    store_[dir + XENPROBES_XS_FIXUP_SLOTS_COUNT] = std::to_string(m.fixup_count);
+    std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_table_va);
+    store_[dir + XENPROBES_XS_FIXUP_SLOTS_TABLE] = text;
+  }
   // EVTCHNOP_alloc_unbound for remote domain 0, as guest_evtchn_alloc_unbound does.
   m.port = d.next_guest_port++;
   d.guest_ports[m.port] = GuestPort{};

@@ -73,8 +73,71 @@ TEST_F(Rules, ExceptionTableInstructionsAreRefused) {
   std::string m = r->message("some_function+0x20");
   EXPECT_NE(m.find("rule 'exception-table'"), std::string::npos) << m;
   EXPECT_NE(m.find("fixup"), std::string::npos) << m;
-  EXPECT_NE(m.find("no channel accepts it"), std::string::npos) << m;
+  EXPECT_NE(m.find("gives no fixup slots"), std::string::npos) << m;
+  EXPECT_NE(m.find("the vmevent channel in int3 mode"), std::string::npos) << m;
+  EXPECT_NE(m.find("and so does every channel when the guest module gives fixup slots"), std::string::npos) << m;
   EXPECT_EQ(rule(insn(kCopy + 2, {0x48, 0x89, 0xc8})), "");  // the instruction after it
+}
+
+// With the guest module's fixup slots, an entry of a type whose handler needs only the
+// registers and the fixup is accepted on every channel; needs_own_address hands the entry on.
+TEST_F(Rules, ExceptionTableInstructionsAreAcceptedWithFixupSlots) {
+  for (bool guest : {true, false}) {
+    RuleContext c = ctx(guest);
+    c.fixup_slots = true;
+    const x86::Insn copy = insn(kCopy, {0xf3, 0xa4});
+    EXPECT_FALSE(check_address(c, copy, &fn)) << guest;
+    auto own = needs_own_address(c, copy);
+    ASSERT_TRUE(own);
+    ASSERT_TRUE(own->entry);
+    EXPECT_EQ(own->entry->insn, kCopy);
+    EXPECT_EQ(own->entry->fixup, kFn + 0xf0);
+    EXPECT_EQ(own->entry->type(), 3u);
+  }
+  // A zeropad load keeps its refusal there: its handler decodes at the faulting address.
+  FakeKernel z;
+  z.sym(kFn, 'T', "some_function");
+  z.ex_table({{kCopy, kFn + 0xf0, 20}});
+  auto zt = z.read();
+  auto zs = z.symbols();
+  RuleContext c{&zt, &zs, {}, false};
+  c.fixup_slots = true;
+  auto r = check_address(c, insn(kCopy, {0x48, 0x8b, 0x07}), &fn);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "exception-table");
+  const std::string m = r->message("f");
+  EXPECT_NE(m.find("zeropad"), std::string::npos) << m;
+  EXPECT_EQ(m.find("and so does every channel"), std::string::npos) << m;
+}
+
+// Which fixup types may run from a slot: those whose handler does not look at the faulting
+// address (Linux 6.1 and 6.12 number them alike).
+TEST(FixupSlotTypes, OnlyHandlersThatIgnoreTheFaultingAddressAreAccepted) {
+  for (unsigned t : {1u, 2u, 3u, 4u, 5u, 6u, 8u, 9u, 10u, 11u, 12u, 13u, 14u, 15u, 16u, 17u, 18u, 19u})
+    EXPECT_EQ(kernel::fixup_slot_refusal(t), nullptr) << t;
+  ASSERT_NE(kernel::fixup_slot_refusal(20), nullptr);
+  EXPECT_NE(std::string(kernel::fixup_slot_refusal(20)).find("zeropad"), std::string::npos);
+  for (unsigned t : {0u, 7u, 21u, 22u, 255u}) EXPECT_NE(kernel::fixup_slot_refusal(t), nullptr) << t;
+}
+
+// A channel that has the hypervisor run the instruction where it is (the vmevent channel)
+// keeps the faulting address the kernel looks the fixup up by: accepted there, and
+// needs_own_address says why it must run that way.
+TEST_F(Rules, ExceptionTableInstructionsAreAcceptedWhereTheChannelRunsThemInPlace) {
+  RuleContext c = ctx(false);
+  c.emulates_in_place = true;
+  const x86::Insn copy = insn(kCopy, {0xf3, 0xa4});
+  EXPECT_FALSE(check_address(c, copy, &fn));
+  auto own = needs_own_address(c, copy);
+  ASSERT_TRUE(own);
+  EXPECT_NE(own->why.find("__ex_table entry"), std::string::npos) << own->why;
+  EXPECT_NE(own->why.find("fixup"), std::string::npos) << own->why;
+  EXPECT_TRUE(own->entry);
+  // Neither an ordinary memory access nor the instruction after the covered one.
+  EXPECT_FALSE(needs_own_address(c, insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08})));
+  EXPECT_FALSE(needs_own_address(c, insn(kCopy + 2, {0x48, 0x89, 0xc8})));
+  // The other rules still hold there.
+  EXPECT_STREQ(check_address(c, insn(kJump, {0x0f, 0x1f, 0x44, 0x00, 0x00}), &fn)->rule, "jump-label");
 }
 
 TEST_F(Rules, JumpLabelSitesAreRefusedWhateverTheirState) {
@@ -180,6 +243,19 @@ TEST(RulesWithoutTables, EachMissingTableRefusesTheShapesItCouldCover) {
   EXPECT_EQ(rule({0x48, 0x8b, 0x07}, false).substr(0, 15), "exception-table");
   EXPECT_EQ(rule({0xf3, 0xa4}, false).substr(0, 15), "exception-table");
   EXPECT_EQ(rule({0xf0, 0x48, 0xff, 0x00}, false).substr(0, 8), "smp-lock");
+  // Where instructions run in place, any memory access may keep its own address: it runs so.
+  c.emulates_in_place = true;
+  EXPECT_EQ(rule({0x48, 0x8b, 0x07}, false), "");
+  ASSERT_TRUE(needs_own_address(c, insn(kText + 0x1010, {0x48, 0x8b, 0x07})));
+  EXPECT_FALSE(needs_own_address(c, insn(kText + 0x1010, {0x48, 0x8b, 0x07}))->entry) << "no table, no entry";
+  // Fixup slots need the entry: without the table they do not help.
+  c.emulates_in_place = false;
+  c.fixup_slots = true;
+  EXPECT_EQ(rule({0x48, 0x8b, 0x07}, false).substr(0, 15), "exception-table");
+  c.fixup_slots = false;
+  c.emulates_in_place = true;
+  EXPECT_FALSE(needs_own_address(c, insn(kText + 0x1010, {0x48, 0x89, 0xe5})));
+  c.emulates_in_place = false;
   // On the guest channel the unreadable blacklist refuses everything.
   EXPECT_EQ(rule({0x48, 0x89, 0xe5}, true).substr(0, 16), "kprobe-blacklist");
   EXPECT_NE(rule({0x48, 0x89, 0xe5}, true).find("kprobe_blacklist"), std::string::npos);

@@ -50,6 +50,10 @@ class ModuleInfoTest : public ::testing::Test {
     for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
   }
   std::string path(std::string_view key) { return module_key(g.dom, key); }
+  // For tests of other keys that move the module's text or grow its area past the slots.
+  void rm_fixup_slots() {
+    for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE}) rm(k);
+  }
 };
 
 TEST_F(ModuleInfoTest, ReadsWhatTheDemoGuestPublishes) {
@@ -80,9 +84,12 @@ TEST_F(ModuleInfoTest, RealPageTableCheck) {
   auto r = read(check_mapped_via(*mem));
   ASSERT_TRUE(r.has_value()) << r.error().what;
   EXPECT_EQ(r->areas.size(), 1u);
-  // One page more than the sim mapped: the last page does not translate.
-  put("oea/0/size", std::to_string(layout.oea_size + 4096));
-  expect_error(Errc::Fault, {path("oea/0/addr"), hexs(layout.oea_addr + layout.oea_size), "not usable"},
+  EXPECT_TRUE(r->fixup_slots) << "the fixup slots' page is mapped and executable";
+  // Grown over the fixup slots' page (executable) and their entries' page (NX): that one is
+  // not usable for slots.
+  rm_fixup_slots();
+  put("oea/0/size", std::to_string(layout.oea_size + 2 * 4096));
+  expect_error(Errc::Fault, {path("oea/0/addr"), hexs(layout.oea_addr + layout.oea_size + 4096), "not usable"},
                check_mapped_via(*mem));
   // Kernel data is mapped NX: not usable for slots. (The guard is shrunk to the demo guest's
   // text so that its data page passes every other rule.)
@@ -183,6 +190,66 @@ TEST_F(ModuleInfoTest, JunkNumbersAreRefusedNamingKeyAndValue) {
   EXPECT_LT(r.error().what.size(), 200u);
 }
 
+TEST_F(ModuleInfoTest, ReadsTheFixupSlots) {
+  auto r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  ASSERT_TRUE(r->fixup_slots);
+  EXPECT_EQ(r->fixup_slots->addr, Gva{layout.fixup_slots});
+  EXPECT_EQ(r->fixup_slots->count, layout.fixup_count);
+  EXPECT_EQ(r->fixup_slots->table, Gva{layout.fixup_table});
+  EXPECT_EQ(r->fixup_slots->slot(2), Gva{layout.fixup_slots + 64});
+  EXPECT_EQ(r->fixup_slots->entry(2), Gva{layout.fixup_table + 24});
+  EXPECT_TRUE(r->fixup_slots->contains(Gva{layout.fixup_slots + 32ull * layout.fixup_count - 1}));
+  EXPECT_FALSE(r->fixup_slots->contains(Gva{layout.fixup_slots + 32ull * layout.fixup_count}));
+  // None published (an older module): none, and no error.
+  rm_fixup_slots();
+  r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_FALSE(r->fixup_slots);
+}
+
+TEST_F(ModuleInfoTest, FixupSlotRules) {
+  const std::string addr = hexs(layout.fixup_slots), table = hexs(layout.fixup_table);
+  auto reset = [&] {
+    put(XENPROBES_XS_FIXUP_SLOTS_ADDR, addr);
+    put(XENPROBES_XS_FIXUP_SLOTS_COUNT, std::to_string(layout.fixup_count));
+    put(XENPROBES_XS_FIXUP_SLOTS_TABLE, table);
+  };
+  rm(XENPROBES_XS_FIXUP_SLOTS_TABLE);
+  expect_error(Errc::NotFound, {"all three or none"});
+  reset();
+  for (const char* count : {"0", "4097", "-1", "12x"}) {
+    put(XENPROBES_XS_FIXUP_SLOTS_COUNT, count);
+    expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_COUNT), "decimal count"});
+  }
+  reset();
+  put(XENPROBES_XS_FIXUP_SLOTS_ADDR, hexs(layout.fixup_slots + 32));
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "page aligned"});
+  put(XENPROBES_XS_FIXUP_SLOTS_ADDR, hexs(layout.oea_addr));  // oea/0 itself
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/0"});
+  put(XENPROBES_XS_FIXUP_SLOTS_ADDR, hexs(layout.oea_addr - 4096));  // before the module's text
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "not inside the module's published text"});
+  reset();
+  put(XENPROBES_XS_FIXUP_SLOTS_COUNT, "4096");  // 128 KiB of slots: past the module's text
+  expect_error(Errc::InvalidArgument, {"not inside the module's published text"});
+  reset();
+  put(XENPROBES_XS_FIXUP_SLOTS_TABLE, hexs(layout.fixup_table + 2));
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "4-byte aligned"});
+  put(XENPROBES_XS_FIXUP_SLOTS_TABLE, "0x1000");
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "upper-half"});
+  put(XENPROBES_XS_FIXUP_SLOTS_TABLE, addr);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "overlap the slots"});
+  put(XENPROBES_XS_FIXUP_SLOTS_TABLE, hexs(layout.fixup_slots - (4ull << 30)));
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "rel32"});
+  reset();
+  // Slot pages must be mapped and executable.
+  expect_error(Errc::Fault, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "not usable"}, [&](Gva p) -> Result<void> {
+    if (p.value == layout.fixup_slots) return fail(Errc::Fault, "not mapped");
+    return {};
+  });
+  EXPECT_TRUE(read().has_value());
+}
+
 TEST_F(ModuleInfoTest, AreaSizeRules) {
   put("oea/0/size", "0");
   expect_error(Errc::InvalidArgument, {path("oea/0/size"), "'0'", "nonzero multiple of 4096"});
@@ -191,6 +258,8 @@ TEST_F(ModuleInfoTest, AreaSizeRules) {
   put("oea/0/size", std::to_string(XENPROBES_OEA_MAX_SIZE + 4096));
   expect_error(Errc::InvalidArgument, {path("oea/0/size"), "larger than"});
   put("oea/0/size", std::to_string(XENPROBES_OEA_MAX_SIZE));
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/0"});  // over the slots now
+  rm_fixup_slots();
   EXPECT_TRUE(read().has_value());  // the bound itself is fine
 }
 
@@ -248,6 +317,8 @@ TEST_F(ModuleInfoTest, AreasOverlapEachOther) {
   put("oea/1/addr", hexs(layout.oea_addr - 4096));
   expect_error(Errc::InvalidArgument, {path("oea/1/addr"), "overlaps oea/0"});
   put("oea/1/addr", hexs(layout.oea_addr + layout.oea_size));  // adjacent is fine
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/1"});  // the sim's slots are there
+  rm_fixup_slots();
   auto r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;
   EXPECT_EQ(r->areas.size(), 2u);
@@ -274,7 +345,7 @@ TEST_F(ModuleInfoTest, UnmappedPageRefused) {
   calls = 0;
   cm = [&](Gva) -> Result<void> { ++calls; return {}; };
   ASSERT_TRUE(read(cm).has_value());
-  EXPECT_EQ(calls, layout.oea_size / 4096);  // every page
+  EXPECT_EQ(calls, layout.oea_size / 4096 + 1);  // every page, and the fixup slots' page
 }
 
 TEST_F(ModuleInfoTest, GrowthRequestAndReRead) {
@@ -465,6 +536,9 @@ TEST(ModuleInfoParse, StrictNumbers) {
 TEST_F(ModuleInfoTest, ModuleTextIsOptional) {
   rm(XENPROBES_XS_MODULE_TEXT_START);
   rm(XENPROBES_XS_MODULE_TEXT_END);
+  // Fixup slots must lie in the module's text: without it they are refused.
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "module-text is missing"});
+  rm_fixup_slots();
   auto r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;  // an older module: still valid
   EXPECT_FALSE(r->has_module_text());
@@ -519,6 +593,7 @@ TEST_F(ModuleInfoTest, ModuleTextRangeRules) {
     put(XENPROBES_XS_MODULE_TEXT_END, hexs(end));
   };
   const std::uint64_t base = 0xffffffffc0200000ull;
+  rm_fixup_slots();  // they must lie in the module's text, which moves here
   // Lower half, or the non-canonical hole: not a kernel address.
   put_range(0x7fffc0200000ull, base);
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "canonical"});
