@@ -234,12 +234,6 @@ static void xp_watches_unregister(void)
 }
 
 /*
- * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
- * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
- * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
- * that predates the keys).
- */
-/*
  * fixup-slots (protocol.h): the entries xp_oea.S gave the fixup slots, in this module's own
  * exception table as the loader sorted it, slot 0's first and the others after it in slot
  * order (no other entry of this module points into the slots). Published only when all of
@@ -286,6 +280,12 @@ static int xp_publish_fixup_slots(void)
 	return err;
 }
 
+/*
+ * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
+ * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
+ * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
+ * that predates the keys).
+ */
 static int xp_publish_module_text(void)
 {
 	unsigned long start, end;

@@ -38,7 +38,8 @@
  *                 XENPROBES_FIXUP_SLOT_SIZE bytes each, back to back; table: hex, the entry
  *                 {s32 insn; s32 fixup; s32 data} (each offset relative to its own field, as in
  *                 Linux's struct exception_table_entry) of slot 0; the entry of slot k is at
- *                 table + 12 k, in writable memory. An unused slot holds int3 bytes and its
+ *                 table + 12 k (Dom0 writes them through its own mapping; the guest may map
+ *                 them read-only). An unused slot holds int3 bytes and its
  *                 entry's insn and fixup both point at the slot's last byte, which is never
  *                 executed. Dom0 takes an unused slot for one instruction: it writes the copy
  *                 (the instruction and a jmp back), then the entry's data and fixup (the original
