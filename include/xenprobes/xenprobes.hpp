@@ -56,7 +56,9 @@ class XENPROBES_API HitContext {
   [[nodiscard]] virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
   [[nodiscard]] virtual Result<std::uint64_t> read_u64(Gva va) = 0;
   [[nodiscard]] virtual Result<std::string> read_string(Gva va, std::size_t max_len) = 0;
-  // Makes run() return once this hit has been handled.
+  // Makes run() return once this hit has been handled. The vmevent channel takes the stops in
+  // its ring in rounds: those it took in the same round as this one (at most one more per
+  // vCPU, that trapped again while the round was answering) are handled before run() returns.
   virtual void stop() = 0;
 };
 

@@ -272,7 +272,15 @@ TEST(Probe, StopFromAHandler) {
   ASSERT_TRUE(p);
   g.start();
   ASSERT_TRUE(g.session->run());
-  EXPECT_EQ(hits, 10u);
+  // vm_event: the round that took the 10th stop may take one more from the same vCPU, which
+  // trapped again while the round looked at the ring once more (HitContext::stop()). Seen
+  // once under ASan.
+  if (test_channel() == ChannelKind::VmEvent) {
+    EXPECT_GE(hits, 10u);
+    EXPECT_LE(hits, 11u);
+  } else {
+    EXPECT_EQ(hits, 10u);
+  }
 }
 
 TEST(Probe, TwoDomainsAtOnce) {
