@@ -64,8 +64,8 @@ struct OwnAddress {
   std::optional<ExEntry> entry;  // known: it can run in a fixup slot with a copy of it
 };
 // Nullopt for an instruction that may run anywhere. A channel that emulates_in_place runs such
-// an instruction where it is; with fixup slots one with a known entry of a fixup_slot_type runs
-// there; check_address refuses it otherwise.
+// an instruction where it is; with fixup slots, one with a known entry whose type
+// fixup_slot_refusal() accepts runs in a fixup slot; check_address refuses it otherwise.
 [[nodiscard]] std::optional<OwnAddress> needs_own_address(const RuleContext&, const x86::Insn& insn);
 // Whether a fault of this EX_TYPE_* may be fixed up from a fixup slot: its handler uses the
 // registers and the entry's fixup, not the faulting address itself (Linux 6.1 to 6.12,
