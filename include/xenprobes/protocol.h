@@ -182,6 +182,42 @@
  *                    every CPU has left the trap hook and any slot (synchronize_rcu_tasks()
  *                    or equivalent), then writes the same token to
  *   quiesce-done     (Dom0 watches this key).
+ *
+ * Async rings (the async delivery of jump probes, issue 14; the layout and the logic of both
+ * ends: guest-module/xp_ring.c produces, libxenprobes/guestmod/ring.cpp consumes; the module
+ * does not allocate or publish rings yet). One ring per vCPU. The module is its only producer:
+ * the vCPU's own hits, written with preemption off. Dom0 is its only consumer. A ring is
+ * struct xenprobes_ring_header at offset 0 (alone in its page), then the data area at
+ * XENPROBES_RING_DATA_OFFSET: 2^data_order bytes. head and tail count the bytes written and
+ * consumed since the ring was made (64 bits never wrap in practice); position p lives at
+ * data[p mod 2^data_order]. A record (struct xenprobes_rec, then its capture items) is a
+ * multiple of 8 bytes and never wraps: when fewer bytes are left before the end of the data
+ * area than a record needs, a pad record (its first 8 bytes: len, type PAD) fills them first.
+ *
+ * Producer, for one hit (guest-module/xp_ring.h):
+ *   1. The ring is busy on this vCPU (the hit interrupted a record being written: a probed
+ *      interrupt or NMI handler): ++nested, the hit is dropped.
+ *   2. tail = load-acquire(tail). Room is the data size minus (head - tail) and must hold the
+ *      pad (if one is needed) and the record at its largest (every capture at its maximum):
+ *      no room, ++drops, the hit is dropped (records already written stay for Dom0).
+ *   3. Write the pad and the record, then store-release head (pad and record included). seq
+ *      counts the records written (from 0): dropped hits and pads take none.
+ *   4. If wakeup is 1 and head - tail >= watermark: exchange wakeup with 0; the vCPU that
+ *      found 1 notifies `evtchn` (once per arming).
+ * Dom0 (the consumer): head = load-acquire(head); each record between tail and head is copied
+ * out of the ring and checked in the copy (the guest can write the ring at any time); then
+ * store-release tail. Before it waits for an event it stores wakeup = 1 with the watermark,
+ * then looks at head once more (a record published between its drain and the arming would
+ * otherwise wait for the next one). A ring whose head is more than the data size past tail,
+ * or whose record at tail fails a check, is resynchronised: tail jumps to head and the bytes
+ * skipped are counted as corrupt; Dom0 never reads outside the data area whatever the ring
+ * holds.
+ *
+ * Captures: a probe registers at most XENPROBES_RING_CAPS_MAX struct xenprobes_capture_spec
+ * ("N bytes at [reg + offset]", "a string at reg + offset"); each is one struct
+ * xenprobes_cap item in every record of the probe, in the order registered, read with the
+ * kernel's no-fault helpers (a fault gives status FAULT and no bytes), followed by its bytes
+ * padded with zeros to a multiple of 8.
  */
 #ifndef XENPROBES_PROTOCOL_H
 #define XENPROBES_PROTOCOL_H
@@ -224,11 +260,13 @@
 #ifdef __KERNEL__
 #include <linux/types.h>
 typedef __u8 xenprobes_u8;
+typedef __u16 xenprobes_u16;
 typedef __u32 xenprobes_u32;
 typedef __u64 xenprobes_u64;
 #else
 #include <stdint.h>
 typedef uint8_t xenprobes_u8;
+typedef uint16_t xenprobes_u16;
 typedef uint32_t xenprobes_u32;
 typedef uint64_t xenprobes_u64;
 #endif
@@ -296,6 +334,72 @@ struct xenprobes_ret {
 	xenprobes_u64 ret;        /* the real return address */
 };
 
+/* ---- async rings (see "Async rings" above) ---- */
+
+#define XENPROBES_RING_MAGIC 0x4e525058u /* "XPRN" little-endian */
+#define XENPROBES_RING_DATA_OFFSET 4096u
+#define XENPROBES_RING_MIN_ORDER 12u     /* 4 KiB of data */
+#define XENPROBES_RING_MAX_ORDER 24u     /* 16 MiB of data */
+#define XENPROBES_RING_REC_MAX 4096u     /* one record at most, pad excluded */
+#define XENPROBES_RING_CAPS_MAX 8u       /* capture items per record */
+
+struct xenprobes_ring_header {
+	/* Written once by the module before the ring is published. */
+	xenprobes_u32 magic;      /* XENPROBES_RING_MAGIC */
+	xenprobes_u32 version;    /* XENPROBES_PROTOCOL_VERSION */
+	xenprobes_u32 vcpu;       /* whose hits it carries */
+	xenprobes_u32 data_order; /* the data area holds 2^data_order bytes */
+	xenprobes_u64 reserved0[6];
+	/* The producer's cache line. */
+	xenprobes_u64 head;       /* bytes written (records and pads) */
+	xenprobes_u64 drops;      /* hits dropped for want of room */
+	xenprobes_u64 nested;     /* hits dropped because the ring was busy on its vCPU */
+	xenprobes_u64 notifies;   /* event-channel notifications sent */
+	xenprobes_u64 reserved1[4];
+	/* Dom0's cache line. */
+	xenprobes_u64 tail;       /* bytes consumed */
+	xenprobes_u32 wakeup;     /* 1: notify once head - tail >= watermark (the producer clears it) */
+	xenprobes_u32 watermark;  /* bytes */
+	xenprobes_u64 reserved2[6];
+};
+
+#define XENPROBES_REC_PAD 1u /* fills the data area up to its end; only len and type are used */
+#define XENPROBES_REC_HIT 2u
+
+struct xenprobes_rec {
+	xenprobes_u32 len;        /* bytes, this header and the capture items included; a multiple of 8 */
+	xenprobes_u16 type;       /* XENPROBES_REC_* */
+	xenprobes_u16 ncap;       /* capture items after regs */
+	xenprobes_u32 probe;      /* the probe's id, as Dom0 gave it at registration */
+	xenprobes_u32 seq;        /* the ring's record number, from 0 */
+	xenprobes_u64 time;       /* the guest's clock at the hit, ns */
+	struct xenprobes_regs regs; /* at the probe point: rip is the probed address */
+};
+
+#define XENPROBES_CAP_BYTES 1u   /* max bytes at reg + offset */
+#define XENPROBES_CAP_STRING 2u  /* a NUL-terminated string at reg + offset, at most max bytes */
+#define XENPROBES_CAP_USER 0x80u /* or-ed into kind: the address is a user one */
+#define XENPROBES_CAP_REG_MAX 16u /* reg: 0 rax .. 15 r15 in struct xenprobes_regs order, 16 rip */
+#define XENPROBES_CAP_MAX_BYTES 1024u
+
+struct xenprobes_capture_spec {
+	xenprobes_u8 kind;        /* XENPROBES_CAP_BYTES or _STRING, maybe with XENPROBES_CAP_USER */
+	xenprobes_u8 reg;         /* the base register, 0..XENPROBES_CAP_REG_MAX */
+	xenprobes_u16 max;        /* bytes at most, 1..XENPROBES_CAP_MAX_BYTES (a string: its NUL included) */
+	xenprobes_u32 offset;     /* added to the register (two's complement: may be negative) */
+};
+
+#define XENPROBES_CAP_OK 0u
+#define XENPROBES_CAP_FAULT 1u     /* the address could not be read: no bytes */
+#define XENPROBES_CAP_TRUNCATED 2u /* a string longer than max: max - 1 bytes and a NUL */
+
+struct xenprobes_cap {
+	xenprobes_u16 len;        /* bytes that follow (a string: its NUL included) */
+	xenprobes_u8 index;       /* which of the probe's specs */
+	xenprobes_u8 status;      /* XENPROBES_CAP_* status */
+	xenprobes_u32 pad0;
+};
+
 /* Consecutive timeouts after which the module disarms every trap on its own. */
 #define XENPROBES_DEAD_AFTER 3
 
@@ -309,12 +413,20 @@ static_assert(sizeof(struct xenprobes_regs) == 160, "xenprobes_regs layout");
 static_assert(sizeof(struct xenprobes_mailbox) == 224, "xenprobes_mailbox layout");
 static_assert(sizeof(struct xenprobes_trap) == 40, "xenprobes_trap layout");
 static_assert(sizeof(struct xenprobes_ret) == 16, "xenprobes_ret layout");
+static_assert(sizeof(struct xenprobes_ring_header) == 192, "xenprobes_ring_header layout");
+static_assert(sizeof(struct xenprobes_rec) == 184, "xenprobes_rec layout");
+static_assert(sizeof(struct xenprobes_capture_spec) == 8, "xenprobes_capture_spec layout");
+static_assert(sizeof(struct xenprobes_cap) == 8, "xenprobes_cap layout");
 #else
 _Static_assert(sizeof(struct xenprobes_ctl_header) == 136, "xenprobes_ctl_header layout");
 _Static_assert(sizeof(struct xenprobes_regs) == 160, "xenprobes_regs layout");
 _Static_assert(sizeof(struct xenprobes_mailbox) == 224, "xenprobes_mailbox layout");
 _Static_assert(sizeof(struct xenprobes_trap) == 40, "xenprobes_trap layout");
 _Static_assert(sizeof(struct xenprobes_ret) == 16, "xenprobes_ret layout");
+_Static_assert(sizeof(struct xenprobes_ring_header) == 192, "xenprobes_ring_header layout");
+_Static_assert(sizeof(struct xenprobes_rec) == 184, "xenprobes_rec layout");
+_Static_assert(sizeof(struct xenprobes_capture_spec) == 8, "xenprobes_capture_spec layout");
+_Static_assert(sizeof(struct xenprobes_cap) == 8, "xenprobes_cap layout");
 #endif
 
 #endif /* XENPROBES_PROTOCOL_H */
