@@ -374,6 +374,48 @@ def kernel_tables():
                     bytes(data), mprobes, limits=u8(0x10), module=u8(mem) + u8(2) + mods + u8(0)))
 
 
+# ---- ring ------------------------------------------------------------------------------------
+def ring_regs(addr_regs):
+    """20 registers: those named in addr_regs point into the fuzzed page (offset), the rest are
+    plain values."""
+    out = b""
+    for i in range(20):
+        if i in addr_regs:
+            out += u8(1) + u16(addr_regs[i])
+        else:
+            out += u8(0) + u64(0x1111 * (i + 1))
+    return out
+
+
+def ring_hit(specs=(), regs=None, probe=7):
+    out = u8(0) + ring_regs(regs or {}) + u8(len(specs))
+    for kind_idx, reg, mx, off in specs:  # kind_idx: 0 bytes, 1 string, 2 user bytes, 3 user string
+        out += u8(kind_idx) + u8(reg) + u16(mx) + u8(off + 32)
+    return out + u32(probe)
+
+
+def ring():
+    page = bytearray(4096)
+    page[0x100:0x10C] = b"/etc/passwd\0"
+    page[0x200:0x240] = bytes(range(0x40))
+    page[0x300:0x400] = b"x" * 0x100  # a string longer than any max below: truncated
+    drain = lambda k=40: u8(1) + u8(k)
+    head = u8(0) + u8(1) + bytes(page)  # order 12, honest
+    caps = [(0, 5, 16, 0), (1, 4, 64, 0), (1, 3, 32, 0), (2, 7, 8, 8)]
+    regs = {5: 0x200, 4: 0x100, 3: 0x300, 7: 0x200}
+    put("ring", "honest_wrap", head + b"".join(ring_hit(probe=n) + (drain(3) if n % 5 == 4 else b"") for n in range(60)))
+    put("ring", "honest_captures", head + b"".join(ring_hit(caps, regs, n) + drain(1) for n in range(12)))
+    put("ring", "honest_full", head + u8(2) + u32(600) + b"".join(ring_hit(probe=n) for n in range(30)) + drain())
+    hostile = u8(0) + u8(0) + bytes(page)
+    ops = b""
+    for n in range(8):
+        ops += ring_hit(caps, regs, n)
+    ops += u8(3) + u16(184) + u64(0xFFFFFFFF00000008)  # the second record's len and type rewritten
+    ops += drain() + ring_hit() + u8(4) + u8(1) + u16(9000) + drain()  # head past the data size
+    ops += u8(5) + u32(30) + u32(0) + u8(6) + ring_hit() + drain()
+    put("ring", "hostile_scribble", hostile + ops)
+
+
 if __name__ == "__main__":
     guest_channel()
     vmevent()
@@ -381,3 +423,4 @@ if __name__ == "__main__":
     x86()
     journal()
     kernel_tables()
+    ring()
