@@ -21,6 +21,7 @@ namespace {
 
 constexpr std::uint32_t kMaxStructBytes = 64u << 10;  // struct module is ~1.2 KiB
 constexpr int kMaxAnonDepth = 8;                       // nesting of anonymous structs/unions searched
+constexpr std::size_t kMaxMembersSearched = 1u << 16;    // members looked at by one search
 
 struct BtfDeleter {
   void operator()(btf* b) const { btf__free(b); }
@@ -48,20 +49,36 @@ struct Member {
   std::uint32_t bitfield = 0;
 };
 
-// A member by name, searching anonymous struct/union members too.
-std::optional<Member> find_member(const btf* b, std::uint32_t composite_id, std::string_view name,
-                                  std::uint64_t bit_base = 0, int depth = 0) {
-  const btf_type* t = resolve(b, composite_id);
-  if (!t || !btf_is_composite(t)) return std::nullopt;
+// One search for a member: the anonymous types already searched (a name absent from a type
+// at one offset is absent at every other) and the members left to look at. Without them a
+// hostile BTF nesting N anonymous members of one type in another, 8 deep, costs N^8.
+struct MemberSearch {
+  std::set<std::uint32_t> searched;
+  std::size_t budget = kMaxMembersSearched;
+};
+
+std::optional<Member> find_member_in(const btf* b, std::uint32_t composite_id, std::string_view name,
+                                     std::uint64_t bit_base, int depth, MemberSearch& search) {
+  std::uint32_t id = 0;
+  const btf_type* t = resolve(b, composite_id, &id);
+  if (!t || !btf_is_composite(t) || !search.searched.insert(id).second) return std::nullopt;
   const btf_member* m = btf_members(t);
   for (std::uint16_t i = 0; i < btf_vlen(t); ++i) {
+    if (search.budget == 0) return std::nullopt;
+    --search.budget;
     const char* n = btf__name_by_offset(b, m[i].name_off);
     const std::uint64_t off = bit_base + btf_member_bit_offset(t, i);
     if (n && *n && name == n) return Member{off, m[i].type, btf_member_bitfield_size(t, i)};
     if ((!n || !*n) && depth < kMaxAnonDepth)
-      if (auto r = find_member(b, m[i].type, name, off, depth + 1)) return r;
+      if (auto r = find_member_in(b, m[i].type, name, off, depth + 1, search)) return r;
   }
   return std::nullopt;
+}
+
+// A member by name, searching anonymous struct/union members too.
+std::optional<Member> find_member(const btf* b, std::uint32_t composite_id, std::string_view name) {
+  MemberSearch search;
+  return find_member_in(b, composite_id, name, 0, 0, search);
 }
 
 Result<std::uint32_t> byte_offset(const Member& m, std::string_view name) {
@@ -300,8 +317,9 @@ ModuleTables ModuleTables::unavailable(std::string why) {
 namespace {
 
 // One struct module, decoded and its tables read; `why` set when it is not usable.
+// entries_left: what the walk may still read of all the modules' tables together.
 Module read_module(const ReadFn& read, const ModuleLayout& l, std::uint64_t addr, const std::vector<std::byte>& s,
-                   const Limits& limits) {
+                   const Limits& limits, std::size_t& entries_left) {
   Module m;
   m.address = addr;
   m.link_next = load_field(s, {l.list.offset, 8});
@@ -362,6 +380,12 @@ Module read_module(const ReadFn& read, const ModuleLayout& l, std::uint64_t addr
       st.why = std::to_string(count) + " entries is more than the limit of " + std::to_string(limits.max_entries);
       return;
     }
+    if (count > entries_left) {
+      st.why = "with its " + std::to_string(count) + " entries the loaded modules' tables pass their limit of " +
+               std::to_string(limits.max_module_entries) + " entries in all";
+      return;
+    }
+    entries_left -= count;
     if (ptr < symbols::kKernelHalfStart || ptr + count * esize < ptr) {
       st.why = "its address " + hex(ptr) + " is outside the kernel's half";
       return;
@@ -419,6 +443,7 @@ ModuleTables ModuleTables::read(const symbols::SymbolTable& syms, const ReadFn& 
 
   std::set<std::uint64_t> seen;
   std::vector<std::byte> buf(layout.struct_size);
+  std::size_t entries_left = limits.max_module_entries;
   std::uint64_t node = t.head_next_, prev = t.head_;
   std::string broken;
   while (node != t.head_) {
@@ -439,7 +464,7 @@ ModuleTables ModuleTables::read(const symbols::SymbolTable& syms, const ReadFn& 
       broken = "cannot read the struct module at " + hex(mod) + ": " + r.error().what;
       break;
     }
-    Module m = read_module(read, layout, mod, buf, limits);
+    Module m = read_module(read, layout, mod, buf, limits, entries_left);
     if (m.link_prev != prev) {
       // Corrupt, or changed under us while the guest ran: either way not this list.
       broken = "the node at " + hex(node) + " does not point back at its predecessor";
@@ -519,6 +544,13 @@ bool ModuleTables::changed(const symbols::SymbolTable& syms, const ReadFn& read)
   const std::uint32_t lo = std::min(layout_.state.offset, layout_.list.offset);
   const std::uint32_t hi = std::max(layout_.state.offset + layout_.state.size, layout_.list.offset + 16);
   std::vector<std::byte> buf(layout_.struct_size);
+  // A module that was still loading (COMING) goes LIVE without its neighbours' links changing.
+  for (const Module& m : modules_) {
+    if (m.usable || (m.state != ModuleState::Coming && m.state != ModuleState::Unformed)) continue;
+    Field f = layout_.state;
+    if (!read(Gva{m.address + f.offset}, std::span(buf.data() + f.offset, f.size))) return true;
+    if (state_of(layout_, load_field(buf, f)) != m.state) return true;
+  }
   for (std::size_t i : live_) {
     const Module& m = modules_[i];
     if (!read(Gva{m.address + lo}, std::span(buf.data() + lo, hi - lo))) return true;

@@ -178,62 +178,71 @@ KernelTables KernelTables::read(const symbols::SymbolTable& syms, const ReadFn& 
     }
   }
 
-  // kprobe_blacklist: a list_head whose nodes start with their own list_head, so `next`
-  // points at the next node itself. Walked with a bound; a repeated node ends the walk.
-  if (auto head = address_of(syms, "kprobe_blacklist"); !head) {
-    t.bl_status_.why = "no kprobe_blacklist in the symbols (" + syms.source() + ")";
-  } else if (!have_text) {
-    no_text(t.bl_status_);
-  } else {
-    std::set<std::uint64_t> seen;
-    std::uint64_t node = 0;
-    std::byte buf[40];
-    bool ok = true;
-    if (auto r = read(Gva{*head}, std::span(buf, 8)); !r) {
-      t.bl_status_.why = "cannot read its head: " + r.error().what;
-      ok = false;
-    } else {
-      node = load<std::uint64_t>(buf);
-    }
-    while (ok && node != *head) {
-      if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > limits.max_blacklist) {
-        t.bl_status_.why = seen.size() > limits.max_blacklist ? "more nodes than the limit"
-                           : node < symbols::kKernelHalfStart ? "a node outside the kernel's half"
-                                                              : "the list loops without returning to its head";
-        ok = false;
-        break;
-      }
-      if (auto r = read(Gva{node}, std::span(buf, sizeof buf)); !r) {
-        t.bl_status_.why = "cannot read a node: " + r.error().what;
-        ok = false;
-        break;
-      }
-      Range r{load<std::uint64_t>(buf + 16), load<std::uint64_t>(buf + 24)};
-      if (r.start < r.end && r.end - r.start <= (64u << 20) && t.text_.contains(r.start) && r.end <= t.text_.end)
-        t.blacklist_.push_back(r);
-      else if (!r.empty() && t.init_text_.contains(r.start))
-        ++t.bl_status_.init_entries;
-      else {
-        ++t.bl_status_.invalid;
-        // A module's, perhaps (the kernel lists their NOKPROBE functions here too): kept aside
-        // until the modules are known (set_modules).
-        if (r.start < r.end && r.end - r.start <= (64u << 20) && r.start >= symbols::kKernelHalfStart)
-          t.bl_outside_.push_back(r);
-      }
-      node = load<std::uint64_t>(buf);
-    }
-    t.bl_status_.found = ok;
-    if (!ok) {
-      t.blacklist_.clear();  // a list we could not walk to its end is not trusted in part
-      t.bl_outside_.clear();
-    }
-  }
+  t.read_blacklist(syms, read, limits);
   t.index();
   for (TableStatus* st : {&t.ex_status_, &t.jump_status_, &t.sc_status_, &t.locks_status_, &t.bl_status_})
     if (st->invalid)
       XP_LOG(Warn, "guest kernel table %s: %zu entries point outside the kernel's text (dropped)", st->name,
              st->invalid);
   return t;
+}
+
+// kprobe_blacklist, walked again from its head: the core kernel's ranges and, set aside in
+// bl_outside_, those a loaded module added (set_modules sorts them out).
+void KernelTables::read_blacklist(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits) {
+  bl_status_ = named("kprobe_blacklist");
+  blacklist_.clear();
+  bl_outside_.clear();
+  // kprobe_blacklist: a list_head whose nodes start with their own list_head, so `next`
+  // points at the next node itself. Walked with a bound; a repeated node ends the walk.
+  if (auto head = address_of(syms, "kprobe_blacklist"); !head) {
+    bl_status_.why = "no kprobe_blacklist in the symbols (" + syms.source() + ")";
+  } else if (text_.empty()) {
+    bl_status_.why = "the kernel's text bounds (_stext, _etext) are not in the symbols";
+  } else {
+    std::set<std::uint64_t> seen;
+    std::uint64_t node = 0;
+    std::byte buf[40];
+    bool ok = true;
+    if (auto r = read(Gva{*head}, std::span(buf, 8)); !r) {
+      bl_status_.why = "cannot read its head: " + r.error().what;
+      ok = false;
+    } else {
+      node = load<std::uint64_t>(buf);
+    }
+    while (ok && node != *head) {
+      if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > limits.max_blacklist) {
+        bl_status_.why = seen.size() > limits.max_blacklist ? "more nodes than the limit"
+                           : node < symbols::kKernelHalfStart ? "a node outside the kernel's half"
+                                                              : "the list loops without returning to its head";
+        ok = false;
+        break;
+      }
+      if (auto r = read(Gva{node}, std::span(buf, sizeof buf)); !r) {
+        bl_status_.why = "cannot read a node: " + r.error().what;
+        ok = false;
+        break;
+      }
+      Range r{load<std::uint64_t>(buf + 16), load<std::uint64_t>(buf + 24)};
+      if (r.start < r.end && r.end - r.start <= (64u << 20) && text_.contains(r.start) && r.end <= text_.end)
+        blacklist_.push_back(r);
+      else if (!r.empty() && init_text_.contains(r.start))
+        ++bl_status_.init_entries;
+      else {
+        ++bl_status_.invalid;
+        // A module's, perhaps (the kernel lists their NOKPROBE functions here too): kept aside
+        // until the modules are known (set_modules).
+        if (r.start < r.end && r.end - r.start <= (64u << 20) && r.start >= symbols::kKernelHalfStart)
+          bl_outside_.push_back(r);
+      }
+      node = load<std::uint64_t>(buf);
+    }
+    bl_status_.found = ok;
+    if (!ok) {
+      blacklist_.clear();  // a list we could not walk to its end is not trusted in part
+      bl_outside_.clear();
+    }
+  }
 }
 
 KernelTables KernelTables::from_parts(Range text, std::vector<ExEntry> ex, std::vector<Site> jumps,
@@ -263,6 +272,10 @@ void KernelTables::index() {
   jump_status_.entries = jumps_.size();
   sc_status_.entries = calls_.size();
   locks_status_.entries = locks_.size();
+  merge_blacklist();
+}
+
+void KernelTables::merge_blacklist() {
   // Blacklist ranges merged, so one binary search answers.
   std::sort(blacklist_.begin(), blacklist_.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
   std::vector<Range> merged;
@@ -313,6 +326,10 @@ bool KernelTables::refresh_modules(const symbols::SymbolTable& syms, const ReadF
       cache->layout = module_layout_from_btf(*blob);
     layout_ = std::move(cache);
   }
+  // A module adds its NOKPROBE functions to kprobe_blacklist when it comes and takes them
+  // out when it goes: the list is walked again with the modules.
+  read_blacklist(syms, read, limits);
+  merge_blacklist();
   if (!layout_->layout) {
     set_modules(ModuleTables::unavailable(layout_->layout.error().what));
   } else {

@@ -48,6 +48,7 @@ struct Limits {
   std::size_t max_blacklist = 1u << 16;      // kprobe_blacklist list nodes
   std::size_t chunk_bytes = 64u << 10;       // one guest read
   std::size_t max_modules = 4096;            // loaded-module list nodes (a distribution has ~100)
+  std::size_t max_module_entries = 1u << 21; // the loaded modules' table entries, all together
 };
 
 // One exception-table entry: the instruction that may fault, where the fault goes, and the
@@ -162,6 +163,8 @@ class KernelTables {
 
  private:
   void index();
+  void read_blacklist(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits);
+  void merge_blacklist();
   static const Site* site_in(const std::vector<Site>& v, std::uint64_t len, std::uint64_t lo, std::uint64_t hi);
 
   Range text_, init_text_;

@@ -579,5 +579,95 @@ TEST_F(ModuleRules, GoingInitUnknownAndUnreadableModulesStayRefused) {
   EXPECT_NE(r->entry.find("BTF"), std::string::npos) << r->entry;
 }
 
+
+// ---- hostile guests, found by review of the walk ----------------------------------------
+
+// struct module holding 64 anonymous members of a union that holds 64 of the next, 8 deep, and
+// no `list`: each anonymous type is searched once (64^8 members otherwise: a hang) and the
+// layout is refused naming what is missing.
+TEST(ModuleLayout, NestedAnonymousMembersAreSearchedOnce) {
+  btf* b = btf__new_empty();
+  const int u32 = btf__add_int(b, "unsigned int", 4, 0);
+  int inner = btf__add_union(b, nullptr, 4);
+  btf__add_field(b, "x", u32, 0, 0);
+  for (int level = 0; level < 8; ++level) {
+    const int outer = btf__add_union(b, nullptr, 4);
+    for (int i = 0; i < 64; ++i) btf__add_field(b, nullptr, inner, 0, 0);
+    inner = outer;
+  }
+  btf__add_struct(b, "module", 896);
+  for (int i = 0; i < 64; ++i) btf__add_field(b, nullptr, inner, 0, 0);
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+  std::vector<std::byte> blob(raw, raw + n);
+  btf__free(b);
+  auto l = kernel::module_layout_from_btf(blob);
+  ASSERT_FALSE(l.has_value());
+  EXPECT_NE(l.error().what.find("no member state"), std::string::npos) << l.error().what;
+}
+
+// Every module may claim up to max_entries per table, all in one buffer: the walk has a budget
+// for all of them together, and the module that passes it is kept out, saying so.
+TEST_F(Walk, TheModulesTablesTogetherHaveOneLimit) {
+  const std::vector<std::array<std::uint64_t, 3>> three = {
+      {kMod + 0x10, kMod + 0x80, 3}, {kMod + 0x20, kMod + 0x80, 3}, {kMod + 0x30, kMod + 0x80, 3}};
+  auto shifted = three;
+  for (auto& e : shifted) e[0] += 0x10000, e[1] += 0x10000;
+  put({{.name = "a", .text = kMod, .ex = three}, {.name = "b", .text = kMod + 0x10000, .ex = shifted}});
+  kernel::Limits l;
+  l.max_module_entries = 4;
+  auto t = walk(l);
+  ASSERT_TRUE(t.status().found) << t.status().why;
+  ASSERT_NE(t.live_module_at(kMod), nullptr);
+  EXPECT_EQ(t.live_module_at(kMod)->ex.size(), 3u);
+  EXPECT_EQ(t.live_module_at(kMod + 0x10000), nullptr);
+  const Module* b = t.module_at(kMod + 0x10000);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(b->why.find("limit of 4 entries in all"), std::string::npos) << b->why;
+  l.max_module_entries = 6;
+  EXPECT_NE(walk(l).live_module_at(kMod + 0x10000), nullptr);
+}
+
+// A module still loading when the list was walked becomes LIVE without its neighbours' links
+// changing: the next refresh sees it.
+TEST_F(Walk, AModuleStillLoadingIsTakenOnceItIsLive) {
+  put_btf();
+  auto at = put({{.name = "a", .text = kMod}, {.name = "late", .state = 1, .text = kMod + 0x10000}});
+  auto t = k.read();
+  ASSERT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+  EXPECT_EQ(t.live_module_at(kMod + 0x10000), nullptr);
+  EXPECT_FALSE(t.refresh_modules(k.symbols(), k.reader()));
+  k.u64(at[1] + o.state, 0);  // MODULE_STATE_LIVE
+  EXPECT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+  EXPECT_NE(t.live_module_at(kMod + 0x10000), nullptr);
+}
+
+// A module loaded after the kernel's tables were read adds its NOKPROBE functions to
+// kprobe_blacklist; one unloaded takes its own out. Both are seen at the next refresh.
+TEST_F(Walk, TheBlacklistIsWalkedAgainWithTheModules) {
+  const std::uint64_t nok = kMod + 0x10a00;
+  // The guest as it is at each step: its blacklist and its modules.
+  auto guest = [&](const std::vector<std::array<std::uint64_t, 2>>& bl, const std::vector<FakeModule>& mods) {
+    k = FakeKernel{};
+    k.blacklist(bl);
+    put_btf();
+    put(mods);
+  };
+  guest({}, {{.name = "a", .text = kMod}});
+  auto t = k.read();
+  ASSERT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+  EXPECT_EQ(t.blacklisted(nok), nullptr);
+  // "late" loads at kMod + 0x10000 with a NOKPROBE function.
+  guest({{nok, nok + 0x40}}, {{.name = "a", .text = kMod}, {.name = "late", .text = kMod + 0x10000}});
+  ASSERT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+  ASSERT_NE(t.live_module_at(nok), nullptr) << t.modules()->summary();
+  EXPECT_NE(t.blacklisted(nok), nullptr);
+  // It unloads; "other" loads at the same address, with nothing blacklisted.
+  guest({}, {{.name = "a", .text = kMod}, {.name = "other", .text = kMod + 0x10000, .text_size = 0x2000}});
+  ASSERT_TRUE(t.refresh_modules(k.symbols(), k.reader()));
+  ASSERT_NE(t.live_module_at(nok), nullptr);
+  EXPECT_EQ(t.blacklisted(nok), nullptr);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
