@@ -17,22 +17,8 @@
 #include "xenprobes/sim.hpp"
 #include "xenprobes/xenprobes.hpp"
 
-namespace {
-std::atomic<std::uint64_t> g_allocs{0};
-}
+#include "alloc_counter.hpp"
 
-// Counting every allocation of the process; malloc/free underneath, so tell GCC the pairing
-// is deliberate.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  g_allocs.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 using namespace xenprobes;
 

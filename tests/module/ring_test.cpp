@@ -113,6 +113,13 @@ struct Fixture {
 
 constexpr std::uint32_t kBareRecord = sizeof(xenprobes_rec);
 
+// Record 1 with one capture: the 8 bytes "abcdefgh" at [rdi].
+xp_ring_result hit_with_capture(Fixture& f, FakeMemory& mem) {
+  mem.ranges[regs_for(1).rdi] = "abcdefgh";
+  const std::vector<xenprobes_capture_spec> specs{{XENPROBES_CAP_BYTES, 5, 8, 0}};
+  return f.hit(1, specs, &mem);
+}
+
 }  // namespace
 
 TEST(Ring, ARecordArrivesWithItsRegistersProbeSeqAndTime) {
@@ -251,12 +258,9 @@ TEST(Ring, AFullRingDropsAndCountsExactly) {
 TEST(Ring, AHitInsideARecordBeingWrittenIsCountedAsNested) {
   Fixture f;
   FakeMemory mem;
-  xenprobes_regs r = regs_for(1);
-  mem.ranges[r.rdi] = "abcdefgh";
   int inner = -1;
   mem.during_read = [&] { inner = f.hit(2); };
-  std::vector<xenprobes_capture_spec> specs{{XENPROBES_CAP_BYTES, 5, 8, 0}};
-  ASSERT_EQ(XP_RING_WRITTEN, f.hit(1, specs, &mem));
+  ASSERT_EQ(XP_RING_WRITTEN, hit_with_capture(f, mem));
   EXPECT_EQ(XP_RING_NESTED, inner);
   EXPECT_EQ(1u, f.reader->guest_counters().nested);
   const RingRecord* rec = f.reader->next();
@@ -423,10 +427,7 @@ TEST(RingHostile, TooManyCaptureItemsResync) {
 TEST(RingHostile, ACaptureItemPastItsRecordResyncs) {
   Fixture f;
   FakeMemory mem;
-  xenprobes_regs r = regs_for(1);
-  mem.ranges[r.rdi] = "abcdefgh";
-  std::vector<xenprobes_capture_spec> specs{{XENPROBES_CAP_BYTES, 5, 8, 0}};
-  ASSERT_EQ(XP_RING_WRITTEN, f.hit(1, specs, &mem));
+  ASSERT_EQ(XP_RING_WRITTEN, hit_with_capture(f, mem));
   poke16(f, kBareRecord, 9);  // the item's len: 9 bytes, 16 with padding, past the record
   EXPECT_EQ(nullptr, f.reader->next());
   EXPECT_EQ(1u, f.reader->counters().resyncs);
@@ -438,10 +439,7 @@ TEST(RingHostile, ACaptureItemPastItsRecordResyncs) {
 TEST(RingHostile, AFaultItemWithBytesResyncs) {
   Fixture f;
   FakeMemory mem;
-  xenprobes_regs r = regs_for(1);
-  mem.ranges[r.rdi] = "abcdefgh";
-  std::vector<xenprobes_capture_spec> specs{{XENPROBES_CAP_BYTES, 5, 8, 0}};
-  ASSERT_EQ(XP_RING_WRITTEN, f.hit(1, specs, &mem));
+  ASSERT_EQ(XP_RING_WRITTEN, hit_with_capture(f, mem));
   // The item: len 8, status OK. A fault carries no bytes: make it claim both.
   std::memset(f.m.data() + kBareRecord + 3, XENPROBES_CAP_FAULT, 1);
   EXPECT_EQ(nullptr, f.reader->next());
