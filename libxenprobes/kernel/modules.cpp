@@ -569,6 +569,18 @@ bool ModuleTables::changed(const symbols::SymbolTable& syms, const ReadFn& read)
   return false;
 }
 
+ModuleIdentity ModuleIdentity::of(const Module& m) { return ModuleIdentity{m.name, m.address, m.text}; }
+
+std::optional<std::string> module_replaced(const ModuleTables& now, std::uint64_t addr, const ModuleIdentity& was) {
+  if (!now.status().found) return std::nullopt;
+  const Module* m = now.module_at(addr);
+  if (m && m->address == was.address && m->text.start == was.text.start && m->text.end == was.text.end &&
+      m->name == was.name)
+    return std::nullopt;
+  if (!m) return "module " + was.name + " was unloaded";
+  return "module " + was.name + " was unloaded and " + m->name + " loaded over its text";
+}
+
 std::string ModuleTables::summary() const {
   if (!status_.found) return "modules not read (" + status_.why + ")";
   std::string s = "modules " + std::to_string(live_.size()) + " live";

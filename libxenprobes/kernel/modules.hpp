@@ -72,6 +72,21 @@ struct Module {
   std::string why;              // when !usable: why it is kept out of the rules
 };
 
+// What a probe point in a module's text keeps of its module: the module is "still there" only
+// while the same struct module holds the same text under the same name.
+struct ModuleIdentity {
+  std::string name;
+  std::uint64_t address = 0;  // its struct module
+  Range text;
+  static ModuleIdentity of(const struct Module& m);
+};
+
+class ModuleTables;
+// The module `was` (recorded when a point at `addr` was decoded) was unloaded, or another
+// module's text now covers `addr`: says which. nullopt while it is still there, and when the
+// list could not be walked (then nothing is known).
+std::optional<std::string> module_replaced(const ModuleTables& now, std::uint64_t addr, const ModuleIdentity& was);
+
 class ModuleTables {
  public:
   // Walks the guest's module list (`modules` in the symbols) with `layout`; never fails as a

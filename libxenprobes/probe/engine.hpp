@@ -14,6 +14,7 @@
 
 #include "channel/channel.hpp"
 #include "kernel/address_rules.hpp"
+#include "kernel/modules.hpp"
 #include "kernel/tables.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
@@ -158,6 +159,10 @@ class Engine final : public channel::StopSink {
     // `slot` is a fixup slot (guestmod::FixupSlots): bound to this instruction for as long as
     // the guest module is loaded, never given back.
     bool fixup_slot = false;
+    // A point in a loaded module's text: which module (its struct module and its text). Its
+    // trap byte is written back only while that very module is still loaded: once it is
+    // unloaded the memory is freed or holds another module's code.
+    std::optional<kernel::ModuleIdentity> module;
     bool armed = false;
     // Disarmed, but a vCPU may still be stopped on the trap byte it executed before: the
     // channel must still find it (and rewind it) until the next flush.
@@ -265,6 +270,9 @@ class Engine final : public channel::StopSink {
   Result<void> replace_slot(Domain&, Point&, bool trap_tail);
   Result<void> arm(Domain&, Point&);
   Result<void> disarm(Domain&, Point&);
+  // The module a point is in was unloaded, or another took its place, since the point was
+  // decoded: says which, else nullopt (also when the module list cannot be read).
+  std::optional<std::string> module_gone(Domain&, const Point&);
   Result<void> remove_now(ProbeId);
   Result<void> remove_registration(Domain&, std::map<ProbeId, std::unique_ptr<Registration>>::iterator);
   // Resumes every vCPU stopped on one of our traps in the domain (the domain is paused).

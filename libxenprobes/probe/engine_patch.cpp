@@ -17,6 +17,9 @@ Result<void> Engine::arm(Domain& d, Point& p) {
                               "since it was decoded (" + p.insn.describe() + "; " + e.what +
                               "); unregister the probe and register it again to decode it afresh"};
   };
+  if (auto gone = module_gone(d, p))
+    return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *gone +
+                                    "; unregister the probe (and register it again if the module is back)");
   if (p.text) {
     // Restored, not flushed yet: the channel and the journal still have it.
     if (auto r = p.text->reapply(trap_entry(p)); !r) return std::unexpected(text_changed(r.error()));
@@ -39,6 +42,16 @@ Result<void> Engine::arm(Domain& d, Point& p) {
 Result<void> Engine::disarm(Domain& d, Point& p) {
   if (!p.armed) return {};
   XP_LOG(Debug, "domain %u: disarm %s", d.id.value, hex(p.addr.value).c_str());
+  // A module unloaded since: its text is freed, or another module's code is there now, which
+  // may hold the trap byte's value by itself (int3 padding). Nothing is written.
+  if (auto gone = module_gone(d, p)) {
+    XP_LOG(Warn, "domain %u: %s: %s; its trap byte is not ours any more: nothing written", d.id.value,
+           hex(p.addr.value).c_str(), gone->c_str());
+    ++d.text_changed;
+    p.armed = false;
+    p.flush_pending = true;
+    return {};
+  }
   // Restore only our own byte: if the guest rewrote the site meanwhile, writing the saved
   // byte back would corrupt its new instruction.
   const bool ours = XP_TRY(p.text->restore());
@@ -50,6 +63,14 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
   p.armed = false;
   p.flush_pending = true;
   return {};
+}
+
+std::optional<std::string> Engine::module_gone(Domain& d, const Point& p) {
+  if (!p.module || !d.tables || !d.syms) return std::nullopt;
+  mem::GuestMemory& m = *d.memory;
+  d.tables->refresh_modules(*d.syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  const kernel::ModuleTables* mods = d.tables->modules();
+  return mods ? kernel::module_replaced(*mods, p.addr.value, *p.module) : std::nullopt;
 }
 
 Result<void> Engine::flush(Domain& d) {

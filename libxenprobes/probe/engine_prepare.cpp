@@ -91,6 +91,8 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
     return std::unexpected(e);
   }
   p.insn = *insn;
+  if (const kernel::Module* m = d.tables ? d.tables->live_module_at(addr.value) : nullptr)
+    p.module = kernel::ModuleIdentity::of(*m);
   if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
   const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
   if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));

@@ -669,5 +669,37 @@ TEST_F(Walk, TheBlacklistIsWalkedAgainWithTheModules) {
   EXPECT_EQ(t.blacklisted(nok), nullptr);
 }
 
+// A probe point keeps its module's identity; Dom0 writes its trap byte back only while that
+// very module is there (engine: disarm and arm ask module_replaced).
+TEST_F(Walk, AModuleUnloadedOrReplacedIsNoLongerThePointsModule) {
+  put({{.name = "a", .text = kMod}, {.name = "b", .text = kMod + 0x10000}});
+  auto before = walk();
+  ASSERT_NE(before.live_module_at(kMod + 0x10010), nullptr);
+  const auto b = kernel::ModuleIdentity::of(*before.live_module_at(kMod + 0x10010));
+  EXPECT_EQ(kernel::module_replaced(before, kMod + 0x10010, b), std::nullopt);
+  // b going away: its text is still there, still b's.
+  k = FakeKernel{};
+  put({{.name = "a", .text = kMod}, {.name = "b", .state = 2, .text = kMod + 0x10000}});
+  EXPECT_EQ(kernel::module_replaced(walk(), kMod + 0x10010, b), std::nullopt);
+  // b gone.
+  k = FakeKernel{};
+  put({{.name = "a", .text = kMod}});
+  auto r = kernel::module_replaced(walk(), kMod + 0x10010, b);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(*r, "module b was unloaded");
+  // c loaded where b was.
+  k = FakeKernel{};
+  put({{.name = "a", .text = kMod}, {.name = "c", .text = kMod + 0x10000}});
+  r = kernel::module_replaced(walk(), kMod + 0x10010, b);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(*r, "module b was unloaded and c loaded over its text");
+  k = FakeKernel{};
+  // b loaded again at the same text, its struct module elsewhere (third in the list now).
+  put({{.name = "a", .text = kMod}, {.name = "x", .text = kMod + 0x40000}, {.name = "b", .text = kMod + 0x10000}});
+  EXPECT_TRUE(kernel::module_replaced(walk(), kMod + 0x10010, b).has_value());
+  // A list that cannot be walked knows nothing: the caller's byte check decides.
+  EXPECT_EQ(kernel::module_replaced(kernel::ModuleTables::unavailable("no BTF"), kMod + 0x10010, b), std::nullopt);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
