@@ -111,6 +111,7 @@ void BM_HitRetProbePair(benchmark::State& st) {
       [&](HitContext& c, std::span<std::byte>) { returns += c.regs().rax & 1; }, RetProbeOptions{16, 16});
   if (!id) return st.SkipWithError(id.error().what.c_str());
   Gva tramp = rig.engine->info(*id)->trampoline;
+  at = rig.engine->info(*id)->address.value;  // past the function's ftrace site
   auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
   regs.rsp = rig.sym(DEMO_SYM_STACKS) + DEMO_STACK_SIZE - 64;  // a slot in vCPU 0's stack
   const std::uint64_t ret = rig.sym("demo_main");                // any return address

@@ -1,6 +1,6 @@
 // Counts every allocation of the process (operator new replaced: malloc/free underneath), for
-// the benchmarks that report allocations per operation. Include it in exactly one source file
-// of a program.
+// the tests that assert and the benchmarks that report allocations per operation. Include it
+// in exactly one source file of a program.
 #pragma once
 
 #include <atomic>
