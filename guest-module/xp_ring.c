@@ -81,18 +81,23 @@ static xenprobes_u32 xp_ring_capture(xenprobes_u8 *p, unsigned index,
 {
 	struct xenprobes_cap *cap = (struct xenprobes_cap *)p;
 	xenprobes_u8 *dst = p + sizeof(*cap);
-	xenprobes_u64 addr = xp_cap_base(regs, spec->reg) + (xenprobes_u64)(xp_s64)(xp_s32)spec->offset;
 	bool user = (spec->kind & XENPROBES_CAP_USER) != 0;
 	xenprobes_u8 kind = spec->kind & (xenprobes_u8)~XENPROBES_CAP_USER;
 	xenprobes_u32 len = 0, padded, i;
 	xenprobes_u8 status = XENPROBES_CAP_FAULT;
+	xenprobes_u64 addr;
 
+	/* xp_ring_specs_check passed them at registration; a spec that did not reads nothing. */
+	if (spec->reg > XENPROBES_CAP_REG_MAX || spec->max == 0 ||
+	    (xenprobes_u32)spec->max > XENPROBES_CAP_MAX_BYTES)
+		kind = 0;
+	addr = kind ? xp_cap_base(regs, spec->reg) + (xenprobes_u64)(xp_s64)(xp_s32)spec->offset : 0;
 	if (kind == XENPROBES_CAP_BYTES) {
 		if (ops && ops->read && ops->read(ops->ctx, dst, addr, spec->max, user) == 0) {
 			len = spec->max;
 			status = XENPROBES_CAP_OK;
 		}
-	} else if (ops && ops->read_str) {
+	} else if (kind == XENPROBES_CAP_STRING && ops && ops->read_str) {
 		long n = ops->read_str(ops->ctx, dst, addr, spec->max, user);
 
 		if (n > 0 && (xenprobes_u64)n <= (xenprobes_u64)spec->max) {

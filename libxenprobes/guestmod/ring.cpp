@@ -145,7 +145,9 @@ const RingRecord* RingReader::next() {
     const std::uint64_t avail = head_ - tail_;
     const std::uint64_t off = tail_ & (size_ - 1);
     const std::uint64_t contiguous = size_ - off;
-    if (avail < kPadHeader) break;
+    // Records start 8-aligned; a tail the guest put elsewhere (at open, or a head it wrote that
+    // a resync took over) could leave fewer than 8 bytes before the data area's end.
+    if (avail < kPadHeader || off % 8 != 0 || contiguous < kPadHeader) break;
     std::byte head8[kPadHeader];
     std::memcpy(head8, data_ + off, sizeof head8);
     const auto len = load<std::uint32_t>(head8);

@@ -457,6 +457,36 @@ TEST(RingHostile, AHeadFarAheadOrBehindTailResyncsWithoutReading) {
   }
 }
 
+// A tail the guest left unaligned, 3 bytes before the data area's end, with bytes published
+// past it: the reader resynchronises without reading past the ring (ASan watches).
+TEST(RingHostile, AnUnalignedTailNearTheEndReadsNothingPastTheRing) {
+  RingMem m(12);
+  xp_ring ring{};
+  ASSERT_EQ(0, xp_ring_init(&ring, m.mem, 12, 0));
+  m.hdr()->tail = 4096 - 3;
+  m.hdr()->head = 4096 - 3 + 100;
+  // The ring's memory is exactly the mapping: its last byte is the data area's last byte.
+  auto r = RingReader::open(m.span(), 0);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(nullptr, r->next());
+  EXPECT_EQ(1u, r->counters().resyncs);
+  EXPECT_EQ(0u, r->counters().records);
+}
+
+// A spec that skipped the registration check reads nothing rather than past the registers.
+TEST(Ring, AnUncheckedSpecReadsNothing) {
+  Fixture f;
+  FakeMemory mem;
+  std::vector<xenprobes_capture_spec> specs{{XENPROBES_CAP_BYTES, 200, 8, 0}, {9, 5, 8, 0}};
+  ASSERT_EQ(XP_RING_WRITTEN, f.hit(1, specs, &mem));
+  EXPECT_EQ(0, mem.reads);
+  const RingRecord* r = f.reader->next();
+  ASSERT_NE(nullptr, r);
+  ASSERT_EQ(2u, r->captures.size());
+  EXPECT_EQ(XENPROBES_CAP_FAULT, r->captures[0].status);
+  EXPECT_EQ(XENPROBES_CAP_FAULT, r->captures[1].status);
+}
+
 TEST(RingHostile, ASequenceGapIsCountedAsMissed) {
   Fixture f;
   ASSERT_EQ(XP_RING_WRITTEN, f.hit(0));
