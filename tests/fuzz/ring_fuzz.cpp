@@ -5,7 +5,7 @@
 // Input: a header (ring order, honest or hostile), then operations: the producer writing a hit
 // (fuzzed registers and capture specs over fuzzed guest memory), the guest writing raw bytes
 // into the data area or the header (head, tail, the geometry), Dom0 draining up to k records,
-// arming the wakeup, and opening a second reader on the same ring.
+// arming the wakeup, the guest moving tail, and opening a second reader on the same ring.
 //
 // Invariants, always: the reader never reads outside the ring (ASan); every record it delivers
 // has at most XENPROBES_RING_CAPS_MAX captures of known status, each inside the record, a FAULT
@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::uint64_t attempted = 0, written = 0, delivered = 0;
 
   for (int step = 0; step < 256 && !in.empty(); ++step) {
-    const std::uint8_t op = in.u8() % (honest ? 3 : 7);
+    const std::uint8_t op = in.u8() % (honest ? 3 : 8);
     switch (op) {
       case 0: {  // the producer writes a hit
         xenprobes_regs regs;
@@ -192,6 +192,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 5:  // the guest rewrites the geometry it published (read once at open)
         hdr->data_order = in.u32();
         hdr->magic = in.u32();
+        break;
+      case 7:  // the guest moves tail, where the next reader opened starts (any alignment)
+        hdr->tail = in.flag() ? in.u64() : hdr->head - in.range(0, 64);
         break;
       case 6: {  // a second reader opened on the ring as it is now
         auto again = RingReader::open(std::span<std::byte>(mem, bytes), 0);
