@@ -58,7 +58,7 @@ for t in $targets; do exes="$exes fuzz_$t"; done
 # shellcheck disable=SC2086
 cmake --build "$dir" -j"$jobs" --target $exes
 
-# Inputs larger than libFuzzer's default 4096 bytes: journal images, symbol maps, kernel tables,
+# Inputs larger than libFuzzer's default 4096 bytes: journal images, symbol maps, kernel tables, rings,
 # kallsyms tables (over 256 symbols needs more than one marker).
 max_len() {
   case "$1" in
@@ -66,6 +66,7 @@ max_len() {
     symbols) echo 16384 ;;
     kernel_tables) echo 16384 ;;
     kallsyms) echo 65536 ;;
+    ring) echo 16384 ;;
     *) echo 4096 ;;
   esac
 }

@@ -395,18 +395,18 @@ def ring_hit(specs=(), regs=None, probe=7):
 
 
 def ring():
-    page = bytearray(4096)
-    page[0x100:0x10C] = b"/etc/passwd\0"
-    page[0x200:0x240] = bytes(range(0x40))
-    page[0x300:0x400] = b"x" * 0x100  # a string longer than any max below: truncated
+    # Page edits (count, then offset u16, length u8, bytes): a path, 64 binary bytes, and 255
+    # bytes without a NUL (a string longer than any max below: truncated).
+    edits = [(0x100, b"/etc/passwd\0"), (0x200, bytes(range(0x40))), (0x300, b"x" * 0xFF)]
+    page = u8(len(edits)) + b"".join(u16(off) + u8(len(b)) + b for off, b in edits)
     drain = lambda k=40: u8(1) + u8(k)
-    head = u8(0) + u8(1) + bytes(page)  # order 12, honest
+    head = u8(0) + u8(1) + page  # order 12, honest
     caps = [(0, 5, 16, 0), (1, 4, 64, 0), (1, 3, 32, 0), (2, 7, 8, 8)]
     regs = {5: 0x200, 4: 0x100, 3: 0x300, 7: 0x200}
     put("ring", "honest_wrap", head + b"".join(ring_hit(probe=n) + (drain(3) if n % 5 == 4 else b"") for n in range(60)))
     put("ring", "honest_captures", head + b"".join(ring_hit(caps, regs, n) + drain(1) for n in range(12)))
     put("ring", "honest_full", head + u8(2) + u32(600) + b"".join(ring_hit(probe=n) for n in range(30)) + drain())
-    hostile = u8(0) + u8(0) + bytes(page)
+    hostile = u8(0) + u8(0) + page
     ops = b""
     for n in range(8):
         ops += ring_hit(caps, regs, n)

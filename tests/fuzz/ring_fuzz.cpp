@@ -2,7 +2,8 @@
 // (libxenprobes/guestmod/ring.cpp), written by the guest module's own producer
 // (guest-module/xp_ring.c) and by a hostile guest.
 //
-// Input: a header (ring order, honest or hostile), then operations: the producer writing a hit
+// Input: a header (ring order, honest or hostile, edits of the guest page captures read), then
+// operations: the producer writing a hit
 // (fuzzed registers and capture specs over fuzzed guest memory), the guest writing raw bytes
 // into the data area or the header (head, tail, the geometry), Dom0 draining up to k records,
 // arming the wakeup, the guest moving tail, and opening a second reader on the same ring.
@@ -13,6 +14,7 @@
 // inputs (no raw writes): no resync, nothing missed, every record written is delivered exactly
 // once in order with the registers and captures it was written with, and hits written plus hits
 // dropped equals hits attempted.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -81,9 +83,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto reader = RingReader::open(std::span<std::byte>(mem, bytes), 0);
   FUZZ_CHECK(reader.has_value());
 
+  // The page captures read: a fixed pattern (a NUL every 37 bytes ends its strings), then up
+  // to 8 edits of up to 255 bytes each (offset, length, bytes): inputs stay small.
   Page page{};
-  auto fill = in.bytes(sizeof page.bytes);
-  std::memcpy(page.bytes, fill.data(), fill.size());
+  for (std::size_t i = 0; i < sizeof page.bytes; ++i)
+    page.bytes[i] = i % 37 == 36 ? 0 : static_cast<std::uint8_t>('a' + i % 26);
+  for (auto edits = in.range(0, 8); edits > 0; --edits) {
+    const std::size_t at = in.range(0, sizeof page.bytes - 1);
+    auto b = in.bytes(std::min<std::size_t>(in.u8(), sizeof page.bytes - at));
+    std::memcpy(page.bytes + at, b.data(), b.size());
+  }
   const xp_read_ops ops{&read_mem, &read_str, &page};
 
   std::deque<Expected> expected;  // honest mode: written, not yet delivered
