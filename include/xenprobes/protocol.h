@@ -39,7 +39,7 @@
  *                 {s32 insn; s32 fixup; s32 data} (each offset relative to its own field, as in
  *                 Linux's struct exception_table_entry) of slot 0; the entry of slot k is at
  *                 table + 12 k (Dom0 writes them through its own mapping; the guest may map
- *                 them read-only). An unused slot holds int3 bytes and its
+ *                 them read-only; they overlap no oea/<i> area, the slots or the control area). An unused slot holds int3 bytes and its
  *                 entry's insn and fixup both point at the slot's last byte, which is never
  *                 executed. Dom0 takes an unused slot for one instruction: it writes the copy
  *                 (the instruction and a jmp back), then the entry's data and fixup (the original
@@ -81,7 +81,8 @@
  * The guest channel (module version 1; published with the keys above, before `state`):
  *
  *   control/addr  hex: guest-virtual start of the control area (page aligned, mapped,
- *                 writable, disjoint from kernel text and from every OEA area)
+ *                 writable, disjoint from kernel text, from every OEA area and from the
+ *                 fixup slots and their entries)
  *   control/pages decimal: its size in pages (at most XENPROBES_CTL_MAX_PAGES)
  *   evtchn        decimal: an unbound event-channel port allocated for Dom0 (remote domid 0)
  *

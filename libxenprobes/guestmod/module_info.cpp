@@ -298,6 +298,11 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
                   bad(ftpath, *fts, "the entries are not within +-2 GiB (rel32) of the slots and of kernel text"));
     if (ranges_overlap(*table, *table + tbytes - 1, *addr, *addr + bytes - 1))
       return fail(Errc::InvalidArgument, bad(ftpath, *fts, "the entries overlap the slots"));
+    // Dom0 writes slot code into the OEA areas and entries here: one byte in both would let
+    // an entry write land in a slot.
+    for (unsigned j = 0; j < info.areas.size(); ++j)
+      if (ranges_overlap(*table, *table + tbytes - 1, info.areas[j].addr.value, info.areas[j].last()))
+        return fail(Errc::InvalidArgument, bad(ftpath, *fts, "the entries overlap oea/" + std::to_string(j)));
     for (std::uint64_t off = 0; off < bytes; off += kPageSize)
       if (auto r = check_mapped(Gva{*addr + off}); !r)
         return fail(Errc::Fault, bad(fapath, *fas, "page " + hex(*addr + off) + " is not usable: " + r.error().what));
@@ -354,6 +359,14 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
     // Dom0 wrote: one page in both would let a table write land in a slot.
     if (ranges_overlap(*addr, ch.last(), o.addr.value, o.last()))
       return fail(Errc::InvalidArgument, bad(apath, *as, "control area overlaps oea/" + std::to_string(j)));
+  }
+  // Nor the fixup slots or their exception-table entries, which Dom0 writes too.
+  if (const auto& f = info.fixup_slots) {
+    const std::uint64_t n = f->count;
+    if (ranges_overlap(*addr, ch.last(), f->addr.value, f->addr.value + n * XENPROBES_FIXUP_SLOT_SIZE - 1))
+      return fail(Errc::InvalidArgument, bad(apath, *as, "control area overlaps the fixup slots"));
+    if (ranges_overlap(*addr, ch.last(), f->table.value, f->table.value + n * XENPROBES_FIXUP_ENTRY_SIZE - 1))
+      return fail(Errc::InvalidArgument, bad(apath, *as, "control area overlaps the fixup slots' entries"));
   }
 
   ch.evtchn = static_cast<std::uint32_t>(XP_TRY(read_decimal(hv, epath, 1, kMaxEvtchnPort)));

@@ -241,6 +241,8 @@ TEST_F(ModuleInfoTest, FixupSlotRules) {
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "overlap the slots"});
   put(XENPROBES_XS_FIXUP_SLOTS_TABLE, hexs(layout.fixup_slots - (4ull << 30)));
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "rel32"});
+  put(XENPROBES_XS_FIXUP_SLOTS_TABLE, hexs(layout.oea_addr + 64));  // inside oea/0's slot code
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_TABLE), "the entries overlap oea/0"});
   reset();
   // Slot pages must be mapped and executable.
   expect_error(Errc::Fault, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "not usable"}, [&](Gva p) -> Result<void> {
@@ -505,6 +507,14 @@ TEST_F(GuestChannelKeysTest, AreaRules) {
   put("oea/1/size", "8192");
   put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.oea_addr + 0x1000000 + 4096));
   expect_ch_error(Errc::InvalidArgument, {"overlaps oea/1"});
+  put(XENPROBES_XS_OEA_COUNT, "1");
+
+  // Nor the fixup slots or their entries: Dom0 writes those as well.
+  put(XENPROBES_XS_CONTROL_PAGES, "1");
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.fixup_slots));
+  expect_ch_error(Errc::InvalidArgument, {path(XENPROBES_XS_CONTROL_ADDR), "overlaps the fixup slots"});
+  put(XENPROBES_XS_CONTROL_ADDR, hexs(layout.fixup_table & ~0xfffull));
+  expect_ch_error(Errc::InvalidArgument, {path(XENPROBES_XS_CONTROL_ADDR), "overlaps the fixup slots' entries"});
 }
 
 TEST_F(GuestChannelKeysTest, OtherXenstoreErrorsPropagate) {
