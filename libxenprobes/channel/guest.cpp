@@ -1,3 +1,5 @@
+// The guest channel: attach and detach, the trap and return tables, the reports (its hits are
+// in guest_hits.cpp).
 #include "channel/guest.hpp"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <cstring>
 
 #include "channel/eligibility.hpp"
+#include "channel/guest_internal.hpp"
 #include "common/hex.hpp"
 #include "common/log.hpp"
 #include "mem/frame_source.hpp"
@@ -19,45 +22,10 @@
 namespace xenprobes::channel {
 namespace {
 
-// Every shared field is naturally aligned (attach checks the offsets), so each is read or
-// written with one atomic access: the guest may change it at any time, and a field read
-// twice could give two different values.
-template <typename T>
-T load(const std::byte* p, std::memory_order o = std::memory_order_relaxed) {
-  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::byte*>(p))).load(o);
-}
-template <typename T>
-void store(std::byte* p, T v, std::memory_order o = std::memory_order_relaxed) {
-  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
-}
-
-hv::VcpuRegs from_mailbox(const xenprobes_regs& x) {
-  hv::VcpuRegs r;
-  r.rax = x.rax, r.rbx = x.rbx, r.rcx = x.rcx, r.rdx = x.rdx, r.rsi = x.rsi, r.rdi = x.rdi;
-  r.rbp = x.rbp, r.rsp = x.rsp, r.r8 = x.r8, r.r9 = x.r9, r.r10 = x.r10, r.r11 = x.r11;
-  r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15;
-  r.rip = x.rip;
-  r.rflags = x.rflags;
-  r.cs = static_cast<std::uint16_t>(x.cs);
-  r.ss = static_cast<std::uint16_t>(x.ss);
-  // The hook serves kernel-mode int3s only (cs cannot tell: a 64-bit PV kernel runs with RPL 3).
-  r.kernel_mode = true;
-  return r;
-}
-
-// cs/ss go back as the module wrote them: it never takes them from Dom0 anyway.
-xenprobes_regs to_mailbox(const hv::VcpuRegs& r, const xenprobes_regs& as_read) {
-  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi,    r.rdi,       r.rbp,      r.rsp,
-                        r.r8,  r.r9,  r.r10, r.r11, r.r12,    r.r13,       r.r14,      r.r15,
-                        r.rip, r.rflags, as_read.cs, as_read.ss};
-}
-
 struct Range {
   const char* what;
   std::uint64_t first, end;  // [first, end)
 };
-
-std::string dom_str(DomId d) { return "domain " + std::to_string(d.value); }
 
 // "ff 24 fd 00 10 00 81": a trap entry's original bytes, for messages.
 std::string insn_bytes(const TrapEntry& t) {
@@ -98,23 +66,6 @@ Result<void> module_can_emulate(DomId dom, const TrapEntry& t, bool register_bra
                   "the guest module's fallback cannot emulate this instruction (it emulates relative jmp/jcc/call/"
                   "loop/jrcxz, jmp/call through a register and near ret, with no 66 prefix and 67 only on jrcxz)" +
                   why);
-}
-
-// A mailbox's state, the field both sides compare-and-swap.
-std::atomic_ref<std::uint32_t> state_of(std::byte* mb) {
-  return std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(mb + offsetof(xenprobes_mailbox, state)));
-}
-
-constexpr std::uint64_t kRejectWarnings = 10;  // per domain, of refused hits and of late answers each
-
-std::vector<xenprobes_trap>::iterator lower_bound(std::vector<xenprobes_trap>& t, std::uint64_t addr) {
-  return std::lower_bound(t.begin(), t.end(), addr,
-                          [](const xenprobes_trap& x, std::uint64_t v) { return x.addr < v; });
-}
-
-std::vector<xenprobes_trap>::iterator find_trap(std::vector<xenprobes_trap>& t, std::uint64_t addr) {
-  auto pos = lower_bound(t, addr);
-  return pos != t.end() && pos->addr == addr ? pos : t.end();
 }
 
 }  // namespace
@@ -413,190 +364,6 @@ void GuestChannel::return_removed(DomId dom, Gva stack_slot) {
     write_ret(*a, i);
     return;
   }
-}
-
-// ---- hits ---------------------------------------------------------------------------
-
-Result<unsigned> GuestChannel::process(StopSink& sink) {
-  // Acknowledge first: a hit published after this raises the event again. Every mailbox of
-  // every domain is looked at, so one port per call is enough (the fd stays readable while
-  // more are pending).
-  if (auto p = XP_TRY(hv_.evtchn_pending())) XP_TRY(hv_.evtchn_unmask(*p));
-  unsigned handled = 0;
-  for (auto it = domains_.begin(); it != domains_.end();) {
-    const DomId dom = it->first;
-    auto n = scan(dom, sink);
-    if (!n) {
-      if (n.error().code != Errc::NoSuchDomain) return std::unexpected(n.error());
-      // Died under us: nothing left to resume. The engine forgets it on @releaseDomain.
-      if (auto gone = domains_.find(dom); gone != domains_.end()) {
-        (void)hv_.evtchn_unbind(gone->second.port);
-        domains_.erase(gone);
-      }
-    } else {
-      handled += *n;
-    }
-    it = domains_.upper_bound(dom);  // handlers may have detached domains
-  }
-  return handled;
-}
-
-Result<unsigned> GuestChannel::flush(DomId dom, StopSink& sink) {
-  if (!find(dom)) return 0u;
-  return scan(dom, sink);
-}
-
-Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
-  unsigned answered = 0;
-  bool notify = false;  // an answer, or a hit given back: the module should look now
-  for (std::uint32_t v = 0;; ++v) {
-    Attached* a = find(dom);
-    if (!a || v >= a->layout.nr_mailboxes) break;
-    std::byte* mb = mailbox_at(*a, v);
-    if (state_of(mb).load(std::memory_order_acquire) != XENPROBES_MBOX_HIT) continue;
-
-    // One read of each field; only these copies are used from here on.
-    struct Hit {
-      std::uint32_t seq;
-      std::uint64_t trap;
-      xenprobes_regs regs;
-    };
-    auto read_hit = [&] {
-      Hit h;
-      h.seq = load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq));
-      h.trap = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap));
-      std::memcpy(&h.regs, mb + offsetof(xenprobes_mailbox, regs), sizeof h.regs);
-      return h;
-    };
-    auto refusal = [&](const Hit& h) -> const char* {
-      if (a->answered[v] && *a->answered[v] == h.seq) return "a seq already answered";
-      const Attached::SeqRange& o = a->overwritten[v];
-      if (h.seq - o.after - 1u < o.upto - o.after) return "its registers may be a late answer's";
-      if (h.regs.rip != h.trap) return "regs.rip is not the trap address";
-      // Owned: disarmed, not flushed yet.
-      if (find_trap(a->traps, h.trap) == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap}))
-        return "not a trap of ours";
-      return nullptr;
-    };
-    auto reject = [&](const Hit& h, const char* why) {
-      if (a->rejected[v] == h.seq) return;  // logged and counted once per hit
-      a->rejected[v] = h.seq;
-      // A hostile guest can make these as fast as it likes: the first few are warnings.
-      if (++a->stats.rejected <= kRejectWarnings)
-        XP_LOG(Warn, "%s vcpu %u: mailbox hit %u at %s ignored: %s%s", dom_str(dom).c_str(), v, h.seq,
-               hex(h.trap).c_str(), why, a->stats.rejected == kRejectWarnings ? " (further ones: debug log)" : "");
-      else
-        XP_LOG(Debug, "%s vcpu %u: mailbox hit %u at %s ignored: %s", dom_str(dom).c_str(), v, h.seq,
-               hex(h.trap).c_str(), why);
-    };
-
-    // Refused before the claim: left alone, without a write; the module's timeout resumes the
-    // vCPU as its trap entry says.
-    Hit h = read_hit();
-    if (const char* why = refusal(h)) {
-      reject(h, why);
-      continue;
-    }
-    // The claim. Failing, the module gave up on the hit first: no handler may run for it (its
-    // writes to guest memory would land on a stack that moved on).
-    std::uint32_t expected = XENPROBES_MBOX_HIT;
-    if (!state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED, std::memory_order_acquire,
-                                              std::memory_order_relaxed)) {
-      ++a->stats.abandoned;
-      continue;
-    }
-    // Under the claim the module changes nothing in the mailbox (until the claim bound). The
-    // hit may be a newer one than read above (the module abandoned that one and published
-    // this one in between): what counts is read now, and checked again.
-    h = read_hit();
-    if (const char* why = refusal(h)) {
-      expected = XENPROBES_MBOX_CLAIMED;
-      (void)state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_HIT, std::memory_order_release,
-                                                 std::memory_order_relaxed);
-      notify = true;
-      reject(h, why);
-      continue;
-    }
-
-    std::uint64_t fallback = 0;
-    if (auto t = find_trap(a->traps, h.trap); t != a->traps.end() && t->flags == XENPROBES_TRAP_FALLBACK)
-      fallback = t->fallback;
-    a->claimed[v] = Attached::Claim{h.seq, h.trap, fallback};
-    Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
-    if (sink.on_stop(s) == Verdict::NotOurs) {
-      s.regs = from_mailbox(h.regs);
-      s.regs.rip = h.trap;  // the byte is the original again: execute it
-    }
-    a = find(dom);
-    if (!a) break;  // detached by a handler (which gave the claim back)
-    a->claimed[v].reset();
-    mb = mailbox_at(*a, v);
-    std::atomic_ref<std::uint32_t> state = state_of(mb);
-    // Still ours? The module gives a claimed hit up only past the claim bound (Dom0 stalled
-    // that long); nothing written then.
-    auto late = [&] {
-      // As common as hung handlers, or as a hostile guest likes: the first few are warnings.
-      if (++a->stats.late <= kRejectWarnings)
-        XP_LOG_RATELIMITED(Warn, "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
-                     "bound) before the handlers finished: answer dropped, guest memory they wrote stays written%s",
-               dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str(),
-               a->stats.late == kRejectWarnings ? " (further ones: debug log)" : "");
-      else
-        XP_LOG(Debug, "%s vcpu %u: hit %u at %s: late answer dropped", dom_str(dom).c_str(), v, h.seq,
-               hex(h.trap).c_str());
-    };
-    if (state.load(std::memory_order_acquire) != XENPROBES_MBOX_CLAIMED ||
-        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq)) != h.seq) {
-      late();
-      continue;
-    }
-    const xenprobes_regs out = to_mailbox(s.regs, h.regs);
-    std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &out, sizeof out);
-    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq), h.seq);
-    expected = XENPROBES_MBOX_CLAIMED;
-    if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_DONE, std::memory_order_release,
-                                       std::memory_order_relaxed)) {
-      // The bound passed between the check and the swap: the module resumed on its own and
-      // may have published further hits, whose registers the write above may have hit. Those
-      // are the hits up to the seq read now: every store above is visible before this load (a
-      // full fence; x86's locked cmpxchg is one anyway), and the module writes a hit's seq
-      // before its registers, so hits after that seq were written after ours.
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      a->overwritten[v] = Attached::SeqRange{h.seq, load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq))};
-      late();
-      continue;
-    }
-    a->answered[v] = h.seq;
-    a->answered_rip[v] = out.rip;
-    ++a->stats.answered;
-    ++answered;
-    notify = true;
-  }
-  if (notify) {
-    Attached* a = find(dom);
-    if (a) XP_TRY(hv_.evtchn_notify(a->port));  // once for all of them
-  }
-  return answered;
-}
-
-std::vector<std::uint64_t> GuestChannel::resumes_in_flight(DomId dom) const {
-  std::vector<std::uint64_t> out;
-  const Attached* a = find(dom);
-  if (!a) return out;
-  for (std::uint32_t v = 0; v < a->layout.nr_mailboxes; ++v) {
-    // Our own bookkeeping, not the shared state: a guest cannot make a claimed vCPU look gone.
-    if (const auto& c = a->claimed[v]) {
-      out.push_back(c->trap);
-      if (c->fallback) out.push_back(c->fallback);
-    }
-    if (!a->answered[v]) continue;
-    const std::byte* mb = mailbox_at(*a, v);
-    // The guest could fake DONE to keep slots busy: it only delays their reuse.
-    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) == XENPROBES_MBOX_DONE &&
-        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == *a->answered[v])
-      out.push_back(a->answered_rip[v]);
-  }
-  return out;
 }
 
 // ---- reports -------------------------------------------------------------------------
