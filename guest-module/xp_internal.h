@@ -83,6 +83,21 @@ struct xp_state {
 	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
 	atomic64_t claims_expired; /* claimed hits abandoned at the claim bound (module-private) */
+	/*
+	 * int3s executed at a trap-table address outside the OEA whose byte was no longer an
+	 * int3 when the hook read it (module-private): the CPU ran an instruction fetched before
+	 * the byte was restored. Rewound, never handled as a hit. stale_first: the first such
+	 * address.
+	 */
+	atomic64_t stale;
+	u64 stale_first;
+	/*
+	 * Hits after the module restored the text once Dom0 was gone (module-private): at a
+	 * text address still holding an int3, and in the OEA (calls in flight at the restore).
+	 */
+	bool text_restored;	/* READ_ONCE/WRITE_ONCE */
+	atomic64_t late_text;
+	atomic64_t late_oea;
 
 	/* Declaring Dom0 gone from the int3 hook: irq_work, then a work item. */
 	struct irq_work gone_irq_work;

@@ -178,6 +178,18 @@ bool xp_resume_ok(const struct xp_bounds *b, xenprobes_u64 addr);
 bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 		   xenprobes_u8 current_byte);
 
+/*
+ * Is the int3 a CPU just executed at addr (a trap-table address) stale: addr lies outside
+ * the OEA and the byte there now (current_byte) is no longer an int3, so the CPU fetched it
+ * before the byte was restored. The hook then runs the original instruction (rewinds to
+ * addr) instead of handling a hit. The OEA's traps are int3 for the module's lifetime.
+ */
+static inline bool xp_trap_stale(const struct xp_bounds *b, xenprobes_u64 addr,
+				 xenprobes_u8 current_byte)
+{
+	return !xp_in_range(&b->oea, addr) && current_byte != XP_INT3;
+}
+
 /* ---- registers ---- */
 
 static inline xenprobes_u64 xp_merge_flags(xenprobes_u64 guest, xenprobes_u64 dom0)

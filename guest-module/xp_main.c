@@ -499,11 +499,13 @@ static void __exit xenprobes_exit(void)
 		xp_disarm_all();
 	mutex_unlock(&xp_detach_lock);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s, %lld refused answers, %lld hits without fallback)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.bad_answers),
-		(long long)atomic64_read(&xp.no_fallback));
+		(long long)atomic64_read(&xp.no_fallback), (long long)atomic64_read(&xp.stale),
+		(unsigned long long)READ_ONCE(xp.stale_first), (long long)atomic64_read(&xp.late_text),
+		(long long)atomic64_read(&xp.late_oea));
 }
 
 module_init(xenprobes_init);

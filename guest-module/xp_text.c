@@ -14,7 +14,8 @@
  *    makes everything after _etext NX); with rodata=off this over-approximates;
  *  - module text is "inside [MODULES_VADDR, MODULES_END) and mapped executable";
  *  - bytes are written through a vmap() alias of the page (like text_poke()'s temporary
- *    mapping), followed by sync_core() on every CPU (like text_poke_sync()).
+ *    mapping), under stop_machine(), followed by sync_core() on every CPU (like
+ *    text_poke_sync()).
  */
 #include <linux/kallsyms.h>
 #include <linux/kernel.h>
@@ -245,26 +246,54 @@ int xp_text_init(unsigned long kernel_text_param)
 	return 0;
 }
 
-/* Writes one byte of (read-only) text through a writable alias of its page. */
-static int xp_poke_byte(unsigned long addr, u8 byte)
+/* One trap byte to put back: a writable alias of its page, and what goes where. */
+struct xp_poke {
+	u8 *map;		/* vmap() alias of the page, or NULL */
+	unsigned int off;	/* offset of the byte in the page */
+	u8 byte;		/* the original byte (the entry's insn[0]) */
+};
+
+struct xp_pokes {
+	struct xp_poke *p;
+	u32 n;
+	unsigned int written;
+};
+
+/* A writable alias of the (read-only) text page holding addr, or NULL. */
+static u8 *xp_text_alias(unsigned long addr)
 {
 	unsigned int level;
 	pte_t *pte = lookup_address(addr, &level);
 	unsigned long pfn;
 	struct page *page;
-	u8 *map;
 
 	if (!pte || !pte_present(*pte))
-		return -EFAULT;
+		return NULL;
 	pfn = PHYS_PFN(slow_virt_to_phys((void *)addr));
 	if (!pfn_valid(pfn))
-		return -EFAULT;
+		return NULL;
 	page = pfn_to_page(pfn);
-	map = vmap(&page, 1, VM_MAP, PAGE_KERNEL);
-	if (!map)
-		return -ENOMEM;
-	WRITE_ONCE(map[offset_in_page(addr)], byte);
-	vunmap(map);
+	return vmap(&page, 1, VM_MAP, PAGE_KERNEL);
+}
+
+/*
+ * Runs on one CPU while every other CPU spins in the stopper with interrupts off: no CPU
+ * executes, or fetches, the probed code while its bytes change -- what Dom0's writes get
+ * by pausing the domain. A byte is written only if it is still an int3.
+ */
+static int xp_poke_stopped(void *arg)
+{
+	struct xp_pokes *pk = arg;
+	u32 i;
+
+	for (i = 0; i < pk->n; i++) {
+		struct xp_poke *p = &pk->p[i];
+
+		if (!p->map || READ_ONCE(p->map[p->off]) != XP_INT3)
+			continue;
+		WRITE_ONCE(p->map[p->off], p->byte);
+		pk->written++;
+	}
 	return 0;
 }
 
@@ -277,14 +306,26 @@ static void xp_sync_core(void *unused)
  * Writes insn[0] back at every live trap-table address outside the OEA that still holds an
  * int3 Dom0 wrote, in kernel or module text only. Process context. Returns how many bytes
  * were restored.
+ *
+ * The writes happen under stop_machine(): with other vCPUs running the probed code (the
+ * module restores while the guest runs, unlike Dom0, which pauses the domain), an emulated
+ * CPU was seen to keep executing an int3 whose byte another vCPU had restored -- under QEMU's
+ * multi-threaded TCG, on Linux 6.12 guests with two vCPUs hammering the probed function --
+ * and after the module is gone nobody claims that int3 any more (docs/e2e.md, "kill -9 on the
+ * guest channel"). Every vCPU parked in the stopper runs nothing else while the bytes change.
  */
 unsigned int xp_restore_traps(void)
 {
 	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
-	unsigned int restored = 0;
+	struct xp_pokes pk = { .n = 0, .written = 0 };
 	u32 i;
 
 	might_sleep();
+	if (!n)
+		return 0;
+	pk.p = kvcalloc(n, sizeof(*pk.p), GFP_KERNEL);
+	if (!pk.p)
+		return 0;
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
 		enum xp_addr_kind kind;
@@ -299,14 +340,22 @@ unsigned int xp_restore_traps(void)
 			continue;
 		if (!xp_restore_ok(&xp.bounds, &e, cur))
 			continue;
-		if (!xp_poke_byte(e.addr, e.insn[0]))
-			restored++;
+		pk.p[pk.n].map = xp_text_alias(e.addr);
+		pk.p[pk.n].off = offset_in_page(e.addr);
+		pk.p[pk.n].byte = e.insn[0];
+		pk.n++;
 		cond_resched();
 	}
+	if (pk.n)
+		stop_machine(xp_poke_stopped, &pk, NULL);
+	for (i = 0; i < pk.n; i++)
+		if (pk.p[i].map)
+			vunmap(pk.p[i].map);
+	kvfree(pk.p);
 	/* Like text_poke_sync(): no CPU keeps executing a stale int3 from its pipeline. */
-	if (restored)
+	if (pk.written)
 		on_each_cpu(xp_sync_core, NULL, 1);
-	return restored;
+	return pk.written;
 }
 
 #define XP_MAX_TRAMPOLINES 16

@@ -245,6 +245,19 @@ TEST(ModuleAddresses, ClassifyByRangeOeaFirst) {
   EXPECT_EQ(xp_addr_classify(&b, kStack), XP_ADDR_BAD);
 }
 
+// An int3 executed at a text trap whose byte is restored is stale (run the original
+// instruction); one whose byte is still an int3 is a hit; the OEA's traps are always hits.
+TEST(ModuleAddresses, StaleTrapOnlyInTextWithTheByteRestored) {
+  Guest g;
+  auto b = g.bounds();
+  EXPECT_TRUE(xp_trap_stale(&b, kText + 0x1819, 0x53));      // push rbx is back
+  EXPECT_FALSE(xp_trap_stale(&b, kText + 0x1819, XP_INT3));  // still armed: a hit
+  EXPECT_TRUE(xp_trap_stale(&b, kModules + 0x10, 0x89));     // module text alike
+  EXPECT_FALSE(xp_trap_stale(&b, kOea + 0x40, 0x53));        // a slot's trap: never stale
+  EXPECT_FALSE(xp_trap_stale(&b, kOeaEnd - 1, 0x00));
+  EXPECT_TRUE(xp_trap_stale(&b, kOeaEnd, 0x00));  // past the OEA: module text again
+}
+
 TEST(ModuleAddresses, ResumeNeedsAnExecutablePage) {
   Guest g;
   auto b = g.bounds();

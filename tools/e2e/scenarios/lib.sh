@@ -293,6 +293,17 @@ kill9_scenario() {
   domu_verdict $N "$domid"
   [ $rc2 -eq 0 ] || result FAIL "text not restored, or the module's counters or the domain's state wrong (its XPE2E-CHECK lines above)"
   [ "$un" = ok ] || result FAIL "detach + rmmod after the kill: '$un'"
+  if [ $by = module ]; then
+    # After the module restored the text (under stop_machine), no vCPU may execute an int3
+    # there any more: one that does (stale code) would be die("int3") once the module is gone
+    # on Linux >= 6.2 (docs/e2e.md "kill -9 on the guest channel").
+    unl=$(grep -a "xenprobes: unloaded" "$(console_log $N)" | head -n 1 | tr -d '\r')
+    echo "XPE2E-INFO: DomU $N: ${unl#*] }"
+    case "$unl" in
+      *" 0 stale int3s at restored bytes"*"after the restore: 0 hits in text"*) ;;
+      *) result FAIL "DomU $N: int3s executed at text the module had restored: ${unl#*unloaded }" ;;
+    esac
+  fi
   result PASS "guest kept running, workload ok, text restored by the $by ($2 channel) with an XrP call in flight, module unloaded"
 }
 
