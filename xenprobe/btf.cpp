@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "types.hpp"
@@ -16,12 +17,12 @@ constexpr int kMaxDepth = 32;
 
 class BtfFile final : public TypeSource {
  public:
-  BtfFile(btf* b, std::string path) : btf_(b), path_(std::move(path)) {}
+  BtfFile(btf* b, std::string what) : btf_(b), what_(std::move(what)) {}
   ~BtfFile() override { btf__free(btf_); }
   BtfFile(const BtfFile&) = delete;
   BtfFile& operator=(const BtfFile&) = delete;
 
-  std::string description() const override { return "BTF file " + path_; }
+  std::string description() const override { return what_; }
 
   std::optional<std::uint32_t> find_record(std::string_view name, bool is_union) const override {
     std::string n(name);
@@ -149,7 +150,7 @@ class BtfFile final : public TypeSource {
   }
 
   btf* btf_;
-  std::string path_;
+  std::string what_;
 };
 
 }  // namespace
@@ -161,7 +162,15 @@ std::unique_ptr<TypeSource> open_btf_file(const std::string& path) {
     throw std::runtime_error("cannot read BTF from " + path + ": " + std::strerror(errno ? errno : EINVAL) +
                              " (give a raw BTF file such as /sys/kernel/btf/vmlinux of the guest's kernel, "
                              "or an ELF file with a .BTF section)");
-  return std::make_unique<BtfFile>(b, path);
+  return std::make_unique<BtfFile>(b, "BTF file " + path);
+}
+
+std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what) {
+  if (bytes.size() > std::numeric_limits<__u32>::max()) throw std::runtime_error(what + " is too large");
+  errno = 0;
+  btf* b = btf__new(bytes.data(), static_cast<__u32>(bytes.size()));  // libbpf 1.x: NULL and errno
+  if (!b) throw std::runtime_error("libbpf refused " + what + ": " + std::strerror(errno ? errno : EINVAL));
+  return std::make_unique<BtfFile>(b, what);
 }
 
 }  // namespace xenprobe

@@ -40,7 +40,7 @@ constexpr UnsupportedName kUnsupported[] = {
     {"username", "not supported: Dom0 cannot see the guest's user names"},
     {"elapsed", "not supported: use nsecs and keep the start in a map (@start = nsecs in BEGIN)"},
     {"cgroup", "not supported"},
-    {"curtask", "not supported: comm, pid and tid read the current task through --btf"},
+    {"curtask", "not supported: comm, pid and tid read the current task through the guest kernel's BTF"},
     {"rand", "not supported"},
     {"args", "use arg0 ... arg5"},
     {"ctx", "use arg0 ... arg5 and retval"},
@@ -70,7 +70,7 @@ constexpr UnsupportedName kUnsupported[] = {
     {"macaddr", "not supported"},
     {"cgroup_path", "not supported"},
     {"path", "not supported: follow the dentry through BTF fields"},
-    {"percpu_kaddr", "not supported: comm, pid and tid read the current task through --btf"},
+    {"percpu_kaddr", "not supported: comm, pid and tid read the current task through the guest kernel's BTF"},
 };
 
 const char* unsupported_hint(std::string_view name) {
@@ -127,6 +127,13 @@ class Compiler {
 
   [[noreturn]] void error(const Expr& e, const std::string& what, std::string hint = {}) {
     throw ProgramError(e.pos, e.len, what, std::move(hint));
+  }
+  // The program needs types and has none (checked without the guest, e.g. with --check).
+  [[noreturn]] void no_types(const Expr& e, const std::string& what) {
+    throw ProgramError(e.pos, e.len, what,
+                       "xenprobe reads them from the guest's memory when it runs; with --check, give them with "
+                       "--btf FILE (the guest kernel's /sys/kernel/btf/vmlinux, or a vmlinux with .BTF)",
+                       true);
   }
 
   void body(std::vector<Stmt>& stmts) {
@@ -409,6 +416,7 @@ class Compiler {
     }
     if (n == "comm" || n == "pid" || n == "tid") {
       in_hit_block(e, n.c_str());
+      if (!c_.task.available && !types_) no_types(e, n + " needs the guest kernel's types (its task_struct)");
       if (!c_.task.available) error(e, n + " needs the guest kernel's task_struct: " + c_.task.why_not);
       c_.uses_task = true;
       e.op = n == "comm" ? Op::Comm : n == "pid" ? Op::Pid : Op::Tid;
@@ -565,9 +573,7 @@ class Compiler {
     const bool is_union = e.name.starts_with("union ");
     std::string rec = e.name.substr(is_union ? 6 : 7);
     rec.resize(rec.size() - 2);  // " *"
-    if (!types_)
-      error(e, "casting to '" + e.name + "' needs the guest kernel's types",
-            "give them with --btf FILE (the guest kernel's /sys/kernel/btf/vmlinux, or a vmlinux with .BTF)");
+    if (!types_) no_types(e, "casting to '" + e.name + "' needs the guest kernel's types");
     auto id = types_->find_record(rec, is_union);
     if (!id) error(e, "no " + std::string(is_union ? "union " : "struct ") + rec + " in " + types_->description());
     e.op = Op::PtrCast;
@@ -612,7 +618,7 @@ class Compiler {
 
   Type field(Expr& e) {
     Type base = expression(*e.kids[0]);
-    if (!types_) error(e, "field access needs the guest kernel's types", "give them with --btf FILE");
+    if (!types_) no_types(e, "field access needs the guest kernel's types");
     std::uint32_t record = 0;
     if (base.kind == Type::Kind::Ptr) {
       TypeDesc p = types_->describe(base.btf);

@@ -28,8 +28,11 @@ struct ProgramError : std::runtime_error {
   Pos pos;
   std::size_t length;  // of the offending text (at least 1)
   std::string hint;    // "" if none
-  ProgramError(Pos p, std::size_t len, const std::string& what, std::string h = {})
-      : std::runtime_error(what), pos(p), length(len ? len : 1), hint(std::move(h)) {}
+  // The program needs the guest kernel's types and was checked without any: given them (the
+  // guest's own BTF, read from its memory) it may be valid.
+  bool needs_types = false;
+  ProgramError(Pos p, std::size_t len, const std::string& what, std::string h = {}, bool types = false)
+      : std::runtime_error(what), pos(p), length(len ? len : 1), hint(std::move(h)), needs_types(types) {}
 };
 
 // "FILE:LINE:COL: error: WHAT", the source line, a caret under the offending text, the hint.

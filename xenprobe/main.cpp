@@ -49,7 +49,7 @@ PROGRAM
   Probes:   kprobe:FUNC  kprobe:FUNC+OFFSET  kretprobe:FUNC  (k: and kr: for short;
             FUNC may be a glob: kprobe:vfs_*)  BEGIN  END  interval:s:N  interval:ms:N
   Builtins: arg0..arg5 (kprobe), retval (kretprobe), func, probe, cpu (the vCPU), nsecs
-            (Dom0's monotonic clock), domain (its name), comm, pid, tid (need --btf)
+            (Dom0's monotonic clock), domain (its name), comm, pid, tid (the guest's BTF)
   Actions:  @map[k1, k2] = count() | sum(x) | avg(x) | min(x) | max(x) | hist(x)
                            | lhist(x, min, max, step) | expression;
             $var = expression;  @m++; @m += x;  if (c) { ... } else { ... }
@@ -161,11 +161,17 @@ class Tool {
       file = o_.program_file;
     }
     load_types();
+    // Checked before anything touches Xen. A program that needs the guest kernel's types and
+    // got no --btf is checked again below with the guest's own BTF, read from its memory.
+    bool guest_types = false;
     try {
       compiled_ = compile(parse(source), types_.get());
     } catch (const ProgramError& e) {
-      std::fputs(format_error(e, source, file).c_str(), stderr);
-      return 1;
+      if (!e.needs_types || o_.check_only) {
+        std::fputs(format_error(e, source, file).c_str(), stderr);
+        return 1;
+      }
+      guest_types = true;
     }
     if (o_.check_only) return 0;
     // From here on ^C and SIGTERM end the run through the same path as exit(): whatever was
@@ -177,6 +183,15 @@ class Tool {
     sigaction(SIGTERM, &sa, nullptr);
     open_session();
     select_domains();
+    if (guest_types) {
+      types_ = types_from_guests();
+      try {
+        compiled_ = compile(parse(source), types_.get());
+      } catch (const ProgramError& e) {
+        std::fputs(format_error(e, source, file).c_str(), stderr);
+        return 1;
+      }
+    }
     out_ = std::make_unique<Output>(o_.format == "json" ? OutputFormat::Json : OutputFormat::Text, stdout,
                                     targets_.size() > 1);
     attach();
@@ -189,7 +204,7 @@ class Tool {
   // The library's doctor for each selected domain: which channel can probe it, and why not.
   int run_doctor() {
     open_session();
-    select_domains();
+    select_domains(false);  // the doctor needs no symbols: it must work where they cannot be read
     Output out(OutputFormat::Text, stdout, targets_.size() > 1);
     for (Target& t : targets_) {
       auto rep = xenprobes::doctor(session_->hypervisor(), t.id);
@@ -278,7 +293,10 @@ class Tool {
     symbols_ = std::make_unique<SessionSymbols>(*session_);
   }
 
-  void select_domains() {
+  // The domains -d names (or the only guest), with their kernels' symbols unless `symbols` is
+  // false.
+  void select_domains(bool symbols = true) {
+    std::vector<std::string> given_symbols;  // the DOMAIN parts of --symbols
     auto doms = session_->hypervisor().list_domains();
     if (!doms) die("cannot list the domains: " + doms.error().what);
     std::vector<xenprobes::hv::DomainInfo> guests;
@@ -324,6 +342,45 @@ class Tool {
           if (auto r = session_->load_symbols(t.id, file); !r) die("--symbols " + spec + ": " + r.error().what);
         }
       if (!any) die("--symbols " + spec + ": " + dom + " is not one of the selected domains");
+      given_symbols.push_back(dom);
+    }
+    // The others: the kernel's own kallsyms, found and decoded in the guest's memory (KASLR
+    // included: the tables hold running addresses). The simulated Xen's demo guest comes with
+    // its System.map, which the library loads by itself.
+    if (!symbols || session_->hypervisor().name() == "sim") return;
+    for (Target& t : targets_) {
+      bool given = false;
+      for (const std::string& d : given_symbols)
+        given = given || d == t.name || d == std::to_string(t.id.value) || fnmatch(d.c_str(), t.name.c_str(), 0) == 0;
+      if (given) continue;
+      if (auto r = session_->load_symbols_from_guest(t.id); !r)
+        die("domain " + t.name + ": " + r.error().what + " (or give its System.map or a /proc/kallsyms copy with --symbols " +
+            t.name + "=FILE)");
+    }
+  }
+
+  // The guest kernel's BTF, read from each selected domain's memory (its __start_BTF ..
+  // __stop_BTF). One compiled program serves every domain, so they must run the same kernel.
+  std::unique_ptr<TypeSource> types_from_guests() {
+    std::vector<std::byte> first;
+    std::string first_name;
+    for (Target& t : targets_) {
+      auto b = session_->kernel_btf(t.id);
+      if (!b)
+        die("domain " + t.name + ": cannot read its kernel's BTF from its memory: " + b.error().what +
+            " (give it with --btf FILE: the guest's /sys/kernel/btf/vmlinux)");
+      if (first_name.empty()) {
+        first = std::move(*b);
+        first_name = t.name;
+      } else if (*b != first) {
+        die("domains " + first_name + " and " + t.name + " run different kernels (their BTF differs): one program "
+            "reads both through one kernel's types; run one xenprobe per kernel");
+      }
+    }
+    try {
+      return open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)");
+    } catch (const std::exception& e) {
+      die("domain " + first_name + ": " + e.what());
     }
   }
 
@@ -616,7 +673,8 @@ int main(int argc, char** argv) {
                  "a guest to probe: its name, its domid or a glob of names ('web*'); repeat for several "
                  "(default: the only guest)");
     a.add_option("--symbols", o.symbol_files,
-                 "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy) for that domain");
+                 "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy) for that domain "
+                 "(default: its kallsyms, read from its memory)");
     a.add_option("--channel", o.channel, "how hits reach Dom0: auto, guest, vmevent or debugger")
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));
     a.add_flag("--sim", o.sim, "use the simulated Xen (also: XENPROBES_BACKEND=sim)");
@@ -629,8 +687,9 @@ int main(int argc, char** argv) {
   };
   add_common(app);
   app.add_option("--btf", o.btf,
-                 "the guest kernel's BTF (/sys/kernel/btf/vmlinux copied from the guest, or an ELF with .BTF): "
-                 "casts, fields, comm, pid, tid")
+                 "the guest kernel's BTF (/sys/kernel/btf/vmlinux copied from the guest, or an ELF with .BTF) "
+                 "for casts, fields, comm, pid, tid (default: read from the guest's memory when the program "
+                 "needs it)")
       ->check(CLI::ExistingFile);
   app.add_option("-f,--format", o.format, "output: text (default) or json (NDJSON records)")
       ->check(CLI::IsMember({"text", "json"}));

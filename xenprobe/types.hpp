@@ -1,11 +1,12 @@
 // Where xenprobe learns the guest kernel's types: casts, field access, and the task struct
-// behind comm/pid/tid. A TypeSource is an interface so that a source reading the BTF out of
-// the guest's own memory can replace the file-based one without touching the compiler.
+// behind comm/pid/tid. A TypeSource is an interface: the BTF comes from a file (--btf) or out of
+// the guest kernel's own memory, and the compiler does not know which.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,5 +48,8 @@ class TypeSource {
 // A BTF file: a raw one (/sys/kernel/btf/vmlinux, `bpftool btf dump ... format raw`) or an ELF
 // object with a .BTF section. Throws std::runtime_error saying what is wrong with the file.
 std::unique_ptr<TypeSource> open_btf_file(const std::string& path);
+// Raw BTF bytes (e.g. read out of the guest kernel's memory), described as `what` in errors.
+// Throws std::runtime_error when libbpf refuses them.
+std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what);
 
 }  // namespace xenprobe

@@ -187,9 +187,10 @@ std::optional<PositionRef> find_position_ref(const std::string& s) {
   return r;
 }
 
-// The checker's hint, or where it speaks of xenprobe's --btf option, what applies here.
+// The checker's hint, or where the program needs the guest kernel's types (xenprobe reads them
+// from the guest, or --btf), what applies here.
 std::string no_btf_hint(const xenprobe::ProgramError& e) {
-  if (std::string_view(e.what()).find("--btf") == std::string_view::npos) return e.hint;
+  if (!e.needs_types && std::string_view(e.what()).find("--btf") == std::string_view::npos) return e.hint;
   return "xenprobesd does not load guest BTF yet: key by func or probe instead";
 }
 

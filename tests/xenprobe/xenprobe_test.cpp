@@ -554,6 +554,23 @@ TEST(Xenprobe, AttachErrorsNameTheFunctionAndWhatToDo) {
       << two.err;
 }
 
+// Without --btf a program that needs types is checked again with the guest kernel's own BTF,
+// read from its memory. The demo guest has none (no __start_BTF): the run stops before anything
+// is attached and says where the types could come from instead; --check alone never touches
+// the guest and says the same.
+TEST(Xenprobe, TypesWithoutBtfComeFromTheGuestOrTheErrorSaysWhatToGive) {
+  ToolRun r = run(args(kSim1, {"-e", "kprobe:sys_getppid { @[comm] = count(); }"}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("xenprobe: domain sim-1: cannot read its kernel's BTF from its memory: "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("__start_BTF"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(give it with --btf FILE: the guest's /sys/kernel/btf/vmlinux)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("attached"), std::string::npos) << r.out;
+  ToolRun c = run({"--check", "-e", "kprobe:f { @[comm] = count(); }"});
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find("with --check, give them with --btf FILE"), std::string::npos) << c.err;
+}
+
 TEST(Xenprobe, WithoutXenItPointsAtTheSimulation) {
   if (access("/dev/xen/privcmd", F_OK) == 0) GTEST_SKIP() << "this machine is a Xen Dom0";
   ToolRun r = run({"-e", "BEGIN { }"});
