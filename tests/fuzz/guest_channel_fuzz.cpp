@@ -1,5 +1,6 @@
-// Fuzz target: the guest channel's control area and mailboxes (channel/guest.cpp). The area
-// is guest memory mapped writable into Dom0: its header, mailboxes and tables are hostile.
+// Fuzz target: the guest channel's control area and mailboxes (channel/guest.cpp, and
+// channel/guest_hits.cpp for process() and flush()). The area is guest memory mapped writable
+// into Dom0: its header, mailboxes and tables are hostile.
 // A fake hypervisor holds a guest with real page tables, the module's keys and the area; the
 // input picks the header (the module's layout, a mutation of it, or raw bytes), then a
 // sequence of operations: the guest writing hits or noise into the area, the engine adding

@@ -11,11 +11,12 @@
 // Loaded modules (kernel/modules.cpp): up to 4 struct modules in 6.1's or 6.12's layout, each
 // with a fuzzed state, name, text range, table entries (relative to its text, so many land
 // outside it), and optionally broken links, a huge count or a wild table pointer; and fuzzed
-// bytes given to module_layout_from_btf. Invariants: the walk never fails as a whole; with
-// unbroken links it completes; a usable module is LIVE, has a valid name, a text range that
-// overlaps neither the core kernel's nor another usable module's, and every entry it kept lies
-// in its text and is found by KernelTables' lookups; what check_address accepts outside the
-// core text lies wholly inside a usable module's text, on none of its sites.
+// bytes given to module_layout_from_btf (kernel/modules_layout.cpp). Invariants: the walk
+// never fails as a whole; with unbroken links it completes; a usable module is LIVE, has a
+// valid name, a text range that overlaps neither the core kernel's nor another usable module's,
+// and every entry it kept lies in its text and is found by KernelTables' lookups; what
+// check_address accepts outside the core text lies wholly inside a usable module's text, on
+// none of its sites.
 //
 // Invariants: read() never fails as a whole; a table is found exactly when its bounds are in
 // the symbols, ordered, a whole number of entries within the limit and readable; its counts

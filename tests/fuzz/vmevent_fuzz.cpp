@@ -1,7 +1,7 @@
 // Fuzz target: vm_event ring requests (channel/vmevent.cpp), through the real consumer of the
-// ring page (VmEventBackRing, hv/xen/xc_shim.cpp) when the Xen backend is built. Xen fills the
-// ring, but from guest state: rip, registers, the gfn and the instruction length of a trap are
-// the guest's, and a version or reason Xen never sends must not take Dom0 down either.
+// ring page (VmEventBackRing, hv/xen/xc_shim_vm_event.cpp) when the Xen backend is built. Xen
+// fills the ring, but from guest state: rip, registers, the gfn and the instruction length of a
+// trap are the guest's, and a version or reason Xen never sends must not take Dom0 down either.
 //
 // Input: a header (channel mode, guest type, vCPUs, a journal or not), then operations: Xen
 // pushing a request (well-formed with fuzzed fields, or raw bytes), Xen re-trapping a vCPU

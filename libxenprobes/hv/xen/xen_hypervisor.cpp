@@ -1,5 +1,5 @@
-// hv::Hypervisor over the real Xen. No Xen header here: the library calls are in xc_shim.cpp,
-// evtchn.cpp, xenstore.cpp and foreign_memory.cpp, behind xen_internal.hpp.
+// hv::Hypervisor over the real Xen. No Xen header here: the library calls are in the
+// xc_shim*.cpp files, evtchn.cpp, xenstore.cpp and foreign_memory.cpp, behind xen_internal.hpp.
 #include "hv/xen/xen_hypervisor.hpp"
 
 #include <fcntl.h>

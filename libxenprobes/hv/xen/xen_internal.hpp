@@ -1,13 +1,17 @@
 // Internal to hv/xen. The one header the backend's files share.
 //
-// File map (each Xen library header is included by exactly one .cpp):
-//   xc_shim.cpp         xenctrl.h (+ __XEN_TOOLS__ domctl.h, hvm/save.h, vm_event.h, io/ring.h),
-//                       xencall.h, xendevicemodel.h, xentoollog.h; the pure Xen<->hv translations;
-//                       the vm_event ring.
-//   evtchn.cpp          xenevtchn.h
-//   xenstore.cpp        xenstore.h
-//   foreign_memory.cpp  xenforeignmemory.h
-//   xen_hypervisor.cpp  no Xen header: hv::Hypervisor on top of the classes below.
+// File map (each Xen library header is included in exactly one place: one .cpp, or
+// xc_shim_internal.hpp, which the four xc_shim*.cpp files share):
+//   xc_shim_internal.hpp  xenctrl.h (+ __XEN_TOOLS__ domctl.h, hvm/save.h, vm_event.h,
+//                         io/ring.h), xencall.h, xendevicemodel.h, xentoollog.h; shared by:
+//     xc_shim.cpp            XcShim (all but its monitor calls); the quiet logger
+//     xc_shim_translate.cpp  the pure Xen<->hv translations
+//     xc_shim_ext_state.cpp  the vcpuextstate buffers
+//     xc_shim_vm_event.cpp   the vm_event ring; XcShim's monitor calls
+//   evtchn.cpp            xenevtchn.h
+//   xenstore.cpp          xenstore.h
+//   foreign_memory.cpp    xenforeignmemory.h
+//   xen_hypervisor.cpp    no Xen header: hv::Hypervisor on top of the classes below.
 //
 // Xen's C types appear here only as forward-declared struct tags, so that this header pulls in
 // no Xen header; tests/unit/hv_xen builds those structs from the public Xen headers by hand.
@@ -44,7 +48,7 @@ namespace xenprobes::hv::xen {
 xentoollog_logger* quiet_logger();
 
 // ---------------------------------------------------------------------------------------------
-// Pure translations between Xen's structs and hv types (defined in xc_shim.cpp).
+// Pure translations between Xen's structs and hv types (defined in xc_shim_translate.cpp).
 
 // EFER reported for 64-bit PV guests, which run in long mode by definition: Xen has no PV EFER
 // to report (the guest cannot change it), so LMA|LME|SCE is synthesised. NXE is not claimed.
@@ -87,10 +91,10 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
                                                     vm_event_st& out);
 
 // ---------------------------------------------------------------------------------------------
-// XEN_DOMCTL_{get,set}vcpuextstate (xc_shim.cpp), with which set_pv_regs keeps the XSAVE state
-// that XEN_DOMCTL_setvcpucontext would reset (xen-facts §3.3). Pure, so that tests can play
-// Xen's part with hand-built buffers. Xen 4.17.7 refs: xen/arch/x86/domctl.c:913-1075 (the
-// domctl), xen/arch/x86/xstate.c:583-609 (valid_xcr0), :689-711 (validate_xstate).
+// XEN_DOMCTL_{get,set}vcpuextstate (xc_shim_ext_state.cpp), with which set_pv_regs keeps the
+// XSAVE state that XEN_DOMCTL_setvcpucontext would reset (xen-facts §3.3). Pure, so that tests
+// can play Xen's part with hand-built buffers. Xen 4.17.7 refs: xen/arch/x86/domctl.c:913-1075
+// (the domctl), xen/arch/x86/xstate.c:583-609 (valid_xcr0), :689-711 (validate_xstate).
 //
 //   buffer:  [u64 xcr0][u64 xcr0_accum][XSAVE image, standard (uncompressed) format:
 //             512-byte legacy FXSAVE region | 64-byte header (xstate_bv, xcomp_bv, reserved[6])
@@ -139,9 +143,9 @@ void ext_state_prepare_get(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtS
 void ext_state_prepare_set(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateImage& img);
 
 // ---------------------------------------------------------------------------------------------
-// The consumer ("back") side of a vm_event ring page (xc_shim.cpp), without its event channel,
-// so that it works on any 4 KiB page (tests play Xen's part on a plain page). Not thread-safe:
-// the owning VmEventRing serialises.
+// The consumer ("back") side of a vm_event ring page (xc_shim_vm_event.cpp), without its event
+// channel, so that it works on any 4 KiB page (tests play Xen's part on a plain page). Not
+// thread-safe: the owning VmEventRing serialises.
 class VmEventBackRing {
  public:
   // Initialises the shared ring in `page` (SHARED_RING_INIT), as the consumer must.
@@ -237,8 +241,9 @@ class ForeignMemory : public std::enable_shared_from_this<ForeignMemory> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// libxenctrl, libxencall (raw domctls), libxendevicemodel (xc_shim.cpp). Thread-safe as
-// libxenctrl is (opened without XC_OPENFLAG_NON_REENTRANT).
+// libxenctrl, libxencall (raw domctls), libxendevicemodel (xc_shim.cpp; the monitor_* calls in
+// xc_shim_vm_event.cpp). Thread-safe as libxenctrl is (opened without
+// XC_OPENFLAG_NON_REENTRANT).
 class XcShim {
  public:
   // Assumes the caller checked that privcmd exists (xc_interface_open would log otherwise).

@@ -1,7 +1,8 @@
-// The guest kernel's loaded modules (kernel/modules.cpp): struct module's layout from BTF
-// (hand-made with libbpf's writer in both shapes, 6.1's core_layout and 6.4+'s mem[], and
+// The guest kernel's loaded modules: struct module's layout from BTF (kernel/modules_layout.cpp;
+// hand-made with libbpf's writer in both shapes, 6.1's core_layout and 6.4+'s mem[], and
 // Debian's real kernels when their images are cached), then the module list walked in a fake
-// guest memory, hostile layouts included, and the address rules over module text.
+// guest memory (kernel/modules.cpp), hostile layouts included, and the address rules over
+// module text.
 #include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <gtest/gtest.h>
