@@ -26,6 +26,8 @@ constexpr auto kScanEvery = 2s;  // a full look at the domains, besides the xens
 constexpr auto kTextfileEvery = 15s;
 constexpr auto kWatchdogEvery = 1s;
 constexpr int kLoopWaitMs = 100;  // the longest a signal or a metrics request waits for the loop
+constexpr std::chrono::seconds kFirstRetryBackoff{2};  // a failed attachment tried again (ProgramState::Retry)
+constexpr std::chrono::seconds kMaxRetryBackoff{60};
 
 std::string domain_name(const xenprobes::hv::DomainInfo& d) {
   return d.name.empty() ? "domain-" + std::to_string(d.domid.value) : d.name;
@@ -238,8 +240,17 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   a->id = d.domid;
   a->domain = name;
   std::string failure;
+  // A real guest's symbols: its kernel's kallsyms, decoded in its memory once per domain (the
+  // simulated Xen's demo guest brings its System.map, which the library loads itself).
+  if (!sim_.enabled && !symbols_loaded_.contains(a->key)) {
+    if (auto r = session_->load_symbols_from_guest(d.domid); r)
+      symbols_loaded_.insert(a->key);
+    else
+      failure = "cannot read the guest kernel's symbols: " + r.error().what;
+  }
   std::vector<std::int64_t> kaddrs;
   for (const std::string& sym : compiled.kaddrs) {
+    if (!failure.empty()) break;
     auto addr = session_->resolve(d.domid, sym);
     if (!addr) {
       failure = "kaddr(\"" + sym + "\"): " + addr.error().what;
@@ -298,11 +309,10 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
                 xenprobes::RetProbeOptions{.maxactive = static_cast<int>(cfg.maxactive)});
           }
           if (!p) {
+            // pe is the entry pop_back() destroys: read its name first.
+            if (!spec.wildcard) failure = pe.site.probe + ": " + p.error().what;
             att->probes.pop_back();
-            if (!spec.wildcard) {
-              failure = pe.site.probe + ": " + p.error().what;
-              break;
-            }
+            if (!spec.wildcard) break;
             ++skipped;  // a function of a glob the library refuses (an address rule)
             continue;
           }
@@ -318,11 +328,19 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   if (!failure.empty()) {
     for (ProbeEntry& pe : a->probes)
       if (pe.probe) (void)pe.probe.unregister();
+    // The same reason again: logged once, tried again later and later.
+    auto prev = prog.failed.find(a->key);
+    const bool repeat = prev != prog.failed.end() && prev->second == failure;
+    ProgramState::Retry& rt = prog.retry[a->key];
+    rt.backoff = repeat ? std::min(rt.backoff * 2, kMaxRetryBackoff) : kFirstRetryBackoff;
+    rt.tries = repeat ? rt.tries + 1 : 1;
+    rt.at = Clock::now() + rt.backoff;
     prog.failed[a->key] = failure;
+    if (repeat) return;
     ordered_json f{{"domain", name}, {"domid", d.domid.value}, {"program", cfg.name}, {"body", failure}};
     log_.write("attach_failed", "ERROR", f);
-    std::fprintf(stderr, "xenprobesd: cannot attach program %s to %s (%u): %s\n", cfg.name.c_str(), name.c_str(),
-                 d.domid.value, failure.c_str());
+    std::fprintf(stderr, "xenprobesd: cannot attach program %s to %s (%u): %s (trying again)\n", cfg.name.c_str(),
+                 name.c_str(), d.domid.value, failure.c_str());
     return;
   }
   auto ch = session_->channel_name(d.domid);
@@ -346,6 +364,8 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     }
   if (a->instance->exit_requested()) a->exited = true;
   names_[a->key] = name;
+  prog.failed.erase(a->key);
+  prog.retry.erase(a->key);
   prog.attached[a->key] = std::move(a);
 }
 
@@ -395,9 +415,11 @@ void Daemon::domain_gone(const DomainKey& key, const std::string& why) {
   // probe of a domain the session has dropped unregisters with nothing to restore.
   if (auto r = session_->run_once(0); !r)
     log_.write("error", "ERROR", ordered_json{{"body", "the session: " + r.error().what}});
+  symbols_loaded_.erase(key);
   bool any = false;
   for (auto& p : programs_) {
     p->failed.erase(key);
+    p->retry.erase(key);
     auto it = p->attached.find(key);
     if (it == p->attached.end()) continue;
     any = true;
@@ -455,8 +477,12 @@ void Daemon::scan(const char* why) {
           detach(*it->second, "the domain is no longer selected");
           p->attached.erase(it);
         }
-      } else if (want && !p->failed.contains(k)) {
-        attach(*p, *d, name);
+      } else if (want) {
+        auto r = p->retry.find(k);
+        if (!p->failed.contains(k) || (r != p->retry.end() && Clock::now() >= r->second.at)) attach(*p, *d, name);
+      } else if (p->failed.contains(k)) {
+        p->failed.erase(k);  // no longer selected: nothing to try again
+        p->retry.erase(k);
       }
     }
   }
@@ -543,6 +569,7 @@ std::string Daemon::apply(Config next) {
       np.compiled = (*old)->cfg.compiled;
       (*old)->cfg = std::move(np);
       (*old)->failed.clear();
+      (*old)->retry.clear();
       kept.push_back((*old)->cfg.name);
       programs.push_back(std::move(*old));
       continue;
@@ -754,7 +781,15 @@ std::string Daemon::status_text() {
              std::to_string(missed) + " missed, " + std::to_string(a->events) + " events, " +
              std::to_string(a->dropped) + " dropped" + (a->exited ? ", exited" : "") + "\n";
     }
-    for (auto& [k, why] : p->failed) out += "  domain " + std::to_string(k.domid) + ": not attached: " + why + "\n";
+    for (auto& [k, why] : p->failed) {
+      out += "  domain " + std::to_string(k.domid) + ": not attached: " + why;
+      if (auto r = p->retry.find(k); r != p->retry.end()) {
+        const auto left = std::chrono::duration_cast<std::chrono::seconds>(r->second.at - Clock::now()).count();
+        out += " (" + std::to_string(r->second.tries) + (r->second.tries == 1 ? " try" : " tries") + ", the next in " +
+               std::to_string(std::max<std::int64_t>(left, 0)) + " s)";
+      }
+      out += "\n";
+    }
   }
   return out;
 }

@@ -118,7 +118,16 @@ struct Attachment {
 struct ProgramState {
   ProgramConfig cfg;
   std::map<DomainKey, std::unique_ptr<Attachment>> attached;
-  std::map<DomainKey, std::string> failed;  // domains it could not attach to, and why (retried on reload)
+  std::map<DomainKey, std::string> failed;  // domains it could not attach to, and why
+  // When a failed pair is tried again: a guest that boots has no guest module (and no probe-able
+  // channel) at first, so a failure is retried after 2 s, the wait doubling up to 60 s while the
+  // reason stays the same. A reload tries every failed pair at once.
+  struct Retry {
+    Clock::time_point at;
+    std::chrono::seconds backoff{0};
+    unsigned tries = 0;  // attempts that failed with this reason
+  };
+  std::map<DomainKey, Retry> retry;
 };
 
 class Daemon {
@@ -185,6 +194,7 @@ class Daemon {
   std::vector<SimCue> creates_, destroys_;
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
+  std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read
   bool sim_idle_logged_ = false;
   const xenprobe::ProbeSite* current_site_ = nullptr;  // the probe whose action is running
   Clock::time_point last_scan_, last_textfile_, last_watchdog_;

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -623,6 +625,36 @@ domains = [{ glob = "*" }]
   std::tie(st, out) = shell("'" + bin + "' status --socket '" + sock.string() + "'");
   EXPECT_EQ(st, 1);
   EXPECT_NE(out.find("cannot reach xenprobesd at " + sock.string()), std::string::npos) << out;
+}
+
+// A pair that cannot be attached (here: a function the guest does not have; on a real host, a
+// guest still booting, without its module yet) is tried again with a growing wait, 2 s then 4 s;
+// the same reason is logged once, not at every try.
+TEST(xenprobesd, AFailedAttachmentIsRetriedAndLoggedOnce) {
+  TempDir t;
+  const fs::path sock = t.path / "control.sock";
+  auto cfg = t.write("c.toml", daemon_section("control_socket = \"" + sock.string() + "\"") + R"(
+[[program]]
+name = "p"
+source = 'kprobe:no_such_function { @c = count(); }'
+domains = [{ glob = "*" }]
+)");
+  Daemon d(cfg, sim(1), t.path);
+  json f = d.next("attach_failed", "sim-1");
+  ASSERT_FALSE(f.is_null());
+  EXPECT_NE(f["body"].get<std::string>().find("no_such_function"), std::string::npos) << f;
+  const std::string bin = XENPROBESD_BIN;
+  std::string out;
+  for (int i = 0; i < 100; ++i) {  // the second try comes 2 s after the first
+    out = shell("'" + bin + "' status --socket '" + sock.string() + "'").second;
+    if (out.find("(2 tries, the next in ") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(out.find("  domain 1: not attached: kprobe:no_such_function: "), std::string::npos) << out;
+  EXPECT_NE(out.find("(2 tries, the next in "), std::string::npos) << out;
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  EXPECT_EQ(std::count_if(d.all().begin(), d.all().end(), [](const json& r) { return r["kind"] == "attach_failed"; }),
+            1);
 }
 
 // Map keys and printf text are guest data. The bytes at sys_getppid are the ftrace nop
