@@ -254,9 +254,14 @@ std::int64_t Instance::load(std::uint64_t addr, std::uint32_t size, bool is_sign
 }
 
 std::optional<std::uint64_t> Instance::current_task() {
-  // x86-64 Linux keeps the per-CPU base in the kernel's gs base.
-  const std::uint64_t base = ctx_->regs().gs_base;
-  auto task = ctx_->read_u64(xenprobes::Gva{base + c_.task.current_percpu});
+  // x86-64 Linux keeps the per-CPU base in the kernel's gs base (the guest channel's mailbox
+  // has none: the library asks Xen for it).
+  auto base = ctx_->kernel_gs_base();
+  if (!base) {
+    ++read_errors_;
+    return std::nullopt;
+  }
+  auto task = ctx_->read_u64(xenprobes::Gva{*base + c_.task.current_percpu});
   if (!task || *task == 0) {
     ++read_errors_;
     return std::nullopt;

@@ -56,6 +56,11 @@ class XENPROBES_API HitContext {
   [[nodiscard]] virtual Result<void> write(Gva va, std::span<const std::byte> data) = 0;
   [[nodiscard]] virtual Result<std::uint64_t> read_u64(Gva va) = 0;
   [[nodiscard]] virtual Result<std::string> read_string(Gva va, std::size_t max_len) = 0;
+  // The hit vCPU's kernel GS base: x86-64 Linux's per-CPU base in kernel mode (the current
+  // task, per-CPU variables). regs().gs_base holds it where the channel reports it; the guest
+  // channel's mailbox does not, so there the first call of a hit asks Xen (the same
+  // XEN_DOMCTL_getvcpucontext as the first memory access).
+  [[nodiscard]] virtual Result<std::uint64_t> kernel_gs_base() = 0;
   // Makes run() return once this hit has been handled. The vmevent channel takes the stops in
   // its ring in rounds: those it took in the same round as this one (at most one more per
   // vCPU, that trapped again while the round was answering) are handled before run() returns.

@@ -333,6 +333,7 @@ class Engine final : public channel::StopSink {
   bool dispatching_ = false;
   const channel::Stop* hit_stop_ = nullptr;  // the stop being dispatched (see hit_memory)
   bool hit_memory_ready_ = false;
+  std::uint64_t hit_gs_base_ = 0;  // the stop's kernel GS base, set with hit_memory_ready_
   std::vector<ProbeId> deferred_removals_;
   // Journal records of calls whose return a hit has just handled: removed by after_dispatch(),
   // once the channel has resumed the vCPU at the real return address. Until then a process

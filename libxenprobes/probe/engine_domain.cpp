@@ -67,6 +67,7 @@ Result<void> Engine::hit_memory(Domain& d) {
   if (!r.cr3) r = XP_TRY(hv_.get_vcpu_regs(d.id, hit_stop_->vcpu));
   d.memory->set_context(XP_TRY(mem::paging_context(d.info, r)));
   d.memory->invalidate_translations();
+  hit_gs_base_ = r.gs_base;
   hit_memory_ready_ = true;
   return {};
 }

@@ -56,6 +56,10 @@ class Engine::Ctx final : public HitContext {
     XP_TRY(e_.hit_memory(d_));
     return d_.memory->read_string(va, max_len);
   }
+  Result<std::uint64_t> kernel_gs_base() override {
+    XP_TRY(e_.hit_memory(d_));
+    return e_.hit_gs_base_;
+  }
   void stop() override { e_.request_stop(); }
 
  private:
