@@ -23,8 +23,9 @@ e2e_platform() {
       E2E_XEN_VERSION=4.17.5+72-g01140da4e8-1
       E2E_KERNEL_ABI=6.1.0-50-amd64
       E2E_KERNEL_VERSION=6.1.176-1
-      # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp).
-      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6"
+      # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp);
+      # libtomlplusplus3, libcpp-httplib0.11, libsystemd0: xenprobesd's (its scenario runs it).
+      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0"
       ;;
     trixie)
       # trixie main as the mirror serves it (Debian 13.8): its point releases moved Xen and
@@ -35,15 +36,16 @@ e2e_platform() {
       E2E_KERNEL_ABI=6.12.117+deb13-amd64
       E2E_KERNEL_VERSION=6.12.117-1
       # Unicorn's runtime is libunicorn2t64 there (the 64-bit time_t transition renamed it);
-      # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp).
-      E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libunicorn2t64,libbpf1,libstdc++6"
+      # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp);
+      # libtomlplusplus3t64, libcpp-httplib0.18, libsystemd0: xenprobesd's.
+      E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libunicorn2t64,libbpf1,libstdc++6,libtomlplusplus3t64,libcpp-httplib0.18,libsystemd0"
       ;;
     *) echo "e2e_platform: unknown platform '$1' (bookworm, trixie)" >&2; return 1 ;;
   esac
 }
 e2e_platform bookworm
 # Host tools the harness uses (Debian package names).
-E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
+E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip binutils cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
 
 E2E_CACHE=${XENPROBES_E2E_CACHE:-/var/cache/xenprobes-e2e}
 E2E_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -31,7 +31,7 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [sto
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
   [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
-  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10)
+  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
 BENCH_SCENARIOS="bench_table1_guest bench_table1_debugger bench_table1_vmevent"
@@ -42,14 +42,14 @@ declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_proc
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  stock_pv_two_guests stock_pv_safety gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
-  trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pvh_vmevent trixie_pvh_kill9"
+  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobesd gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
+  trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pvh_vmevent trixie_pvh_kill9"
 # Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
 # trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
 declare -A SCEN_PLATFORM=() SCEN_BODY=()
 # trixie_bench_table1_guest: the benchmark's guest channel there (a diagnostic, never in a list).
 for s in stock_pv_guest:stock stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock stock_kill9:stock \
-  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock bench_table1_guest:stock; do
+  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock stock_pv_xenprobe:stock bench_table1_guest:stock; do
   t=trixie_${s%%:*}
   t=${t/trixie_stock_/trixie_}
   SCEN_PLATFORM[$t]=trixie
@@ -260,6 +260,17 @@ build_payload() {
   install -m 755 "$P/domu/bin/fpucheck" "$R/usr/lib/xenprobes-e2e/fpucheck"
   install -m 644 "$E2E_TOOLS"/scenarios/*.sh "$R/usr/lib/xenprobes-e2e/scenarios/"
   install -m 755 "$E2E_TOOLS/guardian-account.sh" "$R/usr/lib/xenprobes-e2e/guardian-account.sh"
+  # Every shared library a staged program needs is in the Dom0 root file system or staged with
+  # it: a missing one fails here, not as "cannot open shared object file" inside a boot.
+  local have=$RUN_DIR/libs-$E2E_PLATFORM.txt f lib miss=""
+  find "$ROOTFS_DIR/tree/usr/lib" "$R/usr/lib" -name '*.so*' -printf '%f\n' 2>/dev/null | sort -u >"$have"
+  for f in "$R"/usr/bin/* "$R"/usr/sbin/* "$R"/usr/lib/xenprobes-e2e/*; do
+    [ -f "$f" ] && [ "$(head -c 4 "$f" | tr -d '\177')" = ELF ] || continue
+    for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+      grep -qxF "$lib" "$have" || miss="$miss ${f#"$R"}:$lib"
+    done
+  done
+  [ -z "$miss" ] || e2e_die "the Dom0 root file system lacks what the payload needs:$miss (add the packages to E2E_ROOTFS_PKGS, tools/e2e/lib.sh)"
   e2e_stage_done
 }
 

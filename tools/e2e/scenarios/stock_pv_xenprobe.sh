@@ -1,0 +1,61 @@
+# Scenario: the xenprobe tool (issue 15) against a real guest, with no file copied to Dom0:
+# xenprobe reads the guest kernel's symbols (kallsyms) and types (BTF) out of its memory. The
+# one-liner counts the workload's openat() calls by file name (str() of the user pointer the
+# syscall got, read through the hit vCPU's page tables) and its getppid() calls, both filtered
+# by comm (the current task through the guest's BTF). Both counts must equal the workload's own,
+# and xenprobe must leave no trap byte behind (the module's detach finds none to restore).
+S=${XPE2E_SCENARIO:-stock_pv_xenprobe}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
+. /usr/lib/xenprobes-e2e/scenarios/lib.sh
+N=xpe2e-cli
+GETPPID=300 OPENAT=40
+domid=$(domu_start $N "xpe2e.work=$GETPPID:$OPENAT:5") || result FAIL "xl create failed"
+echo "XPE2E-INFO: DomU $N is domain $domid"
+wait_console $N "XPE2E-WORKLOAD: waiting" 180 || { dump_console $N; result FAIL "the workload did not start within 180 s"; }
+OUT=/tmp/$S.json
+ERR=/tmp/$S.err
+PROG='kprobe:do_sys_openat2 /comm == "xpe2e-workload"/ { @opens[str(arg1)] = count(); }
+kprobe:__x64_sys_getppid /comm == "xpe2e-workload"/ { @getppid = count(); }'
+echo "XPE2E-INFO: xenprobe -d $N -f json -e '$PROG'"
+t0=$(cut -d' ' -f1 /proc/uptime)
+/usr/bin/xenprobe -d $N -f json --duration 300 -e "$PROG" >"$OUT" 2>"$ERR" &
+xp=$!
+i=0
+while [ $i -lt 480 ] && ! grep -q '"attached_probes"' "$OUT" && kill -0 $xp 2>/dev/null; do
+  sleep 0.5
+  i=$((i + 1))
+done
+if ! grep -q '"attached_probes"' "$OUT"; then
+  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
+  domu_release "$domid"
+  result FAIL "xenprobe did not attach: $(tail -n 1 "$ERR")"
+fi
+echo "XPE2E-INFO: attached after $(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.1f", b - a }') s (symbols and BTF read from the guest): $(grep '"attached_probes"' "$OUT")"
+xenstore-write "/local/domain/$domid/data/xpe2e/go" 1
+done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
+  kill -TERM $xp 2>/dev/null
+  wait $xp
+  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
+  domu_release "$domid"
+  result FAIL "the workload did not finish within 240 s"
+}
+echo "XPE2E-INFO: workload: $done"
+# SIGTERM: xenprobe detaches and prints its maps (as ^C does).
+kill -TERM $xp
+wait $xp
+rc=$?
+sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
+sed 's/^/XPE2E-INFO: xenprobe out: /' "$OUT"
+opens=$(grep '"@opens"' "$OUT" | grep -o '"/tmp/xpe2e-target":[0-9]*' | cut -d: -f2)
+calls=$(grep '"@getppid"' "$OUT" | grep -o '"@getppid":[0-9]*' | cut -d: -f2)
+xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
+un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
+domu_verdict $N "$domid"
+domu_kernel_clean $N
+[ $rc -eq 0 ] || result FAIL "xenprobe exited $rc after SIGTERM: $(tail -n 1 "$ERR")"
+case "$done" in *"getppid=$GETPPID "*"openat=$OPENAT "*"ok=1"*) ;; *) result FAIL "the workload's own report: $done" ;; esac
+[ "$opens" = "$OPENAT" ] || result FAIL "@opens[\"/tmp/xpe2e-target\"] = '${opens}', the workload opened it $OPENAT times"
+[ "$calls" = "$GETPPID" ] || result FAIL "@getppid = '${calls}', the workload called getppid $GETPPID times"
+[ "$un" = ok ] || result FAIL "detach + rmmod after xenprobe: '$un'"
+det=$(grep -a "xenprobes: detached" "$(console_log $N)" | head -n 1 | tr -d '\r')
+case "$det" in *"restored 0 trap bytes"*) ;; *) result FAIL "xenprobe left trap bytes for the module's detach: ${det#*] }" ;; esac
+result PASS "xenprobe with the guest's own kallsyms and BTF: @opens[\"/tmp/xpe2e-target\"] = $opens, @getppid = $calls (comm-filtered), exactly the workload's; nothing left behind"
