@@ -187,11 +187,24 @@ std::optional<PositionRef> find_position_ref(const std::string& s) {
   return r;
 }
 
-// The checker's hint, or where the program needs the guest kernel's types (xenprobe reads them
-// from the guest, or --btf), what applies here.
+// Parses and checks a program without types. One that needs the guest kernel's types is kept
+// parsed: each domain's attachment checks it again with that domain's BTF (Daemon::attach).
+// Throws ProgramError for anything else.
+void check_program(ProgramConfig& p) {
+  try {
+    p.compiled = std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(p.source), nullptr));
+  } catch (const xenprobe::ProgramError& e) {
+    if (!e.needs_types) throw;
+    p.compiled = nullptr;
+    p.parsed = std::make_shared<const xenprobe::Program>(xenprobe::parse(p.source));
+  }
+}
+
+// The checker's hint, minus what speaks of xenprobe's --btf option (the daemon reads each
+// guest's BTF from its memory; it has no such option).
 std::string no_btf_hint(const xenprobe::ProgramError& e) {
-  if (!e.needs_types && std::string_view(e.what()).find("--btf") == std::string_view::npos) return e.hint;
-  return "xenprobesd does not load guest BTF yet: key by func or probe instead";
+  if (std::string_view(e.hint).find("--btf") == std::string_view::npos) return e.hint;
+  return "";
 }
 
 Selector parse_selector(const Reporter& r, const toml::node& n, const std::string& prog) {
@@ -284,7 +297,7 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     p.origin = r.path() + ":" + std::to_string(source->source().begin.line);
     auto start = inline_start(r, *source, p.source);
     try {
-      p.compiled = std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(p.source), nullptr));
+      check_program(p);
     } catch (const xenprobe::ProgramError& e) {
       if (start) {
         // The positions in the message ("from 1:19") are the program's: make them the file's.
@@ -313,15 +326,16 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     if (!why.empty()) r.fail(file->source(), "cannot read " + prog + "'s file " + fp.string() + ": " + why);
     p.origin = fp.string();
     try {
-      p.compiled = std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(p.source), nullptr));
+      check_program(p);
     } catch (const xenprobe::ProgramError& e) {
       throw ConfigError(r.path() + ":" + std::to_string(file->source().begin.line) + ":" +
                         std::to_string(file->source().begin.column) + ": error: " + prog + " does not compile:\n" +
                         xenprobe::format_error(e, p.source, fp.string()));
     }
   }
+  const xenprobe::Program& prog_ast = p.compiled ? p.compiled->program : *p.parsed;
   const bool has_probe = std::any_of(
-      p.compiled->program.blocks.begin(), p.compiled->program.blocks.end(), [](const xenprobe::ProbeBlock& b) {
+      prog_ast.blocks.begin(), prog_ast.blocks.end(), [](const xenprobe::ProbeBlock& b) {
         return std::any_of(b.specs.begin(), b.specs.end(), [](const auto& s) {
           return s.kind == xenprobe::ProbeKind::Kprobe || s.kind == xenprobe::ProbeKind::Kretprobe;
         });
@@ -329,9 +343,6 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
   if (!has_probe)
     r.fail((source ? source : file)->source(), prog + " has no kprobe or kretprobe",
            "a daemon program watches guests: give it at least one kprobe:FUNC or kretprobe:FUNC");
-  if (p.compiled->uses_task)
-    r.fail((source ? source : file)->source(), prog + " uses comm, pid or tid, which need the guest's BTF",
-           "xenprobesd does not load BTF yet; key by func or probe instead");
 
   const toml::node* doms = t->get("domains");
   if (!doms) r.fail(n.source(), prog + " has no domains", "add domains = [{ glob = \"*\" }] to watch every guest");

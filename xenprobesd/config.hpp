@@ -40,7 +40,11 @@ struct ProgramConfig {
   double event_burst = 200;
   unsigned maxactive = 64;
   // The checked program (shared so that a reload can keep it when the text is unchanged).
+  // Null when the program needs the guest kernel's types (casts, fields, comm, pid, tid): it
+  // is then checked again for each domain with that domain's BTF, read from its memory, and
+  // `parsed` holds its probes meanwhile.
   std::shared_ptr<const xenprobe::Compiled> compiled;
+  std::shared_ptr<const xenprobe::Program> parsed;
 
   bool wants_metrics() const { return outputs != Outputs::Events; }
   bool wants_events() const { return outputs != Outputs::Metrics; }

@@ -207,6 +207,35 @@ void Daemon::sim_create(const std::string& name) {
   sim_domids_.insert(id->value);
 }
 
+std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConfig& cfg, const DomainKey& key,
+                                                                xenprobes::DomId id, const std::string& name,
+                                                                std::string* failure) {
+  if (cfg.compiled) return cfg.compiled;
+  auto t = types_.find(key);
+  if (t == types_.end()) {
+    auto btf = session_->kernel_btf(id);
+    if (!btf) {
+      *failure = "the program needs the guest kernel's types and its BTF cannot be read from its memory: " +
+                 btf.error().what;
+      return nullptr;
+    }
+    try {
+      t = types_.emplace(key, xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)"))
+              .first;
+    } catch (const std::exception& e) {
+      *failure = e.what();
+      return nullptr;
+    }
+  }
+  try {
+    return std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(cfg.source), t->second.get()));
+  } catch (const xenprobe::ProgramError& e) {
+    *failure = "the program does not check against this guest's kernel types:\n" +
+               xenprobe::format_error(e, cfg.source, cfg.origin);
+    return nullptr;
+  }
+}
+
 bool Daemon::matches(const ProgramConfig& p, const xenprobes::hv::DomainInfo& d, const std::string& name) {
   for (const Selector& s : p.domains) {
     switch (s.kind) {
@@ -233,7 +262,6 @@ bool Daemon::matches(const ProgramConfig& p, const xenprobes::hv::DomainInfo& d,
 
 void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, const std::string& name) {
   const ProgramConfig& cfg = prog.cfg;
-  const xenprobe::Compiled& compiled = *cfg.compiled;
   auto a = std::make_unique<Attachment>();
   a->program = &prog;
   a->key = key_of(d);
@@ -248,27 +276,31 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     else
       failure = "cannot read the guest kernel's symbols: " + r.error().what;
   }
+  if (failure.empty()) a->compiled = compiled_for(cfg, a->key, d.domid, name, &failure);
   std::vector<std::int64_t> kaddrs;
-  for (const std::string& sym : compiled.kaddrs) {
-    if (!failure.empty()) break;
-    auto addr = session_->resolve(d.domid, sym);
-    if (!addr) {
-      failure = "kaddr(\"" + sym + "\"): " + addr.error().what;
-      break;
+  if (a->compiled)
+    for (const std::string& sym : a->compiled->kaddrs) {
+      if (!failure.empty()) break;
+      auto addr = session_->resolve(d.domid, sym);
+      if (!addr) {
+        failure = "kaddr(\"" + sym + "\"): " + addr.error().what;
+        break;
+      }
+      kaddrs.push_back(static_cast<std::int64_t>(addr->value));
     }
-    kaddrs.push_back(static_cast<std::int64_t>(addr->value));
-  }
   a->sink = std::make_unique<EventSink>(*this, *a);
-  a->instance = std::make_unique<xenprobe::Instance>(compiled, *a->sink, name, std::move(kaddrs));
-  a->next_interval.assign(compiled.program.blocks.size(), Clock::time_point::max());
+  if (a->compiled) {  // else failure says why and nothing below runs
+    a->instance = std::make_unique<xenprobe::Instance>(*a->compiled, *a->sink, name, std::move(kaddrs));
+    a->next_interval.assign(a->compiled->program.blocks.size(), Clock::time_point::max());
+  }
   std::size_t skipped = 0;
   if (failure.empty()) {
     if (auto r = session_->begin_batch(); !r) failure = "cannot begin registering: " + r.error().what;
   }
   if (failure.empty()) {
     Attachment* att = a.get();
-    for (std::size_t b = 0; b < compiled.program.blocks.size() && failure.empty(); ++b) {
-      for (const xenprobe::ProbeSpec& spec : compiled.program.blocks[b].specs) {
+    for (std::size_t b = 0; b < a->compiled->program.blocks.size() && failure.empty(); ++b) {
+      for (const xenprobe::ProbeSpec& spec : a->compiled->program.blocks[b].specs) {
         if (spec.kind != xenprobe::ProbeKind::Kprobe && spec.kind != xenprobe::ProbeKind::Kretprobe) continue;
         std::vector<std::string> points;
         if (spec.wildcard) {
@@ -353,8 +385,8 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   // BEGIN, then the interval clocks.
   static const xenprobe::ProbeSite kBegin{"", "BEGIN"};
   const auto now = Clock::now();
-  for (std::size_t b = 0; b < compiled.program.blocks.size(); ++b)
-    for (const xenprobe::ProbeSpec& s : compiled.program.blocks[b].specs) {
+  for (std::size_t b = 0; b < a->compiled->program.blocks.size(); ++b)
+    for (const xenprobe::ProbeSpec& s : a->compiled->program.blocks[b].specs) {
       if (s.kind == xenprobe::ProbeKind::Begin) {
         current_site_ = &kBegin;
         a->instance->run(static_cast<int>(b), kBegin, nullptr);
@@ -387,7 +419,7 @@ void Daemon::remove_probes(Attachment& a) {
 
 void Daemon::run_end(Attachment& a) {
   static const xenprobe::ProbeSite kEnd{"", "END"};
-  const auto& blocks = a.program->cfg.compiled->program.blocks;
+  const auto& blocks = a.compiled->program.blocks;
   for (std::size_t b = 0; b < blocks.size(); ++b)
     for (const xenprobe::ProbeSpec& s : blocks[b].specs)
       if (s.kind == xenprobe::ProbeKind::End) {
@@ -416,6 +448,7 @@ void Daemon::domain_gone(const DomainKey& key, const std::string& why) {
   if (auto r = session_->run_once(0); !r)
     log_.write("error", "ERROR", ordered_json{{"body", "the session: " + r.error().what}});
   symbols_loaded_.erase(key);
+  types_.erase(key);
   bool any = false;
   for (auto& p : programs_) {
     p->failed.erase(key);
@@ -514,7 +547,7 @@ void Daemon::run_intervals() {
   for (auto& p : programs_)
     for (auto& [k, a] : p->attached) {
       if (a->exited) continue;
-      const auto& blocks = p->cfg.compiled->program.blocks;
+      const auto& blocks = a->compiled->program.blocks;
       for (std::size_t b = 0; b < a->next_interval.size(); ++b) {
         if (now < a->next_interval[b]) continue;
         static const xenprobe::ProbeSite kInterval{"", "interval"};
@@ -715,7 +748,7 @@ std::string Daemon::render_metrics() {
       info.emplace_back("channel", a->channel);
       x.add("xenprobesd_attachment_info", info, std::uint64_t{a->exited ? 0u : 1u});
       if (!p->cfg.wants_metrics()) continue;
-      for (const xenprobe::MapDecl& m : p->cfg.compiled->maps) {
+      for (const xenprobe::MapDecl& m : a->compiled->maps) {
         if (m.kind == xenprobe::MapKind::Str) continue;  // a string has no value to export
         auto snap = a->instance->snapshot(m.name);
         std::size_t n = 0;

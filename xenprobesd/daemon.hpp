@@ -107,6 +107,9 @@ struct Attachment {
   std::string channel;
   std::unique_ptr<EventSink> sink;
   std::unique_ptr<xenprobe::Instance> instance;
+  // The program as checked for this domain: the configuration's, or (a program that needs
+  // types) checked again with this domain's BTF.
+  std::shared_ptr<const xenprobe::Compiled> compiled;
   std::deque<ProbeEntry> probes;  // stable addresses: the handlers point at them
   std::vector<Clock::time_point> next_interval;
   bool exited = false;  // the program called exit() here: its probes are gone
@@ -164,6 +167,10 @@ class Daemon {
   void scan(const char* why);
   bool matches(const ProgramConfig&, const xenprobes::hv::DomainInfo&, const std::string& name);
   void attach(ProgramState&, const xenprobes::hv::DomainInfo&, const std::string& name);
+  // The program checked for this domain, or "" in *failure: the configuration's when it needs
+  // no types, else compiled with the domain's BTF.
+  std::shared_ptr<const xenprobe::Compiled> compiled_for(const ProgramConfig&, const DomainKey&, xenprobes::DomId,
+                                                         const std::string& name, std::string* failure);
   void remove_probes(Attachment&);
   void run_end(Attachment&);
   void detach(Attachment&, const std::string& why);
@@ -195,6 +202,8 @@ class Daemon {
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
   std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read
+  // Each domain's kernel types, read from its memory the first time a program needs them.
+  std::map<DomainKey, std::shared_ptr<const xenprobe::TypeSource>> types_;
   bool sim_idle_logged_ = false;
   const xenprobe::ProbeSite* current_site_ = nullptr;  // the probe whose action is running
   Clock::time_point last_scan_, last_textfile_, last_watchdog_;

@@ -3,7 +3,10 @@
 # daemon notices it (@introduceDomain), reads its kernel's symbols out of its memory, and keeps
 # trying (its retry backoff) until the guest has booted and loaded the guest module; the
 # attachment must then count the workload's getppid() calls exactly (the hits between the go and
-# the workload's done, from `xenprobesd status` over its control socket), survive `xl destroy`
+# the workload's done, from `xenprobesd status` over its control socket). A second program
+# filters by comm, which needs the guest kernel's types: the daemon checks it with the guest's
+# BTF read from its memory, and its map (from the Prometheus endpoint) must hold exactly the
+# workload's calls. The attachments must survive `xl destroy`
 # of the guest with a `detached` record, and the daemon must go on and stop cleanly.
 S=${XPE2E_SCENARIO:-stock_pv_xenprobesd}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
@@ -21,11 +24,18 @@ control_socket = "$SOCK"
 name = "getppid"
 domains = [{ glob = "xpe2e-d*" }]
 source = 'kprobe:__x64_sys_getppid { @calls = count(); }'
+
+[[program]]
+name = "by-comm"
+domains = [{ glob = "xpe2e-d*" }]
+source = 'kprobe:__x64_sys_getppid /comm == "xpe2e-workload"/ { @calls = count(); }'
 EOF
 /usr/sbin/xenprobesd -c /tmp/$S.toml 2>/tmp/$S.err &
 xpd=$!
-# hits <status text>: the getppid attachment's hit count for $N
-hits() { /usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | sed -n "s/^  $N ([0-9]*, [a-z]*): [0-9]* probes, \([0-9]*\) hits.*/\1/p"; }
+# hits: the getppid program's hit count for $N (its attachment's line in xenprobesd status)
+hits() { /usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | sed -n '/^program getppid /,/^program /p' | sed -n "s/^  $N ([0-9]*, [a-z]*): [0-9]* probes, \([0-9]*\) hits.*/\1/p"; }
+# bycomm: the by-comm program's @calls for $N, from the metrics endpoint
+bycomm() { busybox wget -q -O - http://127.0.0.1:9477/metrics 2>/dev/null | sed -n "s/^xenprobesd_map_value{domain=\"$N\",program=\"by-comm\",map=\"@calls\",key=\"\"} \([0-9]*\)\$/\1/p"; }
 stop_daemon() {
   kill -TERM $xpd 2>/dev/null
   wait $xpd
@@ -42,15 +52,15 @@ echo "XPE2E-INFO: DomU $N is domain $domid"
 wait_console $N "XPE2E-WORKLOAD: waiting" 180 || { dump_console $N; stop_daemon; result FAIL "the workload did not start within 180 s"; }
 # The daemon attaches once the guest module is ready (retried: 2 s, then doubling).
 i=0
-while [ $i -lt 240 ] && ! grep -q "\"kind\":\"attached\".*\"domain\":\"$N\"" "$LOG"; do sleep 0.5; i=$((i + 1)); done
-att=$(grep "\"kind\":\"attached\".*\"domain\":\"$N\"" "$LOG" | head -n 1)
-if [ -z "$att" ]; then
+while [ $i -lt 240 ] && [ "$(grep -c "\"kind\":\"attached\".*\"domain\":\"$N\"" "$LOG")" -lt 2 ]; do sleep 0.5; i=$((i + 1)); done
+att=$(grep "\"kind\":\"attached\".*\"domain\":\"$N\"" "$LOG" | grep -c '"program":"getppid"\|"program":"by-comm"')
+if [ "$att" -lt 2 ]; then
   echo "XPE2E-INFO: status: $(/usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | tr '\n' ' ')"
   stop_daemon
   domu_release "$domid"
-  result FAIL "xenprobesd did not attach to $N within 120 s of its workload's start"
+  result FAIL "xenprobesd did not attach both programs to $N within 120 s of its workload's start"
 fi
-echo "XPE2E-INFO: $(echo "$att" | cut -c1-300)"
+grep "\"kind\":\"attached\".*\"domain\":\"$N\"" "$LOG" | cut -c1-300 | sed 's/^/XPE2E-INFO: /'
 failed=$(grep -c '"kind":"attach_failed"' "$LOG")
 echo "XPE2E-INFO: attach_failed records before the attachment: $failed (one per reason while the guest booted)"
 h0=$(hits)
@@ -58,6 +68,7 @@ xenstore-write "/local/domain/$domid/data/xpe2e/go" 1
 done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || { stop_daemon; domu_release "$domid"; result FAIL "the workload did not finish within 240 s"; }
 echo "XPE2E-INFO: workload: $done"
 h1=$(hits)
+c1=$(bycomm)
 echo "XPE2E-INFO: status: $(/usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | tr '\n' ' ')"
 case "$done" in *"getppid=$GETPPID "*"ok=1"*) ;; *) stop_daemon; domu_release "$domid"; result FAIL "the workload's own report: $done" ;; esac
 [ -n "$h0" ] && [ -n "$h1" ] || { stop_daemon; domu_release "$domid"; result FAIL "no hit count for $N in xenprobesd status (before: '$h0', after: '$h1')"; }
@@ -72,6 +83,7 @@ kill -0 $xpd 2>/dev/null || alive=0
 st=$(/usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | tr '\n' ' ')
 stop_daemon
 echo "XPE2E-INFO: $(echo "$det" | cut -c1-300)"
+[ "$c1" = "$GETPPID" ] || result FAIL "the by-comm program's @calls = '$c1' (comm == \"xpe2e-workload\" through the guest's BTF), the workload made $GETPPID calls"
 [ $n -eq $GETPPID ] || result FAIL "xenprobesd counted $n getppid hits during the workload (status before $h0, after $h1), the workload made $GETPPID"
 [ -n "$det" ] || result FAIL "no detached record for $N within 60 s of xl destroy"
 [ $alive -eq 1 ] || result FAIL "xenprobesd died with the guest"
@@ -79,4 +91,4 @@ case "$st" in *"no domain selected"*) ;; *) result FAIL "after the destroy, stat
 [ $drc -eq 0 ] || result FAIL "xenprobesd exited $drc after SIGTERM"
 domu_kernel_clean $N
 grep -q '"kind":"stopped"' "$LOG" || result FAIL "no stopped record in the event log"
-result PASS "xenprobesd started before the guest, attached after its module came up ($failed attach_failed record(s) while it booted), counted $n getppid calls = the workload's, detached at xl destroy, stopped cleanly"
+result PASS "xenprobesd started before the guest, attached after its module came up ($failed attach_failed record(s) while it booted), counted $n getppid calls = the workload's (and $c1 by comm, through the guest's own BTF), detached at xl destroy, stopped cleanly"
