@@ -333,11 +333,13 @@ static int xp_int3(struct pt_regs *regs, bool nested)
 		}
 	}
 	/*
-	 * A trap in text whose byte is restored already (Dom0 disarming, or the module once Dom0
-	 * is gone): this CPU executed an int3 it fetched before the restore. Running the
-	 * original instruction is right, and no handler may see a hit of a probe that is gone.
-	 * (Linux >= 6.2 no longer rewinds such an int3 itself: kprobe_int3_handler() lost its
-	 * "*addr != INT3" case, so an int3 nobody claims is die("int3").)
+	 * A trap in text whose byte is restored already (the module's restore once Dom0 is gone):
+	 * this CPU executed an int3 it fetched before the restore. It is counted, since once the
+	 * module is unloaded such an int3 is fatal (Linux >= 6.2 no longer rewinds an int3 whose
+	 * byte is gone: kprobe_int3_handler() lost its "*addr != INT3" case, so an int3 nobody
+	 * claims is die("int3")), and handled as the entry says: once Dom0 is gone its fallback
+	 * runs the original instruction out of line. Rewinding to addr instead could spin on an
+	 * emulator's stale copy of the int3.
 	 */
 	if (xp_trap_stale(&xp.bounds, addr, xp_trap_byte(addr))) {
 		if (atomic64_inc_return(&xp.stale) == 1)

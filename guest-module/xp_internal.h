@@ -86,7 +86,8 @@ struct xp_state {
 	/*
 	 * int3s executed at a trap-table address outside the OEA whose byte was no longer an
 	 * int3 when the hook read it (module-private): the CPU ran an instruction fetched before
-	 * the byte was restored. Rewound, never handled as a hit. stale_first: the first such
+	 * the byte was restored. Counted, then handled like any hit of the entry (once Dom0 is
+	 * gone: its fallback, which runs the original instruction). stale_first: the first such
 	 * address.
 	 */
 	atomic64_t stale;

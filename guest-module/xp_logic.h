@@ -181,8 +181,8 @@ bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 /*
  * Is the int3 a CPU just executed at addr (a trap-table address) stale: addr lies outside
  * the OEA and the byte there now (current_byte) is no longer an int3, so the CPU fetched it
- * before the byte was restored. The hook then runs the original instruction (rewinds to
- * addr) instead of handling a hit. The OEA's traps are int3 for the module's lifetime.
+ * before the byte was restored. The hook counts it (the unload line reports it). The OEA's
+ * traps are int3 for the module's lifetime.
  */
 static inline bool xp_trap_stale(const struct xp_bounds *b, xenprobes_u64 addr,
 				 xenprobes_u8 current_byte)

@@ -248,14 +248,17 @@ int xp_text_init(unsigned long kernel_text_param)
 
 /* One trap byte to put back: a writable alias of its page, and what goes where. */
 struct xp_poke {
-	u8 *map;		/* vmap() alias of the page, or NULL */
+	u8 *map;		/* vmap() alias of the page */
 	unsigned int off;	/* offset of the byte in the page */
 	u8 byte;		/* the original byte (the entry's insn[0]) */
 };
 
+/* Trap bytes restored per stop_machine() (on the stack: the restore allocates nothing). */
+#define XP_POKES_PER_STOP 32
+
 struct xp_pokes {
-	struct xp_poke *p;
-	u32 n;
+	struct xp_poke p[XP_POKES_PER_STOP];
+	unsigned int n;
 	unsigned int written;
 };
 
@@ -284,17 +287,30 @@ static u8 *xp_text_alias(unsigned long addr)
 static int xp_poke_stopped(void *arg)
 {
 	struct xp_pokes *pk = arg;
-	u32 i;
+	unsigned int i;
 
 	for (i = 0; i < pk->n; i++) {
 		struct xp_poke *p = &pk->p[i];
 
-		if (!p->map || READ_ONCE(p->map[p->off]) != XP_INT3)
+		if (READ_ONCE(p->map[p->off]) != XP_INT3)
 			continue;
 		WRITE_ONCE(p->map[p->off], p->byte);
 		pk->written++;
 	}
 	return 0;
+}
+
+/* Writes the collected bytes with every other CPU stopped, then drops the aliases. */
+static void xp_pokes_flush(struct xp_pokes *pk)
+{
+	unsigned int i;
+
+	if (!pk->n)
+		return;
+	stop_machine(xp_poke_stopped, pk, NULL);
+	for (i = 0; i < pk->n; i++)
+		vunmap(pk->p[i].map);
+	pk->n = 0;
 }
 
 static void xp_sync_core(void *unused)
@@ -318,18 +334,14 @@ unsigned int xp_restore_traps(void)
 {
 	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
 	struct xp_pokes pk = { .n = 0, .written = 0 };
+	unsigned int unmapped = 0;
 	u32 i;
 
 	might_sleep();
-	if (!n)
-		return 0;
-	pk.p = kvcalloc(n, sizeof(*pk.p), GFP_KERNEL);
-	if (!pk.p)
-		return 0;
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
 		enum xp_addr_kind kind;
-		u8 cur;
+		u8 cur, *map;
 
 		xp_trap_snapshot(&e, &xp.traps[i]);
 		kind = xp_addr_classify(&xp.bounds, e.addr);
@@ -340,18 +352,21 @@ unsigned int xp_restore_traps(void)
 			continue;
 		if (!xp_restore_ok(&xp.bounds, &e, cur))
 			continue;
-		pk.p[pk.n].map = xp_text_alias(e.addr);
+		map = xp_text_alias(e.addr);
+		if (!map) {
+			unmapped++;
+			continue;
+		}
+		pk.p[pk.n].map = map;
 		pk.p[pk.n].off = offset_in_page(e.addr);
 		pk.p[pk.n].byte = e.insn[0];
-		pk.n++;
+		if (++pk.n == XP_POKES_PER_STOP)
+			xp_pokes_flush(&pk);
 		cond_resched();
 	}
-	if (pk.n)
-		stop_machine(xp_poke_stopped, &pk, NULL);
-	for (i = 0; i < pk.n; i++)
-		if (pk.p[i].map)
-			vunmap(pk.p[i].map);
-	kvfree(pk.p);
+	xp_pokes_flush(&pk);
+	if (unmapped)
+		pr_warn(XP_NAME ": %u trap bytes could not be mapped writable and are still int3s\n", unmapped);
 	/* Like text_poke_sync(): no CPU keeps executing a stale int3 from its pipeline. */
 	if (pk.written)
 		on_each_cpu(xp_sync_core, NULL, 1);

@@ -30,6 +30,8 @@ name = "by-comm"
 domains = [{ glob = "xpe2e-d*" }]
 source = 'kprobe:__x64_sys_getppid /comm == "xpe2e-workload"/ { @calls = count(); }'
 EOF
+# The metrics endpoint listens on 127.0.0.1: Dom0's minimal init leaves the loopback down.
+busybox ip link set lo up 2>/dev/null || busybox ifconfig lo up
 /usr/sbin/xenprobesd -c /tmp/$S.toml 2>/tmp/$S.err &
 xpd=$!
 # hits: the getppid program's hit count for $N (its attachment's line in xenprobesd status)
@@ -69,6 +71,7 @@ done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || { stop_daemon; dom
 echo "XPE2E-INFO: workload: $done"
 h1=$(hits)
 c1=$(bycomm)
+busybox wget -q -O - http://127.0.0.1:9477/metrics 2>&1 | grep -E "^wget|^xenprobesd_(map_value|guest_read_errors_total|probe_hits_total)" | sed "s/^/XPE2E-INFO: metrics: /"
 echo "XPE2E-INFO: status: $(/usr/sbin/xenprobesd status --socket "$SOCK" 2>&1 | tr '\n' ' ')"
 case "$done" in *"getppid=$GETPPID "*"ok=1"*) ;; *) stop_daemon; domu_release "$domid"; result FAIL "the workload's own report: $done" ;; esac
 [ -n "$h0" ] && [ -n "$h1" ] || { stop_daemon; domu_release "$domid"; result FAIL "no hit count for $N in xenprobesd status (before: '$h0', after: '$h1')"; }
