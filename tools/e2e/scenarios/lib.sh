@@ -20,8 +20,17 @@ result() {
   exit 0
 }
 
+# domain_booting <domid>: the domain exists and is neither shut down, crashed nor dying (xl
+# list's state letters s, c, d).
+domain_booting() {
+  _st=$(xl list "$1" 2>/dev/null | awk 'NR == 2 { print $5 }')
+  case "$_st" in "" | *s* | *c* | *d*) return 1 ;; esac
+  return 0
+}
+
 # domu_start <name> <extra kernel args>: creates a PV DomU (DOMU_TYPE=pvh: a PVH one) running
-# Dom0's kernel with the e2e initramfs; prints its domid.
+# Dom0's kernel with the e2e initramfs; prints its domid once the guest's init said its first
+# line (or after 120 s).
 domu_start() {
   CUR_DOMU=$1
   rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
@@ -47,6 +56,7 @@ extra = "console=hvc0 rdinit=/init $2"
 memory = 256
 vcpus = 2
 on_crash = "preserve"
+on_reboot = "destroy"
 EOF
   # Debian's xl aborts now and then under this setup (heap corruption, seen on the first
   # create of a fresh boot too; docs/e2e.md): retry, and keep its verbose log as evidence.
@@ -55,12 +65,32 @@ EOF
     timeout 60 xl -vvv create ${XL_CREATE_FLAGS:-} "/tmp/$1.cfg" >"/tmp/$1.create.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then
-      if [ $try -gt 1 ]; then
-        echo "XPE2E-INFO: xl create of $1 succeeded on try $try" >&2
-        echo "xl create of $1 needed $try tries" >>"/tmp/$S.notes"
+      _id=$(xl domid "$1")
+      # Its own boot, up to the init's first line, runs nothing of ours (the module loads
+      # later): a guest that dies there (a triple fault in the early TSC calibration of a PVH
+      # 6.12 guest under TCG, once in run 20261126-173751-18059; it "rebooted" under a new
+      # domid) is created again, and the result line says so.
+      _w=0
+      while [ $_w -lt 600 ] && ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; do
+        sleep 0.2
+        _w=$((_w + 1))
+      done
+      if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null || [ $_w -ge 600 ]; then
+        if [ $try -gt 1 ]; then
+          echo "XPE2E-INFO: $1 created on try $try" >&2
+          echo "$1 needed $try tries" >>"/tmp/$S.notes"
+        fi
+        echo "$_id"
+        return 0
       fi
-      xl domid "$1"
-      return 0
+      echo "XPE2E-INFO: DomU $1 (domain $_id) died in its own boot, before anything of ours ran in it (try $try); Xen's log:" >&2
+      xl dmesg 2>/dev/null | grep -a "d$_id" | tail -n 6 | sed 's/^/XPE2E-INFO: xl dmesg: /' >&2
+      tail -n 5 "$(console_log "$1")" 2>/dev/null | sed 's/^/XPE2E-INFO: its console: /' >&2
+      echo "DomU $1 died in its own boot (try $try, $(xl dmesg 2>/dev/null | grep -a "d$_id" | grep -o 'Triple fault' | head -n 1))" >>"/tmp/$S.notes"
+      timeout 30 xl destroy "$_id" >/dev/null 2>&1
+      rm -f "$(console_log "$1")"
+      sleep 1
+      continue
     fi
     echo "XPE2E-INFO: xl create of $1 failed (try $try, exit $rc); the end of its -vvv log:" >&2
     tail -n 12 "/tmp/$1.create.log" | sed 's/^/XPE2E-INFO: xl create: /' >&2
