@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,11 @@ struct Options {
 [[noreturn]] void die(const std::string& msg) {
   std::fprintf(stderr, "xenprobe: %s\n", msg.c_str());
   std::exit(1);
+}
+
+// Does `spec` (-d or the DOMAIN of --symbols: a name, a domid or a glob of names) name it?
+bool names_domain(const std::string& spec, const std::string& name, DomId id) {
+  return spec == name || spec == std::to_string(id.value) || fnmatch(spec.c_str(), name.c_str(), 0) == 0;
 }
 
 // A domain the user selected, with what xenprobe keeps for it.
@@ -296,7 +302,7 @@ class Tool {
   // The domains -d names (or the only guest), with their kernels' symbols unless `symbols` is
   // false.
   void select_domains(bool symbols = true) {
-    std::vector<std::string> given_symbols;  // the DOMAIN parts of --symbols
+    std::set<std::uint32_t> given_symbols;  // domains --symbols gave a file for
     auto doms = session_->hypervisor().list_domains();
     if (!doms) die("cannot list the domains: " + doms.error().what);
     std::vector<xenprobes::hv::DomainInfo> guests;
@@ -318,7 +324,7 @@ class Tool {
       bool any = false;
       for (auto& g : guests) {
         const std::string n = name_of(g);
-        if (want == std::to_string(g.domid.value) || want == n || fnmatch(want.c_str(), n.c_str(), 0) == 0) {
+        if (names_domain(want, n, g.domid)) {
           any = true;
           if (std::none_of(chosen.begin(), chosen.end(), [&](auto& c) { return c.domid == g.domid; })) chosen.push_back(g);
         }
@@ -337,22 +343,19 @@ class Tool {
       std::string dom = spec.substr(0, eq), file = spec.substr(eq + 1);
       bool any = false;
       for (Target& t : targets_)
-        if (dom == t.name || dom == std::to_string(t.id.value) || fnmatch(dom.c_str(), t.name.c_str(), 0) == 0) {
+        if (names_domain(dom, t.name, t.id)) {
           any = true;
           if (auto r = session_->load_symbols(t.id, file); !r) die("--symbols " + spec + ": " + r.error().what);
+          given_symbols.insert(t.id.value);
         }
       if (!any) die("--symbols " + spec + ": " + dom + " is not one of the selected domains");
-      given_symbols.push_back(dom);
     }
     // The others: the kernel's own kallsyms, found and decoded in the guest's memory (KASLR
     // included: the tables hold running addresses). The simulated Xen's demo guest comes with
     // its System.map, which the library loads by itself.
     if (!symbols || session_->hypervisor().name() == "sim") return;
     for (Target& t : targets_) {
-      bool given = false;
-      for (const std::string& d : given_symbols)
-        given = given || d == t.name || d == std::to_string(t.id.value) || fnmatch(d.c_str(), t.name.c_str(), 0) == 0;
-      if (given) continue;
+      if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
         die("domain " + t.name + ": " + r.error().what + " (or give its System.map or a /proc/kallsyms copy with --symbols " +
             t.name + "=FILE)");
