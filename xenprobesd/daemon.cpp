@@ -26,7 +26,7 @@ constexpr auto kScanEvery = 2s;  // a full look at the domains, besides the xens
 constexpr auto kTextfileEvery = 15s;
 constexpr auto kWatchdogEvery = 1s;
 constexpr int kLoopWaitMs = 100;  // the longest a signal or a metrics request waits for the loop
-constexpr std::chrono::seconds kFirstRetryBackoff{2};  // a failed attachment tried again (ProgramState::Retry)
+constexpr std::chrono::seconds kFirstRetryBackoff{2};  // a failed attachment tried again (ProgramState::Failure)
 constexpr std::chrono::seconds kMaxRetryBackoff{60};
 
 std::string domain_name(const xenprobes::hv::DomainInfo& d) {
@@ -361,13 +361,12 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     for (ProbeEntry& pe : a->probes)
       if (pe.probe) (void)pe.probe.unregister();
     // The same reason again: logged once, tried again later and later.
-    auto prev = prog.failed.find(a->key);
-    const bool repeat = prev != prog.failed.end() && prev->second == failure;
-    ProgramState::Retry& rt = prog.retry[a->key];
-    rt.backoff = repeat ? std::min(rt.backoff * 2, kMaxRetryBackoff) : kFirstRetryBackoff;
-    rt.tries = repeat ? rt.tries + 1 : 1;
-    rt.at = Clock::now() + rt.backoff;
-    prog.failed[a->key] = failure;
+    ProgramState::Failure& f0 = prog.failed[a->key];
+    const bool repeat = f0.tries > 0 && f0.why == failure;
+    f0.backoff = repeat ? std::min(f0.backoff * 2, kMaxRetryBackoff) : kFirstRetryBackoff;
+    f0.tries = repeat ? f0.tries + 1 : 1;
+    f0.retry_at = Clock::now() + f0.backoff;
+    f0.why = failure;
     if (repeat) return;
     ordered_json f{{"domain", name}, {"domid", d.domid.value}, {"program", cfg.name}, {"body", failure}};
     log_.write("attach_failed", "ERROR", f);
@@ -397,7 +396,6 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   if (a->instance->exit_requested()) a->exited = true;
   names_[a->key] = name;
   prog.failed.erase(a->key);
-  prog.retry.erase(a->key);
   prog.attached[a->key] = std::move(a);
 }
 
@@ -452,7 +450,6 @@ void Daemon::domain_gone(const DomainKey& key, const std::string& why) {
   bool any = false;
   for (auto& p : programs_) {
     p->failed.erase(key);
-    p->retry.erase(key);
     auto it = p->attached.find(key);
     if (it == p->attached.end()) continue;
     any = true;
@@ -511,11 +508,10 @@ void Daemon::scan(const char* why) {
           p->attached.erase(it);
         }
       } else if (want) {
-        auto r = p->retry.find(k);
-        if (!p->failed.contains(k) || (r != p->retry.end() && Clock::now() >= r->second.at)) attach(*p, *d, name);
-      } else if (p->failed.contains(k)) {
+        auto f = p->failed.find(k);
+        if (f == p->failed.end() || Clock::now() >= f->second.retry_at) attach(*p, *d, name);
+      } else {
         p->failed.erase(k);  // no longer selected: nothing to try again
-        p->retry.erase(k);
       }
     }
   }
@@ -602,7 +598,6 @@ std::string Daemon::apply(Config next) {
       np.compiled = (*old)->cfg.compiled;
       (*old)->cfg = std::move(np);
       (*old)->failed.clear();
-      (*old)->retry.clear();
       kept.push_back((*old)->cfg.name);
       programs.push_back(std::move(*old));
       continue;
@@ -814,14 +809,11 @@ std::string Daemon::status_text() {
              std::to_string(missed) + " missed, " + std::to_string(a->events) + " events, " +
              std::to_string(a->dropped) + " dropped" + (a->exited ? ", exited" : "") + "\n";
     }
-    for (auto& [k, why] : p->failed) {
-      out += "  domain " + std::to_string(k.domid) + ": not attached: " + why;
-      if (auto r = p->retry.find(k); r != p->retry.end()) {
-        const auto left = std::chrono::duration_cast<std::chrono::seconds>(r->second.at - Clock::now()).count();
-        out += " (" + std::to_string(r->second.tries) + (r->second.tries == 1 ? " try" : " tries") + ", the next in " +
-               std::to_string(std::max<std::int64_t>(left, 0)) + " s)";
-      }
-      out += "\n";
+    for (auto& [k, f] : p->failed) {
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(f.retry_at - Clock::now()).count();
+      out += "  domain " + std::to_string(k.domid) + ": not attached: " + f.why + " (" + std::to_string(f.tries) +
+             (f.tries == 1 ? " try" : " tries") + ", the next in " + std::to_string(std::max<std::int64_t>(left, 0)) +
+             " s)\n";
     }
   }
   return out;

@@ -121,16 +121,16 @@ struct Attachment {
 struct ProgramState {
   ProgramConfig cfg;
   std::map<DomainKey, std::unique_ptr<Attachment>> attached;
-  std::map<DomainKey, std::string> failed;  // domains it could not attach to, and why
-  // When a failed pair is tried again: a guest that boots has no guest module (and no probe-able
-  // channel) at first, so a failure is retried after 2 s, the wait doubling up to 60 s while the
-  // reason stays the same. A reload tries every failed pair at once.
-  struct Retry {
-    Clock::time_point at;
+  // A domain it could not attach to: why, and when it is tried again. A guest that boots has no
+  // guest module (and no probe-able channel) at first, so a failure is retried after 2 s, the
+  // wait doubling up to 60 s while the reason stays the same. A reload tries every one at once.
+  struct Failure {
+    std::string why;
+    Clock::time_point retry_at;
     std::chrono::seconds backoff{0};
     unsigned tries = 0;  // attempts that failed with this reason
   };
-  std::map<DomainKey, Retry> retry;
+  std::map<DomainKey, Failure> failed;
 };
 
 class Daemon {
