@@ -102,6 +102,7 @@ struct Options {
   std::string list_pattern = "*";
   bool check_only = false;
   unsigned maxactive = 64;
+  std::size_t max_map_keys = xenprobe::kDefaultMaxMapKeys;
 };
 
 [[noreturn]] void die(const std::string& msg) {
@@ -396,7 +397,8 @@ class Tool {
         if (!a) fail_attach(t, "kaddr(\"" + sym + "\"): " + a.error().what);
         kaddrs.push_back(static_cast<std::int64_t>(a->value));
       }
-      t.instance = std::make_unique<Instance>(compiled_, *out_, t.name, std::move(kaddrs));
+      t.instance = std::make_unique<Instance>(compiled_, *out_, t.name, std::move(kaddrs),
+                                              xenprobe::Limits{.max_map_keys = o_.max_map_keys});
       t.next_interval.assign(compiled_.program.blocks.size(), Clock::time_point::max());
       std::size_t skipped = 0;
       std::string first_skip;
@@ -626,6 +628,11 @@ class Tool {
           std::fprintf(stderr, "xenprobe: %s: lost %llu events (hits the guest went through without a handler)\n",
                        t.name.c_str(), static_cast<unsigned long long>(t.lost));
       }
+      for (std::size_t m = 0; m < compiled_.maps.size(); ++m)
+        if (auto n = t.instance->updates_dropped(static_cast<int>(m)))
+          std::fprintf(stderr, "xenprobe: %s: map %s was full (%zu keys): %llu updates with new keys dropped\n",
+                       t.name.c_str(), compiled_.maps[m].name.c_str(), o_.max_map_keys,
+                       static_cast<unsigned long long>(n));
       if (t.instance->read_errors())
         std::fprintf(stderr, "xenprobe: %s: %llu guest memory reads failed and gave 0 or \"\"\n", t.name.c_str(),
                      static_cast<unsigned long long>(t.instance->read_errors()));
@@ -703,6 +710,10 @@ int main(int argc, char** argv) {
                  "calls of one kretprobe's function tracked at once (default 64; a deeper recursion or more "
                  "concurrent calls are counted in lost_events)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--max-map-keys", o.max_map_keys,
+                 "keys one map holds per domain (default 4096); an update with a new key to a full map is "
+                 "dropped and counted")
+      ->check(CLI::Range(std::size_t{1}, xenprobe::kMaxMapKeysLimit));
   app.add_option("--duration", o.duration, "stop after this many seconds")->check(CLI::PositiveNumber);
   auto* list = app.add_subcommand("list", "list the functions of the guest kernel(s) that kprobe can name");
   list->add_option("pattern", o.list_pattern, "a glob of function names (default '*'); kprobe: prefix allowed");
@@ -713,7 +724,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
-    return app.exit(err);
+    // CLI11's own codes (105 for a bad value, ...) would contradict the documented exit status.
+    return app.exit(err) == 0 ? 0 : 1;
   }
   xenprobe::Tool tool(o);
   if (*list) return tool.run_list();

@@ -65,6 +65,10 @@ void Output::record(const std::string& domain, const char* type, const std::stri
   std::fflush(out_);
 }
 
+void Output::warning(const std::string& domain, const std::string& msg) {
+  std::fprintf(stderr, "xenprobe: %s: %s\n", domain.c_str(), msg.c_str());
+}
+
 void Output::flush() {
   for (auto& [domain, part] : partial_)
     if (!part.empty()) {
@@ -108,9 +112,15 @@ bool key_less(const std::vector<Value>& a, const std::vector<Value>& b) {
 
 }  // namespace
 
-Instance::Instance(const Compiled& c, Output& out, std::string domain, std::vector<std::int64_t> kaddrs)
-    : c_(c), out_(out), domain_(std::move(domain)), kaddrs_(std::move(kaddrs)), maps_(c.maps.size()),
-      vars_(static_cast<std::size_t>(c.max_vars)) {}
+Instance::Instance(const Compiled& c, Output& out, std::string domain, std::vector<std::int64_t> kaddrs, Limits l)
+    : c_(c), out_(out), domain_(std::move(domain)), kaddrs_(std::move(kaddrs)), maps_(c.maps.size()), limits_(l),
+      dropped_(c.maps.size(), 0), vars_(static_cast<std::size_t>(c.max_vars)) {}
+
+std::uint64_t Instance::updates_dropped() const {
+  std::uint64_t n = 0;
+  for (std::uint64_t d : dropped_) n += d;
+  return n;
+}
 
 void Instance::run(int b, const ProbeSite& site, xenprobes::HitContext* ctx) {
   ctx_ = ctx;
@@ -157,6 +167,7 @@ void Instance::statement(const Stmt& s) {
       Value v;
       eval(*s.value, v);
       Entry* en = entry(*s.target, true);
+      if (!en) return;  // the map is full: counted
       if (c_.maps[static_cast<std::size_t>(s.target->slot)].kind == MapKind::Str)
         en->s = std::move(v.s);
       else
@@ -190,6 +201,13 @@ Instance::Entry* Instance::entry(const Expr& target, bool create) {
   auto it = t.find(std::string_view(key_));
   if (it != t.end()) return &it->second;
   if (!create) return nullptr;
+  if (t.size() >= limits_.max_map_keys) {
+    if (dropped_[static_cast<std::size_t>(target.slot)]++ == 0)
+      out_.warning(domain_, "map " + d.name + " is full (" + std::to_string(limits_.max_map_keys) +
+                                " keys): updates with new keys are dropped and counted; raise the limit "
+                                "(xenprobe --max-map-keys, xenprobesd max_map_keys) or clear() or delete() the map");
+    return nullptr;
+  }
   Entry e;
   e.keys.assign(std::make_move_iterator(keys), std::make_move_iterator(keys + n));
   if (d.kind == MapKind::Hist) e.buckets.assign(kHistBuckets, 0);
@@ -202,6 +220,7 @@ void Instance::aggregate(const Stmt& s) {
   const Expr& call = *s.value;
   const std::int64_t x = call.kids.empty() ? 0 : eval_int(*call.kids[0]);
   Entry* e = entry(*s.target, true);
+  if (!e) return;  // the map is full: counted
   switch (d.kind) {
     case MapKind::Count: ++e->v; break;
     case MapKind::Sum: e->v += x; break;

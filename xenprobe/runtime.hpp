@@ -30,6 +30,8 @@ class Output {
   virtual void text(const std::string& domain, std::string_view s);
   virtual void record(const std::string& domain, const char* type, const std::string& data_json);
   virtual void flush();  // ends partial lines
+  // A warning about one domain's instance (a map is full): on stderr, "xenprobe: DOMAIN: msg".
+  virtual void warning(const std::string& domain, const std::string& msg);
 
  private:
   OutputFormat format_;
@@ -49,9 +51,19 @@ struct Value {
   std::string s;
 };
 
+// What one instance may hold. Map keys come from the guest (a string it wrote, an argument it
+// chose): without a bound, a guest that makes every key unique grows Dom0's memory without end.
+// A full map takes no new key: the update is dropped, counted, and warned about once per map.
+// Worst case per map: max_map_keys entries of at most kMaxKeys key parts of kMaxStrLen bytes.
+inline constexpr std::size_t kDefaultMaxMapKeys = 4096;  // as bpftrace's default map size
+inline constexpr std::size_t kMaxMapKeysLimit = 1'000'000;
+struct Limits {
+  std::size_t max_map_keys = kDefaultMaxMapKeys;  // keys per map, 1 ... kMaxMapKeysLimit
+};
+
 class Instance {
  public:
-  Instance(const Compiled&, Output&, std::string domain, std::vector<std::int64_t> kaddrs);
+  Instance(const Compiled&, Output&, std::string domain, std::vector<std::int64_t> kaddrs, Limits = {});
 
   // Runs block `b` (predicate, then body) for one hit (ctx non-null) or for BEGIN, END and
   // interval (ctx null).
@@ -59,6 +71,12 @@ class Instance {
   bool exit_requested() const { return exit_; }
   std::uint64_t read_errors() const { return read_errors_; }
   const std::string& domain() const { return domain_; }
+  // Updates dropped because their map was full (a new key, max_map_keys reached): in all maps,
+  // or in the map of that slot (Compiled::maps).
+  std::uint64_t updates_dropped() const;
+  std::uint64_t updates_dropped(int slot) const { return dropped_[static_cast<std::size_t>(slot)]; }
+  // A new bound takes effect for the next new key; a map already over it keeps its keys.
+  void set_limits(Limits l) { limits_ = l; }
 
   void print_map(int slot);
   void print_all_maps();
@@ -97,6 +115,8 @@ class Instance {
   std::string domain_;
   std::vector<std::int64_t> kaddrs_;
   std::vector<Table> maps_;
+  Limits limits_;
+  std::vector<std::uint64_t> dropped_;  // per map slot
   std::vector<Value> vars_;
   std::string key_;       // scratch: the encoded key of the entry being looked up
   std::string printf_;    // scratch: printf's output

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lang.hpp"
+#include "runtime.hpp"
 
 namespace xenprobesd {
 
@@ -433,7 +434,8 @@ Config parse_config(const std::string& text, const std::string& path) {
     const toml::table* t = d->as_table();
     if (!t) r.fail(d->source(), "daemon must be a table", "write [daemon] and its keys below");
     known_keys(r, *t,
-               {"channel", "event_log", "metrics_listen", "metrics_textfile", "control_socket", "max_map_series"},
+               {"channel", "event_log", "metrics_listen", "metrics_textfile", "control_socket", "max_map_series",
+                "max_map_keys"},
                "[daemon]");
     if (auto* v = t->get("channel")) {
       c.channel = get_string(r, *v, "channel");
@@ -454,6 +456,9 @@ Config parse_config(const std::string& text, const std::string& path) {
     if (auto* v = t->get("control_socket")) c.control_socket = get_string(r, *v, "control_socket");
     if (auto* v = t->get("max_map_series"))
       c.max_map_series = static_cast<unsigned>(get_int(r, *v, "max_map_series", 0, 100000));
+    if (auto* v = t->get("max_map_keys"))
+      c.max_map_keys = static_cast<std::size_t>(
+          get_int(r, *v, "max_map_keys", 1, static_cast<std::int64_t>(xenprobe::kMaxMapKeysLimit)));
   }
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (auto* p = root.get("program")) {

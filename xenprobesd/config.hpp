@@ -58,6 +58,7 @@ struct Config {
   std::string metrics_textfile;                   // "" = none
   std::string control_socket;                     // "" = none
   unsigned max_map_series = 1000;                 // exported keys per map and domain
+  std::size_t max_map_keys = 4096;                // keys a map holds per domain (xenprobe::Limits)
   std::vector<ProgramConfig> programs;
 };
 

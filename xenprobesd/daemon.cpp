@@ -118,6 +118,15 @@ class EventSink final : public xenprobe::Output {
     f["body"] = ordered_json::parse(data_json, nullptr, false);
     d_.log_.write(type, "INFO", f);
   }
+  // Once per map and domain (the runtime says when a map first refuses a key): not rate-limited.
+  void warning(const std::string& domain, const std::string& msg) override {
+    ordered_json f;
+    f["domain"] = domain;
+    f["domid"] = a_.id.value;
+    f["program"] = a_.program->cfg.name;
+    f["body"] = msg;
+    d_.log_.write("map_full", "WARN", f);
+  }
 
  private:
   Daemon& d_;
@@ -290,7 +299,8 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     }
   a->sink = std::make_unique<EventSink>(*this, *a);
   if (a->compiled) {  // else failure says why and nothing below runs
-    a->instance = std::make_unique<xenprobe::Instance>(*a->compiled, *a->sink, name, std::move(kaddrs));
+    a->instance = std::make_unique<xenprobe::Instance>(*a->compiled, *a->sink, name, std::move(kaddrs),
+                                                       xenprobe::Limits{.max_map_keys = config_.max_map_keys});
     a->next_interval.assign(a->compiled->program.blocks.size(), Clock::time_point::max());
   }
   std::size_t skipped = 0;
@@ -674,6 +684,9 @@ std::string Daemon::reload() {
   std::vector<ProgramConfig> programs = std::move(next.programs);
   config_ = next;
   config_.path = path;
+  for (auto& p : programs_)
+    for (auto& [k, a] : p->attached)
+      if (a->instance) a->instance->set_limits(xenprobe::Limits{.max_map_keys = config_.max_map_keys});
   Config with;
   with.programs = std::move(programs);
   return apply(std::move(with));
@@ -722,6 +735,8 @@ std::string Daemon::render_metrics() {
   x.family("xenprobesd_map_value", "gauge",
            "The programs' map values (count, sum, min, max, avg, integers; hist and lhist: their number of samples).");
   x.family("xenprobesd_map_keys_not_exported", "gauge", "Keys of a map beyond max_map_series, not exported.");
+  x.family("xenprobesd_map_updates_dropped_total", "counter",
+           "Map updates with a new key dropped because the map held max_map_keys keys.");
   x.family("xenprobesd_config_reloads_total", "counter", "Configuration reloads, by result.");
   x.family("xenprobesd_config_last_reload_successful", "gauge",
            "1 if the last reload was accepted (or none happened).");
@@ -743,7 +758,13 @@ std::string Daemon::render_metrics() {
       info.emplace_back("channel", a->channel);
       x.add("xenprobesd_attachment_info", info, std::uint64_t{a->exited ? 0u : 1u});
       if (!p->cfg.wants_metrics()) continue;
-      for (const xenprobe::MapDecl& m : a->compiled->maps) {
+      for (std::size_t slot = 0; slot < a->compiled->maps.size(); ++slot) {
+        const xenprobe::MapDecl& m = a->compiled->maps[slot];
+        if (auto n = a->instance->updates_dropped(static_cast<int>(slot))) {
+          Labels l = dp;
+          l.emplace_back("map", m.name);
+          x.add("xenprobesd_map_updates_dropped_total", l, n);
+        }
         if (m.kind == xenprobe::MapKind::Str) continue;  // a string has no value to export
         auto snap = a->instance->snapshot(m.name);
         std::size_t n = 0;

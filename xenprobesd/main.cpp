@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11's own codes (105 for a bad value, ...) would contradict the documented exit status.
+    return app.exit(e) == 0 ? 0 : 1;
   }
   if (*status_cmd || *reload_cmd) {
     if (socket_path.empty()) {

@@ -264,6 +264,40 @@ TEST(Xenprobe, ReturnsBeyondMaxactiveAreLostEvents) {
   EXPECT_EQ(map_data(recs, "@rec").get<std::uint64_t>() + lost, calls);
 }
 
+// A guest can make every key unique (an argument it chooses, a string it writes): a map holds
+// at most --max-map-keys keys. A full map drops updates with new keys, counts them, warns once;
+// its existing keys go on counting. 2K hits: @n numbers them 1..2K.
+TEST(Xenprobe, AFullMapDropsNewKeysCountsThemAndKeepsCounting) {
+  constexpr std::uint64_t K = 30;
+  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "--max-map-keys", "10", "-f", "json", "-e",
+                               "kprobe:sys_getppid { @n = count(); @flood[@n] = count(); @mod[@n % 12] = count(); }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto recs = records(r.out);
+  EXPECT_EQ(map_data(recs, "@n").get<std::uint64_t>(), 2 * K);
+  json flood = map_data(recs, "@flood");
+  ASSERT_EQ(flood.size(), 10u) << flood;
+  for (int k = 1; k <= 10; ++k) EXPECT_EQ(flood[std::to_string(k)], 1) << k;
+  // @mod: keys 1..10 come first and take the map; 11 and 0 never get in; every n = k mod 12
+  // of 1..60 still counts for k in 1..10: five each.
+  json mod = map_data(recs, "@mod");
+  ASSERT_EQ(mod.size(), 10u) << mod;
+  for (int k = 1; k <= 10; ++k) EXPECT_EQ(mod[std::to_string(k)], 5) << k;
+  auto occurrences = [&](const std::string& s) {
+    std::size_t n = 0;
+    for (std::size_t at = r.err.find(s); at != std::string::npos; at = r.err.find(s, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(occurrences("sim-1: map @flood is full (10 keys): updates with new keys are dropped"), 1u) << r.err;
+  EXPECT_EQ(occurrences("sim-1: map @mod is full (10 keys)"), 1u) << r.err;
+  EXPECT_EQ(occurrences("sim-1: map @flood was full (10 keys): 50 updates with new keys dropped"), 1u) << r.err;
+  EXPECT_EQ(occurrences("sim-1: map @mod was full (10 keys): 10 updates with new keys dropped"), 1u) << r.err;
+  EXPECT_EQ(occurrences("map @n"), 0u) << r.err;
+
+  ToolRun bad = run(args(kSim1, {"--max-map-keys", "0", "-e", "BEGIN { }"}));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--max-map-keys"), std::string::npos) << bad.err;
+}
+
 // The counts do not depend on the channel the hits come through.
 TEST(Xenprobe, ExactCountsOnEveryChannel) {
   constexpr std::uint64_t K = 6;

@@ -726,6 +726,46 @@ events_per_second = 0.000001
   EXPECT_EQ(d.stop(), 0) << d.err();
 }
 
+// A guest that makes every key unique cannot grow the daemon's memory: each map holds at most
+// max_map_keys keys per domain; updates with new keys are dropped, counted in the metrics and
+// logged once per map.
+TEST(xenprobesd, AFullMapDropsNewKeysAndSaysSoOnce) {
+  TempDir t;
+  const std::string prog = R"(
+[[program]]
+name = "flood"
+source = 'kprobe:sys_getppid { @n = count(); @flood[@n] = count(); }'
+domains = [{ glob = "*" }]
+)";
+  auto cfg = t.write("c.toml", daemon_section("max_map_keys = 10") + prog);
+  Daemon d(cfg, sim(1), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  json full = d.next("map_full", "sim-1");
+  ASSERT_FALSE(full.is_null());
+  EXPECT_EQ(full["program"], "flood");
+  EXPECT_NE(full["body"].get<std::string>().find("map @flood is full (10 keys)"), std::string::npos) << full;
+  ASSERT_FALSE(d.next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  const std::string l = "{domain=\"sim-1\",program=\"flood\",map=\"@flood\"}";
+  EXPECT_EQ(sample(m, "xenprobesd_map_updates_dropped_total" + l), 2 * K - 10) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@n\",key=\"\"}"), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@flood\",key=\"10\"}"), 1) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@flood\",key=\"11\"}"), -1) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_updates_dropped_total{domain=\"sim-1\",program=\"flood\",map=\"@n\"}"), -1)
+      << m;
+  expect_promtool_clean(m, t.path);
+  int warnings = 0;
+  for (const json& r : d.all()) warnings += r["kind"] == "map_full";
+  EXPECT_EQ(warnings, 1);
+  EXPECT_EQ(d.stop(), 0) << d.err();
+
+  TempDir bad;
+  auto zero = bad.write("c.toml", daemon_section("max_map_keys = 0") + prog);
+  auto [st, out] = shell(std::string(XENPROBESD_BIN) + " --check-config -c " + zero.string());
+  EXPECT_EQ(st, 1) << out;
+  EXPECT_NE(out.find("max_map_keys"), std::string::npos) << out;
+}
+
 // A reload that only changes a program's selectors keeps the program: it detaches from the
 // domains no longer selected and keeps its counters in the others.
 TEST(xenprobesd, ReloadWithNewSelectorsKeepsTheProgramWhereItStillApplies) {
