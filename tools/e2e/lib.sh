@@ -25,7 +25,8 @@ e2e_platform() {
       E2E_KERNEL_VERSION=6.1.176-1
       # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp);
       # libtomlplusplus3, libcpp-httplib0.11, libsystemd0: xenprobesd's (its scenario runs it).
-      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0"
+      # systemd: stock_pv_xenprobesd_service boots Dom0 with systemd as PID 1 to run the unit.
+      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0,systemd"
       ;;
     trixie)
       # trixie main as the mirror serves it (Debian 13.8): its point releases moved Xen and

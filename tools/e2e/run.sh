@@ -31,7 +31,11 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [sto
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
   [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
-  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock)
+  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock
+  [stock_pv_xenprobesd_service]=stock)
+# Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
+# systemd, which runs the scenarios as a service).
+declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
 BENCH_SCENARIOS="bench_table1_guest bench_table1_debugger bench_table1_vmevent"
@@ -42,7 +46,7 @@ declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_proc
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobesd gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
+  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobesd stock_pv_xenprobesd_service gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
   trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pvh_vmevent trixie_pvh_kill9"
 # Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
 # trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
@@ -342,6 +346,9 @@ boot() {
   # (SCEN_BODY): dom0-init reads BODY_<scenario>.
   for s in $scen; do
     [ -z "${SCEN_BODY[$s]:-}" ] || printf 'BODY_%s=%s\n' "$s" "${SCEN_BODY[$s]}"
+  done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
+  for s in $scen; do
+    [ -z "${SCEN_SYSTEMD[$s]:-}" ] || { echo "DOM0_SYSTEMD=1"; break; }
   done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   (cd "$P" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/payload.cpio.gz"
   (cd "$d/payload-conf" && find xpe2e | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$d/conf.cpio.gz"
