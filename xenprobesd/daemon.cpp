@@ -163,6 +163,7 @@ void Daemon::open_session() {
     for (unsigned i = 1; i <= sim_.guests; ++i) sim_create("sim-" + std::to_string(i));
     for (const std::string& c : sim_.create) creates_.push_back(parse_cue(c, "--sim-create"));
     for (const std::string& c : sim_.destroy) destroys_.push_back(parse_cue(c, "--sim-destroy"));
+    for (const std::string& c : sim_.crash) crashes_.push_back(parse_cue(c, "--sim-crash"));
     std::fprintf(stderr, "xenprobesd: the SIMULATED Xen (--sim): %u demo guest(s) at start\n", sim_.guests);
   } else {
     if (access("/dev/xen/privcmd", F_OK) != 0 && access("/proc/xen/privcmd", F_OK) != 0)
@@ -546,6 +547,13 @@ void Daemon::on_hit(Attachment& a, ProbeEntry& pe, xenprobes::HitContext& c) {
       if (auto r = host_->destroy_domain(a.id); !r)
         std::fprintf(stderr, "xenprobesd: --sim-destroy %s: %s\n", cue.name.c_str(), r.error().what.c_str());
     }
+  // --sim-crash: the guest's kernel panics there instead (the domain stays, crashed).
+  for (SimCue& cue : crashes_)
+    if (!cue.done && cue.name == a.domain && n >= cue.hits) {
+      cue.done = true;
+      if (auto r = host_->crash_domain(a.id, "--sim-crash"); !r)
+        std::fprintf(stderr, "xenprobesd: --sim-crash %s: %s\n", cue.name.c_str(), r.error().what.c_str());
+    }
 }
 
 void Daemon::run_intervals() {
@@ -704,7 +712,7 @@ void Daemon::sim_step() {
   if (!sim_paused_.empty()) return;
   for (std::uint32_t id : sim_domids_) {
     auto info = watcher_->domain_info(DomId{id});
-    if (!info) continue;  // destroyed
+    if (!info || info->crashed || info->dying) continue;  // destroyed, or halted for good
     if (!host_->wait_halted(DomId{id}, 0ms)) return;
   }
   sim_idle_logged_ = true;

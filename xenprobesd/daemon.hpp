@@ -43,6 +43,7 @@ struct SimPlan {
   std::string type = "pv";
   std::vector<std::string> create;   // NAME@HITS: a guest created (paused, like xl create -p) after HITS hits in all
   std::vector<std::string> destroy;  // NAME@HITS: destroyed inside its HITS-th hit's handler
+  std::vector<std::string> crash;    // NAME@HITS: its kernel panics inside its HITS-th hit's handler
   std::vector<std::string> labels;   // NAME:KEY=VALUE written to /local/domain/<id>/KEY at creation
 };
 
@@ -198,7 +199,7 @@ class Daemon {
   bool last_reload_ok_ = true;
   Clock::time_point started_;
 
-  std::vector<SimCue> creates_, destroys_;
+  std::vector<SimCue> creates_, destroys_, crashes_;
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
   std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read

@@ -42,7 +42,8 @@ SIMULATED XEN
   --sim runs against the library's simulated Xen inside this process: --sim-guests N demo
   guests sim-1..sim-N (created paused, started once the daemon has attached), --sim-iterations
   K iterations of their workload each; --sim-create NAME@HITS creates a guest after HITS hits
-  in all, --sim-destroy NAME@HITS destroys one inside the handler of its HITS-th hit,
+  in all, --sim-destroy NAME@HITS destroys one inside the handler of its HITS-th hit
+  (--sim-crash NAME@HITS: its kernel panics there, the domain stays, crashed),
   --sim-label NAME:KEY=VALUE writes /local/domain/<id>/KEY for a guest when it is created.
 )";
 
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--sim-type", sim.type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
   app.add_option("--sim-create", sim.create, "NAME@HITS: create a simulated guest after HITS hits in all");
   app.add_option("--sim-destroy", sim.destroy, "NAME@HITS: destroy that guest inside the handler of its HITS-th hit");
+  app.add_option("--sim-crash", sim.crash, "NAME@HITS: that guest's kernel panics inside the handler of its HITS-th hit");
   app.add_option("--sim-label", sim.labels, "NAME:KEY=VALUE: a xenstore key of a simulated guest");
   std::string socket_path;
   auto* status_cmd = app.add_subcommand("status", "print what the running daemon serves: programs, domains, counts");

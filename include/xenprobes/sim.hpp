@@ -123,6 +123,9 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   [[nodiscard]] virtual Result<DomId> create_domain(const DomainConfig&) = 0;
   // xl destroy: the domain dies, @releaseDomain fires, later calls get ESRCH.
   [[nodiscard]] virtual Result<void> destroy_domain(DomId) = 0;
+  // The guest kernel panics (on_crash = "preserve"): its vCPUs stop, @releaseDomain fires,
+  // the domain stays, shut down and crashed, until it is destroyed. `why` is its crash_reason.
+  [[nodiscard]] virtual Result<void> crash_domain(DomId, const std::string& why) = 0;
   // A new Hypervisor handle on this host.
   virtual std::unique_ptr<Hypervisor> open() = 0;
 

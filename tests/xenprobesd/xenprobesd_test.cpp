@@ -424,6 +424,32 @@ domains = [{ glob = "sim-*" }]
   EXPECT_NE(d.err().find("domain sim-2 (2) is gone (it was destroyed)"), std::string::npos) << d.err();
 }
 
+// A guest whose kernel panics inside a handler (the domain stays, crashed, as with xl's
+// on_crash = "preserve"): its attachment goes with the hits it had, the other guest's count is
+// exact, and nothing of the crashed one is exported any more.
+TEST(xenprobesd, AGuestThatCrashesMidProbeDetachesAndTheOthersGoOn) {
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section() + R"(
+[[program]]
+name = "p"
+source = 'kprobe:sys_getppid { @c = count(); }'
+domains = [{ glob = "sim-*" }]
+)");
+  Daemon d(cfg, sim(2, {"--sim-crash", "sim-2@20"}), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  json gone = d.next("detached", "sim-2");
+  ASSERT_FALSE(gone.is_null());
+  EXPECT_EQ(gone["hits"], 20);
+  EXPECT_EQ(gone["body"], "the domain is gone (it crashed)");
+  ASSERT_FALSE(d.seen_or_next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  EXPECT_EQ(sample(m, hits("sim-1", "p", "kprobe:sys_getppid")), 2 * K) << m;
+  EXPECT_EQ(m.find("sim-2"), std::string::npos) << m;
+  expect_promtool_clean(m, t.path);
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  EXPECT_NE(d.err().find("domain sim-2 (2) is gone (it crashed)"), std::string::npos) << d.err();
+}
+
 // SIGHUP: an unchanged program keeps its probes and counters, a changed one starts again, a
 // new one attaches, a removed one detaches. Then a bad configuration is rejected with its
 // file, line and reason, and the running one stays.

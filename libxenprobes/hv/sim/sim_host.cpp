@@ -157,6 +157,15 @@ Result<Vcpu*> SimHostImpl::vcpu(Domain& d, VcpuId v) {
 // ---------------------------------------------------------------------------------------
 // Public host API
 
+Result<void> SimHostImpl::crash_domain(DomId id, const std::string& why) {
+  std::unique_lock lk(mu_);
+  auto it = domains_.find(id);
+  if (it == domains_.end() || it->second->dying)
+    return fail(Errc::NoSuchDomain, "no domain " + std::to_string(id.value));
+  crash(*it->second, why);
+  return {};
+}
+
 Result<void> SimHostImpl::destroy_domain(DomId id) {
   std::unique_ptr<Domain> d;
   {

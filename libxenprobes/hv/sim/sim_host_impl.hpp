@@ -20,6 +20,7 @@ class SimHostImpl final : public SimHost {
 
   Result<DomId> create_domain(const DomainConfig&) override;
   Result<void> destroy_domain(DomId) override;
+  Result<void> crash_domain(DomId, const std::string& why) override;
   std::unique_ptr<Hypervisor> open() override;
   Result<GuestLayout> layout(DomId) override;
   Result<std::uint64_t> symbol(DomId, const std::string&) override;
