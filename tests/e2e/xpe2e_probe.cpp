@@ -6,12 +6,15 @@
 //       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
 //       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
 //       text is byte-identical to before.
-//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N] [--die-in getppid|call|filp]
+//   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
+//                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
 //       waiting for the answer at that moment): getppid's pre-handler (before the XrP entry
 //       there), the handler of the call inside __x64_sys_getppid (the XrP on getppid then has
 //       that call in flight), or do_filp_open's on the workload's file (the XrP on
-//       __x64_sys_openat has that call in flight). The text snapshot goes to FILE first.
+//       __x64_sys_openat has that call in flight). Or right after the N-th probe is registered
+//       (the workload not started: the scenario starts it), or, once the workload is done,
+//       right after the N-th probe is unregistered. The text snapshot goes to FILE first.
 //   xpe2e-probe verify-text --domid D --snapshot FILE [--timeout S] [--channel C]
 //       Waits until the kernel text equals the snapshot again and checks who restored it: the
 //       module's fail-safe (guest channel: dom0_gone, timeouts), or with --channel debugger or
@@ -152,7 +155,7 @@ struct Args {
   int timeout_s = 240;
   std::string snapshot;
   unsigned die_after = 50;
-  std::string die_in = "getppid";  // kill: the handler that SIGKILLs (getppid, call, filp)
+  std::string die_in = "getppid";  // kill: where it SIGKILLs itself (getppid, call, filp, register, unregister)
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
   std::string skip;  // comma-separated: xrp, branch, boosted, openat, openat2, filp, skipped (to bisect a failure)
   std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
@@ -217,7 +220,9 @@ Args parse(int argc, char** argv) {
       fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
-  if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp") fatal("--die-in: getppid, call or filp");
+  if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
+      a.die_in != "unregister")
+    fatal("--die-in: getppid, call, filp, register or unregister");
   if (a.cmd == "pair" && (!a.dom2.value || a.dom2 == a.dom)) fatal("pair: --domid2 (another domain) is required");
   return a;
 }
@@ -419,14 +424,17 @@ Counters g_c;
 unsigned g_die_after = 0;
 std::string g_die_in;
 
-// `where` names the handler calling; `hits` its count so far.
+// `where` names the handler calling (or register, unregister); `hits` its count so far.
 void maybe_die(const char* where, std::uint64_t hits) {
   if (g_die_after && g_die_in == where && hits == g_die_after) {
     const std::uint64_t getppid = g_c.ret_getppid_entries - g_c.ret_getppid_returns,
                         openat = g_c.ret_openat_entries - g_c.ret_openat_returns;
-    say("XPE2E-KILL: SIGKILL to myself inside the %s handler after %u hits (a vCPU waits for this answer); "
-        "XrP calls in flight: %" PRIu64 " (__x64_sys_getppid %" PRIu64 ", __x64_sys_openat %" PRIu64 ")",
-        where, g_die_after, getppid + openat, getppid, openat);
+    const bool in_handler = g_die_in != "register" && g_die_in != "unregister";
+    say("XPE2E-KILL: SIGKILL to myself %s %s %u %s%s; XrP calls in flight: %" PRIu64 " (__x64_sys_getppid %" PRIu64
+        ", __x64_sys_openat %" PRIu64 ")",
+        in_handler ? "inside the" : "right after", where, g_die_after,
+        in_handler ? "handler's hits" : "probes", in_handler ? " (a vCPU waits for this answer)" : "",
+        getppid + openat, getppid, openat);
     std::fflush(nullptr);
     ::kill(::getpid(), SIGKILL);
   }
@@ -442,6 +450,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                   {"do_unlinkat", unlink}};
   auto keep = [&](Probe p) -> Probe* {
     ps.probes.push_back(std::move(p));
+    maybe_die("register", ps.probes.size());  // kill --die-in register
     return &ps.probes.back();
   };
   ps.probes.reserve(16);  // handles are referred to by pointer below: no reallocation
@@ -890,8 +899,17 @@ int cmd_kill(const Args& a) {
   std::string d;
   check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
   auto done = run_workload(*s, a.dom, a.timeout_s);
-  // Only reached when the workload made fewer calls than --die-after-hits.
-  check("killed", false, fmt("the workload finished (%s) before %u hits", done.value_or("no done").c_str(), a.die_after));
+  if (a.die_in == "unregister") {
+    unsigned n = 0;
+    for (auto& p : ps.probes) {
+      if (auto r = p.unregister(); !r) check("unregister", false, r.error().what);
+      maybe_die("unregister", ++n);
+    }
+  }
+  // Only reached when the workload made fewer calls than --die-after-hits (or there were
+  // fewer probes).
+  check("killed", false, fmt("the workload finished (%s) before %u %s", done.value_or("no done").c_str(), a.die_after,
+                             a.die_in == "register" || a.die_in == "unregister" ? "probes" : "hits"));
   say("XPE2E-PROG kill FAIL %d", g_failed);
   return 1;
 }
