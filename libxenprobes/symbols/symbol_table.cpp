@@ -292,6 +292,17 @@ std::vector<Symbol> SymbolTable::matching(std::string_view pattern) const {
   std::vector<Symbol> out;
   for (std::uint32_t i : by_name_)
     if (::fnmatch(pat.c_str(), syms_[i].name.c_str(), 0) == 0) out.push_back(to_symbol(syms_[i]));
+  if (mods_.empty()) return out;
+  const bool qualified = pattern.find(':') != std::string_view::npos;
+  const std::size_t core = out.size();
+  for (std::uint32_t i : mods_by_name_) {
+    const ModuleFunction& f = mods_[i];
+    const std::string n = qualified ? f.module + ":" + f.name : f.name;
+    if (::fnmatch(pat.c_str(), n.c_str(), 0) == 0)
+      out.push_back(Symbol{f.name, Gva{f.start}, f.type, SymbolKind::Text, f.size, f.module});
+  }
+  std::inplace_merge(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(core), out.end(),
+                     [](const Symbol& a, const Symbol& b) { return a.name < b.name; });
   return out;
 }
 
@@ -300,7 +311,12 @@ Result<std::vector<Symbol>> SymbolTable::lookup(std::string_view name) const {
                                    [this](std::uint32_t i, std::string_view n) { return syms_[i].name < n; });
   const auto hi = std::upper_bound(lo, by_name_.end(), name,
                                    [this](std::string_view n, std::uint32_t i) { return n < syms_[i].name; });
-  if (lo == hi) return fail(Errc::NotFound, "no symbol " + quoted(name) + " in " + source_);
+  if (lo == hi) {
+    // Not the core kernel's: a loaded module's function ("func" or "module:func")?
+    if (auto m = module_lookup(name); !m.empty()) return m;
+    return fail(Errc::NotFound, "no symbol " + quoted(name) + " in " + source_ +
+                                    (mods_.empty() ? std::string{} : " or its loaded modules"));
+  }
   std::vector<Symbol> out;
   for (auto it = lo; it != hi; ++it) out.push_back(to_symbol(syms_[*it]));
   std::stable_sort(out.begin(), out.end(),
@@ -350,6 +366,7 @@ Result<Gva> SymbolTable::resolve(std::string_view expr) const {
   if (!is_valid_name(target))
     return fail(Errc::InvalidArgument, "bad symbol name " + quoted(target) + " in " + quoted(expr));
   const std::vector<Symbol> matches = XP_TRY(lookup(target));
+  if (!matches.front().module.empty()) return resolve_module(target, off, plus != std::string_view::npos);
   // Duplicates at one address (repeated lines, aliases) are harmless; distinct addresses are
   // same-named static functions, and picking one silently would probe the wrong code.
   std::vector<std::uint64_t> addrs;
@@ -372,6 +389,8 @@ Result<Gva> SymbolTable::resolve(std::string_view expr) const {
 }
 
 Result<Function> SymbolTable::function_containing(Gva addr) const {
+  if (const ModuleFunction* f = module_function_at(addr.value))
+    return Function{f->name + " [" + f->module + "]", Gva{f->start}, f->size};
   std::uint64_t link = 0;
   const std::size_t k = is_link_in_table(addr.value, &link) ? covering(link) : npos;
   if (k == npos)
@@ -391,6 +410,8 @@ Result<Function> SymbolTable::function_containing(Gva addr) const {
 }
 
 std::string SymbolTable::symbolize(Gva addr) const {
+  if (const ModuleFunction* f = module_function_at(addr.value))
+    return f->name + "+" + hex(addr.value - f->start) + " [" + f->module + "]";
   std::uint64_t link = 0;
   const std::size_t k = is_link_in_table(addr.value, &link) ? covering(link) : npos;
   if (k == npos) return hex(addr.value);

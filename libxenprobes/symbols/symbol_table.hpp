@@ -44,6 +44,17 @@ struct Symbol {
   char type = '?';          // nm type letter: T t W w (text), D d B b R r G g S s V v (data)
   SymbolKind kind = SymbolKind::Text;
   std::uint64_t size = 0;   // to the next symbol (see function_containing); 0 = unknown
+  std::string module{};     // a loaded module's function: its module ("" for the core kernel)
+};
+
+// A loaded module's function, as read from the guest (kernel/module_symbols.hpp): a running
+// address (modules are not slid with the kernel image) and a size inside the module's text.
+struct ModuleFunction {
+  std::string module;  // [A-Za-z0-9_.-]
+  std::string name;    // printable ASCII, no spaces, no ':'
+  std::uint64_t start = 0;
+  std::uint64_t size = 0;  // > 0
+  char type = 't';         // t T w W
 };
 
 // A function and its extent [start, start + size), at running addresses.
@@ -108,6 +119,18 @@ class SymbolTable {
   [[nodiscard]] Result<std::int64_t> slide_from_text(Gva running_text);
   std::int64_t slide() const { return slide_; }
 
+  // Loaded modules' functions (kernel/module_symbols.hpp), replacing any added before. Their
+  // addresses are running ones and are never slid. How names resolve with them:
+  //   "func"        the core kernel's symbol when it has one (as Linux's kallsyms_lookup_name);
+  //                 else the one module function of that name; in several modules: refused
+  //                 (InvalidArgument naming them, "write module:func")
+  //   "module:func" that module's function only (Linux's module_kallsyms_lookup_name syntax)
+  // lookup(), matching() (a pattern with ':' matches "module:func", else the bare name),
+  // function_containing() and symbolize() ("func+0x10 [module]", as /proc/kallsyms names
+  // them) answer for them too. InvalidArgument when one overlaps another or is malformed.
+  [[nodiscard]] Result<void> set_module_functions(std::vector<ModuleFunction> fns);
+  std::size_t module_function_count() const { return mods_.size(); }
+
   const LoadStats& stats() const { return stats_; }
   const std::string& source() const { return source_; }
   std::size_t size() const { return syms_.size(); }
@@ -133,6 +156,12 @@ class SymbolTable {
   std::string source_;
   std::vector<Entry> syms_;             // sorted by link address, file order among equals
   std::vector<std::uint32_t> by_name_;  // indices into syms_, sorted by name then address
+  std::vector<ModuleFunction> mods_;    // sorted by start, not overlapping
+  std::vector<std::uint32_t> mods_by_name_;  // indices into mods_, by name, module, start
+  // Module functions named `name` ("func" or "module:func"), by address.
+  std::vector<Symbol> module_lookup(std::string_view name) const;
+  const ModuleFunction* module_function_at(std::uint64_t addr) const;
+  Result<Gva> resolve_module(std::string_view target, std::uint64_t off, bool has_off) const;
   LoadStats stats_;
   std::int64_t slide_ = 0;
 };

@@ -427,5 +427,33 @@ TEST(SymbolTable, SectionMarkerNeverHidesTheFunctionAtItsAddress) {
   EXPECT_EQ(t->symbolize(Gva{0xffffffff81000201}), "__SCT__preempt_schedule+0x1");
 }
 
+// Loaded modules' functions (set_module_functions): running addresses, never slid; what is
+// malformed or overlapping is refused as a whole, the core kernel's names still win.
+TEST(SymbolTable, ModuleFunctionsAreCheckedAndNeverSlid) {
+  auto t = SymbolTable::parse("ffffffff81000000 T _text\nffffffff81000100 T vfs_read\nffffffff81000200 T _etext\n", "m");
+  ASSERT_TRUE(t) << t.error().what;
+  constexpr std::uint64_t kMod = 0xffffffffc0001000ull;
+  ASSERT_TRUE(t->set_module_functions({{"xfs", "xfs_read", kMod, 0x40, 't'},
+                                       {"xfs", "xfs_read_alias", kMod, 0x40, 't'},
+                                       {"xfs", "vfs_read", kMod + 0x40, 0x10, 'T'}}));
+  EXPECT_EQ(t->module_function_count(), 3u);
+  ASSERT_TRUE(t->set_slide(0x200000));
+  EXPECT_EQ(t->resolve("vfs_read")->value, 0xffffffff81200100u);  // the core kernel's, slid
+  EXPECT_EQ(t->resolve("xfs:vfs_read")->value, kMod + 0x40);       // the module's, not slid
+  EXPECT_EQ(t->resolve("xfs_read_alias")->value, kMod);
+  EXPECT_EQ(t->symbolize(Gva{kMod + 0x44}), "vfs_read+0x4 [xfs]");
+  EXPECT_EQ(t->lookup("xfs_read")->front().module, "xfs");
+  // Overlaps between functions, a bad module name, a name with ':' or no size: refused, and
+  // the functions set before stay.
+  auto overlap = t->set_module_functions({{"a", "f", kMod, 0x40, 't'}, {"b", "g", kMod + 0x20, 0x40, 't'}});
+  ASSERT_FALSE(overlap);
+  EXPECT_EQ(overlap.error().what, "module function b:g at 0xffffffffc0001020 overlaps a:f");
+  for (const ModuleFunction& bad : {ModuleFunction{"a b", "f", kMod, 1, 't'}, ModuleFunction{"a", "x:y", kMod, 1, 't'},
+                                    ModuleFunction{"a", "f", kMod, 0, 't'}, ModuleFunction{"a", "f", 0x1000, 1, 't'}})
+    EXPECT_FALSE(t->set_module_functions({bad})) << bad.module << ":" << bad.name;
+  EXPECT_EQ(t->module_function_count(), 3u);
+  EXPECT_EQ(t->resolve("xfs_read")->value, kMod);
+}
+
 }  // namespace
 }  // namespace xenprobes::symbols
