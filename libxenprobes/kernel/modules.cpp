@@ -48,7 +48,8 @@ std::optional<std::string> layout_error(const ModuleLayout& l) {
   std::vector<Field> all = {l.state,      l.list,          l.name,         l.core_base,     l.core_text_size,
                             l.init_base,  l.init_text_size, l.extable,     l.num_exentries, l.jump_entries,
                             l.num_jump_entries, l.static_call_sites, l.num_static_call_sites};
-  for (const auto& f : {l.kprobes_text_start, l.kprobes_text_size, l.noinstr_text_start, l.noinstr_text_size})
+  for (const auto& f : {l.kprobes_text_start, l.kprobes_text_size, l.noinstr_text_start, l.noinstr_text_size,
+                        l.ksym_symtab, l.ksym_num_symtab, l.ksym_strtab, l.ksym_typetab, l.btf_data, l.btf_data_size})
     if (f) all.push_back(*f);
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Field& f = all[i];
@@ -123,6 +124,16 @@ Module read_module(const ReadFn& read, const ModuleLayout& l, std::uint64_t addr
   };
   m.kprobes_text = clip(l.kprobes_text_start, l.kprobes_text_size);
   m.noinstr_text = clip(l.noinstr_text_start, l.noinstr_text_size);
+  if (l.ksym_symtab && l.ksym_num_symtab && l.ksym_strtab && l.ksym_typetab) {
+    m.ksym_symtab = load_field(s, *l.ksym_symtab);
+    m.ksym_num = load_field(s, *l.ksym_num_symtab);
+    m.ksym_strtab = load_field(s, *l.ksym_strtab);
+    m.ksym_typetab = load_field(s, *l.ksym_typetab);
+  }
+  if (l.btf_data && l.btf_data_size) {
+    m.btf_data = load_field(s, *l.btf_data);
+    m.btf_size = load_field(s, *l.btf_data_size);
+  }
 
   if (m.state != ModuleState::Live) {
     m.why = std::string("it is ") + to_string(m.state) +

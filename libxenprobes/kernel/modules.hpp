@@ -45,6 +45,12 @@ struct ModuleLayout {
   Field core_base, core_text_size, init_base, init_text_size;
   Field extable, num_exentries, jump_entries, num_jump_entries, static_call_sites, num_static_call_sites;
   std::optional<Field> kprobes_text_start, kprobes_text_size, noinstr_text_start, noinstr_text_size;
+  // CONFIG_KALLSYMS: core_kallsyms (struct mod_kallsyms: symtab, num_symtab, strtab, typetab),
+  // each member's place inside struct module; absent when the BTF has no core_kallsyms or its
+  // symtab does not point at 24-byte Elf64_Sym (module_symbols.hpp).
+  std::optional<Field> ksym_symtab, ksym_num_symtab, ksym_strtab, ksym_typetab;
+  // CONFIG_DEBUG_INFO_BTF_MODULES: btf_data, btf_data_size; absent without it.
+  std::optional<Field> btf_data, btf_data_size;
   // enum module_state
   std::uint64_t state_live = 0, state_coming = 1, state_going = 2, state_unformed = 3;
   std::string describe() const;  // "struct module 1264 bytes, mem[] layout, …"
@@ -68,6 +74,10 @@ struct Module {
   std::vector<ExEntry> ex;      // sorted by insn
   std::vector<Site> jumps, calls;  // sorted by addr
   TableStatus ex_status, jump_status, sc_status;
+  // core_kallsyms and BTF as read from its struct module (0 when the layout has none):
+  // hostile values, checked by read_module_symbols / read_module_btf before use.
+  std::uint64_t ksym_symtab = 0, ksym_num = 0, ksym_strtab = 0, ksym_typetab = 0;
+  std::uint64_t btf_data = 0, btf_size = 0;
   bool usable = false;          // live, sane, tables read: its text is kernel text for the rules
   std::string why;              // when !usable: why it is kept out of the rules
 };

@@ -140,6 +140,10 @@ std::string ModuleLayout::describe() const {
   if (!static_call_sites.size) s += ", no static calls";
   if (!kprobes_text_start) s += ", no .kprobes.text";
   if (!noinstr_text_start) s += ", no .noinstr.text";
+  if (ksym_symtab) s += ", core_kallsyms at +" + std::to_string(ksym_symtab->offset);
+  else s += ", no core_kallsyms";
+  if (btf_data) s += ", btf_data at +" + std::to_string(btf_data->offset);
+  else s += ", no module BTF";
   return s;
 }
 
@@ -233,6 +237,33 @@ Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
     XP_TRY(pair("noinstr_text_start", "noinstr_text_size", p, n, true));
     l.noinstr_text_start = p;
     l.noinstr_text_size = n;
+  }
+  // core_kallsyms: struct mod_kallsyms { Elf_Sym *symtab; unsigned int num_symtab; char *strtab;
+  // char *typetab; } (include/linux/module.h, 6.1 and 6.12), found by name, never assumed.
+  if (auto ck = find_member(bt, id, "core_kallsyms")) {
+    const std::uint32_t at = XP_TRY(byte_offset(*ck, "core_kallsyms"));
+    auto sym = XP_TRY(scalar(bt, ck->type_id, "symtab", at, false));
+    auto num = XP_TRY(scalar(bt, ck->type_id, "num_symtab", at, false));
+    auto str = XP_TRY(scalar(bt, ck->type_id, "strtab", at, false));
+    auto typ = XP_TRY(scalar(bt, ck->type_id, "typetab", at, false));
+    // The symtab must point at ELF64 symbols (24 bytes, the ELF ABI's Elf64_Sym).
+    auto sm = find_member(bt, ck->type_id, "symtab");
+    const btf_type* pt = sm ? resolve(bt, sm->type_id) : nullptr;
+    const bool elf64 = pt && btf_is_ptr(pt) && btf__resolve_size(bt, pt->type) == 24;
+    if (sym && num && str && typ && elf64 && sym->size == 8 && str->size == 8 && typ->size == 8) {
+      l.ksym_symtab = sym;
+      l.ksym_num_symtab = num;
+      l.ksym_strtab = str;
+      l.ksym_typetab = typ;
+    }
+  }
+  {
+    auto data = XP_TRY(scalar(bt, id, "btf_data", 0, false));
+    auto size = XP_TRY(scalar(bt, id, "btf_data_size", 0, false));
+    if (data && size && data->size == 8) {
+      l.btf_data = data;
+      l.btf_data_size = size;
+    }
   }
   l.state_live = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_LIVE")));
   l.state_coming = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_COMING")));

@@ -9,9 +9,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "kernel/address_rules.hpp"
 #include "kernel/btf.hpp"
+#include "kernel/module_symbols.hpp"
 #include "kernel/modules.hpp"
 #include "unit/kernel/fake_kernel.hpp"
 
@@ -30,10 +32,14 @@ struct Offsets {
   std::uint32_t size, state, list, name, num_exentries, extable, text, init_text, noinstr, noinstr_size, jump,
       num_jump, kprobes, kprobes_size, num_sc, sc;
   bool mem;
+  // core_kallsyms (struct mod_kallsyms: symtab +0, num_symtab +8, strtab +16, typetab +24),
+  // btf_data_size, btf_data.
+  std::uint32_t core_kallsyms, btf_size, btf_data;
 };
-constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false};
+constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false, 552, 680, 688};
 // 6.12: mem[7] of struct module_memory (72 bytes) at 320: MOD_TEXT = 0, MOD_INIT_TEXT = 4.
-constexpr Offsets k612{1280, 0, 8, 24, 300, 304, 320, 320 + 4 * 72, 968, 976, 1048, 1056, 1112, 1120, 1140, 1144, true};
+constexpr Offsets k612{1280, 0,    8,    24,   300,  304,  320,  320 + 4 * 72, 968, 976,
+                       1048, 1056, 1112, 1120, 1140, 1144, true, 896,          1024, 1032};
 
 // A BTF holding struct module (and what it needs) with the offsets above; `drop` leaves one
 // member out.
@@ -70,6 +76,25 @@ std::vector<std::byte> module_btf(const Offsets& o, const std::string& drop = ""
     btf__add_field(b, "text_size", u32, 96, 0);
     btf__add_field(b, "ro_size", u32, 128, 0);
   }
+  // struct elf64_sym (24 bytes) and struct mod_kallsyms, as in include/linux/module.h.
+  const int u16 = btf__add_int(b, "short unsigned int", 2, 0);
+  const int u64 = btf__add_int(b, "long long unsigned int", 8, 0);
+  const int u8 = btf__add_int(b, "unsigned char", 1, 0);
+  const int esym = btf__add_struct(b, "elf64_sym", 24);
+  btf__add_field(b, "st_name", u32, 0, 0);
+  btf__add_field(b, "st_info", u8, 32, 0);
+  btf__add_field(b, "st_other", u8, 40, 0);
+  btf__add_field(b, "st_shndx", u16, 48, 0);
+  btf__add_field(b, "st_value", u64, 64, 0);
+  btf__add_field(b, "st_size", u64, 128, 0);
+  const int esym_t = btf__add_typedef(b, "Elf64_Sym", esym);
+  const int esym_p = btf__add_ptr(b, esym_t);
+  const int cp = btf__add_ptr(b, chr);
+  const int mk = btf__add_struct(b, "mod_kallsyms", 32);
+  btf__add_field(b, "symtab", esym_p, 0, 0);
+  btf__add_field(b, "num_symtab", u32, 64, 0);
+  btf__add_field(b, "strtab", cp, 128, 0);
+  btf__add_field(b, "typetab", cp, 192, 0);
   btf__add_struct(b, "module", o.size);
   auto field = [&](const char* n, int type, std::uint32_t off) {
     if (drop != n) btf__add_field(b, n, type, off * 8, 0);
@@ -93,6 +118,9 @@ std::vector<std::byte> module_btf(const Offsets& o, const std::string& drop = ""
   field("kprobes_text_size", u32, o.kprobes_size);
   field("num_static_call_sites", s32, o.num_sc);
   field("static_call_sites", vp, o.sc);
+  field("core_kallsyms", mk, o.core_kallsyms);
+  field("btf_data_size", u32, o.btf_size);
+  field("btf_data", vp, o.btf_data);
   std::uint32_t n = 0;
   auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
   std::vector<std::byte> out(raw, raw + n);
@@ -123,6 +151,16 @@ void expect_layout(const ModuleLayout& l, const Offsets& o) {
   EXPECT_EQ(l.noinstr_text_start->offset, o.noinstr);
   EXPECT_EQ(l.noinstr_text_size->offset, o.noinstr_size);
   EXPECT_EQ(l.state_going, 2u);
+  ASSERT_TRUE(l.ksym_symtab && l.ksym_num_symtab && l.ksym_strtab && l.ksym_typetab);
+  EXPECT_EQ(l.ksym_symtab->offset, o.core_kallsyms);
+  EXPECT_EQ(l.ksym_num_symtab->offset, o.core_kallsyms + 8);
+  EXPECT_EQ(l.ksym_num_symtab->size, 4u);
+  EXPECT_EQ(l.ksym_strtab->offset, o.core_kallsyms + 16);
+  EXPECT_EQ(l.ksym_typetab->offset, o.core_kallsyms + 24);
+  ASSERT_TRUE(l.btf_data && l.btf_data_size);
+  EXPECT_EQ(l.btf_data->offset, o.btf_data);
+  EXPECT_EQ(l.btf_data_size->offset, o.btf_size);
+  EXPECT_EQ(l.btf_data_size->size, 4u);
 }
 
 TEST(ModuleLayout, FromA61StyleBtf) {
@@ -217,7 +255,23 @@ struct FakeModule {
   std::vector<std::array<std::uint64_t, 2>> calls{};  // addr, key
   std::uint64_t kprobes = 0, kprobes_size = 0;
   std::uint64_t num_ex_override = 0;                // nonzero: the count written instead
+  // core_kallsyms: entry 0 (ELF's null symbol) is written before these.
+  struct Sym {
+    std::string name;
+    char type = 't';
+    std::uint64_t value = 0, size = 0;
+    std::uint16_t shndx = 1;  // 0: SHN_UNDEF
+    std::uint32_t name_override = 0;  // nonzero: st_name written instead
+  };
+  std::vector<Sym> syms{};
+  std::uint64_t num_symtab_override = 0;  // nonzero: num_symtab written instead
+  std::uint64_t symtab_override = 0;      // nonzero: the symtab pointer written instead
+  std::vector<std::byte> btf{};           // its btf_data
+  std::uint64_t btf_size_override = 0;    // nonzero: btf_data_size written instead
 };
+
+constexpr std::uint64_t kSymtabs = 0xffffffffc3000000ull;  // symtab +0, strtab +0x8000, typetab +0xc000 (0x10000 apart)
+constexpr std::uint64_t kBtfs = 0xffffffffc4000000ull;     // module BTF (0x100000 apart)
 
 struct Walk : ::testing::Test {
   FakeKernel k;
@@ -265,6 +319,32 @@ struct Walk : ::testing::Test {
       }
       k.u64(s + o.kprobes, m.kprobes);
       k.s32(s + o.kprobes_size, static_cast<std::int64_t>(m.kprobes_size));
+      // core_kallsyms: Elf64_Sym entries, the names, one type letter each.
+      const std::uint64_t st = kSymtabs + 0x10000 * i, str = st + 0x8000, typ = st + 0xc000;
+      const std::uint64_t n = m.syms.empty() ? 0 : m.syms.size() + 1;
+      k.u64(s + o.core_kallsyms, m.symtab_override ? m.symtab_override : st);
+      k.s32(s + o.core_kallsyms + 8, static_cast<std::int64_t>(m.num_symtab_override ? m.num_symtab_override : n));
+      k.u64(s + o.core_kallsyms + 16, str);
+      k.u64(s + o.core_kallsyms + 24, typ);
+      std::uint32_t name_at = 1;  // strtab[0] is the null symbol's empty name
+      k.put(str, "", 1);
+      k.put(typ, "U", 1);
+      for (std::size_t j = 0; j < m.syms.size(); ++j) {
+        const auto& y = m.syms[j];
+        const std::uint64_t e = st + 24 * (j + 1);
+        const std::uint32_t nm = y.name_override ? y.name_override : name_at;
+        k.put(e, &nm, 4);
+        k.put(e + 6, &y.shndx, 2);
+        k.u64(e + 8, y.value);
+        k.u64(e + 16, y.size);
+        k.put(str + name_at, y.name.c_str(), y.name.size() + 1);
+        name_at += static_cast<std::uint32_t>(y.name.size() + 1);
+        k.put(typ + j + 1, &y.type, 1);
+      }
+      const std::uint64_t bt = kBtfs + 0x100000 * i;
+      k.u64(s + o.btf_data, m.btf.empty() ? 0 : bt);
+      k.s32(s + o.btf_size, static_cast<std::int64_t>(m.btf_size_override ? m.btf_size_override : m.btf.size()));
+      if (!m.btf.empty()) k.put(bt, m.btf.data(), m.btf.size());
     }
     // The links: list_head at s + o.list.
     auto node = [&](std::size_t i) { return i == mods.size() ? kModules : at[i] + o.list; };
@@ -700,6 +780,233 @@ TEST_F(Walk, AModuleUnloadedOrReplacedIsNoLongerThePointsModule) {
   EXPECT_TRUE(kernel::module_replaced(walk(), kMod + 0x10010, b).has_value());
   // A list that cannot be walked knows nothing: the caller's byte check decides.
   EXPECT_EQ(kernel::module_replaced(kernel::ModuleTables::unavailable("no BTF"), kMod + 0x10010, b), std::nullopt);
+}
+
+// ---- loaded modules' symbols (kernel/module_symbols.cpp) and their BTF
+
+using kernel::ModuleSymbolStats;
+using symbols::ModuleFunction;
+
+TEST_F(Walk, ModuleFunctionsAreReadFromCoreKallsymsInBothLayouts) {
+  for (const Offsets* v : {&k61, &k612}) {
+    o = *v;
+    k = FakeKernel{};
+    SCOPED_TRACE(o.mem ? "6.12 layout" : "6.1 layout");
+    put({{.name = "xfs",
+          .text = kMod,
+          .text_size = 0x3000,
+          .syms = {{.name = "xfs_file_read_iter", .type = 't', .value = kMod + 0x100, .size = 0x80},
+                   {.name = "xfs_init_fs_context", .type = 'T', .value = kMod + 0x200},  // no size: to the next
+                   {.name = "xfs_stats", .type = 'd', .value = kMod + 0x10},            // data: not a function
+                   {.name = "printk", .type = 'U', .value = 0, .shndx = 0},             // undefined
+                   {.name = "xfs_last", .type = 't', .value = kMod + 0x2f00, .size = 0x1000}}},  // cut at the text's end
+         {.name = "ext4", .text = kMod + 0x10000, .syms = {{.name = "ext4_read", .value = kMod + 0x10040, .size = 0x40}}}});
+    auto t = walk();
+    ASSERT_TRUE(t.status().found) << t.status().why;
+    auto r = kernel::read_all_module_symbols(k.reader(), t);
+    EXPECT_EQ(r.modules_read, 2u);
+    EXPECT_TRUE(r.refused.empty());
+    EXPECT_EQ(r.stats.kept, 4u);
+    EXPECT_EQ(r.stats.not_function, 2u);
+    EXPECT_EQ(r.stats.bad(), 0u);
+    ASSERT_EQ(r.functions.size(), 4u);
+    std::map<std::string, ModuleFunction> by;
+    for (const auto& f : r.functions) by[f.name] = f;
+    EXPECT_EQ(by["xfs_file_read_iter"].module, "xfs");
+    EXPECT_EQ(by["xfs_file_read_iter"].start, kMod + 0x100);
+    EXPECT_EQ(by["xfs_file_read_iter"].size, 0x80u);
+    EXPECT_EQ(by["xfs_init_fs_context"].size, 0x2f00u - 0x200u);
+    EXPECT_EQ(by["xfs_init_fs_context"].type, 'T');
+    EXPECT_EQ(by["xfs_last"].size, 0x100u);
+    EXPECT_EQ(by["ext4_read"].module, "ext4");
+
+    // Into a symbol table: resolve, list, symbolize, function_containing.
+    auto syms = k.symbols();
+    ASSERT_TRUE(syms.set_module_functions(r.functions));
+    auto a = syms.resolve("xfs_file_read_iter");
+    ASSERT_TRUE(a) << a.error().what;
+    EXPECT_EQ(a->value, kMod + 0x100);
+    EXPECT_EQ(syms.resolve("xfs:xfs_file_read_iter+0x10")->value, kMod + 0x110);
+    auto past = syms.resolve("xfs_file_read_iter+0x80");
+    ASSERT_FALSE(past);
+    EXPECT_EQ(past.error().code, Errc::Range);
+    EXPECT_FALSE(syms.resolve("ext4:xfs_file_read_iter"));
+    EXPECT_FALSE(syms.resolve("xfs_stats"));  // data is not read
+    EXPECT_EQ(syms.symbolize(Gva{kMod + 0x110}), "xfs_file_read_iter+0x10 [xfs]");
+    auto fn = syms.function_containing(Gva{kMod + 0x10050});
+    ASSERT_TRUE(fn) << fn.error().what;
+    EXPECT_EQ(fn->name, "ext4_read [ext4]");
+    EXPECT_EQ(fn->size, 0x40u);
+    auto m = syms.matching("*_read*");
+    ASSERT_EQ(m.size(), 2u);
+    EXPECT_EQ(m[0].name, "ext4_read");
+    EXPECT_EQ(m[0].module, "ext4");
+    EXPECT_EQ(m[1].name, "xfs_file_read_iter");
+    EXPECT_EQ(syms.matching("xfs:*").size(), 3u);
+    EXPECT_EQ(syms.matching("_stext").size(), 1u);  // the core kernel's are still there
+  }
+}
+
+TEST_F(Walk, ANameInSeveralModulesIsRefusedUntilQualifiedAndTheCoreKernelWins) {
+  k.sym(kText + 0x100, 'T', "shared_helper");
+  put({{.name = "a", .text = kMod, .syms = {{.name = "dup", .value = kMod + 0x10}, {.name = "shared_helper", .value = kMod + 0x20}}},
+       {.name = "b", .text = kMod + 0x10000, .syms = {{.name = "dup", .value = kMod + 0x10010}}}});
+  auto r = kernel::read_all_module_symbols(k.reader(), walk());
+  auto syms = k.symbols();
+  ASSERT_TRUE(syms.set_module_functions(r.functions));
+  auto d = syms.resolve("dup");
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().code, Errc::InvalidArgument);
+  EXPECT_EQ(d.error().what, "function 'dup' is in several loaded modules (a, b): name one, e.g. 'a:dup'");
+  EXPECT_EQ(syms.resolve("a:dup")->value, kMod + 0x10);
+  EXPECT_EQ(syms.resolve("b:dup")->value, kMod + 0x10010);
+  EXPECT_EQ(syms.resolve("shared_helper")->value, kText + 0x100);  // as kallsyms_lookup_name: vmlinux first
+  EXPECT_EQ(syms.resolve("a:shared_helper")->value, kMod + 0x20);
+  auto none = syms.resolve("c:dup");
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Errc::NotFound);
+}
+
+TEST_F(Walk, BadModuleSymbolDataIsRefusedAndCountedByReason) {
+  kernel::ModuleSymbolLimits l;
+  l.max_symbols = 8;
+  l.max_strtab = 0x100;
+  put({{.name = "huge", .text = kMod, .syms = {{.name = "f", .value = kMod}}, .num_symtab_override = 9},
+       {.name = "userptr", .text = kMod + 0x10000, .syms = {{.name = "f", .value = kMod + 0x10000}},
+        .symtab_override = 0x400000},
+       {.name = "liar",
+        .text = kMod + 0x20000,
+        .syms = {{.name = "good", .value = kMod + 0x20010},
+                 {.name = "in_core", .value = kText + 0x10},            // outside its text
+                 {.name = "in_other", .value = kMod + 0x10},            // another module's text
+                 {.name = "past_end", .value = kMod + 0x21000},         // one past its text
+                 {.name = "far_name", .value = kMod + 0x20020, .name_override = 0x100},  // st_name at the cap
+                 {.name = "bad\x01name", .value = kMod + 0x20030},
+                 {.name = "with:colon", .value = kMod + 0x20040}}}});
+  auto t = walk();
+  ASSERT_TRUE(t.status().found) << t.status().why;
+  auto r = kernel::read_all_module_symbols(k.reader(), t, l);
+  ASSERT_EQ(r.refused.size(), 2u);
+  EXPECT_EQ(r.refused[0], "huge: its num_symtab 9 is more than the limit of 8");
+  EXPECT_NE(r.refused[1].find("userptr: its symtab (0x400000)"), std::string::npos) << r.refused[1];
+  EXPECT_NE(r.refused[1].find("outside the kernel's half"), std::string::npos) << r.refused[1];
+  EXPECT_EQ(r.modules_read, 1u);
+  EXPECT_EQ(r.stats.kept, 1u);
+  EXPECT_EQ(r.stats.outside_text, 3u);
+  EXPECT_EQ(r.stats.strtab_out_of_bounds, 1u);
+  EXPECT_EQ(r.stats.bad_name, 2u);
+  ASSERT_EQ(r.functions.size(), 1u);
+  EXPECT_EQ(r.functions[0].name, "good");
+  EXPECT_EQ(r.functions[0].size, 0x1000u - 0x10u);
+  EXPECT_EQ(r.stats.describe(),
+            "1 functions kept, 3 dropped outside their module's text, 2 dropped with a bad name, 1 dropped with a "
+            "name out of strtab");
+
+  // A strtab whose page cannot be read: the names there are out of bounds, the symtab is fine.
+  k = FakeKernel{};
+  put({{.name = "m", .text = kMod, .syms = {{.name = "f", .value = kMod}}}});
+  k.unreadable.push_back(kSymtabs + 0x8000);
+  auto u = kernel::read_all_module_symbols(k.reader(), walk());
+  EXPECT_EQ(u.stats.strtab_out_of_bounds, 1u);
+  EXPECT_EQ(u.stats.kept, 0u);
+  // An unreadable symtab refuses the module, naming the address.
+  k.unreadable = {kSymtabs + 24};
+  auto v = kernel::read_all_module_symbols(k.reader(), walk());
+  ASSERT_EQ(v.refused.size(), 1u);
+  EXPECT_NE(v.refused[0].find("cannot read its symtab at 0xffffffffc3000000"), std::string::npos) << v.refused[0];
+  // The total over all modules is capped as well.
+  k = FakeKernel{};
+  put({{.name = "a", .text = kMod, .syms = {{.name = "f", .value = kMod}, {.name = "g", .value = kMod + 8}}},
+       {.name = "b", .text = kMod + 0x10000, .syms = {{.name = "h", .value = kMod + 0x10000}}}});
+  kernel::ModuleSymbolLimits total;
+  total.max_total = 4;
+  auto w = kernel::read_all_module_symbols(k.reader(), walk(), total);
+  EXPECT_EQ(w.modules_read, 1u);
+  ASSERT_EQ(w.refused.size(), 1u);
+  EXPECT_EQ(w.refused[0], "b: its 2 symbols pass the loaded modules' limit of 4 symbols in all");
+}
+
+TEST_F(Walk, ALayoutWithoutCoreKallsymsOrBtfDataReadsNoneAndSaysSo) {
+  auto l = kernel::module_layout_from_btf(module_btf(o, "core_kallsyms"));
+  ASSERT_TRUE(l) << l.error().what;
+  EXPECT_FALSE(l->ksym_symtab.has_value());
+  EXPECT_NE(l->describe().find("no core_kallsyms"), std::string::npos) << l->describe();
+  auto b = kernel::module_layout_from_btf(module_btf(o, "btf_data"));
+  ASSERT_TRUE(b) << b.error().what;
+  EXPECT_FALSE(b->btf_data.has_value());
+  EXPECT_NE(b->describe().find("no module BTF"), std::string::npos) << b->describe();
+  put({{.name = "m", .text = kMod, .syms = {{.name = "f", .value = kMod}}}});
+  auto t = ModuleTables::read(k.symbols(), k.reader(), *l, {kText, kTextEnd});
+  auto r = kernel::read_all_module_symbols(k.reader(), t);
+  EXPECT_EQ(r.modules_read, 1u);
+  EXPECT_TRUE(r.functions.empty());
+}
+
+// A module's BTF: split over the kernel's (here the hand-made struct module BTF), with a
+// struct of its own that points at a kernel type.
+std::vector<std::byte> split_btf(const std::vector<std::byte>& base_raw, const char* record) {
+  btf* base = btf__new(base_raw.data(), static_cast<__u32>(base_raw.size()));
+  btf* b = btf__new_empty_split(base);
+  const int lh = btf__find_by_name_kind(base, "list_head", BTF_KIND_STRUCT);
+  const int u32 = btf__find_by_name_kind(base, "unsigned int", BTF_KIND_INT);
+  btf__add_struct(b, record, 24);
+  btf__add_field(b, "flags", u32, 0, 0);
+  btf__add_field(b, "link", lh, 64, 0);
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+  std::vector<std::byte> out(raw, raw + n);
+  btf__free(b);
+  btf__free(base);
+  return out;
+}
+
+TEST_F(Walk, ModuleBtfIsReadBoundedAndCheckedAsSplitBtf) {
+  const auto base = module_btf(o);
+  const auto good = split_btf(base, "xfs_inode");
+  std::vector<std::byte> junk(64, std::byte{0x5a});
+  put({{.name = "xfs", .text = kMod, .btf = good},
+       {.name = "nobtf", .text = kMod + 0x10000},
+       {.name = "big", .text = kMod + 0x20000, .btf = good, .btf_size_override = (16u << 20) + 1},
+       {.name = "junk", .text = kMod + 0x30000, .btf = junk}});
+  auto t = walk();
+  auto mod = [&](const char* n) -> const Module& {
+    for (const Module& m : t.modules())
+      if (m.name == n) return m;
+    throw std::runtime_error(n);
+  };
+  auto x = kernel::read_module_btf(k.reader(), mod("xfs"), base);
+  ASSERT_TRUE(x) << x.error().what;
+  EXPECT_EQ(*x, good);
+  EXPECT_EQ(kernel::validate_split_btf(*x, base).value_or(0), 1u);  // one type of its own
+  auto none = kernel::read_module_btf(k.reader(), mod("nobtf"), base);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Errc::NotFound);
+  auto big = kernel::read_module_btf(k.reader(), mod("big"), base);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().code, Errc::InvalidArgument);
+  EXPECT_EQ(big.error().what, "its btf_data_size 16777217 is more than the limit of 16777216 bytes");
+  auto bad = kernel::read_module_btf(k.reader(), mod("junk"), base);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, Errc::Io);
+  EXPECT_NE(bad.error().what.find("libbpf rejects the module's BTF"), std::string::npos) << bad.error().what;
+  // A blob shorter than a BTF header is refused before libbpf sees it.
+  auto short_blob = kernel::validate_split_btf(std::span(good.data(), 8), base);
+  ASSERT_FALSE(short_blob);
+  EXPECT_EQ(short_blob.error().what, "the module's BTF is 8 bytes, shorter than its header");
+}
+
+TEST_F(Walk, WalkModulesTakesTheLayoutFromTheKernelsBtf) {
+  put_btf();
+  put({{.name = "a", .text = kMod}});
+  auto btf = kernel::read_kernel_btf(k.symbols(), k.reader());
+  ASSERT_TRUE(btf) << btf.error().what;
+  auto t = kernel::walk_modules(k.symbols(), k.reader(), *btf);
+  ASSERT_TRUE(t) << t.error().what;
+  EXPECT_EQ(t->summary(), "modules 1 live");
+  FakeKernel empty;
+  auto none = kernel::walk_modules(empty.symbols(), empty.reader(), *btf);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().what.find("no `modules` list head"), std::string::npos) << none.error().what;
 }
 
 }  // namespace
