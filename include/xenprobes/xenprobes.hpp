@@ -129,6 +129,13 @@ struct SymbolInfo {
   std::uint64_t size = 0;  // bytes to the next symbol; 0 = unknown
 };
 
+// A loaded module's BTF, read from the guest (Session::module_btf).
+struct ModuleBtf {
+  std::string module;           // its name, as lsmod shows it
+  std::vector<std::byte> btf;   // split BTF over the kernel's (btf__new_split), checked by libbpf; empty when `why`
+  std::string why{};            // why it has none or it was refused ("" when `btf` is set)
+};
+
 class Session;
 class SessionTesting;  // test hooks, libxenprobes/api/session_testing.hpp
 struct SessionAccess;  // the C API's access to a session's probes, libxenprobes/api/session_access.hpp
@@ -229,6 +236,13 @@ class XENPROBES_API Session {
   // The guest kernel's BTF (__start_BTF..__stop_BTF through the domain's symbols, loaded from
   // the guest if none were), validated by libbpf's parser: a blob for btf__new().
   [[nodiscard]] Result<std::vector<std::byte>> kernel_btf(DomId);
+  // The BTF of every live loaded module (struct module's btf_data, CONFIG_DEBUG_INFO_BTF_MODULES),
+  // each bounded (16 MiB) and accepted by libbpf as split BTF over kernel_btf(): parse one with
+  // btf__new_split(m.btf, btf__new(kernel_btf)). A module without BTF, or whose BTF is refused,
+  // is listed with `why`. NotFound when the module list cannot be read (no BTF for struct
+  // module's layout, no `modules` symbol). Loaded modules' functions are added to the domain's
+  // symbols when they are loaded (load_symbols, load_symbols_from_guest; docs/guest-symbols.md).
+  [[nodiscard]] Result<std::vector<ModuleBtf>> module_btf(DomId);
 
   [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
   [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});

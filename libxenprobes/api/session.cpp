@@ -23,6 +23,7 @@
 #include "probe/engine.hpp"
 #include "guestmod/module_info.hpp"
 #include "kernel/btf.hpp"
+#include "kernel/module_symbols.hpp"
 #include "symbols/kallsyms.hpp"
 #include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
@@ -333,6 +334,26 @@ Result<std::string> Session::channel_name(DomId dom) {
 
 static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId dom);
 
+// The guest's loaded modules' functions into `t` (kernel/module_symbols.hpp). Best effort: a
+// guest whose modules cannot be read keeps the core kernel's symbols, with the reason logged.
+static void add_module_functions(hv::Hypervisor& hv, DomId dom, symbols::SymbolTable& t) {
+  auto view = GuestView::open(hv, dom);
+  auto r = view ? kernel::read_guest_module_symbols(
+                      t, [&view](Gva a, std::span<std::byte> out) { return (*view)->read(a, out); })
+                : Result<kernel::ModuleSymbolsResult>(std::unexpected(view.error()));
+  if (!r) {
+    XP_LOG(Info, "domain %u: no loaded modules' functions: %s", dom.value, r.error().what.c_str());
+    return;
+  }
+  const std::size_t n = r->functions.size();
+  if (auto s = t.set_module_functions(std::move(r->functions)); !s) {
+    XP_LOG(Warn, "domain %u: the loaded modules' functions are not used: %s", dom.value, s.error().what.c_str());
+    return;
+  }
+  XP_LOG(Info, "domain %u: %zu functions of %zu loaded modules from its memory (%s; %zu modules refused)", dom.value,
+         n, r->modules_read, r->stats.describe().c_str(), r->refused.size());
+}
+
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   auto t = XP_TRY(symbols::SymbolTable::load(path));
   XP_TRY(impl_->engine->attach(dom));
@@ -355,6 +376,7 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
              k.error().what.c_str(), path.c_str());
     }
   }
+  add_module_functions(*impl_->hv, dom, t);
   return impl_->engine->set_symbols(dom, std::move(t));
 }
 
@@ -364,6 +386,7 @@ Result<void> Session::load_symbols_from_guest(DomId dom) {
   XP_LOG(Info, "domain %u: %zu kallsyms symbols from guest memory (token table at 0x%llx)", dom.value,
          found.entries.size(), static_cast<unsigned long long>(found.where.token_table));
   auto t = XP_TRY(symbols::to_symbol_table(found.entries, "domain " + std::to_string(dom.value) + "'s kallsyms"));
+  add_module_functions(*impl_->hv, dom, t);
   return impl_->engine->set_symbols(dom, std::move(t));
 }
 
@@ -397,6 +420,17 @@ Result<std::vector<std::byte>> Session::kernel_btf(DomId dom) {
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   auto view = XP_TRY(GuestView::open(*impl_->hv, dom));
   return kernel::read_kernel_btf(*t, [&view](Gva a, std::span<std::byte> out) { return view->read(a, out); });
+}
+
+Result<std::vector<ModuleBtf>> Session::module_btf(DomId dom) {
+  XP_TRY(default_symbols(dom));
+  if (!impl_->engine->symbols(dom)) XP_TRY(load_symbols_from_guest(dom));
+  auto view = XP_TRY(GuestView::open(*impl_->hv, dom));
+  auto blobs = XP_TRY(kernel::read_guest_module_btf(
+      *impl_->engine->symbols(dom), [&view](Gva a, std::span<std::byte> out) { return view->read(a, out); }));
+  std::vector<ModuleBtf> out;
+  for (auto& b : blobs) out.push_back(ModuleBtf{std::move(b.module), std::move(b.btf), std::move(b.why)});
+  return out;
 }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
@@ -442,7 +476,9 @@ Result<std::vector<SymbolInfo>> Session::find_symbols(DomId dom, std::string_vie
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   std::vector<SymbolInfo> out;
   for (symbols::Symbol& s : t->matching(glob))
-    out.push_back(SymbolInfo{std::move(s.name), s.address, s.type, s.kind == symbols::SymbolKind::Text, s.size});
+    // A module's function by the name that resolves to it alone: "module:func".
+    out.push_back(SymbolInfo{s.module.empty() ? std::move(s.name) : s.module + ":" + s.name, s.address, s.type,
+                             s.kind == symbols::SymbolKind::Text, s.size});
   return out;
 }
 

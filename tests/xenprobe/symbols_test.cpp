@@ -68,5 +68,24 @@ TEST(SessionFindSymbols, TheDemoGuestsFunctionsAndData) {
   EXPECT_TRUE(none->empty());
 }
 
+// The demo guest has no BTF (no __start_BTF): module_btf says so instead of walking anything,
+// and loading its symbols reads no module functions (it has no module list either).
+TEST(SessionModuleBtf, AGuestWithoutBtfSaysWhy) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c;
+  c.start_paused = true;
+  auto dom = host->create_domain(c);
+  ASSERT_TRUE(dom);
+  auto s = Session::open(host->open());
+  ASSERT_TRUE(s) << s.error().what;
+  auto m = (*s)->module_btf(*dom);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code, Errc::NotFound);
+  EXPECT_NE(m.error().what.find("no __start_BTF in"), std::string::npos) << m.error().what;
+  auto sys = (*s)->find_symbols(*dom, "*:*");  // no module functions: nothing has a ':'
+  ASSERT_TRUE(sys) << sys.error().what;
+  EXPECT_TRUE(sys->empty());
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
