@@ -1,5 +1,7 @@
 // TypeSource over a BTF file, read with libbpf's BTF API.
 #include <bpf/btf.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,28 +17,51 @@ namespace {
 // typedefs/qualifiers or of nested anonymous members is this deep.
 constexpr int kMaxDepth = 32;
 
+// The kernel's BTF and, on top of it, modules' split BTF. Ids: the kernel's as libbpf numbers
+// them; a module's own types (its ids from the kernel's count on) get the ids after the
+// kernel's and the modules' before it, so every type of every part has one id here.
 class BtfFile final : public TypeSource {
  public:
-  BtfFile(btf* b, std::string what) : btf_(b), what_(std::move(what)) {}
-  ~BtfFile() override { btf__free(btf_); }
+  BtfFile(btf* b, std::string what) : btf_(b), what_(std::move(what)), base_cnt_(btf__type_cnt(b)) {}
+  ~BtfFile() override {
+    for (Part& p : parts_) btf__free(p.b);
+    btf__free(btf_);
+  }
+  // A module's split BTF (btf__new_split over this kernel's); takes it.
+  void add_module(btf* split, std::string module) {
+    const std::uint32_t own = btf__type_cnt(split) - base_cnt_;
+    const std::uint32_t first = parts_.empty() ? base_cnt_ : parts_.back().first + parts_.back().own;
+    parts_.push_back(Part{split, std::move(module), first, own});
+  }
   BtfFile(const BtfFile&) = delete;
   BtfFile& operator=(const BtfFile&) = delete;
 
-  std::string description() const override { return what_; }
-
-  std::optional<std::uint32_t> find_record(std::string_view name, bool is_union) const override {
-    std::string n(name);
-    int id = btf__find_by_name_kind(btf_, n.c_str(), is_union ? BTF_KIND_UNION : BTF_KIND_STRUCT);
-    if (id <= 0) return std::nullopt;
-    return static_cast<std::uint32_t>(id);
+  std::string description() const override {
+    if (parts_.empty()) return what_;
+    return what_ + " and the BTF of " + std::to_string(parts_.size()) + " loaded module(s)";
   }
 
-  TypeDesc describe(std::uint32_t id) const override {
+  // The kernel's type of that name wins; then the modules' in the order they were added.
+  std::optional<std::uint32_t> find_record(std::string_view name, bool is_union) const override {
+    std::string n(name);
+    const auto kind = is_union ? BTF_KIND_UNION : BTF_KIND_STRUCT;
+    int id = btf__find_by_name_kind(btf_, n.c_str(), kind);
+    if (id > 0) return static_cast<std::uint32_t>(id);
+    for (std::size_t k = 0; k < parts_.size(); ++k) {
+      id = btf__find_by_name_kind(parts_[k].b, n.c_str(), kind);
+      if (id > 0) return global(k + 1, static_cast<std::uint32_t>(id));
+    }
+    return std::nullopt;
+  }
+
+  TypeDesc describe(std::uint32_t gid) const override {
     TypeDesc d;
+    const auto [part, id] = local(gid);
+    const btf* b = part_btf(part);
     std::uint32_t cur = id;
     const btf_type* t = nullptr;
     for (int depth = 0; depth < kMaxDepth; ++depth) {
-      t = btf__type_by_id(btf_, cur);
+      t = btf__type_by_id(b, cur);
       if (!t) return d;
       if (btf_is_mod(t) || btf_is_typedef(t) || btf_is_type_tag(t)) {
         cur = t->type;
@@ -45,8 +70,8 @@ class BtfFile final : public TypeSource {
       break;
     }
     if (!t) return d;
-    d.id = cur;
-    d.name = name_of(cur);
+    d.id = global(part, cur);
+    d.name = name_of(b, cur);
     if (btf_is_int(t)) {
       d.kind = TypeDesc::Kind::Int;
       d.size = t->size;
@@ -58,16 +83,16 @@ class BtfFile final : public TypeSource {
     } else if (btf_is_ptr(t)) {
       d.kind = TypeDesc::Kind::Ptr;
       d.size = 8;
-      d.target = t->type;
+      d.target = global(part, t->type);
     } else if (btf_is_composite(t)) {
       d.kind = TypeDesc::Kind::Record;
       d.size = t->size;
     } else if (btf_is_array(t)) {
       d.kind = TypeDesc::Kind::Array;
       const struct btf_array* a = btf_array(t);
-      d.target = a->type;
+      d.target = global(part, a->type);
       d.count = a->nelems;
-      __s64 sz = btf__resolve_size(btf_, cur);
+      __s64 sz = btf__resolve_size(b, cur);
       d.size = sz > 0 ? static_cast<std::uint32_t>(sz) : 0;
     }
     return d;
@@ -97,10 +122,32 @@ class BtfFile final : public TypeSource {
   }
 
  private:
-  std::string name_of(std::uint32_t id) const {
-    const btf_type* t = btf__type_by_id(btf_, id);
+  struct Part {
+    btf* b;
+    std::string module;
+    std::uint32_t first;  // its own types' ids here start at this
+    std::uint32_t own;    // how many it has
+  };
+  // Part 0 is the kernel, part k the (k-1)th module.
+  const btf* part_btf(std::size_t part) const { return part == 0 ? btf_ : parts_[part - 1].b; }
+  // This TypeSource's id of a part's (local) id: the kernel's ids stay.
+  std::uint32_t global(std::size_t part, std::uint32_t id) const {
+    if (part == 0 || id < base_cnt_) return id;
+    return parts_[part - 1].first + (id - base_cnt_);
+  }
+  // The part and its local id; an id past every part stays in part 0 (libbpf answers null).
+  std::pair<std::size_t, std::uint32_t> local(std::uint32_t gid) const {
+    if (gid < base_cnt_) return {0, gid};
+    for (std::size_t k = 0; k < parts_.size(); ++k)
+      if (gid >= parts_[k].first && gid - parts_[k].first < parts_[k].own)
+        return {k + 1, base_cnt_ + (gid - parts_[k].first)};
+    return {0, gid};
+  }
+
+  static std::string name_of(const btf* b, std::uint32_t id) {
+    const btf_type* t = btf__type_by_id(b, id);
     if (!t) return "?";
-    const char* n = btf__name_by_offset(btf_, t->name_off);
+    const char* n = btf__name_by_offset(b, t->name_off);
     std::string base = n && *n ? n : "(anonymous)";
     if (btf_is_struct(t)) return "struct " + base;
     if (btf_is_union(t)) return "union " + base;
@@ -112,21 +159,23 @@ class BtfFile final : public TypeSource {
   std::optional<MemberDesc> find_member(std::uint32_t record, std::string_view name, std::uint32_t base,
                                         int depth) const {
     if (depth > kMaxDepth) return std::nullopt;
-    const btf_type* t = btf__type_by_id(btf_, record);
+    const auto [part, id] = local(record);
+    const btf* b = part_btf(part);
+    const btf_type* t = btf__type_by_id(b, id);
     if (!t || !btf_is_composite(t)) return std::nullopt;
     const btf_member* m = btf_members(t);
     for (unsigned i = 0; i < btf_vlen(t); ++i) {
-      const char* mn = btf__name_by_offset(btf_, m[i].name_off);
+      const char* mn = btf__name_by_offset(b, m[i].name_off);
       const std::uint32_t bit = btf_member_bit_offset(t, i);
       if (mn && *mn) {
         if (name == mn) {
-          MemberDesc d{m[i].type, base + bit / 8, btf_member_bitfield_size(t, i)};
+          MemberDesc d{global(part, m[i].type), base + bit / 8, btf_member_bitfield_size(t, i)};
           if (bit % 8) d.bitfield = d.bitfield ? d.bitfield : 1;
           return d;
         }
       } else {
         // An anonymous struct or union: its members are the record's own.
-        TypeDesc inner = describe(m[i].type);
+        TypeDesc inner = describe(global(part, m[i].type));
         if (inner.kind == TypeDesc::Kind::Record)
           if (auto r = find_member(inner.id, name, base + bit / 8, depth + 1)) return r;
       }
@@ -135,15 +184,17 @@ class BtfFile final : public TypeSource {
   }
 
   void collect_names(std::uint32_t record, std::vector<std::string>& out, int depth) const {
-    const btf_type* t = btf__type_by_id(btf_, record);
+    const auto [part, id] = local(record);
+    const btf* b = part_btf(part);
+    const btf_type* t = btf__type_by_id(b, id);
     if (depth > kMaxDepth || !t || !btf_is_composite(t)) return;
     const btf_member* m = btf_members(t);
     for (unsigned i = 0; i < btf_vlen(t); ++i) {
-      const char* mn = btf__name_by_offset(btf_, m[i].name_off);
+      const char* mn = btf__name_by_offset(b, m[i].name_off);
       if (mn && *mn) {
         out.emplace_back(mn);
       } else {
-        TypeDesc inner = describe(m[i].type);
+        TypeDesc inner = describe(global(part, m[i].type));
         if (inner.kind == TypeDesc::Kind::Record) collect_names(inner.id, out, depth + 1);
       }
     }
@@ -151,7 +202,36 @@ class BtfFile final : public TypeSource {
 
   btf* btf_;
   std::string what_;
+  std::uint32_t base_cnt_;  // the kernel's types, void included
+  std::vector<Part> parts_;
 };
+
+// Split BTF over `base` from bytes: btf__new_split, which Debian 12's libbpf 1.1.2 declares
+// but does not export; btf__parse_raw_split parses a file's bytes the same way (both end in
+// libbpf's btf_new(data, size, base)), so the bytes go through a memfd. Null, errno set, when
+// libbpf refuses them.
+btf* new_split(std::span<const std::byte> data, btf* base) {
+  const int fd = memfd_create("xenprobe-module-btf", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e ? e : EIO;
+      return nullptr;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  errno = 0;
+  btf* b = btf__parse_raw_split(path.c_str(), base);
+  const int e = errno;
+  ::close(fd);
+  if (!b) errno = e ? e : EINVAL;
+  return b;
+}
 
 }  // namespace
 
@@ -165,12 +245,23 @@ std::unique_ptr<TypeSource> open_btf_file(const std::string& path) {
   return std::make_unique<BtfFile>(b, "BTF file " + path);
 }
 
-std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what) {
+std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what,
+                                           const std::vector<ModuleTypes>& modules, std::vector<std::string>* refused) {
   if (bytes.size() > std::numeric_limits<__u32>::max()) throw std::runtime_error(what + " is too large");
   errno = 0;
   btf* b = btf__new(bytes.data(), static_cast<__u32>(bytes.size()));  // libbpf 1.x: NULL and errno
   if (!b) throw std::runtime_error("libbpf refused " + what + ": " + std::strerror(errno ? errno : EINVAL));
-  return std::make_unique<BtfFile>(b, what);
+  auto file = std::make_unique<BtfFile>(b, what);
+  for (const ModuleTypes& m : modules) {
+    if (m.btf.size() > std::numeric_limits<__u32>::max()) continue;
+    btf* s = new_split(m.btf, b);
+    if (!s) {
+      if (refused) refused->push_back(m.module + ": libbpf refused its BTF: " + std::strerror(errno ? errno : EINVAL));
+      continue;
+    }
+    file->add_module(s, m.module);
+  }
+  return file;
 }
 
 }  // namespace xenprobe

@@ -20,6 +20,7 @@
 #include <deque>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <set>
 #include <string>
@@ -235,7 +236,13 @@ class Tool {
       auto fs = symbols_->functions(t.id, pat);
       if (!fs) die("domain " + t.name + ": " + fs.error().what);
       std::string text;
-      for (const auto& f : *fs) text += "kprobe:" + f.name + "\n";
+      // A loaded module's function as /proc/kallsyms shows it: "func [module]" (the library names
+      // it "module:func"; kprobe:func probes it, or kprobe:module:func when several modules have it).
+      for (const auto& f : *fs) {
+        const auto colon = f.name.find(':');
+        text += colon == std::string::npos ? "kprobe:" + f.name + "\n"
+                                           : "kprobe:" + f.name.substr(colon + 1) + " [" + f.name.substr(0, colon) + "]\n";
+      }
       out.text(t.name, text);
     }
     out.flush();
@@ -368,6 +375,10 @@ class Tool {
   std::unique_ptr<TypeSource> types_from_guests() {
     std::vector<std::byte> first;
     std::string first_name;
+    // Loaded modules' BTF: a module's types are used when every domain has it with the same BTF.
+    std::map<std::string, std::vector<std::byte>> modules;
+    std::set<std::string> dropped;
+    bool first_target = true;
     for (Target& t : targets_) {
       auto b = session_->kernel_btf(t.id);
       if (!b)
@@ -380,9 +391,39 @@ class Tool {
         die("domains " + first_name + " and " + t.name + " run different kernels (their BTF differs): one program "
             "reads both through one kernel's types; run one xenprobe per kernel");
       }
+      std::map<std::string, std::vector<std::byte>> mine;
+      if (auto mb = session_->module_btf(t.id)) {
+        for (auto& m : *mb)
+          if (m.why.empty()) mine[m.module] = std::move(m.btf);
+      }
+      if (first_target) {
+        modules = std::move(mine);
+        first_target = false;
+        continue;
+      }
+      for (auto it = modules.begin(); it != modules.end();) {
+        auto o = mine.find(it->first);
+        if (o == mine.end() || o->second != it->second) {
+          dropped.insert(it->first);
+          it = modules.erase(it);
+        } else {
+          ++it;
+        }
+      }
     }
+    if (!dropped.empty()) {
+      std::string names;
+      for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
+      std::fprintf(stderr, "xenprobe: the types of module(s) %s are not used: not loaded with the same BTF in every "
+                   "selected domain\n", names.c_str());
+    }
+    std::vector<ModuleTypes> mods;
+    for (auto& [name, blob] : modules) mods.push_back(ModuleTypes{name, std::move(blob)});
+    std::vector<std::string> refused;
     try {
-      return open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)");
+      auto types = open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
+      for (const std::string& r : refused) std::fprintf(stderr, "xenprobe: module %s\n", r.c_str());
+      return types;
     } catch (const std::exception& e) {
       die("domain " + first_name + ": " + e.what());
     }

@@ -278,9 +278,18 @@ class Parser {
       s.kind = ProbeKind::End;
     } else if (type == "kprobe" || type == "k" || type == "kretprobe" || type == "kr") {
       s.kind = type.size() > 1 && type[1] == 'r' ? ProbeKind::Kretprobe : ProbeKind::Kprobe;
-      if (rest.find(':') != std::string_view::npos)
-        throw ProgramError(s.pos, len, "kernel module qualifiers (" + s.text + ") are not supported",
-                           "name the function alone: kprobe:FUNC");
+      // kprobe:MODULE:FUNC: a loaded module's function (bpftrace's syntax), as "MODULE:FUNC".
+      std::string_view module;
+      if (auto mc = rest.find(':'); mc != std::string_view::npos) {
+        module = rest.substr(0, mc);
+        rest = rest.substr(mc + 1);
+        if (module.empty() || rest.find(':') != std::string_view::npos ||
+            !std::all_of(module.begin(), module.end(), [](char c) {
+              return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_.-", c);
+            }))
+          throw ProgramError(s.pos, len, "bad module qualifier in '" + s.text + "'",
+                             "write kprobe:MODULE:FUNC (a loaded module's function) or kprobe:FUNC");
+      }
       auto plus = rest.find('+');
       std::string_view func = rest.substr(0, plus);
       if (func.empty())
@@ -288,8 +297,8 @@ class Parser {
       for (char c : func)
         if (!(std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_.*?[]", c)))
           throw ProgramError(s.pos, len, "bad function name in '" + s.text + "'");
-      s.function = std::string(func);
-      s.wildcard = func.find_first_of("*?[") != std::string_view::npos;
+      s.function = module.empty() ? std::string(func) : std::string(module) + ":" + std::string(func);
+      s.wildcard = s.function.find_first_of("*?[") != std::string_view::npos;
       if (plus != std::string_view::npos) {
         std::string_view off = rest.substr(plus + 1);
         if (s.kind == ProbeKind::Kretprobe)

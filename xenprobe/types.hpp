@@ -48,8 +48,19 @@ class TypeSource {
 // A BTF file: a raw one (/sys/kernel/btf/vmlinux, `bpftool btf dump ... format raw`) or an ELF
 // object with a .BTF section. Throws std::runtime_error saying what is wrong with the file.
 std::unique_ptr<TypeSource> open_btf_file(const std::string& path);
+// A loaded module's BTF: split BTF over the kernel's (Session::module_btf).
+struct ModuleTypes {
+  std::string module;
+  std::vector<std::byte> btf;
+};
+
 // Raw BTF bytes (e.g. read out of the guest kernel's memory), described as `what` in errors.
-// Throws std::runtime_error when libbpf refuses them.
-std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what);
+// Throws std::runtime_error when libbpf refuses them. `modules`: loaded modules' BTF on top of
+// it (btf__new_split); their structs and unions become names too, but a name the kernel's BTF
+// has is the kernel's type, and among modules the first in `modules` wins. A module's BTF
+// libbpf refuses is left out, its reason appended to `refused`.
+std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, const std::string& what,
+                                           const std::vector<ModuleTypes>& modules = {},
+                                           std::vector<std::string>* refused = nullptr);
 
 }  // namespace xenprobe
