@@ -99,6 +99,7 @@ struct Options {
   unsigned sim_vcpus = 2;
   std::uint64_t sim_iterations = 0;
   std::string sim_type = "pv";
+  std::string sim_image;                 // "" = the demo guest
   std::vector<std::string> sim_destroy;  // NAME@HITS
   std::string list_pattern = "*";
   bool check_only = false;
@@ -283,6 +284,7 @@ class Tool {
         c.vcpus = o_.sim_vcpus;
         c.iterations = o_.sim_iterations;
         c.start_paused = true;  // started once the probes are in place
+        c.image = o_.sim_image;
         if (o_.sim_type == "hvm" || o_.sim_type == "pvh")
           c.type = xenprobes::hv::GuestType::Hvm;
         else if (o_.sim_type != "pv")
@@ -735,6 +737,10 @@ int main(int argc, char** argv) {
                  "workload iterations each simulated guest runs before it halts; 0 = forever (default)");
     a.add_option("--sim-type", o.sim_type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
     a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS hits");
+    a.add_option("--sim-image", o.sim_image,
+                 "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
+                 "give --symbols; default: the demo guest)")
+        ->check(CLI::ExistingFile);
   };
   add_common(app);
   app.add_option("--btf", o.btf,
