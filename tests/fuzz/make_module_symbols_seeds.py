@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the seeds of tests/fuzz/corpus/module_symbols/ (input format: the comment at the
-top of module_symbols_fuzz.cpp): a module's core_kallsyms as Linux lays it out (ELF64
+"""Writes the module seeds of tests/fuzz/corpus/kallsyms/ (module_*: the kallsyms target's
+input with the first u32's top bit set, then the format module_symbols_fuzz.hpp describes): a module's core_kallsyms as Linux lays it out (ELF64
 symbols with running addresses, a strtab, one type letter each) and a base + split BTF pair
 built by hand after libbpf's format (linux/btf.h: the header, struct btf_type, members).
     python3 tests/fuzz/make_module_symbols_seeds.py
@@ -17,10 +17,10 @@ u64 = lambda v: struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF)
 
 
 def put(name, data):
-    d = os.path.join(HERE, "corpus", "module_symbols")
+    d = os.path.join(HERE, "corpus", "kallsyms")
     os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, name), "wb") as f:
-        f.write(data)
+    with open(os.path.join(d, "module_" + name), "wb") as f:
+        f.write(u32(0x80000000) + data)
 
 
 def btf(types, strings):

@@ -1,6 +1,8 @@
-// Fuzz target: a loaded module's kallsyms (core_kallsyms: symtab, strtab, typetab) and its
-// BTF as split BTF (kernel/module_symbols.cpp), read from fuzzed guest memory, then put into
-// a SymbolTable (symbols/symbol_table_modules.cpp). All of it comes from a guest: hostile.
+// Part of the kallsyms fuzz target (kallsyms_fuzz.cpp: an input whose first u32 has its top bit
+// set comes here, the rest of it as below): a loaded module's kallsyms (core_kallsyms: symtab,
+// strtab, typetab) and its BTF as split BTF (kernel/module_symbols.cpp), read from fuzzed guest
+// memory, then put into a SymbolTable (symbols/symbol_table_modules.cpp). All of it comes from
+// a guest: hostile.
 //
 // Input: u8 flags (1: unmapped bytes fault, else read as zeros; 2: a wild symtab pointer
 // follows as u64; 4: a wild strtab pointer follows as u64), u16 text size, u32 num_symtab,
@@ -16,14 +18,13 @@
 // set_module_functions accepts the result, resolve("fz:NAME") gives that name's address (or
 // refuses an ambiguity), symbolize names the module. validate_split_btf never crashes and
 // read_module_btf refuses a size over its limit.
+#pragma once
+
 #include "fuzz/fuzz_common.hpp"
 #include "kernel/module_symbols.hpp"
 #include "symbols/symbol_table.hpp"
 
-using namespace xenprobes;
-using fuzz::Input;
-
-namespace {
+namespace xenprobes::fuzz::module_symbols {
 
 constexpr std::uint64_t kModText = 0xffffffffc0000000ull;
 constexpr std::uint64_t kSymtab = 0xffffffffc1000000ull, kStrtab = 0xffffffffc2000000ull,
@@ -34,11 +35,7 @@ struct Region {
   std::vector<std::uint8_t> bytes;
 };
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  fuzz::quiet_logs();
-  if (size > (1u << 20)) return 0;
+inline int one_input(const std::uint8_t* data, std::size_t size) {
   Input in(data, size);
   const std::uint8_t flags = in.u8();
   const std::uint64_t text_size = in.u16() + 1u;
@@ -92,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_TRACE("symbols: %s", r ? st.describe().c_str() : r.error().what.c_str());
   if (!r) {
     FUZZ_CHECK(r.error().code == Errc::InvalidArgument || r.error().code == Errc::Fault, r.error().what);
-    FUZZ_CHECK(!r.error().what.empty() && fuzz::printable(r.error().what), r.error().what);
+    FUZZ_CHECK(!r.error().what.empty() && printable(r.error().what), r.error().what);
   } else {
     FUZZ_CHECK(bytes_read <= std::uint64_t{num} * 25 + lim.max_strtab, "read " + std::to_string(bytes_read));
     FUZZ_CHECK(st.kept == r->size(), st.describe());
@@ -130,7 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The module's BTF over the base: never crashes; a blob over the limit is refused unread.
   auto v = kernel::validate_split_btf(split, base);
   FUZZ_TRACE("split BTF: %s", v ? ("accepted, " + std::to_string(*v) + " own types").c_str() : v.error().what.c_str());
-  if (!v) FUZZ_CHECK(fuzz::printable(v.error().what), v.error().what);
+  if (!v) FUZZ_CHECK(printable(v.error().what), v.error().what);
   const std::uint64_t before = bytes_read;
   auto b = kernel::read_module_btf(read, m, base, 1024);
   if (split.size() > 1024) {
@@ -140,3 +137,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace xenprobes::fuzz::module_symbols
