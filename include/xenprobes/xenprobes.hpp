@@ -132,7 +132,7 @@ struct SymbolInfo {
 // A loaded module's BTF, read from the guest (Session::module_btf).
 struct ModuleBtf {
   std::string module;           // its name, as lsmod shows it
-  std::vector<std::byte> btf;   // split BTF over the kernel's (btf__new_split), checked by libbpf; empty when `why`
+  std::vector<std::byte> btf;   // split BTF over the kernel's, checked by libbpf; empty when `why`
   std::string why{};            // why it has none or it was refused ("" when `btf` is set)
 };
 
@@ -238,7 +238,8 @@ class XENPROBES_API Session {
   [[nodiscard]] Result<std::vector<std::byte>> kernel_btf(DomId);
   // The BTF of every live loaded module (struct module's btf_data, CONFIG_DEBUG_INFO_BTF_MODULES),
   // each bounded (16 MiB) and accepted by libbpf as split BTF over kernel_btf(): parse one with
-  // btf__new_split(m.btf, btf__new(kernel_btf)). A module without BTF, or whose BTF is refused,
+  // btf__new_split(m.btf, btf__new(kernel_btf)), or btf__parse_raw_split on a file of it where
+  // libbpf does not export btf__new_split (Debian 12's 1.1.2). A module without BTF, or whose BTF is refused,
   // is listed with `why`. NotFound when the module list cannot be read (no BTF for struct
   // module's layout, no `modules` symbol). Loaded modules' functions are added to the domain's
   // symbols when they are loaded (load_symbols, load_symbols_from_guest; docs/guest-symbols.md).
