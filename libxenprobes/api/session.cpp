@@ -337,6 +337,12 @@ static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId 
 // The guest's loaded modules' functions into `t` (kernel/module_symbols.hpp). Best effort: a
 // guest whose modules cannot be read keeps the core kernel's symbols, with the reason logged.
 static void add_module_functions(hv::Hypervisor& hv, DomId dom, symbols::SymbolTable& t) {
+  // Without these symbols there is nothing to walk: the guest is not touched at all.
+  for (const char* needed : {"__start_BTF", "modules"})
+    if (!t.lookup(needed)) {
+      XP_LOG(Debug, "domain %u: no loaded modules' functions: no %s in %s", dom.value, needed, t.source().c_str());
+      return;
+    }
   auto view = GuestView::open(hv, dom);
   auto r = view ? kernel::read_guest_module_symbols(
                       t, [&view](Gva a, std::span<std::byte> out) { return (*view)->read(a, out); })
