@@ -722,12 +722,16 @@ int main(int argc, char** argv) {
   e->excludes(f);
   f->excludes(e);
   auto add_common = [&](CLI::App& a) {
+    // One value per -d (and --symbols, --sim-destroy): CLI11's vector options would otherwise
+    // swallow the words after them, the program file or list's pattern among them.
     a.add_option("-d,--domain", o.domains,
                  "a guest to probe: its name, its domid or a glob of names ('web*'); repeat for several "
-                 "(default: the only guest)");
+                 "(default: the only guest)")
+        ->allow_extra_args(false);
     a.add_option("--symbols", o.symbol_files,
                  "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy) for that domain "
-                 "(default: its kallsyms, read from its memory)");
+                 "(default: its kallsyms, read from its memory)")
+        ->allow_extra_args(false);
     a.add_option("--channel", o.channel, "how hits reach Dom0: auto, guest, vmevent or debugger")
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));
     a.add_flag("--sim", o.sim, "use the simulated Xen (also: XENPROBES_BACKEND=sim)");
@@ -736,7 +740,8 @@ int main(int argc, char** argv) {
     a.add_option("--sim-iterations", o.sim_iterations,
                  "workload iterations each simulated guest runs before it halts; 0 = forever (default)");
     a.add_option("--sim-type", o.sim_type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
-    a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS hits");
+    a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS hits")
+        ->allow_extra_args(false);
     a.add_option("--sim-image", o.sim_image,
                  "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
                  "give --symbols; default: the demo guest)")

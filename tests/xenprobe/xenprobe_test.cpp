@@ -537,6 +537,17 @@ TEST(Xenprobe, TextOutputMatchesTheGoldenFile) {
 // ---- list ----
 
 TEST(Xenprobe, ListNamesTheFunctionsMatchingAGlob) {
+  // -d takes one value: the pattern after it is the pattern (as in `xenprobe list -d D PATTERN`).
+  ToolRun d = run({"list", "--sim", "-d", "sim-1", "kprobe:sys_getppid"});
+  EXPECT_EQ(d.status, 0) << d.err;
+  EXPECT_EQ(d.out, "kprobe:sys_getppid\n") << d.err;
+  // And the program file after -d is the program (not a second domain).
+  const fs::path prog = fs::temp_directory_path() / ("xenprobe_test_prog." + std::to_string(getpid()) + ".bt");
+  std::ofstream(prog) << "kprobe:sys_getppid { @c = count(); }\n";
+  ToolRun f = run({"--sim", "--sim-vcpus", "1", "--sim-iterations", "3", "-d", "sim-1", prog.string()});
+  fs::remove(prog);
+  EXPECT_EQ(f.status, 0) << f.err;
+  EXPECT_NE(f.out.find("@c: 6"), std::string::npos) << f.out << f.err;
   ToolRun r = run({"list", "--sim", "kprobe:sys_*"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "kprobe:sys_getppid\nkprobe:sys_open\nkprobe:sys_read\nkprobe:sys_unlink\nkprobe:sys_write\n");

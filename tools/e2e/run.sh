@@ -345,8 +345,9 @@ boot() {
   # XPE2E_DIAG_*: diag_env_procs (docs/e2e.md "The environment").
   printf 'DIAG_TYPE="%s"\nDIAG_N="%s"\nDIAG_ROUNDS="%s"\nDIAG_FPU="%s"\n' "${XPE2E_DIAG_TYPE:-pv}" "${XPE2E_DIAG_N:-6}" "${XPE2E_DIAG_ROUNDS:-10}" "${XPE2E_DIAG_FPU:-}" \
     >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
-  # XPE2E_KILL_ROUNDS, XPE2E_KILL_SEED: the *_kill9_rounds scenarios (scenarios/kill9_rounds.sh).
-  printf 'KILL_ROUNDS="%s"\nKILL_SEED="%s"\n' "${XPE2E_KILL_ROUNDS:-20}" "${XPE2E_KILL_SEED:-}" \
+  # XPE2E_KILL_ROUNDS, XPE2E_KILL_SEED, XPE2E_KILL_AT: the *_kill9_rounds scenarios
+  # (scenarios/kill9_rounds.sh).
+  printf 'KILL_ROUNDS="%s"\nKILL_SEED="%s"\nKILL_AT="%s"\n' "${XPE2E_KILL_ROUNDS:-20}" "${XPE2E_KILL_SEED:-}" "${XPE2E_KILL_AT:-}" \
     >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   # A platform's scenario (trixie_*) runs the body of the Debian 12 one it repeats
   # (SCEN_BODY): dom0-init reads BODY_<scenario>.

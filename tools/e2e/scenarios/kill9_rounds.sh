@@ -39,6 +39,11 @@ while [ $r -le $rounds ]; do
   esac
   next
   after=$((seed / 65536 % max + 1))
+  # XPE2E_KILL_AT=POINT:N (run.conf KILL_AT): every round kills there (a failed round again).
+  if [ -n "${KILL_AT:-}" ]; then
+    in=${KILL_AT%%:*}
+    after=${KILL_AT#*:}
+  fi
   echo "XPE2E-STAGE round $r of $rounds ($ch): kill -9 at $in $after"
   (
     S=$S-r$r
@@ -62,4 +67,4 @@ while [ $r -le $rounds ]; do
   r=$((r + 1))
 done
 [ -z "$failed" ] || result FAIL "$passed of $rounds rounds passed (seed $seed0)$failed"
-result PASS "$rounds of $rounds kills at random points on the $ch channel recovered: guest alive, workload ok, text byte-identical (seed $seed0)"
+result PASS "$rounds of $rounds kills ${KILL_AT:+at }${KILL_AT:-at random points} on the $ch channel recovered: guest alive, workload ok, text byte-identical (seed $seed0)"

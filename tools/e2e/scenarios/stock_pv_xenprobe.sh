@@ -4,6 +4,7 @@
 # syscall got, read through the hit vCPU's page tables) and its getppid() calls, both filtered
 # by comm (the current task through the guest's BTF). Both counts must equal the workload's own,
 # and xenprobe must leave no trap byte behind (the module's detach finds none to restore).
+# `xenprobe list` must show the guest module's own functions, read from the guest's module list.
 S=${XPE2E_SCENARIO:-stock_pv_xenprobe}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
 N=xpe2e-cli
@@ -11,6 +12,14 @@ GETPPID=300 OPENAT=40
 domid=$(domu_start $N "xpe2e.work=$GETPPID:$OPENAT:5") || result FAIL "xl create failed"
 echo "XPE2E-INFO: DomU $N is domain $domid"
 wait_console $N "XPE2E-WORKLOAD: waiting" 180 || { dump_console $N; result FAIL "the workload did not start within 180 s"; }
+# The guest's loaded modules' functions, read from its memory (struct module's core_kallsyms):
+# the guest module's own, listed as bpftrace lists a module's functions.
+lst=$(timeout 120 /usr/bin/xenprobe list -d $N 'xp_*' 2>&1)
+echo "XPE2E-INFO: xenprobe list -d $N 'xp_*': $(echo "$lst" | wc -l) lines: $(echo "$lst" | head -n 4 | tr '\n' ' ')"
+echo "$lst" | grep -q '^kprobe:xp_[a-z0-9_]* \[xenprobes\]$' || {
+  domu_release "$domid"
+  result FAIL "xenprobe list 'xp_*' shows no function of the guest module [xenprobes]: $(echo "$lst" | tail -n 2 | tr '\n' ' ')"
+}
 OUT=/tmp/$S.json
 ERR=/tmp/$S.err
 PROG='kprobe:do_sys_openat2 /comm == "xpe2e-workload"/ { @opens[str(arg1)] = count(); }
