@@ -116,12 +116,6 @@ Instance::Instance(const Compiled& c, Output& out, std::string domain, std::vect
     : c_(c), out_(out), domain_(std::move(domain)), kaddrs_(std::move(kaddrs)), maps_(c.maps.size()), limits_(l),
       dropped_(c.maps.size(), 0), vars_(static_cast<std::size_t>(c.max_vars)) {}
 
-std::uint64_t Instance::updates_dropped() const {
-  std::uint64_t n = 0;
-  for (std::uint64_t d : dropped_) n += d;
-  return n;
-}
-
 void Instance::run(int b, const ProbeSite& site, xenprobes::HitContext* ctx) {
   ctx_ = ctx;
   site_ = &site;

@@ -71,9 +71,8 @@ class Instance {
   bool exit_requested() const { return exit_; }
   std::uint64_t read_errors() const { return read_errors_; }
   const std::string& domain() const { return domain_; }
-  // Updates dropped because their map was full (a new key, max_map_keys reached): in all maps,
-  // or in the map of that slot (Compiled::maps).
-  std::uint64_t updates_dropped() const;
+  // Updates dropped because the map of that slot (Compiled::maps) was full (a new key,
+  // max_map_keys reached).
   std::uint64_t updates_dropped(int slot) const { return dropped_[static_cast<std::size_t>(slot)]; }
   // A new bound takes effect for the next new key; a map already over it keeps its keys.
   void set_limits(Limits l) { limits_ = l; }

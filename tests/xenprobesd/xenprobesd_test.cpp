@@ -397,10 +397,11 @@ domains = [{ glob = "*" }]
   EXPECT_EQ(d.stop(), 0) << d.err();
 }
 
-// A guest destroyed inside a handler (its vCPU waiting for Dom0's answer): its attachment
-// detaches with the reason, its series leave the metrics, the other guest is served to the
-// end with an exact count.
-TEST(xenprobesd, AGuestDestroyedMidProbeDetachesAndTheOthersGoOn) {
+// A guest that goes inside a handler (its vCPU waiting for Dom0's answer), by `cue`
+// ("--sim-destroy" or "--sim-crash" at its 20th hit): its attachment detaches after exactly
+// those hits saying `why`, its series leave the metrics, the other guest is served to the end
+// with an exact count.
+static void expect_gone_mid_probe(const std::string& cue, const std::string& why) {
   TempDir t;
   auto cfg = t.write("c.toml", daemon_section() + R"(
 [[program]]
@@ -408,12 +409,12 @@ name = "p"
 source = 'kprobe:sys_getppid { @c = count(); }'
 domains = [{ glob = "sim-*" }]
 )");
-  Daemon d(cfg, sim(2, {"--sim-destroy", "sim-2@20"}), t.path);
+  Daemon d(cfg, sim(2, {cue, "sim-2@20"}), t.path);
   const int port = d.next("metrics_listening")["port"];
   json gone = d.next("detached", "sim-2");
   ASSERT_FALSE(gone.is_null());
   EXPECT_EQ(gone["hits"], 20);
-  EXPECT_EQ(gone["body"], "the domain is gone (it was destroyed)");
+  EXPECT_EQ(gone["body"], "the domain is gone (" + why + ")");
   // sim-1 may end its workload before the daemon has seen sim-2 go, or after.
   ASSERT_FALSE(d.seen_or_next("sim_idle").is_null());
   const std::string m = metrics(port);
@@ -421,33 +422,16 @@ domains = [{ glob = "sim-*" }]
   EXPECT_EQ(m.find("sim-2"), std::string::npos) << m;
   expect_promtool_clean(m, t.path);
   EXPECT_EQ(d.stop(), 0) << d.err();
-  EXPECT_NE(d.err().find("domain sim-2 (2) is gone (it was destroyed)"), std::string::npos) << d.err();
+  EXPECT_NE(d.err().find("domain sim-2 (2) is gone (" + why + ")"), std::string::npos) << d.err();
 }
 
-// A guest whose kernel panics inside a handler (the domain stays, crashed, as with xl's
-// on_crash = "preserve"): its attachment goes with the hits it had, the other guest's count is
-// exact, and nothing of the crashed one is exported any more.
+TEST(xenprobesd, AGuestDestroyedMidProbeDetachesAndTheOthersGoOn) {
+  expect_gone_mid_probe("--sim-destroy", "it was destroyed");
+}
+
+// The guest's kernel panics instead: the domain stays, crashed (xl's on_crash = "preserve").
 TEST(xenprobesd, AGuestThatCrashesMidProbeDetachesAndTheOthersGoOn) {
-  TempDir t;
-  auto cfg = t.write("c.toml", daemon_section() + R"(
-[[program]]
-name = "p"
-source = 'kprobe:sys_getppid { @c = count(); }'
-domains = [{ glob = "sim-*" }]
-)");
-  Daemon d(cfg, sim(2, {"--sim-crash", "sim-2@20"}), t.path);
-  const int port = d.next("metrics_listening")["port"];
-  json gone = d.next("detached", "sim-2");
-  ASSERT_FALSE(gone.is_null());
-  EXPECT_EQ(gone["hits"], 20);
-  EXPECT_EQ(gone["body"], "the domain is gone (it crashed)");
-  ASSERT_FALSE(d.seen_or_next("sim_idle").is_null());
-  const std::string m = metrics(port);
-  EXPECT_EQ(sample(m, hits("sim-1", "p", "kprobe:sys_getppid")), 2 * K) << m;
-  EXPECT_EQ(m.find("sim-2"), std::string::npos) << m;
-  expect_promtool_clean(m, t.path);
-  EXPECT_EQ(d.stop(), 0) << d.err();
-  EXPECT_NE(d.err().find("domain sim-2 (2) is gone (it crashed)"), std::string::npos) << d.err();
+  expect_gone_mid_probe("--sim-crash", "it crashed");
 }
 
 // SIGHUP: an unchanged program keeps its probes and counters, a changed one starts again, a
