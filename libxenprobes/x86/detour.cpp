@@ -146,24 +146,34 @@ Result<DetourLayout> emit_detour(std::span<std::uint8_t> dest, Gva runs_at, cons
                                  const JumpRegion& region, Gva point, Gva entry) {
   if (region.count == 0 || region.first + region.count > f.insns().size())
     return fail(Errc::InvalidArgument, "the region is not one of the function's");
+  return emit_detour(dest, runs_at, std::span(f.insns()).subspan(region.first, region.count), point, entry);
+}
+
+Result<DetourLayout> emit_detour(std::span<std::uint8_t> dest, Gva runs_at, std::span<const Insn> region, Gva point,
+                                 Gva entry) {
+  if (region.empty()) return fail(Errc::InvalidArgument, "an empty region");
+  for (std::size_t j = 1; j < region.size(); ++j)
+    if (region[j].address != region[j - 1].next())
+      return fail(Errc::InvalidArgument, "the region's instructions are not back to back");
+  const Gva start = region.front().address, end = region.back().next();
   Writer w(runs_at);
   DetourLayout l;
   bool called = false;
-  for (std::size_t j = region.first; j < region.first + region.count; ++j) {
-    const Insn& i = f.insns()[j];
+  for (const Insn& i : region) {
     if (i.address == point) {
       l.call_offset = w.size();
       XP_TRY(w.rel32(std::array<std::uint8_t, 1>{0xe8}, entry, "the detour's call to the jump entry"));
       l.resume_offset = w.size();
       called = true;
     }
+    l.copies.emplace_back(i.address, w.size());
     XP_TRY(relocate(w, i));
   }
   if (!called)
     return fail(Errc::InvalidArgument, "the probed address " + hex_addr(point.value) +
-                                           " is no instruction of the region at " + hex_addr(region.start.value));
-  if (falls_through(f.insns()[region.first + region.count - 1]))
-    XP_TRY(w.rel32(std::array<std::uint8_t, 1>{0xe9}, region.end(), "the detour's jump back"));
+                                           " is no instruction of the region at " + hex_addr(start.value));
+  if (falls_through(region.back()))
+    XP_TRY(w.rel32(std::array<std::uint8_t, 1>{0xe9}, end, "the detour's jump back"));
   if (dest.size() < w.size())
     return fail(Errc::NoSpace, "the detour needs " + std::to_string(w.size()) + " bytes, the slot has " +
                                    std::to_string(dest.size()));

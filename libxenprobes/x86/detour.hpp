@@ -16,7 +16,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "common/result.hpp"
 #include "x86/jump_safety.hpp"
@@ -33,6 +36,15 @@ struct DetourLayout {
   std::size_t size = 0;           // bytes written
   std::size_t call_offset = 0;    // the `call` to the entry
   std::size_t resume_offset = 0;  // call_offset + 5: where the hit resumes
+  // Where each of the region's instructions has its copy: (its address, the copy's offset).
+  // A vCPU sent to one of those addresses while the jump covers it must go to the copy.
+  std::vector<std::pair<Gva, std::size_t>> copies;
+  // The copy of the instruction at `a` (an instruction of the region), or nullopt.
+  std::optional<std::size_t> copy_of(Gva a) const {
+    for (const auto& [at, off] : copies)
+      if (at == a) return off;
+    return std::nullopt;
+  }
 };
 
 // Writes the detour for `region` of `f`, probed at `point` (an instruction of the region: its
@@ -42,5 +54,8 @@ struct DetourLayout {
 // ENOSPC when `dest` is too small. Nothing is written on failure.
 [[nodiscard]] Result<DetourLayout> emit_detour(std::span<std::uint8_t> dest, Gva runs_at, const JumpFunction& f,
                                                const JumpRegion& region, Gva point, Gva entry);
+// The same from the region's instructions themselves (in order, back to back).
+[[nodiscard]] Result<DetourLayout> emit_detour(std::span<std::uint8_t> dest, Gva runs_at, std::span<const Insn> region,
+                                               Gva point, Gva entry);
 
 }  // namespace xenprobes::x86

@@ -87,6 +87,10 @@ TEST(Detour, AnEarlierStartCallsTheEntryBeforeTheProbedInstructionsCopy) {
   ASSERT_TRUE(l) << l.error().what;
   EXPECT_EQ(l->call_offset, 3u);
   EXPECT_EQ(l->resume_offset, 8u);
+  // Where each instruction's copy is: the probed one's right after the call.
+  EXPECT_EQ(l->copy_of(Gva{F}), std::optional<std::size_t>{0});
+  EXPECT_EQ(l->copy_of(Gva{F + 3}), std::optional<std::size_t>{8});
+  EXPECT_EQ(l->copy_of(Gva{F + 1}), std::nullopt);
   buf.resize(l->size);
   EXPECT_EQ(buf, cat({{0x48, 0x89, 0xe5}, {0xe8}, rel(D + 3, 5, E), {0x31, 0xc0}, {0xe9}, rel(D + 10, 5, F + 5)}));
 }
