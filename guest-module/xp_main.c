@@ -27,6 +27,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/utsname.h>
+#include <asm/cpufeature.h>
 #include <xen/xen.h>
 #include <xen/xenbus.h>
 
@@ -281,6 +282,24 @@ static int xp_publish_fixup_slots(void)
 }
 
 /*
+ * jump-entry (protocol.h, "Jump probes"): xp_jump_entry (xp_jump.S), which a jump probe's
+ * detour calls; Dom0 makes jump probes only when it is published, so not when the entry
+ * cannot run correctly: under call depth tracking (retbleed=stuff, 6.2 and later) the return
+ * thunk its final RET goes through shifts a per-CPU counter and so changes the flags the
+ * entry just restored for the probed instruction. Only with module-text, which holds it.
+ */
+static int xp_publish_jump_entry(void)
+{
+#ifdef X86_FEATURE_CALL_DEPTH
+	if (cpu_feature_enabled(X86_FEATURE_CALL_DEPTH)) {
+		pr_info(XP_NAME ": call depth tracking is on: jump-entry not published (Dom0 makes no jump probes)\n");
+		return 0;
+	}
+#endif
+	return xp_xs_printf(XENPROBES_XS_JUMP_ENTRY, "0x%lx", (unsigned long)xp_jump_entry);
+}
+
+/*
  * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
  * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
  * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
@@ -303,6 +322,8 @@ static int xp_publish_module_text(void)
 	if (!err && (unsigned long)xp_fixup_slots >= start &&
 	    (unsigned long)xp_fixup_slots + XP_FIXUP_SLOTS * XP_FIXUP_SLOT_BYTES <= end)
 		err = xp_publish_fixup_slots();
+	if (!err && (unsigned long)xp_jump_entry >= start && (unsigned long)xp_jump_entry < end)
+		err = xp_publish_jump_entry();
 	return err;
 }
 
@@ -499,10 +520,11 @@ static void __exit xenprobes_exit(void)
 		xp_disarm_all();
 	mutex_unlock(&xp_detach_lock);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
-		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.bad_answers),
+		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
+		(long long)atomic64_read(&xp.redirects), (long long)atomic64_read(&xp.bad_answers),
 		(long long)atomic64_read(&xp.no_fallback), (long long)atomic64_read(&xp.stale),
 		(unsigned long long)READ_ONCE(xp.stale_first), (long long)atomic64_read(&xp.late_text),
 		(long long)atomic64_read(&xp.late_oea));
