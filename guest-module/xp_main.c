@@ -11,9 +11,10 @@
  * Unload policy: the module holds a reference on itself once it is published, so `rmmod`
  * is refused while Dom0 may have traps, slots or return trampolines pointing into it.
  * `echo 1 > /sys/module/xenprobes/parameters/detach` disarms first (Dom0 is told by the
- * removal of `state`; trap bytes are written back; live return-probe slots get their real
- * return addresses back; every CPU is out of the hook and out of every slot), then drops the
- * reference; `rmmod` then succeeds. See README.md.
+ * removal of `state`; trap bytes and jump regions are written back; live return-probe slots
+ * get their real return addresses back; every CPU is out of the hook and the jump entry, every
+ * task out of every slot and detour), then drops the reference; `rmmod` then succeeds. See
+ * README.md.
  */
 #include <linux/err.h>
 #include <linux/extable.h>
@@ -150,7 +151,9 @@ out:
 }
 
 /*
- * Waits until no CPU is in the int3 hook and no task is inside any slot:
+ * Waits until no CPU is in the int3 hook or the jump entry and no task is inside any slot or
+ * detour (a task preempted there, or in the jump entry with interrupts on, was preempted
+ * involuntarily: synchronize_rcu_tasks() waits for it to run on and leave):
  *  - synchronize_rcu(): the hook runs with interrupts off (irqentry_nmi_enter()), and every
  *    irq/NMI handler or preempt-disabled region that might be in a slot ends;
  *  - synchronize_rcu_tasks_rude(): also code where RCU is not watching (idle, entry), which
