@@ -160,10 +160,10 @@ static void xp_disarm_work(struct work_struct *w)
 	restored = xp_restore_traps();
 	WRITE_ONCE(xp.text_restored, true);
 	if (atomic_read(&xp.dom0_gone) == XP_GONE_RESUMED)
-		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes; every hit now resumes without Dom0; reload the module to attach again\n",
+		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes and jump regions; every hit now resumes without Dom0; reload the module to attach again\n",
 			restored);
 	else
-		pr_warn(XP_NAME ": Dom0 did not answer %d hits in a row: restored %u trap bytes (%lld hits resumed without Dom0 so far); every hit now resumes without Dom0; reload the module to attach again\n",
+		pr_warn(XP_NAME ": Dom0 did not answer %d hits in a row: restored %u trap bytes and jump regions (%lld hits resumed without Dom0 so far); every hit now resumes without Dom0; reload the module to attach again\n",
 			XENPROBES_DEAD_AFTER, restored, (long long)atomic64_read(&xp.timeouts));
 }
 

@@ -430,7 +430,7 @@ static void xp_disarm_all(void)
 	restored = xp_restore_traps();
 	repaired = xp_repair_return_slots();
 	xp_quiesce();
-	pr_info(XP_NAME ": detached: restored %u trap bytes, repaired %u return slots\n",
+	pr_info(XP_NAME ": detached: restored %u trap bytes and jump regions, repaired %u return slots\n",
 		restored, repaired);
 }
 
