@@ -213,8 +213,10 @@
  *   registers, the arithmetic flags, rip and rsp from the answer: rip == the probed address
  *   resumes in the detour at call + 5 (the probed instruction's copy); another rip resumes
  *   there instead (the pre-handler skipped the instruction), with rsp from the answer, which
- *   must be >= the hit's rsp and at most 4 KiB above it (else the answer is unusable: the hit
- *   resumes as if unanswered). On a timeout, with Dom0 gone or while detaching the hit resumes
+ *   must be >= the hit's rsp, at most 4 KiB above it and a multiple of 8 away from it (the
+ *   entry writes the final rflags and rip in the two words below it), else the answer is
+ *   unusable: the hit resumes as if unanswered. A JUMP entry counts only inside the module's
+ *   OEA pool, where Dom0 puts every detour. On a timeout, with Dom0 gone or while detaching the hit resumes
  *   in the detour at call + 5 unanswered: the copies run, nothing is emulated.
  * Putting a jump in place (Dom0; "paused": with the domain paused):
  *   1. paused: the detour's bytes and its JUMP entry (entry first); the REDIRECT entry, then an

@@ -122,11 +122,14 @@ xenprobes_regs to_protocol(const VcpuRegs& r) {
 // target it computes, the return address a call pushes, and its refusal of a target outside
 // kernel text and the module area. r.rip is the trap address; false (nothing changed) when
 // the module could not run the entry either.
-bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
+// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
+// and its OEA pool, which in a real module holds every area it publishes (one static pool).
+xp_bounds module_bounds(Domain& d) {
   xp_bounds b{};
   b.ktext = {d.layout.text_start, d.layout.text_end};
   b.modules = {kModulesVa, kModulesEnd};
-  b.oea = {d.layout.oea_addr, d.layout.oea_addr + d.layout.oea_size};
+  const unsigned areas = std::max(1u, d.oea_published);
+  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
   // The module asks the page tables whether the page is executable; here: mapped, and not the
   // control area (the one NX mapping inside the module area).
   b.is_exec = [](void* ctx, std::uint64_t va) {
@@ -136,6 +139,11 @@ bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
     return guest_ptr(dom, va, 1) != nullptr;
   };
   b.ctx = &d;
+  return b;
+}
+
+bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
+  xp_bounds b = module_bounds(d);
   xp_mem_ops m{};
   m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
     const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
@@ -324,7 +332,9 @@ void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
     write_regs(v, r, false);
   };
   xenprobes_trap e{};
-  if (!lookup(d, ret - 5, e) || e.flags != XENPROBES_TRAP_JUMP) {
+  const xp_bounds b = module_bounds(d);
+  const bool found = ret >= 5 && lookup(d, xp_jump_call_addr(ret), e);
+  if (xp_jump_lookup(&b, found ? &e : nullptr, ret) != XP_JUMP_HIT) {
     ++m.foreign;  // a call from no detour Dom0 told us of
     publish_counters(d);
     return resume();
@@ -408,15 +418,20 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15, r.rip = x.rip;
       r.rflags = (r.rflags & ~kFlagsFromDom0) | (x.rflags & kFlagsFromDom0);
       if (v.module_jump_ret) {
-        // protocol.h, "Jump probes": the probed address goes on in the detour; another rip
-        // resumes there, with an rsp no lower than the hit's and at most 4 KiB above it.
-        const std::uint64_t hit_rsp = v.module_regs.rsp;
-        if (x.rsp < hit_rsp || x.rsp - hit_rsp > 4096) {
-          r = v.module_regs;
-          r.rsp = hit_rsp;
-          ++m.bad_answers;  // unusable: resumed as if unanswered
+        // protocol.h, "Jump probes", by the module's own rules (xp_jump_answer_apply).
+        const xp_bounds b = module_bounds(d);
+        const xenprobes_regs hit = to_protocol(v.module_regs);
+        xenprobes_regs out{};
+        if (xp_jump_answer_apply(&b, &hit, &x, v.module_jump_ret, &out) == XP_ANSWER_OK) {
+          r.rax = out.rax, r.rbx = out.rbx, r.rcx = out.rcx, r.rdx = out.rdx, r.rsi = out.rsi, r.rdi = out.rdi;
+          r.rbp = out.rbp, r.rsp = out.rsp, r.r8 = out.r8, r.r9 = out.r9, r.r10 = out.r10, r.r11 = out.r11;
+          r.r12 = out.r12, r.r13 = out.r13, r.r14 = out.r14, r.r15 = out.r15, r.rip = out.rip;
+          r.rflags = out.rflags;
+        } else {
+          r = v.module_regs;  // unusable: resumed as if unanswered, in the detour
+          r.rip = v.module_jump_ret;
+          ++m.bad_answers;
         }
-        if (r.rip == v.module_regs.rip) r.rip = v.module_jump_ret;
         v.module_jump_ret = 0;
       }
       write_regs(v, r, false);
@@ -512,12 +527,9 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
       if (region && len < 5) continue;
       std::uint8_t* p = guest_ptr(d, e.addr, len);
       if (!p) continue;
-      bool ours = *p == kInt3;
-      if (region && *p == 0xe9) {
-        std::int32_t rel;
-        std::memcpy(&rel, p + 1, 4);
-        ours = e.addr + 5 + static_cast<std::uint64_t>(std::int64_t{rel}) == e.fallback;
-      }
+      // The module's own decision (xp_logic.c): the int3, or the jump to this entry's detour.
+      const xp_bounds b = module_bounds(d);
+      const bool ours = region ? xp_region_restore_ok(&b, &e, p, static_cast<std::uint32_t>(len)) : *p == kInt3;
       if (!ours) continue;  // already restored (or not a trap Dom0 wrote)
       std::memcpy(p, e.insn, len);
       const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
