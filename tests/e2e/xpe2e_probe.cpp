@@ -6,6 +6,9 @@
 //       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
 //       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
 //       text is byte-identical to before.
+//   xpe2e-probe jump    --domid D [--timeout S]
+//       Jump probes (issue 14) on the guest channel: registered as jumps, the jumps written
+//       once the module confirmed quiescence, every call counted, the text restored.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -174,7 +177,7 @@ bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::stri
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair|bench|safety --domid D ...");
+  if (argc < 2) fatal("usage: xpe2e-probe probe|jump|kill|verify-text|refuse-debugger|pair|bench|safety --domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -882,6 +885,94 @@ int cmd_probe(const Args& a) {
   auto stt = hvp->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE));
   check("module.keys_removed", !stt, stt ? "state still " + *stt : "data/xenprobes/state removed");
   say("XPE2E-PROG probe %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
+// jump: jump probes (issue 14) through the guest channel. A jump probe on __x64_sys_getppid
+// and on do_unlinkat, and a Fastest one on __x64_sys_openat: each registered as a jump (the
+// module publishes its jump entry), the jump written once the module confirmed quiescence (the
+// bytes read back: e9 to the detour), every call of the workload counted exactly, no hit the
+// module resumed without Dom0, and the text byte-identical after unregistering.
+int cmd_jump(const Args& a) {
+  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
+  hv::Hypervisor& hv = s->hypervisor();
+  std::vector<std::pair<std::string, Gva>> fns;
+  for (const char* n : {"__x64_sys_getppid", "do_unlinkat", "__x64_sys_openat"})
+    fns.emplace_back(n, must(s->resolve(a.dom, n), std::string("resolve ") + n));
+  auto before = snapshot(hv, a.dom, fns);
+  auto keys = hv.xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_JUMP_ENTRY));
+  check("module.jump_entry", keys.has_value(), keys ? "jump-entry " + *keys : "the module publishes no jump-entry");
+  std::uint64_t n_getppid = 0, n_unlink = 0, n_openat = 0;
+  struct Want {
+    const char* fn;
+    ProbeMethod method;
+    std::uint64_t* count;
+  };
+  std::vector<Probe> probes;
+  for (const Want& w : {Want{"__x64_sys_getppid", ProbeMethod::Jump, &n_getppid},
+                        Want{"do_unlinkat", ProbeMethod::Jump, &n_unlink},
+                        Want{"__x64_sys_openat", ProbeMethod::Fastest, &n_openat}}) {
+    std::uint64_t* c = w.count;
+    auto p = s->probe(a.dom, w.fn, [c](HitContext&) { ++*c; return 0; }, {}, ProbeOptions{w.method});
+    if (!check(fmt("jump.register.%s", w.fn), p.has_value(), p ? "registered" : p.error().what)) continue;
+    auto i = must(p->info(), "info");
+    say("XPE2E-INFO: %s: %s at 0x%" PRIx64 ", detour 0x%" PRIx64 ", %s%s", w.fn, probe_method_name(i.method),
+        i.address.value, i.slot.value, i.instruction.c_str(), i.not_jump_because.empty() ? "" : ("; not a jump: " + i.not_jump_because).c_str());
+    check(fmt("jump.method.%s", w.fn), i.method == ProbeMethod::Jump && i.mode == ExecMode::Detour,
+          i.not_jump_because.empty() ? probe_method_name(i.method) : i.not_jump_because);
+    probes.push_back(std::move(*p));
+  }
+  // The jumps go in once the module has confirmed quiescence (the guest runs meanwhile).
+  auto t0 = Clock::now();
+  auto pending = [&] {
+    return std::count_if(probes.begin(), probes.end(), [](Probe& p) { auto i = p.info(); return !i || i->jump_pending; });
+  };
+  while (pending() > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
+  check("jump.written", pending() == 0,
+        fmt("%ld of %zu jumps still wait after %.1f s", static_cast<long>(pending()), probes.size(),
+            std::chrono::duration<double>(Clock::now() - t0).count()));
+  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
+  for (Probe& p : probes) {
+    auto i = p.info();
+    if (!i) continue;
+    // The jump starts at the point, or up to 4 bytes before it (an earlier start in its block).
+    bool found = false;
+    for (std::uint64_t back = 0; back <= 4 && !found; ++back) {
+      std::array<std::byte, 5> b{};
+      if (!view->read(Gva{i->address.value - back}, b)) break;
+      std::int32_t rel = 0;
+      std::memcpy(&rel, b.data() + 1, 4);
+      found = b[0] == std::byte{0xe9} &&
+              i->address.value - back + 5 + static_cast<std::uint64_t>(std::int64_t{rel}) == i->slot.value;
+    }
+    check(fmt("text.jump.%" PRIx64, i->address.value), found, "e9 <rel32 to the detour> in the guest's text");
+  }
+
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
+  auto w = kv(done.value_or(""));
+  check("workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
+  const long getppid = num(w, "getppid"), openat = num(w, "openat"), unl = num(w, "unlink_ok") + num(w, "unlink_enoent");
+  check("jump.getppid", (long)n_getppid == getppid, fmt("jump probe %" PRIu64 ", guest made %ld calls", n_getppid, getppid));
+  check("jump.unlinkat", (long)n_unlink == unl, fmt("jump probe %" PRIu64 ", guest made %ld unlink calls", n_unlink, unl));
+  check("jump.openat", (long)n_openat == openat + num(w, "unlink_ok"),
+        fmt("probe %" PRIu64 ", guest made %ld openat calls", n_openat, openat + num(w, "unlink_ok")));
+  auto h = ctl_header(hv, a.dom);
+  say("XPE2E-INFO: module after the workload: %s", describe(h).c_str());
+  check("module.no_timeouts", h && h->timeouts == 0, describe(h));
+  for (Probe& p : probes) {
+    auto r = p.unregister();
+    check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
+  }
+  std::string diff = compare(hv, a.dom, before);
+  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  probes.clear();
+  s.reset();
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  say("XPE2E-PROG jump %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
 }
 
@@ -2243,6 +2334,7 @@ int main(int argc, char** argv) {
   if (!a.skip.empty()) say("XPE2E-INFO: skipping probes: %s", a.skip.c_str());
   if (a.cmd == "probe") return cmd_probe(a);
   if (a.cmd == "kill") return cmd_kill(a);
+  if (a.cmd == "jump") return cmd_jump(a);
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);
