@@ -170,9 +170,14 @@ struct Args {
   // held (ftrace would then hang) and hookpath kills the guest: each goes after the others.
   std::string hazards = "extable,ftrace,statickey,hookpath";
   std::string points;                                         // safety: hookpath points (default all)
+  // probe, kill: how the probes without a post-handler go in (trap, or fastest: jump probes
+  // where the point allows, issue 14).
+  std::string method = "trap";
 };
 
 Args g_args;
+// The options of the probes that have no post-handler (--method).
+ProbeOptions pre_only() { return ProbeOptions{g_args.method == "fastest" ? ProbeMethod::Fastest : ProbeMethod::Trap}; }
 bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::string(",") + what + ",") != std::string::npos; }
 
 Args parse(int argc, char** argv) {
@@ -217,12 +222,15 @@ Args parse(int argc, char** argv) {
       a.wait_ms = std::stoi(v);
     else if (k == "--hazards")
       a.hazards = v;
+    else if (k == "--method")
+      a.method = v;
     else if (k == "--points")
       a.points = v;
     else
       fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
+  if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
   if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
       a.die_in != "unregister")
     fatal("--die-in: getppid, call, filp, register or unregister");
@@ -519,7 +527,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                    [](HitContext&) {
                                      ++g_c.boosted;
                                      return 0;
-                                   }),
+                                   },
+                                   {}, pre_only()),
                            "XP on the return site of __x64_sys_getppid's first call (" + after_call->text + ")"));
     ps.points.push_back(after_call->addr);
   }
@@ -530,7 +539,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                     ++g_c.branch;
                                     maybe_die("call", g_c.branch);
                                     return 0;
-                                  }),
+                                  },
+                                  {}, pre_only()),
                           "XP on the call in __x64_sys_getppid (" + call->text + ")"));
     ps.points.push_back(call->addr);
   } else {
@@ -555,7 +565,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                     ++g_c.openat_other;
                                   }
                                   return 0;
-                                }),
+                                }),  // a trap: openat2's post-handler shares its point
                          "XP on __x64_sys_openat"));
   ps.points.push_back(openat);
   }
@@ -607,7 +617,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                   ++g_c.filp_other;
                                 }
                                 return 0;
-                              }),
+                              },
+                              {}, pre_only()),
                        "XP on do_filp_open"));
   ps.points.push_back(filp);
   }
@@ -765,6 +776,18 @@ bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>
   return true;
 }
 
+// The points of ps that hold a trap byte: all but jump probes' (--method fastest), whose
+// bytes are the module's redirect, then a jump.
+std::vector<Gva> trap_points(ProbeSet& ps) {
+  std::vector<Gva> jumps, out;
+  for (auto& p : ps.probes)
+    if (auto i = p.info(); i && i->method == ProbeMethod::Jump) jumps.push_back(i->address);
+  for (Gva g : ps.points)
+    if (std::find(jumps.begin(), jumps.end(), g) == jumps.end()) out.push_back(g);
+  if (!jumps.empty()) say("XPE2E-INFO: %zu probe points are jump probes (--method %s)", jumps.size(), g_args.method.c_str());
+  return out;
+}
+
 int cmd_probe(const Args& a) {
   int unload_wait = 90;
   auto opt = must(parse_channel_kind(a.channel), "--channel");
@@ -778,7 +801,7 @@ int cmd_probe(const Args& a) {
   auto before = snapshot(hv, a.dom, fns);
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(hv, a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check("text.armed", first_bytes_are_traps(hv, a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
 
   auto done = run_workload(*s, a.dom, a.timeout_s);
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
@@ -989,7 +1012,20 @@ int cmd_kill(const Args& a) {
   g_die_in = a.die_in;
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  if (a.method == "fastest") {
+    // The kill must find the jumps written (not their redirecting trap bytes): wait for them.
+    auto t0 = Clock::now();
+    auto count = [&](bool pending) {
+      return std::count_if(ps.probes.begin(), ps.probes.end(), [&](Probe& p) {
+        auto i = p.info();
+        return i && i->method == ProbeMethod::Jump && i->jump_pending == pending;
+      });
+    };
+    while (count(true) > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
+    check("jump.written", count(true) == 0 && count(false) > 0,
+          fmt("%ld jump probes written, %ld still wait", static_cast<long>(count(false)), static_cast<long>(count(true))));
+  }
   auto done = run_workload(*s, a.dom, a.timeout_s);
   if (a.die_in == "unregister") {
     unsigned n = 0;
