@@ -692,6 +692,12 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   auto mode_is = [](const char* name, Probe* p, ExecMode want, const char* why) {
     if (!p) return;
     auto i = p->info();
+    // --method fastest: a pre-handler-only probe may be a jump probe instead (its detour).
+    if (i && g_args.method == "fastest" && i->method == ProbeMethod::Jump) {
+      check(std::string("xp.") + name + ".mode", i->mode == ExecMode::Detour,
+            fmt("a jump probe, mode=%s: %s", mode_name(i->mode), i->instruction.c_str()));
+      return;
+    }
     check(std::string("xp.") + name + ".mode", i && i->mode == want,
           i ? fmt("mode=%s, expected %s (%s): %s", mode_name(i->mode), mode_name(want), why, i->instruction.c_str())
             : i.error().what);
