@@ -305,10 +305,11 @@ kill9_scenario() {
   echo "XPE2E-INFO: DomU $N is domain $domid"
   wait_console $N "XPE2E-WORKLOAD: waiting" "$4" || { dump_console $N; result FAIL "the workload did not start within $4 s"; }
   # KILL_DIE_IN, KILL_AFTER: where and after how many hits (or probes) the program kills itself
-  # (xpe2e-probe kill --die-in, --die-after-hits; kill9_rounds.sh draws them at random).
+  # (xpe2e-probe kill --die-in, --die-after-hits; kill9_rounds.sh draws them at random);
+  # KILL_METHOD: how its pre-handler-only probes go in (--method trap|fastest: jump probes).
   die_in=${KILL_DIE_IN:-call}
   timeout 400 "$E2E/xpe2e-reap" --wait 120 -- "$PROBE" kill --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap \
-    --die-in "$die_in" --die-after-hits "${KILL_AFTER:-50}" --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
+    --die-in "$die_in" --die-after-hits "${KILL_AFTER:-50}" --method "${KILL_METHOD:-trap}" --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
   rc=$?
   cat /tmp/$S.out
   grep -q "^XPE2E-KILL" /tmp/$S.out || { dump_console $N; result FAIL "xpe2e-probe kill did not reach its SIGKILL (exit $rc)"; }

@@ -5,4 +5,4 @@
 # byte), the guest keep running and its workload finish with correct results.
 S=${XPE2E_SCENARIO:-stock_kill9_jump}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
-PROBE_EXTRA="$PROBE_EXTRA --method fastest" KILL_DIE_IN=filp KILL_AFTER=10 kill9_scenario xpe2e-killj guest "" 180
+KILL_METHOD=fastest KILL_DIE_IN=filp KILL_AFTER=10 kill9_scenario xpe2e-killj guest "" 180
