@@ -90,11 +90,11 @@ Format detect_format(std::span<const std::byte> orc_raw) {
   bool bit11 = false;
   for (std::size_t off = 0; off + kEntrySize <= orc_raw.size(); off += kEntrySize) {
     const unsigned flags = le16(orc_raw.data() + off + 4);
+    bit11 = bit11 || (flags >> 11 & 1) != 0;  // v2's end bit: on end-of-stack entries
     if ((flags & 0xf) != kRegSp) continue;
     const unsigned t = flags >> 8 & 7;
     zero += t == 0;
     two += t == 2;
-    bit11 = bit11 || (flags >> 11 & 1) != 0;
   }
   if (zero == 0 && two == 0) return Format::Auto;
   if (two > zero) return Format::V3;

@@ -79,8 +79,8 @@ struct Entry {
 // One raw 6-byte entry under a format (Auto is taken as V3).
 Entry decode(std::span<const std::byte, kEntrySize> raw, Format f);
 // Which format a table of raw entries is in: most described code is a call frame with sp_reg SP,
-// whose type bits are 0 in v1/v2 and 2 in v3; v2 alone sets bit 11 (its end bit; v1 never sets
-// it). Auto when nothing decides (no entry with sp_reg SP).
+// whose type bits are 0 in v1/v2 and 2 in v3; of v1 and v2, only v2 sets bit 11 (its end bit, on its
+// end-of-stack entries). Auto when nothing decides (no entry with sp_reg SP).
 Format detect_format(std::span<const std::byte> orc_raw);
 
 struct Limits {
