@@ -255,8 +255,10 @@ class XENPROBES_API Session {
   // The guest kernel's ORC unwind tables (CONFIG_UNWINDER_ORC: __start_orc_unwind_ip ...
   // __stop_orc_unwind through the domain's symbols), read from its memory, checked and kept for
   // kernel_stack(); a summary. NotFound when its kernel has none, InvalidArgument when they are
-  // malformed (unsorted, sizes that disagree). Loaded modules' own tables are not read yet: a
-  // module frame is unwound as a frame-pointer frame.
+  // malformed (unsorted, sizes that disagree). The live modules' own tables come with them
+  // (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs, laid out from the kernel's BTF);
+  // a module without one, or when the module list cannot be read, is unwound as frame-pointer
+  // frames. Modules loaded later are not seen until it is called again.
   [[nodiscard]] Result<std::string> load_unwind_tables(DomId);
   // The hit vCPU's kernel call stack, walked from Dom0 with those tables (loaded by the first
   // call if load_unwind_tables() was not called; a failure to load is kept), reading the stack

@@ -2,16 +2,71 @@
 #include "api/kernel_stack.hpp"
 
 #include "common/log.hpp"
+#include "kernel/btf.hpp"
+#include "kernel/module_symbols.hpp"
+#include "kernel/modules.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
 
 namespace xenprobes::api {
 
+namespace {
+
+// The loaded modules' own tables (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs), of
+// the modules the kernel layer found usable; a module whose table cannot be read is left to the
+// frame-pointer fallback. What happened is added to `summary`.
+struct ModuleOrc {
+  std::vector<kernel::orc::Table> tables;
+  std::vector<kernel::Range> untabled;  // usable modules' text without a table
+};
+
+ModuleOrc module_tables(const symbols::SymbolTable& syms, const kernel::ReadFn& read, kernel::orc::Format format,
+                        std::string& summary) {
+  ModuleOrc out;
+  auto btf = kernel::read_kernel_btf(syms, read);  // struct module's layout
+  if (!btf) {
+    summary += "; modules' tables not read (" + btf.error().what + ")";
+    return out;
+  }
+  auto mods = kernel::walk_modules(syms, read, *btf);
+  if (!mods) {
+    summary += "; modules' tables not read (" + mods.error().what + ")";
+    return out;
+  }
+  kernel::orc::Limits limits;
+  std::size_t budget = limits.max_entries, refused = 0;
+  std::string first;
+  for (const kernel::Module& m : mods->modules()) {
+    if (!m.usable) continue;
+    if (m.orc_num == 0) {
+      out.untabled.push_back(m.text);
+      continue;
+    }
+    auto t = m.orc_num > budget ? Result<kernel::orc::Table>(fail(Errc::NoSpace, "over the entries left for modules"))
+                                : kernel::orc::read_module_table(read, m.orc_ip, m.orc_unwind, m.orc_num, m.text, format,
+                                                                 limits);
+    if (!t) {
+      ++refused;
+      if (first.empty()) first = m.name + ": " + t.error().what;
+      out.untabled.push_back(m.text);
+      continue;
+    }
+    budget -= m.orc_num;
+    out.tables.push_back(std::move(*t));
+  }
+  summary += "; " + std::to_string(out.tables.size()) + " module table(s)";
+  if (refused) summary += ", " + std::to_string(refused) + " refused (first: " + first + ")";
+  return out;
+}
+
+}  // namespace
+
 Result<std::string> KernelStacks::load(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms) {
   PerDomain& d = by_dom_[dom];
   d.unwinder.reset();
-  auto read_tables = [&]() -> Result<kernel::orc::Table> {
+  std::string summary;
+  auto read_tables = [&]() -> Result<std::shared_ptr<const kernel::orc::Unwinder>> {
     hv::DomainInfo info = XP_TRY(hv.domain_info(dom));
     hv::VcpuRegs regs = XP_TRY(hv.get_vcpu_regs(dom, VcpuId{0}));
     mem::PagingContext ctx = XP_TRY(mem::paging_context(info, regs));
@@ -21,17 +76,21 @@ Result<std::string> KernelStacks::load(hv::Hypervisor& hv, DomId dom, const symb
     // isolation a vCPU in user mode holds tables that map almost none of it).
     const Gva text = syms.resolve("_stext").value_or(Gva{0});
     XP_TRY(mem::use_kernel_page_tables(memory, ctx, info.type, text));
-    return kernel::orc::read_kernel_table(
-        syms, [&memory](Gva a, std::span<std::byte> out) { return memory.read(a, out); });
+    const kernel::ReadFn read = [&memory](Gva a, std::span<std::byte> out) { return memory.read(a, out); };
+    kernel::orc::Table core = XP_TRY(kernel::orc::read_kernel_table(syms, read));
+    summary = "ORC table of the kernel: " + core.summary();
+    auto u = std::make_shared<kernel::orc::Unwinder>(std::move(core));
+    ModuleOrc mods = module_tables(syms, read, u->core().format(), summary);
+    u->set_modules(std::move(mods.tables), std::move(mods.untabled));
+    return u;
   };
-  auto t = read_tables();
-  if (!t) {
-    d.why = Error{t.error().code, "domain " + std::to_string(dom.value) + ": cannot unwind its kernel's stacks: " +
-                                      t.error().what};
+  auto u = read_tables();
+  if (!u) {
+    d.why = Error{u.error().code, "domain " + std::to_string(dom.value) + ": cannot unwind its kernel's stacks: " +
+                                      u.error().what};
     return fail(d.why.code, d.why.what);
   }
-  std::string summary = "ORC table of the kernel: " + t->summary();
-  d.unwinder = std::make_shared<const kernel::orc::Unwinder>(std::move(*t));
+  d.unwinder = std::move(*u);
   XP_LOG(Info, "domain %u: %s", dom.value, summary.c_str());
   return summary;
 }

@@ -158,8 +158,9 @@ inline constexpr unsigned kMaxStackSwitches = 8;
 class Unwinder {
  public:
   explicit Unwinder(Table core) : core_(std::move(core)) {}
-  // Replaces the modules' tables (each holds its module's text).
-  void set_modules(std::vector<Table> mods);
+  // Replaces the modules' tables (each holds its module's text) and the text of modules with
+  // none (unwound by the frame-pointer fallback).
+  void set_modules(std::vector<Table> mods, std::vector<Range> untabled = {});
   const Table& core() const { return core_; }
   std::size_t module_tables() const { return mods_.size(); }
   const Entry* find(std::uint64_t ip) const;
@@ -171,7 +172,8 @@ class Unwinder {
 
  private:
   Table core_;
-  std::vector<Table> mods_;  // sorted by their first text address
+  std::vector<Table> mods_;  // searched in turn (a guest has ~100 modules)
+  std::vector<Range> untabled_;
 };
 
 }  // namespace xenprobes::kernel::orc

@@ -22,9 +22,10 @@ const char* to_string(Stop s) {
   return "?";
 }
 
-void Unwinder::set_modules(std::vector<Table> mods) {
+void Unwinder::set_modules(std::vector<Table> mods, std::vector<Range> untabled) {
   mods_ = std::move(mods);
   std::erase_if(mods_, [](const Table& t) { return t.size() == 0; });
+  untabled_ = std::move(untabled);
 }
 
 const Entry* Unwinder::find(std::uint64_t ip) const {
@@ -36,7 +37,8 @@ const Entry* Unwinder::find(std::uint64_t ip) const {
 }
 
 bool Unwinder::is_text(std::uint64_t ip) const {
-  return core_.covers(ip) || std::any_of(mods_.begin(), mods_.end(), [&](const Table& t) { return t.covers(ip); });
+  return core_.covers(ip) || std::any_of(mods_.begin(), mods_.end(), [&](const Table& t) { return t.covers(ip); }) ||
+         std::any_of(untabled_.begin(), untabled_.end(), [&](const Range& r) { return r.contains(ip); });
 }
 
 namespace {
