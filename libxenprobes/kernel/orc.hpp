@@ -38,10 +38,11 @@
 // (Limits::max_entries); the address array must be sorted, or the table is refused as a whole
 // (a lookup on an unsorted array could answer anything); entries whose address lies outside
 // the text they describe are dropped and counted, and no address outside it is looked up.
-// A walk is bounded (kMaxFrames), reads 8 bytes at a time (168 for a pt_regs frame) only at
-// canonical kernel-half, 8-byte aligned stack addresses, and ends at a stack pointer seen
-// before, one that goes down except across a stack switch (an indirect or pt_regs frame, at
-// most kMaxStackSwitches of them), an address outside the kernel's half, or any read failure.
+// A walk is bounded (kMaxFrames), reads only 8-byte words at 8-byte aligned kernel-half
+// addresses (a pt_regs frame's whole 168 bytes must lie there too), and ends at a stack pointer
+// seen before, one that goes down except across a stack switch (a stack pointer taken from
+// memory or a register, or a pt_regs frame: at most kMaxStackSwitches of them), a frame address
+// outside the text the tables describe, or any read failure.
 #pragma once
 
 #include <cstddef>
