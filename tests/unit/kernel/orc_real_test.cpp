@@ -2,8 +2,9 @@
 // the cache; without it the tests skip), read the way a guest's are: from the image laid out
 // at its link addresses, through the symbols of its System.map. The table must be found,
 // sorted, in the release's format; functions' first instructions must have the entry every
-// function entry has (the return address at the stack pointer: SP + 8, a call frame); and a
-// stack built from real call sites (vfs_read called by ksys_read, itself reached from
+// function entry has (the return address at the stack pointer: SP + 8, a call frame), the
+// syscall entry an end-of-stack one then a pt_regs one, the first frame of a new task an
+// end-of-stack one; and a stack built from real call sites (vfs_read called by ksys_read, itself reached from
 // do_syscall_64) must unwind to exactly those return addresses.
 #include <elf.h>
 #include <gtest/gtest.h>
@@ -130,6 +131,17 @@ TEST(OrcRealKernel, TheTableIsFoundSortedAndDescribesFunctionEntries) {
     for (std::uint64_t k = 0; k < syms->function_containing(Gva{rff})->size && !end_seen; ++k)
       if (const Entry* e = t->find(rff + k)) end_seen = e->type == Type::EndOfStack;
     EXPECT_TRUE(end_seen) << "no end-of-stack entry in ret_from_fork";
+    // The syscall entry saves a whole pt_regs and says so: a REGS entry, based on SP.
+    bool regs_seen = false;
+    const std::uint64_t sys = addr(*syms, "entry_SYSCALL_64");
+    ASSERT_NE(sys, 0u);
+    // (Its symbol is followed by labels within the same code: 0x200 bytes from it.)
+    const Entry* first = t->find(sys);
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->type, Type::EndOfStack);  // a syscall's first instruction: user mode's
+    for (std::uint64_t k = 0; k < 0x200 && !regs_seen; ++k)
+      if (const Entry* e = t->find(sys + k)) regs_seen = e->type == Type::Regs && e->sp_reg == kRegSp;
+    EXPECT_TRUE(regs_seen) << "no pt_regs entry in entry_SYSCALL_64";
   }
 }
 
