@@ -4,8 +4,9 @@
 // sorted, in the release's format; functions' first instructions must have the entry every
 // function entry has (the return address at the stack pointer: SP + 8, a call frame), the
 // syscall entry an end-of-stack one then a pt_regs one, the first frame of a new task an
-// end-of-stack one; and a stack built from real call sites (vfs_read called by ksys_read, itself reached from
-// do_syscall_64) must unwind to exactly those return addresses.
+// end-of-stack one; and a stack built from real call sites (vfs_read called by ksys_read,
+// itself reached from do_syscall_64, called by the syscall entry) must unwind to exactly those
+// return addresses and end at the entry's pt_regs from user mode.
 #include <elf.h>
 #include <gtest/gtest.h>
 
@@ -164,38 +165,43 @@ TEST(OrcRealKernel, ARealCallChainUnwindsToItsReturnAddresses) {
     // do_syscall_64's (through the syscall table); any direct call site of it stands in for it.
     auto ret2 = img.call_site(syscall, fn_size(syscall), 0, addr(*syms, "_stext"), addr(*syms, "_etext"));
     ASSERT_TRUE(ret1 && ret2) << "no direct call ksys_read -> vfs_read, or none in do_syscall_64, in this build";
-    // ksys_read's frame at its call: the caller's stack pointer is SP + N.
-    const Entry* e = u.find(*ret1 - 1);
-    ASSERT_NE(e, nullptr);
-    ASSERT_EQ(e->sp_reg, kRegSp) << "ksys_read's frame is not SP-based in this build";
-    // The stack: vfs_read just entered (its return address at rsp), ksys_read's frame above.
-    constexpr std::uint64_t rsp = 0xffffc90000123f00ull;
+    // And do_syscall_64's caller: the syscall entry, whose pt_regs frame from user mode ends
+    // the kernel's stack.
+    const std::uint64_t entry = addr(*syms, "entry_SYSCALL_64");
+    auto ret3 = img.call_site(entry, 0x200, syscall);
+    ASSERT_TRUE(ret3) << "entry_SYSCALL_64 does not call do_syscall_64 directly in this build";
+    // The stack, built from the frames' own entries: vfs_read just entered (its return
+    // address at rsp), then ksys_read's frame (SP-based), do_syscall_64's (SP- or BP-based:
+    // its frame pointer then lies above ksys_read's frame), the syscall's pt_regs.
+    const Entry* ke = u.find(*ret1 - 1);
+    const Entry* de = u.find(*ret2 - 1);
+    ASSERT_TRUE(ke && de);
+    ASSERT_EQ(ke->sp_reg, kRegSp) << "ksys_read's frame is not SP-based in this build";
+    ASSERT_TRUE(de->sp_reg == kRegSp || de->sp_reg == kRegBp) << int{de->sp_reg};
+    constexpr std::uint64_t rsp = 0xffffc90000123000ull;
     std::map<std::uint64_t, std::uint64_t> words{{rsp, *ret1}};
-    const std::uint64_t ksys_cfa = rsp + 8 + static_cast<std::uint64_t>(std::int64_t{e->sp_offset});
+    const std::uint64_t ksys_cfa = rsp + 8 + static_cast<std::uint64_t>(std::int64_t{ke->sp_offset});
     words[ksys_cfa - 8] = *ret2;
-    // The stack is readable up to ksys_read's frame (its saved registers read as 0); above
-    // it, nothing.
+    const std::uint64_t bp = ksys_cfa + 0x40;  // do_syscall_64's rbp, if it keeps one
+    if (ke->bp_reg == kRegPrevSp) words[ksys_cfa + static_cast<std::uint64_t>(std::int64_t{ke->bp_offset})] = bp;
+    const std::uint64_t do_cfa =
+        (de->sp_reg == kRegSp ? ksys_cfa : bp) + static_cast<std::uint64_t>(std::int64_t{de->sp_offset});
+    words[do_cfa - 8] = *ret3;
+    words[do_cfa + 136] = 0x33;  // the pt_regs' cs: user mode
+    // The task's stack: 4 KiB from rsp, its other words 0.
     ReadFn stack = [&](Gva a, std::span<std::byte> out) -> Result<void> {
-      if (out.size() != 8 || a.value < rsp || a.value >= ksys_cfa) return fail(Errc::Fault, "not on the stack");
+      if (out.size() != 8 || a.value < rsp || a.value >= rsp + 0x1000) return fail(Errc::Fault, "not on the stack");
       auto it = words.find(a.value);
       const std::uint64_t v = it == words.end() ? 0 : it->second;
       std::memcpy(out.data(), &v, 8);
       return {};
     };
     StartRegs s;
-    s.rip = vfs_read, s.rsp = rsp, s.rbp = 0;
+    s.rip = vfs_read, s.rsp = rsp, s.rbp = bp;
     Walk w = u.walk(s, stack);
-    ASSERT_GE(w.ips.size(), 3u) << to_string(w.stop);
-    EXPECT_EQ(w.ips[0], vfs_read);
-    EXPECT_EQ(w.ips[1], *ret1);
-    EXPECT_EQ(w.ips[2], *ret2);
-    EXPECT_EQ(syms->function_containing(Gva{w.ips[2]})->name, "do_syscall_64");
-    // do_syscall_64's caller is not on this stack: the walk ends there, unread (an SP-based
-    // frame), or at a frame pointer that is 0 (ksys_read's saved rbp read as 0: a BP-based one).
-    EXPECT_EQ(w.ips.size(), 3u);
-    const Entry* top = u.find(*ret2 - 1);
-    ASSERT_NE(top, nullptr);
-    EXPECT_EQ(w.stop, top->sp_reg == kRegBp ? Stop::BadStack : Stop::ReadFailed) << int{top->sp_reg};
+    EXPECT_EQ(w.ips, (std::vector<std::uint64_t>{vfs_read, *ret1, *ret2, *ret3})) << to_string(w.stop);
+    EXPECT_EQ(syms->function_containing(Gva{*ret2})->name, "do_syscall_64");
+    EXPECT_EQ(w.stop, Stop::EndOfStack) << to_string(w.stop);
     EXPECT_FALSE(w.fallback);
   }
 }
