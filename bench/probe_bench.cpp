@@ -179,6 +179,7 @@ void full_loop(benchmark::State& st, const char* where, bool post) {
       case ExecMode::Emulated: mode = "emulated"; break;
       case ExecMode::TrapAfter: mode = "trap-after"; break;
       case ExecMode::Skipped: mode = "skipped"; break;
+      case ExecMode::Detour: mode = "detour"; break;
     }
     return std::pair{std::move(p), std::string(mode)};
   });

@@ -51,6 +51,7 @@ const char* mode_name(ExecMode m) {
     case ExecMode::Emulated: return "emulated";
     case ExecMode::Skipped: return "skipped";
     case ExecMode::TrapAfter: return "trap-after";
+    case ExecMode::Detour: return "detour";
   }
   return "?";
 }

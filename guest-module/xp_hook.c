@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * xenprobesU: the int3 hook and the mailbox exchange with Dom0 (protocol.h, "A hit on vCPU
- * v").
+ * xenprobesU: the int3 hook, the jump hit and the mailbox exchange with Dom0 (protocol.h, "A
+ * hit on vCPU v" and "Jump probes").
  *
  * Context. On x86-64 (6.1 and later) a kernel-mode int3 enters exc_int3(), which runs
  * poke_int3_handler() (text_poke_bp() sites), then under irqentry_nmi_enter() do_int3():
@@ -32,6 +32,19 @@
  * this hook (exc_int3, do_int3, notify_die, the die notifier chain) and xp_die_notify() itself.
  * A trap there recurses whatever the module does; only Dom0 refusing those addresses (kernel
  * functions it must know, and module-text) prevents it.
+ *
+ * Jump hits. A jump probe's detour calls xp_jump_entry (xp_jump.S), which saves the registers
+ * in a pt_regs frame and calls xp_jump_hit() here. Unlike the int3 hook it starts with
+ * interrupts in whatever state the probed code had: xp_jump_hit() disables them first
+ * (local_irq_save(), the pv op on PV: before the guard, like the kernel's int3 path) and keeps
+ * them off to its end, then takes the same per-CPU depth. So everything here runs with
+ * interrupts off: the int3 hook (the exception), the whole jump hit and its wait for Dom0.
+ * Depth 1 is a jump hit handed to Dom0; at depth 2 or more (a jump hit inside the int3 hook or
+ * inside another jump hit) it only counts `nested` and returns into its detour, which runs its
+ * copies unanswered -- no table search, no mailbox. The int3 hook sees the jump hit's depth as
+ * its own: an int3 hit inside a jump hit is a nested one (its fallback). An int3 on a REDIRECT
+ * entry (the first byte of a jump's region) is sent to the detour at once, at depth 1 and 2
+ * alike; a JUMP entry's address is never a trap byte (foreign).
  */
 #include <linux/kdebug.h>
 #include <linux/kernel.h>
@@ -147,10 +160,10 @@ static void xp_disarm_work(struct work_struct *w)
 	restored = xp_restore_traps();
 	WRITE_ONCE(xp.text_restored, true);
 	if (atomic_read(&xp.dom0_gone) == XP_GONE_RESUMED)
-		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes; every hit now resumes without Dom0; reload the module to attach again\n",
+		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes and jump regions; every hit now resumes without Dom0; reload the module to attach again\n",
 			restored);
 	else
-		pr_warn(XP_NAME ": Dom0 did not answer %d hits in a row: restored %u trap bytes (%lld hits resumed without Dom0 so far); every hit now resumes without Dom0; reload the module to attach again\n",
+		pr_warn(XP_NAME ": Dom0 did not answer %d hits in a row: restored %u trap bytes and jump regions (%lld hits resumed without Dom0 so far); every hit now resumes without Dom0; reload the module to attach again\n",
 			XENPROBES_DEAD_AFTER, restored, (long long)atomic64_read(&xp.timeouts));
 }
 
@@ -186,21 +199,21 @@ static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
 }
 
 /*
- * Hands the hit to Dom0 and waits (steps 1-4 of the protocol). true with *out = the
- * registers to resume with when Dom0 gave a usable answer; false when the caller must take
- * the entry's fallback.
+ * Hands the hit to Dom0 and waits (steps 1-4 of the protocol; mailbox.trap = trap, the
+ * entry's address). true with *answer = a private snapshot of Dom0's answer, which the caller
+ * validates (xp_answer_taken); false when the hit was abandoned: the caller resumes without
+ * Dom0. Timeouts count towards declaring Dom0 gone here.
  */
-static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_regs *hit,
-			struct xenprobes_regs *out)
+static bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
+			struct xenprobes_regs *answer)
 {
-	struct xenprobes_regs answer;
 	u32 seq = this_cpu_inc_return(xp_seq);
 	u32 expected = XENPROBES_MBOX_HIT, seen, tries = 0;
 	u64 start, deadline, claim_deadline;
 	enum xp_wait w;
 
 	WRITE_ONCE(mb->seq, seq);
-	WRITE_ONCE(mb->trap, hit->rip);
+	WRITE_ONCE(mb->trap, trap);
 	xp_mbox_store_regs(mb, hit);
 	smp_wmb();
 	WRITE_ONCE(mb->state, XENPROBES_MBOX_HIT);
@@ -242,19 +255,28 @@ static bool xp_exchange(struct xenprobes_mailbox *mb, const struct xenprobes_reg
 	}
 	if (w == XP_WAIT_DONE) {
 		smp_rmb();
-		xp_regs_snapshot(&answer, &mb->regs);
+		xp_regs_snapshot(answer, &mb->regs);
 		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
-		if (xp_answer_apply(&xp.bounds, hit, &answer, out) == XP_ANSWER_OK) {
-			atomic_set(&xp.consecutive, 0);
-			return true;
-		}
-		/* Dom0 is alive but its answer is unusable: fallback, not a timeout in a row. */
-		atomic64_inc(&xp.bad_answers);
-		return false;
+		return true;
 	}
 abandoned:
 	if (!READ_ONCE(xp.detaching) && xp_dead_after(atomic_inc_return(&xp.consecutive)))
 		xp_declare_dom0_gone(XP_GONE_TIMEOUTS);
+	return false;
+}
+
+/*
+ * Whether the caller may use Dom0's answer (a = its validation). An answer, usable or not,
+ * ends a run of timeouts only when usable; an unusable one (Dom0 alive, answer wrong) is
+ * counted and resumed without Dom0, but is no timeout in a row either.
+ */
+static bool xp_answer_taken(enum xp_answer a)
+{
+	if (a == XP_ANSWER_OK) {
+		atomic_set(&xp.consecutive, 0);
+		return true;
+	}
+	atomic64_inc(&xp.bad_answers);
 	return false;
 }
 
@@ -296,17 +318,36 @@ static int xp_fallback(struct pt_regs *regs, const struct xenprobes_trap *e,
 	return NOTIFY_STOP;
 }
 
+/*
+ * The int3 over the first byte of a jump's region (protocol.h, "Jump probes": the jump being
+ * put in place or taken down): straight to the detour, which makes the hit itself. No
+ * mailbox, no Dom0, no header counter; at any depth that looks entries up (1 and 2).
+ */
+static int xp_redirect(struct pt_regs *regs, const struct xenprobes_trap *e,
+		       const struct xp_bounds *b)
+{
+	struct xenprobes_regs r;
+
+	xp_regs_from_pt(&r, regs, e->addr);
+	if (xp_take_fallback(e, &r, NULL, 0, b, &xp_mem) != XP_FB_OK)
+		return xp_rewind_or_die(regs, e->addr);
+	atomic64_inc(&xp.redirects);
+	regs->ip = r.rip;
+	return NOTIFY_STOP;
+}
+
 /* Depth 1: hand the hit to Dom0 when it can take it, else the fallback. */
 static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
 {
-	struct xenprobes_regs hit, out;
+	struct xenprobes_regs hit, answer, out;
 	u32 mbox = xen_vcpu_nr(smp_processor_id());
 
 	xp_regs_from_pt(&hit, regs, e->addr);
 	/* Not nested: nested hits never get here (xp_die_notify). */
 	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
 			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
-	    xp_exchange(&xp.mbox[mbox], &hit, &out)) {
+	    xp_exchange(&xp.mbox[mbox], e->addr, &hit, &answer) &&
+	    xp_answer_taken(xp_answer_apply(&xp.bounds, &hit, &answer, &out))) {
 		xp_regs_to_pt(regs, &out);
 		return NOTIFY_STOP;
 	}
@@ -331,6 +372,16 @@ static int xp_int3(struct pt_regs *regs, bool nested)
 			xp_count(&xp.foreign, &xp.hdr->foreign);
 			return NOTIFY_DONE;
 		}
+	}
+	switch (xp_int3_action(&e)) {
+	case XP_INT3_FOREIGN:
+		/* A JUMP entry is the key of a detour's call, never a trap byte. */
+		xp_count(&xp.foreign, &xp.hdr->foreign);
+		return NOTIFY_DONE;
+	case XP_INT3_REDIRECT:
+		return xp_redirect(regs, &e, nested ? &xp.nested_bounds : &xp.bounds);
+	case XP_INT3_HIT:
+		break;
 	}
 	/*
 	 * A trap in text whose byte is restored already (the module's restore once Dom0 is gone):
@@ -373,6 +424,90 @@ static int xp_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 		ret = xp_rewind_or_die(regs, regs->ip - 1);	/* inline: no call at all */
 	this_cpu_dec(xp_depth);
 	return ret;
+}
+
+/* ---- jump probes (protocol.h, "Jump probes") ---- */
+
+/*
+ * Depth 1 of a jump hit: the JUMP entry of the detour's call at ret - 5, then Dom0. true with
+ * *out = the registers to resume with when Dom0 gave a usable answer; false to resume in the
+ * detour at ret as if nothing happened (foreign call, Dom0 gone, detaching, timeout, unusable
+ * answer): the detour's copies of the region then just run.
+ */
+static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes_regs *out)
+{
+	struct xenprobes_trap e;
+	struct xenprobes_regs hit, answer;
+	u32 nr_traps = READ_ONCE(xp.hdr->nr_traps);
+	u64 call = xp_jump_call_addr(ret);
+	u32 mbox = xen_vcpu_nr(smp_processor_id());
+	bool found;
+
+	/* The scan: an unsorted table from a buggy Dom0 costs time, not the hit. */
+	found = xp_trap_search(xp.traps, nr_traps, xp.trap_cap, call, &e) ||
+		xp_trap_scan(xp.traps, nr_traps, xp.trap_cap, call, &e);
+	if (xp_jump_lookup(&xp.bounds, found ? &e : NULL, ret) != XP_JUMP_HIT) {
+		xp_count(&xp.foreign, &xp.hdr->foreign);
+		return false;
+	}
+	/* rip = the probed address, rsp = the hit's (the frame says so), rflags = pushed. */
+	xp_regs_from_pt(&hit, regs, e.fallback);
+	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
+			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
+	    xp_exchange(&xp.mbox[mbox], e.addr, &hit, &answer) &&
+	    xp_answer_taken(xp_jump_answer_apply(&xp.bounds, &hit, &answer, ret, out)))
+		return true;
+	xp_count(&xp.timeouts, &xp.hdr->timeouts);
+	return false;
+}
+
+/*
+ * Called by xp_jump_entry (xp_jump.S) with the frame it built (regs: the general registers,
+ * ip = ret, sp = the hit's rsp, flags = the hit's rflags) and ret = the detour's call + 5.
+ * Leaves in regs the general registers to resume with and in regs->sp where the entry's
+ * popfq and ret find the final rflags and rip: new_rsp - 16.
+ *
+ * Interrupts are off from the first statement to the last (local_irq_save(): on a PV guest
+ * the pv op, which like the kernel's int3 path runs before any guard and must not be probed),
+ * so the task cannot migrate between taking and dropping the per-CPU depth, and the wait for
+ * Dom0 runs with interrupts off as the int3 hook's does. The depth is the int3 hook's
+ * (xp_depth, "Nesting"), taken before anything else: a jump hit inside the hook or inside
+ * another jump hit (an NMI, a probe on something either calls) goes to no mailbox: ++nested
+ * and back into its detour, without even a table search.
+ */
+asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret)
+{
+	u64 hit_rsp = regs->sp, new_rsp = hit_rsp;
+	struct xenprobes_regs out;
+	unsigned long irqflags;
+	bool answered = false;
+
+	local_irq_save(irqflags);
+	if (this_cpu_inc_return(xp_depth) == 1)
+		answered = xp_jump_handle(regs, ret, &out);
+	else
+		xp_count(&xp.nested, &xp.hdr->nested);
+	this_cpu_dec(xp_depth);
+	/*
+	 * Unanswered: the slots the call and the pushfq filled hold ret and the hit's rflags,
+	 * the frame the hit's registers. Answered: the final rip and rflags go just below the
+	 * new rsp, which lies in [hit_rsp, hit_rsp + 4096] (xp_jump_answer_apply), so above this
+	 * frame and above every live word below the hit's rsp. The higher word first: should it
+	 * fault (an rsp past the top of the stack), nothing was written. A fault on either is an
+	 * unusable answer.
+	 */
+	if (answered) {
+		if (xp_write_kernel_u64(out.rsp - 8, out.rip) &&
+		    xp_write_kernel_u64(out.rsp - 16, out.rflags)) {
+			xp_regs_to_pt(regs, &out);
+			new_rsp = out.rsp;
+		} else {
+			atomic64_inc(&xp.bad_answers);
+			xp_count(&xp.timeouts, &xp.hdr->timeouts);
+		}
+	}
+	regs->sp = new_rsp - 16;
+	local_irq_restore(irqflags);
 }
 
 static struct notifier_block xp_die_nb = {

@@ -3,7 +3,8 @@
  * xenprobesU: state shared by the module's kernel files.
  *
  *   xp_main.c  parameters, load/unload, detach, xenstore publication and requests
- *   xp_hook.c  the int3 hook and the mailbox exchange with Dom0
+ *   xp_hook.c  the int3 hook, the jump hit and the mailbox exchange with Dom0
+ *   xp_jump.S  the jump entry a jump probe's detour calls (published as jump-entry)
  *   xp_xen.c   the event channel, Xen system time, SCHEDOP_poll waits
  *   xp_text.c  kernel text bounds, executable checks, writing trap bytes back
  *   xp_logic.c the pure decisions (also unit-tested in userspace)
@@ -14,6 +15,7 @@
 
 #include <linux/atomic.h>
 #include <linux/irq_work.h>
+#include <linux/linkage.h>
 #include <linux/mutex.h>
 #include <linux/types.h>
 #include <linux/workqueue.h>
@@ -31,6 +33,8 @@
 
 extern const u8 xp_oea_pool[];
 extern const u8 xp_fixup_slots[];	/* XP_FIXUP_SLOTS * 32 bytes, right after the pool (xp_oea.S) */
+/* The jump entry (xp_jump.S): code, but never called from C (its own calling convention). */
+extern const u8 xp_jump_entry[];
 
 /* Why the module stopped handing hits to Dom0 (xp.gone_reason). */
 enum xp_gone_reason {
@@ -80,6 +84,8 @@ struct xp_state {
 	atomic64_t hits;
 	atomic64_t timeouts;
 	atomic64_t foreign;
+	atomic64_t nested;	/* jump hits inside the hook or another jump hit: no Dom0 */
+	atomic64_t redirects;	/* int3s at a jump's region sent to its detour (module-private) */
 	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
 	atomic64_t claims_expired; /* claimed hits abandoned at the claim bound (module-private) */
@@ -118,6 +124,8 @@ void xp_hook_init(void);
 int xp_hook_register(void);
 void xp_hook_unregister(void);
 void xp_declare_dom0_gone(enum xp_gone_reason why);
+struct pt_regs;
+asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret);	/* called by xp_jump_entry */
 
 /* xp_xen.c */
 int xp_evtchn_open(void);

@@ -5,6 +5,14 @@
  */
 #include "xp_logic.h"
 
+static xp_s64 xp_rel32_at(const xenprobes_u8 *p)
+{
+	xenprobes_u32 v = (xenprobes_u32)p[0] | (xenprobes_u32)p[1] << 8 |
+			  (xenprobes_u32)p[2] << 16 | (xenprobes_u32)p[3] << 24;
+
+	return v < 0x80000000u ? (xp_s64)v : (xp_s64)v - 0x100000000ll;
+}
+
 /* ---- the control area ---- */
 
 static xenprobes_u64 xp_align_up(xenprobes_u64 v, xenprobes_u64 a)
@@ -63,6 +71,7 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->hits = 0;
 	h->timeouts = 0;
 	h->foreign = 0;
+	h->nested = 0;
 	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
 		h->reserved[i] = 0;
 }
@@ -149,6 +158,9 @@ bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 {
 	enum xp_addr_kind k = xp_addr_classify(b, e->addr);
 
+	/* A jump's region is restored whole (xp_region_restore_ok); a JUMP entry is a key. */
+	if (e->flags == XENPROBES_TRAP_REDIRECT || e->flags == XENPROBES_TRAP_JUMP)
+		return false;
 	if (e->len < 1 || e->len > sizeof(e->insn))
 		return false;	/* no original bytes to put back */
 	if (k != XP_ADDR_KTEXT && k != XP_ADDR_MODULE)
@@ -156,6 +168,49 @@ bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 	if (current_byte != XP_INT3 || e->insn[0] == XP_INT3)
 		return false;
 	return xp_exec(b, e->addr);
+}
+
+bool xp_region_bytes_ours(const struct xenprobes_trap *e, const xenprobes_u8 *cur,
+			  xenprobes_u32 n)
+{
+	xenprobes_u64 rel;
+
+	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn) || n < e->len)
+		return false;
+	if (cur[0] == XP_INT3)
+		return true;	/* the jump being put in place (or taken down) */
+	if (cur[0] != XP_JMP_REL32)
+		return false;
+	/* e9 <rel32>: the jump to this entry's detour, rel32 counted from addr + 5. */
+	rel = (xenprobes_u64)xp_rel32_at(&cur[1]);
+	return e->addr + XP_JMP_REL32_LEN + rel == e->fallback;
+}
+
+bool xp_region_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
+			  const xenprobes_u8 *cur, xenprobes_u32 n)
+{
+	enum xp_addr_kind k = xp_addr_classify(b, e->addr);
+	xenprobes_u64 last;
+
+	if (e->flags != XENPROBES_TRAP_REDIRECT)
+		return false;
+	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn))
+		return false;
+	last = e->addr + e->len - 1;
+	if (last < e->addr)
+		return false;	/* wraps */
+	/* Kernel or module text outside the OEA, the whole region of one kind. */
+	if (k != XP_ADDR_KTEXT && k != XP_ADDR_MODULE)
+		return false;
+	if (xp_addr_classify(b, last) != k)
+		return false;
+	/* Putting an int3 back as the original first byte would be pointless (and wrong). */
+	if (e->insn[0] == XP_INT3)
+		return false;
+	if (!xp_region_bytes_ours(e, cur, n))
+		return false;
+	/* Both pages when the region crosses a page boundary. */
+	return xp_exec(b, e->addr) && xp_exec(b, last);
 }
 
 /* ---- registers ---- */
@@ -184,6 +239,26 @@ void xp_regs_snapshot(struct xenprobes_regs *dst, const struct xenprobes_regs *s
 	dst->ss = xp_ld64(&src->ss);
 }
 
+/* The general registers but rsp (the callers decide rsp). */
+static void xp_copy_gprs(struct xenprobes_regs *out, const struct xenprobes_regs *answer)
+{
+	out->rax = answer->rax;
+	out->rbx = answer->rbx;
+	out->rcx = answer->rcx;
+	out->rdx = answer->rdx;
+	out->rsi = answer->rsi;
+	out->rdi = answer->rdi;
+	out->rbp = answer->rbp;
+	out->r8 = answer->r8;
+	out->r9 = answer->r9;
+	out->r10 = answer->r10;
+	out->r11 = answer->r11;
+	out->r12 = answer->r12;
+	out->r13 = answer->r13;
+	out->r14 = answer->r14;
+	out->r15 = answer->r15;
+}
+
 enum xp_answer xp_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,
 			       const struct xenprobes_regs *answer, struct xenprobes_regs *out)
 {
@@ -195,22 +270,8 @@ enum xp_answer xp_answer_apply(const struct xp_bounds *b, const struct xenprobes
 	if (moved > XP_RSP_SLACK)
 		return XP_ANSWER_BAD_RSP;
 
-	out->rax = answer->rax;
-	out->rbx = answer->rbx;
-	out->rcx = answer->rcx;
-	out->rdx = answer->rdx;
-	out->rsi = answer->rsi;
-	out->rdi = answer->rdi;
-	out->rbp = answer->rbp;
+	xp_copy_gprs(out, answer);
 	out->rsp = answer->rsp;
-	out->r8 = answer->r8;
-	out->r9 = answer->r9;
-	out->r10 = answer->r10;
-	out->r11 = answer->r11;
-	out->r12 = answer->r12;
-	out->r13 = answer->r13;
-	out->r14 = answer->r14;
-	out->r15 = answer->r15;
 	out->rip = answer->rip;
 	out->rflags = xp_merge_flags(hit->rflags, answer->rflags);
 	out->cs = hit->cs;
@@ -272,14 +333,6 @@ enum xp_give_up xp_give_up_step(xenprobes_u32 seen, xenprobes_u32 answer_seq, xe
 static xp_s64 xp_rel8(const xenprobes_u8 *p)
 {
 	return p[0] < 0x80 ? (xp_s64)p[0] : (xp_s64)p[0] - 0x100;
-}
-
-static xp_s64 xp_rel32(const xenprobes_u8 *p)
-{
-	xenprobes_u32 v = (xenprobes_u32)p[0] | (xenprobes_u32)p[1] << 8 |
-			  (xenprobes_u32)p[2] << 16 | (xenprobes_u32)p[3] << 24;
-
-	return v < 0x80000000u ? (xp_s64)v : (xp_s64)v - 0x100000000ll;
 }
 
 /* The prefixes xp_decode_branch looks past, and where the opcode is. */
@@ -364,13 +417,13 @@ bool xp_decode_branch(const xenprobes_u8 *bytes, xenprobes_u32 len, struct xp_br
 		if (i + 4 != len)
 			return false;
 		br.kind = op == 0xe9 ? XP_BR_JMP : XP_BR_CALL;
-		br.disp = xp_rel32(&bytes[i]);
+		br.disp = xp_rel32_at(&bytes[i]);
 	} else if (op == 0x0f) {
 		if (i + 5 != len || (bytes[i] & 0xf0) != 0x80)
 			return false;
 		br.kind = XP_BR_JCC;
 		br.cc = bytes[i] & 0xf;
-		br.disp = xp_rel32(&bytes[i + 1]);
+		br.disp = xp_rel32_at(&bytes[i + 1]);
 	} else if (op == 0xff) {
 		xenprobes_u8 modrm;
 
@@ -564,6 +617,7 @@ enum xp_fallback xp_take_fallback(const struct xenprobes_trap *e, struct xenprob
 
 	switch (e->flags) {
 	case XENPROBES_TRAP_FALLBACK:
+	case XENPROBES_TRAP_REDIRECT:	/* a jump's region: straight to its detour */
 		if (!xp_resume_ok(b, e->fallback))
 			return XP_FB_BAD_TARGET;
 		r->rip = e->fallback;
@@ -597,6 +651,62 @@ enum xp_fallback xp_take_fallback(const struct xenprobes_trap *e, struct xenprob
 	default:
 		return XP_FB_BAD_ENTRY;
 	}
+}
+
+/* ---- jump probes ---- */
+
+enum xp_int3_action xp_int3_action(const struct xenprobes_trap *e)
+{
+	switch (e->flags) {
+	case XENPROBES_TRAP_JUMP:
+		return XP_INT3_FOREIGN;
+	case XENPROBES_TRAP_REDIRECT:
+		return XP_INT3_REDIRECT;
+	default:
+		return XP_INT3_HIT;
+	}
+}
+
+enum xp_jump_lookup xp_jump_lookup(const struct xp_bounds *b, const struct xenprobes_trap *e,
+				   xenprobes_u64 ret)
+{
+	if (!e || ret < XP_CALL_REL32_LEN)
+		return XP_JUMP_FOREIGN;
+	if (e->flags != XENPROBES_TRAP_JUMP || e->addr != xp_jump_call_addr(ret))
+		return XP_JUMP_FOREIGN;
+	/* Detours live in the OEA: a call from anywhere else is not one of ours. */
+	if (!xp_in_range(&b->oea, e->addr))
+		return XP_JUMP_FOREIGN;
+	return XP_JUMP_HIT;
+}
+
+enum xp_answer xp_jump_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,
+				    const struct xenprobes_regs *answer, xenprobes_u64 ret,
+				    struct xenprobes_regs *out)
+{
+	xenprobes_u64 rip;
+
+	/*
+	 * The entry writes the final rflags and rip just below the new rsp: above its own frame
+	 * only when the stack did not grow, and in 8-byte steps (what pops move it by).
+	 */
+	if (answer->rsp < hit->rsp || answer->rsp - hit->rsp > XP_JUMP_RSP_MAX ||
+	    (answer->rsp - hit->rsp) % 8)
+		return XP_ANSWER_BAD_RSP;
+	if (answer->rip == hit->rip) {
+		rip = ret;	/* the probed address: its copy in the detour, at call + 5 */
+	} else {
+		if (!xp_resume_ok(b, answer->rip))
+			return XP_ANSWER_BAD_RIP;
+		rip = answer->rip;
+	}
+	xp_copy_gprs(out, answer);
+	out->rsp = answer->rsp;
+	out->rip = rip;
+	out->rflags = xp_merge_flags(hit->rflags, answer->rflags);
+	out->cs = hit->cs;
+	out->ss = hit->ss;
+	return XP_ANSWER_OK;
 }
 
 /* ---- xenstore values ---- */

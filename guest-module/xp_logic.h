@@ -171,7 +171,8 @@ bool xp_resume_ok(const struct xp_bounds *b, xenprobes_u64 addr);
 
 /*
  * May the module write e->insn[0] back at e->addr once Dom0 is gone (e: a private
- * snapshot): the entry has original bytes (len 1..15), the address is kernel or module text
+ * snapshot): the entry is no jump's (REDIRECT regions: xp_region_restore_ok; JUMP entries
+ * are keys inside the OEA), has original bytes (len 1..15), the address is kernel or module text
  * outside the OEA and executable, it currently holds an int3 (so only bytes Dom0 patched are
  * touched), and insn[0] is not itself an int3.
  */
@@ -189,6 +190,33 @@ static inline bool xp_trap_stale(const struct xp_bounds *b, xenprobes_u64 addr,
 {
 	return !xp_in_range(&b->oea, addr) && current_byte != XP_INT3;
 }
+
+/*
+ * Jump regions (protocol.h, "Jump probes"). A REDIRECT entry describes the region [addr,
+ * addr + len), 5 <= len <= 15, whose original bytes are insn[0..len); fallback is its detour.
+ */
+#define XP_JUMP_REGION_MIN 5u
+#define XP_JMP_REL32 0xe9u
+#define XP_JMP_REL32_LEN 5u
+
+/*
+ * Do the current bytes at a REDIRECT entry's region (cur[0..n), n >= e->len) hold what Dom0
+ * put there: the int3 (first byte; the rest either the original or the new rel32), or
+ * `e9 <rel32>` jumping to e->fallback. Anything else (the original bytes, someone else's
+ * patch) is not ours to touch.
+ */
+bool xp_region_bytes_ours(const struct xenprobes_trap *e, const xenprobes_u8 *cur,
+			  xenprobes_u32 n);
+
+/*
+ * May the module write a REDIRECT entry's insn[0..len) back over its whole region (once Dom0
+ * is gone, or at detach; e: a private snapshot, cur[0..n): the bytes there now): flags exactly
+ * REDIRECT, len 5..15, the region in kernel text or module text outside the OEA (all of it of
+ * one kind), insn[0] not an int3, xp_region_bytes_ours(), and the pages of its first and last
+ * byte executable. Else the region is left as it is: never half a region.
+ */
+bool xp_region_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
+			  const xenprobes_u8 *cur, xenprobes_u32 n);
 
 /* ---- registers ---- */
 
@@ -382,14 +410,15 @@ xp_s32 xp_ret_find(const struct xenprobes_ret *table, xenprobes_u32 capacity,
 
 enum xp_fallback {
 	XP_FB_OK = 0,
-	XP_FB_BAD_ENTRY,	/* flags not exactly one known kind, or len out of range */
+	XP_FB_BAD_ENTRY,	/* flags not exactly one known kind (JUMP: a key, never a trap), or len out of range */
 	XP_FB_BAD_TARGET,	/* fallback / return address not a valid resume address */
 	XP_FB_EMULATE_FAILED,	/* insn is not emulable, or the stack faulted */
 	XP_FB_NO_RETURN,	/* no return-table entry for this slot */
 };
 
 /*
- * Resumes without Dom0 as the entry `e` (a private snapshot) says: FALLBACK at e->fallback,
+ * Resumes without Dom0 as the entry `e` (a private snapshot) says: FALLBACK (and REDIRECT: a
+ * jump's region, which resumes at its detour) at e->fallback,
  * (len 0..15: protocol.h allows 0 for traps inside the OEA, and len is not used here),
  * EMULATE by emulating e->insn (len 1..15), RETURN (len 0..15) at the return table's
  * address for the popped slot
@@ -399,6 +428,55 @@ enum xp_fallback {
 enum xp_fallback xp_take_fallback(const struct xenprobes_trap *e, struct xenprobes_regs *r,
 				  struct xenprobes_ret *rets, xenprobes_u32 ret_capacity,
 				  const struct xp_bounds *b, const struct xp_mem_ops *m);
+
+/* ---- jump probes (protocol.h, "Jump probes") ---- */
+
+/* What the int3 hook does with the entry found at its address. */
+enum xp_int3_action {
+	XP_INT3_HIT = 0,	/* FALLBACK, EMULATE, RETURN (or unknown flags: the fallback refuses) */
+	XP_INT3_REDIRECT,	/* a jump's region: resume at the detour at once, no Dom0 */
+	XP_INT3_FOREIGN,	/* a JUMP entry is a key, never a trap byte: not ours */
+};
+
+enum xp_int3_action xp_int3_action(const struct xenprobes_trap *e);
+
+/* A detour's `call rel32` to the jump entry is 5 bytes: it sits at the return address - 5. */
+#define XP_CALL_REL32_LEN 5u
+
+static inline xenprobes_u64 xp_jump_call_addr(xenprobes_u64 ret)
+{
+	return ret - XP_CALL_REL32_LEN;
+}
+
+enum xp_jump_lookup {
+	XP_JUMP_HIT = 0,	/* hand the hit to Dom0 */
+	XP_JUMP_FOREIGN,	/* no JUMP entry for this call: ++foreign, resume at ret */
+};
+
+/*
+ * The jump entry was called with return address `ret`; e is the trap-table entry found at
+ * ret - 5 (a private snapshot), or NULL when there is none. A hit needs flags exactly JUMP,
+ * addr == ret - 5 and addr inside the OEA (where every detour lives).
+ */
+enum xp_jump_lookup xp_jump_lookup(const struct xp_bounds *b, const struct xenprobes_trap *e,
+				   xenprobes_u64 ret);
+
+/* How far above the hit's rsp a jump answer may move the stack pointer (protocol.h). */
+#define XP_JUMP_RSP_MAX 4096ull
+
+/*
+ * Builds the registers a jump hit resumes with from the hit (hit->rip = the probed address,
+ * hit->rsp = the stack pointer before the detour's call) and Dom0's answer (a private
+ * snapshot); ret is call + 5. The general registers from the answer, rflags merged with
+ * xp_merge_flags, cs and ss from the hit; rsp from the answer, which must lie in [hit->rsp,
+ * hit->rsp + XP_JUMP_RSP_MAX] and differ from hit->rsp by a multiple of 8 (else
+ * XP_ANSWER_BAD_RSP); rip = ret when the answer's rip is the probed address (its copy in the
+ * detour runs), else the answer's rip (the pre-handler skipped the instruction), which must
+ * pass xp_resume_ok (else XP_ANSWER_BAD_RIP). *out is written only on XP_ANSWER_OK.
+ */
+enum xp_answer xp_jump_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,
+				    const struct xenprobes_regs *answer, xenprobes_u64 ret,
+				    struct xenprobes_regs *out);
 
 /* ---- xenstore values ---- */
 

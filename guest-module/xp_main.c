@@ -11,9 +11,10 @@
  * Unload policy: the module holds a reference on itself once it is published, so `rmmod`
  * is refused while Dom0 may have traps, slots or return trampolines pointing into it.
  * `echo 1 > /sys/module/xenprobes/parameters/detach` disarms first (Dom0 is told by the
- * removal of `state`; trap bytes are written back; live return-probe slots get their real
- * return addresses back; every CPU is out of the hook and out of every slot), then drops the
- * reference; `rmmod` then succeeds. See README.md.
+ * removal of `state`; trap bytes and jump regions are written back; live return-probe slots
+ * get their real return addresses back; every CPU is out of the hook and the jump entry, every
+ * task out of every slot and detour), then drops the reference; `rmmod` then succeeds. See
+ * README.md.
  */
 #include <linux/err.h>
 #include <linux/extable.h>
@@ -27,6 +28,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/utsname.h>
+#include <asm/cpufeature.h>
 #include <xen/xen.h>
 #include <xen/xenbus.h>
 
@@ -149,7 +151,9 @@ out:
 }
 
 /*
- * Waits until no CPU is in the int3 hook and no task is inside any slot:
+ * Waits until no CPU is in the int3 hook or the jump entry and no task is inside any slot or
+ * detour (a task preempted there, or in the jump entry with interrupts on, was preempted
+ * involuntarily: synchronize_rcu_tasks() waits for it to run on and leave):
  *  - synchronize_rcu(): the hook runs with interrupts off (irqentry_nmi_enter()), and every
  *    irq/NMI handler or preempt-disabled region that might be in a slot ends;
  *  - synchronize_rcu_tasks_rude(): also code where RCU is not watching (idle, entry), which
@@ -281,6 +285,24 @@ static int xp_publish_fixup_slots(void)
 }
 
 /*
+ * jump-entry (protocol.h, "Jump probes"): xp_jump_entry (xp_jump.S), which a jump probe's
+ * detour calls; Dom0 makes jump probes only when it is published, so not when the entry
+ * cannot run correctly: under call depth tracking (retbleed=stuff, 6.2 and later) the return
+ * thunk its final RET goes through shifts a per-CPU counter and so changes the flags the
+ * entry just restored for the probed instruction. Only with module-text, which holds it.
+ */
+static int xp_publish_jump_entry(void)
+{
+#ifdef X86_FEATURE_CALL_DEPTH
+	if (cpu_feature_enabled(X86_FEATURE_CALL_DEPTH)) {
+		pr_info(XP_NAME ": call depth tracking is on: jump-entry not published (Dom0 makes no jump probes)\n");
+		return 0;
+	}
+#endif
+	return xp_xs_printf(XENPROBES_XS_JUMP_ENTRY, "0x%lx", (unsigned long)xp_jump_entry);
+}
+
+/*
  * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
  * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
  * at all, so that the module still loads (Dom0 then has no range to refuse, as with a module
@@ -303,6 +325,8 @@ static int xp_publish_module_text(void)
 	if (!err && (unsigned long)xp_fixup_slots >= start &&
 	    (unsigned long)xp_fixup_slots + XP_FIXUP_SLOTS * XP_FIXUP_SLOT_BYTES <= end)
 		err = xp_publish_fixup_slots();
+	if (!err && (unsigned long)xp_jump_entry >= start && (unsigned long)xp_jump_entry < end)
+		err = xp_publish_jump_entry();
 	return err;
 }
 
@@ -406,7 +430,7 @@ static void xp_disarm_all(void)
 	restored = xp_restore_traps();
 	repaired = xp_repair_return_slots();
 	xp_quiesce();
-	pr_info(XP_NAME ": detached: restored %u trap bytes, repaired %u return slots\n",
+	pr_info(XP_NAME ": detached: restored %u trap bytes and jump regions, repaired %u return slots\n",
 		restored, repaired);
 }
 
@@ -499,10 +523,11 @@ static void __exit xenprobes_exit(void)
 		xp_disarm_all();
 	mutex_unlock(&xp_detach_lock);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
-		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.bad_answers),
+		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
+		(long long)atomic64_read(&xp.redirects), (long long)atomic64_read(&xp.bad_answers),
 		(long long)atomic64_read(&xp.no_fallback), (long long)atomic64_read(&xp.stale),
 		(unsigned long long)READ_ONCE(xp.stale_first), (long long)atomic64_read(&xp.late_text),
 		(long long)atomic64_read(&xp.late_oea));

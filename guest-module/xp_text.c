@@ -246,61 +246,96 @@ int xp_text_init(unsigned long kernel_text_param)
 	return 0;
 }
 
-/* One trap byte to put back: a writable alias of its page, and what goes where. */
+/*
+ * One place to put back: a trap byte (len 1), or a jump's whole region (protocol.h, "Jump
+ * probes": a REDIRECT entry, len 5..15), through a writable alias of its page(s).
+ */
 struct xp_poke {
-	u8 *map;		/* vmap() alias of the page */
-	unsigned int off;	/* offset of the byte in the page */
-	u8 byte;		/* the original byte (the entry's insn[0]) */
+	u8 *map;		/* vmap() alias of the page(s) holding the bytes */
+	u64 addr;		/* where the bytes are (for the region's re-check) */
+	u64 fallback;		/* a region: its detour (the jump's target) */
+	unsigned int off;	/* offset of the first byte in the alias */
+	u8 len;			/* bytes to write */
+	bool region;		/* a REDIRECT entry's region */
+	u8 bytes[15];		/* the original bytes (insn[0..len)) */
 };
 
-/* Trap bytes restored per stop_machine() (on the stack: the restore allocates nothing). */
-#define XP_POKES_PER_STOP 32
+/* Places restored per stop_machine() (on the stack: the restore allocates nothing). */
+#define XP_POKES_PER_STOP 16
 
 struct xp_pokes {
 	struct xp_poke p[XP_POKES_PER_STOP];
 	unsigned int n;
 	unsigned int written;
+	unsigned int changed;	/* regions whose bytes changed between the check and the stop */
 };
 
-/* A writable alias of the (read-only) text page holding addr, or NULL. */
-static u8 *xp_text_alias(unsigned long addr)
+/*
+ * A writable alias of the (read-only) text page(s) holding [addr, addr + len), len <= 15, so
+ * at most two pages, mapped side by side so that the bytes are contiguous in the alias; NULL
+ * when a page is not mapped. The caller adds offset_in_page(addr).
+ */
+static u8 *xp_text_alias(unsigned long addr, unsigned int len)
 {
-	unsigned int level;
-	pte_t *pte = lookup_address(addr, &level);
-	unsigned long pfn;
-	struct page *page;
+	struct page *pages[2];
+	unsigned int i, n = 1 + (offset_in_page(addr) + len - 1) / PAGE_SIZE;
 
-	if (!pte || !pte_present(*pte))
-		return NULL;
-	pfn = PHYS_PFN(slow_virt_to_phys((void *)addr));
-	if (!pfn_valid(pfn))
-		return NULL;
-	page = pfn_to_page(pfn);
-	return vmap(&page, 1, VM_MAP, PAGE_KERNEL);
+	for (i = 0; i < n; i++) {
+		unsigned long a = (addr & PAGE_MASK) + i * PAGE_SIZE;
+		unsigned int level;
+		pte_t *pte = lookup_address(a, &level);
+		unsigned long pfn;
+
+		if (!pte || !pte_present(*pte))
+			return NULL;
+		pfn = PHYS_PFN(slow_virt_to_phys((void *)a));
+		if (!pfn_valid(pfn))
+			return NULL;
+		pages[i] = pfn_to_page(pfn);
+	}
+	return vmap(pages, n, VM_MAP, PAGE_KERNEL);
 }
 
 /*
  * Runs on one CPU while every other CPU spins in the stopper with interrupts off: no CPU
  * executes, or fetches, the probed code while its bytes change -- what Dom0's writes get
- * by pausing the domain. A byte is written only if it is still an int3.
+ * by pausing the domain. A trap byte is written only if it is still an int3; a region only
+ * if it still holds the int3 or the jump to its detour, and then all of it (the first byte
+ * last), never half.
  */
 static int xp_poke_stopped(void *arg)
 {
 	struct xp_pokes *pk = arg;
-	unsigned int i;
+	unsigned int i, k;
 
 	for (i = 0; i < pk->n; i++) {
 		struct xp_poke *p = &pk->p[i];
+		u8 *at = p->map + p->off;
 
-		if (READ_ONCE(p->map[p->off]) != XP_INT3)
-			continue;
-		WRITE_ONCE(p->map[p->off], p->byte);
+		if (p->region) {
+			struct xenprobes_trap e = { .addr = p->addr, .fallback = p->fallback,
+						    .flags = XENPROBES_TRAP_REDIRECT, .len = p->len };
+			u8 cur[sizeof(p->bytes)];
+
+			for (k = 0; k < p->len; k++)
+				cur[k] = READ_ONCE(at[k]);
+			if (!xp_region_bytes_ours(&e, cur, p->len)) {
+				pk->changed++;
+				continue;
+			}
+			for (k = p->len; k-- > 0;)
+				WRITE_ONCE(at[k], p->bytes[k]);
+		} else {
+			if (READ_ONCE(at[0]) != XP_INT3)
+				continue;
+			WRITE_ONCE(at[0], p->bytes[0]);
+		}
 		pk->written++;
 	}
 	return 0;
 }
 
-/* Writes the collected bytes with every other CPU stopped, then drops the aliases. */
+/* Writes the collected places with every other CPU stopped, then drops the aliases. */
 static void xp_pokes_flush(struct xp_pokes *pk)
 {
 	unsigned int i;
@@ -319,55 +354,98 @@ static void xp_sync_core(void *unused)
 }
 
 /*
- * Writes insn[0] back at every live trap-table address outside the OEA that still holds an
- * int3 Dom0 wrote, in kernel or module text only. Process context. Returns how many bytes
- * were restored.
+ * What to put back for entry e (a private snapshot of a live entry), if anything: *len bytes
+ * of e->insn. 0 when nothing; *foreign set when e is a jump's region whose bytes are neither
+ * Dom0's (the int3, the jump to its detour) nor the original ones.
+ */
+static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreign)
+{
+	enum xp_addr_kind kind = xp_addr_classify(&xp.bounds, e->addr);
+	u8 cur[sizeof(e->insn)];
+
+	*foreign = false;
+	/* Never even read outside text: a hostile address could be MMIO. */
+	if (kind != XP_ADDR_KTEXT && kind != XP_ADDR_MODULE)
+		return 0;
+	if (e->flags != XENPROBES_TRAP_REDIRECT) {
+		if (copy_from_kernel_nofault(cur, (const void *)(unsigned long)e->addr, 1))
+			return 0;
+		return xp_restore_ok(&xp.bounds, e, cur[0]) ? 1 : 0;
+	}
+	/* A region's last byte must be text of the same kind before it is read. */
+	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn) ||
+	    xp_addr_classify(&xp.bounds, e->addr + e->len - 1) != kind)
+		return 0;
+	if (copy_from_kernel_nofault(cur, (const void *)(unsigned long)e->addr, e->len))
+		return 0;
+	if (xp_region_restore_ok(&xp.bounds, e, cur, e->len))
+		return e->len;
+	*foreign = memcmp(cur, e->insn, e->len) != 0 && !xp_region_bytes_ours(e, cur, e->len);
+	return 0;
+}
+
+/*
+ * Writes back, at every live trap-table address outside the OEA in kernel or module text,
+ * what Dom0 patched: insn[0] where an int3 it wrote still is, and a jump's whole region
+ * (REDIRECT entries: insn[0..len)) where the int3 or the jump to its detour still is; JUMP
+ * entries (keys inside the OEA) are never touched. Process context. Returns how many trap
+ * bytes and regions were restored.
  *
  * The writes happen under stop_machine(): with other vCPUs running the probed code (the
  * module restores while the guest runs, unlike Dom0, which pauses the domain), an emulated
  * CPU was seen to keep executing an int3 whose byte another vCPU had restored -- under QEMU's
  * multi-threaded TCG, on Linux 6.12 guests with two vCPUs hammering the probed function --
  * and after the module is gone nobody claims that int3 any more (docs/e2e.md, "kill -9 on the
- * guest channel"). Every vCPU parked in the stopper runs nothing else while the bytes change.
+ * guest channel"). Every vCPU parked in the stopper runs nothing else while the bytes change,
+ * and a region's bytes all change in the same stop.
  */
 unsigned int xp_restore_traps(void)
 {
 	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
-	struct xp_pokes pk = { .n = 0, .written = 0 };
-	unsigned int unmapped = 0;
+	struct xp_pokes pk = { .n = 0, .written = 0, .changed = 0 };
+	unsigned int unmapped = 0, foreign = 0;
 	u32 i;
 
 	might_sleep();
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
-		enum xp_addr_kind kind;
-		u8 cur, *map;
+		struct xp_poke *p;
+		unsigned int len;
+		bool other;
+		u8 *map;
 
 		xp_trap_snapshot(&e, &xp.traps[i]);
-		kind = xp_addr_classify(&xp.bounds, e.addr);
-		/* Never even read outside text: a hostile address could be MMIO. */
-		if (kind != XP_ADDR_KTEXT && kind != XP_ADDR_MODULE)
+		len = xp_restore_what(&e, &other);
+		if (other && foreign++ == 0)
+			pr_warn(XP_NAME ": the jump region at 0x%llx holds neither its original bytes nor Dom0's: left alone\n",
+				e.addr);
+		if (!len)
 			continue;
-		if (copy_from_kernel_nofault(&cur, (const void *)(unsigned long)e.addr, 1))
-			continue;
-		if (!xp_restore_ok(&xp.bounds, &e, cur))
-			continue;
-		map = xp_text_alias(e.addr);
+		map = xp_text_alias(e.addr, len);
 		if (!map) {
 			unmapped++;
 			continue;
 		}
-		pk.p[pk.n].map = map;
-		pk.p[pk.n].off = offset_in_page(e.addr);
-		pk.p[pk.n].byte = e.insn[0];
+		p = &pk.p[pk.n];
+		p->map = map;
+		p->addr = e.addr;
+		p->fallback = e.fallback;
+		p->off = offset_in_page(e.addr);
+		p->len = len;
+		p->region = e.flags == XENPROBES_TRAP_REDIRECT;
+		memcpy(p->bytes, e.insn, len);
 		if (++pk.n == XP_POKES_PER_STOP)
 			xp_pokes_flush(&pk);
 		cond_resched();
 	}
 	xp_pokes_flush(&pk);
 	if (unmapped)
-		pr_warn(XP_NAME ": %u trap bytes could not be mapped writable and are still int3s\n", unmapped);
-	/* Like text_poke_sync(): no CPU keeps executing a stale int3 from its pipeline. */
+		pr_warn(XP_NAME ": %u trap bytes or jump regions could not be mapped writable and are still patched\n",
+			unmapped);
+	if (foreign || pk.changed)
+		pr_warn(XP_NAME ": %u jump regions left alone (bytes neither original nor Dom0's), %u changed under the restore\n",
+			foreign, pk.changed);
+	/* Like text_poke_sync(): no CPU keeps executing a stale int3 or jump from its pipeline. */
 	if (pk.written)
 		on_each_cpu(xp_sync_core, NULL, 1);
 	return pk.written;

@@ -49,6 +49,10 @@
  *                 (userfaultfd, a contended mmap lock) for any time, and must come back to the same
  *                 copy. Dom0 uses it again only for the same instruction, finding it by its bytes
  *                 and its entry (a later session too).
+ *   jump-entry    optional: hex, the module's jump entry, a function in module-text that a
+ *                 jump probe's detour calls (see "Jump probes" below). Dom0 makes jump probes
+ *                 only on a module that publishes it; a module publishing it handles the
+ *                 XENPROBES_TRAP_JUMP and XENPROBES_TRAP_REDIRECT trap entries.
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -184,6 +188,52 @@
  *                    or equivalent), then writes the same token to
  *   quiesce-done     (Dom0 watches this key).
  *
+ * Jump probes (synchronous delivery, issue 14). Instead of a trap byte, Dom0 replaces the
+ * whole instructions of a region [start, start + len) (5 <= len <= 15, see
+ * libxenprobes/x86/jump_safety.hpp) with `jmp rel32` (e9) to a detour it writes into an OEA
+ * area:
+ *     detour      copies of the region's instructions before the probed one (relocated)
+ *     call:       e8 <rel32 -> jump-entry>
+ *     call + 5:   copies of the probed instruction and the rest of the region (relocated)
+ *                 e9 <rel32 -> start + len>       (unless the last copy never falls through)
+ * Two trap-table entries serve it:
+ *   XENPROBES_TRAP_JUMP      addr = the detour's `call` (a key: never a trap byte, len 0),
+ *                            fallback = the probed address.
+ *   XENPROBES_TRAP_REDIRECT  addr = start (the region), fallback = the detour's first byte,
+ *                            len = the region's length, insn = its original bytes. An int3 at
+ *                            addr (the jump being put in place) sends the vCPU to fallback at
+ *                            once: no mailbox, no Dom0; the detour then makes the hit.
+ * A hit (module side, the jump entry, called with the return address call + 5 on the stack):
+ *   interrupts off; the depth guard of the int3 hook first (a nested hit resumes at call + 5 at
+ *   once, counted in the header's `nested`); the entry is the JUMP entry whose addr is the
+ *   return address - 5 (none: the same, counted in `foreign`). Then steps 1-4 of "A hit on vCPU v" with
+ *   mailbox.trap = the entry's addr, regs.rip = its fallback (the probed address) and regs.rsp
+ *   = the stack pointer before the call (the probed instruction's). Dom0 validates
+ *   regs.rip == fallback instead of regs.rip == trap. On DONE the module takes the general
+ *   registers, the arithmetic flags, rip and rsp from the answer: rip == the probed address
+ *   resumes in the detour at call + 5 (the probed instruction's copy); another rip resumes
+ *   there instead (the pre-handler skipped the instruction), with rsp from the answer, which
+ *   must be >= the hit's rsp, at most 4 KiB above it and a multiple of 8 away from it (the
+ *   entry writes the final rflags and rip in the two words below it), else the answer is
+ *   unusable: the hit resumes as if unanswered. A JUMP entry counts only inside the module's
+ *   OEA pool, where Dom0 puts every detour. On a timeout, with Dom0 gone or while detaching the hit resumes
+ *   in the detour at call + 5 unanswered: the copies run, nothing is emulated.
+ * Putting a jump in place (Dom0; "paused": with the domain paused):
+ *   1. paused: the detour's bytes and its JUMP entry (entry first); the REDIRECT entry, then an
+ *      int3 at start (over the original byte, checked).
+ *   2. running: a quiescence (quiesce-request): no task may still be preempted, or sleep in a
+ *      call, at an instruction boundary inside (start, start + len) that it reached before
+ *      the int3; new arrivals at start take the detour.
+ *   3. paused: no vCPU's rip in (start, start + len) (else the jump is abandoned: the int3
+ *      stays a redirect until step 3 succeeds); the rel32 (bytes 1-4, the rest of the region
+ *      kept), then e9 over the int3.
+ * Taking it down (Dom0, paused): the original bytes over the jump (checked: e9 with the rel32
+ * to this detour, or the int3), then, after a quiescence (a task preempted in the detour
+ * comes back to it), the entries go and the detour's slot is reused.
+ * The module's own restore (Dom0 gone, unload) writes a REDIRECT entry's insn[0..len) back
+ * when addr holds the int3 or the jump to the entry's fallback, in one stop_machine() (never
+ * half a region); it leaves anything else alone.
+ *
  * Async rings (the async delivery of jump probes, issue 14; the layout and the logic of both
  * ends: guest-module/xp_ring.c produces, libxenprobes/guestmod/ring.cpp consumes; the module
  * does not allocate or publish rings yet). One ring per vCPU. The module is its only producer:
@@ -248,6 +298,7 @@
 #define XENPROBES_XS_FIXUP_SLOTS_ADDR "fixup-slots/addr"
 #define XENPROBES_XS_FIXUP_SLOTS_COUNT "fixup-slots/count"
 #define XENPROBES_XS_FIXUP_SLOTS_TABLE "fixup-slots/table"
+#define XENPROBES_XS_JUMP_ENTRY "jump-entry"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -291,7 +342,8 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 hits;           /* hits handed to Dom0 */
 	xenprobes_u64 timeouts;       /* hits resumed without Dom0's answer */
 	xenprobes_u64 foreign;        /* int3s not in the table, left to the kernel */
-	xenprobes_u64 reserved[8];
+	xenprobes_u64 nested;         /* jump hits inside the module's own hook: no Dom0 */
+	xenprobes_u64 reserved[7];
 };
 
 #define XENPROBES_MBOX_IDLE 0u
@@ -319,6 +371,8 @@ struct xenprobes_mailbox {
 #define XENPROBES_TRAP_FALLBACK 1u /* resume at `fallback` */
 #define XENPROBES_TRAP_EMULATE 2u  /* emulate `insn` (relative or register branch, near ret) */
 #define XENPROBES_TRAP_RETURN 4u   /* the return trampoline: use the return table */
+#define XENPROBES_TRAP_JUMP 8u     /* a jump probe's detour call (key only; see "Jump probes") */
+#define XENPROBES_TRAP_REDIRECT 16u /* int3 at a jump's region: resume at `fallback`, no hit */
 
 struct xenprobes_trap {
 	xenprobes_u64 addr;       /* the trap byte */

@@ -81,6 +81,7 @@ struct DomainConfig {
   std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
   bool publish_module = true;   // publish the guest module's xenstore keys
   bool module_fixup_slots = true;  // with them its fixup slots (protocol.h, fixup-slots)
+  bool module_jump_entry = true;   // and its jump entry (protocol.h, jump-entry): jump probes
   // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
   // (the growth protocol in protocol.h); 0 = the module cannot grow.
   unsigned oea_reserve_areas = 3;
@@ -104,6 +105,7 @@ struct GuestLayout {
   std::uint64_t control_addr = 0, control_size = 0;  // the module's control area (0: none)
   std::uint64_t fixup_slots = 0, fixup_table = 0;    // the module's fixup slots and entries (0: none)
   unsigned fixup_count = 0;
+  std::uint64_t jump_entry = 0;                      // the module's jump entry (0: none)
   std::uint64_t entry = 0;
 };
 

@@ -104,8 +104,24 @@ struct ProbeStats {
   unsigned active = 0;          // calls in flight now (instances in use)
 };
 
-// How the probed instruction runs after the pre-handlers.
-enum class ExecMode { Boosted, Emulated, Skipped, TrapAfter };
+// How the probed instruction runs after the pre-handlers. Detour: a jump probe's, in its
+// detour right after the handlers, with no trap at all.
+enum class ExecMode { Boosted, Emulated, Skipped, TrapAfter, Detour };
+
+// How a probe is put into the guest (docs/probes.md "Jump probes").
+enum class ProbeMethod {
+  Trap,     // a trap byte over the instruction: every channel, every instruction the rules accept
+  // A 5-byte jump to a detour that calls the guest module, which hands the hit to Dom0 with no
+  // trap: the guest channel, with a module that publishes its jump entry, on points the jump
+  // rules accept (x86/jump_safety.hpp), pre-handlers only. Refused otherwise, saying why.
+  Jump,
+  Fastest,  // a jump where the point can be one, else a trap (ProbeInfo says which and why)
+};
+XENPROBES_API const char* probe_method_name(ProbeMethod);  // "trap", "jump", "fastest"
+
+struct ProbeOptions {
+  ProbeMethod method = ProbeMethod::Trap;
+};
 
 struct ProbeInfo {
   Gva address;
@@ -118,6 +134,14 @@ struct ProbeInfo {
   // address are the same there); `moved_because` then says why, and `address` is where it is.
   Gva requested;
   std::string moved_because;
+  // Trap or Jump: what the probe became (never Fastest). A jump probe's `slot` is its detour.
+  ProbeMethod method = ProbeMethod::Trap;
+  // Asked for a jump (Fastest) and got a trap: why the point cannot be a jump.
+  std::string not_jump_because;
+  // A jump probe whose jump is not written yet: the guest module has not yet confirmed that no
+  // task is stopped inside the bytes the jump covers (protocol.h "Jump probes"). Meanwhile a
+  // trap byte sends every hit to the detour, so the probe already fires.
+  bool jump_pending = false;
 };
 
 // One symbol of a guest kernel, at its running address (KASLR applied).
@@ -268,6 +292,9 @@ class XENPROBES_API Session {
 
   [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
   [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});
+  // With options: ProbeOptions::method asks for a jump probe (or the fastest a point allows).
+  [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post, ProbeOptions);
+  [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post, ProbeOptions);
 
   // A return probe on the function whose first instruction is at `address` (or `symbol`).
   // Either handler may be empty. It coexists with other probes on the same address.

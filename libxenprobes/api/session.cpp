@@ -36,22 +36,6 @@ constexpr const char* kReleaseToken = "xenprobes-release";
 constexpr const char* kModuleToken = "xenprobes-module";
 }
 
-const char* channel_kind_name(ChannelKind k) {
-  switch (k) {
-    case ChannelKind::Auto: return "auto";
-    case ChannelKind::Debugger: return "debugger";
-    case ChannelKind::Guest: return "guest";
-    case ChannelKind::VmEvent: return "vmevent";
-  }
-  return "?";
-}
-
-Result<ChannelKind> parse_channel_kind(std::string_view s) {
-  for (ChannelKind k : {ChannelKind::Auto, ChannelKind::Debugger, ChannelKind::Guest, ChannelKind::VmEvent})
-    if (s == channel_kind_name(k)) return k;
-  return fail(Errc::InvalidArgument, "unknown channel '" + std::string(s) + "': use auto, guest, vmevent or debugger");
-}
-
 struct Session::Impl {
   std::unique_ptr<hv::Hypervisor> hv;
   SessionOptions options;
@@ -452,14 +436,22 @@ Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) 
 }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
-  XP_TRY(default_symbols(dom));
-  auto id = XP_TRY(impl_->engine->add(dom, address, std::move(pre), std::move(post)));
-  return Probe(this, impl_->alive, id);
+  return probe(dom, address, std::move(pre), std::move(post), ProbeOptions{});
 }
 
 Result<Probe> Session::probe(DomId dom, std::string_view symbol, PreHandler pre, PostHandler post) {
+  return probe(dom, symbol, std::move(pre), std::move(post), ProbeOptions{});
+}
+
+Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post, ProbeOptions o) {
+  XP_TRY(default_symbols(dom));
+  auto id = XP_TRY(impl_->engine->add(dom, address, std::move(pre), std::move(post), o.method));
+  return Probe(this, impl_->alive, id);
+}
+
+Result<Probe> Session::probe(DomId dom, std::string_view symbol, PreHandler pre, PostHandler post, ProbeOptions o) {
   Gva addr = XP_TRY(resolve(dom, symbol));
-  return probe(dom, addr, std::move(pre), std::move(post));
+  return probe(dom, addr, std::move(pre), std::move(post), o);
 }
 
 Result<void> Session::default_symbols(DomId dom) {
@@ -525,6 +517,8 @@ Result<unsigned> Session::run_once(int timeout_ms) {
       fds.push_back({c->fd(), POLLIN, 0});
     if (int i = c->poll_interval_ms(); i > 0 && (interval == 0 || i < interval)) interval = i;
   }
+  // Work the engine does between hits (a jump waiting for the guest module's quiescence).
+  if (int i = impl_->engine->wake_interval_ms(); i > 0 && (interval == 0 || i < interval)) interval = i;
   int wait = interval > 0 && (timeout_ms < 0 || timeout_ms > interval) ? interval : timeout_ms;
   int n = ::poll(fds.data(), fds.size(), wait);
   if (n < 0 && errno != EINTR) return fail_errno(errno, "poll");

@@ -55,6 +55,13 @@ struct TrapEntry {
     ResumeAt,  // resume at `resume_at` (a slot holding the original instruction, ...)
     Emulate,   // emulate `insn`: a relative branch, a near ret or a branch through a register (what the module decodes)
     Return,    // the return trampoline: the return-address table says where
+    // A jump probe (protocol.h "Jump probes"): `addr` is the detour's call to the guest
+    // module's jump entry (a key, never a trap byte), `resume_at` the probed address, which
+    // a hit reports as its rip. The channel reports the stop with `trap` = addr.
+    Jump,
+    // An int3 over a jump's region while the jump is put in place: the module sends the vCPU
+    // to `resume_at` (the detour) with no stop at all; `insn` holds the region's bytes.
+    Redirect,
   };
   Gva addr;
   Fallback fallback = Fallback::ResumeAt;

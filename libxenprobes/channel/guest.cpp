@@ -177,6 +177,7 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.port = *port;
   a.oea = mi->areas;
   a.register_branches = mi->has_module_text();
+  a.jump_entry = mi->jump_entry;
   a.rets.assign(h.ret_capacity, xenprobes_ret{0, 0});
   a.answered.assign(h.nr_mailboxes, std::nullopt);
   a.answered_rip.assign(h.nr_mailboxes, 0);
@@ -271,6 +272,17 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
                                            " original bytes (at most 15)");
   // The bytes are what the module emulates, and insn[0] is what it writes back at a trap
   // outside its OEA once Dom0 is gone: only a trap in a slot (never restored) may go without.
+  if ((t.fallback == TrapEntry::Fallback::Jump || t.fallback == TrapEntry::Fallback::Redirect) && !a->jump_entry)
+    return fail(Errc::NotSupported, dom_str(dom) + ": the guest module publishes no jump entry: it makes no jump "
+                                    "probes (install the current xenprobesU in the guest)");
+  if (t.fallback == TrapEntry::Fallback::Jump && (t.len != 0 || !in_oea(dom, *a, t.addr)))
+    return fail(Errc::InvalidArgument, "jump entry key " + hex(t.addr.value) +
+                                           ": must be a detour's call inside the out-of-line execution area, "
+                                           "with no original bytes");
+  if (t.fallback == TrapEntry::Fallback::Redirect && (t.len < 5 || in_oea(dom, *a, t.addr)))
+    return fail(Errc::InvalidArgument, "jump region at " + hex(t.addr.value) +
+                                           ": needs its 5..15 original bytes and lies outside the out-of-line "
+                                           "execution area");
   if (t.len == 0 && (t.fallback == TrapEntry::Fallback::Emulate || !in_oea(dom, *a, t.addr)))
     return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) +
                                            ": no original bytes (needed to emulate it, and to restore "
@@ -290,6 +302,13 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
       break;
     case TrapEntry::Fallback::Return:
       e.flags = XENPROBES_TRAP_RETURN;
+      break;
+    case TrapEntry::Fallback::Jump:
+    case TrapEntry::Fallback::Redirect:
+      if (!t.resume_at.value)
+        return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": a jump entry without its address");
+      e.flags = t.fallback == TrapEntry::Fallback::Jump ? XENPROBES_TRAP_JUMP : XENPROBES_TRAP_REDIRECT;
+      e.fallback = t.resume_at.value;
       break;
   }
   e.len = t.len;

@@ -109,6 +109,7 @@ class GuestChannel final : public Channel {
     // The module emulates jmp/call through a register (one that publishes module-text: both
     // came in the same version; an older one would oops the guest on such a fallback).
     bool register_branches = false;
+    std::optional<Gva> jump_entry;  // the module's jump entry: it makes jump probes
     std::vector<xenprobes_trap> traps;  // sorted by addr: what the shared table is written from
     std::vector<xenprobes_ret> rets;    // index = entry in the shared table; slot 0 = free
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered

@@ -93,10 +93,16 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       if (a->answered[v] && *a->answered[v] == h.seq) return "a seq already answered";
       const Attached::SeqRange& o = a->overwritten[v];
       if (h.seq - o.after - 1u < o.upto - o.after) return "its registers may be a late answer's";
+      const auto t = find_trap(a->traps, h.trap);
+      // A jump probe's hit carries the probed address as its rip, and its key as its trap.
+      if (t != a->traps.end() && t->flags == XENPROBES_TRAP_JUMP) {
+        if (h.regs.rip != t->fallback) return "regs.rip is not the jump probe's address";
+        return nullptr;
+      }
+      if (t != a->traps.end() && t->flags == XENPROBES_TRAP_REDIRECT) return "a jump's redirect, which makes no hit";
       if (h.regs.rip != h.trap) return "regs.rip is not the trap address";
       // Owned: disarmed, not flushed yet.
-      if (find_trap(a->traps, h.trap) == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap}))
-        return "not a trap of ours";
+      if (t == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap})) return "not a trap of ours";
       return nullptr;
     };
     auto reject = [&](const Hit& h, const char* why) {
@@ -140,13 +146,17 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     }
 
     std::uint64_t fallback = 0;
-    if (auto t = find_trap(a->traps, h.trap); t != a->traps.end() && t->flags == XENPROBES_TRAP_FALLBACK)
-      fallback = t->fallback;
+    bool jump = false;
+    if (auto t = find_trap(a->traps, h.trap); t != a->traps.end()) {
+      if (t->flags == XENPROBES_TRAP_FALLBACK) fallback = t->fallback;
+      jump = t->flags == XENPROBES_TRAP_JUMP;
+    }
     a->claimed[v] = Attached::Claim{h.seq, h.trap, fallback};
     Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
     if (sink.on_stop(s) == Verdict::NotOurs) {
       s.regs = from_mailbox(h.regs);
-      s.regs.rip = h.trap;  // the byte is the original again: execute it
+      // An int3's byte is the original again: execute it. A jump's hit goes on in its detour.
+      if (!jump) s.regs.rip = h.trap;
     }
     a = find(dom);
     if (!a) break;  // detached by a handler (which gave the claim back)
@@ -188,7 +198,8 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       continue;
     }
     a->answered[v] = h.seq;
-    a->answered_rip[v] = out.rip;
+    // A jump's hit resumes in its detour (the slot at the key) whatever rip says.
+    a->answered_rip[v] = jump ? h.trap : out.rip;
     ++a->stats.answered;
     ++answered;
     notify = true;

@@ -308,6 +308,35 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
         return fail(Errc::Fault, bad(fapath, *fas, "page " + hex(*addr + off) + " is not usable: " + r.error().what));
     info.fixup_slots = FixupSlots{Gva{*addr}, static_cast<unsigned>(*count), Gva{*table}};
   }
+
+  // jump-entry: optional (older modules make no jump probes), only with module-text, which must
+  // hold it (it is the module's code), outside every area Dom0 writes (the OEA, the fixup slots
+  // and their entries), and within rel32 reach of every OEA area (a detour calls it from there).
+  const std::string jpath = module_key(dom, XENPROBES_XS_JUMP_ENTRY);
+  if (auto js = XP_TRY(read_optional(jpath))) {
+    auto entry = parse_hex(*js);
+    if (!entry) return fail(Errc::InvalidArgument, bad(jpath, *js, "not a 0x-prefixed 64-bit hex address"));
+    if (!info.has_module_text() || !info.in_module_text(Gva{*entry}))
+      return fail(Errc::InvalidArgument,
+                  bad(jpath, *js, "not inside the module's published text" +
+                                      (info.has_module_text() ? " [" + hex(info.module_text_start.value) + ", " +
+                                                                    hex(info.module_text_end.value) + ")"
+                                                              : std::string(" (module-text is missing)"))));
+    for (unsigned j = 0; j < info.areas.size(); ++j) {
+      if (info.areas[j].contains(Gva{*entry}))
+        return fail(Errc::InvalidArgument, bad(jpath, *js, "inside oea/" + std::to_string(j) + ", where Dom0 writes"));
+      if (!within_rel32(info.areas[j].addr.value, info.areas[j].last(), *entry))
+        return fail(Errc::InvalidArgument,
+                    bad(jpath, *js, "not within +-2 GiB (rel32) of oea/" + std::to_string(j) + ", where detours call it from"));
+    }
+    if (const auto& f = info.fixup_slots) {
+      const std::uint64_t e = *entry;
+      if (f->contains(Gva{e}) ||
+          (e >= f->table.value && e - f->table.value < std::uint64_t{f->count} * XENPROBES_FIXUP_ENTRY_SIZE))
+        return fail(Errc::InvalidArgument, bad(jpath, *js, "inside the fixup slots or their entries, where Dom0 writes"));
+    }
+    info.jump_entry = Gva{*entry};
+  }
   return info;
 }
 

@@ -62,6 +62,9 @@ struct ModuleInfo {
 
   // fixup-slots/* (optional): none from a module that does not publish them.
   std::optional<FixupSlots> fixup_slots;
+  // jump-entry (optional): the function a jump probe's detour calls (protocol.h, "Jump probes");
+  // none from a module that makes no jump probes.
+  std::optional<Gva> jump_entry;
 
   bool has_module_text() const { return module_text_end.value != 0; }
   bool in_module_text(Gva va) const {

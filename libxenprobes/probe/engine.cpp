@@ -22,11 +22,12 @@ ExecMode exec_mode(x86::Plan p, bool trap_tail) {
 
 }  // namespace
 
-Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post) {
+Result<ProbeId> Engine::add(DomId id, Gva addr, PreHandler pre, PostHandler post, ProbeMethod method) {
   if (!pre && !post) return fail(Errc::InvalidArgument, "a probe needs a pre-handler or a post-handler");
   auto reg = std::make_unique<Registration>();
   reg->pre = std::move(pre);
   reg->post = std::move(post);
+  reg->method = method;
   return add_registration(id, addr, std::move(reg));
 }
 
@@ -57,6 +58,13 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   if (existing != d->points.end()) {
     // Aggregate: the point is already decoded, slotted and (maybe) armed.
     Point& p = *existing->second;
+    if (p.jump && reg->post)
+      return fail(Errc::NotSupported, hex(addr.value) + " is a jump probe, which makes no stop after the instruction: "
+                                      "post-handlers cannot run there (use a pre-handler)");
+    if (!p.jump && reg->method == ProbeMethod::Jump)
+      return fail(Errc::Busy, hex(addr.value) + " already holds a trap probe" +
+                                  (p.not_jump_because.empty() ? std::string() : " (it cannot be a jump: " + p.not_jump_because + ")") +
+                                  "; a jump probe cannot share it: unregister that one first, or ask for ProbeMethod::Fastest");
     if (reg->post && (p.in_place || p.fixup_slot))
       return fail(Errc::NotSupported,
                   p.insn.describe() + (p.fixup_slot ? ": runs in a fixup slot, which ends in a jump back"
@@ -125,6 +133,20 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   // A 1-byte point with a continuation copies its neighbour: nobody may probe that one now.
   if (Gva before{addr.value - 1}; d->points.contains(before) && d->points.at(before)->next)
     return fail(Errc::Busy, point->insn.describe() + ": the instruction before it is a probed 1-byte instruction");
+  // Inside a jump probe's region the bytes are the jump's.
+  if (const Point* q = overlapping_point(*d, addr.value, addr.value + 1, nullptr); q && q->jump)
+    return fail(Errc::Busy, point->insn.describe() + ": inside the region [" + hex(q->jump->region.start.value) + ", " +
+                                hex(q->jump->region.end().value) + ") that the jump probe at " + hex(q->addr.value) +
+                                " covers; unregister it first");
+  if (reg->method != ProbeMethod::Trap) {
+    if (auto why = plan_jump(*d, *point, *reg)) {
+      std::string where = d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value);
+      if (reg->method == ProbeMethod::Jump)
+        return fail(Errc::NotSupported, where + ": cannot be a jump probe: " + *why + "; a trap probe can be put there");
+      XP_LOG(Info, "domain %u: %s: a trap probe, not a jump: %s", id.value, where.c_str(), why->c_str());
+      point->not_jump_because = std::move(*why);
+    }
+  }
 
   {
     auto hold = XP_TRY(Pause::take(*this, *d));  // with vCPU 0's paging context, fresh
@@ -132,7 +154,9 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     // patch checks them before anything is written. The slot is the point's only once the
     // trap is in: a failed arm drops (undoes) it.
     std::optional<NewSlot> ns;
-    if (point->fixup_slot) point->slot = XP_TRY(take_fixup_slot(*d, *point));  // kept whatever follows
+    if (point->jump) {
+      // Its detour is its slot (arm_jump).
+    } else if (point->fixup_slot) point->slot = XP_TRY(take_fixup_slot(*d, *point));  // kept whatever follows
     else if (uses_slot(*point)) ns = XP_TRY(write_slot(*d, *point, bool(reg->post)));
     if (ns) {
       point->slot = ns->slot;  // arm's trap entry sends the vCPU there
@@ -266,6 +290,7 @@ Result<void> Engine::after_dispatch(bool resumed) {
     for (const auto& [dom, record] : returned_records_) journal_->remove_return(record);
     returned_records_.clear();
   }
+  for (auto& [id, d] : domains_) advance_jumps(*d);
   if (deferred_removals_.empty()) return {};
   flush_deferred();
   return {};
@@ -298,6 +323,13 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
   // (A module-less domain's Boost points keep reporting Boosted, with no slot.)
   i.mode = p.in_place && p.own_address ? ExecMode::Emulated : exec_mode(p.plan, p.trap_tail);
   i.slot = p.slot.value_or(Gva{0});
+  i.not_jump_because = p.not_jump_because;
+  if (p.jump) {
+    i.method = ProbeMethod::Jump;
+    i.mode = ExecMode::Detour;
+    i.slot = p.jump->detour;
+    i.jump_pending = p.armed && !p.jump->jmp;
+  }
   if (it->second->ret)
     if (auto d = domains_.find(p.dom); d != domains_.end()) i.trampoline = d->second->trampoline.value_or(Gva{0});
   return i;

@@ -25,7 +25,9 @@
 #include "probe/slot_map.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
+#include "x86/detour.hpp"
 #include "x86/insn.hpp"
+#include "x86/jump_safety.hpp"
 #include "xenprobes/xenprobes.hpp"
 
 namespace xenprobes::probe {
@@ -68,7 +70,8 @@ class Engine final : public channel::StopSink {
   // The channel serving the domain (attaching it first if needed).
   [[nodiscard]] Result<channel::Channel*> channel_of(DomId);
 
-  [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler);
+  // `method`: ProbeMethod in xenprobes.hpp (a jump probe, docs/probes.md "Jump probes").
+  [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler, ProbeMethod method = ProbeMethod::Trap);
   // A return probe on the function starting at the address (see docs/probes.md, "Return
   // probes"): an entry registration on the point, plus instances tracked by stack slot.
   [[nodiscard]] Result<ProbeId> add_ret(DomId, Gva, EntryHandler, ReturnHandler, RetProbeOptions);
@@ -96,6 +99,10 @@ class Engine final : public channel::StopSink {
   // (the journal keeps what it says; nothing is written to any guest).
   void abandon();
   std::vector<DomId> domains() const;
+
+  // How soon the event loop should call after_dispatch() again even with no event (0: no need):
+  // a jump probe waits for the guest module's quiescence (Domain::jumps_waiting).
+  int wake_interval_ms() const;
 
   bool stop_requested() const { return stop_requested_; }
   void clear_stop() { stop_requested_ = false; }
@@ -131,11 +138,25 @@ class Engine final : public channel::StopSink {
     Point* point;
     PreHandler pre;
     PostHandler post;
+    ProbeMethod method = ProbeMethod::Trap;  // as asked
     bool enabled = true;
     Gva requested;              // the address asked for (the point's may be past an ftrace site)
     std::string moved_because;  // why the point is not at `requested`
     ProbeStats stats;
     std::unique_ptr<RetState> ret;  // a return probe's entry registration
+  };
+  // A jump probe's state (probe/engine_jump.cpp; protocol.h "Jump probes").
+  struct JumpState {
+    x86::JumpRegion region;  // the bytes the jump covers; starts at the point or before it
+    std::array<std::uint8_t, x86::kMaxInsnLen> original{};  // the region's bytes (length <= 15)
+    std::vector<x86::Insn> insns;  // the region's instructions
+    Gva detour{0};           // its slot (0: none yet)
+    x86::DetourLayout layout;
+    std::optional<Patch> redirect;  // the trap byte at region.start (a REDIRECT entry)
+    std::optional<Patch> jmp;       // the jump over that trap byte and the next four
+    // The quiescence the jump waits for (requested after the trap byte went in).
+    std::optional<std::uint64_t> waits_for;
+    Gva key() const { return detour + layout.call_offset; }  // its JUMP entry
   };
   struct Point {
     DomId dom;
@@ -170,6 +191,8 @@ class Engine final : public channel::StopSink {
     // The trap byte over the instruction: applied while armed, restored while flush_pending.
     std::optional<Patch> text;
     std::vector<Registration*> regs;  // registration order
+    std::optional<JumpState> jump;    // a jump probe (then no slot, no trap over the instruction)
+    std::string not_jump_because;     // asked for Fastest, got a trap: why
   };
   // A slot trap that still resolves after its point went away (until the slot is reclaimed).
   struct SlotTrap {
@@ -180,6 +203,9 @@ class Engine final : public channel::StopSink {
     std::optional<x86::Insn> emulate_next;
     x86::Plan emulate_plan = x86::Plan::EmulateBranch;
     Patch patch;    // the slot's code; forgotten (entry and journal record) when the slot is reclaimed
+    // A jump probe's detour: the key is its call (a JUMP entry, no trap byte), `resume` the
+    // probed address. A hit on it with no point runs no handler and goes on in the detour.
+    bool jump = false;
   };
   // A slot written for a point and not yet its own (adopt_slot): dropping it undoes it.
   struct NewSlot {
@@ -224,6 +250,18 @@ class Engine final : public channel::StopSink {
     // that lost their instance (unregistered, reclaimed) return to, in case one still comes.
     std::optional<Gva> trampoline;
     Patch trampoline_patch;
+    // Jump probes: the guest module's jump entry (none: no jump probes), what the jump rules
+    // need from the whole kernel (built on the first jump probe), jumps waiting for quiescence,
+    // and the last quiescence the module confirmed.
+    std::optional<Gva> jump_entry;
+    struct JumpIndex {
+      x86::SiteIndex fixups;  // exception fixups: entered from outside the function's branches
+      x86::SiteIndex thunks;  // retpoline thunks: a jmp into one is an indirect jump
+      bool ibt = false;       // an IBT build (endbr64 marks every indirect target)
+    };
+    std::unique_ptr<JumpIndex> jump_index;
+    unsigned jumps_waiting = 0;
+    std::optional<std::uint64_t> quiesce_done;
     SlotMap<Instance> live_returns;
     struct Returned {
       std::uint64_t ret;
@@ -315,6 +353,18 @@ class Engine final : public channel::StopSink {
   void remember_return(Domain&, std::uint64_t slot, std::uint64_t ret, std::uint32_t journal);
   void forget_return(Domain&, std::map<std::uint64_t, Domain::Returned>::iterator);
   [[nodiscard]] Result<ProbeId> add_registration(DomId, Gva, std::unique_ptr<Registration>);
+  // Jump probes (probe/engine_jump.cpp).
+  // Why the point cannot be a jump probe on this domain, or nullopt with p.jump planned.
+  std::optional<std::string> plan_jump(Domain&, Point&, const Registration&);
+  // The region of an armed or planned jump, or the point of a trap probe, that overlaps
+  // [lo, hi) other than `self`: what a new probe there would collide with.
+  const Point* overlapping_point(const Domain&, std::uint64_t lo, std::uint64_t hi, const Point* self) const;
+  Result<void> arm_jump(Domain&, Point&);
+  Result<void> disarm_jump(Domain&, Point&);
+  // Writes the jumps whose quiescence the module confirmed (takes its own pause).
+  void advance_jumps(Domain&);
+  const x86::SiteIndex& jump_fixups(Domain&);
+  channel::Verdict hit_jump(Domain&, const SlotTrap&, channel::Stop&);
   channel::TrapEntry trap_entry(const Point&) const;
   bool emulate(Domain&, const x86::Insn&, x86::Plan, Regs&);
   bool next_emulated(const Point& p) const {

@@ -100,6 +100,7 @@ Result<void> Engine::attach(DomId id) {
       if (mi->has_module_text()) d->module_text = {mi->module_text_start.value, mi->module_text_end.value};
       d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
       d->fixup = mi->fixup_slots;
+      d->jump_entry = mi->jump_entry;
     } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
       return std::unexpected(mi.error());
     } else {

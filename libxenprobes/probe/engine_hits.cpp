@@ -66,7 +66,7 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   } else if (auto p = d.points.find(s.trap); p != d.points.end() && p->second->armed) {
     v = hit_point(d, *p->second, s);
   } else if (auto st = d.slot_traps.find(s.trap); st != d.slot_traps.end()) {
-    v = hit_slot(d, st->second, s);
+    v = st->second.jump ? hit_jump(d, st->second, s) : hit_slot(d, st->second, s);
   }
   dispatching_ = false;
   hit_stop_ = nullptr;
@@ -154,6 +154,7 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
                          "(to skip it, set regs().rip to where the vCPU should go)",
                          hex(p.addr.value).c_str(), rc);
   }
+  if (p.jump) return channel::Verdict::Resume;  // rip unchanged: on in the detour
   switch (p.plan) {
     case x86::Plan::Skip:
       r.rip = p.insn.next().value;

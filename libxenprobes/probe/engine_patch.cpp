@@ -8,6 +8,7 @@ Patcher Engine::patcher(Domain& d) { return Patcher(*d.memory, *d.ch, d.journale
 
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
+  if (p.jump) return arm_jump(d, p);
   // Never a trap over bytes we did not decode: the guest may have rewritten the instruction
   // since (a static key flipped while the probe was disabled, a module unloaded and another
   // loaded at the address). Its slot copy would then run the old instruction.
@@ -52,6 +53,7 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
     p.flush_pending = true;
     return {};
   }
+  if (p.jump) return disarm_jump(d, p);
   // Restore only our own byte: if the guest rewrote the site meanwhile, writing the saved
   // byte back would corrupt its new instruction.
   const bool ours = XP_TRY(p.text->restore());

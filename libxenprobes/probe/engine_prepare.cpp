@@ -27,8 +27,16 @@ Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::u
   std::vector<std::uint8_t> bytes(size);
   XP_TRY(d.memory->read(start, std::as_writable_bytes(std::span(bytes))));
   // Bytes we patched ourselves read back as the original instruction.
-  for (auto& [a, q] : d.points)
+  for (auto& [a, q] : d.points) {
+    if (q->jump && (q->armed || q->text)) {  // the trap byte, and maybe the jump over the next four
+      const x86::JumpRegion& r = q->jump->region;
+      for (std::uint64_t k = 0; k < r.length; ++k)
+        if (r.start.value + k >= start.value && r.start.value + k < start.value + size)
+          bytes[r.start.value + k - start.value] = q->jump->original[k];
+      continue;
+    }
     if (q->armed && a.value >= start.value && a.value < start.value + size) bytes[a.value - start.value] = q->original[0];
+  }
   return bytes;
 }
 
@@ -186,6 +194,14 @@ bool Engine::any_enabled(const Point& p) const {
 
 channel::TrapEntry Engine::trap_entry(const Point& p) const {
   channel::TrapEntry e;
+  if (p.jump) {  // the trap byte at the region's start sends the vCPU to the detour
+    e.addr = p.jump->region.start;
+    e.fallback = channel::TrapEntry::Fallback::Redirect;
+    e.resume_at = p.jump->detour;
+    e.len = p.jump->region.length;
+    std::copy(p.jump->original.begin(), p.jump->original.begin() + e.len, e.insn);
+    return e;
+  }
   e.addr = p.addr;
   e.len = p.insn.length;
   std::copy(p.original.begin(), p.original.begin() + p.insn.length, e.insn);

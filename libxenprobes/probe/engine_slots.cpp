@@ -229,6 +229,7 @@ void Engine::neutralize_slot_traps(Domain& d) {
   Patcher patch = patcher(d);
   const std::uint8_t trap_byte = d.ch->trap_byte();
   for (const auto& [trap, st] : d.slot_traps) {
+    if (st.jump) continue;  // a detour's call, no trap byte: it goes on by itself
     std::array<std::uint8_t, 5> jmp{};
     auto n = x86::emit_jmp_rel32(jmp, trap, st.original_next);
     Result<void> w = n ? patch.replace(trap, std::span(&trap_byte, 1), jmp) : Result<void>(std::unexpected(n.error()));
@@ -239,6 +240,14 @@ void Engine::neutralize_slot_traps(Domain& d) {
 }
 
 void Engine::release_slot(Domain& d, Point& p) {
+  if (p.jump && p.jump->detour.value) {
+    // Its call stays known to the channel until the slot is reclaimed: a vCPU may still be in
+    // the detour (a hit that resumes there runs no handler then).
+    if (auto it = d.slot_traps.find(p.jump->key()); it != d.slot_traps.end()) it->second.point = nullptr;
+    release_ran_slot(d, p.jump->detour);
+    p.jump->detour = Gva{0};
+    return;
+  }
   if (!p.slot) return;
   if (p.fixup_slot) {  // kept as it is for the module's lifetime (protocol.h, fixup-slots)
     p.slot.reset();
@@ -263,10 +272,11 @@ void Engine::advance_quiescence(Domain& d) {
     // Hostile input: only the exact token we asked for counts.
     if (done && *done == std::to_string(*d.quiesce_asked)) {
       std::erase_if(d.quiesce_wait, [&](const auto& e) { return e.second <= *d.quiesce_asked; });
+      d.quiesce_done = *d.quiesce_asked;
       d.quiesce_asked.reset();
     }
   }
-  if (!d.quiesce_wait.empty() && !d.quiesce_asked) {
+  if ((!d.quiesce_wait.empty() || d.jumps_waiting) && !d.quiesce_asked) {
     std::uint64_t token = d.quiesce_next;
     if (auto w = hv_.xs_write(guestmod::module_key(d.id, XENPROBES_XS_QUIESCE_REQUEST), std::to_string(token)); w) {
       d.quiesce_asked = token;

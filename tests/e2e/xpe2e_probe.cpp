@@ -6,6 +6,9 @@
 //       lets the DomU workload run (xenstore data/xpe2e/go), and compares every count with
 //       what the workload reports (data/xpe2e/done); unregisters and checks that the kernel
 //       text is byte-identical to before.
+//   xpe2e-probe jump    --domid D [--timeout S]
+//       Jump probes (issue 14) on the guest channel: registered as jumps, the jumps written
+//       once the module confirmed quiescence, every call counted, the text restored.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -167,14 +170,19 @@ struct Args {
   // held (ftrace would then hang) and hookpath kills the guest: each goes after the others.
   std::string hazards = "extable,ftrace,statickey,hookpath";
   std::string points;                                         // safety: hookpath points (default all)
+  // probe, kill: how the probes without a post-handler go in (trap, or fastest: jump probes
+  // where the point allows, issue 14).
+  std::string method = "trap";
 };
 
 Args g_args;
+// The options of the probes that have no post-handler (--method).
+ProbeOptions pre_only() { return ProbeOptions{g_args.method == "fastest" ? ProbeMethod::Fastest : ProbeMethod::Trap}; }
 bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::string(",") + what + ",") != std::string::npos; }
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fatal("usage: xpe2e-probe probe|kill|verify-text|refuse-debugger|pair|bench|safety --domid D ...");
+  if (argc < 2) fatal("usage: xpe2e-probe probe|jump|kill|verify-text|refuse-debugger|pair|bench|safety --domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -214,12 +222,15 @@ Args parse(int argc, char** argv) {
       a.wait_ms = std::stoi(v);
     else if (k == "--hazards")
       a.hazards = v;
+    else if (k == "--method")
+      a.method = v;
     else if (k == "--points")
       a.points = v;
     else
       fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
+  if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
   if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
       a.die_in != "unregister")
     fatal("--die-in: getppid, call, filp, register or unregister");
@@ -385,6 +396,7 @@ const char* mode_name(ExecMode m) {
     case ExecMode::Emulated: return "emulated";
     case ExecMode::Skipped: return "skipped";
     case ExecMode::TrapAfter: return "trap-after";
+    case ExecMode::Detour: return "detour";
   }
   return "?";
 }
@@ -515,7 +527,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                    [](HitContext&) {
                                      ++g_c.boosted;
                                      return 0;
-                                   }),
+                                   },
+                                   {}, pre_only()),
                            "XP on the return site of __x64_sys_getppid's first call (" + after_call->text + ")"));
     ps.points.push_back(after_call->addr);
   }
@@ -526,7 +539,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                     ++g_c.branch;
                                     maybe_die("call", g_c.branch);
                                     return 0;
-                                  }),
+                                  },
+                                  {}, pre_only()),
                           "XP on the call in __x64_sys_getppid (" + call->text + ")"));
     ps.points.push_back(call->addr);
   } else {
@@ -551,7 +565,7 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                     ++g_c.openat_other;
                                   }
                                   return 0;
-                                }),
+                                }),  // a trap: openat2's post-handler shares its point
                          "XP on __x64_sys_openat"));
   ps.points.push_back(openat);
   }
@@ -603,7 +617,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
                                   ++g_c.filp_other;
                                 }
                                 return 0;
-                              }),
+                              },
+                              {}, pre_only()),
                        "XP on do_filp_open"));
   ps.points.push_back(filp);
   }
@@ -677,6 +692,12 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   auto mode_is = [](const char* name, Probe* p, ExecMode want, const char* why) {
     if (!p) return;
     auto i = p->info();
+    // --method fastest: a pre-handler-only probe may be a jump probe instead (its detour).
+    if (i && g_args.method == "fastest" && i->method == ProbeMethod::Jump) {
+      check(std::string("xp.") + name + ".mode", i->mode == ExecMode::Detour,
+            fmt("a jump probe, mode=%s: %s", mode_name(i->mode), i->instruction.c_str()));
+      return;
+    }
     check(std::string("xp.") + name + ".mode", i && i->mode == want,
           i ? fmt("mode=%s, expected %s (%s): %s", mode_name(i->mode), mode_name(want), why, i->instruction.c_str())
             : i.error().what);
@@ -761,6 +782,18 @@ bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>
   return true;
 }
 
+// The points of ps that hold a trap byte: all but jump probes' (--method fastest), whose
+// bytes are the module's redirect, then a jump.
+std::vector<Gva> trap_points(ProbeSet& ps) {
+  std::vector<Gva> jumps, out;
+  for (auto& p : ps.probes)
+    if (auto i = p.info(); i && i->method == ProbeMethod::Jump) jumps.push_back(i->address);
+  for (Gva g : ps.points)
+    if (std::find(jumps.begin(), jumps.end(), g) == jumps.end()) out.push_back(g);
+  if (!jumps.empty()) say("XPE2E-INFO: %zu probe points are jump probes (--method %s)", jumps.size(), g_args.method.c_str());
+  return out;
+}
+
 int cmd_probe(const Args& a) {
   int unload_wait = 90;
   auto opt = must(parse_channel_kind(a.channel), "--channel");
@@ -774,7 +807,7 @@ int cmd_probe(const Args& a) {
   auto before = snapshot(hv, a.dom, fns);
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(hv, a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check("text.armed", first_bytes_are_traps(hv, a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
 
   auto done = run_workload(*s, a.dom, a.timeout_s);
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
@@ -884,6 +917,94 @@ int cmd_probe(const Args& a) {
   return g_failed ? 1 : 0;
 }
 
+// jump: jump probes (issue 14) through the guest channel. A jump probe on __x64_sys_getppid
+// and on do_unlinkat, and a Fastest one on __x64_sys_openat: each registered as a jump (the
+// module publishes its jump entry), the jump written once the module confirmed quiescence (the
+// bytes read back: e9 to the detour), every call of the workload counted exactly, no hit the
+// module resumed without Dom0, and the text byte-identical after unregistering.
+int cmd_jump(const Args& a) {
+  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
+  hv::Hypervisor& hv = s->hypervisor();
+  std::vector<std::pair<std::string, Gva>> fns;
+  for (const char* n : {"__x64_sys_getppid", "do_unlinkat", "__x64_sys_openat"})
+    fns.emplace_back(n, must(s->resolve(a.dom, n), std::string("resolve ") + n));
+  auto before = snapshot(hv, a.dom, fns);
+  auto keys = hv.xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_JUMP_ENTRY));
+  check("module.jump_entry", keys.has_value(), keys ? "jump-entry " + *keys : "the module publishes no jump-entry");
+  std::uint64_t n_getppid = 0, n_unlink = 0, n_openat = 0;
+  struct Want {
+    const char* fn;
+    ProbeMethod method;
+    std::uint64_t* count;
+  };
+  std::vector<Probe> probes;
+  for (const Want& w : {Want{"__x64_sys_getppid", ProbeMethod::Jump, &n_getppid},
+                        Want{"do_unlinkat", ProbeMethod::Jump, &n_unlink},
+                        Want{"__x64_sys_openat", ProbeMethod::Fastest, &n_openat}}) {
+    std::uint64_t* c = w.count;
+    auto p = s->probe(a.dom, w.fn, [c](HitContext&) { ++*c; return 0; }, {}, ProbeOptions{w.method});
+    if (!check(fmt("jump.register.%s", w.fn), p.has_value(), p ? "registered" : p.error().what)) continue;
+    auto i = must(p->info(), "info");
+    say("XPE2E-INFO: %s: %s at 0x%" PRIx64 ", detour 0x%" PRIx64 ", %s%s", w.fn, probe_method_name(i.method),
+        i.address.value, i.slot.value, i.instruction.c_str(), i.not_jump_because.empty() ? "" : ("; not a jump: " + i.not_jump_because).c_str());
+    check(fmt("jump.method.%s", w.fn), i.method == ProbeMethod::Jump && i.mode == ExecMode::Detour,
+          i.not_jump_because.empty() ? probe_method_name(i.method) : i.not_jump_because);
+    probes.push_back(std::move(*p));
+  }
+  // The jumps go in once the module has confirmed quiescence (the guest runs meanwhile).
+  auto t0 = Clock::now();
+  auto pending = [&] {
+    return std::count_if(probes.begin(), probes.end(), [](Probe& p) { auto i = p.info(); return !i || i->jump_pending; });
+  };
+  while (pending() > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
+  check("jump.written", pending() == 0,
+        fmt("%ld of %zu jumps still wait after %.1f s", static_cast<long>(pending()), probes.size(),
+            std::chrono::duration<double>(Clock::now() - t0).count()));
+  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
+  for (Probe& p : probes) {
+    auto i = p.info();
+    if (!i) continue;
+    // The jump starts at the point, or up to 4 bytes before it (an earlier start in its block).
+    bool found = false;
+    for (std::uint64_t back = 0; back <= 4 && !found; ++back) {
+      std::array<std::byte, 5> b{};
+      if (!view->read(Gva{i->address.value - back}, b)) break;
+      std::int32_t rel = 0;
+      std::memcpy(&rel, b.data() + 1, 4);
+      found = b[0] == std::byte{0xe9} &&
+              i->address.value - back + 5 + static_cast<std::uint64_t>(std::int64_t{rel}) == i->slot.value;
+    }
+    check(fmt("text.jump.%" PRIx64, i->address.value), found, "e9 <rel32 to the detour> in the guest's text");
+  }
+
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
+  auto w = kv(done.value_or(""));
+  check("workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
+  const long getppid = num(w, "getppid"), openat = num(w, "openat"), unl = num(w, "unlink_ok") + num(w, "unlink_enoent");
+  check("jump.getppid", (long)n_getppid == getppid, fmt("jump probe %" PRIu64 ", guest made %ld calls", n_getppid, getppid));
+  check("jump.unlinkat", (long)n_unlink == unl, fmt("jump probe %" PRIu64 ", guest made %ld unlink calls", n_unlink, unl));
+  check("jump.openat", (long)n_openat == openat + num(w, "unlink_ok"),
+        fmt("probe %" PRIu64 ", guest made %ld openat calls", n_openat, openat + num(w, "unlink_ok")));
+  auto h = ctl_header(hv, a.dom);
+  say("XPE2E-INFO: module after the workload: %s", describe(h).c_str());
+  check("module.no_timeouts", h && h->timeouts == 0, describe(h));
+  for (Probe& p : probes) {
+    auto r = p.unregister();
+    check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
+  }
+  std::string diff = compare(hv, a.dom, before);
+  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  probes.clear();
+  s.reset();
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  say("XPE2E-PROG jump %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
 int cmd_kill(const Args& a) {
   if (a.snapshot.empty()) fatal("--snapshot is required");
   auto opt = must(parse_channel_kind(a.channel), "--channel");
@@ -897,7 +1018,20 @@ int cmd_kill(const Args& a) {
   g_die_in = a.die_in;
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, ps.points, trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  if (a.method == "fastest") {
+    // The kill must find the jumps written (not their redirecting trap bytes): wait for them.
+    auto t0 = Clock::now();
+    auto count = [&](bool pending) {
+      return std::count_if(ps.probes.begin(), ps.probes.end(), [&](Probe& p) {
+        auto i = p.info();
+        return i && i->method == ProbeMethod::Jump && i->jump_pending == pending;
+      });
+    };
+    while (count(true) > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
+    check("jump.written", count(true) == 0 && count(false) > 0,
+          fmt("%ld jump probes written, %ld still wait", static_cast<long>(count(false)), static_cast<long>(count(true))));
+  }
   auto done = run_workload(*s, a.dom, a.timeout_s);
   if (a.die_in == "unregister") {
     unsigned n = 0;
@@ -1420,7 +1554,7 @@ int cmd_bench(const Args& a) {
     std::string c;
     if (!std::getline(in, c, ',')) break;
     std::string base = c.substr(0, c.find('/'));
-    if (base != "native" && base != "kprobe" && base != "kretprobe" && base != "xp" && base != "xrp")
+    if (base != "native" && base != "kprobe" && base != "kretprobe" && base != "xp" && base != "xrp" && base != "jump")
       fatal("unknown bench config " + c);
     for (std::size_t at = c.find('/'); at != std::string::npos; at = c.find('/', at + 1)) {
       std::string opt = c.substr(at + 1, c.find('/', at + 1) - at - 1);
@@ -1445,15 +1579,18 @@ int cmd_bench(const Args& a) {
     std::vector<Gva> points;
     for (std::size_t k = 0; k < kBenchFnCount; ++k) {
       Gva at = fns[k].second;
-      if (config == "xp") {
-        // The cheapest useful XP: a pre-handler that counts (the paper's handlers did as little).
-        probes.push_back(must(s->probe(a.dom, at,
-                                       [k](HitContext&) {
-                                         ++g_bench_entries[k];
-                                         bench_gap();
-                                         return 0;
-                                       }),
-                              std::string("XP on ") + fns[k].first));
+      if (config == "xp" || config == "jump") {
+        // The cheapest useful XP: a pre-handler that counts (the paper's handlers did as little);
+        // "jump": the same as a jump probe (issue 14), no trap per hit.
+        probes.push_back(must(s->probe(
+                                  a.dom, at,
+                                  [k](HitContext&) {
+                                    ++g_bench_entries[k];
+                                    bench_gap();
+                                    return 0;
+                                  },
+                                  {}, ProbeOptions{config == "jump" ? ProbeMethod::Jump : ProbeMethod::Trap}),
+                              std::string(config == "jump" ? "jump probe on " : "XP on ") + fns[k].first));
       } else if (config == "xrp") {
         probes.push_back(must(s->ret_probe(
                                   a.dom, at,
@@ -1471,6 +1608,17 @@ int cmd_bench(const Args& a) {
         continue;
       }
       points.push_back(probes.back().info()->address);  // past the function's ftrace site
+    }
+    if (config == "jump") {
+      // Measured once the jumps are in (the module's quiescence), not through their trap bytes.
+      auto t0 = Clock::now();
+      auto pending = [&] {
+        return std::count_if(probes.begin(), probes.end(), [](Probe& p) { auto i = p.info(); return !i || i->jump_pending; });
+      };
+      while (pending() > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
+      check("bench.jump.written", pending() == 0, fmt("%ld jumps still wait", static_cast<long>(pending())));
+      std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);  // hits while waiting: not measured
+      points.clear();  // no trap bytes to check
     }
     if (!points.empty()) {
       std::string d;
@@ -1527,7 +1675,7 @@ int cmd_bench(const Args& a) {
       long calls = num(m, kind + "_calls");
       // Every measured call must have been seen by the config's probes (more is fine: the
       // guest's xenstore and console I/O read and write too).
-      long seen = config == "xp" || config == "xrp" ? (long)g_bench_entries[k]
+      long seen = config == "xp" || config == "xrp" || config == "jump" ? (long)g_bench_entries[k]
                   : config == "native"            ? calls
                                                   : num(m, "kp_" + kind);
       if (config == "xrp") seen = std::min(seen, (long)g_bench_returns[k]);
@@ -1539,7 +1687,7 @@ int cmd_bench(const Args& a) {
     if (a.untar > 0) {
       std::string hits;
       for (std::size_t k = 0; k < kBenchFnCount; ++k) {
-        long h = config == "xp" || config == "xrp" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
+        long h = config == "xp" || config == "xrp" || config == "jump" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
         hits += fmt("%s%s:%ld", hits.empty() ? "" : ",", kBenchFns[k].role, h);
       }
       say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", channel.c_str(), spec.c_str(), dnum(m, "untar_s"),
@@ -2242,6 +2390,7 @@ int main(int argc, char** argv) {
   if (!a.skip.empty()) say("XPE2E-INFO: skipping probes: %s", a.skip.c_str());
   if (a.cmd == "probe") return cmd_probe(a);
   if (a.cmd == "kill") return cmd_kill(a);
+  if (a.cmd == "jump") return cmd_jump(a);
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);

@@ -146,6 +146,9 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
       case ExecMode::Skipped:
         modes["skipped"]++;
         break;
+      case ExecMode::Detour:
+        modes["detour"]++;
+        break;
     }
     g.start();
     ASSERT_TRUE(g.run_to_completion()) << site.function << ": " << g.host->crash_reason(g.dom);

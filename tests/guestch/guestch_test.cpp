@@ -450,7 +450,8 @@ TEST(GuestChannelTables, AModuleWithoutModuleTextEmulatesNoRegisterBranch) {
   ChannelGuest g(guest_config(1, 1));
   ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_MODULE_TEXT_START)));
   ASSERT_TRUE(g.hv->xs_rm(key(g, XENPROBES_XS_MODULE_TEXT_END)));
-  for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE})
+  for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE,
+                 XENPROBES_XS_JUMP_ENTRY})
     ASSERT_TRUE(g.hv->xs_rm(key(g, k)));  // newer still
   g.attach();
   TrapEntry e;

@@ -142,7 +142,7 @@ TEST(ModuleLayout, HeaderSaysWhatTheLayoutIs) {
   EXPECT_EQ(h.nr_traps, 0u);
   EXPECT_EQ(h.timeout_ms, 250u);
   EXPECT_EQ(h.dom0_gone, 0u);
-  EXPECT_EQ(h.hits + h.timeouts + h.foreign, 0u);
+  EXPECT_EQ(h.hits + h.timeouts + h.foreign + h.nested, 0u);
   for (auto r : h.reserved) EXPECT_EQ(r, 0u);
 }
 

@@ -136,6 +136,10 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     // Its fixup slots: in its text right after the OEA pool, past the largest control area.
     if (cfg.module_fixup_slots)
       XP_TRY(module_create_fixup_slots(*d, pt, kOeaVa + cfg.oea_size, ctl_gpa + XENPROBES_CTL_MAX_PAGES * 4096ull));
+    // Its jump entry: the page after the fixup slots' two.
+    if (cfg.module_jump_entry)
+      XP_TRY(module_create_jump_entry(*d, pt, kOeaVa + cfg.oea_size + 2 * 4096ull,
+                                      ctl_gpa + (XENPROBES_CTL_MAX_PAGES + 2) * 4096ull));
   }
   d->aliases.push_back({kPhysmapBase, 0, ram->size});
 
@@ -150,6 +154,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   d->layout.oea_size = cfg.oea_size;
   d->layout.physmap_base = kPhysmapBase;
   d->layout.fixup_slots = d->module.fixup_va;
+  d->layout.jump_entry = d->module.jump_entry;
   d->layout.fixup_table = d->module.fixup_table_va;
   d->layout.fixup_count = d->module.fixup_count;
   d->layout.entry = sym("demo_vcpu_entry", d->image.entry);

@@ -88,6 +88,9 @@ class SimHostImpl final : public SimHost {
   Result<void> module_create_control(Domain&, PageTableBuilder&, std::uint64_t gpa);
   // The fixup slots (one executable page at `va`) and their entries (the next page, writable).
   Result<void> module_create_fixup_slots(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
+  Result<void> module_create_jump_entry(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
+  // A detour's call reached the jump entry (protocol.h, "Jump probes"): the hit, or on at once.
+  void module_jump_locked(Domain&, Vcpu&);
   // Allocates the port and writes control/addr, control/pages and evtchn under `dir`.
   void module_publish_locked(Domain&, const std::string& dir);
   // The module's int3 hook; rip is after the int3. False: not the module's (the kernel's own).

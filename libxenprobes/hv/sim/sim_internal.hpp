@@ -129,6 +129,9 @@ struct Vcpu {
   std::uint32_t module_seq = 0;
   xenprobes_trap module_entry{};
   VcpuRegs module_regs;
+  // A jump probe's hit (module_entry is a JUMP entry): where it resumes in the detour (the
+  // return address its call pushed). module_regs.rsp is the probed instruction's, above it.
+  std::uint64_t module_jump_ret = 0;
 };
 
 // The simulated guest module's own state for the guest channel. Like the real module it keeps
@@ -144,12 +147,17 @@ struct ModuleState {
   unsigned consecutive_timeouts = 0;
   bool dom0_gone = false;
   std::uint64_t hits = 0, timeouts = 0, foreign = 0;
+  std::uint64_t bad_answers = 0;  // answers it could not use (resumed as if unanswered)
   bool quiesce_pending = false;
   std::string quiesce_token;
   // fixup-slots (protocol.h): the slots, in the module's text after its OEA pool, and their
   // exception-table entries on the page after them.
   std::uint64_t fixup_va = 0, fixup_table_va = 0;
   unsigned fixup_count = 0;
+  // jump-entry (protocol.h): a page of the module's text after the fixup slots. The sim's
+  // module code is Dom0-side C++, so the page holds int3s and a detour's call to it lands in
+  // module_int3_locked, which runs the jump entry (a real module runs it without a trap).
+  std::uint64_t jump_entry = 0;
 };
 
 struct WritableFrame {

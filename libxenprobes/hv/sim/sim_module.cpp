@@ -122,11 +122,14 @@ xenprobes_regs to_protocol(const VcpuRegs& r) {
 // target it computes, the return address a call pushes, and its refusal of a target outside
 // kernel text and the module area. r.rip is the trap address; false (nothing changed) when
 // the module could not run the entry either.
-bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
+// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
+// and its OEA pool, which in a real module holds every area it publishes (one static pool).
+xp_bounds module_bounds(Domain& d) {
   xp_bounds b{};
   b.ktext = {d.layout.text_start, d.layout.text_end};
   b.modules = {kModulesVa, kModulesEnd};
-  b.oea = {d.layout.oea_addr, d.layout.oea_addr + d.layout.oea_size};
+  const unsigned areas = std::max(1u, d.oea_published);
+  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
   // The module asks the page tables whether the page is executable; here: mapped, and not the
   // control area (the one NX mapping inside the module area).
   b.is_exec = [](void* ctx, std::uint64_t va) {
@@ -136,6 +139,11 @@ bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
     return guest_ptr(dom, va, 1) != nullptr;
   };
   b.ctx = &d;
+  return b;
+}
+
+bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
+  xp_bounds b = module_bounds(d);
   xp_mem_ops m{};
   m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
     const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
@@ -209,33 +217,6 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
   return {};
 }
 
-Result<void> SimHostImpl::module_create_fixup_slots(Domain& d, PageTableBuilder& pt, std::uint64_t va,
-                                                    std::uint64_t gpa) {
-  ModuleState& m = d.module;
-  constexpr unsigned kCount = kPageSize / XENPROBES_FIXUP_SLOT_SIZE;
-  if (gpa % kPageSize || gpa + 2 * kPageSize > d.ram->size)
-    return fail(Errc::InvalidArgument, "sim: the guest module's fixup slots do not fit in guest RAM");
-  XP_TRY(pt.map_4k(va, gpa, kPageSize, PageTableBuilder::kGlobal));
-  XP_TRY(pt.map_4k(va + kPageSize, gpa + kPageSize, kPageSize,
-                   PageTableBuilder::kGlobal | PageTableBuilder::kWrite | PageTableBuilder::kNx));
-  d.aliases.push_back({va, gpa, 2 * kPageSize});
-  // Unused, as a real module leaves them (protocol.h): int3 bytes, and each entry's insn and
-  // fixup on its slot's last byte. Before the domain exists: nobody else sees it yet.
-  std::uint8_t* slots = d.ram->base + gpa;
-  std::memset(slots, 0xcc, kPageSize);
-  for (unsigned k = 0; k < kCount; ++k) {
-    const std::uint64_t last = va + std::uint64_t{k + 1} * XENPROBES_FIXUP_SLOT_SIZE - 1;
-    const std::uint64_t entry = va + kPageSize + std::uint64_t{k} * XENPROBES_FIXUP_ENTRY_SIZE;
-    const std::int32_t fields[3] = {static_cast<std::int32_t>(last - entry), static_cast<std::int32_t>(last - (entry + 4)),
-                                    1 /* EX_TYPE_DEFAULT */};
-    std::memcpy(slots + kPageSize + std::size_t{k} * XENPROBES_FIXUP_ENTRY_SIZE, fields, sizeof fields);
-  }
-  m.fixup_va = va;
-  m.fixup_table_va = va + kPageSize;
-  m.fixup_count = kCount;
-  return {};
-}
-
 void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   ModuleState& m = d.module;
   if (!m.present) return;
@@ -246,6 +227,10 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   store_[dir + XENPROBES_XS_MODULE_TEXT_START] = text;
   std::snprintf(text, sizeof text, "0x%" PRIx64, d.layout.oea_addr + d.layout.oea_size + kModuleCodeSize);
   store_[dir + XENPROBES_XS_MODULE_TEXT_END] = text;
+  if (m.jump_entry) {
+    std::snprintf(text, sizeof text, "0x%" PRIx64, m.jump_entry);
+    store_[dir + XENPROBES_XS_JUMP_ENTRY] = text;
+  }
   if (m.fixup_count) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_va);
     store_[dir + XENPROBES_XS_FIXUP_SLOTS_ADDR] = text;
@@ -267,8 +252,24 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   ModuleState& m = d.module;
   if (!m.present) return false;
   const std::uint64_t addr = rip - 1;
-  xenprobes_trap e;
-  if (!lookup(d, addr, e)) {
+  if (m.jump_entry && addr == m.jump_entry) {  // a detour's call (ModuleState::jump_entry)
+    module_jump_locked(d, v);
+    return true;
+  }
+  xenprobes_trap e{};
+  const bool found = lookup(d, addr, e);
+  if (found && e.flags == XENPROBES_TRAP_JUMP) {  // a key, never a trap byte: not ours
+    ++m.foreign;
+    publish_counters(d);
+    return false;
+  }
+  if (found && e.flags == XENPROBES_TRAP_REDIRECT) {
+    // A jump being put in place: on to its detour, which makes the hit.
+    std::lock_guard emu(emulation_mutex());
+    uc_reg_write(v.uc, UC_X86_REG_RIP, &e.fallback);
+    return true;
+  }
+  if (!found) {
     // Dom0 restored the byte (and dropped the entry) between the trap and the lookup: the
     // original instruction is back, run it.
     const std::uint8_t* b = guest_ptr(d, addr, 1);
@@ -308,6 +309,57 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   v.module_regs = r;
   ++m.waiters;
   return true;
+}
+
+void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
+  ModuleState& m = d.module;
+  VcpuRegs r = read_regs(d, v);
+  // The detour's call pushed the return address into the detour: the hit resumes there, with
+  // the probed instruction's stack pointer (above that return address).
+  std::uint64_t ret = 0;
+  const std::uint8_t* top = guest_ptr(d, r.rsp, 8);
+  if (!top) {  // cannot happen on a stack the call just wrote; nothing sensible to do but stop
+    crash(d, "vcpu " + std::to_string(v.id) + ": guest module: the jump entry's stack is not mapped");
+    cv_.notify_all();
+    return;
+  }
+  std::memcpy(&ret, top, 8);
+  r.rsp += 8;
+  const std::uint64_t hit_rsp = r.rsp;
+  auto resume = [&] {  // unanswered: on in the detour
+    r.rip = ret;
+    r.rsp = hit_rsp;
+    write_regs(v, r, false);
+  };
+  xenprobes_trap e{};
+  const xp_bounds b = module_bounds(d);
+  const bool found = ret >= 5 && lookup(d, xp_jump_call_addr(ret), e);
+  if (xp_jump_lookup(&b, found ? &e : nullptr, ret) != XP_JUMP_HIT) {
+    ++m.foreign;  // a call from no detour Dom0 told us of
+    publish_counters(d);
+    return resume();
+  }
+  if (m.dom0_gone) return resume();
+  r.rip = e.fallback;  // the probed address
+  std::uint8_t* mb = mailbox(d, v.id);
+  ++v.module_seq;
+  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
+  const xenprobes_regs x = to_protocol(r);
+  std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
+  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
+  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
+  ++m.hits;
+  publish_counters(d);
+  if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
+    gp->second.peer->raise_port(gp->second.peer_port);
+  const auto now = clock_->now();
+  v.module_wait = true;
+  v.module_deadline = now + std::chrono::milliseconds(m.timeout_ms);
+  v.module_claim_deadline = now + claim_bound(m.timeout_ms);
+  v.module_entry = e;
+  v.module_regs = r;
+  v.module_jump_ret = ret;
+  ++m.waiters;
 }
 
 void SimHostImpl::module_poll_locked(Domain& d) {
@@ -365,6 +417,23 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       r.rbp = x.rbp, r.rsp = x.rsp, r.r8 = x.r8, r.r9 = x.r9, r.r10 = x.r10, r.r11 = x.r11;
       r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15, r.rip = x.rip;
       r.rflags = (r.rflags & ~kFlagsFromDom0) | (x.rflags & kFlagsFromDom0);
+      if (v.module_jump_ret) {
+        // protocol.h, "Jump probes", by the module's own rules (xp_jump_answer_apply).
+        const xp_bounds b = module_bounds(d);
+        const xenprobes_regs hit = to_protocol(v.module_regs);
+        xenprobes_regs out{};
+        if (xp_jump_answer_apply(&b, &hit, &x, v.module_jump_ret, &out) == XP_ANSWER_OK) {
+          r.rax = out.rax, r.rbx = out.rbx, r.rcx = out.rcx, r.rdx = out.rdx, r.rsi = out.rsi, r.rdi = out.rdi;
+          r.rbp = out.rbp, r.rsp = out.rsp, r.r8 = out.r8, r.r9 = out.r9, r.r10 = out.r10, r.r11 = out.r11;
+          r.r12 = out.r12, r.r13 = out.r13, r.r14 = out.r14, r.r15 = out.r15, r.rip = out.rip;
+          r.rflags = out.rflags;
+        } else {
+          r = v.module_regs;  // unusable: resumed as if unanswered, in the detour
+          r.rip = v.module_jump_ret;
+          ++m.bad_answers;
+        }
+        v.module_jump_ret = 0;
+      }
       write_regs(v, r, false);
       state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
       v.module_wait = false;
@@ -409,6 +478,13 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
     case XENPROBES_TRAP_EMULATE:
       if (!emulate(d, e, r)) return die("cannot emulate the trap entry's instruction");
       break;
+    case XENPROBES_TRAP_JUMP:  // unanswered: on in the detour, as if never hit
+      r.rip = v.module_jump_ret;
+      v.module_jump_ret = 0;
+      break;
+    case XENPROBES_TRAP_REDIRECT:
+      r.rip = e.fallback;
+      break;
     case XENPROBES_TRAP_RETURN: {
       // The trampoline's int3: the return just popped the slot, so it is rsp - 8.
       const std::uint64_t slot = r.rsp - 8;
@@ -444,14 +520,23 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
       xenprobes_trap e;
       std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
       if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
-      std::uint8_t* p = guest_ptr(d, e.addr, 1);
-      if (!p || *p != kInt3) continue;  // already restored (or not a trap Dom0 wrote)
-      *p = e.insn[0];
+      // A jump's region goes back whole, from the int3 or from the jump to its detour; any
+      // other trap its one byte.
+      const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
+      const std::size_t len = region ? std::min<std::size_t>(e.len, sizeof e.insn) : 1;
+      if (region && len < 5) continue;
+      std::uint8_t* p = guest_ptr(d, e.addr, len);
+      if (!p) continue;
+      // The module's own decision (xp_logic.c): the int3, or the jump to this entry's detour.
+      const xp_bounds b = module_bounds(d);
+      const bool ours = region ? xp_region_restore_ok(&b, &e, p, static_cast<std::uint32_t>(len)) : *p == kInt3;
+      if (!ours) continue;  // already restored (or not a trap Dom0 wrote)
+      std::memcpy(p, e.insn, len);
       const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
       for (const Alias& a : d.aliases) {
         if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
         const std::uint64_t va = a.va + (gpa - a.gpa);
-        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + 1);
+        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + len);
       }
       ++restored;
     }

@@ -50,9 +50,12 @@ class ModuleInfoTest : public ::testing::Test {
     for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
   }
   std::string path(std::string_view key) { return module_key(g.dom, key); }
-  // For tests of other keys that move the module's text or grow its area past the slots.
-  void rm_fixup_slots() {
-    for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE}) rm(k);
+  // For tests of other keys that move the module's text or grow its area past the slots: the
+  // keys that must lie inside the module's text (the fixup slots, the jump entry) go.
+  void rm_text_bound_keys() {
+    for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE,
+                   XENPROBES_XS_JUMP_ENTRY})
+      rm(k);
   }
 };
 
@@ -87,7 +90,7 @@ TEST_F(ModuleInfoTest, RealPageTableCheck) {
   EXPECT_TRUE(r->fixup_slots) << "the fixup slots' page is mapped and executable";
   // Grown over the fixup slots' page (executable) and their entries' page (NX): that one is
   // not usable for slots.
-  rm_fixup_slots();
+  rm_text_bound_keys();
   put("oea/0/size", std::to_string(layout.oea_size + 2 * 4096));
   expect_error(Errc::Fault, {path("oea/0/addr"), hexs(layout.oea_addr + layout.oea_size + 4096), "not usable"},
                check_mapped_via(*mem));
@@ -202,10 +205,40 @@ TEST_F(ModuleInfoTest, ReadsTheFixupSlots) {
   EXPECT_TRUE(r->fixup_slots->contains(Gva{layout.fixup_slots + 32ull * layout.fixup_count - 1}));
   EXPECT_FALSE(r->fixup_slots->contains(Gva{layout.fixup_slots + 32ull * layout.fixup_count}));
   // None published (an older module): none, and no error.
-  rm_fixup_slots();
+  rm_text_bound_keys();
   r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;
   EXPECT_FALSE(r->fixup_slots);
+}
+
+TEST_F(ModuleInfoTest, ReadsTheJumpEntryAndRefusesOneOutsideTheModulesText) {
+  auto r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  ASSERT_TRUE(r->jump_entry);
+  EXPECT_EQ(*r->jump_entry, Gva{layout.jump_entry});
+  EXPECT_TRUE(r->in_module_text(*r->jump_entry));
+  const std::string good = hexs(layout.jump_entry);
+  struct Case {
+    std::string value;
+    const char* why;
+  };
+  for (const Case& c : {Case{"12345", "hex"}, Case{hexs(layout.text_start), "not inside the module's published text"},
+                        Case{hexs(layout.oea_addr + 64), "inside oea/0"},
+                        Case{hexs(layout.fixup_slots + 32), "fixup slots"}}) {
+    put(XENPROBES_XS_JUMP_ENTRY, c.value);
+    expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_JUMP_ENTRY), c.why});
+  }
+  put(XENPROBES_XS_JUMP_ENTRY, good);
+  // Only with module-text: a module that does not say where its text is cannot say this.
+  for (auto k : {XENPROBES_XS_FIXUP_SLOTS_ADDR, XENPROBES_XS_FIXUP_SLOTS_COUNT, XENPROBES_XS_FIXUP_SLOTS_TABLE}) rm(k);
+  rm(XENPROBES_XS_MODULE_TEXT_START);
+  rm(XENPROBES_XS_MODULE_TEXT_END);
+  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_JUMP_ENTRY), "module-text is missing"});
+  // None published (an older module): none, and no error.
+  rm(XENPROBES_XS_JUMP_ENTRY);
+  r = read();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_FALSE(r->jump_entry);
 }
 
 TEST_F(ModuleInfoTest, FixupSlotRules) {
@@ -261,7 +294,7 @@ TEST_F(ModuleInfoTest, AreaSizeRules) {
   expect_error(Errc::InvalidArgument, {path("oea/0/size"), "larger than"});
   put("oea/0/size", std::to_string(XENPROBES_OEA_MAX_SIZE));
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/0"});  // over the slots now
-  rm_fixup_slots();
+  rm_text_bound_keys();
   EXPECT_TRUE(read().has_value());  // the bound itself is fine
 }
 
@@ -286,6 +319,7 @@ TEST_F(ModuleInfoTest, AreaNotCanonicalKernelAddress) {
 }
 
 TEST_F(ModuleInfoTest, AreaOutOfRel32Reach) {
+  rm(XENPROBES_XS_JUMP_ENTRY);  // the area moves out of the jump entry's reach (a rule of its own)
   const std::uint64_t text = layout.text_start;
   const std::uint64_t lowest = text - 0x80000000ull;  // text - 2 GiB: still reachable
   put("oea/0/addr", hexs(lowest));
@@ -320,7 +354,7 @@ TEST_F(ModuleInfoTest, AreasOverlapEachOther) {
   expect_error(Errc::InvalidArgument, {path("oea/1/addr"), "overlaps oea/0"});
   put("oea/1/addr", hexs(layout.oea_addr + layout.oea_size));  // adjacent is fine
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/1"});  // the sim's slots are there
-  rm_fixup_slots();
+  rm_text_bound_keys();
   auto r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;
   EXPECT_EQ(r->areas.size(), 2u);
@@ -548,7 +582,7 @@ TEST_F(ModuleInfoTest, ModuleTextIsOptional) {
   rm(XENPROBES_XS_MODULE_TEXT_END);
   // Fixup slots must lie in the module's text: without it they are refused.
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "module-text is missing"});
-  rm_fixup_slots();
+  rm_text_bound_keys();
   auto r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;  // an older module: still valid
   EXPECT_FALSE(r->has_module_text());
@@ -603,7 +637,7 @@ TEST_F(ModuleInfoTest, ModuleTextRangeRules) {
     put(XENPROBES_XS_MODULE_TEXT_END, hexs(end));
   };
   const std::uint64_t base = 0xffffffffc0200000ull;
-  rm_fixup_slots();  // they must lie in the module's text, which moves here
+  rm_text_bound_keys();  // they must lie in the module's text, which moves here
   // Lower half, or the non-canonical hole: not a kernel address.
   put_range(0x7fffc0200000ull, base);
   expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_MODULE_TEXT_START), "canonical"});
