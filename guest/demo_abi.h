@@ -48,6 +48,16 @@
 #define DEMO_DISPATCH_RECURSE_DEPTH 3 /* demo_dispatch case 5 calls demo_recurse(3): 4 entries */
 #define DEMO_DISPATCH_NCASES 10       /* demo_dispatch(nr) has cases 0..9; each iteration calls
                                          it once for every nr in 0..9 */
+/* kstack's chain (guest/kstack.S), entered once per iteration (after the calls counted below):
+   a hit at demo_kstack_leaf unwinds, with the guest's ORC table, to exactly demo_kstack_leaf+0,
+   demo_kstack_middle+DEMO_KSTACK_MIDDLE_OFF, demo_kstack_outer+DEMO_KSTACK_OUTER_OFF,
+   demo_kstack_entry+DEMO_KSTACK_ENTRY_RET_OFF (return addresses) and
+   demo_kstack_entry+DEMO_KSTACK_ENTRY_IRQ_OFF (the ip of the pt_regs frame it built), then the
+   end of the stack. */
+#define DEMO_KSTACK_MIDDLE_OFF 9
+#define DEMO_KSTACK_OUTER_OFF 13
+#define DEMO_KSTACK_ENTRY_RET_OFF 56
+#define DEMO_KSTACK_ENTRY_IRQ_OFF 65
 
 /*
  * Exact entries per workload iteration (f = DEMO_FN_*, below): after k completed iterations

@@ -33,7 +33,6 @@ struct UnsupportedName {
 };
 // bpftrace builtins and functions we do not have, with what to use instead.
 constexpr UnsupportedName kUnsupported[] = {
-    {"kstack", "guest stack unwinding is not supported yet: key maps by func or probe instead"},
     {"ustack", "user stacks are not supported: xenprobe probes guest kernels"},
     {"uid", "not supported: read it through BTF, e.g. ((struct task_struct *)ADDR)->cred->uid.val"},
     {"gid", "not supported: read it through BTF, e.g. ((struct task_struct *)ADDR)->cred->gid.val"},
@@ -99,6 +98,7 @@ class Compiler {
     c_.kaddrs.clear();
     c_.max_vars = 0;
     c_.uses_task = false;
+    c_.uses_kstack = false;
     for (ProbeBlock& b : c_.program.blocks) {
       block_ = &b;
       vars_.clear();
@@ -201,8 +201,12 @@ class Compiler {
   std::vector<bool> compile_keys(Expr& target) {
     if (target.kids.size() > kMaxKeys) error(*target.kids[kMaxKeys], "a map key has at most 8 parts");
     std::vector<bool> is_str;
+    key_stack_.clear();
     for (ExprPtr& k : target.kids) {
+      stack_allowed_ = k.get();
       Type t = expression(*k);
+      stack_allowed_ = nullptr;
+      key_stack_.push_back(k->op == Op::Kstack);
       if (t.kind == Type::Kind::Array && t.char_like) t = to_string(k);
       if (t.kind != Type::Kind::Str && !t.is_int())
         error(*k, "a map key must be an integer or a string, not " + describe(t), "read a field, or use str()");
@@ -216,6 +220,7 @@ class Compiler {
     if (!m) {
       c_.maps.push_back(MapDecl{target.name, kind, keys, target.pos});
       m = &c_.maps.back();
+      m->key_is_stack = key_stack_;
     } else {
       if (m->kind != kind)
         error(value, target.name + " is " + map_kind_name(m->kind) + " (from " + where(m->pos) + "); it cannot also be " +
@@ -235,6 +240,11 @@ class Compiler {
       if (m.key_is_str[i] != keys[i])
         error(*target.kids[i], "key part " + std::to_string(i + 1) + " of " + target.name + " is " +
                                    (m.key_is_str[i] ? "a string" : "an integer") + " (from " + where(m.pos) + ")");
+    // A stack prints as lines of its own; no other string may take its place (or share its layout).
+    for (std::size_t i = 0; i < keys.size() && i < key_stack_.size(); ++i)
+      if (m.key_is_stack.size() == keys.size() && m.key_is_stack[i] != key_stack_[i])
+        error(*target.kids[i], "key part " + std::to_string(i + 1) + " of " + target.name + (m.key_is_stack[i] ? " is" : " is not") +
+                                   " a kstack (from " + where(m.pos) + ")");
   }
 
   void map_assign(Stmt& s) {
@@ -422,9 +432,11 @@ class Compiler {
       e.op = n == "comm" ? Op::Comm : n == "pid" ? Op::Pid : Op::Tid;
       return n == "comm" ? Type::string() : Type::integer();
     }
+    if (n == "kstack") return kstack(e, kMaxStackFrames);
     if (const char* hint = unsupported_hint(n)) error(e, "'" + n + "' is not supported", hint);
     error(e, "unknown identifier '" + n + "'",
-          "builtins: arg0-arg5, retval, func, probe, cpu, nsecs, domain, comm, pid, tid; maps are @name, variables $name");
+          "builtins: arg0-arg5, retval, func, probe, cpu, nsecs, domain, comm, pid, tid, kstack; maps are @name, "
+          "variables $name");
   }
 
   Type call(Expr& e) {
@@ -437,6 +449,16 @@ class Compiler {
     };
     if (is_aggregation(n))
       error(e, n + "() is an aggregation: it can only be assigned to a map", "write @name = " + n + "(...);");
+    if (n == "kstack") {
+      arity(1, 1, "kstack or kstack(N), N the most frames (1 ... 127)");
+      const Expr& a = *e.kids[0];
+      if (a.kind == ExprKind::Builtin && (a.name == "bpftrace" || a.name == "perf" || a.name == "raw"))
+        error(e, "kstack's output modes are not supported", "kstack or kstack(N): bpftrace's layout, func+0xOFF");
+      const std::int64_t frames = constant(*e.kids[0], "kstack()'s frame count");
+      if (frames < 1 || frames > kMaxStackFrames)
+        error(*e.kids[0], "kstack()'s frame count must be 1 ... " + std::to_string(kMaxStackFrames));
+      return kstack(e, frames);
+    }
     if (n == "str") {
       arity(1, 2, "str(addr) or str(addr, length)");
       Type t = expression(*e.kids[0]);
@@ -506,6 +528,18 @@ class Compiler {
     if (const char* hint = unsupported_hint(n)) error(e, n + "() is not supported", hint);
     error(e, "unknown function " + n + "()",
           "functions: printf, print, clear, delete, exit, str, kaddr; aggregations: count, sum, avg, min, max, hist, lhist");
+  }
+
+  // kstack: a map key part or printf's %s argument, nothing else (it is text for people, one
+  // frame a line: comparing it, storing it or reading it as an address has no meaning here).
+  Type kstack(Expr& e, std::int64_t frames) {
+    in_hit_block(e, "kstack");
+    if (&e != stack_allowed_)
+      error(e, "kstack can only be a map key or printed", "@[kstack] = count(); or printf(\"%s\\n\", kstack);");
+    e.op = Op::Kstack;
+    e.offset = frames;
+    c_.uses_kstack = true;
+    return Type::string();
   }
 
   // -1 in the first pass for a map no statement before has assigned (yet).
@@ -703,7 +737,9 @@ class Compiler {
       if (arg >= e.kids.size())
         error(fe, "the format has more conversions than arguments (" + std::to_string(e.kids.size() - 1) + ")");
       if (conv == 's') {
+        stack_allowed_ = e.kids[arg].get();
         want_string(e.kids[arg], "the argument of %s");
+        stack_allowed_ = nullptr;
         cur.spec = "%" + flags + "s";
       } else {
         want_int(*e.kids[arg], std::string("the argument of %") + conv);
@@ -723,6 +759,8 @@ class Compiler {
 
   Compiled& c_;
   const TypeSource* types_;
+  const Expr* stack_allowed_ = nullptr;  // the one expression where kstack may stand now
+  std::vector<bool> key_stack_;          // compile_keys: which key parts are kstack
   bool lenient_ = false;
   ProbeBlock* block_ = nullptr;
   std::map<std::string, VarInfo> vars_;

@@ -21,6 +21,7 @@ inline constexpr std::int64_t kMaxLhistBuckets = 1000;
 inline constexpr int kHistBuckets = 66;  // (..., 0), [0], [1], [2, 4), ..., [2^63, ...)
 inline constexpr std::int64_t kDefaultStrLen = 64;  // bytes, NUL included (bpftrace's default)
 inline constexpr std::int64_t kMaxStrLen = 1024;
+inline constexpr std::int64_t kMaxStackFrames = 127;  // kstack's default and most (bpftrace's default)
 
 struct MapDecl {
   std::string name;              // "@name", "@" for the anonymous map
@@ -28,6 +29,7 @@ struct MapDecl {
   std::vector<bool> key_is_str;  // one per key
   Pos pos;                       // first assignment
   std::int64_t lo = 0, hi = 0, step = 0;  // lhist
+  std::vector<bool> key_is_stack{};  // one per key: a kstack (printed one frame a line)
 };
 
 // One piece of a printf format: literal text, then (if conv != 0) one conversion.
@@ -57,6 +59,7 @@ struct Compiled {
   TaskLayout task;
   int max_vars = 0;
   bool uses_task = false;
+  bool uses_kstack = false;  // the guest's unwind tables are needed
 };
 
 // Throws ProgramError. `types` may be null (no BTF source).

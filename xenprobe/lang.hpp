@@ -79,7 +79,7 @@ enum class ExprKind : std::uint8_t {
 // What the compiler decided an expression does at run time (the evaluator switches on it).
 enum class Op : std::uint8_t {
   None,
-  Const, ConstStr, Arg, Retval, Func, Probe, Cpu, Nsecs, Comm, Pid, Tid, Domain, Kaddr,
+  Const, ConstStr, Arg, Retval, Func, Probe, Cpu, Nsecs, Comm, Pid, Tid, Domain, Kaddr, Kstack,
   Str, MapRead, VarRead,
   Add, Sub, Mul, Div, Mod, And, Or, Xor, Shl, Shr, Eq, Ne, Lt, Le, Gt, Ge, LogAnd, LogOr,
   StrEq, StrNe, Neg, Not, BitNot, Ternary, IntCast, PtrCast, Load, AddrOffset, IndexLoad, IndexAddr,

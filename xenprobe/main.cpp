@@ -21,12 +21,14 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "compile.hpp"
+#include "kstack.hpp"
 #include "lang.hpp"
 #include "runtime.hpp"
 #include "types.hpp"
@@ -51,7 +53,9 @@ PROGRAM
   Probes:   kprobe:FUNC  kprobe:FUNC+OFFSET  kretprobe:FUNC  (k: and kr: for short;
             FUNC may be a glob: kprobe:vfs_*)  BEGIN  END  interval:s:N  interval:ms:N
   Builtins: arg0..arg5 (kprobe), retval (kretprobe), func, probe, cpu (the vCPU), nsecs
-            (Dom0's monotonic clock), domain (its name), comm, pid, tid (the guest's BTF)
+            (Dom0's monotonic clock), domain (its name), comm, pid, tid (the guest's BTF),
+            kstack, kstack(N) (the guest kernel's stack, unwound from Dom0 with its ORC
+            tables, at most N <= 127 frames: a map key @[kstack] or printf("%s", kstack))
   Actions:  @map[k1, k2] = count() | sum(x) | avg(x) | min(x) | max(x) | hist(x)
                            | lhist(x, min, max, step) | expression;
             $var = expression;  @m++; @m += x;  if (c) { ... } else { ... }
@@ -442,6 +446,7 @@ class Tool {
       }
       t.instance = std::make_unique<Instance>(compiled_, *out_, t.name, std::move(kaddrs),
                                               xenprobe::Limits{.max_map_keys = o_.max_map_keys});
+      if (compiled_.uses_kstack) prepare_kstack(t);
       t.next_interval.assign(compiled_.program.blocks.size(), Clock::time_point::max());
       std::size_t skipped = 0;
       std::string first_skip;
@@ -501,6 +506,23 @@ class Tool {
                                " (domain " + std::to_string(t.id.value) + ", channel " + (ch ? *ch : "?") + ")...\n");
       }
     }
+  }
+
+  // kstack: the guest kernel's unwind tables and its function names, read before any probe is
+  // in place; a hit then walks its stack while its vCPU waits.
+  void prepare_kstack(Target& t) {
+    auto tables = session_->load_unwind_tables(t.id);
+    if (!tables) fail_attach(t, "kstack: " + tables.error().what);
+    auto fns = session_->find_symbols(t.id, "*");
+    if (!fns) fail_attach(t, "kstack: " + fns.error().what);
+    auto names = std::make_shared<const StackSymbols>(std::move(*fns));
+    xenprobes::Session* s = session_.get();
+    t.instance->set_stack_source([s, names](xenprobes::HitContext& c, unsigned frames, std::string& out) {
+      auto st = s->kernel_stack(c, frames);
+      if (!st || st->frames.empty()) return false;
+      out = names->format(st->frames);
+      return true;
+    });
   }
 
   static std::string hex(std::uint64_t v) {

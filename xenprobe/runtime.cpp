@@ -299,6 +299,10 @@ void Instance::eval(const Expr& e, Value& out) {
     case Op::Nsecs: out.i = now_ns(); return;
     case Op::Domain: out.s = domain_; return;
     case Op::Kaddr: out.i = kaddrs_[static_cast<std::size_t>(e.slot)]; return;
+    case Op::Kstack:
+      out.s.clear();
+      if (!ctx_ || !stacks_ || !stacks_(*ctx_, static_cast<unsigned>(e.offset), out.s)) ++read_errors_;
+      return;
     case Op::Comm: {
       out.s.clear();
       auto task = current_task();
@@ -437,10 +441,12 @@ void Instance::do_printf(const Expr& e) {
   for (const FormatPiece& p : f.pieces) {
     printf_ += p.literal;
     if (!p.conv) continue;
-    eval(*e.kids[arg++], v);
+    const Expr& a = *e.kids[arg++];
+    eval(a, v);
     int n = 0;
     if (p.conv == 's') {
-      if (out_.format() == OutputFormat::Text) v.s = printable(v.s);
+      // A stack's lines are the tool's own text (symbol names are checked when loaded).
+      if (out_.format() == OutputFormat::Text && a.op != Op::Kstack) v.s = printable(v.s);
       n = std::snprintf(buf, sizeof buf, p.spec.c_str(), v.s.c_str());
       if (n >= static_cast<int>(sizeof buf)) {
         std::string big(static_cast<std::size_t>(n) + 1, '\0');
@@ -483,7 +489,8 @@ std::string key_text(const MapDecl& d, const std::vector<Value>& keys, const cha
   std::string s;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (i) s += sep;
-    s += d.key_is_str[i] ? (text ? printable(keys[i].s) : keys[i].s) : std::to_string(keys[i].i);
+    const bool stack = i < d.key_is_stack.size() && d.key_is_stack[i];
+    s += d.key_is_str[i] ? (text && !stack ? printable(keys[i].s) : keys[i].s) : std::to_string(keys[i].i);
   }
   return s;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -74,6 +75,10 @@ class Instance {
   // Updates dropped because the map of that slot (Compiled::maps) was full (a new key,
   // max_map_keys reached).
   std::uint64_t updates_dropped(int slot) const { return dropped_[static_cast<std::size_t>(slot)]; }
+  // kstack's text for a hit: one "        func+0xOFF\n" line per frame after a "\n", at most
+  // `frames` frames; false when the stack could not be walked at all (counted as a read error).
+  using StackFn = std::function<bool(xenprobes::HitContext&, unsigned frames, std::string& out)>;
+  void set_stack_source(StackFn f) { stacks_ = std::move(f); }
   // A new bound takes effect for the next new key; a map already over it keeps its keys.
   void set_limits(Limits l) { limits_ = l; }
 
@@ -124,6 +129,7 @@ class Instance {
   bool exit_ = false;
   bool leave_ = false;  // exit() in the running action
   std::uint64_t read_errors_ = 0;
+  StackFn stacks_;
 };
 
 }  // namespace xenprobe

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "kstack.hpp"
 #include "metrics.hpp"
 
 namespace xenprobesd {
@@ -270,6 +271,24 @@ bool Daemon::matches(const ProgramConfig& p, const xenprobes::hv::DomainInfo& d,
   return false;
 }
 
+// kstack: the guest kernel's unwind tables and its function names (xenprobe's own wiring,
+// docs/xenprobe.md "kstack"); "" when ready, else why not.
+std::string Daemon::prepare_kstack(xenprobe::Instance& inst, xenprobes::DomId dom) {
+  auto tables = session_->load_unwind_tables(dom);
+  if (!tables) return "kstack: " + tables.error().what;
+  auto fns = session_->find_symbols(dom, "*");
+  if (!fns) return "kstack: " + fns.error().what;
+  auto names = std::make_shared<const xenprobe::StackSymbols>(std::move(*fns));
+  xenprobes::Session* s = session_.get();
+  inst.set_stack_source([s, names](xenprobes::HitContext& c, unsigned frames, std::string& out) {
+    auto st = s->kernel_stack(c, frames);
+    if (!st || st->frames.empty()) return false;
+    out = names->format(st->frames);
+    return true;
+  });
+  return {};
+}
+
 void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, const std::string& name) {
   const ProgramConfig& cfg = prog.cfg;
   auto a = std::make_unique<Attachment>();
@@ -303,6 +322,7 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     a->instance = std::make_unique<xenprobe::Instance>(*a->compiled, *a->sink, name, std::move(kaddrs),
                                                        xenprobe::Limits{.max_map_keys = config_.max_map_keys});
     a->next_interval.assign(a->compiled->program.blocks.size(), Clock::time_point::max());
+    if (a->compiled->uses_kstack && failure.empty()) failure = prepare_kstack(*a->instance, d.domid);
   }
   std::size_t skipped = 0;
   if (failure.empty()) {

@@ -168,6 +168,7 @@ class Daemon {
   void scan(const char* why);
   bool matches(const ProgramConfig&, const xenprobes::hv::DomainInfo&, const std::string& name);
   void attach(ProgramState&, const xenprobes::hv::DomainInfo&, const std::string& name);
+  std::string prepare_kstack(xenprobe::Instance&, xenprobes::DomId);
   // The program checked for this domain, or "" in *failure: the configuration's when it needs
   // no types, else compiled with the domain's BTF.
   std::shared_ptr<const xenprobe::Compiled> compiled_for(const ProgramConfig&, const DomainKey&, xenprobes::DomId,

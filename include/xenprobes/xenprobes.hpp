@@ -160,6 +160,13 @@ struct ModuleBtf {
   std::string why{};            // why it has none or it was refused ("" when `btf` is set)
 };
 
+// A guest kernel's call stack at a hit (Session::kernel_stack).
+struct KernelStack {
+  std::vector<Gva> frames;  // innermost first: the hit's address, then the return addresses
+  std::string stopped;      // why the walk ended: "end of stack", "depth limit", "stack unreadable", ...
+  bool guessed = false;     // a frame had no unwind entry and was taken as a frame-pointer frame
+};
+
 class Session;
 class SessionTesting;  // test hooks, libxenprobes/api/session_testing.hpp
 struct SessionAccess;  // the C API's access to a session's probes, libxenprobes/api/session_access.hpp
@@ -268,6 +275,20 @@ class XENPROBES_API Session {
   // module's layout, no `modules` symbol). Loaded modules' functions are added to the domain's
   // symbols when they are loaded (load_symbols, load_symbols_from_guest; docs/guest-symbols.md).
   [[nodiscard]] Result<std::vector<ModuleBtf>> module_btf(DomId);
+
+  // The guest kernel's ORC unwind tables (CONFIG_UNWINDER_ORC: __start_orc_unwind_ip ...
+  // __stop_orc_unwind through the domain's symbols), read from its memory, checked and kept for
+  // kernel_stack(); a summary. NotFound when its kernel has none, InvalidArgument when they are
+  // malformed (unsorted, sizes that disagree). The live modules' own tables come with them
+  // (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs, laid out from the kernel's BTF);
+  // a module without one, or when the module list cannot be read, is unwound as frame-pointer
+  // frames. Modules loaded later are not seen until it is called again.
+  [[nodiscard]] Result<std::string> load_unwind_tables(DomId);
+  // The hit vCPU's kernel call stack, walked from Dom0 with those tables (loaded by the first
+  // call if load_unwind_tables() was not called; a failure to load is kept), reading the stack
+  // through the hit's own view of memory: at most `max_frames` (1 ... 127) addresses. Call it
+  // from a handler, while the vCPU waits. docs/xenprobe.md ("kstack") says what it can walk.
+  [[nodiscard]] Result<KernelStack> kernel_stack(HitContext&, unsigned max_frames = 127);
 
   [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
   [[nodiscard]] Result<Probe> probe(DomId, std::string_view symbol, PreHandler pre, PostHandler post = {});

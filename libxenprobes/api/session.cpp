@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "api/kernel_stack.hpp"
 #include "api/session_testing.hpp"
 #include "channel/debugger.hpp"
 #include "channel/eligibility.hpp"
@@ -50,6 +51,7 @@ struct Session::Impl {
   std::unique_ptr<guardian::GuardianProcess> guardian;
   bool guardian_warned = false;
   std::unique_ptr<probe::Engine> engine;
+  api::KernelStacks stacks;  // kernel_stack()'s ORC tables, per domain
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   std::atomic<bool> stop{false};
   int wake_fd = -1;
@@ -421,6 +423,16 @@ Result<std::vector<ModuleBtf>> Session::module_btf(DomId dom) {
   std::vector<ModuleBtf> out;
   for (auto& b : blobs) out.push_back(ModuleBtf{std::move(b.module), std::move(b.btf), std::move(b.why)});
   return out;
+}
+
+Result<std::string> Session::load_unwind_tables(DomId dom) {
+  XP_TRY(symbols_for_lookup(dom));
+  return impl_->stacks.load(*impl_->hv, dom, *impl_->engine->symbols(dom));
+}
+
+Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) {
+  if (!impl_->stacks.tried(hit.domain())) (void)load_unwind_tables(hit.domain());
+  return impl_->stacks.walk(hit, max_frames);
 }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {

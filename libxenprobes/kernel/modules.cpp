@@ -49,7 +49,8 @@ std::optional<std::string> layout_error(const ModuleLayout& l) {
                             l.init_base,  l.init_text_size, l.extable,     l.num_exentries, l.jump_entries,
                             l.num_jump_entries, l.static_call_sites, l.num_static_call_sites};
   for (const auto& f : {l.kprobes_text_start, l.kprobes_text_size, l.noinstr_text_start, l.noinstr_text_size,
-                        l.ksym_symtab, l.ksym_num_symtab, l.ksym_strtab, l.ksym_typetab, l.btf_data, l.btf_data_size})
+                        l.ksym_symtab, l.ksym_num_symtab, l.ksym_strtab, l.ksym_typetab, l.btf_data, l.btf_data_size,
+                        l.orc_num, l.orc_ip, l.orc_unwind})
     if (f) all.push_back(*f);
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Field& f = all[i];
@@ -133,6 +134,11 @@ Module read_module(const ReadFn& read, const ModuleLayout& l, std::uint64_t addr
   if (l.btf_data && l.btf_data_size) {
     m.btf_data = load_field(s, *l.btf_data);
     m.btf_size = load_field(s, *l.btf_data_size);
+  }
+  if (l.orc_num && l.orc_ip && l.orc_unwind) {
+    m.orc_num = load_field(s, *l.orc_num);
+    m.orc_ip = load_field(s, *l.orc_ip);
+    m.orc_unwind = load_field(s, *l.orc_unwind);
   }
 
   if (m.state != ModuleState::Live) {

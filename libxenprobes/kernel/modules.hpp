@@ -51,6 +51,9 @@ struct ModuleLayout {
   std::optional<Field> ksym_symtab, ksym_num_symtab, ksym_strtab, ksym_typetab;
   // CONFIG_DEBUG_INFO_BTF_MODULES: btf_data, btf_data_size; absent without it.
   std::optional<Field> btf_data, btf_data_size;
+  // CONFIG_UNWINDER_ORC: arch.num_orcs, arch.orc_unwind_ip, arch.orc_unwind (struct
+  // mod_arch_specific, arch/x86/include/asm/module.h: the module's ORC tables, kernel/orc.hpp).
+  std::optional<Field> orc_num, orc_ip, orc_unwind;
   // enum module_state
   std::uint64_t state_live = 0, state_coming = 1, state_going = 2, state_unformed = 3;
   std::string describe() const;  // "struct module 1264 bytes, mem[] layout, …"
@@ -78,6 +81,7 @@ struct Module {
   // hostile values, checked by read_module_symbols / read_module_btf before use.
   std::uint64_t ksym_symtab = 0, ksym_num = 0, ksym_strtab = 0, ksym_typetab = 0;
   std::uint64_t btf_data = 0, btf_size = 0;
+  std::uint64_t orc_num = 0, orc_ip = 0, orc_unwind = 0;  // its ORC tables, when the layout has them (hostile)
   bool usable = false;          // live, sane, tables read: its text is kernel text for the rules
   std::string why;              // when !usable: why it is kept out of the rules
 };

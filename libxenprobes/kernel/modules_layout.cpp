@@ -144,6 +144,8 @@ std::string ModuleLayout::describe() const {
   else s += ", no core_kallsyms";
   if (btf_data) s += ", btf_data at +" + std::to_string(btf_data->offset);
   else s += ", no module BTF";
+  if (orc_ip) s += ", arch.orc_unwind_ip at +" + std::to_string(orc_ip->offset);
+  else s += ", no module ORC tables";
   return s;
 }
 
@@ -263,6 +265,19 @@ Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
     if (data && size && data->size == 8) {
       l.btf_data = data;
       l.btf_data_size = size;
+    }
+  }
+  // arch: struct mod_arch_specific { unsigned int num_orcs; int *orc_unwind_ip; struct orc_entry
+  // *orc_unwind; ... } with CONFIG_UNWINDER_ORC (arch/x86/include/asm/module.h, 6.1 and 6.12).
+  if (auto arch = find_member(bt, id, "arch")) {
+    const std::uint32_t at = XP_TRY(byte_offset(*arch, "arch"));
+    auto num = XP_TRY(scalar(bt, arch->type_id, "num_orcs", at, false));
+    auto ip = XP_TRY(scalar(bt, arch->type_id, "orc_unwind_ip", at, false));
+    auto orc = XP_TRY(scalar(bt, arch->type_id, "orc_unwind", at, false));
+    if (num && ip && orc && ip->size == 8 && orc->size == 8) {
+      l.orc_num = num;
+      l.orc_ip = ip;
+      l.orc_unwind = orc;
     }
   }
   l.state_live = static_cast<std::uint64_t>(XP_TRY(enum_value(bt, "module_state", "MODULE_STATE_LIVE")));

@@ -416,6 +416,65 @@ def ring():
     put("ring", "hostile_scribble", hostile + ops)
 
 
+# ---- orc -------------------------------------------------------------------------------------
+ORC_TEXT, ORC_STACK, ORC_IP_BASE = 0xFFFFFFFF81000000, 0xFFFFC90000100000, 0xFFFFFFFF81200000
+
+
+def orc_flags3(sp, bp, typ, signal=0):  # v3: sp_reg:4 bp_reg:4 type:3 signal:1
+    return sp | bp << 4 | typ << 8 | signal << 11
+
+
+def orc_seed(flags, rows, regions, walks, limit=2047):
+    """orc_fuzz.cpp's input: sorted steps (flags bit 3 clear) from the text's start."""
+    out = u8(flags) + u16(limit) + u16(len(rows))
+    at = 0
+    for off, _, _, _ in rows:
+        out += u16(off - at)
+        at = off
+    for _, sp, bp, fl in rows:
+        out += struct.pack("<hhH", sp, bp, fl)
+    out += u8(len(regions))
+    for word_off, words in regions:
+        out += u16(word_off) + u8(len(words)) + b"".join(u64(w) for w in words)
+    for rip, rsp, rbp, mx in walks:
+        out += u16(rip) + u16(rsp) + u16(rbp) + u16(0) + u64(0) + u8(0) + u64(0) + u8(0) + u8(mx)
+    return out
+
+
+def orc():
+    T = ORC_TEXT
+    SP, BP, PREV_SP, UNDEF = 5, 4, 1, 0
+    CALL, END, REGS, UNDEFT = 2, 1, 3, 0
+    rows = [(0x100, 8, 0, orc_flags3(SP, UNDEF, CALL)),           # leaf
+            (0x200, 8, 0, orc_flags3(SP, UNDEF, CALL)),           # mid: push rbp
+            (0x201, 16, -16, orc_flags3(SP, PREV_SP, CALL)),
+            (0x204, 16, -16, orc_flags3(BP, PREV_SP, CALL)),      # mid's body: frame pointer
+            (0x220, 8, 0, orc_flags3(SP, UNDEF, CALL)),
+            (0x300, 8, 0, orc_flags3(SP, UNDEF, CALL)),           # out
+            (0x305, 40, 0, orc_flags3(SP, UNDEF, CALL)),
+            (0x400, 0, 0, orc_flags3(SP, UNDEF, REGS, 1)),        # entry: pt_regs at sp
+            (0x500, 8, 0, orc_flags3(SP, UNDEF, CALL)),           # the interrupted function
+            (0x600, 0, 0, orc_flags3(UNDEF, UNDEF, END)),         # end of stack
+            (0x700, 0, 0, orc_flags3(UNDEF, UNDEF, UNDEFT))]      # undefined
+    S = 0x1000  # the stack pointer at the leaf, from the stack's base
+    regions = [(S // 8, [T + 0x210, 0x5A5A, T + 0x310]),
+               (S // 8 + 7, [T + 0x410]),
+               (S // 8 + 8 + 4, [0xB0B0]),
+               (S // 8 + 8 + 16, [T + 0x520, 0x10, 0, ORC_STACK + 0x2000]),
+               (0x2000 // 8, [T + 0x604])]
+    walks = [(0x100, S, S + 8, 127), (0x100, S, S + 8, 3), (0x210, S + 0x100, S + 0x100, 127)]
+    put("orc", "chain_v3", orc_seed(3, rows, regions, walks))
+    put("orc", "chain_auto_zeros", orc_seed(4, rows, regions, walks))
+    # A frame pointer pointing at itself: a loop.
+    put("orc", "bp_loop", orc_seed(3, rows, [(0x1100 // 8, [ORC_STACK + 0x1100, T + 0x210])],
+                                   [(0x210, 0x1000, 0x1100, 127)]))
+    # The same table with its second half a module's, and raw (mostly unsorted) offsets.
+    put("orc", "module_half", orc_seed(3 | 16, rows, regions, walks))
+    raw = u8(3 | 8) + u16(2047) + u16(4) + s32(-0x200000 + 0x100) + s32(-0x200000 + 0x50) + s32(0) + s32(-1)
+    raw += b"".join(struct.pack("<hhH", 8, 0, orc_flags3(SP, UNDEF, CALL)) for _ in range(4))
+    put("orc", "unsorted", raw + u8(0))
+
+
 if __name__ == "__main__":
     guest_channel()
     vmevent()
@@ -424,3 +483,4 @@ if __name__ == "__main__":
     journal()
     kernel_tables()
     ring()
+    orc()

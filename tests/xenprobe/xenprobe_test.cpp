@@ -868,3 +868,64 @@ TEST(XenprobeModules, AProgramReadsThroughAModulesStructAndFunctionAddress) {
 }
 
 }  // namespace
+
+// ---- kstack ----
+
+// The demo guest's kstack chain (guest/kstack.S) has a hand-written ORC table: a hit at
+// demo_kstack_leaf unwinds through an SP-based, a BP-based and a pt_regs frame to the table's
+// end-of-stack entry, on every channel, once per iteration and vCPU.
+std::string demo_stack(std::size_t frames) {
+  const std::vector<std::pair<const char*, unsigned>> all = {{"demo_kstack_leaf", 0},
+                                                             {"demo_kstack_middle", DEMO_KSTACK_MIDDLE_OFF},
+                                                             {"demo_kstack_outer", DEMO_KSTACK_OUTER_OFF},
+                                                             {"demo_kstack_entry", DEMO_KSTACK_ENTRY_RET_OFF},
+                                                             {"demo_kstack_entry", DEMO_KSTACK_ENTRY_IRQ_OFF}};
+  std::string s = "\n";
+  char off[32];
+  for (std::size_t i = 0; i < frames && i < all.size(); ++i) {
+    std::snprintf(off, sizeof off, "+0x%x", all[i].second);
+    s += std::string("        ") + all[i].first + off + "\n";
+  }
+  return s;
+}
+
+TEST(XenprobeKstack, TheDemoChainsExactFramesOnEveryChannel) {
+  constexpr std::uint64_t K = 5;
+  for (const char* ch : {"guest", "debugger", "vmevent"}) {
+    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel",
+                     ch, "-f", "json", "-e",
+                     "kprobe:demo_kstack_leaf { @[kstack] = count(); @two[kstack(2), cpu] = count(); }"});
+    ASSERT_EQ(r.status, 0) << ch << ": " << r.err;
+    EXPECT_EQ(r.err.find("failed"), std::string::npos) << ch << ": " << r.err;
+    auto recs = records(r.out);
+    json all = map_data(recs, "@");
+    ASSERT_TRUE(all.is_object()) << r.out;
+    EXPECT_EQ(all.size(), 1u) << all.dump();
+    EXPECT_EQ(all[demo_stack(5)], 2 * K) << ch << ": " << all.dump();
+    json two = map_data(recs, "@two");
+    EXPECT_EQ(two.size(), 2u) << two.dump();
+    EXPECT_EQ(two[demo_stack(2) + ",0"], K) << two.dump();
+    EXPECT_EQ(two[demo_stack(2) + ",1"], K) << two.dump();
+  }
+}
+
+TEST(XenprobeKstack, TextOneFrameALineAndPrintf) {
+  constexpr std::uint64_t K = 3;
+  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "-e",
+                               "kprobe:demo_kstack_leaf { @[kstack] = count(); } "
+                               "kprobe:demo_kstack_middle { printf(\"middle:%s|\\n\", kstack(3)); }"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@[" + demo_stack(5) + "]: " + std::to_string(K) + "\n"), std::string::npos) << r.out;
+  // At demo_kstack_middle's first instruction the return address is at the stack pointer.
+  char off[32];
+  std::snprintf(off, sizeof off, "%x", DEMO_KSTACK_OUTER_OFF);
+  const std::string middle = std::string("middle:\n        demo_kstack_middle+0x0\n        demo_kstack_outer+0x") + off +
+                             "\n        demo_kstack_entry+0x" + [] {
+                               char b[16];
+                               std::snprintf(b, sizeof b, "%x", DEMO_KSTACK_ENTRY_RET_OFF);
+                               return std::string(b);
+                             }() + "\n|\n";
+  std::size_t n = 0;
+  for (std::size_t at = r.out.find(middle); at != std::string::npos; at = r.out.find(middle, at + 1)) ++n;
+  EXPECT_EQ(n, K) << r.out;
+}

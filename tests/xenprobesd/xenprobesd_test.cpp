@@ -776,6 +776,27 @@ domains = [{ glob = "*" }]
   EXPECT_NE(out.find("max_map_keys"), std::string::npos) << out;
 }
 
+// kstack in a daemon's program: the demo guest's hand-written ORC chain (guest/kstack.S), its
+// first two frames as one map key, exported with the newlines escaped.
+TEST(xenprobesd, KstackKeysAMapByTheGuestsStack) {
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section("") + R"(
+[[program]]
+name = "stacks"
+source = 'kprobe:demo_kstack_leaf { @s[kstack(2)] = count(); }'
+domains = [{ glob = "*" }]
+)");
+  Daemon d(cfg, sim(1), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  ASSERT_FALSE(d.next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  const std::string key = "\\n        demo_kstack_leaf+0x0\\n        demo_kstack_middle+0x9\\n";
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"stacks\",map=\"@s\",key=\"" + key + "\"}"), K)
+      << m;
+  expect_promtool_clean(m, t.path);
+  EXPECT_EQ(d.stop(), 0) << d.err();
+}
+
 // A reload that only changes a program's selectors keeps the program: it detaches from the
 // domains no longer selected and keeps its counters in the others.
 TEST(xenprobesd, ReloadWithNewSelectorsKeepsTheProgramWhereItStillApplies) {

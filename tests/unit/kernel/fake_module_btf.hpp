@@ -23,11 +23,13 @@ struct Offsets {
   // core_kallsyms (struct mod_kallsyms: symtab +0, num_symtab +8, strtab +16, typetab +24),
   // btf_data_size, btf_data.
   std::uint32_t core_kallsyms, btf_size, btf_data;
+  // arch (struct mod_arch_specific: num_orcs +0, orc_unwind_ip +8, orc_unwind +16); 0: none.
+  std::uint32_t arch = 0;
 };
-inline constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false, 552, 680, 688};
+inline constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false, 552, 680, 688, 480};
 // 6.12: mem[7] of struct module_memory (72 bytes) at 320: MOD_TEXT = 0, MOD_INIT_TEXT = 4.
 inline constexpr Offsets k612{1280, 0,    8,    24,   300,  304,  320,  320 + 4 * 72, 968, 976,
-                       1048, 1056, 1112, 1120, 1140, 1144, true, 896,          1024, 1032};
+                       1048, 1056, 1112, 1120, 1140, 1144, true, 896,          1024, 1032, 824};
 
 // A BTF holding struct module (and what it needs) with the offsets above; `drop` leaves one
 // member out.
@@ -83,6 +85,13 @@ inline std::vector<std::byte> module_btf(const Offsets& o, const std::string& dr
   btf__add_field(b, "num_symtab", u32, 64, 0);
   btf__add_field(b, "strtab", cp, 128, 0);
   btf__add_field(b, "typetab", cp, 192, 0);
+  const int ip_p = btf__add_ptr(b, s32);
+  const int orc_e = btf__add_struct(b, "orc_entry", 6);
+  const int orc_p = btf__add_ptr(b, orc_e);
+  const int arch = btf__add_struct(b, "mod_arch_specific", 24);
+  btf__add_field(b, "num_orcs", u32, 0, 0);
+  btf__add_field(b, "orc_unwind_ip", ip_p, 64, 0);
+  btf__add_field(b, "orc_unwind", orc_p, 128, 0);
   btf__add_struct(b, "module", o.size);
   auto field = [&](const char* n, int type, std::uint32_t off) {
     if (drop != n) btf__add_field(b, n, type, off * 8, 0);
@@ -109,6 +118,7 @@ inline std::vector<std::byte> module_btf(const Offsets& o, const std::string& dr
   field("core_kallsyms", mk, o.core_kallsyms);
   field("btf_data_size", u32, o.btf_size);
   field("btf_data", vp, o.btf_data);
+  if (o.arch) field("arch", arch, o.arch);
   std::uint32_t n = 0;
   auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
   std::vector<std::byte> out(raw, raw + n);

@@ -15,6 +15,7 @@
 #include "kernel/btf.hpp"
 #include "kernel/module_symbols.hpp"
 #include "kernel/modules.hpp"
+#include "kernel/orc.hpp"
 #include "unit/kernel/fake_kernel.hpp"
 #include "unit/kernel/fake_module_btf.hpp"
 
@@ -120,6 +121,18 @@ TEST(ModuleLayout, FromRealKernelBtf) {
     SCOPED_TRACE(v);
     if (v.starts_with("6.1.")) expect_layout(*l, k61);
     if (v.starts_with("6.12.")) expect_layout(*l, k612);
+    // The module's ORC tables (struct mod_arch_specific: num_orcs, then the two pointers).
+    ASSERT_TRUE(l->orc_num && l->orc_ip && l->orc_unwind) << l->describe();
+    // Where Debian's builds put it (their BTF, read when this was written): arch at +480 in 6.1,
+    // +824 in 6.12, num_orcs its first member.
+    if (v.starts_with("6.1.")) {
+      EXPECT_EQ(l->orc_num->offset, 480u) << l->describe();
+    } else if (v.starts_with("6.12.")) {
+      EXPECT_EQ(l->orc_num->offset, 824u) << l->describe();
+    }
+    EXPECT_EQ(l->orc_num->size, 4u);
+    EXPECT_EQ(l->orc_ip->offset, l->orc_num->offset + 8);
+    EXPECT_EQ(l->orc_unwind->offset, l->orc_num->offset + 16);
     ++seen;
   }
   EXPECT_GT(seen, 0) << "no kernel image in " << cache << ": run sh tools/fetch-debian-kernels.sh";
@@ -166,6 +179,7 @@ struct FakeModule {
   std::uint64_t symtab_override = 0;      // nonzero: the symtab pointer written instead
   std::vector<std::byte> btf{};           // its btf_data
   std::uint64_t btf_size_override = 0;    // nonzero: btf_data_size written instead
+  std::uint64_t orc_num = 0, orc_ip = 0, orc_unwind = 0;  // arch's ORC members, as written
 };
 
 constexpr std::uint64_t kSymtabs = 0xffffffffc3000000ull;  // symtab +0, strtab +0x8000, typetab +0xc000 (0x10000 apart)
@@ -243,6 +257,11 @@ struct Walk : ::testing::Test {
       k.u64(s + o.btf_data, m.btf.empty() ? 0 : bt);
       k.s32(s + o.btf_size, static_cast<std::int64_t>(m.btf_size_override ? m.btf_size_override : m.btf.size()));
       if (!m.btf.empty()) k.put(bt, m.btf.data(), m.btf.size());
+      if (o.arch) {
+        k.s32(s + o.arch, static_cast<std::int64_t>(m.orc_num));
+        k.u64(s + o.arch + 8, m.orc_ip);
+        k.u64(s + o.arch + 16, m.orc_unwind);
+      }
     }
     // The links: list_head at s + o.list.
     auto node = [&](std::size_t i) { return i == mods.size() ? kModules : at[i] + o.list; };
@@ -905,6 +924,81 @@ TEST_F(Walk, WalkModulesTakesTheLayoutFromTheKernelsBtf) {
   auto none = kernel::walk_modules(empty.symbols(), empty.reader(), *btf);
   ASSERT_FALSE(none);
   EXPECT_NE(none.error().what.find("no `modules` list head"), std::string::npos) << none.error().what;
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
+
+namespace xenprobes::testing {
+namespace {
+
+// A module's own ORC table, found through its struct module's arch members (both layouts),
+// read with read_module_table, and a walk that goes from the module's text back into the core
+// kernel's (whose table here is a single end-of-stack entry).
+TEST_F(Walk, AModulesOrcTableThroughItsStructModule) {
+  using namespace kernel::orc;
+  for (const Offsets* v : {&k61, &k612}) {
+    o = *v;
+    k = FakeKernel{};
+    SCOPED_TRACE(o.mem ? "6.12 layout" : "6.1 layout");
+    // The module's table (v1 flags: sp_reg SP 5, type CALL 0): its function at kMod + 0x100,
+    // the return address at the stack pointer.
+    const std::uint64_t ips = kModTables + 0x8000, orcs = ips + 0x100;
+    const std::uint64_t fn = kMod + 0x100;
+    k.s32(ips, static_cast<std::int64_t>(fn - ips));
+    k.s32(ips + 4, static_cast<std::int64_t>(fn + 0x40 - (ips + 4)));
+    const std::int16_t rows[2][3] = {{8, 0, 5}, {0, 0, 0}};  // the second: undefined (v1)
+    k.put(orcs, rows, sizeof rows);
+    put({{.name = "xfs", .text = kMod, .text_size = 0x1000, .orc_num = 2, .orc_ip = ips, .orc_unwind = orcs},
+         {.name = "ext4", .text = kMod + 0x10000, .text_size = 0x1000}});
+    ModuleTables t = walk();
+    ASSERT_EQ(t.modules().size(), 2u);
+    const kernel::Module* xfs = t.live_module_at(fn);
+    ASSERT_NE(xfs, nullptr);
+    EXPECT_EQ(xfs->orc_num, 2u);
+    EXPECT_EQ(xfs->orc_ip, ips);
+    EXPECT_EQ(xfs->orc_unwind, orcs);
+    EXPECT_EQ(t.live_module_at(kMod + 0x10000)->orc_num, 0u);  // a module without a table
+    auto mt = read_module_table(k.reader(), xfs->orc_ip, xfs->orc_unwind, xfs->orc_num, xfs->text, Format::V1);
+    ASSERT_TRUE(mt) << mt.error().what;
+    EXPECT_EQ(mt->size(), 2u);
+    // The core kernel: one end-of-stack entry (v1: sp_reg UNDEFINED with the end bit).
+    std::vector<std::byte> cip(4), corc(6);
+    const std::uint64_t cbase = kRodata + 0x30000;
+    const auto rel = static_cast<std::int32_t>(static_cast<std::int64_t>(kText + 0x10 - cbase));
+    std::memcpy(cip.data(), &rel, 4);
+    const std::uint16_t end = 1u << 10;
+    std::memcpy(corc.data() + 4, &end, 2);
+    auto core = Table::parse(cbase, cip, corc, {{kText, kTextEnd}}, Format::V1);
+    ASSERT_TRUE(core) << core.error().what;
+    Unwinder u(std::move(*core));
+    std::vector<Table> mods;
+    mods.push_back(std::move(*mt));
+    const kernel::Module* ext4 = t.live_module_at(kMod + 0x10000);
+    u.set_modules(std::move(mods), {ext4->text});
+    // The stack: a return address into the core kernel at sp; a frame pointer's pair (the
+    // caller's rbp, then the return address) at bp.
+    const std::uint64_t sp = 0xffffc90000001000ull, bp = sp + 0x40;
+    const std::map<std::uint64_t, std::uint64_t> words{{sp, kText + 0x20}, {bp, 0}, {bp + 8, kText + 0x20}};
+    kernel::ReadFn stack = [&](Gva a, std::span<std::byte> out) -> Result<void> {
+      auto it = words.find(a.value);
+      if (it == words.end() || out.size() != 8) return fail(Errc::Fault, "not on the stack");
+      std::memcpy(out.data(), &it->second, 8);
+      return {};
+    };
+    StartRegs s;
+    s.rip = fn + 4, s.rsp = sp;
+    kernel::orc::Walk w = u.walk(s, stack);
+    EXPECT_EQ(w.ips, (std::vector<std::uint64_t>{fn + 4, kText + 0x20}));
+    EXPECT_EQ(w.stop, Stop::EndOfStack);
+    EXPECT_FALSE(w.fallback);
+    // In the module without a table: no entry, the frame-pointer fallback.
+    s.rip = kMod + 0x10010, s.rbp = bp;
+    kernel::orc::Walk f = u.walk(s, stack);
+    EXPECT_EQ(f.ips, (std::vector<std::uint64_t>{kMod + 0x10010, kText + 0x20}));
+    EXPECT_EQ(f.stop, Stop::EndOfStack);
+    EXPECT_TRUE(f.fallback);
+  }
 }
 
 }  // namespace

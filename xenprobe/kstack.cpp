@@ -1,0 +1,50 @@
+// kstack's text (kstack.hpp).
+#include "kstack.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace xenprobe {
+
+StackSymbols::StackSymbols(std::vector<xenprobes::SymbolInfo> symbols) {
+  for (auto& s : symbols) {
+    if (!s.function) continue;
+    // A loaded module's function comes as "module:func"; a stack names it as /proc/kallsyms does.
+    std::string n = std::move(s.name);
+    if (auto colon = n.find(':'); colon != std::string::npos) n = n.substr(colon + 1) + " [" + n.substr(0, colon) + "]";
+    fns_.push_back(Fn{s.address.value, s.size, std::move(n)});
+  }
+  std::stable_sort(fns_.begin(), fns_.end(), [](const Fn& a, const Fn& b) { return a.start < b.start; });
+}
+
+std::string StackSymbols::name(std::uint64_t addr) const {
+  if (auto c = cache_.find(addr); c != cache_.end()) return c->second;
+  char buf[40];
+  std::string out;
+  auto it = std::upper_bound(fns_.begin(), fns_.end(), addr, [](std::uint64_t a, const Fn& f) { return a < f.start; });
+  if (it != fns_.begin()) {
+    // Of aliases at one address the first listed one names it.
+    auto f = std::prev(it);
+    while (f != fns_.begin() && std::prev(f)->start == f->start) --f;
+    const std::uint64_t off = addr - f->start;
+    if (off < f->size || off == 0) {
+      std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(off));
+      const auto bracket = f->name.find(" [");
+      out = bracket == std::string::npos ? f->name + buf : f->name.substr(0, bracket) + buf + f->name.substr(bracket);
+    }
+  }
+  if (out.empty()) {
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(addr));
+    out = buf;
+  }
+  if (cache_.size() < kMaxCached) cache_.emplace(addr, out);
+  return out;
+}
+
+std::string StackSymbols::format(const std::vector<xenprobes::Gva>& frames) const {
+  std::string s = "\n";
+  for (const xenprobes::Gva& f : frames) s += "        " + name(f.value) + "\n";
+  return s;
+}
+
+}  // namespace xenprobe
