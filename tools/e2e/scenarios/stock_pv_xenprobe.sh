@@ -23,7 +23,7 @@ echo "$lst" | grep -q '^kprobe:xp_[a-z0-9_]* \[xenprobes\]$' || {
 OUT=/tmp/$S.json
 ERR=/tmp/$S.err
 PROG='kprobe:do_sys_openat2 /comm == "xpe2e-workload"/ { @opens[str(arg1)] = count(); }
-kprobe:__x64_sys_getppid /comm == "xpe2e-workload"/ { @getppid = count(); }'
+kprobe:__x64_sys_getppid /comm == "xpe2e-workload"/ { @getppid = count(); @stacks[kstack(4)] = count(); }'
 echo "XPE2E-INFO: xenprobe -d $N -f json -e '$PROG'"
 t0=$(cut -d' ' -f1 /proc/uptime)
 /usr/bin/xenprobe -d $N -f json --duration 300 -e "$PROG" >"$OUT" 2>"$ERR" &
@@ -56,6 +56,12 @@ sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
 sed 's/^/XPE2E-INFO: xenprobe out: /' "$OUT"
 opens=$(grep '"@opens"' "$OUT" | grep -o '"/tmp/xpe2e-target":[0-9]*' | cut -d: -f2)
 calls=$(grep '"@getppid"' "$OUT" | grep -o '"@getppid":[0-9]*' | cut -d: -f2)
+# kstack, unwound from Dom0 through the guest's own ORC tables: every getppid stack is the
+# system call's (do_syscall_64 calls it), and the stacks count every call.
+stacks=$(grep '"@stacks"' "$OUT")
+nstacks=$(echo "$stacks" | grep -o '":[0-9]*[,}]' | tr -dc '0-9\n' | awk '{ s += $1 } END { print s + 0 }')
+nsys=$(echo "$stacks" | grep -o 'do_syscall_64' | wc -l)
+nkeys=$(echo "$stacks" | grep -o '":[0-9]*[,}]' | wc -l)
 xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
 un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
 domu_verdict $N "$domid"
@@ -64,7 +70,9 @@ domu_kernel_clean $N
 case "$done" in *"getppid=$GETPPID "*"openat=$OPENAT "*"ok=1"*) ;; *) result FAIL "the workload's own report: $done" ;; esac
 [ "$opens" = "$OPENAT" ] || result FAIL "@opens[\"/tmp/xpe2e-target\"] = '${opens}', the workload opened it $OPENAT times"
 [ "$calls" = "$GETPPID" ] || result FAIL "@getppid = '${calls}', the workload called getppid $GETPPID times"
+[ "$nstacks" = "$GETPPID" ] || result FAIL "@stacks counts $nstacks getppid calls, the workload made $GETPPID: $stacks"
+[ "$nkeys" -ge 1 ] && [ "$nsys" = "$nkeys" ] || result FAIL "not every getppid stack shows do_syscall_64 ($nsys of $nkeys): $stacks"
 [ "$un" = ok ] || result FAIL "detach + rmmod after xenprobe: '$un'"
 det=$(grep -a "xenprobes: detached" "$(console_log $N)" | head -n 1 | tr -d '\r')
 case "$det" in *"restored 0 trap bytes"*) ;; *) result FAIL "xenprobe left trap bytes for the module's detach: ${det#*] }" ;; esac
-result PASS "xenprobe with the guest's own kallsyms and BTF: @opens[\"/tmp/xpe2e-target\"] = $opens, @getppid = $calls (comm-filtered), exactly the workload's; nothing left behind"
+result PASS "xenprobe with the guest's own kallsyms, BTF and ORC: @opens[\"/tmp/xpe2e-target\"] = $opens, @getppid = $calls (comm-filtered), exactly the workload's, in $nkeys kernel stack(s) through do_syscall_64; nothing left behind"
