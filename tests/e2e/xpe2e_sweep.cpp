@@ -274,13 +274,13 @@ constexpr Counted kCounted[] = {
 struct Args {
   DomId dom{0};
   std::string channel = "guest";
-  unsigned batch = 600;         // instructions asked for per batch
-  unsigned cap = 20;            // handler calls before a probe is unregistered
+  unsigned batch = 1000;        // instructions asked for per batch (the module's trap table: 2048)
+  unsigned cap = 5;             // handler calls before a probe is unregistered
   unsigned per_area = 0;        // 0: every function of the list
-  std::uint64_t max_fn_bytes = 8192;
+  std::uint64_t max_fn_bytes = 256;  // bounds the sweep's time: see docs/e2e.md
   unsigned min_functions = 300;
   int round_limit = 240;        // the guest's limit for one round
-  int hot_limit = 90;           // seconds into a round before the batch's probes go
+  int hot_limit = 60;           // seconds into a round before the batch's probes go
   std::string console;          // the DomU's console log (xenconsoled)
 };
 

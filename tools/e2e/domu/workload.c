@@ -818,7 +818,7 @@ static int phase_activity(void)
  * by nothing else in the guest (the churn execs busybox applets, never a shell: ash calls
  * getppid at start-up), so Dom0's probes on their entries must count exactly these numbers.
  */
-enum { SW_GETPPID = 20, SW_GETSID = 10, SW_EXECS = 6, SW_TCP = 2, SW_BYTES = 64 * 1024 };
+enum { SW_GETPPID = 20, SW_GETSID = 10, SW_EXECS = 6, SW_TCP = 2, SW_BYTES = 16 * 1024 };
 
 /* 127.0.0.1 needs lo up; the initramfs's init does not bring it up. 1 when it is up. */
 static int sweep_lo_up(void)
@@ -856,7 +856,7 @@ static int sweep_exec(const char *path, char *const argv[])
 	return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-/* Write 64 KiB, fsync, read back, compare, rename, unlink; *fsyncs counts the fsync calls. */
+/* Write SW_BYTES, fsync, read back, compare, rename, unlink; *fsyncs counts the fsync calls. */
 static int sweep_file(const char *dir, int k, long *fsyncs)
 {
 	static char out[SW_BYTES], in[SW_BYTES];
@@ -1022,7 +1022,7 @@ static int phase_sweep(void)
 	int tr_on = sweep_tracing_on(&filter);
 	printf("XPE2E-SWEEP-ROUND: tracing on=%d (filter %ld)\n", tr_on, filter);
 	static char *const a_true[] = { (char *)"true", NULL };
-	static char *const a_ls[] = { (char *)"ls", (char *)"-l", (char *)"/bin", NULL };
+	static char *const a_ls[] = { (char *)"ls", (char *)"-l", (char *)"/", NULL };
 	static char *const a_md5[] = { (char *)"md5sum", (char *)"/init", NULL };
 	static char *const a_cat[] = { (char *)"cat", (char *)"/proc/meminfo", NULL };
 	static char *const *const progs[] = { a_true, a_ls, a_md5, a_cat, a_true, a_ls };

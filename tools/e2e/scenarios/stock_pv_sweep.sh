@@ -12,8 +12,9 @@ S=${XPE2E_SCENARIO:-stock_pv_sweep}
 N=xpe2e-sweep
 dom0_dmesg_mark
 # timeout_ms=5000 (the module's maximum): the batch's registrations pause the domain for up
-# to ~0.5 s at a time, and a hit pending at a pause must not time out.
-domid=$(domu_start $N "xpe2e.modparams=timeout_ms=5000 xpe2e.safety=1") || result FAIL "xl create failed"
+# to ~0.5 s at a time, and a hit pending at a pause must not time out. trap_capacity=2048: a
+# batch arms up to 1000 points (1024 by default).
+domid=$(domu_start $N "xpe2e.modparams=timeout_ms=5000:trap_capacity=2048 xpe2e.safety=1") || result FAIL "xl create failed"
 echo "XPE2E-INFO: DomU $N is domain $domid"
 wait_console $N "XPE2E-WORKLOAD: waiting" 180 || { dump_console $N; result FAIL "the round loop did not start within 180 s"; }
 # shellcheck disable=SC2086
