@@ -3,7 +3,7 @@
 //
 //   xpe2e-probe sweep --domid D [--channel guest] [--batch N] [--cap N] [--per-area N]
 //                     [--max-fn-bytes N] [--min-functions N] [--round-limit S] [--hot-limit S]
-//                     [--console FILE]
+//                     [--console FILE] [--only F1,F2,...]
 //
 // Takes the kernel functions of kAreas (a fixed list by name over mm, fs, sched, net, locking,
 // RCU and the syscall paths; each name looked up in the guest's symbols, those absent or larger
@@ -282,6 +282,7 @@ struct Args {
   int round_limit = 240;        // the guest's limit for one round
   int hot_limit = 60;           // seconds into a round before the batch's probes go
   std::string console;          // the DomU's console log (xenconsoled)
+  std::string only;             // comma-separated names: only these functions (to bisect a failure)
 };
 
 Args parse(int argc, char** argv) {
@@ -310,6 +311,8 @@ Args parse(int argc, char** argv) {
       a.hot_limit = std::stoi(v);
     else if (k == "--console")
       a.console = v;
+    else if (k == "--only")
+      a.only = "," + v + ",";
     else if (k == "--timeout")
       ;  // accepted for the harness's common options; --round-limit bounds a round
     else
@@ -480,12 +483,15 @@ class Sweep {
   Tally t_;
   std::streamoff console_off_ = 0;
   std::vector<std::string> pending_bad_;  // bad console lines seen while a round ran
+  double cap_max_s_ = 0, run_max_s_ = 0;  // the longest cap_pending() (the domain paused) and run_once() with hits
   int phase_ = 0;
   bool dead_ = false;
 };
 
 void Sweep::serve(int ms) {
+  auto t0 = Clock::now();
   auto r = s_.run_once(ms);
+  run_max_s_ = std::max(run_max_s_, since(t0) - ms / 1000.0);
   if (!r) say("XPE2E-INFO: run_once: %s", r.error().what.c_str());
   cap_pending();
 }
@@ -495,6 +501,7 @@ void Sweep::cap_pending() {
   if (to_cap_.empty()) return;
   std::vector<Point*> now;
   now.swap(to_cap_);
+  auto t0 = Clock::now();
   (void)s_.begin_batch();
   for (Point* p : now) {
     if (!p->probe) continue;
@@ -504,6 +511,7 @@ void Sweep::cap_pending() {
     ++t_.capped;
   }
   (void)s_.end_batch();
+  cap_max_s_ = std::max(cap_max_s_, since(t0));
 }
 
 bool Sweep::select_functions() {
@@ -520,6 +528,7 @@ bool Sweep::select_functions() {
     std::vector<std::string> absent, large;
     for (const char* n : ar.functions) {
       if (a_.per_area && taken >= a_.per_area) break;
+      if (!a_.only.empty() && a_.only.find("," + std::string(n) + ",") == std::string::npos) continue;
       auto it = by_name.find(n);
       if (it == by_name.end()) {
         absent.push_back(n);
@@ -604,7 +613,9 @@ std::optional<std::string> Sweep::round(int phase, const std::string& tag, std::
   auto end = t0 + std::chrono::seconds(a_.round_limit + 30);
   *hot_at = -1;
   while (Clock::now() < end) {
+    auto t_run = Clock::now();
     auto r = s_.run_once(100);
+    if (r && *r > 0) run_max_s_ = std::max(run_max_s_, since(t_run));
     if (!r) say("XPE2E-INFO: run_once: %s", r.error().what.c_str());
     cap_pending();
     if (batch && *hot_at < 0 && since(t0) > a_.hot_limit) {
@@ -822,9 +833,10 @@ int Sweep::run() {
     double un = since(t_un);
     unreg_s += un;
     say("XPE2E-SWEEP batch %zu/%zu functions %s..%s (%zu) asked=%zu accepted=%zu refused=%zu hits=%" PRIu64
-        " points_hit=%" PRIu64 " capped=%" PRIu64 "%s register=%.1fs round=%.1fs unregister=%.1fs",
+        " points_hit=%" PRIu64 " capped=%" PRIu64 "%s register=%.1fs round=%.1fs unregister=%.1fs max_cap=%.2fs max_run_once=%.2fs",
         b + 1, nbatches, fns_[fn_from].name.c_str(), fns_[fn_to - 1].name.c_str(), fn_to - fn_from, to - from, acc, ref, hits,
-        hit_points, capped, hot >= 0 ? fmt(" dropped-at=%.0fs", hot).c_str() : "", reg, rnd, un);
+        hit_points, capped, hot >= 0 ? fmt(" dropped-at=%.0fs", hot).c_str() : "", reg, rnd, un, cap_max_s_, run_max_s_);
+    cap_max_s_ = run_max_s_ = 0;
     if (!after_batch(tag, res, fn_from, fn_to)) {
       say("XPE2E-INFO: %s failed: functions %s..%s", tag.c_str(), fns_[fn_from].name.c_str(), fns_[fn_to - 1].name.c_str());
       if (dead_) break;
