@@ -26,8 +26,8 @@ E2E_T0=$(date +%s)
 
 # scenario -> hypervisor ("stock", "gdbsx", or "stock-qemu10": the stock one under QEMU 10 for
 # ICEBP). The default list (SCEN_ORDER) leaves out the diagnostics (diag_*), the benchmark
-# (bench_*), stock_pvh_baseline and the real-kernel sweep stock_pv_sweep (16-19 min a boot here,
-# and it fails on a loaded host: docs/e2e.md "The real-kernel sweep").
+# (bench_*), stock_pvh_baseline and the real-kernel sweep stock_pv_sweep (14-19 min a boot here,
+# and it fails when another QEMU shares the host: docs/e2e.md "The real-kernel sweep").
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
