@@ -29,7 +29,10 @@
  *       (a tracepoint's static key and static call toggled through tracefs), ftrace (the
  *       function tracer and a kprobe event on __x64_sys_getppid, exactly 20 getppid calls),
  *       activity (fork/exec, opens, getppid: the kernel paths the guest module's int3 hook
- *       shares). At the end prints "XPE2E-WORKLOAD: done ... ok=<all phases ok>".
+ *       shares), sweep (one round of the real-kernel sweep's mixed load: exact numbers of
+ *       getppid, getsid, fsync and listen calls, fork+exec churn, file I/O on tmpfs and on the
+ *       initramfs root, TCP echo and UDP over 127.0.0.1, the function tracer and two tracepoints
+ *       turned on and off). At the end prints "XPE2E-WORKLOAD: done ... ok=<all phases ok>".
  *
  * Keys are relative to the domain's home (/local/domain/<domid>/): the guest owns data/.
  * xenstore is reached through /dev/xen/xenbus (the kernel's xenbus device, no libraries),
@@ -45,7 +48,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -803,6 +811,244 @@ static int phase_activity(void)
 	return ok;
 }
 
+/* ---- sweep: one round of the real-kernel sweep's workload (issue 12) ----------------------
+ *
+ * Dom0 probes every instruction the library accepts in a few hundred kernel functions, batch
+ * by batch, and runs one round per batch. The counted calls are made by this child alone and
+ * by nothing else in the guest (the churn execs busybox applets, never a shell: ash calls
+ * getppid at start-up), so Dom0's probes on their entries must count exactly these numbers.
+ */
+enum { SW_GETPPID = 20, SW_GETSID = 10, SW_EXECS = 6, SW_TCP = 2, SW_BYTES = 16 * 1024 };
+
+/* 127.0.0.1 needs lo up; the initramfs's init does not bring it up. 1 when it is up. */
+static int sweep_lo_up(void)
+{
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return 0;
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof ifr);
+	snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+	int ok = ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+	if (ok && !(ifr.ifr_flags & IFF_UP)) {
+		ifr.ifr_flags |= IFF_UP;
+		ok = ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+	}
+	close(s);
+	return ok;
+}
+
+/* fork + exec of a busybox applet; 1 when it exited 0. */
+static int sweep_exec(const char *path, char *const argv[])
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		int nul = open("/dev/null", O_WRONLY);
+		if (nul >= 0) {
+			dup2(nul, 1);
+			dup2(nul, 2);
+		}
+		char *envp[] = { NULL };
+		execve(path, argv, envp);
+		_exit(127);
+	}
+	int st;
+	return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* Write SW_BYTES, fsync, read back, compare, rename, unlink; *fsyncs counts the fsync calls. */
+static int sweep_file(const char *dir, int k, long *fsyncs)
+{
+	static char out[SW_BYTES], in[SW_BYTES];
+	char a[128], b[128];
+	snprintf(a, sizeof a, "%s/xpe2e-sweep-%d", dir, k);
+	snprintf(b, sizeof b, "%s/xpe2e-sweep-%d.renamed", dir, k);
+	for (size_t i = 0; i < sizeof out; i++)
+		out[i] = (char)(i * 7 + (size_t)k);
+	int fd = open(a, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return 0;
+	int ok = !write_all(fd, out, sizeof out);
+	ok &= syscall(SYS_fsync, fd) == 0;
+	(*fsyncs)++;
+	ok &= lseek(fd, 0, SEEK_SET) == 0 && !read_all(fd, in, sizeof in) && !memcmp(in, out, sizeof in);
+	struct stat st;
+	ok &= fstat(fd, &st) == 0 && st.st_size == (off_t)sizeof out;
+	close(fd);
+	ok &= rename(a, b) == 0 && stat(b, &st) == 0 && unlink(b) == 0 && access(b, F_OK) != 0;
+	return ok;
+}
+
+/* TCP over 127.0.0.1: one listening socket (one listen call), `conns` connections from a child
+ * that sends SW_BYTES each and expects them echoed; then one UDP datagram to itself. */
+static int sweep_net(long *listens, int *tcp_ok, int *udp_ok)
+{
+	int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa))
+		return 0;
+	int lr = (int)syscall(SYS_listen, ls, 4);
+	(*listens)++;
+	if (lr || getsockname(ls, (struct sockaddr *)&sa, &sl)) {
+		close(ls);
+		return 0;
+	}
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		static char out[SW_BYTES], in[SW_BYTES];
+		int good = 0;
+		for (int c = 0; c < SW_TCP; c++) {
+			for (size_t i = 0; i < sizeof out; i++)
+				out[i] = (char)(i * 13 + (size_t)c);
+			int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof sa))
+				_exit(10 + c);
+			/* Ping-pong in 4 KiB pieces: neither side ever waits on a full buffer. */
+			for (size_t off = 0; off < sizeof out; off += 4096)
+				if (write_all(s, out + off, 4096) || read_all(s, in + off, 4096))
+					_exit(20 + c);
+			if (shutdown(s, SHUT_WR))
+				_exit(25 + c);
+			char extra;
+			if (read(s, &extra, 1) != 0)
+				_exit(30 + c);
+			close(s);
+			good += !memcmp(in, out, sizeof in);
+		}
+		_exit(good == SW_TCP ? 0 : 40);
+	}
+	for (int c = 0; pid > 0 && c < SW_TCP; c++) {
+		int s = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+		if (s < 0)
+			break;
+		char buf[4096];
+		ssize_t n;
+		while ((n = read(s, buf, sizeof buf)) > 0)
+			if (write_all(s, buf, (size_t)n))
+				break;
+		close(s);
+	}
+	close(ls);
+	int st;
+	*tcp_ok = pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!*tcp_ok)
+		phase_add(" tcp_status=%#x", st);
+
+	int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	memset(&sa, 0, sizeof sa);
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sl = sizeof sa;
+	char msg[] = "xpe2e-sweep-udp", got[64];
+	*udp_ok = u >= 0 && !bind(u, (struct sockaddr *)&sa, sizeof sa) && !getsockname(u, (struct sockaddr *)&sa, &sl) &&
+		  sendto(u, msg, sizeof msg, 0, (struct sockaddr *)&sa, sizeof sa) == (ssize_t)sizeof msg &&
+		  recv(u, got, sizeof got, 0) == (ssize_t)sizeof msg && !memcmp(got, msg, sizeof msg);
+	if (u >= 0)
+		close(u);
+	return 1;
+}
+
+/* The function tracer on a few functions of the fs and syscall paths, and two tracepoints
+ * (static keys and static calls flip under text_mutex while Dom0's probes are armed). The
+ * filter is checked before the tracer goes on: an empty one would patch every function of
+ * the kernel (minutes under TCG; docs/e2e.md "With the rules"). */
+static int sweep_tracing_on(long *filter_lines)
+{
+	static const char *const fns[] = { "vfs_read", "vfs_write", "do_sys_openat2", "ksys_read", "ksys_write" };
+	int ok = 1, named = 0;
+	for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
+		char line[64];
+		snprintf(line, sizeof line, "%s\n", fns[k]);
+		named += tfs_write("set_ftrace_filter", line, k == 0) == 0;
+	}
+	*filter_lines = tfs_count("set_ftrace_filter", "");
+	if (named == 0 || *filter_lines < 1 || *filter_lines > 5) {
+		tfs_write("set_ftrace_filter", "", 1);
+		phase_add(" error=ftrace-filter(%d named, %ld lines)", named, *filter_lines);
+		return 0;
+	}
+	ok &= tfs_write("current_tracer", "function", 1) == 0;
+	ok &= tfs_write("events/sched/sched_switch/enable", "1", 0) == 0;
+	ok &= tfs_write("events/sched/sched_process_fork/enable", "1", 0) == 0;
+	return ok;
+}
+
+/* 1 when the trace holds a line with needle: read only up to the first one (the whole buffer,
+ * sched_switch events included, takes long to format under TCG). */
+static int tfs_has(const char *file, const char *needle)
+{
+	char path[256], line[512];
+	snprintf(path, sizeof path, "%s/%s", tracefs, file);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	int found = 0;
+	while (!found && fgets(line, sizeof line, f))
+		found = line[0] != '#' && strstr(line, needle) != NULL;
+	fclose(f);
+	return found;
+}
+
+static int sweep_tracing_off(long *traced)
+{
+	printf("XPE2E-SWEEP-ROUND: reading the trace\n");
+	*traced = tfs_has("trace", "vfs_");
+	printf("XPE2E-SWEEP-ROUND: trace read (%ld), tracer off\n", *traced);
+	int ok = tfs_write("current_tracer", "nop", 1) == 0;
+	ok &= tfs_write("set_ftrace_filter", "", 1) == 0;
+	printf("XPE2E-SWEEP-ROUND: tracer off=%d, events off\n", ok);
+	ok &= tfs_write("events/sched/sched_switch/enable", "0", 0) == 0;
+	ok &= tfs_write("events/sched/sched_process_fork/enable", "0", 0) == 0;
+	ok &= tfs_write("trace", "", 1) == 0;
+	return ok;
+}
+
+static int phase_sweep(void)
+{
+	long getppids = 0, getsids = 0, fsyncs = 0, listens = 0, filter = 0, traced = 0;
+	int execs = 0, files = 0, tcp_ok = 0, udp_ok = 0;
+	double t0 = now();
+	int lo = sweep_lo_up();
+	for (int i = 0; i < SW_GETPPID; i++, getppids++)
+		syscall(SYS_getppid);
+	for (int i = 0; i < SW_GETSID; i++, getsids++)
+		syscall(SYS_getsid, 0);
+	printf("XPE2E-SWEEP-ROUND: counted calls done, lo=%d\n", lo);
+	int tr_on = sweep_tracing_on(&filter);
+	printf("XPE2E-SWEEP-ROUND: tracing on=%d (filter %ld)\n", tr_on, filter);
+	static char *const a_true[] = { (char *)"true", NULL };
+	static char *const a_ls[] = { (char *)"ls", (char *)"-l", (char *)"/", NULL };
+	static char *const a_md5[] = { (char *)"md5sum", (char *)"/init", NULL };
+	static char *const a_cat[] = { (char *)"cat", (char *)"/proc/meminfo", NULL };
+	static char *const *const progs[] = { a_true, a_ls, a_md5, a_cat, a_true, a_ls };
+	for (int i = 0; i < SW_EXECS; i++) {
+		char path[64];
+		snprintf(path, sizeof path, "/bin/%s", progs[i][0]);
+		execs += sweep_exec(path, progs[i]);
+	}
+	printf("XPE2E-SWEEP-ROUND: execs %d\n", execs);
+	mkdir("/xpe2e-sweep", 0755);
+	for (int k = 0; k < 2; k++) {
+		files += sweep_file("/tmp", k, &fsyncs);	   /* tmpfs */
+		files += sweep_file("/xpe2e-sweep", k, &fsyncs); /* the initramfs root (rootfs) */
+	}
+	printf("XPE2E-SWEEP-ROUND: files %d\n", files);
+	int tr_off = sweep_tracing_off(&traced);
+	printf("XPE2E-SWEEP-ROUND: tracing off=%d (a traced vfs_ call: %ld)\n", tr_off, traced);
+	int net = lo && sweep_net(&listens, &tcp_ok, &udp_ok);
+	printf("XPE2E-SWEEP-ROUND: net tcp=%d udp=%d\n", tcp_ok, udp_ok);
+	phase_add(" getppid=%ld getsid=%ld fsync=%ld listen=%ld execs=%d files=%d lo=%d tcp=%d udp=%d tracing_on=%d "
+		  "tracing_off=%d filter_lines=%ld traced=%ld seconds=%.1f",
+		  getppids, getsids, fsyncs, listens, execs, files, lo, tcp_ok, udp_ok, tr_on, tr_off, filter, traced,
+		  now() - t0);
+	return lo && net && tcp_ok && udp_ok && execs == SW_EXECS && files == 4 && tr_on && tr_off && traced >= 1;
+}
+
 /* Runs one phase in a child; its one-line result in out. A child killed by an oops, or stuck
  * for <limit> s (a BUG() with a mutex held), is reported as such. */
 static int safety_phase(const char *phase, double limit, char *out, size_t outsz)
@@ -811,6 +1057,7 @@ static int safety_phase(const char *phase, double limit, char *out, size_t outsz
 			  : !strcmp(phase, "statickey") ? phase_statickey
 			  : !strcmp(phase, "ftrace")	? phase_ftrace
 			  : !strcmp(phase, "activity")	? phase_activity
+			  : !strcmp(phase, "sweep")	? phase_sweep
 							: NULL;
 	if (!fn) {
 		snprintf(out, outsz, "phase=%s ok=0 error=unknown-phase", phase);

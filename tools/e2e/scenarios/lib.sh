@@ -365,7 +365,7 @@ kill9_scenario() {
 # What a kernel says when it is hurt: an oops, a BUG()/WARN(), a panic, a lockup or an RCU
 # stall, and the hazards' own lines (ftrace refusing a site it did not write, jump labels and
 # static calls finding an unexpected byte). Probe safety (docs/e2e.md) fails on any of them.
-KERNEL_BAD_RE='BUG:|Oops|WARNING:|general protection|kernel BUG|panic|soft lockup|rcu_(sched|preempt) detected stall|ftrace failed to modify|jump_label: Fatal|unexpected static_call'
+KERNEL_BAD_RE='BUG:|Oops|WARNING:|general protection|kernel BUG|panic|soft lockup|hard LOCKUP|rcu_(sched|preempt) (self-)?detected stall|ftrace failed to modify|jump_label: Fatal|unexpected static_call'
 
 # dom0_dmesg_mark: remembers how long Dom0's kernel log is (dom0_kernel_clean checks only
 # what came after).
