@@ -117,11 +117,6 @@ xenprobes_regs to_protocol(const VcpuRegs& r) {
                         r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
 }
 
-// XENPROBES_TRAP_EMULATE, run by the guest module's own code (xp_emulate): the forms it
-// decodes (relative jmp/jcc/call/loop/jrcxz, jmp/call through a register, near ret), the
-// target it computes, the return address a call pushes, and its refusal of a target outside
-// kernel text and the module area. r.rip is the trap address; false (nothing changed) when
-// the module could not run the entry either.
 // What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
 // and its OEA pool, which in a real module holds every area it publishes (one static pool).
 xp_bounds module_bounds(Domain& d) {
@@ -142,6 +137,11 @@ xp_bounds module_bounds(Domain& d) {
   return b;
 }
 
+// XENPROBES_TRAP_EMULATE, run by the guest module's own code (xp_emulate): the forms it
+// decodes (relative jmp/jcc/call/loop/jrcxz, jmp/call through a register, near ret), the
+// target it computes, the return address a call pushes, and its refusal of a target outside
+// kernel text and the module area. r.rip is the trap address; false (nothing changed) when
+// the module could not run the entry either.
 bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
   xp_bounds b = module_bounds(d);
   xp_mem_ops m{};
