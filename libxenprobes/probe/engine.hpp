@@ -300,6 +300,9 @@ class Engine final : public channel::StopSink {
   Result<Gva> take_fixup_slot(Domain&, const Point&);
   // Patches guest code (probe/patcher.hpp): with the domain's channel and, when journaled, its journal.
   Patcher patcher(Domain&);
+  // A freshly allocated slot's PatchSpec::on_undo: back to the pool (a failed step, or the
+  // patch's handle dropped uncommitted).
+  std::function<void()> give_back_slot(Domain&, Gva slot);
   // Allocates and writes a new slot for the point (an uncommitted patch: dropping it undoes
   // it); adopt_slot() makes it the point's, releasing the one it had.
   Result<NewSlot> write_slot(Domain&, const Point&, bool trap_tail);

@@ -163,10 +163,7 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
     const Gva slot = XP_TRY(allocate_slot(d));
     PatchSpec spec;
     spec.at = slot;
-    spec.on_undo = [pool = d.pool.get(), slot, id = d.id] {
-      if (auto r = pool->release(slot); !r)
-        XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value).c_str(), r.error().what.c_str());
-    };
+    spec.on_undo = give_back_slot(d, slot);
     std::array<std::uint8_t, kSlotSize> code{};
     code.fill(0xcc);
     auto l = x86::emit_detour(code, slot, j.insns, p.addr, *d.jump_entry);

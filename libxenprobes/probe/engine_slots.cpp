@@ -9,16 +9,19 @@
 
 namespace xenprobes::probe {
 
+std::function<void()> Engine::give_back_slot(Domain& d, Gva slot) {
+  return [pool = d.pool.get(), slot, id = d.id] {
+    if (auto r = pool->release(slot); !r)
+      XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value).c_str(), r.error().what.c_str());
+  };
+}
+
 Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_tail) {
   static_assert(kSlotSize == 32);
   const Gva slot = XP_TRY(allocate_slot(d));
   PatchSpec spec;
   spec.at = slot;
-  // Given back to the pool by the patch's undo (a failed step, or the handle dropped).
-  spec.on_undo = [pool = d.pool.get(), slot, id = d.id] {
-    if (auto r = pool->release(slot); !r)
-      XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value).c_str(), r.error().what.c_str());
-  };
+  spec.on_undo = give_back_slot(d, slot);
   std::array<std::uint8_t, kSlotSize> code{};
   code.fill(0xcc);  // never executed: pads the slot
   // Layout: [insn][jmp back] or [insn][trap]; with a continuation (p.next, see

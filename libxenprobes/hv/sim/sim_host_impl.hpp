@@ -91,6 +91,9 @@ class SimHostImpl final : public SimHost {
   Result<void> module_create_jump_entry(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
   // A detour's call reached the jump entry (protocol.h, "Jump probes"): the hit, or on at once.
   void module_jump_locked(Domain&, Vcpu&);
+  // Steps 1 and 2 of a hit for the trap entry `e` (an int3's, or a jump's JUMP entry whose hit
+  // resumes at `jump_ret`; 0 for an int3): the mailbox, the notification, the vCPU's wait.
+  void module_publish_hit_locked(Domain&, Vcpu&, const xenprobes_trap& e, const VcpuRegs& r, std::uint64_t jump_ret);
   // Allocates the port and writes control/addr, control/pages and evtchn under `dir`.
   void module_publish_locked(Domain&, const std::string& dir);
   // The module's int3 hook; rip is after the int3. False: not the module's (the kernel's own).

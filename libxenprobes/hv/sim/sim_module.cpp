@@ -288,13 +288,20 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
     module_fallback_locked(d, v, e, r);
     return true;
   }
+  module_publish_hit_locked(d, v, e, r, 0);
+  return true;
+}
+
+void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_trap& e, const VcpuRegs& r,
+                                            std::uint64_t jump_ret) {
+  ModuleState& m = d.module;
   // Step 1 of a hit: regs and trap, then state = HIT (release), then the notification.
   std::uint8_t* mb = mailbox(d, v.id);
   ++v.module_seq;
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
   const xenprobes_regs x = to_protocol(r);
   std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
-  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), addr);
+  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
   ++m.hits;
   publish_counters(d);
@@ -307,8 +314,8 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   v.module_claim_deadline = now + claim_bound(m.timeout_ms);
   v.module_entry = e;
   v.module_regs = r;
+  v.module_jump_ret = jump_ret;
   ++m.waiters;
-  return true;
 }
 
 void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
@@ -341,25 +348,7 @@ void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
   }
   if (m.dom0_gone) return resume();
   r.rip = e.fallback;  // the probed address
-  std::uint8_t* mb = mailbox(d, v.id);
-  ++v.module_seq;
-  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
-  const xenprobes_regs x = to_protocol(r);
-  std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
-  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
-  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
-  ++m.hits;
-  publish_counters(d);
-  if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
-    gp->second.peer->raise_port(gp->second.peer_port);
-  const auto now = clock_->now();
-  v.module_wait = true;
-  v.module_deadline = now + std::chrono::milliseconds(m.timeout_ms);
-  v.module_claim_deadline = now + claim_bound(m.timeout_ms);
-  v.module_entry = e;
-  v.module_regs = r;
-  v.module_jump_ret = ret;
-  ++m.waiters;
+  module_publish_hit_locked(d, v, e, r, ret);
 }
 
 void SimHostImpl::module_poll_locked(Domain& d) {
