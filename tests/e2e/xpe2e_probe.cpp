@@ -785,6 +785,26 @@ bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>
   return true;
 }
 
+// Jump probes' jumps go in once the guest module has confirmed quiescence (the guest runs
+// meanwhile): serves the session until none of `probes` waits any more, at most 120 s. Returns
+// how many jump probes are written and how many still wait (trap probes count in neither).
+struct JumpsWritten {
+  long written = 0, waiting = 0;
+  double seconds = 0;
+};
+JumpsWritten wait_for_jumps(Session& s, std::vector<Probe>& probes) {
+  auto t0 = Clock::now();
+  JumpsWritten w;
+  for (;;) {
+    w = JumpsWritten{};
+    for (Probe& p : probes)
+      if (auto i = p.info(); !i || i->method == ProbeMethod::Jump) ++(i && !i->jump_pending ? w.written : w.waiting);
+    w.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (w.waiting == 0 || w.seconds >= 120) return w;
+    (void)s.run_once(100);
+  }
+}
+
 // The points of ps that hold a trap byte: all but jump probes' (--method fastest), whose
 // bytes are the module's redirect, then a jump.
 std::vector<Gva> trap_points(ProbeSet& ps) {
@@ -954,15 +974,9 @@ int cmd_jump(const Args& a) {
           i.not_jump_because.empty() ? probe_method_name(i.method) : i.not_jump_because);
     probes.push_back(std::move(*p));
   }
-  // The jumps go in once the module has confirmed quiescence (the guest runs meanwhile).
-  auto t0 = Clock::now();
-  auto pending = [&] {
-    return std::count_if(probes.begin(), probes.end(), [](Probe& p) { auto i = p.info(); return !i || i->jump_pending; });
-  };
-  while (pending() > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
-  check("jump.written", pending() == 0,
-        fmt("%ld of %zu jumps still wait after %.1f s", static_cast<long>(pending()), probes.size(),
-            std::chrono::duration<double>(Clock::now() - t0).count()));
+  const JumpsWritten jw = wait_for_jumps(*s, probes);
+  check("jump.written", jw.waiting == 0,
+        fmt("%ld of %zu jumps still wait after %.1f s", jw.waiting, probes.size(), jw.seconds));
   auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
   for (Probe& p : probes) {
     auto i = p.info();
@@ -1024,16 +1038,9 @@ int cmd_kill(const Args& a) {
   check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
   if (a.method == "fastest") {
     // The kill must find the jumps written (not their redirecting trap bytes): wait for them.
-    auto t0 = Clock::now();
-    auto count = [&](bool pending) {
-      return std::count_if(ps.probes.begin(), ps.probes.end(), [&](Probe& p) {
-        auto i = p.info();
-        return i && i->method == ProbeMethod::Jump && i->jump_pending == pending;
-      });
-    };
-    while (count(true) > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
-    check("jump.written", count(true) == 0 && count(false) > 0,
-          fmt("%ld jump probes written, %ld still wait", static_cast<long>(count(false)), static_cast<long>(count(true))));
+    const JumpsWritten jw = wait_for_jumps(*s, ps.probes);
+    check("jump.written", jw.waiting == 0 && jw.written > 0,
+          fmt("%ld jump probes written, %ld still wait", jw.written, jw.waiting));
   }
   auto done = run_workload(*s, a.dom, a.timeout_s);
   if (a.die_in == "unregister") {
@@ -1614,12 +1621,8 @@ int cmd_bench(const Args& a) {
     }
     if (config == "jump") {
       // Measured once the jumps are in (the module's quiescence), not through their trap bytes.
-      auto t0 = Clock::now();
-      auto pending = [&] {
-        return std::count_if(probes.begin(), probes.end(), [](Probe& p) { auto i = p.info(); return !i || i->jump_pending; });
-      };
-      while (pending() > 0 && Clock::now() - t0 < std::chrono::seconds(120)) (void)s->run_once(100);
-      check("bench.jump.written", pending() == 0, fmt("%ld jumps still wait", static_cast<long>(pending())));
+      const JumpsWritten jw = wait_for_jumps(*s, probes);
+      check("bench.jump.written", jw.waiting == 0, fmt("%ld jumps still wait", jw.waiting));
       std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);  // hits while waiting: not measured
       points.clear();  // no trap bytes to check
     }
