@@ -72,6 +72,7 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->timeouts = 0;
 	h->foreign = 0;
 	h->nested = 0;
+	h->async_bad = 0;
 	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
 		h->reserved[i] = 0;
 }
@@ -672,12 +673,43 @@ enum xp_jump_lookup xp_jump_lookup(const struct xp_bounds *b, const struct xenpr
 {
 	if (!e || ret < XP_CALL_REL32_LEN)
 		return XP_JUMP_FOREIGN;
-	if (e->flags != XENPROBES_TRAP_JUMP || e->addr != xp_jump_call_addr(ret))
+	if ((e->flags != XENPROBES_TRAP_JUMP && e->flags != (XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC)) ||
+	    e->addr != xp_jump_call_addr(ret))
 		return XP_JUMP_FOREIGN;
 	/* Detours live in the OEA: a call from anywhere else is not one of ours. */
 	if (!xp_in_range(&b->oea, e->addr))
 		return XP_JUMP_FOREIGN;
-	return XP_JUMP_HIT;
+	return e->flags == XENPROBES_TRAP_JUMP ? XP_JUMP_HIT : XP_JUMP_ASYNC;
+}
+
+static xenprobes_u32 xp_le32(const xenprobes_u8 *p)
+{
+	return (xenprobes_u32)p[0] | (xenprobes_u32)p[1] << 8 | (xenprobes_u32)p[2] << 16 |
+	       (xenprobes_u32)p[3] << 24;
+}
+
+int xp_jump_async_key(const struct xp_bounds *b, const struct xenprobes_trap *e,
+		      struct xp_async_key *k)
+{
+	const xenprobes_u8 *key = e->insn;
+	xenprobes_u32 ncaps = key[XENPROBES_ASYNC_KEY_NCAPS];
+	xp_s32 off = (xp_s32)xp_le32(key + XENPROBES_ASYNC_KEY_SPECS);
+	xenprobes_u64 specs, bytes;
+
+	if (ncaps > XENPROBES_RING_CAPS_MAX || key[5] || key[6] || key[7])
+		return -XP_EINVAL;
+	k->probe = xp_le32(key + XENPROBES_ASYNC_KEY_PROBE);
+	k->ncaps = ncaps;
+	k->specs = 0;
+	if (!ncaps)
+		return 0;
+	specs = e->addr + (xenprobes_u64)(xp_s64)off;
+	bytes = (xenprobes_u64)ncaps * sizeof(struct xenprobes_capture_spec);
+	/* Inside the OEA, without wrapping: the range check on both ends, the end from the start. */
+	if (specs % 8 || !xp_in_range(&b->oea, specs) || b->oea.end - specs < bytes)
+		return -XP_EINVAL;
+	k->specs = specs;
+	return 0;
 }
 
 enum xp_answer xp_jump_answer_apply(const struct xp_bounds *b, const struct xenprobes_regs *hit,

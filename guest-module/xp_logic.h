@@ -451,15 +451,33 @@ static inline xenprobes_u64 xp_jump_call_addr(xenprobes_u64 ret)
 enum xp_jump_lookup {
 	XP_JUMP_HIT = 0,	/* hand the hit to Dom0 */
 	XP_JUMP_FOREIGN,	/* no JUMP entry for this call: ++foreign, resume at ret */
+	XP_JUMP_ASYNC,		/* an async probe's: a record in the ring (xp_jump_async_key) */
 };
 
 /*
  * The jump entry was called with return address `ret`; e is the trap-table entry found at
- * ret - 5 (a private snapshot), or NULL when there is none. A hit needs flags exactly JUMP,
- * addr == ret - 5 and addr inside the OEA (where every detour lives).
+ * ret - 5 (a private snapshot), or NULL when there is none. A hit needs flags exactly JUMP
+ * (JUMP | ASYNC: an async hit), addr == ret - 5 and addr inside the OEA (where every detour
+ * lives).
  */
 enum xp_jump_lookup xp_jump_lookup(const struct xp_bounds *b, const struct xenprobes_trap *e,
 				   xenprobes_u64 ret);
+
+/* An async JUMP entry's key (protocol.h "Async jump probes"). */
+struct xp_async_key {
+	xenprobes_u32 probe;	/* written into every record */
+	xenprobes_u32 ncaps;	/* 0..XENPROBES_RING_CAPS_MAX */
+	xenprobes_u64 specs;	/* ncaps specs inside the OEA; 0 when ncaps is 0 */
+};
+
+/*
+ * Reads the key of an async JUMP entry (e: a private snapshot that xp_jump_lookup called
+ * XP_JUMP_ASYNC): 0 with *k filled, or -XP_EINVAL when ncaps is above XENPROBES_RING_CAPS_MAX,
+ * insn[5..7] are not zero, or the specs are not 8-byte aligned or not wholly inside the OEA.
+ * The caller copies the specs out and checks them with xp_ring_specs_check before using them.
+ */
+int xp_jump_async_key(const struct xp_bounds *b, const struct xenprobes_trap *e,
+		      struct xp_async_key *k);
 
 /* How far above the hit's rsp a jump answer may move the stack pointer (protocol.h). */
 #define XP_JUMP_RSP_MAX 4096ull

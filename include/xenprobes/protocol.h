@@ -234,9 +234,34 @@
  * when addr holds the int3 or the jump to the entry's fallback, in one stop_machine() (never
  * half a region); it leaves anything else alone.
  *
- * Async rings (the async delivery of jump probes, issue 14; the layout and the logic of both
- * ends: guest-module/xp_ring.c produces, libxenprobes/guestmod/ring.cpp consumes; the module
- * does not allocate or publish rings yet). One ring per vCPU. The module is its only producer:
+ * Async jump probes. A JUMP entry with flags JUMP | ASYNC makes the hit a record in the hit
+ * vCPU's async ring (below) instead of a mailbox hit: no Dom0, no wait, no hypercall (one
+ * notification when Dom0 asked for it). The entry is a JUMP entry in every other way (addr the
+ * detour's call inside the OEA pool, fallback the probed address, len 0) and its insn bytes
+ * carry the record's key, little-endian:
+ *     insn[0..3]   the probe's id (Dom0's choice; written into every record)
+ *     insn[4]      ncaps, the capture specs (0..XENPROBES_RING_CAPS_MAX)
+ *     insn[5..7]   zero
+ *     insn[8..11]  specs - addr as a signed 32-bit value: ncaps struct xenprobes_capture_spec
+ *                  at an 8-byte aligned address, all inside the OEA pool (Dom0 writes them
+ *                  into the detour's slots, after the detour)
+ * The module, with interrupts off and under the depth guard as for a synchronous jump hit:
+ * checks the key and copies the specs (a key or spec that breaks a rule: no record, ++async_bad
+ * in the control header); builds the registers as for a synchronous hit (rip the probed
+ * address, rsp the probed instruction's); writes the record with the guest's monotonic clock
+ * into the ring of the CPU it runs on; notifies the event channel when the ring says so;
+ * resumes in the detour at call + 5. A module without rings never sees such an entry: Dom0
+ * makes async probes only where rings are published (an older module would count the entry's
+ * hits as foreign and resume, delivering nothing).
+ * The rings are published with the other keys, before state = ready:
+ *   rings/addr   the first ring's address (page aligned; ring v, for CPU v, at addr + v *
+ *                (XENPROBES_RING_DATA_OFFSET + 2^order))
+ *   rings/count  how many (one per possible CPU id, 1..nr-cpus)
+ *   rings/order  data_order of every ring, XENPROBES_RING_MIN_ORDER..XENPROBES_RING_MAX_ORDER
+ * They live until the module unloads, after its own restore has taken every jump out.
+ *
+ * Async rings (the layout and the logic of both ends: guest-module/xp_ring.c produces,
+ * libxenprobes/guestmod/ring.cpp consumes). One ring per vCPU. The module is its only producer:
  * the vCPU's own hits, written with preemption off. Dom0 is its only consumer. A ring is
  * struct xenprobes_ring_header at offset 0 (alone in its page), then the data area at
  * XENPROBES_RING_DATA_OFFSET: 2^data_order bytes. head and tail count the bytes written and
@@ -299,6 +324,9 @@
 #define XENPROBES_XS_FIXUP_SLOTS_COUNT "fixup-slots/count"
 #define XENPROBES_XS_FIXUP_SLOTS_TABLE "fixup-slots/table"
 #define XENPROBES_XS_JUMP_ENTRY "jump-entry"
+#define XENPROBES_XS_RINGS_ADDR "rings/addr"
+#define XENPROBES_XS_RINGS_COUNT "rings/count"
+#define XENPROBES_XS_RINGS_ORDER "rings/order"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -343,7 +371,8 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 timeouts;       /* hits resumed without Dom0's answer */
 	xenprobes_u64 foreign;        /* int3s not in the table, left to the kernel */
 	xenprobes_u64 nested;         /* jump hits inside the module's own hook: no Dom0 */
-	xenprobes_u64 reserved[7];
+	xenprobes_u64 async_bad;      /* async jump hits whose key or specs broke a rule: no record */
+	xenprobes_u64 reserved[6];
 };
 
 #define XENPROBES_MBOX_IDLE 0u
@@ -373,6 +402,11 @@ struct xenprobes_mailbox {
 #define XENPROBES_TRAP_RETURN 4u   /* the return trampoline: use the return table */
 #define XENPROBES_TRAP_JUMP 8u     /* a jump probe's detour call (key only; see "Jump probes") */
 #define XENPROBES_TRAP_REDIRECT 16u /* int3 at a jump's region: resume at `fallback`, no hit */
+#define XENPROBES_TRAP_ASYNC 32u    /* with JUMP: the hit is a record in the vCPU's async ring */
+/* An async JUMP entry's key in insn (see "Async jump probes"). */
+#define XENPROBES_ASYNC_KEY_PROBE 0u  /* u32 */
+#define XENPROBES_ASYNC_KEY_NCAPS 4u  /* u8 */
+#define XENPROBES_ASYNC_KEY_SPECS 8u  /* s32: specs - addr */
 
 struct xenprobes_trap {
 	xenprobes_u64 addr;       /* the trap byte */

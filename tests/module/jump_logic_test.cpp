@@ -122,6 +122,80 @@ TEST_F(Jump, LookupNeedsTheJumpEntryOfThisCallInsideTheOea) {
   EXPECT_EQ(xp_jump_lookup(&b, &last, kOeaEnd), XP_JUMP_HIT);
 }
 
+// ---- async jump entries (protocol.h "Async jump probes") ----
+
+// An async JUMP entry at `call` for probe `probe` with `ncaps` specs at `specs`.
+xenprobes_trap async_entry(std::uint64_t call, std::uint32_t probe, std::uint8_t ncaps, std::uint64_t specs) {
+  xenprobes_trap t = entry(call, XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC, kText + 0x10);
+  const auto off = static_cast<std::uint32_t>(specs - call);
+  for (unsigned i = 0; i < 4; ++i) {
+    t.insn[XENPROBES_ASYNC_KEY_PROBE + i] = static_cast<std::uint8_t>(probe >> (8 * i));
+    t.insn[XENPROBES_ASYNC_KEY_SPECS + i] = static_cast<std::uint8_t>(off >> (8 * i));
+  }
+  t.insn[XENPROBES_ASYNC_KEY_NCAPS] = ncaps;
+  return t;
+}
+
+TEST_F(Jump, AsyncEntryIsAnAsyncHitOnlyWithBothFlagsInsideTheOea) {
+  const std::uint64_t call = kOea + 0x40, ret = call + 5;
+  auto a = async_entry(call, 7, 0, 0);
+  EXPECT_EQ(xp_jump_lookup(&b, &a, ret), XP_JUMP_ASYNC);
+  EXPECT_EQ(xp_jump_lookup(&b, &a, ret + 1), XP_JUMP_FOREIGN);
+  auto lone = entry(call, XENPROBES_TRAP_ASYNC, kText + 0x10);  // ASYNC without JUMP
+  EXPECT_EQ(xp_jump_lookup(&b, &lone, ret), XP_JUMP_FOREIGN);
+  auto extra = entry(call, XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC | XENPROBES_TRAP_FALLBACK, kText + 0x10);
+  EXPECT_EQ(xp_jump_lookup(&b, &extra, ret), XP_JUMP_FOREIGN);
+  auto outside = async_entry(kText + 0x40, 7, 0, 0);
+  EXPECT_EQ(xp_jump_lookup(&b, &outside, kText + 0x45), XP_JUMP_FOREIGN);
+  // The int3 hook never treats one as a trap of its own (it is a key, not a trap byte).
+  EXPECT_EQ(xp_int3_action(&a), XP_INT3_HIT);
+}
+
+TEST_F(Jump, AsyncKeyGivesTheProbeAndSpecsBeforeOrAfterTheCall) {
+  const std::uint64_t call = kOea + 0x40;
+  xp_async_key k{};
+  auto none = async_entry(call, 0xdeadbeef, 0, 0x1234);  // ncaps 0: the offset is not used
+  ASSERT_EQ(xp_jump_async_key(&b, &none, &k), 0);
+  EXPECT_EQ(k.probe, 0xdeadbeefu);
+  EXPECT_EQ(k.ncaps, 0u);
+  EXPECT_EQ(k.specs, 0u);
+
+  auto after = async_entry(call, 3, XENPROBES_RING_CAPS_MAX, call + 0x60);
+  ASSERT_EQ(xp_jump_async_key(&b, &after, &k), 0);
+  EXPECT_EQ(k.probe, 3u);
+  EXPECT_EQ(k.ncaps, XENPROBES_RING_CAPS_MAX);
+  EXPECT_EQ(k.specs, call + 0x60);
+
+  auto before = async_entry(call, 3, 2, kOea);  // a negative offset
+  ASSERT_EQ(xp_jump_async_key(&b, &before, &k), 0);
+  EXPECT_EQ(k.specs, kOea);
+
+  // The last specs that fit end exactly at the OEA's end.
+  auto last = async_entry(call, 3, 2, kOeaEnd - 16);
+  ASSERT_EQ(xp_jump_async_key(&b, &last, &k), 0);
+  EXPECT_EQ(k.specs, kOeaEnd - 16);
+}
+
+TEST_F(Jump, AsyncKeyRefusesWhatBreaksARule) {
+  const std::uint64_t call = kOea + 0x40;
+  xp_async_key k{};
+  auto many = async_entry(call, 1, XENPROBES_RING_CAPS_MAX + 1, call + 0x20);
+  EXPECT_EQ(xp_jump_async_key(&b, &many, &k), -XP_EINVAL);
+  for (unsigned i : {5u, 6u, 7u}) {
+    auto dirty = async_entry(call, 1, 1, call + 0x20);
+    dirty.insn[i] = 1;
+    EXPECT_EQ(xp_jump_async_key(&b, &dirty, &k), -XP_EINVAL) << i;
+  }
+  auto odd = async_entry(call, 1, 1, call + 0x24);
+  EXPECT_EQ(xp_jump_async_key(&b, &odd, &k), -XP_EINVAL);
+  auto below = async_entry(call, 1, 1, kOea - 8);
+  EXPECT_EQ(xp_jump_async_key(&b, &below, &k), -XP_EINVAL);
+  auto straddles = async_entry(call, 1, 2, kOeaEnd - 8);  // the second spec past the end
+  EXPECT_EQ(xp_jump_async_key(&b, &straddles, &k), -XP_EINVAL);
+  auto past = async_entry(kOeaEnd - 5, 1, 1, kOeaEnd + 0x100);
+  EXPECT_EQ(xp_jump_async_key(&b, &past, &k), -XP_EINVAL);
+}
+
 // ---- Dom0's answer to a jump hit ----
 
 struct Hit {
@@ -337,7 +411,9 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   std::memset(&h, 0xa5, sizeof h);
   xp_header_init(&h, 1, &l, 8, 0, 500);
   EXPECT_EQ(h.nested, 0u);
+  EXPECT_EQ(h.async_bad, 0u);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, nested), offsetof(xenprobes_ctl_header, foreign) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, async_bad), offsetof(xenprobes_ctl_header, nested) + 8);
 }
 
 }  // namespace
