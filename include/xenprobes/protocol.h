@@ -249,14 +249,15 @@
  * checks the key and copies the specs (a key or spec that breaks a rule: no record, ++async_bad
  * in the control header); builds the registers as for a synchronous hit (rip the probed
  * address, rsp the probed instruction's); writes the record with the guest's monotonic clock
- * into the ring of the CPU it runs on; notifies the event channel when the ring says so;
+ * into the ring of the vCPU it runs on; notifies the event channel when the ring says so;
  * resumes in the detour at call + 5. A module without rings never sees such an entry: Dom0
  * makes async probes only where rings are published (an older module would count the entry's
  * hits as foreign and resume, delivering nothing).
  * The rings are published with the other keys, before state = ready:
- *   rings/addr   the first ring's address (page aligned; ring v, for CPU v, at addr + v *
- *                (XENPROBES_RING_DATA_OFFSET + 2^order))
- *   rings/count  how many (one per possible CPU id, 1..nr-cpus)
+ *   rings/addr   the first ring's address (page aligned, canonical upper half); ring v, for
+ *                the vCPU whose Xen id is v (as the mailboxes are indexed), at addr + v *
+ *                (XENPROBES_RING_DATA_OFFSET + 2^order)
+ *   rings/count  how many (one per mailbox, 1..nr-cpus)
  *   rings/order  data_order of every ring, XENPROBES_RING_MIN_ORDER..XENPROBES_RING_MAX_ORDER
  * They live until the module unloads, after its own restore has taken every jump out.
  *
