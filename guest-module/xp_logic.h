@@ -44,6 +44,7 @@ extern "C" {
 #define XP_EINVAL 22
 #define XP_E2BIG 7
 #define XP_ENOSPC 28
+#define XP_EFAULT 14
 
 /*
  * The rflags bits taken from Dom0's answer: the arithmetic flags (CF PF AF ZF SF OF) only.

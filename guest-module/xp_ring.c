@@ -196,3 +196,90 @@ enum xp_ring_result xp_ring_write_hit(struct xp_ring *r, xenprobes_u32 probe, xe
 	r->busy = 0;
 	return res;
 }
+
+long xp_read_str_pieces(const struct xp_read_ops *ops, void *dst, xenprobes_u64 addr,
+			xenprobes_u32 max, bool user)
+{
+	xenprobes_u8 *out = (xenprobes_u8 *)dst;
+	xenprobes_u32 done = 0, n, i;
+	xenprobes_u64 at, page_left;
+
+	if (!ops || !ops->read)
+		return -XP_EFAULT;
+	while (done < max) {
+		at = addr + done;
+		if (done && at < addr)
+			return -XP_EFAULT;	/* past the top of the address space */
+		page_left = XP_PAGE_SIZE - (at & (XP_PAGE_SIZE - 1));
+		n = max - done;
+		if (n > XP_STR_PIECE)
+			n = XP_STR_PIECE;
+		if (n > page_left)
+			n = (xenprobes_u32)page_left;
+		if (ops->read(ops->ctx, out + done, at, n, user) != 0)
+			return -XP_EFAULT;
+		for (i = 0; i < n; i++)
+			if (out[done + i] == 0)
+				return (long)(done + i + 1);
+		done += n;
+	}
+	return (long)max;
+}
+
+int xp_rings_size(xenprobes_u32 count, xenprobes_u32 order, xenprobes_u64 *stride,
+		  xenprobes_u64 *total)
+{
+	xenprobes_u64 one;
+
+	if (count == 0 || order < XENPROBES_RING_MIN_ORDER || order > XENPROBES_RING_MAX_ORDER)
+		return -XP_EINVAL;
+	/* At most 2^32 rings of 2^24 + 4096 bytes: below 2^57, no overflow. */
+	one = XENPROBES_RING_DATA_OFFSET + ((xenprobes_u64)1 << order);
+	*stride = one;
+	*total = one * count;
+	return 0;
+}
+
+void xp_specs_snapshot(struct xenprobes_capture_spec *dst,
+		       const struct xenprobes_capture_spec *src, unsigned n)
+{
+	const volatile struct xenprobes_capture_spec *s = src;
+	unsigned i;
+
+	for (i = 0; i < n; i++) {
+		dst[i].kind = s[i].kind;
+		dst[i].reg = s[i].reg;
+		dst[i].max = s[i].max;
+		dst[i].offset = s[i].offset;
+	}
+}
+
+enum xp_async_result xp_async_hit(const struct xp_bounds *b, const struct xenprobes_trap *e,
+				  struct xp_ring *rings, xenprobes_u32 nrings, xenprobes_u32 vcpu,
+				  xenprobes_u64 time, const struct xenprobes_regs *regs,
+				  const struct xp_read_ops *ops)
+{
+	struct xenprobes_capture_spec specs[XENPROBES_RING_CAPS_MAX];
+	struct xp_async_key k;
+
+	if (!rings || vcpu >= nrings)
+		return XP_ASYNC_BAD;
+	if (xp_jump_async_key(b, e, &k) != 0)
+		return XP_ASYNC_BAD;
+	/* The key checked that ncaps specs lie inside the OEA, 8-byte aligned (none: nothing read). */
+	xp_specs_snapshot(specs, (const struct xenprobes_capture_spec *)(unsigned long)k.specs,
+			  k.ncaps);
+	if (xp_ring_specs_check(specs, k.ncaps) != 0)
+		return XP_ASYNC_BAD;
+	switch (xp_ring_write_hit(&rings[vcpu], k.probe, time, regs, specs, k.ncaps, ops)) {
+	case XP_RING_WRITTEN:
+		return XP_ASYNC_WRITTEN;
+	case XP_RING_NOTIFY:
+		return XP_ASYNC_NOTIFY;
+	case XP_RING_DROPPED:
+		return XP_ASYNC_DROPPED;
+	case XP_RING_NESTED:
+		return XP_ASYNC_NESTED;
+	}
+	return XP_ASYNC_BAD;
+}

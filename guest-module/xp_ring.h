@@ -90,6 +90,57 @@ enum xp_ring_result xp_ring_write_hit(struct xp_ring *r, xenprobes_u32 probe, xe
 				      const struct xenprobes_capture_spec *specs, unsigned nspecs,
 				      const struct xp_read_ops *ops);
 
+/*
+ * A read_str built on ops->read alone (the kernel exports no-fault copies of bytes to modules,
+ * not of strings): the string at `addr` in pieces of at most XP_STR_PIECE bytes that never cross
+ * a page boundary, stopping at the piece holding the NUL, so only pages holding bytes of the
+ * string (up to `max`) are read. Returns as read_str does: the bytes with the NUL, `max` when
+ * there is none in the first max bytes, -XP_EFAULT when a piece could not be read or the string
+ * would run past the top of the address space. dst may receive bytes past the NUL, never past
+ * dst + max.
+ */
+#define XP_STR_PIECE 64u
+long xp_read_str_pieces(const struct xp_read_ops *ops, void *dst, xenprobes_u64 addr,
+			xenprobes_u32 max, bool user);
+
+/* ---- the rings of all vCPUs (protocol.h, "Async jump probes") ---- */
+
+/*
+ * The one allocation holding `count` rings of 2^order data bytes each, back to back: 0 with
+ * *stride (the bytes of one ring, XENPROBES_RING_DATA_OFFSET + 2^order: ring v starts at
+ * v * stride) and *total, or -XP_EINVAL for no ring or an order outside
+ * [XENPROBES_RING_MIN_ORDER, XENPROBES_RING_MAX_ORDER] (the module's ring_order 0, "no rings",
+ * is its own decision and never gets here).
+ */
+int xp_rings_size(xenprobes_u32 count, xenprobes_u32 order, xenprobes_u64 *stride,
+		  xenprobes_u64 *total);
+
+/* Copies n capture specs field by field with single loads (Dom0 may be writing them). */
+void xp_specs_snapshot(struct xenprobes_capture_spec *dst,
+		       const struct xenprobes_capture_spec *src, unsigned n);
+
+enum xp_async_result {
+	XP_ASYNC_BAD = 0,	/* key, specs or vCPU broke a rule, or no rings: ++async_bad, no record */
+	XP_ASYNC_WRITTEN,	/* the record is in the vCPU's ring */
+	XP_ASYNC_NOTIFY,	/* written, and Dom0 asked for the event: send it */
+	XP_ASYNC_DROPPED,	/* no room: counted in the ring's drops */
+	XP_ASYNC_NESTED,	/* the ring was busy on this vCPU: counted in the ring's nested */
+};
+
+/*
+ * One async jump hit (e: the private snapshot of the entry xp_jump_lookup called
+ * XP_JUMP_ASYNC): the key (xp_jump_async_key), the specs copied out of the OEA
+ * (xp_specs_snapshot, at the address the key gives, which lies inside b->oea) and checked
+ * (xp_ring_specs_check), then the record into rings[vcpu] (regs: the hit's, rip the probed
+ * address; time: the guest's clock in ns). rings may be NULL with nrings 0 (no rings made): every
+ * hit is then XP_ASYNC_BAD, as is one on a vCPU without a ring (vcpu >= nrings). The caller
+ * keeps interrupts off on this vCPU throughout.
+ */
+enum xp_async_result xp_async_hit(const struct xp_bounds *b, const struct xenprobes_trap *e,
+				  struct xp_ring *rings, xenprobes_u32 nrings, xenprobes_u32 vcpu,
+				  xenprobes_u64 time, const struct xenprobes_regs *regs,
+				  const struct xp_read_ops *ops);
+
 #ifdef __cplusplus
 }
 #endif
