@@ -45,6 +45,12 @@
  * its own: an int3 hit inside a jump hit is a nested one (its fallback). An int3 on a REDIRECT
  * entry (the first byte of a jump's region) is sent to the detour at once, at depth 1 and 2
  * alike; a JUMP entry's address is never a trap byte (foreign).
+ *
+ * Async jump hits (protocol.h, "Async jump probes"): a JUMP | ASYNC entry found at depth 1
+ * becomes a record in this vCPU's ring (xp_async_hit(), xp_ring.c) instead of a mailbox hit,
+ * under the same interrupts-off section and depth guard; then the detour runs its copies
+ * unanswered, exactly as after a timeout. No mailbox, no wait, no hypercall but the one
+ * notification the ring asks for.
  */
 #include <linux/kdebug.h>
 #include <linux/kernel.h>
@@ -429,10 +435,71 @@ static int xp_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 /* ---- jump probes (protocol.h, "Jump probes") ---- */
 
 /*
- * Depth 1 of a jump hit: the JUMP entry of the detour's call at ret - 5, then Dom0. true with
- * *out = the registers to resume with when Dom0 gave a usable answer; false to resume in the
- * detour at ret as if nothing happened (foreign call, Dom0 gone, detaching, timeout, unusable
- * answer): the detour's copies of the region then just run.
+ * Capture reads for async hits (struct xp_read_ops: 0 or nonzero on a fault). The kernel's
+ * no-fault copies disable page faults and return 0 or a negative errno, on 6.1 as on 6.12:
+ * copy_from_kernel_nofault() refuses user and non-canonical addresses, copy_from_user_nofault()
+ * kernel ones and a context whose user address space is not the loaded one (a kernel thread,
+ * an NMI during a switch). The string copies the kernel has (strncpy_from_*_nofault()) are not
+ * exported to modules: strings are read in pieces through the byte copies
+ * (xp_read_str_pieces()), which gives read_str's contract exactly (max bytes unterminated when
+ * there is no NUL among them).
+ */
+static int xp_cap_read(void *ctx, void *dst, u64 addr, u32 len, bool user)
+{
+	if (user)
+		return copy_from_user_nofault(dst, (const void __user *)(unsigned long)addr, len) ?
+			       -EFAULT : 0;
+	return copy_from_kernel_nofault(dst, (const void *)(unsigned long)addr, len) ? -EFAULT : 0;
+}
+
+static long xp_cap_read_str(void *ctx, void *dst, u64 addr, u32 max, bool user);
+
+static const struct xp_read_ops xp_cap_ops = {
+	.read = xp_cap_read,
+	.read_str = xp_cap_read_str,
+};
+
+static long xp_cap_read_str(void *ctx, void *dst, u64 addr, u32 max, bool user)
+{
+	return xp_read_str_pieces(&xp_cap_ops, dst, addr, max, user);
+}
+
+/*
+ * An async jump hit at depth 1 (interrupts off; e: the entry's snapshot): the registers as a
+ * synchronous hit gives them to Dom0 (rip = the probed address, rsp = the hit's, rflags as
+ * pushed), the guest's monotonic clock (NMI safe), then a record in the ring of the vCPU it
+ * runs on. Dom0 gone or detaching changes nothing: the rings live until unload. The event only
+ * while the port is still this module's: after a save/restore or migration the number may name
+ * another channel.
+ */
+static void xp_jump_async(const struct pt_regs *regs, const struct xenprobes_trap *e)
+{
+	struct xenprobes_regs hit;
+
+	xp_regs_from_pt(&hit, regs, e->fallback);
+	switch (xp_async_hit(&xp.bounds, e, xp.rings, READ_ONCE(xp.ring_count),
+			     xen_vcpu_nr(smp_processor_id()), ktime_get_mono_fast_ns(), &hit,
+			     &xp_cap_ops)) {
+	case XP_ASYNC_BAD:
+		xp_count(&xp.async_bad, &xp.hdr->async_bad);
+		break;
+	case XP_ASYNC_NOTIFY:
+		if (atomic_read(&xp.dom0_gone) != XP_GONE_RESUMED)
+			xp_notify_dom0();
+		break;
+	case XP_ASYNC_WRITTEN:
+	case XP_ASYNC_DROPPED:	/* counted in the ring's header */
+	case XP_ASYNC_NESTED:
+		break;
+	}
+}
+
+/*
+ * Depth 1 of a jump hit: the JUMP entry of the detour's call at ret - 5, then Dom0 (an async
+ * entry: its ring). true with *out = the registers to resume with when Dom0 gave a usable
+ * answer; false to resume in the detour at ret as if nothing happened (foreign call, async hit,
+ * Dom0 gone, detaching, timeout, unusable answer): the detour's copies of the region then just
+ * run.
  */
 static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes_regs *out)
 {
@@ -446,7 +513,14 @@ static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes
 	/* The scan: an unsorted table from a buggy Dom0 costs time, not the hit. */
 	found = xp_trap_search(xp.traps, nr_traps, xp.trap_cap, call, &e) ||
 		xp_trap_scan(xp.traps, nr_traps, xp.trap_cap, call, &e);
-	if (xp_jump_lookup(&xp.bounds, found ? &e : NULL, ret) != XP_JUMP_HIT) {
+	switch (xp_jump_lookup(&xp.bounds, found ? &e : NULL, ret)) {
+	case XP_JUMP_HIT:
+		break;
+	case XP_JUMP_ASYNC:
+		xp_jump_async(regs, &e);
+		return false;
+	case XP_JUMP_FOREIGN:
+	default:
 		xp_count(&xp.foreign, &xp.hdr->foreign);
 		return false;
 	}

@@ -8,6 +8,7 @@
  *   xp_xen.c   the event channel, Xen system time, SCHEDOP_poll waits
  *   xp_text.c  kernel text bounds, executable checks, writing trap bytes back
  *   xp_logic.c the pure decisions (also unit-tested in userspace)
+ *   xp_ring.c  the async rings' producer and the async jump hit (pure, unit-tested too)
  *   xp_oea.S   the static OEA pool in the module's text
  */
 #ifndef XENPROBES_XP_INTERNAL_H
@@ -23,6 +24,7 @@
 
 #include "xp_fixup.h"
 #include "xp_logic.h"
+#include "xp_ring.h"
 
 #define XP_NAME "xenprobes"
 
@@ -62,6 +64,19 @@ struct xp_state {
 	u32 timeout_ms;
 	u64 claim_bound_ms;	/* xp_claim_bound_ms(timeout_ms) */
 
+	/*
+	 * The async rings (protocol.h, "Async jump probes"): one vzalloc'd, page-aligned block of
+	 * ring_count rings of ring_stride bytes (ring v at ring_mem + v * ring_stride, v the Xen
+	 * vCPU id), published as rings/addr, rings/count and rings/order; rings holds the
+	 * producer's private state of each (xp_ring.h), which Dom0 cannot write. ring_count 0: no
+	 * rings (ring_order=0).
+	 */
+	void *ring_mem;
+	struct xp_ring *rings;
+	u32 ring_count;
+	u32 ring_order;
+	u64 ring_stride;
+
 	/* The unbound port for Dom0 and the irq it is bound to in this guest. */
 	evtchn_port_t port;
 	int irq;
@@ -85,6 +100,7 @@ struct xp_state {
 	atomic64_t timeouts;
 	atomic64_t foreign;
 	atomic64_t nested;	/* jump hits inside the hook or another jump hit: no Dom0 */
+	atomic64_t async_bad;	/* async jump hits whose key, specs or vCPU broke a rule: no record */
 	atomic64_t redirects;	/* int3s at a jump's region sent to its detour (module-private) */
 	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */

@@ -28,6 +28,7 @@
 #include <linux/slab.h>
 #include <linux/string.h>
 #include <linux/utsname.h>
+#include <linux/vmalloc.h>
 #include <asm/cpufeature.h>
 #include <xen/xen.h>
 #include <xen/xenbus.h>
@@ -57,6 +58,12 @@ module_param(timeout_ms, uint, 0444);
 MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 to claim it (1.." __stringify(XP_TIMEOUT_MAX_MS)
 		 " ms, the vCPU waits with interrupts off). A claimed hit waits up to "
 		 "min(20 x timeout_ms, 10000 ms) in all");
+
+/* BUILD_BUG_ON in xp_rings_alloc() keeps the bounds in the description right. */
+static unsigned int ring_order = 16;
+module_param(ring_order, uint, 0444);
+MODULE_PARM_DESC(ring_order, "Async ring of each vCPU: 2^ring_order bytes of records (12..24, "
+		 "default 16 = 64 KiB), or 0: no rings and no async jump probes");
 
 static unsigned long kernel_text;
 module_param(kernel_text, ulong, 0444);
@@ -302,6 +309,21 @@ static int xp_publish_jump_entry(void)
 	return xp_xs_printf(XENPROBES_XS_JUMP_ENTRY, "0x%lx", (unsigned long)xp_jump_entry);
 }
 
+/* rings/addr, rings/count, rings/order (protocol.h, "Async jump probes"): only with rings. */
+static int xp_publish_rings(void)
+{
+	int err;
+
+	if (!xp.ring_count)
+		return 0;
+	err = xp_xs_printf(XENPROBES_XS_RINGS_ADDR, "0x%lx", (unsigned long)xp.ring_mem);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_RINGS_COUNT, "%u", xp.ring_count);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_RINGS_ORDER, "%u", xp.ring_order);
+	return err;
+}
+
 /*
  * module-text (protocol.h): this module's core text, where Dom0 must put no trap (the int3
  * hook runs it and would recurse). Optional keys: a range Dom0 would refuse is not published
@@ -356,6 +378,8 @@ static int xp_publish(void)
 	if (!err)
 		err = xp_xs_printf(XENPROBES_XS_EVTCHN, "%u", xp.port);
 	if (!err)
+		err = xp_publish_rings();
+	if (!err)
 		err = xp_watches_register();
 	/* Last: Dom0 watches `state` and must never see a half-published set. */
 	if (!err)
@@ -399,6 +423,61 @@ static void xp_ctl_free(void)
 		free_pages_exact(xp.ctl, xp.ctl_bytes);
 	xp.ctl = NULL;
 	xp.hdr = NULL;
+}
+
+/*
+ * The async rings: one per mailbox (ring v for the vCPU whose Xen id is v), in one zeroed,
+ * page-aligned vmalloc block that stays mapped and writable until unload (Dom0 maps it through
+ * the guest's page tables). Nothing with ring_order=0: async entries then count as async_bad.
+ */
+static int xp_rings_alloc(void)
+{
+	u64 stride, total;
+	u32 v;
+
+	BUILD_BUG_ON(XENPROBES_RING_MIN_ORDER != 12 || XENPROBES_RING_MAX_ORDER != 24);
+	BUILD_BUG_ON(XENPROBES_RING_DATA_OFFSET % PAGE_SIZE);
+	if (!ring_order)
+		return 0;
+	if (xp_rings_size(xp.nr_mailboxes, ring_order, &stride, &total))
+		return -EINVAL;		/* ring_order was checked at load: not reached */
+	xp.rings = kcalloc(xp.nr_mailboxes, sizeof(*xp.rings), GFP_KERNEL);
+	xp.ring_mem = vzalloc(total);
+	if (!xp.rings || !xp.ring_mem || !PAGE_ALIGNED(xp.ring_mem)) {
+		pr_err(XP_NAME ": ring_order=%u: no memory for %u rings of %llu bytes (%llu in all); load with a lower ring_order, or 0 for none\n",
+		       ring_order, xp.nr_mailboxes, stride, total);
+		return -ENOMEM;
+	}
+	for (v = 0; v < xp.nr_mailboxes; v++)
+		if (xp_ring_init(&xp.rings[v], (u8 *)xp.ring_mem + v * stride, ring_order, v))
+			return -EINVAL;	/* the order was checked: not reached */
+	xp.ring_stride = stride;
+	xp.ring_order = ring_order;
+	xp.ring_count = xp.nr_mailboxes;
+	return 0;
+}
+
+/* Only once no CPU can be in the jump entry any more (the end of xp_teardown()). */
+static void xp_rings_free(void)
+{
+	WRITE_ONCE(xp.ring_count, 0);
+	vfree(xp.ring_mem);
+	xp.ring_mem = NULL;
+	kfree(xp.rings);
+	xp.rings = NULL;
+}
+
+/* The rings' own counters (the private copies), summed for the unload line. */
+static void xp_rings_totals(u64 *drops, u64 *nested, u64 *notifies)
+{
+	u32 v;
+
+	*drops = *nested = *notifies = 0;
+	for (v = 0; v < xp.ring_count; v++) {
+		*drops += READ_ONCE(xp.rings[v].drops);
+		*nested += READ_ONCE(xp.rings[v].nested);
+		*notifies += READ_ONCE(xp.rings[v].notifies);
+	}
 }
 
 static int xp_oea_init(void)
@@ -458,6 +537,7 @@ static void xp_teardown(void)
 		destroy_workqueue(xp.wq);
 	xp.wq = NULL;
 	xp_ctl_free();
+	xp_rings_free();
 }
 
 static int __init xenprobes_init(void)
@@ -468,6 +548,11 @@ static int __init xenprobes_init(void)
 		return -ENODEV;
 	if (!timeout_ms || timeout_ms > XP_TIMEOUT_MAX_MS) {
 		pr_err(XP_NAME ": timeout_ms must be 1..%u\n", XP_TIMEOUT_MAX_MS);
+		return -EINVAL;
+	}
+	if (ring_order && (ring_order < XENPROBES_RING_MIN_ORDER || ring_order > XENPROBES_RING_MAX_ORDER)) {
+		pr_err(XP_NAME ": ring_order must be 0 (no async rings) or %u..%u (2^ring_order bytes per vCPU)\n",
+		       XENPROBES_RING_MIN_ORDER, XENPROBES_RING_MAX_ORDER);
 		return -EINVAL;
 	}
 	mutex_init(&xp.oea_lock);
@@ -486,6 +571,9 @@ static int __init xenprobes_init(void)
 	err = xp_ctl_alloc();
 	if (err)
 		goto fail;
+	err = xp_rings_alloc();
+	if (err)
+		goto fail;
 	xp_clock_init();
 	err = xp_evtchn_open();
 	if (err)
@@ -501,11 +589,12 @@ static int __init xenprobes_init(void)
 	/* Refuse rmmod until detached (see the unload policy above). */
 	__module_get(THIS_MODULE);
 	WRITE_ONCE(xp_loaded, true);
-	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), clock: %s\n",
+	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), clock: %s, %u async rings of 2^%u bytes at 0x%lx\n",
 		XENPROBES_PROTOCOL_VERSION, xp.ktext, xp.bounds.ktext.end,
 		(unsigned int)XP_OEA_POOL_SIZE,
 		(unsigned long)xp_oea_pool, (unsigned long)xp.ctl, xp.layout.pages, xp.port,
-		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp_clock_name());
+		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp_clock_name(),
+		xp.ring_count, xp.ring_order, (unsigned long)xp.ring_mem);
 	return 0;
 
 fail:
@@ -517,20 +606,25 @@ fail:
 
 static void __exit xenprobes_exit(void)
 {
+	u64 drops, nested, notifies;
+
 	/* Only reached after detach, or with rmmod --force: then disarm now. */
 	mutex_lock(&xp_detach_lock);
 	if (!xp_detached)
 		xp_disarm_all();
 	mutex_unlock(&xp_detach_lock);
+	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
+	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
 		(long long)atomic64_read(&xp.redirects), (long long)atomic64_read(&xp.bad_answers),
 		(long long)atomic64_read(&xp.no_fallback), (long long)atomic64_read(&xp.stale),
 		(unsigned long long)READ_ONCE(xp.stale_first), (long long)atomic64_read(&xp.late_text),
-		(long long)atomic64_read(&xp.late_oea));
+		(long long)atomic64_read(&xp.late_oea), (long long)atomic64_read(&xp.async_bad),
+		drops, nested, notifies);
 }
 
 module_init(xenprobes_init);
