@@ -82,6 +82,9 @@ struct DomainConfig {
   bool publish_module = true;   // publish the guest module's xenstore keys
   bool module_fixup_slots = true;  // with them its fixup slots (protocol.h, fixup-slots)
   bool module_jump_entry = true;   // and its jump entry (protocol.h, jump-entry): jump probes
+  // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
+  // (12..24; 0: none, so no async probes). Needs the jump entry.
+  unsigned module_ring_order = 14;
   // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
   // (the growth protocol in protocol.h); 0 = the module cannot grow.
   unsigned oea_reserve_areas = 3;
@@ -106,6 +109,7 @@ struct GuestLayout {
   std::uint64_t fixup_slots = 0, fixup_table = 0;    // the module's fixup slots and entries (0: none)
   unsigned fixup_count = 0;
   std::uint64_t jump_entry = 0;                      // the module's jump entry (0: none)
+  std::uint64_t rings = 0, ring_stride = 0;          // its async rings: ring v at rings + v * ring_stride (0: none)
   std::uint64_t entry = 0;
 };
 

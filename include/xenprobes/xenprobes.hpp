@@ -123,6 +123,85 @@ struct ProbeOptions {
   ProbeMethod method = ProbeMethod::Trap;
 };
 
+// Async probes (docs/probes.md "Async probes"): a jump probe whose hit the guest module writes
+// as a record into the hit vCPU's ring in memory shared with Dom0, and goes on at once: no trap,
+// no wait, no hypercall per hit. Dom0 reads the rings between events (run(), run_once()) and
+// hands each record to the probe's handler, after the hit: the handler sees the registers and
+// what the probe captured at the hit, and can change nothing in the guest.
+
+// What a capture is read relative to: a general register of the hit, or rip.
+enum class CaptureBase { Rax, Rbx, Rcx, Rdx, Rsi, Rdi, Rbp, Rsp, R8, R9, R10, R11, R12, R13, R14, R15, Rip };
+
+// One item an async probe copies out of guest memory at every hit, with the kernel's no-fault
+// reads (a page that is not there gives CaptureStatus::Fault, never a guest fault). At most 8
+// per probe; each at most 1024 bytes.
+struct Capture {
+  enum class Kind { Bytes, String };
+  Kind kind = Kind::Bytes;
+  CaptureBase base = CaptureBase::Rdi;
+  std::int32_t offset = 0;  // added to the register: the bytes are at base + offset
+  std::uint16_t max = 8;    // Bytes: exactly this many; String: at most, its NUL included
+  bool user = false;        // a user-space address (read as the hit task's), else a kernel one
+
+  // `n` bytes at [base + offset]: Capture::bytes(CaptureBase::Rsp, 8, 8) is the u64 at [rsp+8].
+  static Capture bytes(CaptureBase b, std::int32_t off, std::uint16_t n, bool user = false) {
+    return Capture{Kind::Bytes, b, off, n, user};
+  }
+  // A NUL-terminated string at base + offset, at most `max` bytes with its NUL.
+  static Capture string(CaptureBase b, std::int32_t off = 0, std::uint16_t max = 256, bool user = false) {
+    return Capture{Kind::String, b, off, max, user};
+  }
+};
+
+enum class CaptureStatus {
+  Ok,
+  Fault,      // the address could not be read: no bytes
+  Truncated,  // a string longer than max: max - 1 bytes and a NUL
+};
+
+struct CaptureValue {
+  CaptureStatus status = CaptureStatus::Ok;
+  std::span<const std::byte> bytes;  // a string's with its NUL
+  // A String capture's text (without the NUL); "" after a fault.
+  std::string_view text() const {
+    if (bytes.empty()) return {};
+    std::string_view v(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return v.substr(0, v.find('\0'));
+  }
+};
+
+// One hit of an async probe, as the guest module wrote it. Valid only during the handler call.
+struct AsyncHit {
+  DomId domain;
+  VcpuId vcpu;
+  Gva address;                 // the probe point (regs.rip)
+  std::uint64_t time_ns = 0;   // the guest's monotonic clock at the hit
+  std::uint32_t seq = 0;       // the record's number in its vCPU's ring
+  // At the probe point. The general registers, rip, rsp and rflags are the hit's; the other
+  // fields (control registers, segment bases, ...) are not recorded and read 0.
+  Regs regs;
+  std::span<const CaptureValue> captures;  // one per Capture, in the order registered
+};
+using AsyncHandler = std::function<void(const AsyncHit&)>;
+
+struct AsyncOptions {
+  std::vector<Capture> captures;
+};
+
+// A domain's async rings, as Dom0 read them (Session::ring_stats).
+struct RingStats {
+  unsigned rings = 0;            // mapped (one per vCPU); 0 until the first async probe
+  std::uint64_t records = 0;     // records read and handed to a probe
+  std::uint64_t orphans = 0;     // records of a probe unregistered since (no handler ran)
+  std::uint64_t missed = 0;      // records missing by their sequence numbers
+  std::uint64_t resyncs = 0;     // times a ring broke a rule and Dom0 skipped to its head
+  std::uint64_t corrupt_bytes = 0;
+  // The guest module's word (reported, never relied on):
+  std::uint64_t drops = 0;       // hits with no room left in the ring (Dom0 did not drain in time)
+  std::uint64_t nested = 0;      // hits inside a hit on the same vCPU
+  std::uint64_t bad_keys = 0;    // hits whose probe entry the module refused (async_bad)
+};
+
 struct ProbeInfo {
   Gva address;
   std::string instruction;  // "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)"
@@ -142,6 +221,8 @@ struct ProbeInfo {
   // task is stopped inside the bytes the jump covers (protocol.h "Jump probes"). Meanwhile a
   // trap byte sends every hit to the detour, so the probe already fires.
   bool jump_pending = false;
+  // An async probe (Session::probe_async): its hits arrive as records.
+  bool async = false;
 };
 
 // One symbol of a guest kernel, at its running address (KASLR applied).
@@ -302,6 +383,14 @@ class XENPROBES_API Session {
                           RetProbeOptions = {});
   [[nodiscard]] Result<Probe> ret_probe(DomId, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
                           RetProbeOptions = {});
+
+  // An async probe: always a jump probe (refused, saying why, where a jump cannot go, or when
+  // the guest module publishes no rings); its own point (no other probe at that address).
+  // `handler` runs in run()/run_once() for each record, after the hit.
+  [[nodiscard]] Result<Probe> probe_async(DomId, Gva address, AsyncHandler handler, AsyncOptions = {});
+  [[nodiscard]] Result<Probe> probe_async(DomId, std::string_view symbol, AsyncHandler handler, AsyncOptions = {});
+  // Reads the domain's rings now (run() does between events and at least every 20 ms).
+  [[nodiscard]] Result<RingStats> ring_stats(DomId);
 
   // `symbol` or `symbol+offset` to an address, with the symbols loaded for the domain.
   [[nodiscard]] Result<Gva> resolve(DomId, std::string_view symbol);

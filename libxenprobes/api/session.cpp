@@ -505,6 +505,25 @@ Result<Probe> Session::ret_probe(DomId dom, std::string_view symbol, EntryHandle
   return ret_probe(dom, addr, std::move(entry), std::move(on_return), o);
 }
 
+Result<Probe> Session::probe_async(DomId dom, Gva address, AsyncHandler handler, AsyncOptions o) {
+  XP_TRY(default_symbols(dom));
+  auto id = XP_TRY(impl_->engine->add_async(dom, address, std::move(handler), std::move(o.captures)));
+  return Probe(this, impl_->alive, id);
+}
+
+Result<Probe> Session::probe_async(DomId dom, std::string_view symbol, AsyncHandler handler, AsyncOptions o) {
+  Gva addr = XP_TRY(resolve(dom, symbol));
+  return probe_async(dom, addr, std::move(handler), std::move(o));
+}
+
+Result<RingStats> Session::ring_stats(DomId dom) {
+  RingStats s = XP_TRY(impl_->engine->ring_stats(dom));
+  // What the guest module refused of our keys is in its control area (the guest channel's).
+  if (impl_->guest && s.rings)
+    if (auto c = impl_->guest->module_counters(dom)) s.bad_keys = c->async_bad;
+  return s;
+}
+
 Result<void> Session::begin_batch() { return impl_->engine->begin_batch(); }
 Result<void> Session::end_batch() { return impl_->engine->end_batch(); }
 

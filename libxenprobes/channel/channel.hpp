@@ -59,6 +59,9 @@ struct TrapEntry {
     // module's jump entry (a key, never a trap byte), `resume_at` the probed address, which
     // a hit reports as its rip. The channel reports the stop with `trap` = addr.
     Jump,
+    // An async jump probe's key (protocol.h "Async jump probes"): as Jump, with the record's
+    // key in `insn` (len 0); its hits become records in the rings, never stops.
+    AsyncJump,
     // An int3 over a jump's region while the jump is put in place: the module sends the vCPU
     // to `resume_at` (the detour) with no stop at all; `insn` holds the region's bytes.
     Redirect,

@@ -272,10 +272,11 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
                                            " original bytes (at most 15)");
   // The bytes are what the module emulates, and insn[0] is what it writes back at a trap
   // outside its OEA once Dom0 is gone: only a trap in a slot (never restored) may go without.
-  if ((t.fallback == TrapEntry::Fallback::Jump || t.fallback == TrapEntry::Fallback::Redirect) && !a->jump_entry)
+  const bool jump = t.fallback == TrapEntry::Fallback::Jump || t.fallback == TrapEntry::Fallback::AsyncJump;
+  if ((jump || t.fallback == TrapEntry::Fallback::Redirect) && !a->jump_entry)
     return fail(Errc::NotSupported, dom_str(dom) + ": the guest module publishes no jump entry: it makes no jump "
                                     "probes (install the current xenprobesU in the guest)");
-  if (t.fallback == TrapEntry::Fallback::Jump && (t.len != 0 || !in_oea(dom, *a, t.addr)))
+  if (jump && (t.len != 0 || !in_oea(dom, *a, t.addr)))
     return fail(Errc::InvalidArgument, "jump entry key " + hex(t.addr.value) +
                                            ": must be a detour's call inside the out-of-line execution area, "
                                            "with no original bytes");
@@ -304,15 +305,19 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
       e.flags = XENPROBES_TRAP_RETURN;
       break;
     case TrapEntry::Fallback::Jump:
+    case TrapEntry::Fallback::AsyncJump:
     case TrapEntry::Fallback::Redirect:
       if (!t.resume_at.value)
         return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": a jump entry without its address");
-      e.flags = t.fallback == TrapEntry::Fallback::Jump ? XENPROBES_TRAP_JUMP : XENPROBES_TRAP_REDIRECT;
+      e.flags = t.fallback == TrapEntry::Fallback::Redirect ? XENPROBES_TRAP_REDIRECT
+                : t.fallback == TrapEntry::Fallback::Jump   ? XENPROBES_TRAP_JUMP
+                                                            : XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC;
       e.fallback = t.resume_at.value;
       break;
   }
   e.len = t.len;
-  std::memcpy(e.insn, t.insn, t.len);
+  // An async key's bytes are its record key, not original bytes (len stays 0).
+  std::memcpy(e.insn, t.insn, t.fallback == TrapEntry::Fallback::AsyncJump ? sizeof e.insn : t.len);
 
   auto pos = lower_bound(a->traps, e.addr);
   const auto i = static_cast<std::size_t>(pos - a->traps.begin());
@@ -395,6 +400,8 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.hits = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, hits));
   c.timeouts = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, timeouts));
   c.foreign = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, foreign));
+  c.nested = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, nested));
+  c.async_bad = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, async_bad));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

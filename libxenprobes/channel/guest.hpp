@@ -81,6 +81,8 @@ class GuestChannel final : public Channel {
   // What the module counts in the header (reported, never relied on).
   struct ModuleCounters {
     std::uint64_t hits = 0, timeouts = 0, foreign = 0;
+    std::uint64_t nested = 0;     // jump hits inside the module's own hook
+    std::uint64_t async_bad = 0;  // async jump hits whose key or specs it refused
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;

@@ -100,6 +100,8 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
         return nullptr;
       }
       if (t != a->traps.end() && t->flags == XENPROBES_TRAP_REDIRECT) return "a jump's redirect, which makes no hit";
+      if (t != a->traps.end() && t->flags == (XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC))
+        return "an async probe's key, whose hits are ring records";
       if (h.regs.rip != h.trap) return "regs.rip is not the trap address";
       // Owned: disarmed, not flushed yet.
       if (t == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap})) return "not a trap of ours";

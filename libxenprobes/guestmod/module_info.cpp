@@ -402,6 +402,62 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
   return ch;
 }
 
+Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
+                                                 const ModuleInfoOptions& options) {
+  const std::string apath = module_key(dom, XENPROBES_XS_RINGS_ADDR);
+  const std::string cpath = module_key(dom, XENPROBES_XS_RINGS_COUNT);
+  const std::string opath = module_key(dom, XENPROBES_XS_RINGS_ORDER);
+  std::optional<std::string> vals[3];
+  const std::string* paths[3] = {&apath, &cpath, &opath};
+  for (int k = 0; k < 3; ++k) {
+    auto v = hv.xs_read(*paths[k]);
+    if (v) {
+      vals[k] = std::move(*v);
+    } else if (v.error().code != Errc::NotFound) {
+      return fail(v.error().code, "reading xenstore key " + *paths[k] + ": " + v.error().what);
+    }
+  }
+  if (!vals[0] && !vals[1] && !vals[2]) return std::optional<RingsInfo>{};
+  for (int k = 0; k < 3; ++k)
+    if (!vals[k])
+      return fail(Errc::InvalidArgument, "xenstore key " + *paths[k] +
+                                             " is missing while the guest module publishes other rings/* keys: "
+                                             "rings/addr, rings/count and rings/order come together");
+  RingsInfo r;
+  auto addr = parse_hex(*vals[0]);
+  if (!addr) return fail(Errc::InvalidArgument, bad(apath, *vals[0], "not a 0x-prefixed 64-bit hex address"));
+  auto count = parse_decimal(*vals[1], info.nr_cpus);
+  if (!count || *count == 0)
+    return fail(Errc::InvalidArgument,
+                bad(cpath, *vals[1], "not a decimal number in 1..nr-cpus (" + std::to_string(info.nr_cpus) + ")"));
+  auto order = parse_decimal(*vals[2], XENPROBES_RING_MAX_ORDER);
+  if (!order || *order < XENPROBES_RING_MIN_ORDER)
+    return fail(Errc::InvalidArgument, bad(opath, *vals[2], "not a decimal number in " +
+                                                                std::to_string(XENPROBES_RING_MIN_ORDER) + ".." +
+                                                                std::to_string(XENPROBES_RING_MAX_ORDER)));
+  r.addr = Gva{*addr};
+  r.count = static_cast<unsigned>(*count);
+  r.order = static_cast<unsigned>(*order);
+  if (r.bytes() > kMaxRingsBytes)
+    return fail(Errc::InvalidArgument, bad(cpath, *vals[1], std::to_string(r.count) + " rings of 2^" +
+                                                                std::to_string(r.order) + " bytes are more than " +
+                                                                std::to_string(kMaxRingsBytes >> 20) + " MiB in all"));
+  const std::uint64_t first = r.addr.value, last = first + r.bytes() - 1;
+  if (first < kUpperHalfStart || first % kPageSize || last < first)
+    return fail(Errc::InvalidArgument,
+                bad(apath, *vals[0], "not a page-aligned upper-half address with room for " + std::to_string(r.bytes()) +
+                                         " bytes of rings"));
+  const std::uint64_t kt = info.kernel_text.value;
+  if (ranges_overlap(first, last, kt, kt + options.kernel_text_guard - 1))
+    return fail(Errc::InvalidArgument, bad(apath, *vals[0], "the rings overlap the kernel's text"));
+  if (info.has_module_text() && ranges_overlap(first, last, info.module_text_start.value, info.module_text_end.value - 1))
+    return fail(Errc::InvalidArgument, bad(apath, *vals[0], "the rings overlap the module's text"));
+  for (unsigned j = 0; j < info.areas.size(); ++j)
+    if (ranges_overlap(first, last, info.areas[j].addr.value, info.areas[j].last()))
+      return fail(Errc::InvalidArgument, bad(apath, *vals[0], "the rings overlap oea/" + std::to_string(j)));
+  return std::optional<RingsInfo>{r};
+}
+
 Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<const OeaArea> known) {
   if (fresh.areas.size() < known.size())
     return fail(Errc::Io, "the guest module now publishes " + std::to_string(fresh.areas.size()) +

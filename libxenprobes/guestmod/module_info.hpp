@@ -140,6 +140,34 @@ inline constexpr std::uint32_t kMaxEvtchnPort = (1u << 17) - 1;
                                                                const ModuleInfo& info,
                                                                const ModuleInfoOptions& options = {});
 
+// The async rings (rings/*, protocol.h "Async jump probes"): `count` rings of
+// XENPROBES_RING_DATA_OFFSET + 2^order bytes each, one after the other from `addr`, ring v for
+// the vCPU whose Xen id is v.
+struct RingsInfo {
+  Gva addr;
+  unsigned count = 0;
+  unsigned order = 0;
+
+  std::uint64_t stride() const { return XENPROBES_RING_DATA_OFFSET + (std::uint64_t{1} << order); }
+  Gva ring(unsigned v) const { return addr + std::uint64_t{v} * stride(); }
+  std::uint64_t bytes() const { return std::uint64_t{count} * stride(); }
+};
+
+// All the rings of one domain together stay below this (64 vCPUs with 4 MiB of data each): a
+// larger total is not a module's rings, and Dom0 maps all of them.
+inline constexpr std::uint64_t kMaxRingsBytes = 256ull << 20;
+
+// Reads and validates the rings a module whose other keys `info` holds publishes. nullopt: the
+// module publishes none of the three keys (it makes no async probes). The rings must be page
+// aligned in the upper half, not wrap, stay within kMaxRingsBytes, and lie outside the kernel
+// text guard, the module's text and every OEA area; count 1..nr-cpus, order
+// XENPROBES_RING_MIN_ORDER..XENPROBES_RING_MAX_ORDER. Errors: InvalidArgument (a key missing
+// while another is there, a malformed value or a broken rule; the key and sanitised value
+// named), or whatever xs_read fails with. Whether the pages are mapped and writable is the
+// mapper's check (guestmod/rings.hpp).
+[[nodiscard]] Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
+                                                               const ModuleInfoOptions& options = {});
+
 // The areas of `fresh` (a re-read after growth) that `known` does not have yet. A known area
 // that moved or vanished is refused with Io: Dom0 may have slot code in it.
 [[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh,

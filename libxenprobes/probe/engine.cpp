@@ -58,6 +58,10 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   if (existing != d->points.end()) {
     // Aggregate: the point is already decoded, slotted and (maybe) armed.
     Point& p = *existing->second;
+    if (reg->async || (p.jump && p.jump->async_key))
+      return fail(Errc::Busy, hex(addr.value) + " already holds " +
+                                  (p.jump && p.jump->async_key ? "an async probe" : "a probe") +
+                                  ": an async probe has its point to itself (unregister the other first)");
     if (p.jump && reg->post)
       return fail(Errc::NotSupported, hex(addr.value) + " is a jump probe, which makes no stop after the instruction: "
                                       "post-handlers cannot run there (use a pre-handler)");
@@ -138,6 +142,11 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     return fail(Errc::Busy, point->insn.describe() + ": inside the region [" + hex(q->jump->region.start.value) + ", " +
                                 hex(q->jump->region.end().value) + ") that the jump probe at " + hex(q->addr.value) +
                                 " covers; unregister it first");
+  if (reg->async) {
+    if (auto why = plan_async(*d, *reg))
+      return fail(Errc::NotSupported, (d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value)) +
+                                          ": cannot be an async probe: " + *why);
+  }
   if (reg->method != ProbeMethod::Trap) {
     if (auto why = plan_jump(*d, *point, *reg)) {
       std::string where = d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value);
@@ -145,6 +154,10 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
         return fail(Errc::NotSupported, where + ": cannot be a jump probe: " + *why + "; a trap probe can be put there");
       XP_LOG(Info, "domain %u: %s: a trap probe, not a jump: %s", id.value, where.c_str(), why->c_str());
       point->not_jump_because = std::move(*why);
+    }
+    if (reg->async) {  // a jump (an async probe is never Fastest)
+      point->jump->async_key = d->next_async_key++;
+      point->jump->specs = reg->specs;
     }
   }
 
@@ -173,6 +186,7 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   }
   reg->point = point.get();
   point->regs.push_back(reg.get());
+  if (reg->async) d->async_keys[point->jump->async_key] = reg.get();
   d->points[addr] = std::move(point);
   ProbeId rid = next_id_++;
   probes_[rid] = std::move(reg);
@@ -271,9 +285,12 @@ Result<void> Engine::remove_registration(Domain& dom, std::map<ProbeId, std::uni
   }
   // The last registration: restore the bytes, resume pending stops (found through the
   // disarmed point, then rewound onto the restored instruction), free the slot.
+  // An async probe's records so far reach its handler first.
+  if (r.async && !d->rings.empty()) drain_rings(*d);
   auto hold = XP_TRY(Pause::take(*this, *d));
   XP_TRY(disarm(*d, *p));
   XP_TRY(flush(*d));
+  if (p->jump && p->jump->async_key) d->async_keys.erase(p->jump->async_key);
   release_slot(*d, *p);
   d->points.erase(p->addr);
   probes_.erase(it);
@@ -290,7 +307,10 @@ Result<void> Engine::after_dispatch(bool resumed) {
     for (const auto& [dom, record] : returned_records_) journal_->remove_return(record);
     returned_records_.clear();
   }
-  for (auto& [id, d] : domains_) advance_jumps(*d);
+  for (auto& [id, d] : domains_) {
+    advance_jumps(*d);
+    if (!d->rings.empty()) drain_rings(*d);
+  }
   if (deferred_removals_.empty()) return {};
   flush_deferred();
   return {};
@@ -329,6 +349,7 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
     i.mode = ExecMode::Detour;
     i.slot = p.jump->detour;
     i.jump_pending = p.armed && !p.jump->jmp;
+    i.async = p.jump->async_key != 0;
   }
   if (it->second->ret)
     if (auto d = domains_.find(p.dom); d != domains_.end()) i.trampoline = d->second->trampoline.value_or(Gva{0});

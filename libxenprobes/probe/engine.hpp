@@ -19,6 +19,7 @@
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "guestmod/module_info.hpp"
+#include "guestmod/rings.hpp"
 #include "guardian/journal.hpp"
 #include "probe/oea_pool.hpp"
 #include "probe/patcher.hpp"
@@ -75,6 +76,10 @@ class Engine final : public channel::StopSink {
   // A return probe on the function starting at the address (see docs/probes.md, "Return
   // probes"): an entry registration on the point, plus instances tracked by stack slot.
   [[nodiscard]] Result<ProbeId> add_ret(DomId, Gva, EntryHandler, ReturnHandler, RetProbeOptions);
+  // An async jump probe (probe/engine_async.cpp; protocol.h "Async jump probes").
+  [[nodiscard]] Result<ProbeId> add_async(DomId, Gva, AsyncHandler, std::vector<Capture>);
+  // Reads every ring of the domain and hands the records to their probes.
+  [[nodiscard]] Result<RingStats> ring_stats(DomId);
   [[nodiscard]] Result<void> remove(ProbeId);
   [[nodiscard]] Result<void> set_enabled(ProbeId, bool);
   ProbeStats stats(ProbeId) const;
@@ -101,8 +106,10 @@ class Engine final : public channel::StopSink {
   std::vector<DomId> domains() const;
 
   // How soon the event loop should call after_dispatch() again even with no event (0: no need):
-  // a jump probe waits for the guest module's quiescence (Domain::jumps_waiting).
+  // a jump probe waits for the guest module's quiescence (Domain::jumps_waiting), or async
+  // probes' rings are read (kDrainIntervalMs).
   int wake_interval_ms() const;
+  static constexpr int kDrainIntervalMs = 20;
 
   bool stop_requested() const { return stop_requested_; }
   void clear_stop() { stop_requested_ = false; }
@@ -144,6 +151,8 @@ class Engine final : public channel::StopSink {
     std::string moved_because;  // why the point is not at `requested`
     ProbeStats stats;
     std::unique_ptr<RetState> ret;  // a return probe's entry registration
+    AsyncHandler async;  // an async probe's (then no pre or post)
+    std::vector<xenprobes_capture_spec> specs;  // its captures, as the guest module reads them
   };
   // A jump probe's state (probe/engine_jump.cpp; protocol.h "Jump probes").
   struct JumpState {
@@ -151,6 +160,11 @@ class Engine final : public channel::StopSink {
     std::array<std::uint8_t, x86::kMaxInsnLen> original{};  // the region's bytes (length <= 15)
     std::vector<x86::Insn> insns;  // the region's instructions
     Gva detour{0};           // its slot (0: none yet)
+    // An async probe's: its key in the domain's records (Domain::async_keys), and the slots
+    // its detour and capture specs take, adjacent from `detour`.
+    std::uint32_t async_key = 0;
+    std::vector<xenprobes_capture_spec> specs;
+    unsigned slots = 1;
     x86::DetourLayout layout;
     std::optional<Patch> redirect;  // the trap byte at region.start (a REDIRECT entry)
     std::optional<Patch> jmp;       // the jump over that trap byte and the next four
@@ -262,6 +276,15 @@ class Engine final : public channel::StopSink {
     std::unique_ptr<JumpIndex> jump_index;
     unsigned jumps_waiting = 0;
     std::optional<std::uint64_t> quiesce_done;
+    // Async probes: the rings the module publishes (read at attach; why not, when it publishes
+    // them wrongly), mapped with the first async probe; the probes by record key; Dom0's counts.
+    std::optional<guestmod::RingsInfo> rings_info;
+    std::string rings_refused;
+    std::vector<guestmod::MappedRing> rings;
+    std::map<std::uint32_t, Registration*> async_keys;
+    std::uint32_t next_async_key = 1;
+    std::uint64_t ring_records = 0, ring_orphans = 0;
+    bool draining = false;
     SlotMap<Instance> live_returns;
     struct Returned {
       std::uint64_t ret;
@@ -331,7 +354,7 @@ class Engine final : public channel::StopSink {
   Result<void> reclaim_slots(Domain&);
   // A Clean slot; asks the guest module for another area when the pool runs low, and picks
   // up areas it has published since.
-  Result<Gva> allocate_slot(Domain&);
+  Result<Gva> allocate_slot(Domain&, unsigned n = 1);
   Result<void> refresh_areas(Domain&);
   bool needs_trap_tail(const Point&) const;
   bool any_enabled(const Point&) const;
@@ -368,6 +391,14 @@ class Engine final : public channel::StopSink {
   void advance_jumps(Domain&);
   const x86::SiteIndex& jump_fixups(Domain&);
   channel::Verdict hit_jump(Domain&, const SlotTrap&, channel::Stop&);
+  // Async probes (probe/engine_async.cpp).
+  std::optional<std::string> plan_async(Domain&, const Registration&);
+  Result<void> map_rings(Domain&);
+  // Reads every ring of the domain, runs the handlers, then asks each ring for a notification
+  // past its watermark (reading again what arrived meanwhile).
+  void drain_rings(Domain&);
+  // An async probe's JUMP entry: its key, with the specs at `specs`.
+  static void async_key(const JumpState&, Gva specs, channel::TrapEntry&);
   channel::TrapEntry trap_entry(const Point&) const;
   bool emulate(Domain&, const x86::Insn&, x86::Plan, Regs&);
   bool next_emulated(const Point& p) const {

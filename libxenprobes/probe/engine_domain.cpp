@@ -101,6 +101,13 @@ Result<void> Engine::attach(DomId id) {
       d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
       d->fixup = mi->fixup_slots;
       d->jump_entry = mi->jump_entry;
+      // The rings only serve async probes: malformed ones refuse those, nothing else.
+      if (auto ri = guestmod::read_rings_info(hv_, id, *mi)) {
+        d->rings_info = *ri;
+      } else {
+        d->rings_refused = ri.error().what;
+        XP_LOG(Warn, "domain %u: no async probes: %s", id.value, ri.error().what.c_str());
+      }
     } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
       return std::unexpected(mi.error());
     } else {

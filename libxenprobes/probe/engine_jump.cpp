@@ -4,6 +4,8 @@
 // quiescence, the jump itself), disarming, and hits.
 #include "probe/engine_internal.hpp"
 
+#include <cstring>
+
 #include "x86/relocate.hpp"
 
 namespace xenprobes::probe {
@@ -160,23 +162,33 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
   JumpState& j = *p.jump;
   std::optional<Patch> detour;
   if (!j.detour.value) {
-    const Gva slot = XP_TRY(allocate_slot(d));
+    // An async probe's capture specs follow its detour, in the slots after it.
+    const std::size_t spec_bytes = j.specs.size() * sizeof(xenprobes_capture_spec);
+    const unsigned n = 1 + static_cast<unsigned>((spec_bytes + kSlotSize - 1) / kSlotSize);
+    const Gva slot = XP_TRY(allocate_slot(d, n));
     PatchSpec spec;
     spec.at = slot;
-    spec.on_undo = give_back_slot(d, slot);
-    std::array<std::uint8_t, kSlotSize> code{};
-    code.fill(0xcc);
-    auto l = x86::emit_detour(code, slot, j.insns, p.addr, *d.jump_entry);
+    spec.on_undo = [give = give_back_slot(d, slot), pool = d.pool.get(), slot, n, id = d.id] {
+      give();
+      for (unsigned k = 1; k < n; ++k)
+        if (auto r = pool->release(slot + std::uint64_t{k} * kSlotSize); !r)
+          XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value + k * kSlotSize).c_str(), r.error().what.c_str());
+    };
+    std::vector<std::uint8_t> code(std::size_t{n} * kSlotSize, 0xcc);
+    auto l = x86::emit_detour(std::span(code).first(kSlotSize), slot, j.insns, p.addr, *d.jump_entry);
     if (!l) {
       spec.on_undo();
       return std::unexpected(l.error());
     }
-    spec.bytes.assign(code.begin(), code.end());
+    if (spec_bytes) std::memcpy(code.data() + kSlotSize, j.specs.data(), spec_bytes);
+    spec.bytes = std::move(code);
     channel::TrapEntry te;  // the detour's call: known to the channel before anything can reach it
     te.addr = slot + l->call_offset;
     te.fallback = channel::TrapEntry::Fallback::Jump;
     te.resume_at = p.addr;
+    if (j.async_key) async_key(j, slot + kSlotSize, te);
     spec.trap = te;
+    j.slots = n;
     detour = XP_TRY(patcher(d).apply(std::move(spec)));
     j.detour = slot;
     j.layout = *l;
@@ -305,9 +317,12 @@ void Engine::advance_jumps(Domain& d) {
 }
 
 int Engine::wake_interval_ms() const {
-  for (const auto& [id, d] : domains_)
+  int ms = 0;
+  for (const auto& [id, d] : domains_) {
     if (d->jumps_waiting) return 10;
-  return 0;
+    if (!d->async_keys.empty()) ms = kDrainIntervalMs;
+  }
+  return ms;
 }
 
 channel::Verdict Engine::hit_jump(Domain& d, const SlotTrap& st, channel::Stop& s) {

@@ -200,15 +200,15 @@ Result<void> Engine::refresh_areas(Domain& d) {
   return {};
 }
 
-Result<Gva> Engine::allocate_slot(Domain& d) {
-  if (d.pool->clean() == 0 && d.pool->dirty() > 0) XP_TRY(reclaim_slots(d));
-  auto slot = d.pool->allocate();
+Result<Gva> Engine::allocate_slot(Domain& d, unsigned n) {
+  if (d.pool->clean() < n && d.pool->dirty() > 0) XP_TRY(reclaim_slots(d));
+  auto slot = d.pool->allocate_run(n);
   if (!slot && slot.error().code == Errc::NoSpace) {
     // The module may have published an area since we asked (or answer at once).
     if (!d.growth_requested && d.pool->areas().size() < XENPROBES_OEA_MAX_AREAS &&
         guestmod::request_growth(hv_, d.id, d.pool->areas().back().size))
       d.growth_requested = true;
-    if (d.growth_requested && refresh_areas(d)) slot = d.pool->allocate();
+    if (d.growth_requested && refresh_areas(d)) slot = d.pool->allocate_run(n);
     if (!slot && !d.quiesce_wait.empty()) {
       Error e = slot.error();
       e.what += "; " + std::to_string(d.quiesce_wait.size()) +
@@ -247,7 +247,7 @@ void Engine::release_slot(Domain& d, Point& p) {
     // Its call stays known to the channel until the slot is reclaimed: a vCPU may still be in
     // the detour (a hit that resumes there runs no handler then).
     if (auto it = d.slot_traps.find(p.jump->key()); it != d.slot_traps.end()) it->second.point = nullptr;
-    release_ran_slot(d, p.jump->detour);
+    for (unsigned k = 0; k < p.jump->slots; ++k) release_ran_slot(d, p.jump->detour + std::uint64_t{k} * kSlotSize);
     p.jump->detour = Gva{0};
     return;
   }

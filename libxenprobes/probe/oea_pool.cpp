@@ -56,9 +56,32 @@ Result<Gva> OeaPool::allocate() {
       return slot_addr(i, k);
     }
   }
-  return fail(Errc::NoSpace, "out-of-line execution area exhausted: " +
+  return std::unexpected(exhausted());
+}
+
+Result<Gva> OeaPool::allocate_run(std::size_t n) {
+  if (n == 1) return allocate();
+  if (n == 0 || n * slot_size_ > kPageSize)
+    return fail(Errc::InvalidArgument, "a run of " + std::to_string(n) + " OEA slots (1.." +
+                                           std::to_string(kPageSize / slot_size_) + ")");
+  for (std::size_t i = 0; i < bits_.size(); ++i) {
+    auto& b = bits_[i];
+    std::size_t run = 0;
+    for (std::size_t k = 0; k < b.slots; ++k) {
+      run = test(b.used, k) || test(b.dirty, k) ? 0 : run + 1;
+      if (run < n) continue;
+      for (std::size_t j = k + 1 - n; j <= k; ++j) set(b.used, j);
+      used_count_ += n;
+      return slot_addr(i, k + 1 - n);
+    }
+  }
+  return std::unexpected(exhausted());
+}
+
+Error OeaPool::exhausted() const {
+  return Error{Errc::NoSpace, "out-of-line execution area exhausted: " +
                                  std::to_string(used_count_ + dirty_count_) +
-                                 " slots in use; load the guest module with a larger area (or let it grow)");
+                                 " slots in use; load the guest module with a larger area (or let it grow)"};
 }
 
 Result<void> OeaPool::release(Gva slot) {

@@ -58,6 +58,10 @@ class OeaPool {
   // A Clean slot, now Used (the lowest address first). NoSpace when none is Clean; the
   // message counts Used + Dirty slots as "in use".
   [[nodiscard]] Result<Gva> allocate();
+  // n adjacent Clean slots in one area, now Used (the lowest address first); each is released
+  // on its own. NoSpace when no area has such a run; InvalidArgument for 0 or more than a
+  // page's worth.
+  [[nodiscard]] Result<Gva> allocate_run(std::size_t n);
   // Used → Dirty. InvalidArgument if `slot` is not the start of a Used slot.
   [[nodiscard]] Result<void> release(Gva slot);
   // Dirty → Clean for every Dirty slot that holds none of `vcpu_rips` (the RIPs of all vCPUs,
@@ -86,6 +90,7 @@ class OeaPool {
   explicit OeaPool(OeaPoolOptions o) : slot_size_(o.slot_size), low_water_(o.low_water) {}
   // (area index, slot index) of the slot holding va.
   std::optional<std::pair<std::size_t, std::size_t>> locate(Gva va) const;
+  Error exhausted() const;
   Gva slot_addr(std::size_t area, std::size_t slot) const {
     return areas_[area].addr + slot * static_cast<std::uint64_t>(slot_size_);
   }

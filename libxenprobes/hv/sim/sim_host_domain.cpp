@@ -38,6 +38,7 @@ namespace {
 constexpr std::uint64_t kKernelMapBase = 0xffffffff80000000ull;  // Linux __START_KERNEL_map
 constexpr std::uint64_t kPhysmapBase = 0xffff888000000000ull;    // Linux direct map
 constexpr std::uint64_t kOeaVa = 0xffffffffa0000000ull;          // Linux module area
+constexpr std::uint64_t kRingsVa = 0xffffc90001000000ull;        // Linux vmalloc area
 constexpr std::uint64_t kTablesGpa = 0x100000, kTablesLimit = 0x400000;
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
@@ -140,6 +141,9 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     if (cfg.module_jump_entry)
       XP_TRY(module_create_jump_entry(*d, pt, kOeaVa + cfg.oea_size + 2 * 4096ull,
                                       ctl_gpa + (XENPROBES_CTL_MAX_PAGES + 2) * 4096ull));
+    // Its async rings: in the vmalloc area, in RAM after the jump entry's page.
+    if (cfg.module_jump_entry && cfg.module_ring_order)
+      XP_TRY(module_create_rings(*d, pt, kRingsVa, ctl_gpa + (XENPROBES_CTL_MAX_PAGES + 3) * 4096ull));
   }
   d->aliases.push_back({kPhysmapBase, 0, ram->size});
 
@@ -155,6 +159,10 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   d->layout.physmap_base = kPhysmapBase;
   d->layout.fixup_slots = d->module.fixup_va;
   d->layout.jump_entry = d->module.jump_entry;
+  if (!d->module.rings.empty()) {
+    d->layout.rings = d->module.rings_va;
+    d->layout.ring_stride = XENPROBES_RING_DATA_OFFSET + (std::uint64_t{1} << d->module.ring_order);
+  }
   d->layout.fixup_table = d->module.fixup_table_va;
   d->layout.fixup_count = d->module.fixup_count;
   d->layout.entry = sym("demo_vcpu_entry", d->image.entry);

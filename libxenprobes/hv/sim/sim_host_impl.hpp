@@ -89,6 +89,9 @@ class SimHostImpl final : public SimHost {
   // The fixup slots (one executable page at `va`) and their entries (the next page, writable).
   Result<void> module_create_fixup_slots(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
   Result<void> module_create_jump_entry(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
+  Result<void> module_create_rings(Domain&, PageTableBuilder&, std::uint64_t va, std::uint64_t gpa);
+  // An async jump hit (protocol.h "Async jump probes"): the record into the vCPU's ring.
+  void module_async_locked(Domain&, Vcpu&, const xenprobes_trap&, const VcpuRegs&);
   // A detour's call reached the jump entry (protocol.h, "Jump probes"): the hit, or on at once.
   void module_jump_locked(Domain&, Vcpu&);
   // Steps 1 and 2 of a hit for the trap entry `e` (an int3's, or a jump's JUMP entry whose hit

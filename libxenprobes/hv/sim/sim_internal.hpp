@@ -15,6 +15,7 @@
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
+#include "xp_ring.h"  // guest-module/: the module's own ring producer
 
 namespace xenprobes::hv::sim {
 
@@ -158,6 +159,12 @@ struct ModuleState {
   // module code is Dom0-side C++, so the page holds int3s and a detour's call to it lands in
   // module_int3_locked, which runs the jump entry (a real module runs it without a trap).
   std::uint64_t jump_entry = 0;
+  // rings/* (protocol.h "Async jump probes"): the producer state of each vCPU's ring (the
+  // module's own xp_ring, pointing into guest RAM), and what async hits it refused.
+  std::uint64_t rings_va = 0;
+  unsigned ring_order = 0;
+  std::vector<xp_ring> rings;
+  std::uint64_t nested = 0, async_bad = 0;
 };
 
 struct WritableFrame {
@@ -224,5 +231,14 @@ inline constexpr unsigned kNrVirqs = 24;
 // The one lock around every Unicorn call in the process (sim_host.cpp says why). Recursive;
 // never held while waiting for anything but Unicorn.
 std::recursive_mutex& emulation_mutex();
+
+// The simulated module's helpers (sim_module.cpp), shared with sim_module_async.cpp.
+// [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
+std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len);
+// The module's counters into its control area's header.
+void publish_counters(Domain& d);
+// What the module's own code (xp_logic.c) is told about the guest.
+xp_bounds module_bounds(Domain& d);
+xenprobes_regs to_protocol(const VcpuRegs& r);
 
 }  // namespace xenprobes::hv::sim

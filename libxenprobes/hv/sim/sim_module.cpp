@@ -69,18 +69,7 @@ std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
   return area(d) + d.module.mailbox_offset + std::size_t{vcpu} * sizeof(xenprobes_mailbox);
 }
 
-void publish_counters(Domain& d) {
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
-}
 
-// [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
-std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
-  for (const Alias& a : d.aliases)
-    if (va >= a.va && va - a.va < a.len && len <= a.len - (va - a.va)) return d.ram->base + a.gpa + (va - a.va);
-  return nullptr;
-}
 
 // The areas this module published (oea/0, then reserve areas in order).
 bool in_oea(const Domain& d, std::uint64_t va) {
@@ -112,30 +101,8 @@ bool lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) {
   return false;
 }
 
-xenprobes_regs to_protocol(const VcpuRegs& r) {
-  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,     r.r9,  r.r10,
-                        r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
-}
 
-// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
-// and its OEA pool, which in a real module holds every area it publishes (one static pool).
-xp_bounds module_bounds(Domain& d) {
-  xp_bounds b{};
-  b.ktext = {d.layout.text_start, d.layout.text_end};
-  b.modules = {kModulesVa, kModulesEnd};
-  const unsigned areas = std::max(1u, d.oea_published);
-  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
-  // The module asks the page tables whether the page is executable; here: mapped, and not the
-  // control area (the one NX mapping inside the module area).
-  b.is_exec = [](void* ctx, std::uint64_t va) {
-    Domain& dom = *static_cast<Domain*>(ctx);
-    const ModuleState& m = dom.module;
-    if (m.present && va >= m.ctl_va && va - m.ctl_va < std::uint64_t{m.ctl_pages} * kPageSize) return false;
-    return guest_ptr(dom, va, 1) != nullptr;
-  };
-  b.ctx = &d;
-  return b;
-}
+
 
 // XENPROBES_TRAP_EMULATE, run by the guest module's own code (xp_emulate): the forms it
 // decodes (relative jmp/jcc/call/loop/jrcxz, jmp/call through a register, near ret), the
@@ -169,6 +136,46 @@ bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
 std::string dir_of(const Domain& d) { return "/local/domain/" + std::to_string(d.id.value) + "/" XENPROBES_XS_DIR "/"; }
 
 }  // namespace
+
+void publish_counters(Domain& d) {
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, nested)), d.module.nested);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, async_bad)), d.module.async_bad);
+}
+
+// [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
+std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
+  for (const Alias& a : d.aliases)
+    if (va >= a.va && va - a.va < a.len && len <= a.len - (va - a.va)) return d.ram->base + a.gpa + (va - a.va);
+  return nullptr;
+}
+
+xenprobes_regs to_protocol(const VcpuRegs& r) {
+  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,     r.r9,  r.r10,
+                        r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
+}
+
+// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
+// and its OEA pool, which in a real module holds every area it publishes (one static pool).
+xp_bounds module_bounds(Domain& d) {
+  xp_bounds b{};
+  b.ktext = {d.layout.text_start, d.layout.text_end};
+  b.modules = {kModulesVa, kModulesEnd};
+  const unsigned areas = std::max(1u, d.oea_published);
+  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
+  // The module asks the page tables whether the page is executable; here: mapped, and not the
+  // control area (the one NX mapping inside the module area).
+  b.is_exec = [](void* ctx, std::uint64_t va) {
+    Domain& dom = *static_cast<Domain*>(ctx);
+    const ModuleState& m = dom.module;
+    if (m.present && va >= m.ctl_va && va - m.ctl_va < std::uint64_t{m.ctl_pages} * kPageSize) return false;
+    return guest_ptr(dom, va, 1) != nullptr;
+  };
+  b.ctx = &d;
+  return b;
+}
 
 Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt, std::uint64_t gpa) {
   const DomainConfig& c = d.cfg;
@@ -230,6 +237,12 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
   if (m.jump_entry) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.jump_entry);
     store_[dir + XENPROBES_XS_JUMP_ENTRY] = text;
+  }
+  if (!m.rings.empty()) {
+    std::snprintf(text, sizeof text, "0x%" PRIx64, m.rings_va);
+    store_[dir + XENPROBES_XS_RINGS_ADDR] = text;
+    store_[dir + XENPROBES_XS_RINGS_COUNT] = std::to_string(m.rings.size());
+    store_[dir + XENPROBES_XS_RINGS_ORDER] = std::to_string(m.ring_order);
   }
   if (m.fixup_count) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_va);
@@ -341,10 +354,18 @@ void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
   xenprobes_trap e{};
   const xp_bounds b = module_bounds(d);
   const bool found = ret >= 5 && lookup(d, xp_jump_call_addr(ret), e);
-  if (xp_jump_lookup(&b, found ? &e : nullptr, ret) != XP_JUMP_HIT) {
+  const enum xp_jump_lookup kind = xp_jump_lookup(&b, found ? &e : nullptr, ret);
+  if (kind == XP_JUMP_FOREIGN) {
     ++m.foreign;  // a call from no detour Dom0 told us of
     publish_counters(d);
     return resume();
+  }
+  if (kind == XP_JUMP_ASYNC) {  // a record, and on at once: no mailbox, no Dom0
+    r.rip = e.fallback;
+    module_async_locked(d, v, e, r);
+    r.rip = ret;
+    r.rsp = hit_rsp;
+    return write_regs(v, r, false);
   }
   if (m.dom0_gone) return resume();
   r.rip = e.fallback;  // the probed address

@@ -49,6 +49,44 @@ TEST(OeaPool, AllocatesAlignedDistinctSlotsUntilNoSpace) {
             "larger area (or let it grow)");
 }
 
+TEST(OeaPool, RunsAreAdjacentCleanSlotsInOneAreaAndReleasedOneByOne) {
+  auto pool = make({{Gva{kBase}, 4096}, {Gva{kBase + 0x10000}, 4096}});
+  // Area 0: slots 0 and 2 used, 1 dirty: the first run of 3 starts at slot 3.
+  auto s0 = pool.allocate(), s1 = pool.allocate(), s2 = pool.allocate();
+  ASSERT_TRUE(s0 && s1 && s2);
+  ASSERT_TRUE(pool.release(*s1));
+  auto run = pool.allocate_run(3);
+  ASSERT_TRUE(run) << run.error().what;
+  EXPECT_EQ(run->value, kBase + 3 * 32);
+  for (unsigned k = 0; k < 3; ++k) EXPECT_EQ(pool.state_of(*run + 32 * k), SlotState::Used) << k;
+  EXPECT_EQ(pool.used(), 5u);
+  // Fill area 0 up to one free slot at its end: a run of 2 goes to area 1, never across.
+  while (pool.clean() > 128 + 1) ASSERT_TRUE(pool.allocate());
+  auto two = pool.allocate_run(2);
+  ASSERT_TRUE(two) << two.error().what;
+  EXPECT_EQ(two->value, kBase + 0x10000);
+  // Each slot of a run is released on its own.
+  ASSERT_TRUE(pool.release(*two + 32));
+  EXPECT_EQ(pool.state_of(*two), SlotState::Used);
+  EXPECT_EQ(pool.state_of(*two + 32), SlotState::Dirty);
+  EXPECT_EQ(pool.allocate_run(0).error().code, Errc::InvalidArgument);
+  EXPECT_EQ(pool.allocate_run(129).error().code, Errc::InvalidArgument);
+  EXPECT_EQ(pool.allocate_run(1)->value, kBase + 127 * 32) << "a run of one is allocate()";
+}
+
+TEST(OeaPool, ARunNeedsThatManyAdjacentSlots) {
+  auto pool = make({{Gva{kBase}, 4096}});
+  std::vector<Gva> all;
+  for (unsigned i = 0; i < 128; ++i) all.push_back(*pool.allocate());
+  for (unsigned i = 0; i < 128; i += 2) ASSERT_TRUE(pool.release(all[i]));
+  std::array<std::uint64_t, 1> none{};
+  pool.reclaim(std::span(none.data(), 0));
+  EXPECT_EQ(pool.clean(), 64u);
+  auto r = pool.allocate_run(2);  // 64 clean slots, none adjacent
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::NoSpace);
+}
+
 TEST(OeaPool, SlotCountNotAMultipleOf64AndUnusedTail) {
   // 4096 / 48 = 85 slots, 16 bytes of tail.
   auto pool = make({{Gva{kBase}, 4096}}, {.slot_size = 48});

@@ -1,0 +1,226 @@
+// Async probes on the simulated Xen (protocol.h "Async jump probes"): a jump probe whose hits
+// the guest module writes into the vCPUs' rings; Dom0 reads them between events. Every call
+// arrives as exactly one record, with its registers and captures, in order per vCPU; a ring
+// Dom0 does not read fills up and the module counts exactly the hits it had no room for; the
+// guest's results and text are untouched; every refusal says why.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "engine/engine_fixture.hpp"
+#include "xenprobes/protocol.h"
+
+namespace xenprobes::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kIterations = 40;
+
+const std::set<std::string> kPaths = {"/etc/hostname", "/proc/version", "/tmp",          "/nonexistent",
+                                      "/etc/passwd",   "/tmp/demo.log", "relative/path", "/etc"};
+
+template <typename F>
+bool run_until(ProbedGuest& g, F done, int rounds = 5000) {
+  for (int i = 0; i < rounds; ++i) {
+    if (done()) return true;
+    if (auto r = g.session->run_once(2); !r) {
+      ADD_FAILURE() << "run_once: " << r.error().what;
+      return false;
+    }
+  }
+  return done();
+}
+
+struct Seen {
+  std::uint64_t records = 0;
+  std::map<unsigned, std::uint32_t> next_seq;  // per vCPU
+  std::map<unsigned, std::uint64_t> last_time;
+  std::map<std::string, std::uint64_t> paths;
+  std::uint64_t bad = 0;  // records that broke an expectation (details in the failure output)
+};
+
+TEST(AsyncProbe, EveryCallIsOneRecordWithItsRegistersAndCapturesInOrder) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(2, kIterations));
+  auto layout = g.host->layout(g.dom);
+  const auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  const std::uint64_t at = g.entry("sys_open");
+  Seen seen;
+  {
+    AsyncOptions o;
+    o.captures = {Capture::string(CaptureBase::Rdi, 0, 64), Capture::bytes(CaptureBase::Rsp, 0, 8),
+                  Capture::bytes(CaptureBase::Rip, -0x40000000, 8)};  // 1 GiB below the kernel: not mapped
+    auto p = g.session->probe_async(g.dom, "sys_open", [&](const AsyncHit& h) {
+      ++seen.records;
+      const unsigned v = h.vcpu.value;
+      if (h.address.value != at || h.regs.rip != at || h.captures.size() != 3) ++seen.bad;
+      if (seen.next_seq.contains(v) && h.seq != seen.next_seq[v]) ++seen.bad;
+      seen.next_seq[v] = h.seq + 1;
+      if (seen.last_time.contains(v) && h.time_ns < seen.last_time[v]) ++seen.bad;
+      seen.last_time[v] = h.time_ns;
+      if (h.captures.size() == 3) {
+        EXPECT_EQ(h.captures[0].status, CaptureStatus::Ok);
+        ++seen.paths[std::string(h.captures[0].text())];
+        // The return address the call pushed: into the demo guest's text.
+        std::uint64_t ret = 0;
+        if (h.captures[1].bytes.size() == 8) std::memcpy(&ret, h.captures[1].bytes.data(), 8);
+        if (ret < layout->text_start || ret >= layout->text_end) ++seen.bad;
+        EXPECT_EQ(h.captures[2].status, CaptureStatus::Fault);
+        EXPECT_TRUE(h.captures[2].bytes.empty());
+      }
+    }, o);
+    ASSERT_TRUE(p) << p.error().what;
+    auto info = p->info();
+    ASSERT_TRUE(info);
+    EXPECT_TRUE(info->async);
+    EXPECT_EQ(info->method, ProbeMethod::Jump);
+    EXPECT_EQ(info->mode, ExecMode::Detour);
+    g.start();
+    ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+    auto rs = g.session->ring_stats(g.dom);  // reads what is left
+    ASSERT_TRUE(rs) << rs.error().what;
+    const std::uint64_t calls = expected_calls(DEMO_FN_OPEN, kIterations) * 2;
+    EXPECT_EQ(seen.records, calls);
+    EXPECT_EQ(p->stats().hits, calls);
+    EXPECT_EQ(seen.bad, 0u);
+    EXPECT_EQ(seen.next_seq.size(), 2u) << "records from both vCPUs";
+    EXPECT_EQ(rs->rings, 2u);
+    EXPECT_EQ(rs->records, calls);
+    EXPECT_EQ(rs->drops, 0u);
+    EXPECT_EQ(rs->missed, 0u);
+    EXPECT_EQ(rs->resyncs, 0u);
+    EXPECT_EQ(rs->orphans, 0u);
+    EXPECT_EQ(rs->bad_keys, 0u);
+    for (const auto& [path, n] : seen.paths) EXPECT_TRUE(kPaths.contains(path)) << "captured '" << path << "'";
+    const demo_stats ref = reference_stats(0, kIterations);
+    EXPECT_EQ(g.stats(0).checksum, ref.checksum) << "the guest computed what it computes unprobed";
+  }
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "unregistered: the text is the guest's again";
+}
+
+TEST(AsyncProbe, AFullRingDropsAndTheModuleCountsEveryDrop) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  auto cfg = demo_config(1, kIterations);
+  cfg.module_ring_order = 12;  // 4 KiB: 22 records of 184 bytes
+  ProbedGuest g(cfg);
+  std::uint64_t records = 0;
+  auto p = g.session->probe_async(g.dom, "sys_getppid", [&](const AsyncHit&) { ++records; });
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  // The jump goes in (Dom0 runs for the quiescence); from then on nobody reads the rings.
+  ASSERT_TRUE(run_until(g, [&] { return !p->info()->jump_pending; })) << "the jump was never written";
+  const std::uint64_t before = records;
+  ASSERT_TRUE(g.host->wait_halted(g.dom, 60s)) << g.host->crash_reason(g.dom);
+  auto rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  const std::uint64_t calls = expected_calls(DEMO_FN_GETPPID, kIterations);
+  EXPECT_GT(rs->drops, 0u) << "the workload makes more calls than a 4 KiB ring holds";
+  EXPECT_LE(records - before, 4096u / sizeof(xenprobes_rec)) << "no more than the ring holds came after";
+  EXPECT_EQ(records + rs->drops, calls) << "every call is a record or a counted drop";
+  EXPECT_EQ(rs->missed, 0u);
+  EXPECT_EQ(rs->resyncs, 0u);
+  EXPECT_EQ(g.stats(0).iterations, kIterations);
+}
+
+TEST(AsyncProbe, RefusalsSayWhy) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  {
+    auto cfg = demo_config(1, 1);
+    cfg.module_ring_order = 0;
+    ProbedGuest g(cfg);
+    auto p = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {});
+    ASSERT_FALSE(p);
+    EXPECT_EQ(p.error().code, Errc::NotSupported);
+    EXPECT_NE(p.error().what.find("publishes no async rings"), std::string::npos) << p.error().what;
+  }
+  ProbedGuest g(demo_config(1, 1));
+  auto nothing = g.session->probe_async(g.dom, "sys_getppid", AsyncHandler{});
+  ASSERT_FALSE(nothing);
+  EXPECT_EQ(nothing.error().code, Errc::InvalidArgument);
+
+  AsyncOptions many;
+  many.captures.assign(9, Capture::bytes(CaptureBase::Rdi, 0, 8));
+  auto nine = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, many);
+  ASSERT_FALSE(nine);
+  EXPECT_NE(nine.error().what.find("at most 8"), std::string::npos) << nine.error().what;
+
+  AsyncOptions big;
+  big.captures.assign(4, Capture::bytes(CaptureBase::Rdi, 0, 1024));
+  auto huge = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, big);
+  ASSERT_FALSE(huge);
+  EXPECT_NE(huge.error().what.find("capture fewer bytes"), std::string::npos) << huge.error().what;
+
+  AsyncOptions zero;
+  zero.captures = {Capture::bytes(CaptureBase::Rdi, 0, 0)};
+  auto none = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, zero);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().what.find("capture 0: max 0 bytes"), std::string::npos) << none.error().what;
+
+  // An async probe has its point to itself, both ways round.
+  auto a = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {});
+  ASSERT_TRUE(a) << a.error().what;
+  auto b = g.session->probe(g.dom, "sys_getppid", [](HitContext&) { return 0; });
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code, Errc::Busy);
+  EXPECT_NE(b.error().what.find("an async probe"), std::string::npos) << b.error().what;
+  auto t = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+  ASSERT_TRUE(t) << t.error().what;
+  auto c = g.session->probe_async(g.dom, "sys_read", [](const AsyncHit&) {});
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Errc::Busy);
+
+}
+
+TEST(AsyncProbe, OtherChannelsRefuseAsyncProbesSayingWhy) {
+  if (test_channel() == ChannelKind::Guest) GTEST_SKIP() << "the guest channel makes async probes";
+  ProbedGuest g(demo_config(1, 1));
+  auto p = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {});
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Errc::NotSupported);
+  EXPECT_NE(p.error().what.find("guest channel"), std::string::npos) << p.error().what;
+}
+
+// rings/* are the guest's words: each malformed value refuses async probes (naming the key),
+// and nothing else.
+TEST(AsyncProbe, MalformedRingKeysRefuseAsyncProbesOnly) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  struct Case {
+    const char* key;
+    const char* value;
+    const char* says;
+  };
+  for (const Case& c : {Case{XENPROBES_XS_RINGS_ORDER, "11", "rings/order"},
+                        Case{XENPROBES_XS_RINGS_ORDER, "25", "rings/order"},
+                        Case{XENPROBES_XS_RINGS_COUNT, "0", "rings/count"},
+                        Case{XENPROBES_XS_RINGS_COUNT, "99", "rings/count"},
+                        Case{XENPROBES_XS_RINGS_ADDR, "0xffffc90001000800", "page-aligned"},
+                        Case{XENPROBES_XS_RINGS_ADDR, "0x1000", "upper-half"},
+                        Case{XENPROBES_XS_RINGS_ADDR, "banana", "hex address"}}) {
+    SCOPED_TRACE(std::string(c.key) + " = " + c.value);
+    auto cfg = demo_config(1, 1);
+    cfg.start_paused = true;
+    auto host = hv::sim::SimHost::create({});
+    auto id = host->create_domain(cfg);
+    ASSERT_TRUE(id) << id.error().what;
+    auto hv = host->open();
+    const std::string key = "/local/domain/" + std::to_string(id->value) + "/" XENPROBES_XS_DIR "/" + c.key;
+    ASSERT_TRUE(hv->xs_write(key, c.value));
+    SessionOptions so{ChannelKind::Guest};
+    so.guardian = GuardianMode::Off;
+    auto s = Session::open(std::move(hv), so);
+    ASSERT_TRUE(s) << s.error().what;
+    ASSERT_TRUE((*s)->load_symbols(*id, demo_map()));
+    auto p = (*s)->probe_async(*id, "sys_getppid", [](const AsyncHit&) {});
+    ASSERT_FALSE(p);
+    EXPECT_NE(p.error().what.find(c.says), std::string::npos) << p.error().what;
+    auto t = (*s)->probe(*id, "sys_getppid", [](HitContext&) { return 0; }, {}, ProbeOptions{ProbeMethod::Jump});
+    EXPECT_TRUE(t) << "a synchronous jump probe is not the rings' business: " << t.error().what;
+  }
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
