@@ -333,16 +333,11 @@ int main(int argc, char** argv) {
     const auto& insns = d.insns;
     const x86::JumpFunction jf = x86::JumpFunction::from_insns(insns, d.fn->start, d.fn->start + d.fn->size, jc);
     if (jf.unknown_targets()) ++fn_with_unknown;
-    // The engine's foreign-trap rule: an int3 in the flow (not padding after ret/jmp/int3)
+    // The engine's foreign-trap rule: an int3 in the flow (not padding, x86::is_padding_trap)
     // hides the instruction it replaced, and refuses every point after it.
     std::size_t first_foreign = insns.size();
     for (std::size_t k = 0; k < insns.size(); ++k) {
-      if (!x86::is_trap_byte(insns[k])) continue;
-      const bool padding = k > 0 && (insns[k - 1].branch == x86::BranchKind::Ret ||
-                                     insns[k - 1].branch == x86::BranchKind::Jmp ||
-                                     insns[k - 1].branch == x86::BranchKind::JmpIndirect ||
-                                     x86::is_trap_byte(insns[k - 1]));
-      if (!padding) {
+      if (x86::is_trap_byte(insns[k]) && !x86::is_padding_trap(insns, k)) {
         first_foreign = k;
         break;
       }

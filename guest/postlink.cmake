@@ -38,12 +38,22 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${OBJDUMP} -d ${ELF} failed (${rc})")
 endif()
 # Forbidden: anything needing SSE/AVX/x87, time, CPUID, MSRs, interrupts or system tables.
+# Functions that are probe targets only and hold traps on purpose are left out of the check
+# (safety.S's demo_bug_end: a WARN()'s and a BUG()'s ud2, int3 padding); nothing runs them.
+set(checked "${dis}")
+foreach(fn demo_bug_end)
+  set(before "${checked}")
+  string(REGEX REPLACE "\n[0-9a-f]+ <${fn}>:\n[^\n]*(\n[^\n]+)*" "\n" checked "${checked}")
+  if(checked STREQUAL before)
+    message(WARNING "demo guest: no function ${fn} in ${ELF}")
+  endif()
+endforeach()
 set(bad "")
 foreach(re
     "%[xyz]mm[0-9]" "%st[(0-9]" "\t(rdtscp?|cpuid|rdrand|rdseed|rdpid|rdmsr|wrmsr|syscall|sysenter)"
     "\t(sysret|iret[lqw]?|int[13]?|into|ud2|lgdt|lidt|ltr|sti|cli|pause|xsave|xrstor|vm[a-z]+) "
     "\t(int3|ud2|iretq|sti|cli|pause)\n" "\tmov +%[^,]*,%cr[0-9]" "\tmov +%cr[0-9]")
-  string(REGEX MATCHALL "[^\n]*${re}[^\n]*" hits "${dis}")
+  string(REGEX MATCHALL "[^\n]*${re}[^\n]*" hits "${checked}")
   foreach(hit IN LISTS hits)
     string(APPEND bad "  ${hit}\n")
   endforeach()

@@ -147,6 +147,33 @@ demo_locked_inc:
 	.long 1b - .
 	.popsection
 
+/* A function that ends in a BUG(): after its ud2 only int3 padding up to the next function,
+   as Linux 6.1's __pv_queued_spin_unlock_slowpath ends. Before it, a WARN()'s ud2 (the kernel
+   goes on with the next instruction) and a ret with its straight-line-speculation int3. The
+   padding is refused by the instruction rule for an int3 (as after a ret), not as a foreign
+   breakpoint. Never run: postlink.cmake leaves it out of its check for traps the simulated
+   Xen cannot run. Offsets are in the comments (tests/engine/safety_test.cpp uses them). */
+	.globl demo_bug_end
+	.type demo_bug_end, @function
+demo_bug_end:
+	FTRACE_NOP5			/* +0x00 */
+	testq %rsi, %rsi		/* +0x05 */
+	je 1f				/* +0x08 */
+	ud2				/* +0x0a: WARN() */
+1:	testq %rdi, %rdi		/* +0x0c */
+	je 2f				/* +0x0f */
+	movl $1, %eax			/* +0x11 */
+	ret				/* +0x16 */
+	int3				/* +0x17: after the ret */
+2:	ud2				/* +0x18: BUG() */
+	int3				/* +0x1a .. +0x1f: to the function's end */
+	int3
+	int3
+	int3
+	int3
+	int3
+	.size demo_bug_end, . - demo_bug_end
+
 /* On the guest module's int3 path in Linux (the module's die notifier runs RCU readers and
    checks the resume address with lookup_address): the guest channel refuses them by name. */
 	.globl __rcu_read_lock

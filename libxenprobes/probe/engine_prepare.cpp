@@ -109,15 +109,13 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   p.own_address = kernel::needs_own_address(rule_context(d), p.insn);
   // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
   // debugger) hides the instruction it replaced, so the boundary check above may have walked
-  // through garbage. An int3 right after ret or jmp is padding (straight-line-speculation
-  // hardening puts one after every ret); one in the flow is not ours to reason about.
+  // through garbage. Padding is walked over (x86::is_padding_trap: after ret, jmp or iret, or
+  // filling the function's end after a BUG()'s ud2), and a probe on it meets the instruction
+  // rule for an int3; a trap byte in the flow is not ours to reason about.
   for (std::size_t k = 0; k < fn_insns.size() && fn_insns[k].address.value <= addr.value; ++k) {
     const x86::Insn& i = fn_insns[k];
     if (!x86::is_trap_byte(i) || d.points.contains(i.address)) continue;
-    bool padding = k > 0 && (fn_insns[k - 1].branch == x86::BranchKind::Ret ||
-                             fn_insns[k - 1].branch == x86::BranchKind::Jmp ||
-                             fn_insns[k - 1].branch == x86::BranchKind::JmpIndirect || x86::is_trap_byte(fn_insns[k - 1]));
-    if (!padding)
+    if (!x86::is_padding_trap(fn_insns, k))
       return fail(Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
                                       "debugger) at " + d.syms->symbolize(i.address) +
                                       " hides the instruction it replaced, so the instruction boundaries of " +

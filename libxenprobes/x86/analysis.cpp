@@ -44,6 +44,21 @@ bool is_ftrace_nop(const Insn& i) {
 bool is_endbr(const Insn& i) { return i.kind == Kind::Endbr; }
 bool is_skippable(const Insn& i) { return i.kind == Kind::Nop || i.kind == Kind::Endbr; }
 
+bool is_padding_trap(std::span<const Insn> function, std::size_t k) {
+  if (k >= function.size() || !is_trap_byte(function[k])) return false;
+  std::size_t first = k;  // the run of trap bytes k belongs to starts at `first`
+  while (first > 0 && is_trap_byte(function[first - 1])) --first;
+  if (first == 0) return false;  // nothing before it: the run is not after anything
+  const Insn& before = function[first - 1];
+  const BranchKind b = before.branch;
+  if (b == BranchKind::Ret || b == BranchKind::Jmp || b == BranchKind::JmpIndirect || is_context_return(before))
+    return true;
+  if (!is_deliberate_ud(before)) return false;
+  for (std::size_t j = k + 1; j < function.size(); ++j)
+    if (!is_trap_byte(function[j])) return false;  // code after it: the ud2 may have been a WARN()
+  return true;
+}
+
 namespace {
 
 struct Rule {

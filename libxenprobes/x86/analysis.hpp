@@ -54,6 +54,20 @@ bool is_rip_relative(const Insn& i);
 bool is_ftrace_nop(const Insn& i);            // exactly 0f 1f 44 00 00
 bool is_endbr(const Insn& i);
 bool is_skippable(const Insn& i);             // nop of any length, endbr
+// True when function[k] is a trap byte (int3/ICEBP) that is padding, which no path runs, so a
+// walk from the function's start may step over it. Padding is a run of trap bytes that starts
+// right after an instruction execution never goes past:
+//   - ret, jmp rel, jmp r/m (straight-line-speculation hardening puts an int3 after each, and
+//     alignment may add more), iret, sysret, sysexit (they go to another context);
+//   - ud0/ud1/ud2, but only when the run fills the rest of the function: a BUG() that ends it
+//     (Linux 6.1's __pv_queued_spin_unlock_slowpath ends `ud2; int3 × 9`). A WARN()'s ud2 goes
+//     on with the next instruction once the kernel has reported it, so a trap byte right after
+//     one in the middle of a function is somebody else's breakpoint.
+// A call, even to a function that never returns, does not start padding: nothing here knows
+// which callees return. Nor does a far transfer (an lcall comes back). `function` is
+// decode_function() of the whole function.
+bool is_padding_trap(std::span<const Insn> function, std::size_t k);
+
 // True when a copy of `i` followed by `jmp rel32` back behaves like `i` in place (after the
 // RIP-relative fixup): no refusal applies and `i` is not a branch.
 bool can_boost(const Insn& i);

@@ -177,11 +177,9 @@ std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpR
     };
     // int3 padding after a ret or jmp (straight-line-speculation hardening) is never executed:
     // the copy stops mattering at the transfer, and a branch to the padding would be caught by
-    // no-branch-into-region.
-    if (is_trap_byte(i) && j > r.first &&
-        (f.insns()[j - 1].branch == BranchKind::Ret || f.insns()[j - 1].branch == BranchKind::Jmp ||
-         f.insns()[j - 1].branch == BranchKind::JmpIndirect || is_trap_byte(f.insns()[j - 1])))
-      continue;
+    // no-branch-into-region. (Padding after a BUG()'s ud2 never gets here: the ud2 before it
+    // in the region is refused by the instruction rules first.)
+    if (j > r.first && is_padding_trap(f.insns(), j)) continue;
     // The instruction rules first: whatever cannot run out of line behind a trap cannot in a
     // detour either.
     if (auto plan = analyze(i); !plan) return refusal(JumpRule::WholeInstructions, plan.error().what);

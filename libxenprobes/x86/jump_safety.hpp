@@ -25,7 +25,7 @@
 //                        jmp <target>, and an indirect call closing the region likewise
 //                        (push; jmp <operand>, not through RSP); no loop/jrcxz (rel8 only), no
 //                        endbr64 (an indirect-branch landing pad); int3 padding after a ret or
-//                        jmp is dead and allowed
+//                        jmp is dead and allowed (is_padding_trap, analysis.hpp)
 //   no-branch-into-region  no branch of the function, no jump-table entry and no address the
 //                        caller names as entered from outside (exception fixups) targets bytes
 //                        1 .. len-1 of the region; an indirect jump whose targets the caller

@@ -277,6 +277,70 @@ TEST(AddressRules, AForeignBreakpointEarlierInTheFunctionMakesItsBoundariesUntru
   EXPECT_TRUE(q) << q.error().what;
 }
 
+// guest/safety.S's demo_bug_end (never run): +0x0a ud2 (a WARN: the kernel goes on) · +0x0c
+// test %rdi · +0x11 mov $1,%eax · +0x16 ret · +0x17 int3 · +0x18 ud2 (a BUG) · +0x1a..+0x1f
+// int3 to the function's end.
+constexpr std::uint64_t kWarnNext = 0x0c, kMov = 0x11, kAfterRet = 0x17, kBug = 0x18, kPadding = 0x1a,
+                        kEnd = 0x20;
+
+// The part of a refusal after the instruction it names: the rule's reason.
+std::string reason(const Error& e) {
+  auto at = e.what.find(": foreign breakpoint");
+  return at == std::string::npos ? e.what : e.what.substr(at);
+}
+
+TEST(AddressRules, ThePaddingAfterABugIsRefusedAsThePaddingAfterARet) {
+  ProbedGuest g;
+  const std::uint64_t fn = g.sym("demo_bug_end");
+  const std::vector<std::uint8_t> bug_and_padding = {0x0f, 0x0b, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc};
+  ASSERT_EQ(g.peek(fn + kBug, kEnd - kBug), bug_and_padding);
+  const auto before = g.peek(fn, kEnd);
+  auto after_ret = g.session->probe(g.dom, Gva{fn + kAfterRet}, nop());
+  ASSERT_FALSE(after_ret);
+  EXPECT_EQ(after_ret.error().code, Errc::Busy);
+  EXPECT_NE(after_ret.error().what.find("foreign breakpoint: an int3/ICEBP is already there"), std::string::npos)
+      << after_ret.error().what;
+  EXPECT_EQ(after_ret.error().what.find("rule '"), std::string::npos) << after_ret.error().what;
+  for (std::uint64_t off = kPadding; off < kEnd; ++off) {
+    SCOPED_TRACE(off);
+    auto p = g.session->probe(g.dom, Gva{fn + off}, nop());
+    ASSERT_FALSE(p);
+    EXPECT_EQ(p.error().code, Errc::Busy);
+    EXPECT_EQ(p.error().what.find("rule 'foreign-trap'"), std::string::npos) << p.error().what;
+    EXPECT_EQ(reason(p.error()), reason(after_ret.error())) << p.error().what;
+  }
+  // The BUG's ud2 by its own rule, the code before it as ever.
+  auto bug = g.session->probe(g.dom, Gva{fn + kBug}, nop());
+  ASSERT_FALSE(bug);
+  EXPECT_NE(bug.error().what.find("deliberate #UD"), std::string::npos) << bug.error().what;
+  EXPECT_EQ(g.peek(fn, kEnd), before) << "a refusal writes nothing";
+  auto mov = g.session->probe(g.dom, Gva{fn + kMov}, nop());
+  ASSERT_TRUE(mov) << mov.error().what;
+  ASSERT_TRUE(mov->unregister());
+  EXPECT_EQ(g.peek(fn, kEnd), before);
+}
+
+TEST(AddressRules, AForeignBreakpointAfterAWarnStaysForeign) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  // An in-guest kprobe's int3 over the first byte of `test %rdi,%rdi`, the instruction a WARN's
+  // ud2 goes on with: in the flow, so every point past it is refused as before.
+  const std::uint64_t fn = g.sym("demo_bug_end"), foreign = fn + kWarnNext;
+  std::uint8_t orig = g.peek(foreign, 1)[0], cc = 0xcc;
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(&cc, 1))));
+  for (std::uint64_t off : {kWarnNext, kMov, kPadding}) {
+    SCOPED_TRACE(off);
+    auto p = g.session->probe(g.dom, Gva{fn + off}, nop());
+    ASSERT_FALSE(p);
+    EXPECT_EQ(p.error().code, Errc::Busy);
+    EXPECT_NE(p.error().what.find("rule 'foreign-trap'"), std::string::npos) << p.error().what;
+  }
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(&orig, 1))));
+  auto q = g.session->probe(g.dom, Gva{fn + kMov}, nop());
+  EXPECT_TRUE(q) << q.error().what;
+}
+
 TEST(TextChecks, EnableAfterTheGuestRewroteTheInstructionIsRefused) {
   ProbedGuest g;
   auto gv = GuestView::open(g.session->hypervisor(), g.dom);

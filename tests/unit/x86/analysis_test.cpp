@@ -177,6 +177,62 @@ TEST(AdjustProbeAddress, MovesPastEntryEndbrOnly) {
   EXPECT_EQ(adjust_probe_address(*g, kBase), kBase);
 }
 
+// Which trap bytes of a function are padding: is_padding_trap for each instruction, from
+// annotated bytes ('P' padding, '.' anything else, trap bytes in the flow included).
+struct PaddingCase {
+  const char* what;
+  std::vector<std::uint8_t> bytes;
+  const char* expected;  // one letter per decoded instruction
+};
+
+class Padding : public ::testing::TestWithParam<PaddingCase> {};
+
+TEST_P(Padding, MarksOnlyTrapsNoPathRuns) {
+  const PaddingCase& c = GetParam();
+  auto f = decode_function(c.bytes, kBase);
+  ASSERT_TRUE(f) << f.error().what;
+  std::string got;
+  for (std::size_t k = 0; k < f->size(); ++k) got += is_padding_trap(*f, k) ? 'P' : '.';
+  EXPECT_EQ(got, c.expected);
+  EXPECT_FALSE(is_padding_trap(*f, f->size())) << "past the end";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Walk, Padding,
+    ::testing::Values(
+        //   +0 48 89 c7 mov rdi,rax · +3 c3 ret · +4 cc cc int3 × 2 (SLS, alignment)
+        PaddingCase{"after_ret", {0x48, 0x89, 0xc7, 0xc3, 0xcc, 0xcc}, "..PP"},
+        //   +0 c2 08 00 ret 8 · +3 cc
+        PaddingCase{"after_ret_imm", {0xc2, 0x08, 0x00, 0xcc}, ".P"},
+        //   +0 eb 02 jmp +4 · +2 cc · +3 cc · +4 c3 ret   (the run after a jmp, then code)
+        PaddingCase{"after_jmp", {0xeb, 0x02, 0xcc, 0xcc, 0xc3}, ".PP."},
+        //   +0 ff e0 jmp rax · +2 cc · +3 f1 (ICEBP counts as a trap byte too)
+        PaddingCase{"after_jmp_indirect", {0xff, 0xe0, 0xcc, 0xf1}, ".PP"},
+        //   +0 48 cf iretq · +2 cc (sysret and sysexit alike: the next instruction runs elsewhere)
+        PaddingCase{"after_iret", {0x48, 0xcf, 0xcc}, ".P"},
+        //   Linux 6.1 __pv_queued_spin_unlock_slowpath's end: +0 e8 00 00 00 00 call · +5 0f 0b
+        //   ud2 (a WARN: goes on) · +7 e9 00 00 00 00 jmp · +c 0f 0b ud2 (BUG) · +e cc × 3 to the end
+        PaddingCase{"after_bug_to_the_end",
+                    {0xe8, 0, 0, 0, 0, 0x0f, 0x0b, 0xe9, 0, 0, 0, 0, 0x0f, 0x0b, 0xcc, 0xcc, 0xcc},
+                    "....PPP"},
+        //   Just the BUG: +0 0f 0b ud2 · +2 cc (ud0/ud1 count the same; Capstone 4 and 5
+        //   disagree on their length, so they are not spelled out here)
+        PaddingCase{"after_ud2_to_the_end", {0x0f, 0x0b, 0xcc}, ".P"},
+        //   A WARN's ud2 in the middle: +0 0f 0b · +2 cc (over the next instruction's first
+        //   byte, say) · +3 c3 ret. The kernel resumes after the ud2: that int3 is in the flow.
+        PaddingCase{"after_warn_mid_function", {0x0f, 0x0b, 0xcc, 0xc3}, "..."},
+        //   ... and every trap byte of its run: +0 0f 0b · +2 cc cc · +4 90 nop
+        PaddingCase{"run_after_ud2_then_code", {0x0f, 0x0b, 0xcc, 0xcc, 0x90}, "...."},
+        //   A call never starts padding, whatever its callee: +0 e8 00 00 00 00 · +5 cc
+        PaddingCase{"after_call", {0xe8, 0, 0, 0, 0, 0xcc}, ".."},
+        //   In the flow: +0 31 c0 xor · +2 cc · +3 cc · +4 c3 (a run after code is not padding)
+        PaddingCase{"in_the_flow", {0x31, 0xc0, 0xcc, 0xcc, 0xc3}, "...."},
+        //   The function's first byte: nothing before it
+        PaddingCase{"at_the_start", {0xcc, 0xc3}, ".."},
+        //   Not a trap byte at all: the nop after a ret is not "padding" here
+        PaddingCase{"nop_after_ret", {0xc3, 0x90}, ".."}),
+    [](const auto& info) { return std::string(info.param.what); });
+
 }  // namespace
 }  // namespace xenprobes::x86
 

@@ -181,6 +181,12 @@ TEST(JumpSafety, WholeInstructionsIntPaddingAfterRet) {
   // The same int3 in the flow (after the mov, before the ret) is somebody's breakpoint.
   const std::vector<std::uint8_t> live = {0x48, 0x89, 0xc7, 0xcc, 0xc3, 0xcc, 0xcc, 0xcc};
   EXPECT_EQ(refused_by(fn(live, ctx), F), JumpRule::WholeInstructions);
+  // The padding after a BUG()'s ud2 (F+3 0f 0b, F+5 cc cc cc) is padding too, but a region
+  // reaching it holds the ud2, which the instruction rules refuse first.
+  const std::vector<std::uint8_t> bug = {0x48, 0x89, 0xc7, 0x0f, 0x0b, 0xcc, 0xcc, 0xcc};
+  std::string why;
+  EXPECT_EQ(refused_by(fn(bug, ctx), F, &why), JumpRule::WholeInstructions);
+  EXPECT_TRUE(has(why, "deliberate #UD")) << why;
 }
 
 TEST(JumpSafety, NoBranchIntoBytesOneToFour) {
