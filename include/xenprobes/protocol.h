@@ -246,10 +246,11 @@
  *                  at an 8-byte aligned address, all inside the OEA pool (Dom0 writes them
  *                  into the detour's slots, after the detour)
  * The module, with interrupts off and under the depth guard as for a synchronous jump hit:
- * checks the key and copies the specs (a key or spec that breaks a rule: no record, ++async_bad
- * in the control header); builds the registers as for a synchronous hit (rip the probed
+ * checks the key and copies the specs (a key or spec that breaks a rule, or no ring for this
+ * vCPU: no record, ++async_bad in the control header); builds the registers as for a synchronous hit (rip the probed
  * address, rsp the probed instruction's); writes the record with the guest's monotonic clock
- * into the ring of the vCPU it runs on; notifies the event channel when the ring says so;
+ * into the ring of the vCPU it runs on; notifies the event channel when the ring says so (not
+ * after the domain was saved and restored or migrated: the port may be another's then);
  * resumes in the detour at call + 5. A module without rings never sees such an entry: Dom0
  * makes async probes only where rings are published (an older module would count the entry's
  * hits as foreign and resume, delivering nothing).
@@ -372,7 +373,7 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 timeouts;       /* hits resumed without Dom0's answer */
 	xenprobes_u64 foreign;        /* int3s not in the table, left to the kernel */
 	xenprobes_u64 nested;         /* jump hits inside the module's own hook: no Dom0 */
-	xenprobes_u64 async_bad;      /* async jump hits whose key or specs broke a rule: no record */
+	xenprobes_u64 async_bad;      /* async jump hits with a bad key or specs, or no ring: no record */
 	xenprobes_u64 reserved[6];
 };
 
