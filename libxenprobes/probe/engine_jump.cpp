@@ -73,6 +73,13 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
 
   auto fn = d.syms->function_containing(p.addr);
   if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) return std::string("no function symbol covers it");
+  // The detour's call pushes onto the stack: not in code that runs before the kernel has one
+  // (its entry point at _text, and the CPU bring-up paths of x86-64 Linux's head code).
+  if (fn->name == "startup_64" || fn->name.starts_with("secondary_startup_64") || fn->name == "verify_cpu")
+    return "its function " + fn->name + " runs before the kernel has a stack, and a detour's call pushes onto it";
+  if (auto text = d.syms->lookup("_text"); text && !text->empty() && text->front().address == fn->start)
+    return "its function " + fn->name + " is the kernel's entry point (at _text), which runs before the kernel has "
+           "a stack, and a detour's call pushes onto it";
   auto bytes = read_text(d, fn->start, fn->size);
   if (!bytes) return "its function cannot be read: " + bytes.error().what;
   auto insns = x86::decode_function(*bytes, fn->start);

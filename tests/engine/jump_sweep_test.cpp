@@ -1,0 +1,148 @@
+// The transparency sweep with jump probes (guest channel): every instruction of every demo-guest
+// function in turn is asked for as a jump probe, synchronous or async. Where the jump rules
+// accept it, the guest's results and counters must equal an unprobed run's and the hits must
+// equal the times the instruction really executed (a region may start before the point: every
+// execution still passes through the detour's call, since nothing branches into a region). Where
+// they refuse it, the refusal names the rule. Never a wrong jump, never a trap in disguise.
+#include <iostream>
+#include <map>
+
+#include "engine/engine_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+constexpr std::uint64_t kIterations = 2;
+
+struct Site {
+  std::string function;
+  std::uint64_t address;
+  std::string text;
+};
+
+std::vector<Site> all_instructions() {
+  auto table = symbols::SymbolTable::load(demo_map());
+  if (!table) throw std::runtime_error(table.error().what);
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(1, 1);
+  c.start_paused = true;
+  DomId dom = *host->create_domain(c);
+  auto layout = *host->layout(dom);
+  std::vector<Site> sites;
+  for (std::uint64_t at = layout.text_start; at < layout.text_end;) {
+    auto f = table->function_containing(Gva{at});
+    if (!f || f->size == 0) {
+      ++at;
+      continue;
+    }
+    std::vector<std::uint8_t> bytes(f->size);
+    if (!host->peek(dom, f->start.value, std::as_writable_bytes(std::span(bytes)))) break;
+    auto insns = x86::decode_function(bytes, f->start);
+    if (!insns) throw std::runtime_error(f->name + ": " + insns.error().what);
+    for (const auto& i : *insns) sites.push_back({f->name, i.address.value, i.describe()});
+    at = f->start.value + f->size;
+  }
+  return sites;
+}
+
+struct Reference {
+  std::map<std::uint64_t, std::uint64_t> executions;
+  demo_stats stats;
+};
+
+Reference reference(const std::vector<Site>& sites) {
+  auto host = hv::sim::SimHost::create();
+  hv::sim::DomainConfig c = demo_config(1, kIterations);
+  for (const auto& s : sites) c.count_executions.push_back(s.address);
+  DomId dom = *host->create_domain(c);
+  if (!host->wait_halted(dom, 120s)) throw std::runtime_error("reference run did not finish");
+  Reference r;
+  for (const auto& s : sites) r.executions[s.address] = *host->executions(dom, s.address);
+  if (!host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(&r.stats, 1))))
+    throw std::runtime_error("reference run: cannot read demo_stats");
+  return r;
+}
+
+// "…: cannot be a jump probe: refused by jump rule 'no-branch-into-region': …" -> the rule's
+// name; other refusals (an address rule, the region's length, …) by their text.
+std::string reason_of(const std::string& what) {
+  if (auto r = what.find("jump rule '"); r != std::string::npos)
+    return what.substr(r + 5, what.find('\'', r + 11) + 1 - (r + 5));
+  if (auto r = what.find("rule '"); r != std::string::npos) return what.substr(r, what.find('\'', r + 6) + 1 - r);
+  if (auto r = what.find("cannot be "); r != std::string::npos) return what.substr(r, 80);
+  // "0x…: bytes (insn): why": the instruction rules' reason, without the address.
+  if (auto r = what.find("): "); r != std::string::npos) return what.substr(r + 3, 60);
+  return what.substr(0, 80);
+}
+
+class JumpSweep : public ::testing::TestWithParam<bool> {};
+
+TEST_P(JumpSweep, EveryJumpIsTransparentAndEveryRefusalNamed) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  const bool async = GetParam();
+  auto sites = all_instructions();
+  ASSERT_GT(sites.size(), 300u);
+  Reference ref = reference(sites);
+  std::map<std::string, unsigned> refusals;
+  unsigned jumps = 0, moved = 0;
+  std::uint64_t total_hits = 0;
+  for (const auto& site : sites) {
+    SCOPED_TRACE(site.function + ": " + site.text);
+    ProbedGuest g(demo_config(1, kIterations));
+    std::uint64_t hits = 0, wrong = 0;
+    Result<Probe> p = async ? g.session->probe_async(g.dom, Gva{site.address},
+                                                     [&](const AsyncHit& h) {
+                                                       wrong += h.regs.rip != h.address.value;
+                                                       ++hits;
+                                                     })
+                            : g.session->probe(
+                                  g.dom, Gva{site.address},
+                                  [&](HitContext& c) {
+                                    wrong += c.regs().rip != c.address().value;
+                                    ++hits;
+                                    return 0;
+                                  },
+                                  {}, ProbeOptions{ProbeMethod::Jump});
+    if (!p) {
+      // Refused as a whole: an address or instruction rule for any probe (InvalidArgument,
+      // Busy), or NotSupported naming why it cannot be a jump.
+      EXPECT_TRUE(p.error().code == Errc::NotSupported || p.error().code == Errc::InvalidArgument ||
+                  p.error().code == Errc::Busy)
+          << p.error().what;
+      refusals[reason_of(p.error().what)]++;
+      continue;
+    }
+    auto info = p->info();
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->method, ProbeMethod::Jump);
+    EXPECT_EQ(info->mode, ExecMode::Detour);
+    EXPECT_EQ(info->async, async);
+    if (info->address.value != site.address) {
+      ++moved;  // asked for at a function's first byte: placed past its ftrace site (its own turn)
+      continue;
+    }
+    ++jumps;
+    g.start();
+    ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+    if (async) {
+      ASSERT_TRUE(g.session->ring_stats(g.dom));  // reads what the rings still hold
+    }
+    demo_stats st = g.stats(0);
+    EXPECT_EQ(st.checksum, ref.stats.checksum);
+    for (unsigned f = 0; f < DEMO_NFUNCS; ++f) EXPECT_EQ(st.calls[f], ref.stats.calls[f]) << "fn " << f;
+    EXPECT_EQ(hits, ref.executions[site.address]) << "hits must equal real executions";
+    EXPECT_EQ(wrong, 0u) << "every hit reports the probed address as rip";
+    total_hits += hits;
+  }
+  std::cout << "[ jump sweep ] " << (async ? "async" : "sync") << ": " << sites.size() << " instructions, " << jumps
+            << " jumps (" << total_hits << " hits), " << moved << " moved past an ftrace site";
+  for (auto& [why, n] : refusals) std::cout << " | " << n << " " << why;
+  std::cout << "\n";
+  EXPECT_GT(jumps, sites.size() / 2) << "most of the demo guest's instructions can be jump probes";
+}
+
+INSTANTIATE_TEST_SUITE_P(Delivery, JumpSweep, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
+
+}  // namespace
+}  // namespace xenprobes::testing
