@@ -98,6 +98,7 @@ struct Options {
   std::vector<std::string> symbol_files;  // DOM=FILE
   std::string btf;
   std::string channel = "auto";
+  std::string method = "trap";
   bool sim = false;
   unsigned sim_guests = 1;
   unsigned sim_vcpus = 2;
@@ -160,7 +161,11 @@ class SessionSymbols final : public SymbolSource {
 
 class Tool {
  public:
-  explicit Tool(Options o) : o_(std::move(o)) {}
+  explicit Tool(Options o)
+      : o_(std::move(o)),
+        method_(o_.method == "jump"      ? xenprobes::ProbeMethod::Jump
+                : o_.method == "fastest" ? xenprobes::ProbeMethod::Fastest
+                                         : xenprobes::ProbeMethod::Trap) {}
 
   int run_program() {
     std::string source = o_.program_text;
@@ -472,10 +477,13 @@ class Tool {
             const int block = static_cast<int>(b);
             xenprobes::Result<xenprobes::Probe> p;
             if (spec.kind == ProbeKind::Kprobe) {
-              p = session_->probe(t.id, std::string_view(where), [this, inst, block, site](xenprobes::HitContext& c) {
-                on_hit(*inst, block, *site, c);
-                return 0;
-              });
+              p = session_->probe(
+                  t.id, std::string_view(where),
+                  [this, inst, block, site](xenprobes::HitContext& c) {
+                    on_hit(*inst, block, *site, c);
+                    return 0;
+                  },
+                  {}, xenprobes::ProbeOptions{method_});
             } else {
               p = session_->ret_probe(
                   t.id, std::string_view(fn), {},
@@ -712,6 +720,7 @@ class Tool {
   };
 
   Options o_;
+  xenprobes::ProbeMethod method_;  // --method, for kprobes (kretprobes are trap probes)
   std::unique_ptr<TypeSource> types_;
   Compiled compiled_;
   std::shared_ptr<xenprobes::hv::sim::SimHost> host_;
@@ -756,6 +765,11 @@ int main(int argc, char** argv) {
         ->allow_extra_args(false);
     a.add_option("--channel", o.channel, "how hits reach Dom0: auto, guest, vmevent or debugger")
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));
+    a.add_option("--method", o.method,
+                 "how kprobes go into the guest: trap (default: a trap byte, every channel), jump (a jump to a "
+                 "detour: the guest channel, where the jump rules allow; refused otherwise, saying why) or "
+                 "fastest (a jump where it can be one, else a trap)")
+        ->check(CLI::IsMember({"trap", "jump", "fastest"}));
     a.add_flag("--sim", o.sim, "use the simulated Xen (also: XENPROBES_BACKEND=sim)");
     a.add_option("--sim-guests", o.sim_guests, "simulated demo guests to create, named sim-1..sim-N (default 1)");
     a.add_option("--sim-vcpus", o.sim_vcpus, "vCPUs of each simulated guest (default 2)");

@@ -118,6 +118,9 @@ void Engine::async_key(const JumpState& j, Gva specs, channel::TrapEntry& te) {
 void Engine::drain_rings(Domain& d) {
   if (d.draining) return;  // a handler asked for ring_stats(): the records keep their order
   d.draining = true;
+  // A handler that unregisters a probe (its own too) is running it: the removal waits for
+  // after_dispatch(), as it does for a hit's handler.
+  const bool was_dispatching = std::exchange(dispatching_, true);
   std::array<CaptureValue, XENPROBES_RING_CAPS_MAX> values;
   AsyncHit hit;
   hit.domain = d.id;
@@ -151,6 +154,7 @@ void Engine::drain_rings(Domain& d) {
     while (n < kMaxRecordsPerDrain && r.reader.arm_wakeup(watermark))
       n += r.reader.drain([&](const guestmod::RingRecord& rec) { deliver(rec, vcpu); }, kMaxRecordsPerDrain - n);
   }
+  dispatching_ = was_dispatching;
   d.draining = false;
 }
 

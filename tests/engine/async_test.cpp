@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -124,6 +125,31 @@ TEST(AsyncProbe, AFullRingDropsAndTheModuleCountsEveryDrop) {
   EXPECT_EQ(rs->missed, 0u);
   EXPECT_EQ(rs->resyncs, 0u);
   EXPECT_EQ(g.stats(0).iterations, kIterations);
+}
+
+// A handler may unregister its own probe: the removal waits until the records read in that
+// round are handed out; the probe's later records are orphans, and the text is restored.
+TEST(AsyncProbe, AHandlerUnregistersItsOwnProbe) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(1, kIterations));
+  auto layout = g.host->layout(g.dom);
+  const auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
+  std::optional<Probe> p;
+  std::uint64_t records = 0;
+  std::string failed;
+  auto r = g.session->probe_async(g.dom, "sys_getppid", [&](const AsyncHit&) {
+    if (++records == 3)
+      if (auto u = p->unregister(); !u) failed = u.error().what;
+  });
+  ASSERT_TRUE(r) << r.error().what;
+  p = std::move(*r);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_TRUE(failed.empty()) << failed;
+  EXPECT_GE(records, 3u) << "the records of the round that unregistered it still arrive";
+  EXPECT_LT(records, expected_calls(DEMO_FN_GETPPID, kIterations)) << "none after the round it went in";
+  EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "its jump is gone";
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIterations));
 }
 
 TEST(AsyncProbe, RefusalsSayWhy) {

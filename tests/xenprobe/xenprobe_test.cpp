@@ -315,6 +315,27 @@ TEST(Xenprobe, ExactCountsOnEveryChannel) {
   }
 }
 
+// --method jump: the same counts through jump probes (the guest channel), and a refusal that
+// says why where a point cannot be one.
+TEST(Xenprobe, JumpProbesCountTheSameAndRefusalsSayWhy) {
+  constexpr std::uint64_t K = 6;
+  for (const char* method : {"jump", "fastest"}) {
+    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "--channel", "guest", "--method",
+                     method, "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
+    ASSERT_EQ(r.status, 0) << method << ": " << r.err;
+    auto recs = records(r.out);
+    EXPECT_EQ(map_data(recs, "@c"), 2 * K * 2) << method;
+    EXPECT_EQ(map_data(recs, "@r"), (DEMO_RECURSE_DEPTH + 1 + DEMO_DISPATCH_RECURSE_DEPTH + 1) * K * 2) << method;
+  }
+  ToolRun bad = run({"--sim", "--sim-iterations", "1", "--channel", "debugger", "--method", "jump", "-e",
+                     "kprobe:sys_getppid { @c = count(); }"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("cannot be a jump probe: jump probes need the guest channel"), std::string::npos) << bad.err;
+  ToolRun typo = run({"--sim", "--method", "jmp", "-e", "BEGIN { }"});
+  EXPECT_NE(typo.status, 0);
+  EXPECT_NE(typo.err.find("--method"), std::string::npos) << typo.err;
+}
+
 TEST(Xenprobe, PrintfFormatsLikeC) {
   constexpr std::uint64_t K = 6;
   ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "-f", "json", "-e",
