@@ -95,7 +95,7 @@ TEST_F(CApiProbes, FastestByAddressBecomesAJumpWhereThePointAllowsOne) {
   EXPECT_EQ(info.requested, at);
   EXPECT_STREQ(info.not_jump_because, "");
   EXPECT_STREQ(info.moved_because, "");
-  EXPECT_EQ(info.jump_pending, 1u) << "registered with the domain paused: no quiescence yet";
+  EXPECT_EQ(info.jump_pending, 1u) << "the loop has not run: Dom0 cannot have written the jump yet";
   EXPECT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
 }
 
