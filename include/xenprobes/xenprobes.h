@@ -26,7 +26,8 @@
  *              is not allowed now (a loop runs in another thread, a session is already open)
  *   ERANGE     relocated instruction out of rel32 reach; a string longer than the buffer
  *   ENOSPC     no out-of-line slot left in the guest's area
- *   EOPNOTSUPP the backend/hypervisor lacks the feature, or it is not implemented yet
+ *   EOPNOTSUPP the backend/hypervisor lacks the feature, or it is not implemented yet; a jump or
+ *              async probe where the point, channel or guest module allows none (the message says why)
  *   EPERM, EIO, ENOMEM, ETIMEDOUT, ENOSYS as reported by the hypervisor
  * No C++ exception ever leaves this API.
  *
@@ -313,6 +314,196 @@ XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, 
  * not fit (buf then holds its first size-1 bytes, terminated).
  */
 XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size) XENPROBES_NOEXCEPT;
+
+/* ---- Jump probes, and what a probe became ---------------------------------------------------- */
+
+/*
+ * How a probe is put into the guest (docs/probes.md "Jump probes"). A trap probe puts a trap
+ * byte over the instruction: every channel, every instruction the probing rules accept. A jump
+ * probe replaces at least 5 bytes of whole instructions with a jump to a detour that calls the
+ * guest module, which hands the hit to Dom0 without a trap: only on the guest channel, with a
+ * guest module that publishes its jump entry, with a pre-handler only, and where the jump rules
+ * accept the point. FASTEST gives a jump where the point can be one and a trap elsewhere;
+ * xenprobes_info() then says which, and why not a jump.
+ */
+enum xenprobe_method {
+  XENPROBE_METHOD_TRAP = 0,
+  XENPROBE_METHOD_JUMP = 1,
+  XENPROBE_METHOD_FASTEST = 2
+};
+
+/*
+ * register_xenprobe() with a method: at `symbol` ("symbol" or "symbol+offset", as
+ * register_xenprobe_symbol()) when it is not NULL, else at `address`. TRAP is exactly
+ * register_xenprobe(). Errors as register_xenprobe() and register_xenprobe_symbol(), plus:
+ * EINVAL an unknown method; EOPNOTSUPP a JUMP the point, the channel or the guest module cannot
+ * have (a post-handler, another channel, no jump entry, a region the jump rules refuse; the
+ * message says which); EBUSY a JUMP where another probe's point is in the way, or any probe
+ * where an async probe sits.
+ */
+XENPROBES_API xenprobes_handle_t register_xenprobe_method(domid_t domid, const char *symbol, unsigned long address,
+                                                          xenprobe_handler_t pre_handler,
+                                                          xenprobe_handler_t post_handler,
+                                                          enum xenprobe_method method) XENPROBES_NOEXCEPT;
+
+/* How a probe's instruction runs after the pre-handlers (xenprobe_info.mode). */
+enum xenprobe_mode {
+  XENPROBE_MODE_BOOSTED = 0,    /* its copy in an out-of-line slot, then a jump back */
+  XENPROBE_MODE_EMULATED = 1,   /* Dom0 computes its effect (relative branches, calls...) */
+  XENPROBE_MODE_SKIPPED = 2,    /* nothing to run (a nop) */
+  XENPROBE_MODE_TRAP_AFTER = 3, /* its copy, then a trap for the post-handlers */
+  XENPROBE_MODE_DETOUR = 4      /* a jump probe's: in its detour, with no trap at all */
+};
+
+#define XENPROBE_INFO_VERSION 1u
+
+/*
+ * What a probe became. The caller sets version to XENPROBE_INFO_VERSION. The three strings
+ * belong to the library: they stay valid until this thread calls xenprobes_info() again, and
+ * are "" when there is nothing to say.
+ */
+struct xenprobe_info {
+  uint32_t version;
+  uint32_t method;        /* XENPROBE_METHOD_TRAP or XENPROBE_METHOD_JUMP (never FASTEST) */
+  uint32_t mode;          /* enum xenprobe_mode */
+  uint32_t jump_pending;  /* 1: a jump probe whose jump is not written yet (the guest module has
+                             not yet confirmed that no task is stopped inside the bytes it covers);
+                             meanwhile a trap byte sends every hit to the detour, so it fires */
+  uint32_t async;         /* 1: an async probe (register_xenprobe_async()) */
+  uint32_t ret;           /* 1: a return probe */
+  uint64_t address;       /* where the probe sits */
+  uint64_t requested;     /* the address asked for (see moved_because) */
+  uint64_t slot;          /* its out-of-line slot, a jump probe's detour (0: none) */
+  uint64_t trampoline;    /* a return probe's return trampoline (else 0) */
+  const char *instruction;      /* e.g. "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)" */
+  const char *moved_because;    /* why address != requested: a function's first byte is past
+                                   its endbr64 and its ftrace site, which are the kernel's */
+  const char *not_jump_because; /* FASTEST that became a trap: why the point cannot be a jump */
+};
+
+/*
+ * Fills *out with what the probe became. Returns 0, or -1 with errno: EINVAL unknown handle,
+ * NULL out, or out->version != XENPROBE_INFO_VERSION (nothing is written then).
+ */
+XENPROBES_API int xenprobes_info(xenprobes_handle_t handle, struct xenprobe_info *out) XENPROBES_NOEXCEPT;
+
+/* ---- Async probes ---------------------------------------------------------------------------- */
+
+/*
+ * An async probe is a jump probe whose hits do not stop the vCPU: the guest module writes each
+ * hit as a record (registers and captures) into the hit vCPU's ring, in memory it shares with
+ * Dom0, and the guest goes on at once. xenprobes_loop() reads the rings between events (and at
+ * least every 20 ms) and calls the probe's handler once per record, after the hit: the handler
+ * sees what the hit was and can change nothing in the guest (xenprobes_read() and friends are
+ * not available there). Records of one vCPU arrive in order (seq counts up by one).
+ */
+
+/* What a capture is read relative to: a general register at the hit, or rip (the probe point). */
+enum xenprobe_reg {
+  XENPROBE_REG_RAX = 0, XENPROBE_REG_RBX, XENPROBE_REG_RCX, XENPROBE_REG_RDX, XENPROBE_REG_RSI,
+  XENPROBE_REG_RDI, XENPROBE_REG_RBP, XENPROBE_REG_RSP, XENPROBE_REG_R8, XENPROBE_REG_R9,
+  XENPROBE_REG_R10, XENPROBE_REG_R11, XENPROBE_REG_R12, XENPROBE_REG_R13, XENPROBE_REG_R14,
+  XENPROBE_REG_R15, XENPROBE_REG_RIP
+};
+
+enum xenprobe_capture_kind {
+  XENPROBE_CAPTURE_BYTES = 0,  /* exactly `max` bytes */
+  XENPROBE_CAPTURE_STRING = 1  /* a NUL-terminated string of at most `max` bytes, its NUL included */
+};
+
+#define XENPROBE_MAX_CAPTURES 8        /* per async probe */
+#define XENPROBE_CAPTURE_MAX_BYTES 1024 /* per capture */
+
+/*
+ * One thing an async probe copies out of guest memory at every hit, at base register + offset,
+ * with the guest kernel's no-fault reads: an address that cannot be read gives
+ * XENPROBE_CAPTURE_FAULT, never a fault in the guest. E.g. the 8 bytes at [rsp + 8]:
+ * { XENPROBE_CAPTURE_BYTES, XENPROBE_REG_RSP, 0, 0, 8, 8 }.
+ */
+struct xenprobe_capture {
+  uint8_t kind;     /* enum xenprobe_capture_kind */
+  uint8_t base;     /* enum xenprobe_reg */
+  uint8_t user;     /* nonzero: a user-space address, read as the hit task's; 0: a kernel one */
+  uint8_t reserved; /* 0 */
+  int32_t offset;   /* added to the register */
+  uint32_t max;     /* 1 .. XENPROBE_CAPTURE_MAX_BYTES */
+};
+
+enum xenprobe_capture_status {
+  XENPROBE_CAPTURE_OK = 0,
+  XENPROBE_CAPTURE_FAULT = 1,    /* the address could not be read: no bytes */
+  XENPROBE_CAPTURE_TRUNCATED = 2 /* a string longer than max: its first max - 1 bytes and a NUL */
+};
+
+/* What one capture read at a hit. A string's data ends with its NUL (a C string). */
+struct xenprobe_capture_value {
+  uint32_t status; /* enum xenprobe_capture_status */
+  uint32_t length; /* bytes at data; 0 after a fault */
+  const unsigned char *data; /* NULL when length is 0 */
+};
+
+/*
+ * One hit of an async probe, as the guest module recorded it. Everything it points to is valid
+ * only during the handler call. The library fills it; later versions may add members at its end.
+ */
+struct xenprobe_async_hit {
+  xenprobes_handle_t handle; /* the probe */
+  domid_t domid;
+  uint16_t reserved;
+  uint32_t vcpu;
+  uint32_t seq;              /* the record's number in its vCPU's ring */
+  uint64_t address;          /* the probe point (regs.rip) */
+  uint64_t time_ns;          /* the guest's monotonic clock at the hit */
+  /* The registers at the probe point: the 16 general registers, rip, rsp and rflags are the
+     hit's; cs and ss too; the rest is 0. */
+  struct cpu_user_regs regs;
+  uint32_t ncaptures;        /* as registered */
+  uint32_t reserved2;
+  const struct xenprobe_capture_value *captures; /* one per capture, in the order registered */
+};
+
+/* An async probe's handler; `arg` is the one given at registration. */
+typedef void (*xenprobe_async_handler_t)(const struct xenprobe_async_hit *hit, void *arg);
+
+/*
+ * Puts an async probe at `symbol` ("symbol" or "symbol+offset") when it is not NULL, else at
+ * `address`, copying the `ncaptures` items of `captures` (at most XENPROBE_MAX_CAPTURES; may be
+ * NULL when ncaptures is 0) at every hit. An async probe is always a jump and has its point to
+ * itself. unregister_xenprobe() removes it (the records of hits before that still reach the
+ * handler), xenprobes_stats() counts its records in hits, xenprobes_info() says async = 1.
+ * Errors as register_xenprobe_method() with XENPROBE_METHOD_JUMP, plus: EINVAL NULL handler, too
+ * many captures, a capture whose kind, base, max or reserved byte is out of range, or captures
+ * that make a record larger than a ring takes; EOPNOTSUPP the guest module publishes no async
+ * rings (the message says why); EBUSY another probe at the point.
+ */
+XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const char *symbol, unsigned long address,
+                                                         const struct xenprobe_capture *captures,
+                                                         unsigned ncaptures, xenprobe_async_handler_t handler,
+                                                         void *arg) XENPROBES_NOEXCEPT;
+
+#define XENPROBE_RING_STATS_VERSION 1u
+
+/* A domain's async rings, as Dom0 read them. The caller sets version to XENPROBE_RING_STATS_VERSION. */
+struct xenprobe_ring_stats {
+  uint32_t version;
+  uint32_t rings;          /* mapped, one per vCPU; 0 until the domain's first async probe */
+  uint64_t records;        /* records read and handed to a probe's handler */
+  uint64_t orphans;        /* records of a probe unregistered since (no handler ran) */
+  uint64_t missed;         /* records missing by their sequence numbers */
+  uint64_t resyncs;        /* times a ring broke a rule and Dom0 skipped to its head */
+  uint64_t corrupt_bytes;  /* bytes skipped so */
+  /* The guest module's own counts (reported as read, never relied on): */
+  uint64_t drops;          /* hits that found no room in their ring (Dom0 did not read in time) */
+  uint64_t nested;         /* hits inside a hit on the same vCPU */
+  uint64_t bad_keys;       /* hits whose probe entry the module refused */
+};
+
+/*
+ * Reads the domain's rings now (handing their records to the handlers, in this thread) and
+ * fills *out. Returns 0, or -1 with errno: EINVAL NULL out or out->version !=
+ * XENPROBE_RING_STATS_VERSION; ESRCH a domain the session does not probe.
+ */
+XENPROBES_API int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats *out) XENPROBES_NOEXCEPT;
 
 #ifdef __cplusplus
 }

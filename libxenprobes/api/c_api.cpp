@@ -4,7 +4,8 @@
 //
 // Error policy (docs/style.md): every entry point is noexcept and runs its body through
 // entry(), the one try/catch that turns an Error or an exception into -1 + errno + a
-// thread-local message. No C++ exception leaves this file.
+// thread-local message. No C++ exception leaves this file. Jump and async probes, probe info
+// and ring statistics are in c_api_probes.cpp; what both files share, in c_api_internal.hpp.
 //
 // Locking: Session is not thread-safe, so every call that touches it holds State::mu, and
 // xenprobes_loop() holds it for as long as it runs. It is recursive because handlers run inside
@@ -29,6 +30,7 @@
 #include <string>
 #include <thread>
 
+#include "api/c_api_internal.hpp"
 #include "api/session_access.hpp"
 #include "common/result.hpp"
 #include "xenprobes/xenprobes.hpp"
@@ -48,47 +50,17 @@ static_assert(offsetof(cpu_user_regs, ss) == 160);
 static_assert(offsetof(cpu_user_regs, gs) == 192);
 static_assert(sizeof(cpu_user_regs) == 200);
 
-struct CProbe {
-  std::uint64_t id = 0;  // the C++ probe id (Probe::release()d: the session owns the probe)
-  DomId dom;
-  bool ret = false;      // a return probe (unregister_xenretprobe)
-};
+}  // namespace
 
-struct State {
-  std::recursive_mutex mu;
-  std::unique_ptr<Session> session;  // guarded by mu
-  std::map<int, CProbe> probes;      // guarded by mu
-  int next_handle = 1;               // guarded by mu; handles are never reused
-  bool close_pending = false;        // guarded by mu: xenprobes_close() from a handler
-  std::atomic<std::thread::id> loop_thread{};  // the thread in xenprobes_loop(), if any
-
-  std::mutex stop_mu;
-  Session* live = nullptr;  // guarded by stop_mu: the session xenprobes_stop() wakes
-  std::atomic<bool> stop{false};
-
-  // At exit, a program that forgot xenprobes_close() still gets its guests' bytes back.
-  ~State() {
-    std::lock_guard l(mu);
-    close_now();
-  }
-
-  void close_now() {
-    {
-      std::lock_guard l(stop_mu);
-      live = nullptr;
-    }
-    probes.clear();
-    session.reset();  // unregisters every probe, restores every byte
-    close_pending = false;
-    stop = false;
-  }
-};
-
+namespace capi {
 // Constructed on first use, so destroyed before the library's own statics.
 State& state() {
   static State s;
   return s;
 }
+}  // namespace capi
+
+namespace {
 
 thread_local std::string t_last_error;
 
@@ -101,6 +73,10 @@ thread_local CurrentHit t_hit;
 // A handler let a C++ exception out (possible for a C++ function behind a C pointer): the loop
 // stops and reports it rather than let it unwind through the engine.
 thread_local std::string t_handler_exception;
+
+}  // namespace
+
+namespace capi {
 
 int set_error(int err, const char* what) noexcept {
   try {
@@ -117,21 +93,12 @@ int set_error(const Error& e) noexcept {
   return set_error(err > 0 ? err : EIO, e.what.c_str());
 }
 
-// The one try/catch of every entry point: runs `body` (returning Result<int> or Result<long>)
-// and translates a failure into -1 + errno + the detail.
-template <typename F, typename T = typename std::invoke_result_t<F>::value_type>
-T entry(F&& body) noexcept {
+void handler_threw(int handle) noexcept {
   try {
-    Result<T> r = body();
-    if (r) return *r;
-    return set_error(r.error());
-  } catch (const std::bad_alloc&) {
-    return set_error(ENOMEM, "out of memory");
-  } catch (const std::exception& e) {
-    std::string what = std::string("internal error: ") + e.what();
-    return set_error(EIO, what.c_str());
+    if (t_handler_exception.empty())
+      t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
+    request_stop(state());
   } catch (...) {
-    return set_error(EIO, "internal error: unknown exception");
   }
 }
 
@@ -212,6 +179,12 @@ void request_stop(State& s) {
   if (s.live) s.live->stop();
 }
 
+}  // namespace capi
+
+namespace {
+
+using namespace capi;
+
 // Runs one C handler on a hit (`call` calls it with the frame). A changed rip is honoured by
 // the engine (kprobes' "return 1"). Returns what the handler returned (0 if it threw).
 template <typename Call>
@@ -225,9 +198,7 @@ int call_c(int handle, HitContext& c, Call&& call) {
     rc = call(&regs);
   } catch (...) {
     t_hit = saved;
-    if (t_handler_exception.empty())
-      t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
-    request_stop(state());
+    handler_threw(handle);
     return 0;  // its register changes are dropped
   }
   t_hit = saved;
@@ -242,37 +213,25 @@ void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
   });
 }
 
-// Registers through `make` (given the session and the handle the probe will have) and
-// returns that handle: the one path every register_* entry point takes.
-template <typename Make>
-xenprobes_handle_t register_with(domid_t domid, bool ret, Make&& make) noexcept {
-  return entry([&]() -> Result<int> {
-    auto lock = XP_TRY(acquire());
-    State& s = state();
-    Session* ses = XP_TRY(session(s));
-    if (s.next_handle == INT_MAX) return fail(Errc::NoSpace, "out of probe handles");
-    const int h = s.next_handle;
-    DomId dom{domid};
-    Result<Probe> probe = make(*ses, dom, h);
-    if (!probe) return std::unexpected(probe.error());
-    std::uint64_t id = probe->release();
-    s.probes.emplace(h, CProbe{id, dom, ret});
-    ++s.next_handle;
-    return h;
-  });
-}
+}  // namespace
+
+namespace capi {
 
 xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
-                                  xenprobe_handler_t pre, xenprobe_handler_t post) noexcept {
+                                  xenprobe_handler_t pre, xenprobe_handler_t post, ProbeOptions o) noexcept {
   return register_with(domid, false, [&](Session& ses, DomId dom, int h) {
     PreHandler p;
     PostHandler q;
     if (pre) p = [h, pre](HitContext& c) { call_c(h, pre, c); return 0; };
     if (post) q = [h, post](HitContext& c) { call_c(h, post, c); };
-    return symbol ? ses.probe(dom, std::string_view(symbol), std::move(p), std::move(q))
-                  : ses.probe(dom, Gva{address}, std::move(p), std::move(q));
+    return symbol ? ses.probe(dom, std::string_view(symbol), std::move(p), std::move(q), o)
+                  : ses.probe(dom, Gva{address}, std::move(p), std::move(q), o);
   });
 }
+
+}  // namespace capi
+
+namespace {
 
 // `bind` makes the two handlers once the handle is known.
 template <typename Bind>
@@ -328,18 +287,19 @@ Result<HitContext*> current_hit(int handle, const char* fn) {
 }  // namespace xenprobes
 
 using namespace xenprobes;
+using namespace xenprobes::capi;
 
 extern "C" {
 
 xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address, xenprobe_handler_t pre_handler,
                                      xenprobe_handler_t post_handler) noexcept {
-  return register_probe(domid, nullptr, address, pre_handler, post_handler);
+  return register_probe(domid, nullptr, address, pre_handler, post_handler, ProbeOptions{});
 }
 
 xenprobes_handle_t register_xenprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t pre_handler,
                                             xenprobe_handler_t post_handler) noexcept {
   if (!symbol) return set_error(EINVAL, "register_xenprobe_symbol(): NULL symbol");
-  return register_probe(domid, symbol, 0, pre_handler, post_handler);
+  return register_probe(domid, symbol, 0, pre_handler, post_handler, ProbeOptions{});
 }
 
 int unregister_xenprobe(xenprobes_handle_t handle) noexcept {
@@ -561,5 +521,5 @@ int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* bu
 namespace xenprobes::capi_testing {
 // For tests linked against the static layers (not exported from libxenprobes.so): the implicit
 // session, or null when none is open.
-Session* current_session() { return state().session.get(); }
+Session* current_session() { return capi::state().session.get(); }
 }  // namespace xenprobes::capi_testing

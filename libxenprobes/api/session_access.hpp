@@ -10,6 +10,7 @@ struct SessionAccess {
   [[nodiscard]] static Result<void> set_enabled(Session& s, std::uint64_t id, bool on) { return s.set_enabled(id, on); }
   [[nodiscard]] static Result<void> unregister(Session& s, std::uint64_t id) { return s.unregister(id); }
   static ProbeStats stats(const Session& s, std::uint64_t id) { return s.stats(id); }
+  [[nodiscard]] static Result<ProbeInfo> info(const Session& s, std::uint64_t id) { return s.info(id); }
 };
 
 }  // namespace xenprobes

@@ -26,6 +26,20 @@ int capi_c_redirect_more(int more, char *msg, size_t n);
  * address (declining the innermost call), the return handler checks them; stops after `target`
  * returns; counters (version 2 and 1), unregister rules. */
 int capi_c_retprobe(int target, char *msg, size_t n);
+/* capi_c_probes.c. A jump probe on sys_getppid: info (jump, detour, moved past the ftrace
+ * site), hits through the trap byte until the jump is written, then `target` more; the
+ * guest's own call counter at `getppid_counter` (vCPU 0's) advances by one from hit to hit. */
+int capi_c_jump(unsigned long getppid_counter, int target, char *msg, size_t n);
+/* JUMP with a post-handler refused with EOPNOTSUPP and a message holding `channel_word`;
+ * FASTEST falls back to a trap saying the same in not_jump_because; info's errors. */
+int capi_c_jump_refusals(const char *channel_word, char *msg, size_t n);
+/* An async probe on sys_open capturing the path, the guest's counter at `open_counter`
+ * (rip-relative) and an unmapped address, until `target` records: every record's fields,
+ * seq consecutive, every call the counter skips a counted drop, the fault, and stats and ring
+ * statistics agreeing exactly with the records handled. */
+int capi_c_async(unsigned long open_counter, int target, char *msg, size_t n);
+/* Every refusal of register_xenprobe_async() and xenprobes_ring_stats(), errno and message. */
+int capi_c_async_refusals(char *msg, size_t n);
 /* sizeof/offsetof of struct cpu_user_regs as C sees it (with or without Xen's header). */
 size_t capi_c_regs_size(void);
 size_t capi_c_regs_rip_offset(void);

@@ -1,0 +1,179 @@
+// The C API's jump probes, async probes, probe info and ring statistics on the simulated Xen
+// (domain 1 runs the demo guest forever, one vCPU). The scenarios in C are in capi_c_probes.c;
+// these tests pick the channel, give them the guest's counters and check the guest's text.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "capi_c_part.h"
+#include "demo_abi.h"
+#include "xenprobes/sim.hpp"
+#include "xenprobes/xenprobes.h"
+#include "xenprobes/xenprobes.hpp"
+
+namespace xenprobes::capi_testing {
+Session* current_session();  // c_api.cpp, for tests
+}
+
+namespace {
+
+using namespace xenprobes;
+
+class CApiProbes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("XENPROBES_BACKEND", "sim", 1);
+    setenv("XENPROBES_SIM_VCPUS", "1", 1);  // one vCPU: its counters count every call
+    setenv("XENPROBES_CHANNEL", "guest", 1);
+    xenprobes_close();
+  }
+  void TearDown() override {
+    xenprobes_close();
+    unsetenv("XENPROBES_CHANNEL");
+    unsetenv("XENPROBES_SIM_VCPUS");
+  }
+  void open(const char* channel) {
+    setenv("XENPROBES_CHANNEL", channel, 1);
+    ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
+    Session* s = capi_testing::current_session();
+    ASSERT_NE(s, nullptr);
+    hv::sim::SimHost* h = hv::sim::sim_host_of(s->hypervisor());
+    ASSERT_NE(h, nullptr);
+    host = h->shared_from_this();
+  }
+  std::uint64_t sym(const char* name) { return *host->symbol(DomId{1}, name); }
+  // vCPU 0's calls[fn] in the guest's demo_stats.
+  unsigned long counter(int fn) {
+    return static_cast<unsigned long>(sym(DEMO_SYM_STATS) + DEMO_STATS_CALLS_OFF + 8 * fn);
+  }
+  std::vector<std::uint8_t> text() {
+    auto l = host->layout(DomId{1});
+    std::vector<std::uint8_t> b(l->text_end - l->text_start);
+    EXPECT_TRUE(host->peek(DomId{1}, l->text_start, std::as_writable_bytes(std::span(b))));
+    return b;
+  }
+
+  std::shared_ptr<hv::sim::SimHost> host;
+  char msg[512] = {};
+};
+
+TEST_F(CApiProbes, AJumpProbeSeesEveryCallAndSaysWhatItBecame) {
+  open("guest");
+  const auto before = text();
+  EXPECT_EQ(capi_c_jump(counter(DEMO_FN_GETPPID), 30, msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(text(), before) << "unregistered: the text is the guest's again";
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+TEST_F(CApiProbes, FastestByAddressBecomesAJumpWhereThePointAllowsOne) {
+  open("guest");
+  xenprobes_handle_t h =
+      register_xenprobe_method(1, "sys_getppid", 0, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr,
+                               XENPROBE_METHOD_TRAP);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  xenprobe_info info{};
+  info.version = XENPROBE_INFO_VERSION;
+  ASSERT_EQ(xenprobes_info(h, &info), 0) << xenprobes_last_error();
+  EXPECT_EQ(info.method, static_cast<std::uint32_t>(XENPROBE_METHOD_TRAP));
+  EXPECT_NE(info.mode, static_cast<std::uint32_t>(XENPROBE_MODE_DETOUR));
+  const unsigned long at = static_cast<unsigned long>(info.address);
+  ASSERT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
+
+  h = register_xenprobe_method(1, nullptr, at, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr,
+                               XENPROBE_METHOD_FASTEST);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  info = xenprobe_info{};
+  info.version = XENPROBE_INFO_VERSION;
+  ASSERT_EQ(xenprobes_info(h, &info), 0) << xenprobes_last_error();
+  EXPECT_EQ(info.method, static_cast<std::uint32_t>(XENPROBE_METHOD_JUMP));
+  EXPECT_EQ(info.mode, static_cast<std::uint32_t>(XENPROBE_MODE_DETOUR));
+  EXPECT_EQ(info.address, at);
+  EXPECT_EQ(info.requested, at);
+  EXPECT_STREQ(info.not_jump_because, "");
+  EXPECT_STREQ(info.moved_because, "");
+  EXPECT_EQ(info.jump_pending, 1u) << "the loop has not run: Dom0 cannot have written the jump yet";
+  EXPECT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
+}
+
+TEST_F(CApiProbes, JumpRefusalsOnTheGuestChannelSayWhy) {
+  open("guest");
+  EXPECT_EQ(capi_c_jump_refusals("post-handler", msg, sizeof msg), 0) << msg;
+}
+
+TEST_F(CApiProbes, OtherChannelsRefuseJumpAndAsyncProbesSayingWhy) {
+  open("debugger");
+  EXPECT_EQ(capi_c_jump_refusals("guest channel", msg, sizeof msg), 0) << msg;
+  errno = 0;
+  EXPECT_EQ(register_xenprobe_async(1, "sys_getppid", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {}, nullptr),
+            XENPROBES_HANDLE_ERROR);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_NE(std::string(xenprobes_last_error()).find("guest channel"), std::string::npos) << xenprobes_last_error();
+}
+
+TEST_F(CApiProbes, AnAsyncProbeHandsOverEveryCallWithItsCaptures) {
+  open("guest");
+  const auto before = text();
+  EXPECT_EQ(capi_c_async(counter(DEMO_FN_OPEN), 50, msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(text(), before) << "unregistered: the text is the guest's again";
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+TEST_F(CApiProbes, AsyncRefusalsGiveErrnoAndAMessage) {
+  open("guest");
+  EXPECT_EQ(capi_c_async_refusals(msg, sizeof msg), 0) << msg;
+}
+
+struct SelfRemoval {
+  int records = 0;
+  int unregister_rc = -2;
+  int again_errno = 0;
+};
+
+TEST_F(CApiProbes, AnAsyncHandlerMayUnregisterItsOwnProbeByAddress) {
+  open("guest");
+  const auto before = text();
+  SelfRemoval s;
+  const unsigned long at = static_cast<unsigned long>(sym("sys_getppid"));  // moved past the ftrace site
+  xenprobes_handle_t h = register_xenprobe_async(
+      1, nullptr, at, nullptr, 0,
+      [](const xenprobe_async_hit* hit, void* arg) {
+        auto* s = static_cast<SelfRemoval*>(arg);
+        if (++s->records == 1) {
+          s->unregister_rc = unregister_xenprobe(hit->handle);
+          if (unregister_xenprobe(hit->handle) == -1) s->again_errno = errno;
+          xenprobes_stop();
+        }
+      },
+      &s);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  ASSERT_EQ(xenprobes_loop(), 0) << xenprobes_last_error();
+  EXPECT_EQ(s.unregister_rc, 0);
+  EXPECT_EQ(s.again_errno, EINVAL);
+  EXPECT_EQ(s.records, 1) << "no record reaches a handler after its probe is unregistered";
+  xenprobe_ring_stats rs{};
+  rs.version = XENPROBE_RING_STATS_VERSION;
+  ASSERT_EQ(xenprobes_ring_stats(1, &rs), 0) << xenprobes_last_error();
+  EXPECT_EQ(rs.records, 1u);
+  EXPECT_EQ(rs.missed, 0u);
+  EXPECT_EQ(text(), before);
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+TEST_F(CApiProbes, AnAsyncHandlerThatThrowsStopsTheLoopWithEio) {
+  open("guest");
+  xenprobes_handle_t h = register_xenprobe_async(
+      1, "sys_getppid", 0, nullptr, 0,
+      [](const xenprobe_async_hit*, void*) { throw std::runtime_error("a C++ handler behind a C pointer"); }, nullptr);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  errno = 0;
+  EXPECT_EQ(xenprobes_loop(), -1);
+  EXPECT_EQ(errno, EIO);
+  EXPECT_NE(std::string(xenprobes_last_error()).find("threw"), std::string::npos) << xenprobes_last_error();
+  EXPECT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
+}
+
+}  // namespace
