@@ -14,8 +14,9 @@
 # then times a busybox tar extraction of 8 directories x 8 files x 4 KiB; it does so once per
 # config: native (nothing armed), kprobe / kretprobe (tracefs kprobe events on the same kernel
 # functions, armed by the guest itself), xp / xrp (our probes, a counting handler, armed from
-# Dom0 by tests/e2e/xpe2e_probe.cpp "bench"), jump (xp's handler on a jump probe; guest channel
-# only, and only when asked for in XPE2E_BENCH_CONFIGS). Ratios are to the native run of the same boot.
+# Dom0 by tests/e2e/xpe2e_probe.cpp "bench"), jump (xp's handler on a jump probe) and async (the
+# same count from an async probe's records; both guest channel only, and only when asked for in
+# XPE2E_BENCH_CONFIGS). Ratios are to the native run of the same boot.
 #
 # Knobs (environment): XPE2E_BENCH_CONFIGS (native,kprobe,kretprobe,xp,xrp), XPE2E_BENCH_ROUND
 # (seconds per measured round, 1), XPE2E_BENCH_ROUNDS (rounds per syscall, 3; the median is
@@ -58,19 +59,20 @@ table() {
         ch = order[c]
         printf "\n#### %s channel\n\n", ch
         if (envof[ch] != "") printf "Environment: %s\n\n", envof[ch]
-        print "| syscall | native µs | kprobe µs (×native) | kretprobe µs | XP µs | XrP µs | jump µs | paper XP × | paper XrP × |"
-        print "|---|---|---|---|---|---|---|---|---|"
+        print "| syscall | native µs | kprobe µs (×native) | kretprobe µs | XP µs | XrP µs | jump µs | async µs | paper XP × | paper XrP × |"
+        print "|---|---|---|---|---|---|---|---|---|---|"
         for (j = 1; j <= 4; j++) {
           k = kinds[j]
-          printf "| %s | %s | %s | %s | %s | %s | %s | %d× | %d× |\n", k, cell(ch, "native", k), cell(ch, "kprobe", k),
-                 cell(ch, "kretprobe", k), cell(ch, "xp", k), cell(ch, "xrp", k), cell(ch, "jump", k), px[k], pr[k]
+          printf "| %s | %s | %s | %s | %s | %s | %s | %s | %d× | %d× |\n", k, cell(ch, "native", k), cell(ch, "kprobe", k),
+                 cell(ch, "kretprobe", k), cell(ch, "xp", k), cell(ch, "xrp", k), cell(ch, "jump", k), cell(ch, "async", k),
+                 px[k], pr[k]
         }
         if (us[ch, "native", "untar"] != "") {
           printf "\nTar extraction (8 dirs × 8 files × 4 KiB; seconds, median of the rounds):\n\n"
           print "| config | seconds (×native) | hits in the whole config (null,read,write,open: the loops above too; mkdir, chmod: tar only) |"
           print "|---|---|---|"
-          split("native kprobe kretprobe xp xrp jump", cfs, " ")
-          for (j = 1; j <= 6; j++)
+          split("native kprobe kretprobe xp xrp jump async", cfs, " ")
+          for (j = 1; j <= 7; j++)
             if (us[ch, cfs[j], "untar"] != "")
               printf "| %s | %s | %s |\n", cfs[j], cell(ch, cfs[j], "untar"), cfs[j] == "native" ? "-" : hits[ch, cfs[j]]
         }
