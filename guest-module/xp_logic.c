@@ -67,7 +67,7 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->nr_traps = 0;
 	h->timeout_ms = timeout_ms;
 	h->dom0_gone = 0;
-	h->pad0 = 0;
+	h->dom0_polling = 0;
 	h->hits = 0;
 	h->timeouts = 0;
 	h->foreign = 0;

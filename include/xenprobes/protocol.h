@@ -164,6 +164,22 @@
  *      writes seq before regs, so later hits were written after Dom0's write).
  *   Dom0 writes a mailbox only in these steps: HIT -> CLAIMED, and while it holds the claim.
  *
+ * Spinning instead of notifying (issue 14, "no hypercall per hit"). Two flags, each written by
+ * one side and read by the other, let a hit and its answer go without an event-channel
+ * notification while the other side is looking anyway (each side's full barrier between its
+ * own store and its load of the other's flag means one of the two always sees the other):
+ *   header.dom0_polling (Dom0 writes, nonzero while it polls the mailboxes in a loop).
+ *     Module, step 1: after state = HIT, a full barrier, then notify only if dom0_polling is 0.
+ *     Dom0, when it stops polling: dom0_polling = 0, a full barrier, then one more look at
+ *     every mailbox (a hit that skipped its notification before the clear is found there).
+ *   mailbox.spinning (module writes, nonzero while the waiting vCPU spins on its mailbox
+ *     instead of blocking). Module, step 2: spinning = 1, a full barrier, then it checks
+ *     state in a loop for up to its spin bound (module parameter spin_us; 0: never spins),
+ *     then spinning = 0, a full barrier, one more check, and it waits as before. Dom0, step
+ *     d: after state = DONE, a full barrier, then it notifies the round's answers only if
+ *     one of the answered mailboxes does not say spinning.
+ * An older peer leaves its flag 0 and ignores the other's: every notification is sent as before.
+ *
  * The claim bound: max(timeout_ms, min(XENPROBES_CLAIM_FACTOR * timeout_ms,
  * XENPROBES_CLAIM_MAX_MS)) milliseconds from the hit (10 s with the real module's default
  * timeout_ms of 500). The factor leaves a handler an order of magnitude more than the time
@@ -367,7 +383,7 @@ struct xenprobes_ctl_header {
 	xenprobes_u32 nr_traps;       /* Dom0 writes: live entries at the start of the table */
 	xenprobes_u32 timeout_ms;     /* module's wait bound per hit */
 	xenprobes_u32 dom0_gone;      /* module writes: 1 once it disarmed on its own */
-	xenprobes_u32 pad0;
+	xenprobes_u32 dom0_polling;   /* Dom0 writes: nonzero while it polls the mailboxes (see "Spinning") */
 	/* Module-written counters (Dom0 reports them, never relies on them). */
 	xenprobes_u64 hits;           /* hits handed to Dom0 */
 	xenprobes_u64 timeouts;       /* hits resumed without Dom0's answer */
@@ -393,7 +409,7 @@ struct xenprobes_mailbox {
 	xenprobes_u32 state;      /* XENPROBES_MBOX_* */
 	xenprobes_u32 seq;        /* module: bumped for every hit */
 	xenprobes_u32 answer_seq; /* Dom0: the seq it answers */
-	xenprobes_u32 pad0;
+	xenprobes_u32 spinning;   /* module: nonzero while the waiting vCPU spins (see "Spinning") */
 	xenprobes_u64 trap;       /* address of the trap byte */
 	struct xenprobes_regs regs;
 	xenprobes_u64 reserved[5];

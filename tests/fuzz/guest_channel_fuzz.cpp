@@ -235,7 +235,7 @@ struct Harness {
       std::memcpy(&b, before.data() + off, sizeof b);
       FUZZ_CHECK(a.state == XENPROBES_MBOX_DONE, "an answered hit is not DONE");
       FUZZ_CHECK(a.answer_seq == a.seq && a.seq == b.seq, "answer_seq is not the hit's seq");
-      FUZZ_CHECK(a.trap == b.trap && a.regs.cs == b.regs.cs && a.regs.ss == b.regs.ss && a.pad0 == b.pad0 &&
+      FUZZ_CHECK(a.trap == b.trap && a.regs.cs == b.regs.cs && a.regs.ss == b.regs.ss && a.spinning == b.spinning &&
                  std::memcmp(a.reserved, b.reserved, sizeof a.reserved) == 0,
                  "Dom0 changed a field of the mailbox that is the module's");
       FUZZ_CHECK(a.regs.rip == s.rip, "the answer's rip is not the handler's");

@@ -69,7 +69,7 @@ TEST(GuestChannelFuzz, HostileHeadersAtAttach) {
     auto* words = reinterpret_cast<std::uint32_t*>(&h);
     const unsigned changes = 1 + rng() % 3;
     for (unsigned c = 0; c < changes; ++c) {
-      const unsigned w = rng() % 12;  // the u32 fields up to pad0
+      const unsigned w = rng() % 12;  // the u32 fields up to dom0_polling
       words[w] = interesting(rng, words[w], size);
     }
     if (rng() % 10 == 0)  // or plain noise
