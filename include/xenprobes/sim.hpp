@@ -85,6 +85,9 @@ struct DomainConfig {
   // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
   // (12..24; 0: none, so no async probes). Needs the jump entry.
   unsigned module_ring_order = 14;
+  // Its waiting vCPUs spin on their mailboxes (protocol.h "Spinning"): mailbox.spinning says so
+  // and the module looks every 50 µs of real time, so Dom0 may answer without a notification.
+  bool module_spin = false;
   // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
   // (the growth protocol in protocol.h); 0 = the module cannot grow.
   unsigned oea_reserve_areas = 3;
@@ -178,6 +181,12 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   [[nodiscard]] virtual Result<void> guest_evtchn_notify(DomId, std::uint32_t port) = 0;
   // How many notifications Dom0 has sent the guest on its port.
   [[nodiscard]] virtual Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) = 0;
+  // The guest module's notifications to Dom0 for its hits: sent, and left out because Dom0 said
+  // it was polling the mailboxes (protocol.h "Spinning").
+  struct ModuleNotifications {
+    std::uint64_t sent = 0, skipped = 0;
+  };
+  [[nodiscard]] virtual Result<ModuleNotifications> module_notifications(DomId) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

@@ -322,6 +322,11 @@ struct SessionOptions {
   // <libexecdir>/xenprobes/xenprobes-guardian.
   std::string guardian_path{};
   SessionLimits limits{};
+  // Spinning (docs/probes.md "Spinning instead of notifying"): after a hit on the guest channel,
+  // run() keeps polling the mailboxes for this many microseconds while hits keep coming, and
+  // the guest module, told so, sends no event-channel notification for them (a hypercall per
+  // hit saved). It costs Dom0 that much CPU after each burst of hits. 0 (the default): never.
+  unsigned spin_us = 0;
 };
 
 // One hypervisor connection, its channel, and every probe it owns, in any number of domains.

@@ -406,6 +406,13 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   return c;
 }
 
+void GuestChannel::set_polling(bool on) {
+  for (auto& [dom, a] : domains_)
+    store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, dom0_polling), on ? 1u : 0u);
+  // The store before any later look at a mailbox (protocol.h "Spinning").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 GuestChannel::Stats GuestChannel::stats(DomId dom) const {
   const Attached* a = find(dom);
   return a ? a->stats : Stats{};

@@ -92,8 +92,13 @@ class GuestChannel final : public Channel {
   // claimed hit (past the claim bound) while the handlers ran.
   struct Stats {
     std::uint64_t answered = 0, rejected = 0, abandoned = 0, late = 0;
+    // Answers not notified: the module was spinning on its mailbox (protocol.h "Spinning").
+    std::uint64_t unnotified = 0;
   };
   Stats stats(DomId) const;
+  // Tells every attached domain's module that Dom0 polls the mailboxes (on) or no longer does
+  // (off: then call process() once more, for hits published before the module saw the clear).
+  void set_polling(bool on);
   std::size_t traps(DomId) const;  // live entries in the trap table
 
  private:

@@ -204,7 +204,14 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     a->answered_rip[v] = jump ? h.trap : out.rip;
     ++a->stats.answered;
     ++answered;
-    notify = true;
+    // A module spinning on this mailbox sees DONE without a notification (protocol.h
+    // "Spinning"): DONE is stored (the locked cmpxchg), then spinning is read; the module stores
+    // spinning = 0 before its last look at state, so one of the two sees the other.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning)) == 0)
+      notify = true;
+    else
+      ++a->stats.unnotified;
   }
   if (notify) {
     Attached* a = find(dom);

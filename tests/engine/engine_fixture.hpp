@@ -60,7 +60,7 @@ struct ProbedGuest {
   std::unique_ptr<Session> session;
 
   explicit ProbedGuest(hv::sim::DomainConfig cfg = demo_config(), hv::sim::SimOptions opts = {},
-                       SessionLimits limits = {}) {
+                       SessionLimits limits = {}, unsigned spin_us = 0) {
     if (test_channel() == ChannelKind::Guest) opts.manual_clock = true;
     host = hv::sim::SimHost::create(opts);
     cfg.start_paused = true;
@@ -69,6 +69,7 @@ struct ProbedGuest {
     dom = *id;
     SessionOptions so{test_channel()};
     so.limits = limits;
+    so.spin_us = spin_us;
     auto s = Session::open(host->open(), so);
     if (!s) throw std::runtime_error(s.error().what);
     session = std::move(*s);

@@ -41,6 +41,7 @@ class SimHostImpl final : public SimHost {
   Result<std::uint32_t> guest_evtchn_alloc_unbound(DomId) override;
   Result<void> guest_evtchn_notify(DomId, std::uint32_t port) override;
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
+  Result<ModuleNotifications> module_notifications(DomId) override;
 
  private:
   friend class SimXenHandle;

@@ -81,7 +81,9 @@ void SimHostImpl::run_domain(Domain& d) {
       }
     }
     if (!next) {
-      if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
+      if (d.cfg.module_spin && d.module.waiters)  // spinning: no notification may come
+        cv_.wait_for(lk, std::chrono::microseconds(50));
+      else if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
         clock_->wait_until(cv_, lk, *deadline);
       else
         cv_.wait(lk);

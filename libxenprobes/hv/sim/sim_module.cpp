@@ -315,11 +315,20 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   const xenprobes_regs x = to_protocol(r);
   std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
   store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
+  if (d.cfg.module_spin) store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
   ++m.hits;
   publish_counters(d);
-  if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
-    gp->second.peer->raise_port(gp->second.peer_port);
+  // No notification while Dom0 polls the mailboxes (protocol.h "Spinning"): HIT is stored,
+  // then dom0_polling read; Dom0 clears it before its last look.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_polling))) != 0) {
+    ++m.unnotified;
+  } else {
+    ++m.notified;
+    if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
+      gp->second.peer->raise_port(gp->second.peer_port);
+  }
   // Step 2: only this vCPU waits (SCHEDOP_poll with a timeout, in a real module).
   const auto now = clock_->now();
   v.module_wait = true;
@@ -446,6 +455,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       }
       write_regs(v, r, false);
       state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
+      store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
       v.module_wait = false;
       --m.waiters;
       m.consecutive_timeouts = 0;
@@ -461,6 +471,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
     state.store(XENPROBES_MBOX_ABANDONED, std::memory_order_release);  // whatever was there
     break;
   }
+  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
   v.module_wait = false;
   --m.waiters;
   ++m.timeouts;

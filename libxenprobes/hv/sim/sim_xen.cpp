@@ -459,6 +459,12 @@ Result<void> SimHostImpl::guest_evtchn_notify(DomId id, std::uint32_t port) {
   return {};
 }
 
+Result<SimHost::ModuleNotifications> SimHostImpl::module_notifications(DomId id) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  return ModuleNotifications{d->module.notified, d->module.unnotified};
+}
+
 Result<std::uint64_t> SimHostImpl::guest_evtchn_notifications(DomId id, std::uint32_t port) {
   std::lock_guard lk(mu_);
   Domain* d = XP_TRY(dom(id));

@@ -1,0 +1,59 @@
+// Spinning instead of notifying on the guest channel (protocol.h "Spinning"): with
+// SessionOptions::spin_us Dom0 keeps polling the mailboxes after a hit and the module sends no
+// notification while it does; a module spinning on its mailbox gets its answer without one.
+// Counts stay exact either way, and without spinning every hit is notified as before.
+#include "engine/engine_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+constexpr std::uint64_t kIterations = 40;
+
+struct SpinRun {
+  std::uint64_t hits = 0;
+  hv::sim::SimHost::ModuleNotifications module;  // the module's notifications to Dom0
+  std::uint64_t to_guest = 0;                     // Dom0's notifications to the module
+};
+
+SpinRun spin_run(bool module_spins, unsigned dom0_spin_us) {
+  auto cfg = demo_config(1, kIterations);
+  cfg.module_spin = module_spins;
+  ProbedGuest g(cfg, {}, {}, dom0_spin_us);
+  SpinRun r;
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
+    ++r.hits;
+    return 0;
+  });
+  EXPECT_TRUE(p) << p.error().what;
+  g.start();
+  EXPECT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIterations));
+  if (auto m = g.host->module_notifications(g.dom)) r.module = *m;
+  auto port = g.session->hypervisor().xs_read("/local/domain/" + std::to_string(g.dom.value) + "/data/xenprobes/evtchn");
+  EXPECT_TRUE(port);
+  if (port)
+    if (auto n = g.host->guest_evtchn_notifications(g.dom, static_cast<std::uint32_t>(std::stoul(*port)))) r.to_guest = *n;
+  return r;
+}
+
+TEST(Spin, WithoutSpinningEveryHitAndEveryAnswerIsNotified) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  const SpinRun r = spin_run(false, 0);
+  EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
+  EXPECT_EQ(r.module.skipped, 0u);
+  EXPECT_EQ(r.module.sent, r.hits);
+  EXPECT_GE(r.to_guest, r.hits) << "one notification per answering round at least";
+}
+
+TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  // Dom0 polls for up to 1 s after each hit: the guest's next hit comes well within that.
+  const SpinRun r = spin_run(true, 1'000'000);
+  EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations)) << "every hit handled exactly once";
+  EXPECT_EQ(r.module.sent + r.module.skipped, r.hits);
+  EXPECT_GT(r.module.skipped, r.hits / 2) << "most hits came while Dom0 polled: no notification";
+  EXPECT_LT(r.to_guest, r.hits / 2) << "most answers went to a spinning module: no notification";
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
