@@ -287,10 +287,12 @@ static bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xen
 	 * Step 1 (protocol.h, "Spinning instead of notifying"): state = HIT, a full barrier, then
 	 * load header.dom0_polling; notify only if it is 0. Dom0, when it stops polling, stores
 	 * dom0_polling = 0, a full barrier, then looks at every mailbox once more. Each side
-	 * stores, then loads the other's word, with a full barrier between: if our load still saw
-	 * Dom0 polling, Dom0's last look comes after its clear and so sees this HIT; if Dom0's last
-	 * look missed the HIT, our load comes after its clear and we notify. The same for the jump
-	 * entry's synchronous hits (they come through here too).
+	 * stores, then loads the other's word, with a full barrier between, so the two loads
+	 * cannot both miss the other's store: if ours did not see the clear (Dom0 still polls,
+	 * or its clear is not visible yet), Dom0's look after the clear sees this HIT; if that
+	 * look missed the HIT, our load saw the 0 and we notify. A nonzero value we read is
+	 * never trusted further than that (xp_hit_notify()). The jump entry's synchronous hits
+	 * come through here too.
 	 */
 	smp_mb();
 	polling = READ_ONCE(xp.hdr->dom0_polling);
