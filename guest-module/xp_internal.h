@@ -63,6 +63,7 @@ struct xp_state {
 	u32 ret_cap;
 	u32 timeout_ms;
 	u64 claim_bound_ms;	/* xp_claim_bound_ms(timeout_ms) */
+	u32 spin_us;		/* step 2's spin bound (0: never spin; xp_spin_us_ok()) */
 
 	/*
 	 * The async rings (protocol.h, "Async jump probes"): one vzalloc'd, page-aligned block of
@@ -105,6 +106,14 @@ struct xp_state {
 	atomic64_t bad_answers;	/* answers refused by xp_answer_apply (module-private) */
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
 	atomic64_t claims_expired; /* claimed hits abandoned at the claim bound (module-private) */
+	/*
+	 * Spinning instead of notifying (protocol.h; module-private): hits that skipped the
+	 * notification because Dom0 said it was polling, spins that found the answer, and spins
+	 * that ran out their spin_us unanswered (the vCPU then blocked as without spinning).
+	 */
+	atomic64_t notify_skipped;
+	atomic64_t spin_answered;
+	atomic64_t spin_blocked;
 	/*
 	 * int3s executed at a trap-table address outside the OEA whose byte was no longer an
 	 * int3 when the hook read it (module-private): the CPU ran an instruction fetched before

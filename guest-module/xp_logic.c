@@ -329,6 +329,21 @@ enum xp_give_up xp_give_up_step(xenprobes_u32 seen, xenprobes_u32 answer_seq, xe
 	return XP_GIVE_UP_FORCE;
 }
 
+xenprobes_u64 xp_spin_until(xenprobes_u64 now, xenprobes_u32 spin_us)
+{
+	xenprobes_u64 ns = (xenprobes_u64)spin_us * 1000u;	/* at most ~4.3e12: no overflow */
+
+	return now > ~(xenprobes_u64)0 - ns ? ~(xenprobes_u64)0 : now + ns;
+}
+
+enum xp_spin xp_spin_step(enum xp_wait w, xenprobes_u64 now, xenprobes_u64 spin_until)
+{
+	/* An answer or a deadline ends the wait whether the spin bound passed or not. */
+	if (w != XP_WAIT_AGAIN)
+		return XP_SPIN_ENDED;
+	return now >= spin_until ? XP_SPIN_BLOCK : XP_SPIN_AGAIN;
+}
+
 /* ---- branches the fallback emulates ---- */
 
 static xp_s64 xp_rel8(const xenprobes_u8 *p)

@@ -309,6 +309,57 @@ static inline bool xp_dead_after(xenprobes_u32 consecutive)
 	return consecutive >= XENPROBES_DEAD_AFTER;
 }
 
+/*
+ * ---- spinning instead of notifying (protocol.h, "Spinning instead of notifying") ----
+ *
+ * Two flags let a hit and its answer go without an event-channel notification while the other
+ * side is looking anyway: header.dom0_polling (Dom0 writes it) and mailbox.spinning (the module
+ * writes it). Each side stores its own word, then a full barrier, then loads the other's; with
+ * both barriers in place at least one of the two loads sees the other side's store, so a
+ * skipped notification is always covered by a look the other side still makes. The barriers
+ * themselves live in xp_hook.c (userspace tests cannot check them); the decisions are here.
+ */
+
+/* The largest spin_us the module loads with: the spin runs with interrupts off. */
+#define XP_SPIN_MAX_US 1000
+
+/* 0 (never spin) .. XP_SPIN_MAX_US; anything else refuses the load. */
+static inline bool xp_spin_us_ok(xenprobes_u32 spin_us)
+{
+	return spin_us <= XP_SPIN_MAX_US;
+}
+
+/*
+ * Step 1: does the hit notify Dom0, given header.dom0_polling as loaded once after state = HIT
+ * and a full barrier. Any nonzero value means "Dom0 is polling the mailboxes": the hit skips
+ * the notification (a Dom0 that says so falsely only delays its own hits to the timeout, which
+ * it could do by not answering as well).
+ */
+static inline bool xp_hit_notify(xenprobes_u32 dom0_polling)
+{
+	return dom0_polling == 0;
+}
+
+/*
+ * When a spin that starts at `now` (monotonic ns) ends: spin_us microseconds later, saturating
+ * at the largest time instead of wrapping around.
+ */
+xenprobes_u64 xp_spin_until(xenprobes_u64 now, xenprobes_u32 spin_us);
+
+enum xp_spin {
+	XP_SPIN_AGAIN = 0,	/* cpu_relax(), then check once more */
+	XP_SPIN_ENDED,		/* xp_wait_step ended the wait (DONE or TIMEOUT): its result stands */
+	XP_SPIN_BLOCK,		/* the spin bound passed unanswered: stop spinning, wait as before */
+};
+
+/*
+ * One check of step 2's spin. w is xp_wait_step()'s result for the same check, at `now`: its
+ * result always wins, so the spin never extends a deadline or the claim bound (a TIMEOUT ends
+ * the spin at once) and never outlives an answer; only while it says XP_WAIT_AGAIN does the
+ * spin's own bound, spin_until (xp_spin_until()), decide between checking again and blocking.
+ */
+enum xp_spin xp_spin_step(enum xp_wait w, xenprobes_u64 now, xenprobes_u64 spin_until);
+
 /* ---- branches the fallback emulates (XENPROBES_TRAP_EMULATE) ---- */
 
 enum xp_branch_kind {

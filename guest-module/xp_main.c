@@ -59,6 +59,17 @@ MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 to claim it (1.." __
 		 " ms, the vCPU waits with interrupts off). A claimed hit waits up to "
 		 "min(20 x timeout_ms, 10000 ms) in all");
 
+/*
+ * Step 2's spin (protocol.h, "Spinning instead of notifying"). Off by default: the vCPU spins
+ * with interrupts off, burning its time slice, and it pays only against a Dom0 that answers
+ * within the spin (see README.md).
+ */
+static unsigned int spin_us;
+module_param(spin_us, uint, 0444);
+MODULE_PARM_DESC(spin_us, "How long a hit's vCPU spins on its mailbox before it blocks in Xen "
+		 "(0 = never, the default, .. " __stringify(XP_SPIN_MAX_US) " us, with interrupts "
+		 "off). While it spins Dom0 need not notify the answer");
+
 /* BUILD_BUG_ON in xp_rings_alloc() keeps the bounds in the description right. */
 static unsigned int ring_order = 16;
 module_param(ring_order, uint, 0444);
@@ -398,6 +409,7 @@ static int xp_ctl_alloc(void)
 	xp.ret_cap = ret_capacity;
 	xp.timeout_ms = timeout_ms;
 	xp.claim_bound_ms = xp_claim_bound_ms(timeout_ms);
+	xp.spin_us = spin_us;
 	err = xp_layout_compute(xp.nr_mailboxes, xp.trap_cap, xp.ret_cap, &xp.layout);
 	if (err) {
 		pr_err(XP_NAME ": %u mailboxes, %u traps and %u returns do not fit in %u pages\n",
@@ -550,6 +562,11 @@ static int __init xenprobes_init(void)
 		pr_err(XP_NAME ": timeout_ms must be 1..%u\n", XP_TIMEOUT_MAX_MS);
 		return -EINVAL;
 	}
+	if (!xp_spin_us_ok(spin_us)) {
+		pr_err(XP_NAME ": spin_us must be 0 (never spin) .. %u microseconds (the vCPU spins with interrupts off)\n",
+		       (unsigned int)XP_SPIN_MAX_US);
+		return -EINVAL;
+	}
 	if (ring_order && (ring_order < XENPROBES_RING_MIN_ORDER || ring_order > XENPROBES_RING_MAX_ORDER)) {
 		pr_err(XP_NAME ": ring_order must be 0 (no async rings) or %u..%u (2^ring_order bytes per vCPU)\n",
 		       XENPROBES_RING_MIN_ORDER, XENPROBES_RING_MAX_ORDER);
@@ -589,11 +606,11 @@ static int __init xenprobes_init(void)
 	/* Refuse rmmod until detached (see the unload policy above). */
 	__module_get(THIS_MODULE);
 	WRITE_ONCE(xp_loaded, true);
-	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), clock: %s, %u async rings of 2^%u bytes at 0x%lx\n",
+	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), spin %u us, clock: %s, %u async rings of 2^%u bytes at 0x%lx\n",
 		XENPROBES_PROTOCOL_VERSION, xp.ktext, xp.bounds.ktext.end,
 		(unsigned int)XP_OEA_POOL_SIZE,
 		(unsigned long)xp_oea_pool, (unsigned long)xp.ctl, xp.layout.pages, xp.port,
-		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp_clock_name(),
+		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp.spin_us, xp_clock_name(),
 		xp.ring_count, xp.ring_order, (unsigned long)xp.ring_mem);
 	return 0;
 
@@ -616,7 +633,7 @@ static void __exit xenprobes_exit(void)
 	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
 	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
@@ -624,7 +641,9 @@ static void __exit xenprobes_exit(void)
 		(long long)atomic64_read(&xp.no_fallback), (long long)atomic64_read(&xp.stale),
 		(unsigned long long)READ_ONCE(xp.stale_first), (long long)atomic64_read(&xp.late_text),
 		(long long)atomic64_read(&xp.late_oea), (long long)atomic64_read(&xp.async_bad),
-		drops, nested, notifies);
+		drops, nested, notifies, (long long)atomic64_read(&xp.notify_skipped),
+		(long long)atomic64_read(&xp.spin_answered),
+		(long long)atomic64_read(&xp.spin_blocked));
 }
 
 module_init(xenprobes_init);
