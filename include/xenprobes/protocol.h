@@ -178,6 +178,10 @@
  *     then spinning = 0, a full barrier, one more check, and it waits as before. Dom0, step
  *     d: after state = DONE, a full barrier, then it notifies the round's answers only if
  *     one of the answered mailboxes does not say spinning.
+ * Only a hit's first wait spins (not the wait after a claim taken at the last moment, step 4),
+ * and dom0_polling concerns mailbox hits only (an async ring notifies as "Async rings" says).
+ * A Dom0 that sets dom0_polling and then does not look at the mailboxes leaves its hits to
+ * time out like any Dom0 that does not answer (and to the module's Dom0-gone rule).
  * An older peer leaves its flag 0 and ignores the other's: every notification is sent as before.
  *
  * The claim bound: max(timeout_ms, min(XENPROBES_CLAIM_FACTOR * timeout_ms,

@@ -169,6 +169,7 @@ struct Args {
   int rounds = 3;                                           // bench: rounds per syscall
   int untar = 3;                                            // bench: tar extractions per config
   int wait_ms = 100;                                        // bench: run_once's timeout
+  unsigned spin_us = 0;  // SessionOptions::spin_us (protocol.h "Spinning"): every command
   // safety: the classes, in order. Without the rules, statickey's BUG() leaves text_mutex
   // held (ftrace would then hang) and hookpath kills the guest: each goes after the others.
   std::string hazards = "extable,ftrace,statickey,hookpath";
@@ -223,6 +224,8 @@ Args parse(int argc, char** argv) {
       a.untar = std::stoi(v);
     else if (k == "--wait-ms")
       a.wait_ms = std::stoi(v);
+    else if (k == "--spin-us")
+      a.spin_us = static_cast<unsigned>(std::stoul(v));
     else if (k == "--hazards")
       a.hazards = v;
     else if (k == "--method")
@@ -729,6 +732,8 @@ std::unique_ptr<Session> open_session(const Args& a, SessionOptions o) {
   check("module.release", rel && *rel == dom0_rel,
         "guest " + (rel ? *rel : std::string("?")) + ", Dom0 " + dom0_rel + " (Dom0's kallsyms serve only the same build)");
   say("XPE2E-INFO: module kernel-text=%s; %s", ktext ? ktext->c_str() : "?", describe(ctl_header(*hvp, a.dom)).c_str());
+  o.spin_us = a.spin_us;
+  if (a.spin_us) say("XPE2E-INFO: Dom0 polls the mailboxes for %u us after each hit (SessionOptions::spin_us)", a.spin_us);
   auto s = must(Session::open(std::move(hvp), o), "Session::open");
   must(s->load_symbols(a.dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
   auto ch = s->channel_name(a.dom);
@@ -1665,6 +1670,8 @@ int cmd_bench(const Args& a) {
   auto s = open_session(a, SessionOptions{opt});
   hv::Hypervisor& hv = s->hypervisor();
   std::string channel = must(s->channel_name(a.dom), "channel_name");
+  // The tables' channel name (table1.sh): spinning gets its own table.
+  const std::string label = channel + (a.spin_us ? "+spin" : "");
   std::vector<std::pair<std::string, Gva>> fns;
   for (const auto& f : kBenchFns) fns.emplace_back(f.fn, must(s->resolve(a.dom, f.fn), std::string("resolve ") + f.fn));
   auto before = snapshot(hv, a.dom, fns);
@@ -1818,7 +1825,7 @@ int cmd_bench(const Args& a) {
       if (config == "xrp") seen = std::min(seen, (long)g_bench_returns[k]);
       check(fmt("bench.%s.%s.seen", config.c_str(), kind.c_str()), calls > 0 && seen >= calls,
             fmt("%ld calls measured, %ld seen by the probe", calls, seen));
-      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", channel.c_str(), spec.c_str(), kind.c_str(),
+      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", label.c_str(), spec.c_str(), kind.c_str(),
           dnum(m, kind + "_us"), dnum(m, kind + "_min"), dnum(m, kind + "_max"), calls, config == "native" ? 0 : seen);
     }
     if (a.untar > 0) {
@@ -1827,7 +1834,7 @@ int cmd_bench(const Args& a) {
         long h = config == "xp" || config == "xrp" || config == "jump" || config == "async" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
         hits += fmt("%s%s:%ld", hits.empty() ? "" : ",", kBenchFns[k].role, h);
       }
-      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", channel.c_str(), spec.c_str(), dnum(m, "untar_s"),
+      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", label.c_str(), spec.c_str(), dnum(m, "untar_s"),
           dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
     }
     for (std::size_t k = 0; k < stats.size(); ++k)

@@ -33,7 +33,7 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [sto
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
   [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
   [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock
-  [stock_pv_xenprobesd_service]=stock [stock_pv_jump]=stock [stock_pv_async]=stock [stock_kill9_jump]=stock [stock_pv_sweep]=stock [stock_kill9_rounds]=stock [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
+  [stock_pv_xenprobesd_service]=stock [stock_pv_jump]=stock [stock_pv_async]=stock [stock_pv_spin]=stock [stock_kill9_jump]=stock [stock_pv_sweep]=stock [stock_kill9_rounds]=stock [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
@@ -57,7 +57,7 @@ declare -A SCEN_PLATFORM=() SCEN_BODY=()
 for s in stock_kill9_rounds stock_pvh_kill9_rounds gdbsx_kill9_rounds; do SCEN_BODY[$s]=kill9_rounds; done
 # trixie_bench_table1_guest: the benchmark's guest channel there (a diagnostic, never in a list).
 for s in stock_pv_guest:stock stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock stock_kill9:stock \
-  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock stock_pv_xenprobe:stock stock_pv_jump:stock stock_pv_async:stock stock_kill9_jump:stock bench_table1_guest:stock; do
+  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock stock_pv_xenprobe:stock stock_pv_jump:stock stock_pv_async:stock stock_pv_spin:stock stock_kill9_jump:stock bench_table1_guest:stock; do
   t=trixie_${s%%:*}
   t=${t/trixie_stock_/trixie_}
   SCEN_PLATFORM[$t]=trixie
