@@ -3,7 +3,7 @@
 # real Xen under QEMU (TCG). A benchmark, not a test: see docs/benchmarks.md for the results
 # and how to read them.
 #
-#   sudo tools/bench/table1.sh [guest] [debugger] [vmevent]     default: all three channels
+#   sudo tools/bench/table1.sh [guest] [guest-spin] [debugger] [vmevent]   default: guest debugger vmevent
 #   tools/bench/table1.sh --table RUN_DIR                       re-print a finished run's table
 #
 # Each channel gets its own boot of the e2e harness (tools/e2e/run.sh, docs/e2e.md): guest =
@@ -16,7 +16,9 @@
 # functions, armed by the guest itself), xp / xrp (our probes, a counting handler, armed from
 # Dom0 by tests/e2e/xpe2e_probe.cpp "bench"), jump (xp's handler on a jump probe) and async (the
 # same count from an async probe's records; both guest channel only, and only when asked for in
-# XPE2E_BENCH_CONFIGS). Ratios are to the native run of the same boot.
+# XPE2E_BENCH_CONFIGS). guest-spin: the guest channel again, in a boot of its own, with the
+# module spinning (spin_us=200) and Dom0 polling (--spin-us 20000): native, xp and jump
+# (XPE2E_BENCH_SPIN_CONFIGS). Ratios are to the native run of the same boot.
 #
 # Knobs (environment): XPE2E_BENCH_CONFIGS (native,kprobe,kretprobe,xp,xrp), XPE2E_BENCH_ROUND
 # (seconds per measured round, 1), XPE2E_BENCH_ROUNDS (rounds per syscall, 3; the median is
@@ -90,7 +92,8 @@ for c in "${@:-guest debugger vmevent}"; do
   for w in $c; do
     case "$w" in
       guest|debugger|vmevent) scen="$scen bench_table1_$w" ;;
-      *) echo "table1.sh: unknown channel '$w' (guest, debugger, vmevent)" >&2; exit 2 ;;
+      guest-spin) scen="$scen bench_table1_guest_spin" ;;
+      *) echo "table1.sh: unknown channel '$w' (guest, guest-spin, debugger, vmevent)" >&2; exit 2 ;;
     esac
   done
 done

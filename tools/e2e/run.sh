@@ -31,7 +31,7 @@ E2E_T0=$(date +%s)
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
-  [bench_table1_guest]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
+  [bench_table1_guest]=stock [bench_table1_guest_spin]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
   [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock
   [stock_pv_xenprobesd_service]=stock [stock_pv_jump]=stock [stock_pv_async]=stock [stock_pv_spin]=stock [stock_kill9_jump]=stock [stock_pv_sweep]=stock [stock_kill9_rounds]=stock [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
@@ -39,10 +39,10 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [sto
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
-BENCH_SCENARIOS="bench_table1_guest bench_table1_debugger bench_table1_vmevent"
+BENCH_SCENARIOS="bench_table1_guest bench_table1_guest_spin bench_table1_debugger bench_table1_vmevent"
 # The safety scenarios run four guest phases (or five activities on PVH) in one boot: 476-500 s
 # per boot at a host load of 6-10, against 170 s idle (docs/e2e.md "Probe safety").
-declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
+declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_guest_spin]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
   [stock_pv_safety]=600 [stock_pvh_safety_control]=600 [stock_pv_sweep]=1500 [stock_kill9_rounds]=2400 [stock_pvh_kill9_rounds]=2400 [gdbsx_kill9_rounds]=2400)
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
@@ -340,8 +340,9 @@ boot() {
   printf 'SCENARIOS="%s"\nSCENARIO_TIMEOUT=%s\nBOOT_LIMIT=%s\nPROBE_EXTRA="%s"\nXL_CREATE_FLAGS="%s"\n' "$scen" $((sum > 900 ? sum : 900)) \
     "$limit" "${XPE2E_PROBE_EXTRA:-}" "${XPE2E_XL_CREATE_FLAGS:-}" \
     >"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
-  printf 'BENCH_CONFIGS="%s"\nBENCH_ROUND="%s"\nBENCH_ROUNDS="%s"\nBENCH_UNTAR="%s"\n' \
-    "${XPE2E_BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}" "${XPE2E_BENCH_ROUND:-1}" "${XPE2E_BENCH_ROUNDS:-3}" \
+  printf 'BENCH_CONFIGS="%s"\nBENCH_SPIN_CONFIGS="%s"\nBENCH_ROUND="%s"\nBENCH_ROUNDS="%s"\nBENCH_UNTAR="%s"\n' \
+    "${XPE2E_BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}" "${XPE2E_BENCH_SPIN_CONFIGS:-native,xp,jump}" \
+    "${XPE2E_BENCH_ROUND:-1}" "${XPE2E_BENCH_ROUNDS:-3}" \
     "${XPE2E_BENCH_UNTAR:-3}" >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   # XPE2E_DIAG_*: diag_env_procs (docs/e2e.md "The environment").
   printf 'DIAG_TYPE="%s"\nDIAG_N="%s"\nDIAG_ROUNDS="%s"\nDIAG_FPU="%s"\n' "${XPE2E_DIAG_TYPE:-pv}" "${XPE2E_DIAG_N:-6}" "${XPE2E_DIAG_ROUNDS:-10}" "${XPE2E_DIAG_FPU:-}" \

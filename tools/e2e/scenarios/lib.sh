@@ -215,18 +215,21 @@ domu_release() {
   xs_wait "/local/domain/$1/data/xpe2e/unloaded" 120 >/dev/null
 }
 
-# bench_scenario <DomU name> <channel> <extra kernel args>: the benchmark (tools/bench/table1.sh):
+# bench_scenario <DomU name> <channel> <extra kernel args> [<extra module params, ":a=1:b=2">]
+# [<extra xpe2e-probe args>] [<configs>]: the benchmark (tools/bench/table1.sh):
 # one DomU with the module runs the guest's benchmark loop, xpe2e-probe drives it config by
 # config through <channel> and prints the XPE2E-BENCH lines. PASS when every config ran and
 # every check held (probes saw every measured call, text restored); the numbers are in the log.
 # BENCH_CONFIGS, BENCH_ROUND, BENCH_ROUNDS, BENCH_UNTAR (run.conf, from the host) tune it.
 bench_scenario() {
-  domid=$(domu_start "$1" "$3 xpe2e.bench=1 xpe2e.wait=900 xpe2e.modparams=timeout_ms=5000") || result FAIL "xl create failed"
+  # ring_order=20: 1 MiB of records per vCPU for the async config (Dom0 reads them every 20 ms at
+  # best; under TCG it wakes far less often).
+  domid=$(domu_start "$1" "$3 xpe2e.bench=1 xpe2e.wait=900 xpe2e.modparams=timeout_ms=5000:ring_order=20${4:-}") || result FAIL "xl create failed"
   echo "XPE2E-INFO: DomU $1 is domain $domid"
   echo "XPE2E-BENCH-ENV hypervisor=$(xl info 2>/dev/null | awk -F': ' '/^xen_version/ {print $2}') guest=${DOMU_TYPE:-pv} kernel=$KVER host_cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\""
   # shellcheck disable=SC2086
-  timeout 1500 "$PROBE" bench --domid "$domid" --channel "$2" --timeout 600 --configs "${BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}" \
-    --round "${BENCH_ROUND:-1}" --rounds "${BENCH_ROUNDS:-3}" --untar "${BENCH_UNTAR:-3}" $PROBE_EXTRA
+  timeout 1500 "$PROBE" bench --domid "$domid" --channel "$2" --timeout 600 --configs "${6:-${BENCH_CONFIGS:-native,kprobe,kretprobe,xp,xrp}}" \
+    --round "${BENCH_ROUND:-1}" --rounds "${BENCH_ROUNDS:-3}" --untar "${BENCH_UNTAR:-3}" ${5:-} $PROBE_EXTRA
   rc=$?
   domu_release "$domid"
   wait_console "$1" "XPE2E-DOMU: idle" 90
