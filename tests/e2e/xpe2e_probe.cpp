@@ -58,6 +58,7 @@
 #include <capstone/capstone.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1665,6 +1666,13 @@ double dnum(const std::map<std::string, std::string>& m, const std::string& k) {
   return it == m.end() ? -1 : std::strtod(it->second.c_str(), nullptr);
 }
 
+// This process's CPU time so far (user + system), in seconds.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 int cmd_bench(const Args& a) {
   auto opt = must(parse_channel_kind(a.channel), "--channel");
   auto s = open_session(a, SessionOptions{opt});
@@ -1764,6 +1772,7 @@ int cmd_bench(const Args& a) {
     must(hv.xs_write(dom_path(a.dom, fmt("data/xpe2e/bench/go-%d", i)), go), "write go");
     say("XPE2E-STAGE bench %s: %s (%s)", channel.c_str(), go.c_str(), spec.c_str());
     auto t0 = Clock::now();
+    const double cpu0 = cpu_seconds();
     auto end = t0 + std::chrono::seconds(a.timeout_s);
     // The result key is read only when a run_once call handled nothing for wait_ms (the
     // guest's measurement is over or between phases): a xenstore read between two hits would
@@ -1786,6 +1795,10 @@ int cmd_bench(const Args& a) {
       if (*r > 0 && Clock::now() - l0 >= std::chrono::milliseconds(wait_ms * 9 / 10)) ++late_loops;
     }
     double window = std::chrono::duration<double>(Clock::now() - t0).count();
+    // What this config cost Dom0 (this process: handlers, polling, reading rings).
+    const double cpu = cpu_seconds() - cpu0;
+    say("XPE2E-INFO: bench %s: Dom0 CPU %.2f s (user + system) in a %.1f s window (%.0f %%)", spec.c_str(), cpu, window,
+        window > 0 ? 100 * cpu / window : 0.0);
     if (!probes.empty())
       say("XPE2E-INFO: bench %s: %" PRIu64 " run_once calls, %" PRIu64 " handled nothing, %" PRIu64 " handled hits only at their timeout; gaps between hits <1ms %" PRIu64
           ", <10ms %" PRIu64 ", <100ms %" PRIu64 ", >=100ms %" PRIu64, spec.c_str(), loops, idle_loops, late_loops, g_gap[0], g_gap[1], g_gap[2], g_gap[3]);

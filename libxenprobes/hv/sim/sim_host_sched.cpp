@@ -382,4 +382,27 @@ void SimHostImpl::raise_virq_locked(unsigned virq) {
   if (virq < kNrVirqs && virq_binder_[virq]) virq_binder_[virq]->raise_port(virq_port_[virq]);
 }
 
+// The guest module's side the scheduler waits on (sim_module.cpp has the rest).
+
+std::optional<ModuleClock::time_point> SimHostImpl::module_deadline_locked(const Domain& d) const {
+  if (!d.module.present || !d.module.waiters || d.pause_count > 0) return std::nullopt;
+  // Past its timeout a vCPU still waits only on a claim: until the claim bound, or until Dom0
+  // answers or gives the hit back, either of which it notifies (waking the scheduler).
+  const auto now = clock_->now();
+  std::optional<ModuleClock::time_point> first;
+  for (const auto& vp : d.vcpus) {
+    if (!vp->module_wait) continue;
+    const auto t = now < vp->module_deadline ? vp->module_deadline : vp->module_claim_deadline;
+    if (!first || t < *first) first = t;
+  }
+  return first;
+}
+
+void SimHostImpl::module_quiesce_request_locked(Domain& d, const std::string& value) {
+  if (!d.module.present) return;
+  d.module.quiesce_token = value;
+  d.module.quiesce_pending = true;
+  cv_.notify_all();  // the scheduler answers once the guest is quiescent
+}
+
 }  // namespace xenprobes::hv::sim
