@@ -166,6 +166,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(!overlaps(ch->control.value, ch->last(), a.addr.value, a.last()), "control area overlaps an OEA");
     }
 
+    // rings/*: absent (nullopt), refused, or within every bound protocol.h gives them.
+    auto rings = read_rings_info(hv, dom, m, opts);
+    if (!rings) {
+      check_error(rings.error(), {Errc::InvalidArgument, Errc::Io});
+      FUZZ_CHECK(printable(rings.error().what), "a printable reason");
+    } else if (*rings) {
+      const RingsInfo& ri = **rings;
+      FUZZ_CHECK(ri.count >= 1 && ri.count <= m.nr_cpus);
+      FUZZ_CHECK(ri.order >= XENPROBES_RING_MIN_ORDER && ri.order <= XENPROBES_RING_MAX_ORDER);
+      FUZZ_CHECK(ri.bytes() <= kMaxRingsBytes);
+      FUZZ_CHECK(ri.addr.value >= kUpperHalfStart && ri.addr.value % kPageSize == 0);
+      FUZZ_CHECK(ri.bytes() - 1 <= ~0ull - ri.addr.value, "rings wrap");
+      const std::uint64_t r0 = ri.addr.value, r1 = r0 + ri.bytes() - 1;
+      FUZZ_CHECK(opts.kernel_text_guard == 0 || !overlaps(r0, r1, g0, g1), "rings in the guard");
+      for (const OeaArea& a : m.areas) FUZZ_CHECK(!overlaps(r0, r1, a.addr.value, a.last()), "rings overlap an OEA");
+      if (m.has_module_text())
+        FUZZ_CHECK(!overlaps(r0, r1, m.module_text_start.value, m.module_text_end.value - 1), "rings in module text");
+    } else {
+      FUZZ_CHECK(!hv.xs.contains(module_key(dom, XENPROBES_XS_RINGS_ADDR)) &&
+                     !hv.xs.contains(module_key(dom, XENPROBES_XS_RINGS_COUNT)) &&
+                     !hv.xs.contains(module_key(dom, XENPROBES_XS_RINGS_ORDER)),
+                 "no rings only when none of the keys is there");
+    }
+
     if (known_n) {
       std::vector<OeaArea> known(m.areas.begin(), m.areas.begin() + std::min<std::size_t>(*known_n, m.areas.size()));
       if (*known_n > m.areas.size()) known.push_back(OeaArea{Gva{0xffffffffa0000000ull}, kPageSize});
