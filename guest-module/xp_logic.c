@@ -675,7 +675,8 @@ enum xp_int3_action xp_int3_action(const struct xenprobes_trap *e)
 {
 	switch (e->flags) {
 	case XENPROBES_TRAP_JUMP:
-		return XP_INT3_FOREIGN;
+	case XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC:
+		return XP_INT3_FOREIGN;	/* a key (a detour's call), never a trap byte of ours */
 	case XENPROBES_TRAP_REDIRECT:
 		return XP_INT3_REDIRECT;
 	default:

@@ -85,9 +85,11 @@ struct DomainConfig {
   // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
   // (12..24; 0: none, so no async probes). Needs the jump entry.
   unsigned module_ring_order = 14;
-  // Its waiting vCPUs spin on their mailboxes (protocol.h "Spinning"): mailbox.spinning says so
-  // and the module looks every 50 µs of real time, so Dom0 may answer without a notification.
-  bool module_spin = false;
+  // Its waiting vCPUs spin on their mailboxes for up to this many microseconds of real time
+  // (protocol.h "Spinning"; the module's spin_us): mailbox.spinning says so and the module looks
+  // every 50 µs, so Dom0 may answer without a notification; then it clears the flag, looks once
+  // more and waits for a notification as before. 0: never spins.
+  unsigned module_spin_us = 0;
   // Extra areas of oea_size the simulated module can publish when Dom0 writes oea-request
   // (the growth protocol in protocol.h); 0 = the module cannot grow.
   unsigned oea_reserve_areas = 3;

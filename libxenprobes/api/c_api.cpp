@@ -70,6 +70,10 @@ struct CurrentHit {
   int handle = 0;
 };
 thread_local CurrentHit t_hit;
+thread_local unsigned t_async_handlers = 0;  // async handlers running in this thread (AsyncHandlerScope)
+
+// A handler of this session runs in this thread: the session is on the stack under it.
+bool in_handler() { return t_hit.ctx != nullptr || t_async_handlers > 0; }
 // A handler let a C++ exception out (possible for a C++ function behind a C pointer): the loop
 // stops and reports it rather than let it unwind through the engine.
 thread_local std::string t_handler_exception;
@@ -92,6 +96,9 @@ int set_error(const Error& e) noexcept {
   int err = e.errno_value();
   return set_error(err > 0 ? err : EIO, e.what.c_str());
 }
+
+AsyncHandlerScope::AsyncHandlerScope() noexcept { ++t_async_handlers; }
+AsyncHandlerScope::~AsyncHandlerScope() { --t_async_handlers; }
 
 void handler_threw(int handle) noexcept {
   try {
@@ -361,7 +368,7 @@ long xenretprobe_untracked_calls(xenprobes_handle_t handle) noexcept {
 
 int xenprobes_loop(void) noexcept {
   return entry([&]() -> Result<int> {
-    if (t_hit.ctx) return fail(Errc::Busy, "xenprobes_loop() cannot be called from a handler");
+    if (in_handler()) return fail(Errc::Busy, "xenprobes_loop() cannot be called from a handler");
     auto lock = XP_TRY(acquire());
     State& s = state();
     Session* ses = XP_TRY(session(s));
@@ -423,7 +430,7 @@ int xenprobes_open(const char* backend) noexcept {
 void xenprobes_close(void) noexcept {
   entry([&]() -> Result<int> {
     State& s = state();
-    if (t_hit.ctx) {  // the session is running this handler: close once the loop returns
+    if (in_handler()) {  // the session is running this handler: close once the loop returns
       std::lock_guard l(s.mu);
       s.close_pending = true;
       request_stop(s);

@@ -67,6 +67,16 @@ int set_error(const Error& e) noexcept;
 // A handler let a C++ exception out: the loop stops and reports it (xenprobes_loop()).
 void handler_threw(int handle) noexcept;
 
+// While an async handler runs in this thread (the session is on the stack under it):
+// xenprobes_close() then waits for the loop to return and xenprobes_loop() is refused, as from
+// a hit's handler.
+struct AsyncHandlerScope {
+  AsyncHandlerScope() noexcept;
+  ~AsyncHandlerScope();
+  AsyncHandlerScope(const AsyncHandlerScope&) = delete;
+  AsyncHandlerScope& operator=(const AsyncHandlerScope&) = delete;
+};
+
 // The one try/catch of every entry point: runs `body` (returning Result<int> or Result<long>)
 // and translates a failure into -1 + errno + the detail.
 template <typename F, typename T = typename std::invoke_result_t<F>::value_type>

@@ -99,6 +99,7 @@ void call_async(int handle, xenprobe_async_handler_t fn, void* arg, const AsyncH
   }
   hit.ncaptures = static_cast<std::uint32_t>(n);
   hit.captures = n ? values : nullptr;
+  AsyncHandlerScope scope;
   try {
     fn(&hit, arg);
   } catch (...) {

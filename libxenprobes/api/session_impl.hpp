@@ -52,14 +52,18 @@ struct Session::Impl {
   int wake_fd = -1;
   bool watching = false;
 
-  // Polls the guest channel's mailboxes until no hit came for `idle` (or stop()), with the
-  // modules told so; then one more look after telling them it stopped. Returns hits handled.
+  // Polls the guest channel's mailboxes until no hit came for `idle` (or stop()), at most
+  // kMaxSpin in all (then the other channels, the xenstore and dying domains get their turn: a
+  // guest that never stops hitting must not keep the loop to itself), with the modules told
+  // so; then one more look after telling them it stopped. Returns hits handled.
+  static constexpr std::chrono::milliseconds kMaxSpin{10};
   Result<unsigned> spin(std::chrono::microseconds idle) {
     using Clock = std::chrono::steady_clock;
     guest->set_polling(true);
     unsigned n = 0;
     std::optional<Error> err;
-    for (auto last = Clock::now(); !stop && !engine->stop_requested();) {
+    const auto until = Clock::now() + kMaxSpin;
+    for (auto last = Clock::now(); !stop && !engine->stop_requested() && Clock::now() < until;) {
       auto h = guest->process(*engine);
       if (!h) {
         err = h.error();

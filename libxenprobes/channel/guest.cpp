@@ -186,6 +186,9 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.overwritten.assign(h.nr_mailboxes, Attached::SeqRange{});
   // The return table is ours from now on: start it empty, as our copy is.
   for (std::size_t i = 0; i < a.rets.size(); ++i) write_ret(a, i);
+  // Not polling (a session killed while it polled leaves the flag set: the module would skip
+  // every hit's notification and each hit would wait out its timeout).
+  store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, dom0_polling), 0u);
   domains_.emplace(dom, std::move(a));
   XP_LOG(Debug, "%s: guest channel attached (control area %s, %u pages, port %u)", ds.c_str(),
          hex(gc.control.value).c_str(), gc.pages, gc.evtchn);
@@ -201,6 +204,7 @@ Result<void> GuestChannel::detach(DomId dom) {
   // when it sees `state` go.)
   auto st = hv_.xs_read(guestmod::module_key(dom, XENPROBES_XS_STATE));
   if (st && *st == XENPROBES_XS_STATE_READY) {
+    store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, dom0_polling), 0u);
     // Count first: from then on the module sees no entry, whatever the entries still hold.
     set_nr_traps(a, 0);
     const std::size_t n = a.traps.size();

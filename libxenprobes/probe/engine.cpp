@@ -142,11 +142,6 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     return fail(Errc::Busy, point->insn.describe() + ": inside the region [" + hex(q->jump->region.start.value) + ", " +
                                 hex(q->jump->region.end().value) + ") that the jump probe at " + hex(q->addr.value) +
                                 " covers; unregister it first");
-  if (reg->async) {
-    if (auto why = plan_async(*d, *reg))
-      return fail(Errc::NotSupported, (d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value)) +
-                                          ": cannot be an async probe: " + *why);
-  }
   if (reg->method != ProbeMethod::Trap) {
     if (auto why = plan_jump(*d, *point, *reg)) {
       std::string where = d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value);
@@ -156,6 +151,9 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
       point->not_jump_because = std::move(*why);
     }
     if (reg->async) {  // a jump (an async probe is never Fastest)
+      if (auto why = plan_async(*d, *reg))
+        return fail(Errc::NotSupported, (d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value)) +
+                                            ": cannot be an async probe: " + *why);
       point->jump->async_key = d->next_async_key++;
       point->jump->specs = reg->specs;
     }
@@ -290,6 +288,8 @@ Result<void> Engine::remove_registration(Domain& dom, std::map<ProbeId, std::uni
   auto hold = XP_TRY(Pause::take(*this, *d));
   XP_TRY(disarm(*d, *p));
   XP_TRY(flush(*d));
+  // And what came between that read and the pause (the domain is paused now: nothing more).
+  if (r.async && !d->rings.empty()) drain_rings(*d);
   if (p->jump && p->jump->async_key) d->async_keys.erase(p->jump->async_key);
   release_slot(*d, *p);
   d->points.erase(p->addr);

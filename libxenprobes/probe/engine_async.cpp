@@ -14,8 +14,10 @@ namespace {
 // room for the hits that come while Dom0 wakes up.
 constexpr unsigned kWatermarkShift = 2;
 // Reads of one ring per drain: records that keep arriving wait for the next round, so one busy
-// vCPU cannot keep the loop from everything else.
+// vCPU cannot keep the loop from everything else. The passes are bounded too: a ring the guest
+// keeps breaking is resynchronised on every pass and delivers nothing.
 constexpr std::size_t kMaxRecordsPerDrain = 65536;
+constexpr int kMaxPassesPerDrain = 4;
 
 constexpr std::uint64_t round8(std::uint64_t n) { return (n + 7) & ~std::uint64_t{7}; }
 
@@ -151,7 +153,7 @@ void Engine::drain_rings(Domain& d) {
     const auto watermark = static_cast<std::uint32_t>(r.reader.data_size() >> kWatermarkShift);
     std::size_t n = r.reader.drain([&](const guestmod::RingRecord& rec) { deliver(rec, vcpu); }, kMaxRecordsPerDrain);
     // Records published between the drain and the arming would wait for the next wake-up.
-    while (n < kMaxRecordsPerDrain && r.reader.arm_wakeup(watermark))
+    for (int pass = 1; pass < kMaxPassesPerDrain && n < kMaxRecordsPerDrain && r.reader.arm_wakeup(watermark); ++pass)
       n += r.reader.drain([&](const guestmod::RingRecord& rec) { deliver(rec, vcpu); }, kMaxRecordsPerDrain - n);
   }
   dispatching_ = was_dispatching;

@@ -58,7 +58,9 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   Domain& d = *it->second;
   channel::Verdict v = channel::Verdict::NotOurs;
   const Regs at_stop = s.regs;
-  dispatching_ = true;
+  // Restored, not cleared: a stop may be handled inside another dispatch (an async handler
+  // that disarms a probe flushes its pending stops).
+  const bool was_dispatching = std::exchange(dispatching_, true);
   hit_stop_ = &s;
   hit_memory_ready_ = false;
   if (d.trampoline && *d.trampoline == s.trap) {
@@ -68,7 +70,7 @@ channel::Verdict Engine::on_stop(channel::Stop& s) {
   } else if (auto st = d.slot_traps.find(s.trap); st != d.slot_traps.end()) {
     v = st->second.jump ? hit_jump(d, st->second, s) : hit_slot(d, st->second, s);
   }
-  dispatching_ = false;
+  dispatching_ = was_dispatching;
   hit_stop_ = nullptr;
   if (v == channel::Verdict::Resume && keep_writable_only(at_stop, s.regs))
     XP_LOG_RATELIMITED(Warn,

@@ -2,6 +2,8 @@
 // SessionOptions::spin_us Dom0 keeps polling the mailboxes after a hit and the module sends no
 // notification while it does; a module spinning on its mailbox gets its answer without one.
 // Counts stay exact either way, and without spinning every hit is notified as before.
+#include <thread>
+
 #include "engine/engine_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -15,13 +17,14 @@ struct SpinRun {
   std::uint64_t to_guest = 0;                     // Dom0's notifications to the module
 };
 
-SpinRun spin_run(bool module_spins, unsigned dom0_spin_us) {
+SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::microseconds handler_takes = {}) {
   auto cfg = demo_config(1, kIterations);
-  cfg.module_spin = module_spins;
+  cfg.module_spin_us = module_spin_us;
   ProbedGuest g(cfg, {}, {}, dom0_spin_us);
   SpinRun r;
   auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
     ++r.hits;
+    if (handler_takes.count()) std::this_thread::sleep_for(handler_takes);
     return 0;
   });
   EXPECT_TRUE(p) << p.error().what;
@@ -38,7 +41,7 @@ SpinRun spin_run(bool module_spins, unsigned dom0_spin_us) {
 
 TEST(Spin, WithoutSpinningEveryHitAndEveryAnswerIsNotified) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  const SpinRun r = spin_run(false, 0);
+  const SpinRun r = spin_run(0, 0);
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
   EXPECT_EQ(r.module.skipped, 0u);
   EXPECT_EQ(r.module.sent, r.hits);
@@ -47,12 +50,25 @@ TEST(Spin, WithoutSpinningEveryHitAndEveryAnswerIsNotified) {
 
 TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  // Dom0 polls for up to 1 s after each hit: the guest's next hit comes well within that.
-  const SpinRun r = spin_run(true, 1'000'000);
+  // Dom0 polls for up to 1 s after each hit (at most 10 ms at a time): the guest's next hit
+  // comes well within that; the module spins up to 1 s, longer than any answer takes.
+  const SpinRun r = spin_run(1'000'000, 1'000'000);
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations)) << "every hit handled exactly once";
   EXPECT_EQ(r.module.sent + r.module.skipped, r.hits);
   EXPECT_GT(r.module.skipped, r.hits / 2) << "most hits came while Dom0 polled: no notification";
   EXPECT_LT(r.to_guest, r.hits / 2) << "most answers went to a spinning module: no notification";
+}
+
+// The module's spin runs out before Dom0 answers (a handler takes 2 ms, the spin 20 µs): it
+// clears its flag and blocks, so Dom0 must notify every answer. A Dom0 that skipped it would
+// leave the vCPU waiting for its timeout, which the guest channel's manual clock never lets
+// come: the run would not finish.
+TEST(Spin, ASpinThatRunsOutIsWokenByANotification) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  const SpinRun r = spin_run(20, 0, std::chrono::milliseconds(2));
+  EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
+  // (An answer may still find the flag set: the simulated module clears it when it next looks.)
+  EXPECT_GE(r.to_guest, r.hits * 9 / 10) << "answers notified: the module had stopped spinning";
 }
 
 }  // namespace

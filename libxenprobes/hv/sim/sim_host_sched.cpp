@@ -2,6 +2,7 @@
 // vm_event requests, the guest's own int3 hook), one-instruction emulation, code written
 // through Dom0's mappings, and the vCPUs' registers (sim_host.cpp says where the rest of the
 // host is).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -81,8 +82,8 @@ void SimHostImpl::run_domain(Domain& d) {
       }
     }
     if (!next) {
-      if (d.cfg.module_spin && d.module.waiters)  // spinning: no notification may come
-        cv_.wait_for(lk, std::chrono::microseconds(50));
+      if (std::any_of(d.vcpus.begin(), d.vcpus.end(), [](const auto& v) { return v->module_spinning; }))
+        cv_.wait_for(lk, std::chrono::microseconds(50));  // spinning: no notification may come
       else if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
         clock_->wait_until(cv_, lk, *deadline);
       else

@@ -126,6 +126,8 @@ struct Vcpu {
   // at module_deadline (timeout_ms) unless Dom0 claimed the hit, then at module_claim_deadline
   // (the claim bound, protocol.h); both counted from the hit.
   bool module_wait = false;
+  bool module_spinning = false;                         // mailbox.spinning is 1 (cfg.module_spin_us)
+  std::chrono::steady_clock::time_point module_spin_end;  // real time: when the spin runs out
   ModuleClock::time_point module_deadline, module_claim_deadline;  // on the host's ModuleClock
   std::uint32_t module_seq = 0;
   xenprobes_trap module_entry{};

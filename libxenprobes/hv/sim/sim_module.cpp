@@ -271,7 +271,8 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   }
   xenprobes_trap e{};
   const bool found = lookup(d, addr, e);
-  if (found && e.flags == XENPROBES_TRAP_JUMP) {  // a key, never a trap byte: not ours
+  if (found && (e.flags == XENPROBES_TRAP_JUMP || e.flags == (XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC))) {
+    // a key, never a trap byte: not ours
     ++m.foreign;
     publish_counters(d);
     return false;
@@ -315,7 +316,11 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   const xenprobes_regs x = to_protocol(r);
   std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
   store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
-  if (d.cfg.module_spin) store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
+  if (d.cfg.module_spin_us) {
+    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
+    v.module_spinning = true;
+    v.module_spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(d.cfg.module_spin_us);
+  }
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
   ++m.hits;
   publish_counters(d);
@@ -391,6 +396,13 @@ void SimHostImpl::module_poll_locked(Domain& d) {
       Vcpu& v = *vp;
       if (!v.module_wait) continue;
       std::uint8_t* mb = mailbox(d, v.id);
+      if (v.module_spinning && std::chrono::steady_clock::now() >= v.module_spin_end) {
+        // The spin ran out: spinning = 0, a full barrier, then the look below; from here on
+        // only a notification (or the timeout) wakes it.
+        store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        v.module_spinning = false;
+      }
       const std::uint32_t state =
           load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire);
       const bool answered = state == XENPROBES_MBOX_DONE &&
@@ -454,8 +466,9 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
         v.module_jump_ret = 0;
       }
       write_regs(v, r, false);
-      state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
       store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+      v.module_spinning = false;
+      state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
       v.module_wait = false;
       --m.waiters;
       m.consecutive_timeouts = 0;
@@ -472,6 +485,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
     break;
   }
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+  v.module_spinning = false;
   v.module_wait = false;
   --m.waiters;
   ++m.timeouts;
