@@ -125,7 +125,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   d->aliases.push_back({kOeaVa, oea_gpa, cfg.oea_size});
   // Reserve areas, 16 MiB apart in the module area, mapped now and published on request.
   for (unsigned k = 1; k <= cfg.oea_reserve_areas; ++k) {
-    std::uint64_t va = kOeaVa + k * (16ull << 20), gpa = oea_gpa + k * cfg.oea_size;
+    std::uint64_t va = kOeaVa + k * kOeaStride, gpa = oea_gpa + k * cfg.oea_size;
     XP_TRY(pt.map_4k(va, gpa, cfg.oea_size, PageTableBuilder::kGlobal | PageTableBuilder::kWrite));
     d->aliases.push_back({va, gpa, cfg.oea_size});
     d->oea_reserve.push_back(va);

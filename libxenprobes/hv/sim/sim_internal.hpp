@@ -235,6 +235,11 @@ inline constexpr unsigned kNrVirqs = 24;
 // never held while waiting for anything but Unicorn.
 std::recursive_mutex& emulation_mutex();
 
+// Linux's module mapping [MODULES_VADDR, MODULES_END) without KASLR: where the module's own
+// code (and every other module's) lies, and where a fallback may resume.
+inline constexpr std::uint64_t kModulesVa = 0xffffffffa0000000ull, kModulesEnd = 0xffffffffff000000ull;
+inline constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's reserve-area spacing
+
 // The simulated module's helpers (sim_module.cpp), shared with sim_module_async.cpp.
 // [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
 std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len);

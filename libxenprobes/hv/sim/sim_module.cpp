@@ -29,11 +29,7 @@ namespace {
 // In the module area, past every OEA reserve area (those are 16 MiB apart from 0xffffffffa0000000,
 // see create_domain); mapped writable and NX: Dom0 writes it, nothing executes from it.
 constexpr std::uint64_t kControlVa = 0xffffffffc0000000ull;
-constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's reserve-area spacing
 constexpr std::uint32_t kMailboxOffset = 256;      // after the header, cache-line aligned
-// Linux's module mapping [MODULES_VADDR, MODULES_END) without KASLR: where the module's own
-// code (and every other module's) lies, and where a fallback may resume.
-constexpr std::uint64_t kModulesVa = 0xffffffffa0000000ull, kModulesEnd = 0xffffffffff000000ull;
 // The module's code after its static OEA pool, as module-text publishes it (a real xenprobesU
 // is a few dozen KiB of code; nothing of it is mapped here: the sim runs its hook on the host).
 constexpr std::uint64_t kModuleCodeSize = 64ull << 10;
@@ -155,26 +151,6 @@ std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
 xenprobes_regs to_protocol(const VcpuRegs& r) {
   return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,     r.r9,  r.r10,
                         r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
-}
-
-// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
-// and its OEA pool, which in a real module holds every area it publishes (one static pool).
-xp_bounds module_bounds(Domain& d) {
-  xp_bounds b{};
-  b.ktext = {d.layout.text_start, d.layout.text_end};
-  b.modules = {kModulesVa, kModulesEnd};
-  const unsigned areas = std::max(1u, d.oea_published);
-  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
-  // The module asks the page tables whether the page is executable; here: mapped, and not the
-  // control area (the one NX mapping inside the module area).
-  b.is_exec = [](void* ctx, std::uint64_t va) {
-    Domain& dom = *static_cast<Domain*>(ctx);
-    const ModuleState& m = dom.module;
-    if (m.present && va >= m.ctl_va && va - m.ctl_va < std::uint64_t{m.ctl_pages} * kPageSize) return false;
-    return guest_ptr(dom, va, 1) != nullptr;
-  };
-  b.ctx = &d;
-  return b;
 }
 
 Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt, std::uint64_t gpa) {
@@ -324,8 +300,7 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
   ++m.hits;
   publish_counters(d);
-  // No notification while Dom0 polls the mailboxes (protocol.h "Spinning"): HIT is stored,
-  // then dom0_polling read; Dom0 clears it before its last look.
+  // No notification while Dom0 polls (protocol.h "Spinning"): HIT, a barrier, dom0_polling.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_polling))) != 0) {
     ++m.unnotified;
@@ -397,8 +372,7 @@ void SimHostImpl::module_poll_locked(Domain& d) {
       if (!v.module_wait) continue;
       std::uint8_t* mb = mailbox(d, v.id);
       if (v.module_spinning && std::chrono::steady_clock::now() >= v.module_spin_end) {
-        // The spin ran out: spinning = 0, a full barrier, then the look below; from here on
-        // only a notification (or the timeout) wakes it.
+        // The spin ran out: spinning = 0, a barrier, the look below; then only a notification.
         store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         v.module_spinning = false;

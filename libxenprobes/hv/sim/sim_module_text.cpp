@@ -1,5 +1,7 @@
 // The simulated guest module's text, the parts of it Dom0 reads (protocol.h): its fixup slots
-// with their exception-table entries, and its jump entry. Made with the domain, before it runs.
+// with their exception-table entries, and its jump entry, made with the domain before it runs;
+// and the bounds its own code (xp_logic.c) is told about.
+#include <algorithm>
 #include <cstring>
 
 #include "hv/sim/page_table_builder.hpp"
@@ -48,6 +50,26 @@ Result<void> SimHostImpl::module_create_jump_entry(Domain& d, PageTableBuilder& 
   std::memset(d.ram->base + gpa, kInt3, kPageSize);  // see ModuleState::jump_entry
   d.module.jump_entry = va;
   return {};
+}
+
+// What the module's own code (xp_logic.c) is told about the guest: its text, the module area,
+// and its OEA pool, which in a real module holds every area it publishes (one static pool).
+xp_bounds module_bounds(Domain& d) {
+  xp_bounds b{};
+  b.ktext = {d.layout.text_start, d.layout.text_end};
+  b.modules = {kModulesVa, kModulesEnd};
+  const unsigned areas = std::max(1u, d.oea_published);
+  b.oea = {d.layout.oea_addr, d.layout.oea_addr + (areas - 1) * kOeaStride + d.cfg.oea_size};
+  // The module asks the page tables whether the page is executable; here: mapped, and not the
+  // control area (the one NX mapping inside the module area).
+  b.is_exec = [](void* ctx, std::uint64_t va) {
+    Domain& dom = *static_cast<Domain*>(ctx);
+    const ModuleState& m = dom.module;
+    if (m.present && va >= m.ctl_va && va - m.ctl_va < std::uint64_t{m.ctl_pages} * kPageSize) return false;
+    return guest_ptr(dom, va, 1) != nullptr;
+  };
+  b.ctx = &d;
+  return b;
 }
 
 }  // namespace xenprobes::hv::sim
