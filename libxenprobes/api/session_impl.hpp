@@ -56,9 +56,9 @@ struct Session::Impl {
   // kMaxSpin in all (then the other channels, the xenstore and dying domains get their turn: a
   // guest that never stops hitting must not keep the loop to itself), with the modules told
   // so; then one more look after telling them it stopped. Returns hits handled.
-  static constexpr std::chrono::milliseconds kMaxSpin{10};
   Result<unsigned> spin(std::chrono::microseconds idle) {
     using Clock = std::chrono::steady_clock;
+    constexpr std::chrono::milliseconds kMaxSpin{10};  // local: no symbol in the library's ABI
     guest->set_polling(true);
     unsigned n = 0;
     std::optional<Error> err;
