@@ -131,6 +131,8 @@ struct Harness {
       if (now[i] == before[i]) continue;
       FUZZ_CHECK(!none_allowed, std::string(op) + ": Dom0 wrote byte " + std::to_string(i) + " of the area");
       const bool ok = (i >= offsetof(xenprobes_ctl_header, nr_traps) && i < offsetof(xenprobes_ctl_header, nr_traps) + 4) ||
+                      // dom0_polling: Dom0's (protocol.h "Spinning"; cleared at attach and detach)
+                      (i >= offsetof(xenprobes_ctl_header, dom0_polling) && i < offsetof(xenprobes_ctl_header, dom0_polling) + 4) ||
                       (i >= lay.mb_off && i < lay.mb_off + std::size_t{lay.nr_mb} * sizeof(xenprobes_mailbox)) ||
                       (i >= lay.trap_off && i < lay.trap_off + std::size_t{lay.trap_cap} * sizeof(xenprobes_trap)) ||
                       (i >= lay.ret_off && i < lay.ret_off + std::size_t{lay.ret_cap} * sizeof(xenprobes_ret));
