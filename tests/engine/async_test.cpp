@@ -24,18 +24,6 @@ constexpr std::uint64_t kIterations = 40;
 const std::set<std::string> kPaths = {"/etc/hostname", "/proc/version", "/tmp",          "/nonexistent",
                                       "/etc/passwd",   "/tmp/demo.log", "relative/path", "/etc"};
 
-template <typename F>
-bool run_until(ProbedGuest& g, F done, int rounds = 5000) {
-  for (int i = 0; i < rounds; ++i) {
-    if (done()) return true;
-    if (auto r = g.session->run_once(2); !r) {
-      ADD_FAILURE() << "run_once: " << r.error().what;
-      return false;
-    }
-  }
-  return done();
-}
-
 struct Seen {
   std::uint64_t records = 0;
   std::map<unsigned, std::uint32_t> next_seq;  // per vCPU

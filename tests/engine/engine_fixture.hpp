@@ -182,4 +182,17 @@ inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
   return k[fn] * iterations;
 }
 
+// Runs the session until `done` or `rounds` rounds of at most 2 ms.
+template <typename F>
+bool run_until(ProbedGuest& g, F done, int rounds = 5000) {
+  for (int i = 0; i < rounds; ++i) {
+    if (done()) return true;
+    if (auto r = g.session->run_once(2); !r) {
+      ADD_FAILURE() << "run_once: " << r.error().what;
+      return false;
+    }
+  }
+  return done();
+}
+
 }  // namespace xenprobes::testing

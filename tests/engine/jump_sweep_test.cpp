@@ -7,61 +7,12 @@
 #include <iostream>
 #include <map>
 
-#include "engine/engine_fixture.hpp"
+#include "engine/sweep_sites.hpp"
 
 namespace xenprobes::testing {
 namespace {
 
 constexpr std::uint64_t kIterations = 2;
-
-struct Site {
-  std::string function;
-  std::uint64_t address;
-  std::string text;
-};
-
-std::vector<Site> all_instructions() {
-  auto table = symbols::SymbolTable::load(demo_map());
-  if (!table) throw std::runtime_error(table.error().what);
-  auto host = hv::sim::SimHost::create();
-  hv::sim::DomainConfig c = demo_config(1, 1);
-  c.start_paused = true;
-  DomId dom = *host->create_domain(c);
-  auto layout = *host->layout(dom);
-  std::vector<Site> sites;
-  for (std::uint64_t at = layout.text_start; at < layout.text_end;) {
-    auto f = table->function_containing(Gva{at});
-    if (!f || f->size == 0) {
-      ++at;
-      continue;
-    }
-    std::vector<std::uint8_t> bytes(f->size);
-    if (!host->peek(dom, f->start.value, std::as_writable_bytes(std::span(bytes)))) break;
-    auto insns = x86::decode_function(bytes, f->start);
-    if (!insns) throw std::runtime_error(f->name + ": " + insns.error().what);
-    for (const auto& i : *insns) sites.push_back({f->name, i.address.value, i.describe()});
-    at = f->start.value + f->size;
-  }
-  return sites;
-}
-
-struct Reference {
-  std::map<std::uint64_t, std::uint64_t> executions;
-  demo_stats stats;
-};
-
-Reference reference(const std::vector<Site>& sites) {
-  auto host = hv::sim::SimHost::create();
-  hv::sim::DomainConfig c = demo_config(1, kIterations);
-  for (const auto& s : sites) c.count_executions.push_back(s.address);
-  DomId dom = *host->create_domain(c);
-  if (!host->wait_halted(dom, 120s)) throw std::runtime_error("reference run did not finish");
-  Reference r;
-  for (const auto& s : sites) r.executions[s.address] = *host->executions(dom, s.address);
-  if (!host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(&r.stats, 1))))
-    throw std::runtime_error("reference run: cannot read demo_stats");
-  return r;
-}
 
 // "…: cannot be a jump probe: refused by jump rule 'no-branch-into-region': …" -> the rule's
 // name; other refusals (an address rule, the region's length, …) by their text.
@@ -82,7 +33,7 @@ TEST_P(JumpSweep, EveryJumpIsTransparentAndEveryRefusalNamed) {
   const bool async = GetParam();
   auto sites = all_instructions();
   ASSERT_GT(sites.size(), 300u);
-  Reference ref = reference(sites);
+  Reference ref = reference(sites, kIterations);
   std::map<std::string, unsigned> refusals;
   unsigned jumps = 0, moved = 0;
   std::uint64_t total_hits = 0;

@@ -16,19 +16,6 @@ constexpr std::uint64_t kIterations = 40;
 
 ProbeOptions jump() { return ProbeOptions{ProbeMethod::Jump}; }
 
-// Runs the session until `done` or `rounds` rounds of at most 2 ms.
-template <typename F>
-bool run_until(ProbedGuest& g, F done, int rounds = 5000) {
-  for (int i = 0; i < rounds; ++i) {
-    if (done()) return true;
-    if (auto r = g.session->run_once(2); !r) {
-      ADD_FAILURE() << "run_once: " << r.error().what;
-      return false;
-    }
-  }
-  return done();
-}
-
 std::int32_t rel32_at(const std::vector<std::uint8_t>& b) {
   std::int32_t v = 0;
   std::memcpy(&v, b.data() + 1, 4);
