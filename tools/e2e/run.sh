@@ -24,15 +24,18 @@ E2E_T0=$(date +%s)
 . "$(dirname "$0")/lib.sh"
 . "$E2E_TOOLS/images.sh"
 
-# scenario -> hypervisor ("stock", "gdbsx", or "stock-qemu10": the stock one under QEMU 10 for
-# ICEBP). The default list (SCEN_ORDER) leaves out the diagnostics (diag_*), the benchmark
+# scenario -> hypervisor ("stock", "gdbsx", or "stock-qemu10": the stock one under QEMU 10, for
+# ICEBP, and for a PV guest that rewrites its own text: under QEMU 7.2 a PV DomU toggling a
+# tracepoint, with no module, got minute-long soft lockups, under QEMU 10 none; docs/e2e.md "The
+# environment", diag_tracepoint_toggle). The default list (SCEN_ORDER) leaves out the diagnostics (diag_*), the benchmark
 # (bench_*), stock_pvh_baseline and the real-kernel sweep stock_pv_sweep (14-19 min a boot here,
 # and it fails when another QEMU shares the host: docs/e2e.md "The real-kernel sweep").
 declare -A SCEN_XEN=([stock_pv_baseline]=stock [stock_pv_module_idle]=stock [stock_pv_guest]=stock
   [stock_pv_guest_churn]=stock [stock_pv_guest_cr3]=stock [stock_debugger_refusal]=stock [stock_kill9]=stock [stock_pv_two_guests]=stock [diag_xl_churn]=stock [diag_env_procs]=stock [diag_env_procs_q10]=stock-qemu10
+  [diag_tracepoint_toggle]=stock [diag_tracepoint_toggle_q10]=stock-qemu10
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
   [bench_table1_guest]=stock [bench_table1_guest_spin]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
-  [stock_pv_safety]=stock [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock
+  [stock_pv_safety]=stock-qemu10 [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock [stock_pv_xenprobesd]=stock
   [stock_pv_xenprobesd_service]=stock [stock_pv_jump]=stock [stock_pv_async]=stock [stock_pv_spin]=stock [stock_kill9_jump]=stock [stock_pv_sweep]=stock [stock_kill9_rounds]=stock [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
@@ -42,7 +45,8 @@ declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
 BENCH_SCENARIOS="bench_table1_guest bench_table1_guest_spin bench_table1_debugger bench_table1_vmevent"
 # The safety scenarios run four guest phases (or five activities on PVH) in one boot: 476-500 s
 # per boot at a host load of 6-10, against 170 s idle (docs/e2e.md "Probe safety").
-declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_guest_spin]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
+declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500}
+  [diag_tracepoint_toggle]=${XPE2E_DIAG_LIMIT:-1500} [diag_tracepoint_toggle_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_guest_spin]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
   [stock_pv_safety]=600 [stock_pvh_safety_control]=600 [stock_pv_sweep]=1500 [stock_kill9_rounds]=2400 [stock_pvh_kill9_rounds]=2400 [gdbsx_kill9_rounds]=2400)
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
@@ -57,7 +61,7 @@ declare -A SCEN_PLATFORM=() SCEN_BODY=()
 for s in stock_kill9_rounds stock_pvh_kill9_rounds gdbsx_kill9_rounds; do SCEN_BODY[$s]=kill9_rounds; done
 # trixie_bench_table1_guest: the benchmark's guest channel there (a diagnostic, never in a list).
 for s in stock_pv_guest:stock stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock stock_kill9:stock \
-  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock stock_pv_xenprobe:stock stock_pv_jump:stock stock_pv_async:stock stock_pv_spin:stock stock_kill9_jump:stock bench_table1_guest:stock; do
+  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock-qemu10 stock_pv_xenprobe:stock stock_pv_jump:stock stock_pv_async:stock stock_pv_spin:stock stock_kill9_jump:stock bench_table1_guest:stock; do
   t=trixie_${s%%:*}
   t=${t/trixie_stock_/trixie_}
   SCEN_PLATFORM[$t]=trixie
@@ -345,7 +349,9 @@ boot() {
     "${XPE2E_BENCH_ROUND:-1}" "${XPE2E_BENCH_ROUNDS:-3}" \
     "${XPE2E_BENCH_UNTAR:-3}" >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   # XPE2E_DIAG_*: diag_env_procs (docs/e2e.md "The environment").
-  printf 'DIAG_TYPE="%s"\nDIAG_N="%s"\nDIAG_ROUNDS="%s"\nDIAG_FPU="%s"\n' "${XPE2E_DIAG_TYPE:-pv}" "${XPE2E_DIAG_N:-6}" "${XPE2E_DIAG_ROUNDS:-10}" "${XPE2E_DIAG_FPU:-}" \
+  # XPE2E_DIAG_MODULE, XPE2E_DIAG_TOGGLES: diag_tracepoint_toggle (docs/e2e.md "The environment").
+  printf 'DIAG_TYPE="%s"\nDIAG_N="%s"\nDIAG_ROUNDS="%s"\nDIAG_FPU="%s"\nDIAG_MODULE="%s"\nDIAG_TOGGLES="%s"\n' "${XPE2E_DIAG_TYPE:-pv}" "${XPE2E_DIAG_N:-6}" \
+    "${XPE2E_DIAG_ROUNDS:-10}" "${XPE2E_DIAG_FPU:-}" "${XPE2E_DIAG_MODULE:-0}" "${XPE2E_DIAG_TOGGLES:-200}" \
     >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   # XPE2E_KILL_ROUNDS, XPE2E_KILL_SEED, XPE2E_KILL_AT: the *_kill9_rounds scenarios
   # (scenarios/kill9_rounds.sh).
