@@ -21,8 +21,9 @@
  *    no mailbox (it is busy with the outer hit), no Dom0, no kernel function on the way
  *    except lookup_address() when the fallback resumes in another module's text (kernel
  *    text and the OEA are executable by construction, xp_is_exec_nested()). What it runs is
- *    this module's code: the table search, the fallback (xp_logic.c), the stack accessors
- *    (inline nofault accesses, xp_text.c) and inline per-CPU and atomic operations;
+ *    this module's code: the table search (xp_logic.c), the fallback (xp_fallback.c), the
+ *    stack accessors (inline nofault accesses, xp_text.c) and inline per-CPU and atomic
+ *    operations;
  *  - depth 3 or more is a hit inside that nested path itself: Dom0 trapped this module's own
  *    code (which it must never do: the module publishes module-text for Dom0 to refuse it) or
  *    lookup_address(). Looking the entry up would run the trapped code again, so, with inline

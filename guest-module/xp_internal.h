@@ -8,6 +8,7 @@
  *   xp_xen.c   the event channel, Xen system time, SCHEDOP_poll waits
  *   xp_text.c  kernel text bounds, executable checks, writing trap bytes back
  *   xp_logic.c the pure decisions (also unit-tested in userspace)
+ *   xp_fallback.c the pure fallback: branch emulation, the return table (unit-tested too)
  *   xp_ring.c  the async rings' producer and the async jump hit (pure, unit-tested too)
  *   xp_oea.S   the static OEA pool in the module's text
  */

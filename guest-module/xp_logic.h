@@ -13,6 +13,8 @@
  * is treated as hostile here: every index and count is bounded, every address the guest
  * would resume at is validated, shared memory is read once (volatile loads) into a private
  * snapshot before it is checked and used.
+ *
+ * Implemented in xp_logic.c and xp_fallback.c (the fallback: branch emulation, return table).
  */
 #ifndef XENPROBES_XP_LOGIC_H
 #define XENPROBES_XP_LOGIC_H
@@ -361,6 +363,9 @@ enum xp_spin {
 enum xp_spin xp_spin_step(enum xp_wait w, xenprobes_u64 now, xenprobes_u64 spin_until);
 
 /* ---- branches the fallback emulates (XENPROBES_TRAP_EMULATE) ---- */
+
+/* The little-endian rel32 at p, sign extended (xp_decode_branch, xp_region_bytes_ours). */
+xp_s64 xp_rel32_at(const xenprobes_u8 *p);
 
 enum xp_branch_kind {
 	XP_BR_NONE = 0,

@@ -1,4 +1,4 @@
-// The guest module's pure decisions (guest-module/xp_logic.c), compiled as userspace C11 and
+// The guest module's pure decisions (guest-module/xp_logic.c and xp_fallback.c), compiled as userspace C11 and
 // driven here: the control-area layout, the trap-table search under hostile contents, address
 // validation, Dom0's answers, the mailbox state machine (with step 2's spin), branch emulation of every form the
 // fallback supports (relative, through a register, ret; never through memory), the return table, the fallback choice, xenstore numbers and the OEA pool.
