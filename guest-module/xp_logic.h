@@ -319,7 +319,7 @@ static inline bool xp_dead_after(xenprobes_u32 consecutive)
  * writes it). Each side stores its own word, then a full barrier, then loads the other's; with
  * both barriers in place at least one of the two loads sees the other side's store, so a
  * skipped notification is always covered by a look the other side still makes. The barriers
- * themselves live in xp_hook.c (userspace tests cannot check them); the decisions are here.
+ * themselves live in xp_exchange.c (userspace tests cannot check them); the decisions are here.
  */
 
 /* The largest spin_us the module loads with: the spin runs with interrupts off. */
