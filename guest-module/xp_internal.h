@@ -2,7 +2,8 @@
 /*
  * xenprobesU: state shared by the module's kernel files.
  *
- *   xp_main.c     parameters, load/unload, detach, xenstore publication and requests
+ *   xp_main.c     parameters, load/unload, detach, the control area, the rings, the OEA pool
+ *   xp_xenstore.c xenstore publication, Dom0's requests (oea-request, quiesce-request)
  *   xp_hook.c     the int3 hook and the jump hit
  *   xp_exchange.c the mailbox exchange with Dom0 (a hit handed over, the wait, giving up)
  *   xp_jump.S     the jump entry a jump probe's detour calls (published as jump-entry)
@@ -165,6 +166,12 @@ asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret);	/* called by xp_jump
 bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
 		 struct xenprobes_regs *answer);
 bool xp_answer_taken(enum xp_answer a);
+
+/* xp_xenstore.c */
+int xp_publish(void);
+void xp_watches_unregister(void);
+void xp_quiesce(void);
+void xp_quiesce_work(struct work_struct *w);
 
 /* xp_xen.c */
 int xp_evtchn_open(void);
