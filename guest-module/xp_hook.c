@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * xenprobesU: the int3 hook, the jump hit and the mailbox exchange with Dom0 (protocol.h, "A
- * hit on vCPU v" and "Jump probes").
+ * xenprobesU: the int3 hook and the jump hit (protocol.h, "A hit on vCPU v" and "Jump probes"),
+ * which hand their hits to Dom0 through the mailbox exchange (xp_exchange.c).
  *
  * Context. On x86-64 (6.1 and later) a kernel-mode int3 enters exc_int3(), which runs
  * poke_int3_handler() (text_poke_bp() sites), then under irqentry_nmi_enter() do_int3():
@@ -21,8 +21,9 @@
  *    no mailbox (it is busy with the outer hit), no Dom0, no kernel function on the way
  *    except lookup_address() when the fallback resumes in another module's text (kernel
  *    text and the OEA are executable by construction, xp_is_exec_nested()). What it runs is
- *    this module's code: the table search, the fallback (xp_logic.c), the stack accessors
- *    (inline nofault accesses, xp_text.c) and inline per-CPU and atomic operations;
+ *    this module's code: the table search (xp_logic.c), the fallback (xp_fallback.c), the
+ *    stack accessors (inline nofault accesses, xp_text.c) and inline per-CPU and atomic
+ *    operations;
  *  - depth 3 or more is a hit inside that nested path itself: Dom0 trapped this module's own
  *    code (which it must never do: the module publishes module-text for Dom0 to refuse it) or
  *    lookup_address(). Looking the entry up would run the trapped code again, so, with inline
@@ -58,22 +59,11 @@
 #include <linux/ptrace.h>
 #include <linux/timekeeping.h>
 #include <linux/uaccess.h>
-#include <xen/events.h>
 #include <xen/xen-ops.h>
 
 #include "xp_internal.h"
 
-/* A poll slice: how late a lost wakeup (shared port, see xp_wait) can make an answer. */
-#define XP_POLL_SLICE_NS (1000ull * 1000ull)
-
-static DEFINE_PER_CPU(u32, xp_seq);	/* the module's own copy of mailbox.seq */
 static DEFINE_PER_CPU(int, xp_depth);	/* hook nesting on this CPU */
-
-static void xp_count(atomic64_t *c, xenprobes_u64 *field)
-{
-	/* Dom0 may overwrite the shared copy; the private counter stays right. */
-	WRITE_ONCE(*field, (xenprobes_u64)atomic64_inc_return(c));
-}
 
 static void xp_regs_from_pt(struct xenprobes_regs *x, const struct pt_regs *r, u64 trap)
 {
@@ -122,12 +112,6 @@ static void xp_regs_to_pt(struct pt_regs *r, const struct xenprobes_regs *x)
 	r->flags = x->rflags;
 }
 
-static void xp_mbox_store_regs(struct xenprobes_mailbox *mb, const struct xenprobes_regs *x)
-{
-	/* Plain stores: Dom0 reads them only after state = HIT, behind smp_wmb(). */
-	mb->regs = *x;
-}
-
 static bool xp_kread(void *ctx, u64 addr, u64 *val)
 {
 	return xp_read_kernel_u64(addr, val);
@@ -173,197 +157,7 @@ static void xp_disarm_work(struct work_struct *w)
 			XENPROBES_DEAD_AFTER, restored, (long long)atomic64_read(&xp.timeouts));
 }
 
-/* ---- the exchange ---- */
-
-/*
- * Step 2's spin (protocol.h, "Spinning instead of notifying"): before blocking, the vCPU says
- * mailbox.spinning = 1 and checks the mailbox in a loop for up to spin_us, so that Dom0, seeing
- * the flag, can leave out the notification of its answer (and the vCPU the SCHEDOP_poll and
- * the wakeup through Xen). Interrupts are off here (the int3 handler, or the jump entry's
- * interrupts-off section): spin_us is capped at XP_SPIN_MAX_US and measured with
- * ktime_get_mono_fast_ns() (NMI safe, as the rest of the wait). Every check is xp_wait_step()'s,
- * with the same deadlines and the same give_up, so a spin ends at once on the answer, on a
- * deadline, or when detaching, and never extends a deadline (xp_spin_step()).
- *
- * The barriers, against Dom0's step d ("state = DONE, a full barrier, then load spinning;
- * notify only if it reads 0"):
- *   (S1) spinning = 1, smp_mb(), then the first check: the flag is out before we look, so a
- *        Dom0 answering from then on may already see it (for promptness: correctness rests
- *        on S2 alone, since a Dom0 that sees 1 and skips the notification is covered by S2);
- *   (S2) spinning = 0, smp_mb(), then one more check (the first check of xp_wait()'s loop,
- *        whose own xen_clear_irq_pending() and smp_mb() come after this barrier). Dom0 stores
- *        DONE before it loads spinning and we store 0 before we load state, each with a full
- *        barrier between: either Dom0's load sees our 0 (it notifies, and the SCHEDOP_poll
- *        below wakes up as it always did), or our check after S2 sees its DONE. Every
- *        answer is either notified or seen.
- * The flag is cleared with the same barrier on every way out (answer, timeout, bound passed),
- * and always before state goes IDLE or ABANDONED: a later hit on this mailbox never starts
- * with a stale spinning = 1. Returns xp_wait_step()'s result; XP_WAIT_AGAIN when the bound
- * passed unanswered (*now: the time of the last check).
- */
-static enum xp_wait xp_spin(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
-			    u64 claim_deadline, u64 *now)
-{
-	u64 until = xp_spin_until(*now, xp.spin_us);
-	enum xp_wait w;
-	enum xp_spin s;
-
-	WRITE_ONCE(mb->spinning, 1);
-	smp_mb();	/* S1 */
-	for (;;) {
-		w = xp_wait_step(READ_ONCE(mb->state), READ_ONCE(mb->answer_seq), seq, *now,
-				 deadline, claim_deadline, READ_ONCE(xp.detaching));
-		s = xp_spin_step(w, *now, until);
-		if (s != XP_SPIN_AGAIN)
-			break;
-		cpu_relax();
-		*now = ktime_get_mono_fast_ns();
-	}
-	WRITE_ONCE(mb->spinning, 0);
-	smp_mb();	/* S2: before the one more check (xp_wait()) */
-	if (w == XP_WAIT_DONE)
-		atomic64_inc(&xp.spin_answered);
-	else if (s == XP_SPIN_BLOCK)
-		atomic64_inc(&xp.spin_blocked);
-	return w;
-}
-
-/*
- * Waits for Dom0's answer to `seq`, until `deadline`, or while Dom0 holds a claim on the hit
- * until `claim_deadline` (xp_wait_step). With `spin` and spin_us > 0 it first spins (xp_spin());
- * the loop below then makes the protocol's "one more check" after the spin, before it blocks.
- * Clearing the port's pending bit before each check
- * keeps SCHEDOP_poll from returning at once forever (interrupts are off, so the irq
- * handler never clears it); checking after the clear means an answer written before the
- * clear is seen now and one written after it sets the bit again. With one port shared by
- * all vCPUs, a vCPU that clears the bit between another vCPU's check and its poll delays
- * that vCPU by at most one slice.
- */
-static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
-			    u64 claim_deadline, bool spin)
-{
-	u64 now = ktime_get_mono_fast_ns();
-	enum xp_wait w;
-
-	if (spin && xp.spin_us) {
-		w = xp_spin(mb, seq, deadline, claim_deadline, &now);
-		if (w != XP_WAIT_AGAIN)
-			return w;
-	}
-	for (;;) {
-		xen_clear_irq_pending(xp.irq);
-		smp_mb();
-		w = xp_wait_step(READ_ONCE(mb->state), READ_ONCE(mb->answer_seq), seq, now,
-				 deadline, claim_deadline, READ_ONCE(xp.detaching));
-		if (w != XP_WAIT_AGAIN)
-			return w;
-		/* Past the deadline only a claim keeps us here, up to its bound. */
-		xp_poll_for(min((now < deadline ? deadline : claim_deadline) - now,
-				XP_POLL_SLICE_NS));
-		now = ktime_get_mono_fast_ns();
-	}
-}
-
-/*
- * Hands the hit to Dom0 and waits (steps 1-4 of the protocol; mailbox.trap = trap, the
- * entry's address). true with *answer = a private snapshot of Dom0's answer, which the caller
- * validates (xp_answer_taken); false when the hit was abandoned: the caller resumes without
- * Dom0. Timeouts count towards declaring Dom0 gone here.
- */
-static bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
-			struct xenprobes_regs *answer)
-{
-	u32 seq = this_cpu_inc_return(xp_seq);
-	u32 expected = XENPROBES_MBOX_HIT, seen, tries = 0, polling;
-	u64 start, deadline, claim_deadline;
-	enum xp_wait w;
-
-	WRITE_ONCE(mb->seq, seq);
-	WRITE_ONCE(mb->trap, trap);
-	xp_mbox_store_regs(mb, hit);
-	smp_wmb();
-	WRITE_ONCE(mb->state, XENPROBES_MBOX_HIT);
-	/*
-	 * Step 1 (protocol.h, "Spinning instead of notifying"): state = HIT, a full barrier, then
-	 * load header.dom0_polling; notify only if it is 0. Dom0, when it stops polling, stores
-	 * dom0_polling = 0, a full barrier, then looks at every mailbox once more. Each side
-	 * stores, then loads the other's word, with a full barrier between, so the two loads
-	 * cannot both miss the other's store: if ours did not see the clear (Dom0 still polls,
-	 * or its clear is not visible yet), Dom0's look after the clear sees this HIT; if that
-	 * look missed the HIT, our load saw the 0 and we notify. A nonzero value we read is
-	 * never trusted further than that (xp_hit_notify()). The jump entry's synchronous hits
-	 * come through here too.
-	 */
-	smp_mb();
-	polling = READ_ONCE(xp.hdr->dom0_polling);
-	xp_count(&xp.hits, &xp.hdr->hits);
-	if (xp_hit_notify(polling))
-		xp_notify_dom0();
-	else
-		atomic64_inc(&xp.notify_skipped);
-
-	start = ktime_get_mono_fast_ns();
-	deadline = start + (u64)xp.timeout_ms * NSEC_PER_MSEC;
-	claim_deadline = start + xp.claim_bound_ms * NSEC_PER_MSEC;
-	w = xp_wait(mb, seq, deadline, claim_deadline, true);
-	/*
-	 * Step 4: abandon by compare-and-swap only, so that an answer completed or a claim taken
-	 * after our last check is honoured.
-	 */
-	while (w == XP_WAIT_TIMEOUT) {
-		seen = cmpxchg(&mb->state, expected, XENPROBES_MBOX_ABANDONED);
-		if (seen == expected) {
-			if (expected == XENPROBES_MBOX_CLAIMED)
-				atomic64_inc(&xp.claims_expired);	/* Dom0 died or hangs */
-			break;
-		}
-		switch (xp_give_up_step(seen, READ_ONCE(mb->answer_seq), seq,
-					ktime_get_mono_fast_ns() >= claim_deadline, tries++)) {
-		case XP_GIVE_UP_ANSWERED:
-			w = XP_WAIT_DONE;
-			break;
-		case XP_GIVE_UP_WAIT:
-			/*
-			 * Claimed at the last moment: Dom0 runs the handlers now. Past the
-			 * deadline, no second spin: the hit already had its spin in step 2.
-			 */
-			w = xp_wait(mb, seq, deadline, claim_deadline, false);
-			expected = XENPROBES_MBOX_HIT;
-			break;
-		case XP_GIVE_UP_SWAP:
-			expected = seen;
-			break;
-		case XP_GIVE_UP_FORCE:
-			WRITE_ONCE(mb->state, XENPROBES_MBOX_ABANDONED);
-			goto abandoned;
-		}
-	}
-	if (w == XP_WAIT_DONE) {
-		smp_rmb();
-		xp_regs_snapshot(answer, &mb->regs);
-		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
-		return true;
-	}
-abandoned:
-	if (!READ_ONCE(xp.detaching) && xp_dead_after(atomic_inc_return(&xp.consecutive)))
-		xp_declare_dom0_gone(XP_GONE_TIMEOUTS);
-	return false;
-}
-
-/*
- * Whether the caller may use Dom0's answer (a = its validation). An answer, usable or not,
- * ends a run of timeouts only when usable; an unusable one (Dom0 alive, answer wrong) is
- * counted and resumed without Dom0, but is no timeout in a row either.
- */
-static bool xp_answer_taken(enum xp_answer a)
-{
-	if (a == XP_ANSWER_OK) {
-		atomic_set(&xp.consecutive, 0);
-		return true;
-	}
-	atomic64_inc(&xp.bad_answers);
-	return false;
-}
+/* ---- the int3 hook ---- */
 
 /*
  * The byte at addr, the int3 this CPU just executed (regs->ip - 1): mapped and readable, since

@@ -2,14 +2,17 @@
 /*
  * xenprobesU: state shared by the module's kernel files.
  *
- *   xp_main.c  parameters, load/unload, detach, xenstore publication and requests
- *   xp_hook.c  the int3 hook, the jump hit and the mailbox exchange with Dom0
- *   xp_jump.S  the jump entry a jump probe's detour calls (published as jump-entry)
- *   xp_xen.c   the event channel, Xen system time, SCHEDOP_poll waits
- *   xp_text.c  kernel text bounds, executable checks, writing trap bytes back
- *   xp_logic.c the pure decisions (also unit-tested in userspace)
- *   xp_ring.c  the async rings' producer and the async jump hit (pure, unit-tested too)
- *   xp_oea.S   the static OEA pool in the module's text
+ *   xp_main.c     parameters, load/unload, detach, the control area, the rings, the OEA pool
+ *   xp_xenstore.c xenstore publication, Dom0's requests (oea-request, quiesce-request)
+ *   xp_hook.c     the int3 hook and the jump hit
+ *   xp_exchange.c the mailbox exchange with Dom0 (a hit handed over, the wait, giving up)
+ *   xp_jump.S     the jump entry a jump probe's detour calls (published as jump-entry)
+ *   xp_xen.c      the event channel, Xen system time, SCHEDOP_poll waits
+ *   xp_text.c     kernel text bounds, executable checks, writing trap bytes back
+ *   xp_logic.c    the pure decisions (also unit-tested in userspace)
+ *   xp_fallback.c the pure fallback: branch emulation, the return table (unit-tested too)
+ *   xp_ring.c     the async rings' producer and the async jump hit (pure, unit-tested too)
+ *   xp_oea.S      the static OEA pool in the module's text
  */
 #ifndef XENPROBES_XP_INTERNAL_H
 #define XENPROBES_XP_INTERNAL_H
@@ -144,6 +147,13 @@ struct xp_state {
 
 extern struct xp_state xp;
 
+/* Counts in c and mirrors the count into the header's field (xp_hook.c, xp_exchange.c). */
+static inline void xp_count(atomic64_t *c, xenprobes_u64 *field)
+{
+	/* Dom0 may overwrite the shared copy; the private counter stays right. */
+	WRITE_ONCE(*field, (xenprobes_u64)atomic64_inc_return(c));
+}
+
 /* xp_hook.c */
 void xp_hook_init(void);
 int xp_hook_register(void);
@@ -151,6 +161,17 @@ void xp_hook_unregister(void);
 void xp_declare_dom0_gone(enum xp_gone_reason why);
 struct pt_regs;
 asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret);	/* called by xp_jump_entry */
+
+/* xp_exchange.c */
+bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
+		 struct xenprobes_regs *answer);
+bool xp_answer_taken(enum xp_answer a);
+
+/* xp_xenstore.c */
+int xp_publish(void);
+void xp_watches_unregister(void);
+void xp_quiesce(void);
+void xp_quiesce_work(struct work_struct *w);
 
 /* xp_xen.c */
 int xp_evtchn_open(void);

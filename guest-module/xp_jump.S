@@ -23,7 +23,7 @@
  * The return is the kernel's RET (a return thunk under CONFIG_RETHUNK), which must leave the
  * flags popfq restored alone. Every thunk does but the call-depth-tracking one (retbleed=stuff,
  * X86_FEATURE_CALL_DEPTH, 6.2 and later), which shifts a per-CPU counter: on such a kernel
- * the module does not publish jump-entry (xp_main.c), so Dom0 makes no jump probes.
+ * the module does not publish jump-entry (xp_xenstore.c), so Dom0 makes no jump probes.
  *
  * Unwinding: the detour that called us has no ORC data (it is Dom0's code in the OEA), so the
  * entry tells objtool the stack is undefined from here: an unwind that reaches it stops (6.4

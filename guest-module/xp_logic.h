@@ -13,6 +13,8 @@
  * is treated as hostile here: every index and count is bounded, every address the guest
  * would resume at is validated, shared memory is read once (volatile loads) into a private
  * snapshot before it is checked and used.
+ *
+ * Implemented in xp_logic.c and xp_fallback.c (the fallback: branch emulation, return table).
  */
 #ifndef XENPROBES_XP_LOGIC_H
 #define XENPROBES_XP_LOGIC_H
@@ -317,7 +319,7 @@ static inline bool xp_dead_after(xenprobes_u32 consecutive)
  * writes it). Each side stores its own word, then a full barrier, then loads the other's; with
  * both barriers in place at least one of the two loads sees the other side's store, so a
  * skipped notification is always covered by a look the other side still makes. The barriers
- * themselves live in xp_hook.c (userspace tests cannot check them); the decisions are here.
+ * themselves live in xp_exchange.c (userspace tests cannot check them); the decisions are here.
  */
 
 /* The largest spin_us the module loads with: the spin runs with interrupts off. */
@@ -361,6 +363,9 @@ enum xp_spin {
 enum xp_spin xp_spin_step(enum xp_wait w, xenprobes_u64 now, xenprobes_u64 spin_until);
 
 /* ---- branches the fallback emulates (XENPROBES_TRAP_EMULATE) ---- */
+
+/* The little-endian rel32 at p, sign extended (xp_decode_branch, xp_region_bytes_ours). */
+xp_s64 xp_rel32_at(const xenprobes_u8 *p);
 
 enum xp_branch_kind {
 	XP_BR_NONE = 0,

@@ -23,7 +23,7 @@
  * unused entry points, insn and fixup, at its slot's last byte, which no copy reaches (an
  * instruction and a jmp rel32 take at most 20 bytes), so it matches no fault; the entries stay
  * in slot order, so the table stays sorted while Dom0 rewrites them (the loader sorts the
- * module's table once, at load; xp_main.c finds ours in it). The section's name starts with
+ * module's table once, at load; xp_xenstore.c finds ours in it). The section's name starts with
  * .text. because modpost accepts exception-table targets only in text sections by name.
  */
 #include <linux/objtool.h>

@@ -135,7 +135,7 @@
  *      `len` original bytes in `insn`: a relative jmp/jcc/call/loop/jrcxz, a jmp/call through
  *      a register (`ff /4`, `ff /2` with a register operand; a call pushes the address after
  *      the instruction) or a near ret; never a jmp/call through memory, so Dom0 arms no
- *      EMULATE trap on one (the module's decoder, guest-module/xp_logic.c, decides);
+ *      EMULATE trap on one (the module's decoder, guest-module/xp_fallback.c, decides);
  *      XENPROBES_TRAP_RETURN: the return trampoline, by the return table entry whose `slot`
  *        equals the stack pointer minus 8 (then the entry is cleared). "The stack pointer"
  *        is rsp at the trampoline's trap: the probed function's `ret` already popped the

@@ -62,7 +62,7 @@ class GuestChannel final : public Channel {
   Result<unsigned> process(StopSink&) override;
   // Writes the entry into the module's trap table. Refuses (NotSupported, naming the channels
   // that can) an Emulate entry the module's fallback could not run, as the module's own decoder
-  // (guest-module/xp_logic.c, linked in) decides: a jmp/call through memory among them. The
+  // (guest-module/xp_fallback.c, linked in) decides: a jmp/call through memory among them. The
   // module runs that fallback whenever Dom0 does not answer; with none it could run, the guest
   // would oops.
   Result<void> trap_added(DomId, const TrapEntry&) override;

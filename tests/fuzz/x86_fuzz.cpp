@@ -1,6 +1,6 @@
 // Fuzz target: instruction bytes through decode -> analyze -> relocate (x86/). The bytes at a
 // probe point are the guest's kernel text; a hostile or just unusual kernel puts anything there.
-// The guest module's own branch decoder (guest-module/xp_logic.c, which the guest channel
+// The guest module's own branch decoder (guest-module/xp_fallback.c, which the guest channel
 // runs in Dom0 too) is checked against Capstone on the same bytes.
 //
 // Input: the instruction's address, the slot's address, the slot tail, register values, then

@@ -1,4 +1,4 @@
-// The guest module's pure decisions (guest-module/xp_logic.c), compiled as userspace C11 and
+// The guest module's pure decisions (guest-module/xp_logic.c and xp_fallback.c), compiled as userspace C11 and
 // driven here: the control-area layout, the trap-table search under hostile contents, address
 // validation, Dom0's answers, the mailbox state machine (with step 2's spin), branch emulation of every form the
 // fallback supports (relative, through a register, ret; never through memory), the return table, the fallback choice, xenstore numbers and the OEA pool.
@@ -466,7 +466,7 @@ TEST(ModuleMailbox, GivingUpAbandonsOrWaitsOrTakesTheAnswer) {
   }
 }
 
-// The exchange as xp_hook.c runs it (xp_wait, then the give-up loop), on a mailbox whose state
+// The exchange as xp_exchange.c runs it (xp_wait, then the give-up loop), on a mailbox whose state
 // a scripted Dom0 changes at given times. Returns how the hit ended and when.
 struct Exchange {
   enum End { Answered, Abandoned } end;
@@ -649,7 +649,7 @@ TEST(ModuleSpin, WaitStepsResultAlwaysWinsOverTheSpinBound) {
   EXPECT_EQ(xp_spin_step(XP_WAIT_AGAIN, 42, xp_spin_until(42, 0)), XP_SPIN_BLOCK);
 }
 
-// Step 2 as xp_hook.c runs it (xp_wait() with its spin, xp_spin()), in nanoseconds, on a
+// Step 2 as xp_exchange.c runs it (xp_wait() with its spin, xp_spin()), in nanoseconds, on a
 // mailbox whose state a scripted Dom0 changes: a spin check costs 100 ns, a block in Xen one
 // slice (1 ms) or up to the next deadline.
 struct SpinWait {

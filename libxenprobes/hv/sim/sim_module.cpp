@@ -21,7 +21,7 @@
 #include "common/log.hpp"
 #include "hv/sim/page_table_builder.hpp"
 #include "hv/sim/sim_host_impl.hpp"
-#include "xp_logic.h"  // the guest module's own decisions (guest-module/xp_logic.c)
+#include "xp_logic.h"  // the guest module's own decisions (guest-module/xp_logic.c, xp_fallback.c)
 
 namespace xenprobes::hv::sim {
 namespace {
