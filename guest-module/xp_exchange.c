@@ -150,7 +150,7 @@ bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_
 	if (xp_hit_notify(polling))
 		xp_notify_dom0();
 	else
-		atomic64_inc(&xp.notify_skipped);
+		xp_count(&xp.notify_skipped, &xp.hdr->notify_skipped);
 
 	start = ktime_get_mono_fast_ns();
 	deadline = start + (u64)xp.timeout_ms * NSEC_PER_MSEC;

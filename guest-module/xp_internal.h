@@ -110,9 +110,10 @@ struct xp_state {
 	atomic64_t no_fallback;	/* hits with no usable fallback (module-private) */
 	atomic64_t claims_expired; /* claimed hits abandoned at the claim bound (module-private) */
 	/*
-	 * Spinning instead of notifying (protocol.h; module-private): hits that skipped the
-	 * notification because Dom0 said it was polling, spins that found the answer, and spins
-	 * that ran out their spin_us unanswered (the vCPU then blocked as without spinning).
+	 * Spinning instead of notifying (protocol.h): hits that skipped the notification because
+	 * Dom0 said it was polling (mirrored into the header's notify_skipped), spins that found
+	 * the answer, and spins that ran out their spin_us unanswered (the vCPU then blocked as
+	 * without spinning; these two module-private).
 	 */
 	atomic64_t notify_skipped;
 	atomic64_t spin_answered;

@@ -169,7 +169,8 @@
  * notification while the other side is looking anyway (each side's full barrier between its
  * own store and its load of the other's flag means one of the two always sees the other):
  *   header.dom0_polling (Dom0 writes, nonzero while it polls the mailboxes in a loop).
- *     Module, step 1: after state = HIT, a full barrier, then notify only if dom0_polling is 0.
+ *     Module, step 1: after state = HIT, a full barrier, then notify only if dom0_polling is 0;
+ *     a hit that skips its notification so counts in header.notify_skipped.
  *     Dom0, when it stops polling: dom0_polling = 0, a full barrier, then one more look at
  *     every mailbox (a hit that skipped its notification before the clear is found there).
  *   mailbox.spinning (module writes, nonzero while the waiting vCPU spins on its mailbox
@@ -394,7 +395,13 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 foreign;        /* int3s not in the table, left to the kernel */
 	xenprobes_u64 nested;         /* jump hits inside the module's own hook: no Dom0 */
 	xenprobes_u64 async_bad;      /* async jump hits with a bad key or specs, or no ring: no record */
-	xenprobes_u64 reserved[6];
+	xenprobes_u64 notify_skipped; /* hits not notified because dom0_polling was set (see "Spinning") */
+	/*
+	 * Zero (the module writes them so). A field added later takes the first of them, so the
+	 * header keeps its size and every offset (the static_asserts below): an older module leaves
+	 * it 0, and an older Dom0 does not read it.
+	 */
+	xenprobes_u64 reserved[5];
 };
 
 #define XENPROBES_MBOX_IDLE 0u

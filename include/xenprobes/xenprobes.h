@@ -232,7 +232,10 @@ XENPROBES_API int xenprobes_open(const char *backend) XENPROBES_NOEXCEPT;
 /*
  * Ends the implicit session: unregisters every probe (restoring every guest byte) and
  * invalidates every handle. A no-op when nothing is open. Called from a handler, it happens when
- * xenprobes_loop() returns (the loop is stopped). Never fails.
+ * xenprobes_loop() returns (the loop is stopped); from an async handler that
+ * xenprobes_ring_stats() or unregister_xenprobe() ran outside the loop, when that call returns.
+ * Until then the session is as it was: the handler runs to its end and the records already read
+ * in that round still reach their handlers. Never fails.
  */
 XENPROBES_API void xenprobes_close(void) XENPROBES_NOEXCEPT;
 

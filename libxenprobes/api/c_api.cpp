@@ -100,6 +100,11 @@ int set_error(const Error& e) noexcept {
 AsyncHandlerScope::AsyncHandlerScope() noexcept { ++t_async_handlers; }
 AsyncHandlerScope::~AsyncHandlerScope() { --t_async_handlers; }
 
+CloseWhenDone::~CloseWhenDone() {
+  State& s = state();
+  if (s.close_pending && !in_handler()) s.close_now();
+}
+
 void handler_threw(int handle) noexcept {
   try {
     if (t_handler_exception.empty())
@@ -256,6 +261,7 @@ xenprobes_handle_t register_retprobe(domid_t domid, const char* symbol, unsigned
 int unregister_any(xenprobes_handle_t handle, bool ret, const char* fn) noexcept {
   return entry([&]() -> Result<int> {
     auto lock = XP_TRY(acquire());
+    CloseWhenDone close_when_done;  // an async probe's last records reach its handler here
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
     if (p->ret != ret)
@@ -430,7 +436,7 @@ int xenprobes_open(const char* backend) noexcept {
 void xenprobes_close(void) noexcept {
   entry([&]() -> Result<int> {
     State& s = state();
-    if (in_handler()) {  // the session is running this handler: close once the loop returns
+    if (in_handler()) {  // the session is running this handler: close once the call running it returns
       std::lock_guard l(s.mu);
       s.close_pending = true;
       request_stop(s);

@@ -68,13 +68,25 @@ int set_error(const Error& e) noexcept;
 void handler_threw(int handle) noexcept;
 
 // While an async handler runs in this thread (the session is on the stack under it):
-// xenprobes_close() then waits for the loop to return and xenprobes_loop() is refused, as from
-// a hit's handler.
+// xenprobes_close() then waits for the call running it to return (CloseWhenDone) and
+// xenprobes_loop() is refused, as from a hit's handler.
 struct AsyncHandlerScope {
   AsyncHandlerScope() noexcept;
   ~AsyncHandlerScope();
   AsyncHandlerScope(const AsyncHandlerScope&) = delete;
   AsyncHandlerScope& operator=(const AsyncHandlerScope&) = delete;
+};
+
+// For the calls that read the rings in the calling thread outside xenprobes_loop()
+// (xenprobes_ring_stats(), unregister_xenprobe()): an async handler they ran may have called
+// xenprobes_close(), which could not close the session under it. Made after the call has taken
+// State::mu, it closes the session as the call returns (still holding it), unless the call
+// itself runs inside a handler: then the loop or the outer call closes it.
+struct CloseWhenDone {
+  CloseWhenDone() = default;
+  ~CloseWhenDone();
+  CloseWhenDone(const CloseWhenDone&) = delete;
+  CloseWhenDone& operator=(const CloseWhenDone&) = delete;
 };
 
 // The one try/catch of every entry point: runs `body` (returning Result<int> or Result<long>)

@@ -191,6 +191,7 @@ int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats* out) noexcep
                   version_error("xenprobes_ring_stats", "xenprobe_ring_stats", out->version,
                                 XENPROBE_RING_STATS_VERSION, "XENPROBE_RING_STATS_VERSION"));
     auto lock = XP_TRY(acquire());
+    CloseWhenDone close_when_done;  // the handlers it runs may close the session
     Session* ses = XP_TRY(session(state()));
     RingStats r = XP_TRY(ses->ring_stats(DomId{domid}));
     out->rings = r.rings;

@@ -372,6 +372,11 @@ pid_t SessionTesting::guardian_pid(Session& s) { return s.impl_->guardian ? s.im
 
 int SessionTesting::wait_guardian(Session& s, int ms) { return s.impl_->guardian ? s.impl_->guardian->wait_exit(ms) : -1; }
 
+Result<channel::GuestChannel::ModuleCounters> SessionTesting::module_counters(Session& s, DomId dom) {
+  if (!s.impl_->guest) return fail(Errc::InvalidArgument, "the session has no guest channel");
+  return s.impl_->guest->module_counters(dom);
+}
+
 std::unique_ptr<hv::Hypervisor> SessionTesting::abandon(std::unique_ptr<Session> s) {
   s->impl_->abandon();
   // The handle goes last, as the process's death would take it (its VIRQ binding and event

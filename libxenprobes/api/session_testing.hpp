@@ -1,11 +1,13 @@
-// Test hooks on a Session (the guardian's tests, tests/guardian/). Not part of the API: the
-// library's own tests link the static layers and reach them; libxenprobes.so hides them.
+// Test hooks on a Session (the guardian's tests, tests/guardian/; the spinning tests,
+// tests/engine/spin_test.cpp). Not part of the API: the library's own tests link the static
+// layers and reach them; libxenprobes.so hides them.
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
 
+#include "channel/guest.hpp"
 #include "xenprobes/xenprobes.hpp"
 
 namespace xenprobes {
@@ -21,6 +23,9 @@ class SessionTesting {
   // answered, the journal left as it is, the guardian's pipe closed without the clean flag.
   // Returns the hypervisor handle (destroy it to release what the process's death releases).
   static std::unique_ptr<hv::Hypervisor> abandon(std::unique_ptr<Session>);
+  // What the guest module counts in `dom`'s control area, as the guest channel reads it.
+  // InvalidArgument when the session has no guest channel or `dom` is not attached to it.
+  [[nodiscard]] static Result<channel::GuestChannel::ModuleCounters> module_counters(Session&, DomId dom);
 };
 
 }  // namespace xenprobes

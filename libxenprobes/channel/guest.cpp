@@ -406,6 +406,7 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.foreign = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, foreign));
   c.nested = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, nested));
   c.async_bad = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, async_bad));
+  c.notify_skipped = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, notify_skipped));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

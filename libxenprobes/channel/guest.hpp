@@ -83,6 +83,9 @@ class GuestChannel final : public Channel {
     std::uint64_t hits = 0, timeouts = 0, foreign = 0;
     std::uint64_t nested = 0;     // jump hits inside the module's own hook
     std::uint64_t async_bad = 0;  // async jump hits whose key or specs it refused
+    // Hits it did not notify because dom0_polling was set (protocol.h "Spinning"; Stats::
+    // unnotified counts the other way: Dom0's answers to a spinning module).
+    std::uint64_t notify_skipped = 0;
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;

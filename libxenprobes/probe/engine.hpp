@@ -37,6 +37,13 @@ using ProbeId = std::uint64_t;
 
 inline constexpr std::size_t kSlotSize = 32;  // bytes per out-of-line slot
 
+// How much of one async ring a drain reads (probe/engine_async.cpp, drain_rings): records that
+// keep arriving wait for the next drain, so a guest that keeps its ring non-empty cannot keep
+// the event loop (or Session::ring_stats) from everything else. The passes are bounded too: a
+// ring the guest keeps breaking is resynchronised on every pass and delivers nothing.
+inline constexpr std::size_t kMaxRecordsPerDrain = 65536;
+inline constexpr int kMaxPassesPerDrain = 4;
+
 // What one engine takes on at most (SessionLimits in xenprobes.hpp says why each exists).
 struct Limits {
   unsigned domains = 64;

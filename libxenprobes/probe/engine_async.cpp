@@ -13,11 +13,7 @@ namespace {
 // How full a ring may get before the module notifies Dom0 (a quarter of it): the rest leaves
 // room for the hits that come while Dom0 wakes up.
 constexpr unsigned kWatermarkShift = 2;
-// Reads of one ring per drain: records that keep arriving wait for the next round, so one busy
-// vCPU cannot keep the loop from everything else. The passes are bounded too: a ring the guest
-// keeps breaking is resynchronised on every pass and delivers nothing.
-constexpr std::size_t kMaxRecordsPerDrain = 65536;
-constexpr int kMaxPassesPerDrain = 4;
+// (What one drain reads of a ring at most: kMaxRecordsPerDrain, kMaxPassesPerDrain in engine.hpp.)
 
 constexpr std::uint64_t round8(std::uint64_t n) { return (n + 7) & ~std::uint64_t{7}; }
 

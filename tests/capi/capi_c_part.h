@@ -40,6 +40,16 @@ int capi_c_jump_refusals(const char *channel_word, char *msg, size_t n);
 int capi_c_async(unsigned long open_counter, int target, char *msg, size_t n);
 /* Every refusal of register_xenprobe_async() and xenprobes_ring_stats(), errno and message. */
 int capi_c_async_refusals(char *msg, size_t n);
+/* An async probe on sys_getppid whose C handler unregisters it at its `nth` record (and once more:
+ * EINVAL), with an async probe on sys_open (its handle in *other, left registered) that stops
+ * the loop `more` of its records later, twice, then a read of the rings: exactly nth handler
+ * calls, the handle gone. */
+int capi_c_async_unregister_self(int nth, int more, xenprobes_handle_t *other, char *msg, size_t n);
+/* An async probe on sys_getppid whose C handler calls xenprobes_close(): at its `nth` record in
+ * xenprobes_loop() (in_loop), or at the first record a xenprobes_ring_stats() outside the loop
+ * reads. The call returns, the handle is gone with the session, no handler call follows, and
+ * the next call opens a new session. */
+int capi_c_async_close_in_handler(int nth, int in_loop, char *msg, size_t n);
 /* sizeof/offsetof of struct cpu_user_regs as C sees it (with or without Xen's header). */
 size_t capi_c_regs_size(void);
 size_t capi_c_regs_rip_offset(void);

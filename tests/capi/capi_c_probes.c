@@ -296,3 +296,118 @@ int capi_c_async_refusals(char *msg, size_t n) {
   CHECK(xenprobes_ring_stats(1, &rs) == 0 && rs.records == 0, "ring_stats: %s", xenprobes_last_error());
   return 0;
 }
+
+/* ---- an async handler that unregisters its own probe, or closes the session ---- */
+
+static struct {
+  xenprobes_handle_t self;
+  int nth;          /* the record of `self` on which its handler acts */
+  int more;         /* records of the other probe after that, then the loop stops */
+  int acted;        /* the handler has acted */
+  int records;      /* calls of self's handler */
+  int after;        /* of those, calls after it acted */
+  int rc, again_rc, again_errno;
+  int other_after;  /* the other probe's records since self's handler acted */
+  int close_now;    /* close: at the next record, not at record nth */
+} rm;
+
+static void rm_unregister(const struct xenprobe_async_hit *hit, void *arg) {
+  (void)arg;
+  if (rm.acted) rm.after++;
+  if (++rm.records != rm.nth) return;
+  rm.acted = 1;
+  rm.rc = unregister_xenprobe(hit->handle);
+  errno = 0;
+  rm.again_rc = unregister_xenprobe(hit->handle);
+  rm.again_errno = errno;
+}
+
+static void rm_other(const struct xenprobe_async_hit *hit, void *arg) {
+  (void)hit;
+  (void)arg;
+  if (rm.acted && ++rm.other_after == rm.more) xenprobes_stop();
+}
+
+static int expect_handle_gone(xenprobes_handle_t h, const char *why, char *msg, size_t n) {
+  struct xenprobe_stats st;
+  memset(&st, 0, sizeof st);
+  st.version = XENPROBE_STATS_VERSION;
+  EXPECT_ERR(xenprobes_stats(h, &st), EINVAL, why);
+  EXPECT_ERR(unregister_xenprobe(h), EINVAL, why);
+  return 0;
+}
+
+int capi_c_async_unregister_self(int nth, int more, xenprobes_handle_t *other, char *msg, size_t n) {
+  struct xenprobe_ring_stats rs;
+  int line;
+  memset(&rm, 0, sizeof rm);
+  rm.nth = nth;
+  rm.more = more;
+  rm.self = register_xenprobe_async(1, "sys_getppid", 0, NULL, 0, rm_unregister, NULL);
+  CHECK(rm.self > 0, "register_xenprobe_async(sys_getppid): %s", xenprobes_last_error());
+  /* Keeps the loop going after the removal: it stops `more` of its own records later. */
+  *other = register_xenprobe_async(1, "sys_open", 0, NULL, 0, rm_other, NULL);
+  CHECK(*other > 0, "register_xenprobe_async(sys_open): %s", xenprobes_last_error());
+  CHECK(xenprobes_loop() == 0, "loop: %s", xenprobes_last_error());
+  CHECK(rm.acted, "the handler never saw record %d", nth);
+  CHECK(rm.rc == 0, "unregister_xenprobe() from its own handler: %d", rm.rc);
+  CHECK(rm.again_rc == -1 && rm.again_errno == EINVAL, "a second unregister_xenprobe(): %d, errno %d", rm.again_rc,
+        rm.again_errno);
+  CHECK(rm.other_after >= more, "sys_open: %d records after the removal", rm.other_after);
+  if ((line = expect_handle_gone(rm.self, "unknown handle", msg, n)) != 0) return line;
+  /* The guest goes on calling sys_getppid, through another `more` records of the other probe
+   * and a read of the rings outside the loop: none of it reaches the handler. */
+  rm.other_after = 0;
+  CHECK(xenprobes_loop() == 0, "loop: %s", xenprobes_last_error());
+  memset(&rs, 0, sizeof rs);
+  rs.version = XENPROBE_RING_STATS_VERSION;
+  CHECK(xenprobes_ring_stats(1, &rs) == 0, "ring_stats: %s", xenprobes_last_error());
+  CHECK(rm.records == nth && rm.after == 0, "%d handler calls, %d after the probe was unregistered", rm.records,
+        rm.after);
+  CHECK(rs.missed == 0 && rs.resyncs == 0 && rs.bad_keys == 0, "missed %llu resyncs %llu bad_keys %llu",
+        (unsigned long long)rs.missed, (unsigned long long)rs.resyncs, (unsigned long long)rs.bad_keys);
+  return 0;
+}
+
+static void rm_close(const struct xenprobe_async_hit *hit, void *arg) {
+  (void)hit;
+  (void)arg;
+  if (rm.acted) rm.after++;
+  if (++rm.records != rm.nth && !rm.close_now) return;
+  if (rm.acted) return;
+  rm.acted = 1;
+  xenprobes_close();
+}
+
+/* xenprobes_close() from an async handler: the session is running that handler, so the close
+ * waits for the call that runs it to return: xenprobes_loop() (`in_loop`), or else
+ * xenprobes_ring_stats(), which reads the rings in the calling thread. Either way the probe and
+ * the session are gone after it, the handle with them, and a new session opens lazily. */
+int capi_c_async_close_in_handler(int nth, int in_loop, char *msg, size_t n) {
+  struct xenprobe_ring_stats rs;
+  long tries;
+  int line, calls;
+  memset(&rm, 0, sizeof rm);
+  rm.nth = in_loop ? nth : 0;
+  rm.self = register_xenprobe_async(1, "sys_getppid", 0, NULL, 0, rm_close, NULL);
+  CHECK(rm.self > 0, "register_xenprobe_async: %s", xenprobes_last_error());
+  memset(&rs, 0, sizeof rs);
+  rs.version = XENPROBE_RING_STATS_VERSION;
+  if (in_loop) {
+    CHECK(xenprobes_loop() == 0, "loop: %s", xenprobes_last_error());
+    CHECK(rm.acted && rm.records >= nth, "%d records", rm.records);
+  } else {
+    /* The guest calls sys_getppid all the time: one of these reads finds a record, and its
+     * handler closes the session. A read after the close would open a new one: stop at once. */
+    rm.close_now = 1;
+    for (tries = 0; tries < 10000000L && !rm.acted; tries++)
+      CHECK(xenprobes_ring_stats(1, &rs) == 0, "ring_stats: %s", xenprobes_last_error());
+    CHECK(rm.acted, "no record in %ld reads of the rings", tries);
+  }
+  calls = rm.records;
+  if ((line = expect_handle_gone(rm.self, "session was closed", msg, n)) != 0) return line;
+  /* A new session, opened by this call, probes nothing in domain 1. */
+  EXPECT_ERR(xenprobes_ring_stats(1, &rs), ESRCH, "not attached");
+  CHECK(rm.records == calls, "%d handler calls after the close", rm.records - calls);
+  return 0;
+}

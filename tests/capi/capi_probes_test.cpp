@@ -3,6 +3,7 @@
 // these tests pick the channel, give them the guest's counters and check the guest's text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
@@ -159,6 +160,45 @@ TEST_F(CApiProbes, AnAsyncHandlerMayUnregisterItsOwnProbeByAddress) {
   ASSERT_EQ(xenprobes_ring_stats(1, &rs), 0) << xenprobes_last_error();
   EXPECT_EQ(rs.records, 1u);
   EXPECT_EQ(rs.missed, 0u);
+  EXPECT_EQ(text(), before);
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+// The same from C (capi_c_probes.c), with the loop going on after the removal: the 5th
+// record's handler unregisters its own probe; sys_getppid's bytes are the guest's again while
+// the other probe (sys_open) still runs, and the whole text once that one goes too.
+TEST_F(CApiProbes, ACAsyncHandlerUnregistersItsOwnProbe) {
+  open("guest");
+  const auto before = text();
+  auto l = host->layout(DomId{1});
+  ASSERT_TRUE(l);
+  const std::size_t at = sym("sys_getppid") - l->text_start;
+  xenprobes_handle_t other = 0;
+  EXPECT_EQ(capi_c_async_unregister_self(5, 20, &other, msg, sizeof msg), 0) << msg;
+  const auto now = text();
+  EXPECT_TRUE(std::equal(before.begin() + at, before.begin() + at + 32, now.begin() + at))
+      << "sys_getppid's jump is gone";
+  EXPECT_NE(now, before) << "sys_open's is still there";
+  EXPECT_EQ(unregister_xenprobe(other), 0) << xenprobes_last_error();
+  EXPECT_EQ(text(), before);
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+// xenprobes_close() from a C async handler is safe: it closes the session once the call that
+// runs the handler returns, xenprobes_loop() or (outside the loop) xenprobes_ring_stats(); every
+// byte of the guest is its own again.
+TEST_F(CApiProbes, ACAsyncHandlerClosesTheSessionInTheLoop) {
+  open("guest");
+  const auto before = text();
+  EXPECT_EQ(capi_c_async_close_in_handler(3, 1, msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(text(), before);
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
+TEST_F(CApiProbes, ACAsyncHandlerClosesTheSessionInARingRead) {
+  open("guest");
+  const auto before = text();
+  EXPECT_EQ(capi_c_async_close_in_handler(0, 0, msg, sizeof msg), 0) << msg;
   EXPECT_EQ(text(), before);
   EXPECT_EQ(host->crash_reason(DomId{1}), "");
 }

@@ -1,9 +1,11 @@
 // Async probes on the simulated Xen (protocol.h "Async jump probes"): a jump probe whose hits
 // the guest module writes into the vCPUs' rings; Dom0 reads them between events. Every call
 // arrives as exactly one record, with its registers and captures, in order per vCPU; a ring
-// Dom0 does not read fills up and the module counts exactly the hits it had no room for; the
+// Dom0 does not read fills up and the module counts exactly the hits it had no room for; a
+// guest that keeps its ring non-empty gets no more than the bound read in one drain; the
 // guest's results and text are untouched; every refusal says why.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -12,6 +14,8 @@
 #include <thread>
 
 #include "engine/engine_fixture.hpp"
+#include "probe/engine.hpp"
+#include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
 
 namespace xenprobes::testing {
@@ -142,6 +146,143 @@ TEST(AsyncProbe, AHandlerUnregistersItsOwnProbe) {
   EXPECT_LT(records, expected_calls(DEMO_FN_GETPPID, kIterations)) << "none after the round it went in";
   EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "its jump is gone";
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIterations));
+}
+
+// A hostile producer: writes well-formed records into a ring the way a guest that ignores
+// Dom0's tail could (the module's producer would find no room and drop), through a writable
+// mapping of the ring's frames of its own, and publishes each with a store-release of head.
+class HostileRingWriter {
+ public:
+  HostileRingWriter(hv::Hypervisor& hv, DomId dom, std::uint64_t ring_va, unsigned order)
+      : size_(std::uint64_t{1} << order) {
+    auto gv = GuestView::open(hv, dom);
+    if (!gv) throw std::runtime_error(gv.error().what);
+    std::vector<Frame> frames;
+    for (std::uint64_t off = 0; off < XENPROBES_RING_DATA_OFFSET + size_; off += kPageSize) {
+      auto pa = (*gv)->translate(Gva{ring_va + off});
+      if (!pa) throw std::runtime_error(pa.error().what);
+      frames.push_back(Frame{pa->value >> kPageShift});
+    }
+    auto m = hv.map_frames(dom, frames, hv::MapAccess::ReadWrite);
+    if (!m) throw std::runtime_error(m.error().what);
+    map_ = std::move(*m);
+    hdr_ = reinterpret_cast<xenprobes_ring_header*>(map_.data());
+    data_ = map_.data() + XENPROBES_RING_DATA_OFFSET;
+  }
+
+  xenprobes_rec record_at(std::uint64_t pos) const {
+    xenprobes_rec r;
+    std::memcpy(&r, data_ + (pos & (size_ - 1)), sizeof r);
+    return r;
+  }
+
+  // Appends `r` (a record without captures) at head: a pad first when it would not fit
+  // before the data area's end, as protocol.h "Async rings" says.
+  void append(const xenprobes_rec& r) {
+    std::uint64_t head = std::atomic_ref(hdr_->head).load(std::memory_order_relaxed);
+    if (const std::uint64_t left = size_ - (head & (size_ - 1)); left < sizeof r) {
+      xenprobes_rec pad{};
+      pad.len = static_cast<std::uint32_t>(left);
+      pad.type = XENPROBES_REC_PAD;
+      std::memcpy(data_ + (head & (size_ - 1)), &pad, 8);
+      head += left;
+    }
+    std::memcpy(data_ + (head & (size_ - 1)), &r, sizeof r);
+    std::atomic_ref(hdr_->head).store(head + sizeof r, std::memory_order_release);
+  }
+
+ private:
+  std::uint64_t size_;
+  hv::ForeignMapping map_;
+  xenprobes_ring_header* hdr_ = nullptr;
+  std::byte* data_ = nullptr;
+};
+
+// A guest that keeps its ring non-empty cannot hold Dom0 in one drain. Once the workload has
+// ended, a hostile producer (the test) appends a valid record of the probe for every record
+// Dom0 hands to the handler, from inside the handler: the ring is never empty when Dom0 looks
+// again. One drain, whether Session::ring_stats() or a round of the event loop, hands out
+// exactly probe::kMaxRecordsPerDrain records and returns; the records left come with the next
+// drains, every one of them, in order. (Without the bound the first drain would hand out all
+// of them: the producer stops after 2 bounds and a bit, so the test fails rather than hangs.)
+TEST(AsyncProbe, ADrainIsBoundedWhileTheGuestKeepsItsRingNonEmpty) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  constexpr std::uint64_t kBound = probe::kMaxRecordsPerDrain;
+  constexpr std::uint64_t kHostile = 2 * kBound + 1000;  // records the producer writes in all
+  constexpr unsigned kOrder = 14;                         // 16 KiB: the producer wraps many times
+  auto cfg = demo_config(1, 2);
+  cfg.module_ring_order = kOrder;
+  ProbedGuest g(cfg);
+  auto hv = g.host->open();  // the producer's own handle on the guest's memory
+  std::optional<HostileRingWriter> producer;
+  xenprobes_rec next{};  // the producer's next record
+  std::uint64_t records = 0, written = 0, out_of_order = 0, wrong_time = 0;
+  std::uint32_t next_seq = 0;
+  auto p = g.session->probe_async(g.dom, "sys_getppid", [&](const AsyncHit& h) {
+    if (h.seq != next_seq) ++out_of_order;
+    next_seq = h.seq + 1;
+    ++records;
+    if (!producer) return;
+    if (h.time_ns != h.seq) ++wrong_time;  // the producer's records carry their seq as the time
+    if (written == kHostile) return;
+    producer->append(next);
+    ++written;
+    ++next.seq;
+    next.time = next.seq;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  auto rs = g.session->ring_stats(g.dom);  // the guest's own records, all of them
+  ASSERT_TRUE(rs) << rs.error().what;
+  const std::uint64_t guest_records = expected_calls(DEMO_FN_GETPPID, 2);
+  ASSERT_EQ(records, guest_records);
+  ASSERT_EQ(rs->drops, 0u);
+
+  auto layout = g.host->layout(g.dom);
+  ASSERT_TRUE(layout);
+  producer.emplace(*hv, g.dom, layout->rings, kOrder);
+  next = producer->record_at(0);  // the guest's first record: the probe's key, its registers
+  ASSERT_EQ(next.type, XENPROBES_REC_HIT);
+  ASSERT_EQ(next.len, sizeof(xenprobes_rec));
+  next.seq = next_seq;
+  next.time = next.seq;
+  producer->append(next);  // the ring is non-empty from here on, until the producer stops
+  ++written;
+  ++next.seq;
+  next.time = next.seq;
+
+  // One drain through ring_stats(): the bound, and ring_stats() returns.
+  std::uint64_t before = records;
+  rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  EXPECT_EQ(records - before, kBound) << "one drain hands out the bound, however long the guest keeps writing";
+  EXPECT_EQ(written, records - guest_records + 1) << "the ring is still non-empty: one record waits";
+  // One round of the event loop: the same.
+  before = records;
+  auto r = g.session->run_once(0);
+  ASSERT_TRUE(r) << r.error().what;
+  EXPECT_EQ(records - before, kBound) << "one round of the event loop drains the bound and returns";
+  // The rest (the producer stops at kHostile): the next drain, and then the ring is empty.
+  before = records;
+  r = g.session->run_once(0);
+  ASSERT_TRUE(r) << r.error().what;
+  EXPECT_EQ(records - before, kHostile - 2 * kBound);
+  before = records;
+  r = g.session->run_once(0);
+  ASSERT_TRUE(r) << r.error().what;
+  EXPECT_EQ(records, before) << "nothing left";
+  EXPECT_EQ(written, kHostile);
+  EXPECT_EQ(out_of_order, 0u) << "every record in order, none twice, none lost";
+  EXPECT_EQ(wrong_time, 0u);
+  rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  EXPECT_EQ(rs->records, guest_records + kHostile);
+  EXPECT_EQ(p->stats().hits, guest_records + kHostile);
+  EXPECT_EQ(rs->missed, 0u);
+  EXPECT_EQ(rs->resyncs, 0u);
+  EXPECT_EQ(rs->corrupt_bytes, 0u);
+  EXPECT_EQ(rs->orphans, 0u);
 }
 
 TEST(AsyncProbe, RefusalsSayWhy) {

@@ -1,10 +1,15 @@
 // Spinning instead of notifying on the guest channel (protocol.h "Spinning"): with
 // SessionOptions::spin_us Dom0 keeps polling the mailboxes after a hit and the module sends no
 // notification while it does; a module spinning on its mailbox gets its answer without one.
-// Counts stay exact either way, and without spinning every hit is notified as before.
+// Counts stay exact either way, and without spinning every hit is notified as before. The
+// module counts the notifications it skips in the control header (notify_skipped), and Dom0
+// reads exactly the module's count.
 #include <thread>
 
+#include "api/session_testing.hpp"
 #include "engine/engine_fixture.hpp"
+#include "xenprobes/guest_view.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::testing {
 namespace {
@@ -15,9 +20,14 @@ struct SpinRun {
   std::uint64_t hits = 0;
   hv::sim::SimHost::ModuleNotifications module;  // the module's notifications to Dom0
   std::uint64_t to_guest = 0;                     // Dom0's notifications to the module
+  std::uint64_t notify_skipped = 0;               // header.notify_skipped, as Dom0 reads it
 };
 
-SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::microseconds handler_takes = {}) {
+// `dom0_says_polling`: the test, not Dom0, sets header.dom0_polling once the probe is in (Dom0
+// without spin_us never writes it after attaching): every hit skips its notification, and
+// Dom0 finds each when its poll() times out (run_once(2)) and looks at the mailboxes anyway.
+SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::microseconds handler_takes = {},
+                 bool dom0_says_polling = false) {
   auto cfg = demo_config(1, kIterations);
   cfg.module_spin_us = module_spin_us;
   ProbedGuest g(cfg, {}, {}, dom0_spin_us);
@@ -28,6 +38,15 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::mi
     return 0;
   });
   EXPECT_TRUE(p) << p.error().what;
+  if (dom0_says_polling) {
+    auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+    EXPECT_TRUE(gv);
+    const std::uint32_t on = 1;
+    if (gv) {
+      EXPECT_TRUE((*gv)->write(Gva{g.host->layout(g.dom)->control_addr + offsetof(xenprobes_ctl_header, dom0_polling)},
+                               std::as_bytes(std::span(&on, 1))));
+    }
+  }
   g.start();
   EXPECT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIterations));
@@ -36,6 +55,10 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::mi
   EXPECT_TRUE(port);
   if (port)
     if (auto n = g.host->guest_evtchn_notifications(g.dom, static_cast<std::uint32_t>(std::stoul(*port)))) r.to_guest = *n;
+  auto c = SessionTesting::module_counters(*g.session, g.dom);
+  EXPECT_TRUE(c) << c.error().what;
+  if (c) r.notify_skipped = c->notify_skipped;
+  EXPECT_EQ(r.notify_skipped, r.module.skipped) << "Dom0 reads the module's count exactly";
   return r;
 }
 
@@ -44,8 +67,19 @@ TEST(Spin, WithoutSpinningEveryHitAndEveryAnswerIsNotified) {
   const SpinRun r = spin_run(0, 0);
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
   EXPECT_EQ(r.module.skipped, 0u);
+  EXPECT_EQ(r.notify_skipped, 0u);
   EXPECT_EQ(r.module.sent, r.hits);
   EXPECT_GE(r.to_guest, r.hits) << "one notification per answering round at least";
+}
+
+// While header.dom0_polling is set the module notifies no hit and counts each one it skips: with
+// the flag set for the whole run, exactly every hit.
+TEST(Spin, EveryHitWhileDom0SaysItPollsIsACountedSkippedNotification) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  const SpinRun r = spin_run(0, 0, {}, true);
+  EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
+  EXPECT_EQ(r.module.sent, 0u);
+  EXPECT_EQ(r.notify_skipped, r.hits);
 }
 
 TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
@@ -55,6 +89,7 @@ TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
   const SpinRun r = spin_run(1'000'000, 1'000'000);
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations)) << "every hit handled exactly once";
   EXPECT_EQ(r.module.sent + r.module.skipped, r.hits);
+  EXPECT_EQ(r.module.sent + r.notify_skipped, r.hits) << "every hit not notified is counted in the header";
   EXPECT_GT(r.module.skipped, r.hits / 2) << "most hits came while Dom0 polled: no notification";
   EXPECT_LT(r.to_guest, r.hits / 2) << "most answers went to a spinning module: no notification";
 }
@@ -67,6 +102,7 @@ TEST(Spin, ASpinThatRunsOutIsWokenByANotification) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
   const SpinRun r = spin_run(20, 0, std::chrono::milliseconds(2));
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations));
+  EXPECT_EQ(r.notify_skipped, 0u) << "Dom0 never polled: every hit notified";
   // (An answer may still find the flag set: the simulated module clears it when it next looks.)
   EXPECT_GE(r.to_guest, r.hits * 9 / 10) << "answers notified: the module had stopped spinning";
 }

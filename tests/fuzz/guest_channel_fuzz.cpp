@@ -505,7 +505,12 @@ void Harness::run() {
         hv.xs[guestmod::module_key(kDom, XENPROBES_XS_OEA_COUNT)] = in.flag() ? "2" : "1";
         hv.xs[guestmod::module_key(kDom, "oea/1/addr")] = fuzz::hexs(kOea + 0x100000);
         hv.xs[guestmod::module_key(kDom, "oea/1/size")] = "4096";
-        (void)ch->module_counters(kDom);
+        // The module's counters are its words, read as they are (never relied on):
+        // notify_skipped (protocol.h "Spinning") among them, at its own offset.
+        if (auto c = ch->module_counters(kDom)) {
+          FUZZ_CHECK(c->async_bad == at<std::uint64_t>(offsetof(xenprobes_ctl_header, async_bad)));
+          FUZZ_CHECK(c->notify_skipped == at<std::uint64_t>(offsetof(xenprobes_ctl_header, notify_skipped)));
+        }
         (void)ch->stats(kDom);
         break;
       }

@@ -413,8 +413,13 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   xp_header_init(&h, 1, &l, 8, 0, 500);
   EXPECT_EQ(h.nested, 0u);
   EXPECT_EQ(h.async_bad, 0u);
+  EXPECT_EQ(h.notify_skipped, 0u);
+  for (xenprobes_u64 r : h.reserved) EXPECT_EQ(r, 0u);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, nested), offsetof(xenprobes_ctl_header, foreign) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, async_bad), offsetof(xenprobes_ctl_header, nested) + 8);
+  // Each counter took the first reserved word of its day: no offset before it moved.
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, notify_skipped), offsetof(xenprobes_ctl_header, async_bad) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, notify_skipped) + 8);
 }
 
 }  // namespace

@@ -167,7 +167,8 @@ struct ModuleState {
   unsigned ring_order = 0;
   std::vector<xp_ring> rings;
   std::uint64_t nested = 0, async_bad = 0;
-  std::uint64_t notified = 0, unnotified = 0;  // hits' notifications sent, and left out (Dom0 polled)
+  // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
+  std::uint64_t notified = 0, unnotified = 0;
 };
 
 struct WritableFrame {

@@ -139,6 +139,7 @@ void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, nested)), d.module.nested);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, async_bad)), d.module.async_bad);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
 }
 
 // [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
@@ -304,6 +305,7 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_polling))) != 0) {
     ++m.unnotified;
+    publish_counters(d);  // header.notify_skipped
   } else {
     ++m.notified;
     if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)
