@@ -149,6 +149,7 @@ struct Target {
   std::uint64_t lost = 0;
   std::uint64_t ring_lost_base = 0;  // --method async: drops + missed before the run
   std::uint64_t ring_lost = 0;       // and since
+  bool ring_lost_final = false;      // counted when the run stopped
   std::vector<Clock::time_point> next_interval;  // per block (time_point::max() if none)
 };
 
@@ -596,7 +597,21 @@ class Tool {
     ++hits_;
     RecordContext ctx(h, plans_[static_cast<std::size_t>(block)].captures);
     inst.run(block, site, &ctx, static_cast<std::int64_t>(h.time_ns));
-    if (inst.exit_requested() || (o_.hit_limit && hits_ >= o_.hit_limit)) stopping_ = true;
+    if (inst.exit_requested() || (o_.hit_limit && hits_ >= o_.hit_limit)) {
+      stopping_ = true;
+      // The losses are those until now: the guests go on hitting until the probes are out,
+      // and what they drop after the stop is no loss of this run.
+      count_ring_losses();
+    }
+  }
+
+  void count_ring_losses() {
+    for (Target& t : targets_) {
+      if (t.gone || t.ring_lost_final) continue;
+      const std::uint64_t now = ring_lost(t);
+      t.ring_lost = now > t.ring_lost_base ? now - t.ring_lost_base : 0;
+      t.ring_lost_final = true;
+    }
   }
 
   // The hits of `t` its async rings had no room for (drops) or that Dom0 never read (missed,
@@ -737,12 +752,7 @@ class Tool {
   void finish() {
     // Async records still in the rings: their blocks run before END (unless exit() or -c ended
     // the run: then on_record drops them), and what the rings lost is counted.
-    if (async_)
-      for (Target& t : targets_) {
-        if (t.gone) continue;
-        const std::uint64_t now = ring_lost(t);
-        t.ring_lost = now > t.ring_lost_base ? now - t.ring_lost_base : 0;
-      }
+    if (async_) count_ring_losses();
     for (Target& t : targets_) run_blocks(t, ProbeKind::End);
     // Detach first, as bpftrace does: the guests run free while the maps are printed.
     for (Target& t : targets_) {
