@@ -128,7 +128,7 @@ class Planner {
         if (!at)
           refuse(e, "this read of guest memory cannot come from an async record (--method async): only one read at "
                     "argN + constant (a field of a cast argument, ((struct S *)argN)->field) is captured at the hit, "
-                    "not a read through an address read from memory, a variable or a map");
+                    "not a read at an address read from memory, a variable, a map, kaddr() or a variable index");
         Capture c = Capture::bytes(at->base, 0, static_cast<std::uint16_t>(e.load_size));
         c.by_address = true;
         return add(e, c, at->offset);

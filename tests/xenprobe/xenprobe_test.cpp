@@ -505,7 +505,7 @@ TEST(XenprobeAsync, RefusalsMatchTheirGoldenFiles) {
     ToolRun t = run({"--check", "--method", "trap", "--btf", btf, e.path().filename().string()}, dir.string());
     EXPECT_EQ(t.status, 0) << e.path() << ": " << t.err;
   }
-  EXPECT_GE(n, 11);
+  EXPECT_GE(n, 12);
 }
 
 TEST(Xenprobe, PrintfFormatsLikeC) {
