@@ -50,7 +50,7 @@ int xp_ring_specs_check(const struct xenprobes_capture_spec *specs, unsigned nsp
 	if (nspecs > XENPROBES_RING_CAPS_MAX || (nspecs && !specs))
 		return -XP_EINVAL;
 	for (i = 0; i < nspecs; i++) {
-		xenprobes_u8 kind = specs[i].kind & (xenprobes_u8)~XENPROBES_CAP_USER;
+		xenprobes_u8 kind = specs[i].kind & (xenprobes_u8)~(XENPROBES_CAP_USER | XENPROBES_CAP_AUTO);
 
 		if (kind != XENPROBES_CAP_BYTES && kind != XENPROBES_CAP_STRING)
 			return -XP_EINVAL;
@@ -82,7 +82,7 @@ static xenprobes_u32 xp_ring_capture(xenprobes_u8 *p, unsigned index,
 	struct xenprobes_cap *cap = (struct xenprobes_cap *)p;
 	xenprobes_u8 *dst = p + sizeof(*cap);
 	bool user = (spec->kind & XENPROBES_CAP_USER) != 0;
-	xenprobes_u8 kind = spec->kind & (xenprobes_u8)~XENPROBES_CAP_USER;
+	xenprobes_u8 kind = spec->kind & (xenprobes_u8)~(XENPROBES_CAP_USER | XENPROBES_CAP_AUTO);
 	xenprobes_u32 len = 0, padded, i;
 	xenprobes_u8 status = XENPROBES_CAP_FAULT;
 	xenprobes_u64 addr;
@@ -92,6 +92,9 @@ static xenprobes_u32 xp_ring_capture(xenprobes_u8 *p, unsigned index,
 	    (xenprobes_u32)spec->max > XENPROBES_CAP_MAX_BYTES)
 		kind = 0;
 	addr = kind ? xp_cap_base(regs, spec->reg) + (xenprobes_u64)(xp_s64)(xp_s32)spec->offset : 0;
+	/* AUTO: the lower half is user space, the upper half the kernel's (x86-64, LA57 too). */
+	if (spec->kind & XENPROBES_CAP_AUTO)
+		user = addr < XENPROBES_CAP_USER_TOP;
 	if (kind == XENPROBES_CAP_BYTES) {
 		if (ops && ops->read && ops->read(ops->ctx, dst, addr, spec->max, user) == 0) {
 			len = spec->max;

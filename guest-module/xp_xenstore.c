@@ -230,7 +230,7 @@ static int xp_publish_jump_entry(void)
 	return xp_xs_printf(XENPROBES_XS_JUMP_ENTRY, "0x%lx", (unsigned long)xp_jump_entry);
 }
 
-/* rings/addr, rings/count, rings/order (protocol.h, "Async jump probes"): only with rings. */
+/* rings/addr, rings/count, rings/order, rings/cap-flags (protocol.h, "Async jump probes"): only with rings. */
 static int xp_publish_rings(void)
 {
 	int err;
@@ -242,6 +242,8 @@ static int xp_publish_rings(void)
 		err = xp_xs_printf(XENPROBES_XS_RINGS_COUNT, "%u", xp.ring_count);
 	if (!err)
 		err = xp_xs_printf(XENPROBES_XS_RINGS_ORDER, "%u", xp.ring_order);
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_RINGS_CAP_FLAGS, "0x%x", XENPROBES_CAP_AUTO);
 	return err;
 }
 

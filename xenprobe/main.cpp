@@ -27,12 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "async.hpp"
 #include "compile.hpp"
 #include "kstack.hpp"
 #include "lang.hpp"
 #include "runtime.hpp"
 #include "types.hpp"
 #include "xenprobes/doctor.hpp"
+#include "xenprobes/protocol.h"
 #include "xenprobes/sim.hpp"
 #include "xenprobes/xenprobes.hpp"
 
@@ -53,7 +55,8 @@ PROGRAM
   Probes:   kprobe:FUNC  kprobe:FUNC+OFFSET  kretprobe:FUNC  (k: and kr: for short;
             FUNC may be a glob: kprobe:vfs_*)  BEGIN  END  interval:s:N  interval:ms:N
   Builtins: arg0..arg5 (kprobe), retval (kretprobe), func, probe, cpu (the vCPU), nsecs
-            (Dom0's monotonic clock), domain (its name), comm, pid, tid (the guest's BTF),
+            (Dom0's monotonic clock; with --method async, in kprobes, the guest's clock at
+            the hit), domain (its name), comm, pid, tid (the guest's BTF),
             kstack, kstack(N) (the guest kernel's stack, unwound from Dom0 with its ORC
             tables, at most N <= 127 frames: a map key @[kstack] or printf("%s", kstack))
   Actions:  @map[k1, k2] = count() | sum(x) | avg(x) | min(x) | max(x) | hist(x)
@@ -63,6 +66,17 @@ PROGRAM
   Values:   integers (+ - * / % & | ^ << >> ! ~ == != < <= > >= && || ?:), strings
             ("..", str(addr[, len]), ==, !=), kaddr("symbol"), casts and fields through
             BTF: ((struct file *)arg0)->f_path.dentry->d_name.name, (uint32)x, p[i]
+
+ASYNC PROBES (--method async)
+  A kprobe is an async probe: the guest module writes each hit (registers, the guest's clock,
+  captures) into a per-vCPU ring and goes on; xenprobe runs the block from the record later.
+  The guest channel and a guest module with rings only. A kprobe block may use argN, func,
+  probe, cpu, nsecs, domain, kaddr, maps, variables, printf, predicates, str(argN [+ C]) and
+  one read at argN + C (((struct S *)argN)->field): at most 8 such captures per block. comm,
+  pid, tid, kstack and reads through memory are refused before anything is attached (use
+  --method trap). kretprobes stay trap probes. After exit() or -c, records still in the rings
+  are dropped; at the end the rings are read once more, and hits the rings had no room for
+  are reported as lost events.
 
 OUTPUT
   text: bpftrace's layout (maps printed at exit, hist/lhist as bar charts); with several
@@ -76,6 +90,7 @@ SIMULATED XEN
   paused, started once the probes are in place. --sim-iterations K makes each guest run K
   iterations of its deterministic workload and halt; xenprobe then ends by itself.
   --sim-destroy NAME@HITS destroys a guest once HITS hits have been handled (xl destroy).
+  --sim-ring-order N gives the simulated guest module's async rings 2^N bytes each (12..24).
 
 EXIT STATUS
   0 done; 1 the program, the options or the attachment was wrong, or the session failed
@@ -106,6 +121,7 @@ struct Options {
   std::string sim_type = "pv";
   std::string sim_image;                 // "" = the demo guest
   std::vector<std::string> sim_destroy;  // NAME@HITS
+  unsigned sim_ring_order = 0;           // 0 = the simulated module's default
   std::string list_pattern = "*";
   bool check_only = false;
   unsigned maxactive = 64;
@@ -131,6 +147,9 @@ struct Target {
   bool gone = false;
   bool halted = false;  // simulated guest that finished its workload
   std::uint64_t lost = 0;
+  std::uint64_t ring_lost_base = 0;  // --method async: drops + missed before the run
+  std::uint64_t ring_lost = 0;       // and since
+  bool ring_lost_final = false;      // counted when the run stopped
   std::vector<Clock::time_point> next_interval;  // per block (time_point::max() if none)
 };
 
@@ -165,7 +184,8 @@ class Tool {
       : o_(std::move(o)),
         method_(o_.method == "jump"      ? xenprobes::ProbeMethod::Jump
                 : o_.method == "fastest" ? xenprobes::ProbeMethod::Fastest
-                                         : xenprobes::ProbeMethod::Trap) {}
+                                         : xenprobes::ProbeMethod::Trap),
+        async_(o_.method == "async") {}
 
   int run_program() {
     std::string source = o_.program_text;
@@ -184,6 +204,7 @@ class Tool {
     bool guest_types = false;
     try {
       compiled_ = compile(parse(source), types_.get());
+      if (async_) plans_ = plan_async(compiled_);
     } catch (const ProgramError& e) {
       if (!e.needs_types || o_.check_only) {
         std::fputs(format_error(e, source, file).c_str(), stderr);
@@ -205,6 +226,7 @@ class Tool {
       types_ = types_from_guests();
       try {
         compiled_ = compile(parse(source), types_.get());
+        if (async_) plans_ = plan_async(compiled_);
       } catch (const ProgramError& e) {
         std::fputs(format_error(e, source, file).c_str(), stderr);
         return 1;
@@ -282,6 +304,9 @@ class Tool {
     if (use_sim()) {
       if (o_.sim_guests < 1 || o_.sim_guests > 16) die("--sim-guests: give 1 ... 16 guests");
       if (o_.sim_vcpus < 1 || o_.sim_vcpus > 8) die("--sim-vcpus: give 1 ... 8 vCPUs");
+      if (o_.sim_ring_order && (o_.sim_ring_order < XENPROBES_RING_MIN_ORDER || o_.sim_ring_order > XENPROBES_RING_MAX_ORDER))
+        die("--sim-ring-order: give " + std::to_string(XENPROBES_RING_MIN_ORDER) + " ... " +
+            std::to_string(XENPROBES_RING_MAX_ORDER));
       // The simulated guest module measures its waits for Dom0 on a clock that stands still:
       // a hit never times out because this machine is busy, so counts are exact.
       xenprobes::hv::sim::SimOptions opts;
@@ -294,6 +319,7 @@ class Tool {
         c.iterations = o_.sim_iterations;
         c.start_paused = true;  // started once the probes are in place
         c.image = o_.sim_image;
+        if (o_.sim_ring_order) c.module_ring_order = o_.sim_ring_order;
         if (o_.sim_type == "hvm" || o_.sim_type == "pvh")
           c.type = xenprobes::hv::GuestType::Hvm;
         else if (o_.sim_type != "pv")
@@ -476,7 +502,12 @@ class Tool {
             Instance* inst = t.instance.get();
             const int block = static_cast<int>(b);
             xenprobes::Result<xenprobes::Probe> p;
-            if (spec.kind == ProbeKind::Kprobe) {
+            if (spec.kind == ProbeKind::Kprobe && async_) {
+              p = session_->probe_async(
+                  t.id, std::string_view(where),
+                  [this, inst, block, site](const xenprobes::AsyncHit& h) { on_record(*inst, block, *site, h); },
+                  xenprobes::AsyncOptions{plans_[b].captures});
+            } else if (spec.kind == ProbeKind::Kprobe) {
               p = session_->probe(
                   t.id, std::string_view(where),
                   [this, inst, block, site](xenprobes::HitContext& c) {
@@ -504,6 +535,8 @@ class Tool {
                      t.name.c_str(), skipped, first_skip.c_str());
     }
     if (auto r = session_->end_batch(); !r) die("cannot register the probes: " + r.error().what);
+    if (async_)
+      for (Target& t : targets_) t.ring_lost_base = ring_lost(t);  // the module's counts are since it loaded
     for (Target& t : targets_) {
       const std::size_t n = t.probes.size();
       if (out_->format() == OutputFormat::Json) {
@@ -555,6 +588,42 @@ class Tool {
       stopping_ = true;
       c.stop();
     }
+  }
+
+  // An async record (--method async): the block runs from it, as from a hit, after the fact.
+  // Once exit() or -c stopped the run, the records still in the rings are dropped.
+  void on_record(Instance& inst, int block, const ProbeSite& site, const xenprobes::AsyncHit& h) {
+    if (stopping_ || (o_.hit_limit && hits_ >= o_.hit_limit)) return;
+    ++hits_;
+    RecordContext ctx(h, plans_[static_cast<std::size_t>(block)].captures);
+    inst.run(block, site, &ctx, static_cast<std::int64_t>(h.time_ns));
+    if (inst.exit_requested() || (o_.hit_limit && hits_ >= o_.hit_limit)) {
+      stopping_ = true;
+      // The losses are those until now: the guests go on hitting until the probes are out,
+      // and what they drop after the stop is no loss of this run.
+      count_ring_losses();
+    }
+  }
+
+  void count_ring_losses() {
+    for (Target& t : targets_) {
+      if (t.gone || t.ring_lost_final) continue;
+      const std::uint64_t now = ring_lost(t);
+      t.ring_lost = now > t.ring_lost_base ? now - t.ring_lost_base : 0;
+      t.ring_lost_final = true;
+    }
+  }
+
+  // The hits of `t` its async rings had no room for (drops) or that Dom0 never read (missed,
+  // by the records' sequence numbers), as of now. Reading the stats drains the rings: their
+  // records' blocks run first.
+  std::uint64_t ring_lost(const Target& t) {
+    auto st = session_->ring_stats(t.id);
+    if (!st) {
+      std::fprintf(stderr, "xenprobe: %s: cannot read its async rings: %s\n", t.name.c_str(), st.error().what.c_str());
+      return 0;
+    }
+    return st->drops + st->missed;
   }
 
   void run_blocks(Target& t, ProbeKind kind) {
@@ -681,6 +750,9 @@ class Tool {
   }
 
   void finish() {
+    // Async records still in the rings: their blocks run before END (unless exit() or -c ended
+    // the run: then on_record drops them), and what the rings lost is counted.
+    if (async_) count_ring_losses();
     for (Target& t : targets_) run_blocks(t, ProbeKind::End);
     // Detach first, as bpftrace does: the guests run free while the maps are printed.
     for (Target& t : targets_) {
@@ -694,12 +766,15 @@ class Tool {
     for (Target& t : targets_) {
       if (out_->format() == OutputFormat::Text && !compiled_.maps.empty()) out_->text(t.name, "\n");
       t.instance->print_all_maps();
-      if (t.lost) {
+      if (t.lost || t.ring_lost) {
         if (out_->format() == OutputFormat::Json)
-          out_->record(t.name, "lost_events", "{\"events\": " + std::to_string(t.lost) + "}");
-        else
+          out_->record(t.name, "lost_events", "{\"events\": " + std::to_string(t.lost + t.ring_lost) + "}");
+        if (out_->format() == OutputFormat::Text && t.lost)
           std::fprintf(stderr, "xenprobe: %s: lost %llu events (hits the guest went through without a handler)\n",
                        t.name.c_str(), static_cast<unsigned long long>(t.lost));
+        if (out_->format() == OutputFormat::Text && t.ring_lost)
+          std::fprintf(stderr, "xenprobe: %s: Lost %llu events (async hits its rings had no room for)\n",
+                       t.name.c_str(), static_cast<unsigned long long>(t.ring_lost));
       }
       for (std::size_t m = 0; m < compiled_.maps.size(); ++m)
         if (auto n = t.instance->updates_dropped(static_cast<int>(m)))
@@ -721,6 +796,8 @@ class Tool {
 
   Options o_;
   xenprobes::ProbeMethod method_;  // --method, for kprobes (kretprobes are trap probes)
+  bool async_ = false;             // --method async: kprobes are async probes
+  std::vector<AsyncPlan> plans_;   // per block, with async_
   std::unique_ptr<TypeSource> types_;
   Compiled compiled_;
   std::shared_ptr<xenprobes::hv::sim::SimHost> host_;
@@ -767,9 +844,11 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));
     a.add_option("--method", o.method,
                  "how kprobes go into the guest: trap (default: a trap byte, every channel), jump (a jump to a "
-                 "detour: the guest channel, where the jump rules allow; refused otherwise, saying why) or "
-                 "fastest (a jump where it can be one, else a trap)")
-        ->check(CLI::IsMember({"trap", "jump", "fastest"}));
+                 "detour: the guest channel, where the jump rules allow; refused otherwise, saying why), "
+                 "fastest (a jump where it can be one, else a trap; never async) or async (the guest records "
+                 "each hit in a ring and goes on, the block runs in Dom0 afterwards: see ASYNC PROBES); "
+                 "kretprobes are trap probes whatever the method")
+        ->check(CLI::IsMember({"trap", "jump", "fastest", "async"}));
     a.add_flag("--sim", o.sim, "use the simulated Xen (also: XENPROBES_BACKEND=sim)");
     a.add_option("--sim-guests", o.sim_guests, "simulated demo guests to create, named sim-1..sim-N (default 1)");
     a.add_option("--sim-vcpus", o.sim_vcpus, "vCPUs of each simulated guest (default 2)");
@@ -778,6 +857,9 @@ int main(int argc, char** argv) {
     a.add_option("--sim-type", o.sim_type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
     a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS hits")
         ->allow_extra_args(false);
+    a.add_option("--sim-ring-order", o.sim_ring_order,
+                 "simulated Xen only: the guest module's async rings hold 2^N bytes each (12 ... 24; default: "
+                 "the simulated module's, 14)");
     a.add_option("--sim-image", o.sim_image,
                  "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
                  "give --symbols; default: the demo guest)")

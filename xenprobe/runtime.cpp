@@ -116,9 +116,10 @@ Instance::Instance(const Compiled& c, Output& out, std::string domain, std::vect
     : c_(c), out_(out), domain_(std::move(domain)), kaddrs_(std::move(kaddrs)), maps_(c.maps.size()), limits_(l),
       dropped_(c.maps.size(), 0), vars_(static_cast<std::size_t>(c.max_vars)) {}
 
-void Instance::run(int b, const ProbeSite& site, xenprobes::HitContext* ctx) {
+void Instance::run(int b, const ProbeSite& site, xenprobes::HitContext* ctx, std::optional<std::int64_t> nsecs) {
   ctx_ = ctx;
   site_ = &site;
+  nsecs_ = nsecs;
   leave_ = false;
   const ProbeBlock& block = c_.program.blocks[static_cast<std::size_t>(b)];
   if (!block.predicate || eval_int(*block.predicate) != 0) exec(block.body);
@@ -296,7 +297,7 @@ void Instance::eval(const Expr& e, Value& out) {
     case Op::Func: out.s = site_->function; return;
     case Op::Probe: out.s = site_->probe; return;
     case Op::Cpu: out.i = ctx_->vcpu().value; return;
-    case Op::Nsecs: out.i = now_ns(); return;
+    case Op::Nsecs: out.i = nsecs_ ? *nsecs_ : now_ns(); return;
     case Op::Domain: out.s = domain_; return;
     case Op::Kaddr: out.i = kaddrs_[static_cast<std::size_t>(e.slot)]; return;
     case Op::Kstack:

@@ -67,8 +67,10 @@ class Instance {
   Instance(const Compiled&, Output&, std::string domain, std::vector<std::int64_t> kaddrs, Limits = {});
 
   // Runs block `b` (predicate, then body) for one hit (ctx non-null) or for BEGIN, END and
-  // interval (ctx null).
-  void run(int b, const ProbeSite& site, xenprobes::HitContext* ctx);
+  // interval (ctx null). Where the hit's values come from is ctx's business: the vCPU waiting
+  // (the library's context) or an async record (async.hpp's RecordContext). `nsecs`, when
+  // given, is what nsecs yields (an async record's guest clock), else Dom0's monotonic clock.
+  void run(int b, const ProbeSite& site, xenprobes::HitContext* ctx, std::optional<std::int64_t> nsecs = {});
   bool exit_requested() const { return exit_; }
   std::uint64_t read_errors() const { return read_errors_; }
   const std::string& domain() const { return domain_; }
@@ -126,6 +128,7 @@ class Instance {
   std::string printf_;    // scratch: printf's output
   xenprobes::HitContext* ctx_ = nullptr;
   const ProbeSite* site_ = nullptr;
+  std::optional<std::int64_t> nsecs_;  // the hit's time, when it comes with one
   bool exit_ = false;
   bool leave_ = false;  // exit() in the running action
   std::uint64_t read_errors_ = 0;

@@ -281,6 +281,11 @@
  *                (XENPROBES_RING_DATA_OFFSET + 2^order)
  *   rings/count  how many (one per mailbox, 1..nr-cpus)
  *   rings/order  data_order of every ring, XENPROBES_RING_MIN_ORDER..XENPROBES_RING_MAX_ORDER
+ *   rings/cap-flags  optional: hex, the flags or-ed into a capture spec's kind that the
+ *                module reads besides XENPROBES_CAP_USER (today XENPROBES_CAP_AUTO). A module
+ *                that publishes no such key knows only XENPROBES_CAP_USER and counts a hit
+ *                whose specs carry another flag as async_bad (no record): Dom0 makes no probe
+ *                with a flag the module does not publish.
  * They live until the module unloads, after its own restore has taken every jump out.
  *
  * Async rings (the layout and the logic of both ends: guest-module/xp_ring.c produces,
@@ -350,6 +355,7 @@
 #define XENPROBES_XS_RINGS_ADDR "rings/addr"
 #define XENPROBES_XS_RINGS_COUNT "rings/count"
 #define XENPROBES_XS_RINGS_ORDER "rings/order"
+#define XENPROBES_XS_RINGS_CAP_FLAGS "rings/cap-flags"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -497,11 +503,16 @@ struct xenprobes_rec {
 #define XENPROBES_CAP_BYTES 1u   /* max bytes at reg + offset */
 #define XENPROBES_CAP_STRING 2u  /* a NUL-terminated string at reg + offset, at most max bytes */
 #define XENPROBES_CAP_USER 0x80u /* or-ed into kind: the address is a user one */
+/* Or-ed into kind: the address decides, as x86-64 splits them: below XENPROBES_CAP_USER_TOP
+ * (the lower half) a user one, else a kernel one; XENPROBES_CAP_USER is then ignored. Only
+ * for a module that publishes it in rings/cap-flags. */
+#define XENPROBES_CAP_AUTO 0x40u
+#define XENPROBES_CAP_USER_TOP 0x8000000000000000ull
 #define XENPROBES_CAP_REG_MAX 16u /* reg: 0 rax .. 15 r15 in struct xenprobes_regs order, 16 rip */
 #define XENPROBES_CAP_MAX_BYTES 1024u
 
 struct xenprobes_capture_spec {
-	xenprobes_u8 kind;        /* XENPROBES_CAP_BYTES or _STRING, maybe with XENPROBES_CAP_USER */
+	xenprobes_u8 kind;        /* XENPROBES_CAP_BYTES or _STRING, maybe with XENPROBES_CAP_USER or _AUTO */
 	xenprobes_u8 reg;         /* the base register, 0..XENPROBES_CAP_REG_MAX */
 	xenprobes_u16 max;        /* bytes at most, 1..XENPROBES_CAP_MAX_BYTES (a string: its NUL included) */
 	xenprobes_u32 offset;     /* added to the register (two's complement: may be negative) */

@@ -85,6 +85,9 @@ struct DomainConfig {
   // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
   // (12..24; 0: none, so no async probes). Needs the jump entry.
   unsigned module_ring_order = 14;
+  // With the rings, rings/cap-flags with XENPROBES_CAP_AUTO (protocol.h): captures whose
+  // address picks user or kernel memory (Capture::by_address). false: a module before it.
+  bool module_cap_auto = true;
   // Its waiting vCPUs spin on their mailboxes for up to this many microseconds of real time
   // (protocol.h "Spinning"; the module's spin_us): mailbox.spinning says so and the module looks
   // every 50 µs, so Dom0 may answer without a notification; then it clears the flag, looks once

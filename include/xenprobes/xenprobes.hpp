@@ -142,6 +142,10 @@ struct Capture {
   std::int32_t offset = 0;  // added to the register: the bytes are at base + offset
   std::uint16_t max = 8;    // Bytes: exactly this many; String: at most, its NUL included
   bool user = false;        // a user-space address (read as the hit task's), else a kernel one
+  // The address decides instead of `user`: below 2^63 (x86-64's lower half) a user address,
+  // else a kernel one, as bpftrace's str() reads either. Needs a guest module that publishes
+  // it (rings/cap-flags; protocol.h): probe_async refuses it, saying why, on an older one.
+  bool by_address = false;
 
   // `n` bytes at [base + offset]: Capture::bytes(CaptureBase::Rsp, 8, 8) is the u64 at [rsp+8].
   static Capture bytes(CaptureBase b, std::int32_t off, std::uint16_t n, bool user = false) {

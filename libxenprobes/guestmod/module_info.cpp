@@ -438,6 +438,14 @@ Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, 
   r.addr = Gva{*addr};
   r.count = static_cast<unsigned>(*count);
   r.order = static_cast<unsigned>(*order);
+  const std::string fpath = module_key(dom, XENPROBES_XS_RINGS_CAP_FLAGS);
+  if (auto f = hv.xs_read(fpath)) {
+    auto flags = parse_hex(*f);
+    if (!flags || *flags > 0xff) return fail(Errc::InvalidArgument, bad(fpath, *f, "not a 0x-prefixed hex byte"));
+    r.cap_flags |= static_cast<std::uint32_t>(*flags) & XENPROBES_CAP_AUTO;
+  } else if (f.error().code != Errc::NotFound) {
+    return fail(f.error().code, "reading xenstore key " + fpath + ": " + f.error().what);
+  }
   if (r.bytes() > kMaxRingsBytes)
     return fail(Errc::InvalidArgument, bad(cpath, *vals[1], std::to_string(r.count) + " rings of 2^" +
                                                                 std::to_string(r.order) + " bytes are more than " +

@@ -147,6 +147,9 @@ struct RingsInfo {
   Gva addr;
   unsigned count = 0;
   unsigned order = 0;
+  // rings/cap-flags: the capture kind flags the module reads (XENPROBES_CAP_USER always; the
+  // optional key adds others, e.g. XENPROBES_CAP_AUTO).
+  std::uint32_t cap_flags = XENPROBES_CAP_USER;
 
   std::uint64_t stride() const { return XENPROBES_RING_DATA_OFFSET + (std::uint64_t{1} << order); }
   Gva ring(unsigned v) const { return addr + std::uint64_t{v} * stride(); }
@@ -158,7 +161,8 @@ struct RingsInfo {
 inline constexpr std::uint64_t kMaxRingsBytes = 256ull << 20;
 
 // Reads and validates the rings a module whose other keys `info` holds publishes. nullopt: the
-// module publishes none of the three keys (it makes no async probes). The rings must be page
+// module publishes none of the three keys (it makes no async probes); rings/cap-flags is
+// optional (absent: XENPROBES_CAP_USER only; flags Dom0 does not know are ignored). The rings must be page
 // aligned in the upper half, not wrap, stay within kMaxRingsBytes, and lie outside the kernel
 // text guard, the module's text and every OEA area; count 1..nr-cpus, order
 // XENPROBES_RING_MIN_ORDER..XENPROBES_RING_MAX_ORDER. Errors: InvalidArgument (a key missing

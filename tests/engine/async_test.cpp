@@ -334,6 +334,37 @@ TEST(AsyncProbe, RefusalsSayWhy) {
 
 }
 
+// Capture::by_address (XENPROBES_CAP_AUTO): the module picks user or kernel memory by the
+// address; only on a module that publishes it in rings/cap-flags, else refused saying why.
+TEST(AsyncProbe, ByAddressCapturesNeedAModuleThatPublishesThem) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  Capture path = Capture::string(CaptureBase::Rdi, 0, 64);
+  path.by_address = true;
+  {
+    auto cfg = demo_config(1, 1);
+    cfg.module_cap_auto = false;
+    ProbedGuest g(cfg);
+    auto p = g.session->probe_async(g.dom, "sys_open", [](const AsyncHit&) {}, AsyncOptions{{path}});
+    ASSERT_FALSE(p);
+    EXPECT_EQ(p.error().code, Errc::NotSupported);
+    EXPECT_NE(p.error().what.find("rings/cap-flags"), std::string::npos) << p.error().what;
+    auto plain = g.session->probe_async(g.dom, "sys_open", [](const AsyncHit&) {},
+                                        AsyncOptions{{Capture::string(CaptureBase::Rdi, 0, 64)}});
+    EXPECT_TRUE(plain) << plain.error().what;
+  }
+  constexpr std::uint64_t K = 4;
+  ProbedGuest g(demo_config(1, K));
+  std::vector<std::string> paths;
+  auto p = g.session->probe_async(
+      g.dom, "sys_open", [&](const AsyncHit& h) { paths.emplace_back(h.captures[0].text()); }, AsyncOptions{{path}});
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  ASSERT_TRUE(g.session->ring_stats(g.dom));
+  ASSERT_EQ(paths.size(), expected_calls(DEMO_FN_OPEN, K));
+  for (const std::string& s : paths) EXPECT_FALSE(s.empty()) << "a kernel address read as kernel memory";
+}
+
 TEST(AsyncProbe, OtherChannelsRefuseAsyncProbesSayingWhy) {
   if (test_channel() == ChannelKind::Guest) GTEST_SKIP() << "the guest channel makes async probes";
   ProbedGuest g(demo_config(1, 1));

@@ -176,6 +176,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(ri.count >= 1 && ri.count <= m.nr_cpus);
       FUZZ_CHECK(ri.order >= XENPROBES_RING_MIN_ORDER && ri.order <= XENPROBES_RING_MAX_ORDER);
       FUZZ_CHECK(ri.bytes() <= kMaxRingsBytes);
+      FUZZ_CHECK((ri.cap_flags & XENPROBES_CAP_USER) && !(ri.cap_flags & ~(XENPROBES_CAP_USER | XENPROBES_CAP_AUTO)),
+                 "only the capture flags Dom0 knows");
       FUZZ_CHECK(ri.addr.value >= kUpperHalfStart && ri.addr.value % kPageSize == 0);
       FUZZ_CHECK(ri.bytes() - 1 <= ~0ull - ri.addr.value, "rings wrap");
       const std::uint64_t r0 = ri.addr.value, r1 = r0 + ri.bytes() - 1;

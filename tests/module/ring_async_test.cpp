@@ -300,7 +300,7 @@ TEST_F(RingAsyncHit, AKeyOrSpecThatBreaksARuleWritesNoRecord) {
   EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 2, base() + kPage - 8), 0));        // past its end
   const std::vector<std::vector<xenprobes_capture_spec>> bad{
       {{0, 0, 8, 0}},                                                  // no kind
-      {{XENPROBES_CAP_BYTES | 0x40, 0, 8, 0}},                         // unknown bits
+      {{XENPROBES_CAP_BYTES | 0x20, 0, 8, 0}},                         // unknown bits
       {{XENPROBES_CAP_BYTES, XENPROBES_CAP_REG_MAX + 1, 8, 0}},        // no such register
       {{XENPROBES_CAP_BYTES, 0, 0, 0}},                                // nothing to read
       {{XENPROBES_CAP_STRING, 0, XENPROBES_CAP_MAX_BYTES + 1, 0}},     // too long

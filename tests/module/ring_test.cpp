@@ -173,6 +173,45 @@ TEST(Ring, CapturesBytesStringsTruncationAndFaultsInOrder) {
   EXPECT_EQ(0u, f.reader->counters().resyncs);
 }
 
+// XENPROBES_CAP_AUTO: the module, not Dom0, picks the space by the address at the hit: below
+// 2^63 a user read, else a kernel one, whatever XENPROBES_CAP_USER says.
+TEST(Ring, AutoCapturesReadTheLowerHalfAsUserAndTheUpperAsKernel) {
+  struct Spaces {
+    std::vector<std::pair<std::uint64_t, bool>> reads;  // address, user
+    static int read(void* ctx, void* dst, std::uint64_t addr, std::uint32_t len, bool user) {
+      static_cast<Spaces*>(ctx)->reads.emplace_back(addr, user);
+      std::memset(dst, 'x', len);
+      return 0;
+    }
+    static long read_str(void* ctx, void* dst, std::uint64_t addr, std::uint32_t max, bool user) {
+      static_cast<Spaces*>(ctx)->reads.emplace_back(addr, user);
+      std::memset(dst, 0, max);
+      return 1;
+    }
+  } spaces;
+  Fixture f;
+  xenprobes_regs r = regs_for(1);
+  r.rdi = 0x00007fffdeadb000ull;  // a user pointer
+  r.rsi = 0xffff888012345000ull;  // a kernel pointer
+  r.rdx = 0x7ffffffffffffff0ull;  // the last 16 bytes of the lower half
+  const std::vector<xenprobes_capture_spec> specs{
+      {XENPROBES_CAP_STRING | XENPROBES_CAP_AUTO, 5, 64, 0},
+      {XENPROBES_CAP_STRING | XENPROBES_CAP_AUTO | XENPROBES_CAP_USER, 4, 64, 0},  // USER ignored
+      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 8},  // rdx + 8: still user
+      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 16},  // rdx + 16 = 2^63: kernel
+  };
+  ASSERT_EQ(0, xp_ring_specs_check(specs.data(), static_cast<unsigned>(specs.size())));
+  const xp_read_ops ops{&Spaces::read, &Spaces::read_str, &spaces};
+  ASSERT_EQ(XP_RING_WRITTEN, xp_ring_write_hit(&f.ring, 1, 7, &r, specs.data(), 4, &ops));
+  const std::vector<std::pair<std::uint64_t, bool>> want{
+      {r.rdi, true}, {r.rsi, false}, {r.rdx + 8, true}, {r.rdx + 16, false}};
+  EXPECT_EQ(want, spaces.reads);
+  const RingRecord* rec = f.reader->next();
+  ASSERT_NE(nullptr, rec);
+  ASSERT_EQ(4u, rec->captures.size());
+  for (const auto& c : rec->captures) EXPECT_EQ(XENPROBES_CAP_OK, c.status);
+}
+
 TEST(Ring, SpecsOutsideTheProtocolAreRefusedAtRegistration) {
   const xenprobes_capture_spec ok{XENPROBES_CAP_BYTES, 0, 8, 0};
   EXPECT_EQ(0, xp_ring_specs_check(&ok, 1));

@@ -220,6 +220,10 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
     store_[dir + XENPROBES_XS_RINGS_ADDR] = text;
     store_[dir + XENPROBES_XS_RINGS_COUNT] = std::to_string(m.rings.size());
     store_[dir + XENPROBES_XS_RINGS_ORDER] = std::to_string(m.ring_order);
+    if (d.cfg.module_cap_auto) {
+      std::snprintf(text, sizeof text, "0x%x", XENPROBES_CAP_AUTO);  // what xp_ring.c reads besides USER
+      store_[dir + XENPROBES_XS_RINGS_CAP_FLAGS] = text;
+    }
   }
   if (m.fixup_count) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_va);
