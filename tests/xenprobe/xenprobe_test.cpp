@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "demo_abi.h"
@@ -39,6 +40,18 @@ std::string slurp(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The golden cases in `dir`: every NAME.bt with the stderr it must give, NAME.err.
+std::vector<std::pair<fs::path, fs::path>> golden_cases(const fs::path& dir) {
+  std::vector<std::pair<fs::path, fs::path>> cases;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".bt") continue;
+    fs::path want = e.path();
+    want.replace_extension(".err");
+    cases.emplace_back(e.path(), want);
+  }
+  return cases;
 }
 
 // Runs the tool with `args`; `during(pid, stdout_path)` runs while it does (for signals).
@@ -492,20 +505,16 @@ TEST(XenprobeAsync, RefusalsMatchTheirGoldenFiles) {
   const std::string btf = test_btf_path();
   if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
   const fs::path dir = fs::path(XENPROBE_TEST_DIR) / "errors-async";
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".bt") continue;
-    ++n;
-    fs::path want = e.path();
-    want.replace_extension(".err");
-    ToolRun r = run({"--check", "--method", "async", "--btf", btf, e.path().filename().string()}, dir.string());
-    EXPECT_EQ(r.status, 1) << e.path();
-    EXPECT_EQ(r.err, slurp(want)) << "for " << e.path().filename();
+  const auto cases = golden_cases(dir);
+  for (const auto& [bt, want] : cases) {
+    ToolRun r = run({"--check", "--method", "async", "--btf", btf, bt.filename().string()}, dir.string());
+    EXPECT_EQ(r.status, 1) << bt;
+    EXPECT_EQ(r.err, slurp(want)) << "for " << bt.filename();
     // The same program is fine with trap probes.
-    ToolRun t = run({"--check", "--method", "trap", "--btf", btf, e.path().filename().string()}, dir.string());
-    EXPECT_EQ(t.status, 0) << e.path() << ": " << t.err;
+    ToolRun t = run({"--check", "--method", "trap", "--btf", btf, bt.filename().string()}, dir.string());
+    EXPECT_EQ(t.status, 0) << bt << ": " << t.err;
   }
-  EXPECT_GE(n, 12);
+  EXPECT_GE(cases.size(), 12u);
 }
 
 TEST(Xenprobe, PrintfFormatsLikeC) {
@@ -762,18 +771,13 @@ TEST(Xenprobe, DoctorSaysWhichChannelForEachDomain) {
 
 TEST(Xenprobe, ErrorsMatchTheirGoldenFiles) {
   const fs::path dir = fs::path(XENPROBE_TEST_DIR) / "errors";
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".bt") continue;
-    ++n;
-    fs::path want = e.path();
-    want.replace_extension(".err");
-    std::vector<std::string> a = {"--check", e.path().filename().string()};
-    ToolRun r = run(a, dir.string());
-    EXPECT_EQ(r.status, 1) << e.path();
-    EXPECT_EQ(r.err, slurp(want)) << "for " << e.path().filename();
+  const auto cases = golden_cases(dir);
+  for (const auto& [bt, want] : cases) {
+    ToolRun r = run({"--check", bt.filename().string()}, dir.string());
+    EXPECT_EQ(r.status, 1) << bt;
+    EXPECT_EQ(r.err, slurp(want)) << "for " << bt.filename();
   }
-  EXPECT_GE(n, 20);
+  EXPECT_GE(cases.size(), 20u);
 }
 
 TEST(Xenprobe, AttachErrorsNameTheFunctionAndWhatToDo) {
