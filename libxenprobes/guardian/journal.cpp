@@ -195,10 +195,34 @@ void Journal::set_owed_unpauses(DomId d, unsigned owed) {
   if (std::uint32_t i = domain_index(d); i != ~0u) store32(&dom_rec(i)->owed_unpauses, owed);
 }
 
+std::uint32_t module_hash(std::string_view name, std::uint64_t text_base) {
+  std::uint32_t h = 2166136261u;
+  auto mix = [&h](std::uint8_t b) { h = (h ^ b) * 16777619u; };
+  for (char c : name) mix(static_cast<std::uint8_t>(c));
+  for (int i = 0; i < 8; ++i) mix(static_cast<std::uint8_t>(text_base >> (8 * i)));
+  return h;
+}
+
+namespace {
+
+// A module reference the guardian can act on: a struct module in the kernel's half, the name and
+// the base pointer inside the first 64 KiB of it and not overlapping.
+bool module_ok(std::uint64_t address, std::uint16_t name_off, std::uint16_t base_off) {
+  if (address < 0xffff800000000000ull || address > ~std::uint64_t{0} - 0x10000) return false;
+  const unsigned name_end = name_off + unsigned{kJournalModuleNameMax}, base_end = base_off + 8u;
+  return name_end <= 0x10000 && base_end <= 0x10000 && (base_end <= name_off || name_end <= base_off);
+}
+
+}  // namespace
+
 Result<void> Journal::add_patch(DomId d, PatchKind kind, Gva gva, std::span<const std::uint8_t> written,
-                                std::span<const std::uint8_t> restore, Gva resume) {
+                                std::span<const std::uint8_t> restore, Gva resume,
+                                const std::optional<JournalModule>& module) {
   if (written.empty() || written.size() > 8 || written.size() != restore.size())
     return fail(Errc::InvalidArgument, "journal: a patch is 1..8 bytes, written and restored alike");
+  if (module && (kind != PatchKind::Text || !module_ok(module->address.value, module->name_off, module->base_off)))
+    return fail(Errc::InvalidArgument, "journal: a module reference belongs to a text patch and names a struct "
+                                       "module in the kernel's half with its name and base inside it");
   if (domain_index(d) == ~0u)
     return fail(Errc::InvalidArgument, "journal: domain " + std::to_string(d.value) + " is not journaled");
   auto key = std::make_pair(d.value, gva.value);
@@ -226,6 +250,10 @@ Result<void> Journal::add_patch(DomId d, PatchKind kind, Gva gva, std::span<cons
   std::memset(r->restore, 0, sizeof r->restore);
   std::memcpy(r->written, written.data(), written.size());
   std::memcpy(r->restore, restore.data(), restore.size());
+  r->module = module ? module->address.value : 0;
+  r->module_hash = module ? module->hash : 0;
+  r->module_name_off = module ? module->name_off : 0;
+  r->module_base_off = module ? module->base_off : 0;
   r->used = 1;
   end_update(r);
   return {};
@@ -355,6 +383,12 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
     if (r.used == 0) continue;
     bool ok = r.used == 1 && r.kind >= std::uint8_t(PatchKind::Text) && r.kind <= std::uint8_t(PatchKind::Trampoline) &&
               r.len >= 1 && r.len <= 8 && by_dom.contains(r.domid) && r.gva <= ~std::uint64_t{0} - 8;
+    // A module reference must be usable; one on another kind of patch, or junk in the words
+    // older writers left zero, makes the record impossible (nothing is done for it).
+    if (r.module != 0)
+      ok = ok && r.kind == std::uint8_t(PatchKind::Text) && module_ok(r.module, r.module_name_off, r.module_base_off);
+    else
+      ok = ok && r.module_hash == 0 && r.module_name_off == 0 && r.module_base_off == 0;
     if (!ok) {
       s.invalid++;
       continue;
@@ -362,6 +396,7 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
     JournalSnapshot::Patch p{DomId{r.domid}, PatchKind(r.kind), Gva{r.gva}, Gva{r.resume},
                              std::vector<std::uint8_t>(r.written, r.written + r.len),
                              std::vector<std::uint8_t>(r.restore, r.restore + r.len)};
+    if (r.module) p.module = JournalModule{Gva{r.module}, r.module_hash, r.module_name_off, r.module_base_off};
     s.patches.push_back(std::move(p));
   }
   for (std::uint32_t i = 0; i < h.max_returns; ++i) {

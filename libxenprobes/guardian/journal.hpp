@@ -27,8 +27,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -94,9 +96,28 @@ struct JournalPatchRec {
   std::uint64_t resume;  // where a vCPU stopped on this trap goes on (Text: gva itself)
   std::uint8_t written[8];
   std::uint8_t restore[8];
-  std::uint8_t reserved[16];
+  // A patch in a loaded module's text (Text only; 0 for the core kernel): its struct module and
+  // what makes it that module (JournalModule). Zero in records of older writers.
+  std::uint64_t module;
+  std::uint32_t module_hash;
+  std::uint16_t module_name_off, module_base_off;
 };
 static_assert(sizeof(JournalPatchRec) == 64);
+
+// The module whose text a patch is in, as the guardian can check it without the guest's BTF or
+// symbols: the struct module's address, where its name (char[], NUL-terminated, at most 56
+// bytes) and its text base (a pointer) are inside it, and a hash of both (module_hash). A module
+// unloaded since, and another loaded in its place, fails the check: recovery then leaves the
+// patch alone rather than write into text that is no longer what was patched.
+struct JournalModule {
+  Gva address;
+  std::uint32_t hash = 0;
+  std::uint16_t name_off = 0, base_off = 0;
+  bool operator==(const JournalModule&) const = default;
+};
+inline constexpr std::size_t kJournalModuleNameMax = 56;  // MODULE_NAME_LEN on 64-bit
+// FNV-1a (32 bits) over the name's bytes (without its NUL) and the text base's 8 bytes, little-endian.
+std::uint32_t module_hash(std::string_view name, std::uint64_t text_base);
 
 struct JournalReturnRec {
   std::uint32_t seq;
@@ -147,8 +168,10 @@ class Journal {
 
   // Adds (or replaces) the record of a patch at gva. `written` and `restore` are 1..8 bytes
   // of the same length.
+  // `module`: the module whose text holds a Text patch (none: the core kernel's text).
   [[nodiscard]] Result<void> add_patch(DomId, PatchKind, Gva, std::span<const std::uint8_t> written,
-                                       std::span<const std::uint8_t> restore, Gva resume);
+                                       std::span<const std::uint8_t> restore, Gva resume,
+                                       const std::optional<JournalModule>& module = std::nullopt);
   void remove_patch(DomId, Gva);
   bool has_patch(DomId d, Gva a) const { return patches_.contains({d.value, a.value}); }
 
@@ -195,6 +218,7 @@ struct JournalSnapshot {
     Gva gva;
     Gva resume;
     std::vector<std::uint8_t> written, restore;
+    std::optional<JournalModule> module{};  // Text in a module's text
   };
   struct Return {
     DomId domid;

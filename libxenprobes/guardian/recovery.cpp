@@ -1,6 +1,7 @@
 #include "guardian/recovery.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
@@ -41,6 +42,22 @@ class Account {
 bool gone(const Error& e) { return e.code == Errc::NoSuchDomain; }
 
 // 8-4-4-4-12 hex digits, as xl prints a domain's UUID.
+// Why the module a patch's text belongs to is not the one the journal names (nullopt: it is):
+// its struct module unreadable, its name no longer a NUL-terminated string, or the hash of name
+// and text base different. The guest's bytes are hostile: bounded reads, nothing trusted.
+std::optional<std::string> module_changed(mem::GuestMemory& memory, const JournalModule& m) {
+  std::array<char, kJournalModuleNameMax> name{};
+  if (!memory.read(m.address + m.name_off, std::as_writable_bytes(std::span(name))))
+    return "its struct module at " + hex(m.address.value) + " cannot be read";
+  const auto nul = std::find(name.begin(), name.end(), '\0');
+  if (nul == name.begin() || nul == name.end()) return "no module name at " + hex(m.address.value);
+  auto base = memory.read_u64(m.address + m.base_off);
+  if (!base) return "its struct module at " + hex(m.address.value) + " cannot be read";
+  if (module_hash(std::string_view(name.data(), static_cast<std::size_t>(nul - name.begin())), *base) != m.hash)
+    return "the struct module at " + hex(m.address.value) + " is now another module's, or none";
+  return std::nullopt;
+}
+
 std::string uuid(const hv::DomainHandle& h) {
   char s[40];
   std::snprintf(s, sizeof s, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2],
@@ -197,6 +214,14 @@ void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalS
   if (memory_ok) {
     for (const auto* p : patches) {
       if (p->kind == PatchKind::Trampoline) continue;  // in the OEA area: nothing of the kernel's
+      if (p->module) {
+        if (auto why = module_changed(memory, *p->module)) {
+          rep.left_alone++;
+          acc.say(log::Level::Warn, "domain %u: %s is in the text of a module that is gone (%s): left alone", dom.value,
+                  hex(p->gva.value).c_str(), why->c_str());
+          continue;
+        }
+      }
       std::vector<std::uint8_t> now(p->written.size());
       if (auto r = memory.read(p->gva, std::as_writable_bytes(std::span(now))); !r) {
         acc.failed(dom, ("reading " + hex(p->gva.value)).c_str(), r.error());

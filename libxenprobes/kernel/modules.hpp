@@ -128,6 +128,8 @@ class ModuleTables {
 
   // "modules 42 live (3 kept out: foo GOING; ...)" or "modules not read (why)"; ASCII only.
   std::string summary() const;
+  // The struct module layout the walk used (meaningful when status().found).
+  const ModuleLayout& layout() const { return layout_; }
 
  private:
   TableStatus status_;

@@ -31,6 +31,9 @@ Result<void> Engine::arm(Domain& d, Point& p) {
     spec.expect.assign(p.original.begin(), p.original.begin() + p.insn.length);
     spec.trap = trap_entry(p);  // the channel learns of the trap before the guest can execute it
     spec.journal = PatchSpec::Record{PatchKind::Text, p.addr, {d.ch->trap_byte()}, {p.original[0]}, p.addr};
+    // In a module's text: the guardian restores the byte only while that module is still there.
+    const kernel::ModuleTables* mods = d.tables ? d.tables->modules() : nullptr;
+    if (p.module && mods && mods->status().found) spec.journal->module = journal_module(mods->layout(), *p.module);
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) return std::unexpected(text_changed(patch.error()));
     patch->commit();

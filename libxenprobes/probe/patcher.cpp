@@ -125,7 +125,7 @@ Result<Patch> Patcher::apply(PatchSpec spec) {
   }
   if (p.spec_.journal && journal_) {
     const auto& j = *p.spec_.journal;
-    XP_TRY(journal_->add_patch(dom_, j.kind, j.at, j.written, j.restore, j.resume));
+    XP_TRY(journal_->add_patch(dom_, j.kind, j.at, j.written, j.restore, j.resume, j.module));
     p.journaled_ = true;
   }
   XP_TRY(mem_.write(p.spec_.at, as_bytes(p.spec_.bytes)));
@@ -139,6 +139,18 @@ Result<void> Patcher::replace(Gva at, std::span<const std::uint8_t> expect, std:
     return fail(Errc::Again, hex(at.value) + " holds " + hex_bytes(std::span(now)) + ", not the expected " +
                                  hex_bytes(expect) + ": left as it is");
   return mem_.write(at, std::as_bytes(bytes));
+}
+
+std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout& l, const kernel::ModuleIdentity& m) {
+  if (m.name.empty() || m.name.size() >= guardian::kJournalModuleNameMax || l.name.size < m.name.size() + 1 ||
+      l.core_base.size != 8 || l.name.offset > 0xffff || l.core_base.offset > 0xffff)
+    return std::nullopt;
+  guardian::JournalModule j{Gva{m.address}, guardian::module_hash(m.name, m.text.start),
+                            static_cast<std::uint16_t>(l.name.offset), static_cast<std::uint16_t>(l.core_base.offset)};
+  // The journal's own bounds (the guardian reads 56 bytes of name and 8 of base).
+  const unsigned name_end = j.name_off + unsigned{guardian::kJournalModuleNameMax}, base_end = j.base_off + 8u;
+  if (name_end > 0x10000 || (base_end > j.name_off && name_end > j.base_off)) return std::nullopt;
+  return j;
 }
 
 }  // namespace xenprobes::probe

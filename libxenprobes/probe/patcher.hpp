@@ -19,6 +19,7 @@
 #include "channel/channel.hpp"
 #include "mem/guest_memory.hpp"
 #include "guardian/journal.hpp"
+#include "kernel/modules.hpp"
 #include "xenprobes/result.hpp"
 #include "xenprobes/types.hpp"
 
@@ -39,6 +40,7 @@ struct PatchSpec {
     std::vector<std::uint8_t> written;
     std::vector<std::uint8_t> restore;
     Gva resume;
+    std::optional<guardian::JournalModule> module{};  // a Text patch in a module's text
   };
   std::optional<Record> journal;  // ignored when the domain is not journaled
   std::function<void()> on_undo;  // the undo's last step (e.g. the slot goes back to its pool)
@@ -92,6 +94,12 @@ class Patch {
   bool committed_ = false;
   State state_ = State::None;
 };
+
+// The module reference the guardian checks before restoring a text patch in a loaded module's
+// text (guardian::JournalModule), from the module's identity and the guest's struct module
+// layout; nullopt when the layout gives the guardian nothing it can read (then the patch is
+// journaled as the core kernel's, its bytes still checked before they are restored).
+std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout&, const kernel::ModuleIdentity&);
 
 class Patcher {
  public:

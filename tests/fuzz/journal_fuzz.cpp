@@ -54,6 +54,10 @@ void check_snapshot(const JournalSnapshot& s) {
     FUZZ_CHECK(doms.contains(p.domid.value), "a patch of a domain not journaled");
     FUZZ_CHECK(p.written.size() >= 1 && p.written.size() <= 8 && p.written.size() == p.restore.size());
     FUZZ_CHECK(p.kind == PatchKind::Text || p.kind == PatchKind::SlotTrap || p.kind == PatchKind::Trampoline);
+    if (p.module)
+      FUZZ_CHECK(p.kind == PatchKind::Text && p.module->address.value >= 0xffff800000000000ull &&
+                     p.module->name_off + kJournalModuleNameMax <= 0x10000 && p.module->base_off + 8u <= 0x10000,
+                 "a module reference the guardian cannot use");
   }
   for (const auto& r : s.returns) {
     FUZZ_CHECK(doms.contains(r.domid.value), "a return of a domain not journaled");

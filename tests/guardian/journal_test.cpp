@@ -125,6 +125,59 @@ TEST(GuardianJournal, ImpossibleRecordsAreIgnored) {
   EXPECT_EQ(s->patches[0].gva, Gva{0x1000});
 }
 
+// A text patch in a loaded module's text names the module; the writer refuses a reference the
+// guardian could not use, and the reader drops a record whose module words are not one.
+TEST(GuardianJournal, ModuleReferences) {
+  auto j = small();
+  ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::VmEvent, 0xf1, JournalMonitor::DebugExceptions, 1));
+  const std::uint8_t t[] = {0xf1}, o[] = {0x55};
+  const JournalModule mod{Gva{0xffffffffc0a01040}, module_hash("ext4", 0xffffffffc0a10000), 24, 360};
+  EXPECT_NE(module_hash("ext4", 0xffffffffc0a10000), module_hash("ext3", 0xffffffffc0a10000));
+  EXPECT_NE(module_hash("ext4", 0xffffffffc0a10000), module_hash("ext4", 0xffffffffc0b10000));
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0xffffffffc0a10020}, t, o, Gva{0xffffffffc0a10020}, mod));
+  ASSERT_TRUE(j->add_patch(DomId{1}, PatchKind::Text, Gva{0xffffffff81000010}, t, o, Gva{0xffffffff81000010}));
+  struct Bad {
+    const char* what;
+    PatchKind kind;
+    JournalModule m;
+  };
+  const Bad bad[] = {
+      {"on a slot trap", PatchKind::SlotTrap, mod},
+      {"a struct module in the user half", PatchKind::Text, {Gva{0x00007f0000001000}, mod.hash, 24, 360}},
+      {"the name past 64 KiB", PatchKind::Text, {Gva{mod.address}, mod.hash, 0xfff0, 360}},
+      {"the base inside the name", PatchKind::Text, {Gva{mod.address}, mod.hash, 24, 40}},
+  };
+  for (const Bad& b : bad) {
+    auto r = j->add_patch(DomId{1}, b.kind, Gva{0xffffffffc0a10040}, t, o, Gva{0xffffffffc0a10040}, b.m);
+    ASSERT_FALSE(r) << b.what;
+    EXPECT_EQ(r.error().code, Errc::InvalidArgument) << b.what;
+  }
+  auto s = read_journal(j->bytes());
+  ASSERT_TRUE(s) << s.error().what;
+  ASSERT_EQ(s->patches.size(), 2u);
+  for (const auto& p : s->patches) {
+    if (p.gva == Gva{0xffffffffc0a10020}) {
+      ASSERT_TRUE(p.module);
+      EXPECT_EQ(*p.module, mod);
+    } else {
+      EXPECT_FALSE(p.module) << "the core kernel's text names no module";
+    }
+  }
+
+  // Junk in the module words: a hash without a module, a module in the user half.
+  auto img = copy(*j);
+  const JournalHeader& h = header_of(img);
+  for (std::uint32_t i = 0; i < h.max_patches; ++i) {
+    auto* r = reinterpret_cast<JournalPatchRec*>(img.data() + h.patches_off) + i;
+    if (r->used && r->gva == 0xffffffff81000010) r->module_hash = 7;
+    if (r->used && r->gva == 0xffffffffc0a10020) r->module = 0x1000;
+  }
+  s = read_journal(img);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->invalid, 2u);
+  EXPECT_TRUE(s->patches.empty()) << "nothing is done for a record that is not one";
+}
+
 TEST(GuardianJournal, GarbageIsRefused) {
   auto j = small();
   ASSERT_TRUE(j->add_domain(DomId{1}, kHandle, JournalChannel::Debugger, 0xf1, JournalMonitor::None, 1));

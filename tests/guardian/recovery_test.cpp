@@ -2,6 +2,7 @@
 // hits in flight (as SIGKILL leaves it) is undone from its journal alone.
 #include "guardian/guardian_fixture.hpp"
 
+#include "common/hex.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
@@ -9,7 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -187,6 +191,73 @@ TEST_P(Abandoned, ChangedBytesAreLeftAloneAndForeignPausesKept) {
   const auto off = kept.value - g.layout.text_start;
   EXPECT_EQ(g.peek(kept.value, 1)[0], g.text_before[off]) << "ours: restored";
   EXPECT_EQ(*g.host->pause_count(g.dom), 1u) << "the creation pause is not ours to release";
+}
+
+// A patch in a loaded module's text carries the module's identity (its struct module, where
+// the name and the text base are in it, a hash of both). Recovery restores the byte only while
+// that struct module still names the same module at the same text: unloaded and replaced by
+// another (another name or another base), or unreadable, the patch is left alone. The demo
+// guest has no modules: the test journals a real probe and gives its record the identity of a
+// struct module it writes into guest memory itself.
+TEST_P(Abandoned, APatchInAModuleGoneIsLeftAlone) {
+  struct Case {
+    const char* what;
+    const char* name_now;    // what the struct module holds at recovery (nullptr: unmapped address)
+    std::uint64_t base_now;  // its text base then
+    bool restored;
+  };
+  constexpr std::uint64_t kBase = 0xffffffffc0200000ull;
+  const Case cases[] = {
+      {"the same module", "xpdemo", kBase, true},
+      {"another module in its place", "xpother", kBase, false},
+      {"the same name at another text", "xpdemo", kBase + 0x10000, false},
+      {"no name any more", "", kBase, false},
+      {"its struct module unmapped", nullptr, kBase, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Guest g(GetParam(), 1, 5);
+    auto a = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+    ASSERT_TRUE(a);
+    const Gva at = a->info()->address;
+    a->release();
+    int jfd = g.abandon();
+    auto snap = guardian::read_journal_fd(jfd);
+    ::close(jfd);
+    ASSERT_TRUE(snap);
+    auto text_patch = std::find_if(snap->patches.begin(), snap->patches.end(),
+                                   [&](const auto& p) { return p.kind == guardian::PatchKind::Text && p.gva == at; });
+    ASSERT_NE(text_patch, snap->patches.end());
+    // A struct module of 256 bytes at the end of the out-of-line area, which no probe here uses:
+    // the name at +24, the text base at +200. An unmapped one: in the vmalloc range, which the demo guest does not map.
+    const std::uint64_t mod = c.name_now ? g.layout.oea_addr + g.layout.oea_size - 256 : 0xffffc90000000000ull;
+    text_patch->module = guardian::JournalModule{Gva{mod}, guardian::module_hash("xpdemo", kBase), 24, 200};
+    auto hv = g.host->open();
+    if (c.name_now) {
+      mem::HypervisorFrameSource src(*hv, g.dom);
+      mem::GuestMemory m(src);
+      m.set_context(*mem::paging_context(*hv->domain_info(g.dom), *hv->get_vcpu_regs(g.dom, VcpuId{0})));
+      std::array<char, guardian::kJournalModuleNameMax> name{};
+      std::copy_n(c.name_now, std::strlen(c.name_now), name.begin());
+      ASSERT_TRUE(m.write(Gva{mod + 24}, std::as_bytes(std::span(name))));
+      ASSERT_TRUE(m.write_u64_transient(Gva{mod + 200}, c.base_now));
+    }
+    std::vector<std::string> lines;
+    auto rep = guardian::recover(*hv, *snap, [&](log::Level, const std::string& l) { lines.push_back(l); });
+    EXPECT_EQ(rep.failures, 0u);
+    const auto off = at.value - g.layout.text_start;
+    if (c.restored) {
+      EXPECT_EQ(rep.left_alone, 0u);
+      EXPECT_EQ(g.peek(at.value, 1)[0], g.text_before[off]) << "the module is still there: restored";
+    } else {
+      EXPECT_EQ(rep.left_alone, 1u);
+      EXPECT_NE(g.peek(at.value, 1)[0], g.text_before[off]) << "the module is gone: its bytes are not ours";
+      const bool said = std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+        return l.find(hex(at.value) + " is in the text of a module that is gone") != std::string::npos;
+      });
+      EXPECT_TRUE(said) << "the account says why the patch was left alone";
+    }
+  }
 }
 
 // Page-table isolation: vCPU 0 running a user task holds the user half of its top-level table

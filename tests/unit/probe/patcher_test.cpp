@@ -245,5 +245,34 @@ TEST_F(PatcherTest, ReplaceWritesOnlyOverTheExpectedBytes) {
   EXPECT_EQ(at(), 0xeb);
 }
 
+// The module reference a text patch in a module's text gets in the journal: the name and text
+// base where the guest's struct module keeps them, and the hash of the module's own.
+TEST(JournalModule, FromTheLayoutAndTheModule) {
+  kernel::ModuleLayout l;
+  l.name = {24, 56};
+  l.core_base = {360, 8};
+  const kernel::ModuleIdentity m{"ext4", 0xffffffffc0a01040, {0xffffffffc0a10000, 0xffffffffc0a40000}};
+  auto j = journal_module(l, m);
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->address, Gva{0xffffffffc0a01040});
+  EXPECT_EQ(j->name_off, 24u);
+  EXPECT_EQ(j->base_off, 360u);
+  EXPECT_EQ(j->hash, guardian::module_hash("ext4", 0xffffffffc0a10000));
+
+  kernel::ModuleLayout narrow = l;
+  narrow.name.size = 4;  // no room for "ext4" and its NUL
+  EXPECT_FALSE(journal_module(narrow, m));
+  kernel::ModuleLayout base32 = l;
+  base32.core_base.size = 4;
+  EXPECT_FALSE(journal_module(base32, m));
+  kernel::ModuleLayout overlap = l;
+  overlap.core_base.offset = 40;  // inside the 56 bytes the guardian reads as the name
+  EXPECT_FALSE(journal_module(overlap, m));
+  kernel::ModuleLayout far = l;
+  far.name.offset = 0x10000;
+  EXPECT_FALSE(journal_module(far, m));
+  EXPECT_FALSE(journal_module(l, kernel::ModuleIdentity{"", m.address, m.text})) << "no name";
+}
+
 }  // namespace
 }  // namespace xenprobes::probe
