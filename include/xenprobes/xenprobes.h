@@ -418,16 +418,26 @@ enum xenprobe_capture_kind {
 #define XENPROBE_CAPTURE_MAX_BYTES 1024 /* per capture */
 
 /*
+ * xenprobe_capture.flags. BY_ADDRESS: the address at the hit decides the space instead of
+ * `user` (which must then be 0): below 2^63 (x86-64's lower half) it is read as the hit task's
+ * user memory, else as kernel memory, as bpftrace's str() reads either. It needs a guest module
+ * that publishes it (rings/cap-flags, include/xenprobes/protocol.h): on an older one
+ * register_xenprobe_async() refuses the probe with EOPNOTSUPP, saying why.
+ */
+#define XENPROBE_CAPTURE_BY_ADDRESS 0x01u
+
+/*
  * One thing an async probe copies out of guest memory at every hit, at base register + offset,
  * with the guest kernel's no-fault reads: an address that cannot be read gives
  * XENPROBE_CAPTURE_FAULT, never a fault in the guest. E.g. the 8 bytes at [rsp + 8]:
- * { XENPROBE_CAPTURE_BYTES, XENPROBE_REG_RSP, 0, 0, 8, 8 }.
+ * { XENPROBE_CAPTURE_BYTES, XENPROBE_REG_RSP, 0, 0, 8, 8 }. (flags was a reserved byte that
+ * had to be 0; 0 still means no flags.)
  */
 struct xenprobe_capture {
   uint8_t kind;     /* enum xenprobe_capture_kind */
   uint8_t base;     /* enum xenprobe_reg */
   uint8_t user;     /* nonzero: a user-space address, read as the hit task's; 0: a kernel one */
-  uint8_t reserved; /* 0 */
+  uint8_t flags;    /* 0 or XENPROBE_CAPTURE_BY_ADDRESS; any other bit is refused (EINVAL) */
   int32_t offset;   /* added to the register */
   uint32_t max;     /* 1 .. XENPROBE_CAPTURE_MAX_BYTES */
 };
@@ -475,9 +485,10 @@ typedef void (*xenprobe_async_handler_t)(const struct xenprobe_async_hit *hit, v
  * itself. unregister_xenprobe() removes it (the records of hits before that still reach the
  * handler), xenprobes_stats() counts its records in hits, xenprobes_info() says async = 1.
  * Errors as register_xenprobe_method() with XENPROBE_METHOD_JUMP, plus: EINVAL NULL handler, too
- * many captures, a capture whose kind, base, max or reserved byte is out of range, or captures
- * that make a record larger than a ring takes; EOPNOTSUPP the guest module publishes no async
- * rings (the message says why); EBUSY another probe at the point.
+ * many captures, a capture whose kind, base, max or flags are out of range (or BY_ADDRESS with
+ * `user` set), or captures that make a record larger than a ring takes; EOPNOTSUPP the guest
+ * module publishes no async rings, or a BY_ADDRESS capture on a module that cannot read one
+ * (the message says why); EBUSY another probe at the point.
  */
 XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const char *symbol, unsigned long address,
                                                          const struct xenprobe_capture *captures,

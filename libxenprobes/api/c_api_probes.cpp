@@ -37,6 +37,7 @@ static_assert(XENPROBE_CAPTURE_BYTES == static_cast<int>(Capture::Kind::Bytes));
 static_assert(XENPROBE_CAPTURE_STRING == static_cast<int>(Capture::Kind::String));
 // The layouts the header promises (a C program reads them without our compiler's help).
 static_assert(sizeof(xenprobe_capture) == 12);
+static_assert(offsetof(xenprobe_capture, flags) == 3 && offsetof(xenprobe_capture, offset) == 4);
 static_assert(sizeof(xenprobe_capture_value) == 16);
 static_assert(offsetof(xenprobe_async_hit, address) == 16);
 static_assert(offsetof(xenprobe_async_hit, regs) == 32);
@@ -63,7 +64,13 @@ Result<Capture> to_capture(const xenprobe_capture& c, unsigned k) {
                                            " (use XENPROBE_CAPTURE_BYTES or XENPROBE_CAPTURE_STRING)");
   if (c.base > XENPROBE_REG_RIP)
     return fail(Errc::InvalidArgument, which + "base " + std::to_string(c.base) + " is no enum xenprobe_reg");
-  if (c.reserved != 0) return fail(Errc::InvalidArgument, which + "reserved must be 0");
+  if (c.flags & ~XENPROBE_CAPTURE_BY_ADDRESS)
+    return fail(Errc::InvalidArgument, which + "flags " + std::to_string(c.flags) +
+                                           " (use 0 or XENPROBE_CAPTURE_BY_ADDRESS)");
+  const bool by_address = (c.flags & XENPROBE_CAPTURE_BY_ADDRESS) != 0;
+  if (by_address && c.user != 0)
+    return fail(Errc::InvalidArgument, which + "user " + std::to_string(c.user) +
+                                           " with XENPROBE_CAPTURE_BY_ADDRESS: the address decides, set user to 0");
   if (c.max == 0 || c.max > XENPROBE_CAPTURE_MAX_BYTES)
     return fail(Errc::InvalidArgument, which + "max " + std::to_string(c.max) + " bytes, must be 1.." +
                                            std::to_string(XENPROBE_CAPTURE_MAX_BYTES));
@@ -73,6 +80,7 @@ Result<Capture> to_capture(const xenprobe_capture& c, unsigned k) {
   out.offset = c.offset;
   out.max = static_cast<std::uint16_t>(c.max);
   out.user = c.user != 0;
+  out.by_address = by_address;
   return out;
 }
 

@@ -82,7 +82,8 @@ std::optional<std::string> Engine::plan_async(Domain& d, const Registration& reg
                        "loaded with ring_order above 0)");
   for (const xenprobes_capture_spec& sp : reg.specs)
     if ((sp.kind & XENPROBES_CAP_AUTO) && !(d.rings_info->cap_flags & XENPROBES_CAP_AUTO))
-      return std::string("a capture reads user or kernel memory by its address (Capture::by_address), which this "
+      return std::string("a capture reads user or kernel memory by its address (Capture::by_address, in C "
+                         "XENPROBE_CAPTURE_BY_ADDRESS), which this "
                          "guest module cannot (it publishes no rings/cap-flags with it): install the current "
                          "xenprobesU in the guest, or capture with user set or not");
   if (d.rings.empty())

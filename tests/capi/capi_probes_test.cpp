@@ -128,6 +128,38 @@ TEST_F(CApiProbes, AsyncRefusalsGiveErrnoAndAMessage) {
   EXPECT_EQ(capi_c_async_refusals(msg, sizeof msg), 0) << msg;
 }
 
+// XENPROBE_CAPTURE_BY_ADDRESS: a domain of the same host whose image is also mapped as user
+// memory; its module's no-fault reads refuse a user read of a kernel address and a kernel read
+// of a user one (as the kernel's do), so only the address deciding reads both strings.
+TEST_F(CApiProbes, ByAddressCapturesReadAUserAndAKernelString) {
+  open("guest");
+  hv::sim::DomainConfig cfg;
+  cfg.vcpus = 1;
+  cfg.user_image_va = 0x400000;
+  auto dom = host->create_domain(cfg);
+  ASSERT_TRUE(dom) << dom.error().what;
+  auto l = host->layout(*dom);
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->user_image, cfg.user_image_va);
+  // rdi + offset, modulo 2^64: the user alias of the kernel string at rdi.
+  const std::uint64_t delta = l->user_image - (l->text_start & ~std::uint64_t{0xfff});
+  const auto offset = static_cast<std::int32_t>(delta);
+  ASSERT_EQ(static_cast<std::uint64_t>(static_cast<std::int64_t>(offset)), delta) << "within an int32 offset";
+  EXPECT_EQ(capi_c_async_by_address(static_cast<domid_t>(dom->value), offset, 40, msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(host->crash_reason(*dom), "");
+}
+
+TEST_F(CApiProbes, ByAddressCapturesAreRefusedByAModuleThatCannotReadThem) {
+  open("guest");
+  hv::sim::DomainConfig cfg;
+  cfg.vcpus = 1;
+  cfg.module_cap_auto = false;  // a module before rings/cap-flags
+  auto dom = host->create_domain(cfg);
+  ASSERT_TRUE(dom) << dom.error().what;
+  EXPECT_EQ(capi_c_async_by_address_refused(static_cast<domid_t>(dom->value), msg, sizeof msg), 0) << msg;
+  EXPECT_EQ(host->crash_reason(*dom), "");
+}
+
 struct SelfRemoval {
   int records = 0;
   int unregister_rc = -2;
