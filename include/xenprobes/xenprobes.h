@@ -495,9 +495,13 @@ XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const ch
                                                          unsigned ncaptures, xenprobe_async_handler_t handler,
                                                          void *arg) XENPROBES_NOEXCEPT;
 
-#define XENPROBE_RING_STATS_VERSION 1u
+#define XENPROBE_RING_STATS_VERSION 2u
 
-/* A domain's async rings, as Dom0 read them. The caller sets version to XENPROBE_RING_STATS_VERSION. */
+/*
+ * A domain's async rings, as Dom0 read them, and the guest module's counts. The caller sets
+ * version to XENPROBE_RING_STATS_VERSION (2); a program built against version 1 (the struct
+ * up to bad_keys) still works: the library fills only the members its version has.
+ */
 struct xenprobe_ring_stats {
   uint32_t version;
   uint32_t rings;          /* mapped, one per vCPU; 0 until the domain's first async probe */
@@ -510,12 +514,21 @@ struct xenprobe_ring_stats {
   uint64_t drops;          /* hits that found no room in their ring (Dom0 did not read in time) */
   uint64_t nested;         /* hits inside a hit on the same vCPU */
   uint64_t bad_keys;       /* hits whose probe entry the module refused */
+  /* Version 2: */
+  uint64_t bad_records;    /* records whose captures their probe's specs cannot give (a count,
+                              an order, a length, a string without its NUL): written wrongly by
+                              the guest, not handed to a handler */
+  uint64_t notify_skipped; /* synchronous hits (on the guest channel, any probe but an async
+                              one) the module did not notify because Dom0 said it was polling
+                              the mailboxes (docs/probes.md "Spinning instead of notifying");
+                              0 off the guest channel; filled with or without rings */
 };
 
 /*
  * Reads the domain's rings now (handing their records to the handlers, in this thread) and
- * fills *out. Returns 0, or -1 with errno: EINVAL NULL out or out->version !=
- * XENPROBE_RING_STATS_VERSION; ESRCH a domain the session does not probe.
+ * fills *out up to its version's last member. Returns 0, or -1 with errno: EINVAL NULL out or
+ * out->version neither 1 nor XENPROBE_RING_STATS_VERSION; ESRCH a domain the session does not
+ * probe.
  */
 XENPROBES_API int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats *out) XENPROBES_NOEXCEPT;
 

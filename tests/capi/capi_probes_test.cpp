@@ -5,13 +5,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "capi_c_part.h"
 #include "demo_abi.h"
+#include "xenprobes/guest_view.hpp"
+#include "xenprobes/protocol.h"
 #include "xenprobes/sim.hpp"
 #include "xenprobes/xenprobes.h"
 #include "xenprobes/xenprobes.hpp"
@@ -158,6 +162,77 @@ TEST_F(CApiProbes, ByAddressCapturesAreRefusedByAModuleThatCannotReadThem) {
   ASSERT_TRUE(dom) << dom.error().what;
   EXPECT_EQ(capi_c_async_by_address_refused(static_cast<domid_t>(dom->value), msg, sizeof msg), 0) << msg;
   EXPECT_EQ(host->crash_reason(*dom), "");
+}
+
+// header.notify_skipped through xenprobes_ring_stats(): the hits the module did not notify
+// because Dom0 said it was polling. The C API has no spin_us, so the test sets dom0_polling
+// itself once the trap probe is in: every sys_getppid hit then goes without its notification,
+// and the loop still finds it (an async probe makes it look every 20 ms at most). Version 2
+// callers get the module's exact count; version 1 callers, whose struct ends at bad_keys, get
+// nothing written past it.
+namespace skipped {
+int hits = 0;
+void pre(xenprobes_handle_t, cpu_user_regs*) {
+  if (++hits == 20) xenprobes_stop();
+}
+}  // namespace skipped
+
+TEST_F(CApiProbes, RingStatsVersion2CountsTheHitsTheModuleDidNotNotify) {
+  open("guest");
+  skipped::hits = 0;
+  xenprobes_handle_t wake = register_xenprobe_async(1, "sys_open", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {},
+                                                    nullptr);
+  ASSERT_GT(wake, 0) << xenprobes_last_error();
+  xenprobe_ring_stats rs{};
+  rs.version = XENPROBE_RING_STATS_VERSION;
+  ASSERT_EQ(xenprobes_ring_stats(1, &rs), 0) << xenprobes_last_error();
+  EXPECT_EQ(rs.notify_skipped, 0u) << "nobody said Dom0 polls: every hit so far was notified";
+  xenprobes_handle_t h = register_xenprobe_symbol(1, "sys_getppid", skipped::pre, nullptr);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  {
+    auto gv = GuestView::open(capi_testing::current_session()->hypervisor(), DomId{1});
+    ASSERT_TRUE(gv) << gv.error().what;
+    const std::uint32_t on = 1;
+    ASSERT_TRUE((*gv)->write(Gva{host->layout(DomId{1})->control_addr + offsetof(xenprobes_ctl_header, dom0_polling)},
+                             std::as_bytes(std::span(&on, 1))));
+  }
+  ASSERT_EQ(xenprobes_loop(), 0) << xenprobes_last_error();
+  ASSERT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();  // no more synchronous hits: the count stays
+  auto module = host->module_notifications(DomId{1});
+  ASSERT_TRUE(module);
+  EXPECT_GE(module->skipped, 20u);
+
+  rs = xenprobe_ring_stats{};
+  rs.version = XENPROBE_RING_STATS_VERSION;
+  ASSERT_EQ(xenprobes_ring_stats(1, &rs), 0) << xenprobes_last_error();
+  EXPECT_EQ(rs.notify_skipped, module->skipped) << "the module's count, exactly";
+  EXPECT_EQ(rs.rings, 1u);
+  EXPECT_EQ(rs.bad_records, 0u);
+
+  // A version 1 caller: its struct ends at bad_keys; the bytes after it are not its own.
+  unsigned char buf[sizeof(xenprobe_ring_stats) + 16];
+  std::memset(buf, 0xa5, sizeof buf);
+  const std::uint32_t v1 = 1;
+  std::memcpy(buf, &v1, sizeof v1);
+  ASSERT_EQ(xenprobes_ring_stats(1, reinterpret_cast<xenprobe_ring_stats*>(buf)), 0) << xenprobes_last_error();
+  xenprobe_ring_stats got{};
+  std::memcpy(&got, buf, offsetof(xenprobe_ring_stats, bad_records));
+  EXPECT_EQ(got.version, 1u);
+  EXPECT_EQ(got.rings, 1u);
+  EXPECT_EQ(got.missed, 0u);
+  for (std::size_t i = offsetof(xenprobe_ring_stats, bad_records); i < sizeof buf; ++i)
+    ASSERT_EQ(buf[i], 0xa5) << "byte " << i << " past a version 1 struct was written";
+
+  for (std::uint32_t bad : {0u, XENPROBE_RING_STATS_VERSION + 1}) {
+    rs = xenprobe_ring_stats{};
+    rs.version = bad;
+    errno = 0;
+    EXPECT_EQ(xenprobes_ring_stats(1, &rs), -1);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_NE(std::string(xenprobes_last_error()).find("versions 1 and 2"), std::string::npos) << xenprobes_last_error();
+  }
+  EXPECT_EQ(unregister_xenprobe(wake), 0) << xenprobes_last_error();
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
 }
 
 struct SelfRemoval {
