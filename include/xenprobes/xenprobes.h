@@ -312,9 +312,12 @@ XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, 
 
 /*
  * Reads a NUL-terminated string at `gva` into `buf` (`size` bytes, always NUL-terminated when
- * size > 0). Only inside a handler of `handle`. Returns its length, or -1 with errno: EINVAL not
- * inside a handler of `handle`, NULL buf or size 0; EFAULT not mapped; ERANGE the string does
- * not fit (buf then holds its first size-1 bytes, terminated).
+ * size > 0). Only inside a handler of `handle`. It reads up to the NUL and at most size - 1
+ * characters, then, only when none of them is the NUL, the one byte after them. Returns its
+ * length, or -1 with errno: EINVAL not inside a handler of `handle`, NULL buf or size 0; EFAULT
+ * one of the first size - 1 characters not mapped; ERANGE the string does not fit: the byte
+ * after size - 1 characters is not the NUL or cannot be read (buf then holds those size-1
+ * bytes, terminated).
  */
 XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size) XENPROBES_NOEXCEPT;
 

@@ -235,6 +235,72 @@ TEST_F(CApiProbes, RingStatsVersion2CountsTheHitsTheModuleDidNotNotify) {
   EXPECT_EQ(host->crash_reason(DomId{1}), "");
 }
 
+// xenprobes_read_string() reads as an async string capture of max `size` does: at most
+// size - 1 characters, then only the byte after them. The strings sit at the very end of the
+// guest image (the padding after .bss, nobody's), right before a page nothing maps.
+namespace edge {
+std::uint64_t end = 0;
+struct Read {
+  std::uint64_t from_end;
+  size_t size;
+  int rc = 0, err = 0;
+  std::string buf{};
+};
+std::vector<Read> reads;
+bool done = false;
+void pre(xenprobes_handle_t h, cpu_user_regs*) {
+  if (done) return;
+  for (Read& r : reads) {
+    std::vector<char> b(r.size, '\x7f');
+    errno = 0;
+    r.rc = xenprobes_read_string(h, static_cast<unsigned long>(end - r.from_end), b.data(), r.size);
+    r.err = errno;
+    r.buf.assign(b.data(), strnlen(b.data(), b.size()));
+  }
+  done = true;
+  xenprobes_stop();
+}
+}  // namespace edge
+
+TEST_F(CApiProbes, ReadStringReadsNoFurtherThanTheByteAfterSizeMinusOneCharacters) {
+  open("guest");
+  auto l = host->layout(DomId{1});
+  ASSERT_TRUE(l);
+  edge::end = l->image_end;
+  ASSERT_EQ(edge::end % 4096, 0u);
+  ASSERT_LE(sym("demo_ibt_stack") + 4096, edge::end - 64) << "the bytes written are the image's padding: nobody's";
+  auto gv = GuestView::open(capi_testing::current_session()->hypervisor(), DomId{1});
+  ASSERT_TRUE(gv) << gv.error().what;
+  // "ABCDEFG\0" 8 bytes before the end of a page, then 15 characters and no NUL before it ends.
+  const std::string tail = std::string("ABCDEFG\0", 8) + "0123456789abcde";
+  ASSERT_TRUE((*gv)->write(Gva{edge::end - tail.size()}, std::as_bytes(std::span(tail.data(), tail.size()))));
+  edge::done = false;
+  edge::reads = {{23, 8}, {23, 9}, {23, 7}, {15, 16}, {15, 17}, {15, 8}, {0, 8}};
+  xenprobes_handle_t h = register_xenprobe_symbol(1, "sys_getppid", edge::pre, nullptr);
+  ASSERT_GT(h, 0) << xenprobes_last_error();
+  ASSERT_EQ(xenprobes_loop(), 0) << xenprobes_last_error();
+  ASSERT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
+  ASSERT_TRUE(edge::done);
+  const auto& r = edge::reads;
+  EXPECT_EQ(r[0].rc, 7) << "7 characters and the NUL: fits 8 bytes exactly";
+  EXPECT_EQ(r[0].buf, "ABCDEFG");
+  EXPECT_EQ(r[1].rc, 7);
+  EXPECT_EQ(r[2].rc, -1);
+  EXPECT_EQ(r[2].err, ERANGE);
+  EXPECT_EQ(r[2].buf, "ABCDEF");
+  EXPECT_EQ(r[3].rc, -1) << "15 characters, then an unmapped byte: does not fit, no fault";
+  EXPECT_EQ(r[3].err, ERANGE);
+  EXPECT_EQ(r[3].buf, "0123456789abcde");
+  EXPECT_EQ(r[4].rc, -1) << "a 16th character would be on the unmapped page";
+  EXPECT_EQ(r[4].err, EFAULT);
+  EXPECT_EQ(r[5].rc, -1);
+  EXPECT_EQ(r[5].err, ERANGE);
+  EXPECT_EQ(r[5].buf, "0123456");
+  EXPECT_EQ(r[6].rc, -1);
+  EXPECT_EQ(r[6].err, EFAULT);
+  EXPECT_EQ(host->crash_reason(DomId{1}), "");
+}
+
 struct SelfRemoval {
   int records = 0;
   int unregister_rc = -2;
