@@ -74,6 +74,44 @@ static xenprobes_u64 xp_cap_base(const struct xenprobes_regs *regs, xenprobes_u8
 	return v;
 }
 
+/*
+ * A string capture of at most max bytes with its NUL (max - 1 characters), read as a
+ * synchronous str() of max - 1 characters reads it: its first max - 1 bytes up to the NUL
+ * (read_str never reads a page past the one holding the NUL), then, only when none of them is
+ * the NUL, the one byte after them, which says whether the string ends there (Ok) or goes on
+ * (Truncated). That byte is the only one read beyond what the synchronous read reads: when it
+ * cannot be read the string does not end within max bytes, so Truncated, not Fault, and the
+ * max - 1 characters read stay. Returns the bytes with the NUL, or 0 on a fault (*status then
+ * left as the caller set it, FAULT).
+ */
+static xenprobes_u32 xp_ring_string(xenprobes_u8 *dst, xenprobes_u64 addr, xenprobes_u32 max,
+				    bool user, const struct xp_read_ops *ops, xenprobes_u8 *status)
+{
+	xenprobes_u64 last = addr + (max - 1);
+	xenprobes_u8 b = 1;
+	long n = 0;
+
+	if (max > 1) {
+		n = ops->read_str(ops->ctx, dst, addr, max - 1, user);
+		if (n > 0 && (xenprobes_u64)n <= (xenprobes_u64)(max - 1) && dst[n - 1] == 0) {
+			*status = XENPROBES_CAP_OK;
+			return (xenprobes_u32)n;
+		}
+		if (n != (long)(max - 1))
+			return 0;	/* a fault within the characters: *status stays FAULT */
+	}
+	/* No NUL among the max - 1 characters (none at all when max is 1): their end. */
+	if (last >= addr && ops->read(ops->ctx, &b, last, 1, user) == 0) {
+		*status = b == 0 ? XENPROBES_CAP_OK : XENPROBES_CAP_TRUNCATED;
+	} else {
+		if (max == 1)
+			return 0;	/* not one byte readable: a fault */
+		*status = XENPROBES_CAP_TRUNCATED;
+	}
+	dst[max - 1] = 0;
+	return max;
+}
+
 /* One capture item at p (room for its maximum); returns its size in the record. */
 static xenprobes_u32 xp_ring_capture(xenprobes_u8 *p, unsigned index,
 				     const struct xenprobes_capture_spec *spec,
@@ -100,18 +138,8 @@ static xenprobes_u32 xp_ring_capture(xenprobes_u8 *p, unsigned index,
 			len = spec->max;
 			status = XENPROBES_CAP_OK;
 		}
-	} else if (kind == XENPROBES_CAP_STRING && ops && ops->read_str) {
-		long n = ops->read_str(ops->ctx, dst, addr, spec->max, user);
-
-		if (n > 0 && (xenprobes_u64)n <= (xenprobes_u64)spec->max) {
-			len = (xenprobes_u32)n;
-			status = XENPROBES_CAP_OK;
-			if (dst[len - 1] != 0) {
-				/* Longer than max: keep max - 1 bytes and terminate them. */
-				dst[len - 1] = 0;
-				status = XENPROBES_CAP_TRUNCATED;
-			}
-		}
+	} else if (kind == XENPROBES_CAP_STRING && ops && ops->read && ops->read_str) {
+		len = xp_ring_string(dst, addr, spec->max, user, ops, &status);
 	}
 	padded = xp_round8(len);
 	for (i = len; i < padded; i++)

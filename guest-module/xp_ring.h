@@ -83,7 +83,9 @@ enum xp_ring_result {
 
 /*
  * Writes one hit: the registers, then one capture item per spec (checked with
- * xp_ring_specs_check), then publishes it. `time` is the guest's clock in ns.
+ * xp_ring_specs_check), then publishes it. `time` is the guest's clock in ns. A string spec of
+ * max bytes reads ops->read_str of max - 1 bytes and, only when those hold no NUL, the one byte
+ * after them with ops->read (protocol.h, "Captures").
  */
 enum xp_ring_result xp_ring_write_hit(struct xp_ring *r, xenprobes_u32 probe, xenprobes_u64 time,
 				      const struct xenprobes_regs *regs,

@@ -321,7 +321,12 @@
  * ("N bytes at [reg + offset]", "a string at reg + offset"); each is one struct
  * xenprobes_cap item in every record of the probe, in the order registered, read with the
  * kernel's no-fault helpers (a fault gives status FAULT and no bytes), followed by its bytes
- * padded with zeros to a multiple of 8.
+ * padded with zeros to a multiple of 8. A string of max bytes is at most max - 1 characters
+ * and its NUL, read as a synchronous read of max - 1 characters reads it: up to its NUL, never
+ * from a page past the one holding the NUL; only when none of the first max - 1 bytes is the
+ * NUL is the byte after them read, to tell OK (it is the NUL) from TRUNCATED (it is not, or
+ * cannot be read: the max - 1 characters read stay, terminated). A fault within the first
+ * max - 1 bytes (or on the only byte when max is 1) is FAULT.
  */
 #ifndef XENPROBES_PROTOCOL_H
 #define XENPROBES_PROTOCOL_H
@@ -520,7 +525,7 @@ struct xenprobes_capture_spec {
 
 #define XENPROBES_CAP_OK 0u
 #define XENPROBES_CAP_FAULT 1u     /* the address could not be read: no bytes */
-#define XENPROBES_CAP_TRUNCATED 2u /* a string longer than max: max - 1 bytes and a NUL */
+#define XENPROBES_CAP_TRUNCATED 2u /* a string longer than max - 1 characters: max - 1 bytes and a NUL */
 
 struct xenprobes_cap {
 	xenprobes_u16 len;        /* bytes that follow (a string: its NUL included) */

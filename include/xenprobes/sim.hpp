@@ -102,6 +102,12 @@ struct DomainConfig {
   unsigned module_timeout_ms = 1000;
   unsigned module_trap_capacity = 512;
   unsigned module_ret_capacity = 256;
+  // The guest image mapped a second time as user memory (read-only, not executable) at this
+  // lower-half address, from the page holding _text on (page aligned, below 2^47; 0: not
+  // mapped): what a user process that mapped the same bytes would see, so a test can read a
+  // user address whose bytes it knows (GuestLayout::user_image). The demo guest has no user
+  // mode: only reads from Dom0 and the module's captures see it.
+  std::uint64_t user_image_va = 0;
   // Test oracle: count how often control reaches each of these guest-virtual addresses
   // (instruction starts), read back with SimHost::executions().
   std::vector<std::uint64_t> count_executions;
@@ -118,6 +124,7 @@ struct GuestLayout {
   unsigned fixup_count = 0;
   std::uint64_t jump_entry = 0;                      // the module's jump entry (0: none)
   std::uint64_t rings = 0, ring_stride = 0;          // its async rings: ring v at rings + v * ring_stride (0: none)
+  std::uint64_t user_image = 0;  // DomainConfig::user_image_va: text_start's page appears here (0: none)
   std::uint64_t entry = 0;
 };
 

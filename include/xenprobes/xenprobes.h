@@ -312,9 +312,12 @@ XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, 
 
 /*
  * Reads a NUL-terminated string at `gva` into `buf` (`size` bytes, always NUL-terminated when
- * size > 0). Only inside a handler of `handle`. Returns its length, or -1 with errno: EINVAL not
- * inside a handler of `handle`, NULL buf or size 0; EFAULT not mapped; ERANGE the string does
- * not fit (buf then holds its first size-1 bytes, terminated).
+ * size > 0). Only inside a handler of `handle`. It reads up to the NUL and at most size - 1
+ * characters, then, only when none of them is the NUL, the one byte after them. Returns its
+ * length, or -1 with errno: EINVAL not inside a handler of `handle`, NULL buf or size 0; EFAULT
+ * one of the first size - 1 characters not mapped; ERANGE the string does not fit: the byte
+ * after size - 1 characters is not the NUL or cannot be read (buf then holds those size-1
+ * bytes, terminated).
  */
 XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size) XENPROBES_NOEXCEPT;
 
@@ -418,16 +421,26 @@ enum xenprobe_capture_kind {
 #define XENPROBE_CAPTURE_MAX_BYTES 1024 /* per capture */
 
 /*
+ * xenprobe_capture.flags. BY_ADDRESS: the address at the hit decides the space instead of
+ * `user` (which must then be 0): below 2^63 (x86-64's lower half) it is read as the hit task's
+ * user memory, else as kernel memory, as bpftrace's str() reads either. It needs a guest module
+ * that publishes it (rings/cap-flags, include/xenprobes/protocol.h): on an older one
+ * register_xenprobe_async() refuses the probe with EOPNOTSUPP, saying why.
+ */
+#define XENPROBE_CAPTURE_BY_ADDRESS 0x01u
+
+/*
  * One thing an async probe copies out of guest memory at every hit, at base register + offset,
  * with the guest kernel's no-fault reads: an address that cannot be read gives
  * XENPROBE_CAPTURE_FAULT, never a fault in the guest. E.g. the 8 bytes at [rsp + 8]:
- * { XENPROBE_CAPTURE_BYTES, XENPROBE_REG_RSP, 0, 0, 8, 8 }.
+ * { XENPROBE_CAPTURE_BYTES, XENPROBE_REG_RSP, 0, 0, 8, 8 }. (flags was a reserved byte that
+ * had to be 0; 0 still means no flags.)
  */
 struct xenprobe_capture {
   uint8_t kind;     /* enum xenprobe_capture_kind */
   uint8_t base;     /* enum xenprobe_reg */
   uint8_t user;     /* nonzero: a user-space address, read as the hit task's; 0: a kernel one */
-  uint8_t reserved; /* 0 */
+  uint8_t flags;    /* 0 or XENPROBE_CAPTURE_BY_ADDRESS; any other bit is refused (EINVAL) */
   int32_t offset;   /* added to the register */
   uint32_t max;     /* 1 .. XENPROBE_CAPTURE_MAX_BYTES */
 };
@@ -475,18 +488,23 @@ typedef void (*xenprobe_async_handler_t)(const struct xenprobe_async_hit *hit, v
  * itself. unregister_xenprobe() removes it (the records of hits before that still reach the
  * handler), xenprobes_stats() counts its records in hits, xenprobes_info() says async = 1.
  * Errors as register_xenprobe_method() with XENPROBE_METHOD_JUMP, plus: EINVAL NULL handler, too
- * many captures, a capture whose kind, base, max or reserved byte is out of range, or captures
- * that make a record larger than a ring takes; EOPNOTSUPP the guest module publishes no async
- * rings (the message says why); EBUSY another probe at the point.
+ * many captures, a capture whose kind, base, max or flags are out of range (or BY_ADDRESS with
+ * `user` set), or captures that make a record larger than a ring takes; EOPNOTSUPP the guest
+ * module publishes no async rings, or a BY_ADDRESS capture on a module that cannot read one
+ * (the message says why); EBUSY another probe at the point.
  */
 XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const char *symbol, unsigned long address,
                                                          const struct xenprobe_capture *captures,
                                                          unsigned ncaptures, xenprobe_async_handler_t handler,
                                                          void *arg) XENPROBES_NOEXCEPT;
 
-#define XENPROBE_RING_STATS_VERSION 1u
+#define XENPROBE_RING_STATS_VERSION 2u
 
-/* A domain's async rings, as Dom0 read them. The caller sets version to XENPROBE_RING_STATS_VERSION. */
+/*
+ * A domain's async rings, as Dom0 read them, and the guest module's counts. The caller sets
+ * version to XENPROBE_RING_STATS_VERSION (2); a program built against version 1 (the struct
+ * up to bad_keys) still works: the library fills only the members its version has.
+ */
 struct xenprobe_ring_stats {
   uint32_t version;
   uint32_t rings;          /* mapped, one per vCPU; 0 until the domain's first async probe */
@@ -499,12 +517,21 @@ struct xenprobe_ring_stats {
   uint64_t drops;          /* hits that found no room in their ring (Dom0 did not read in time) */
   uint64_t nested;         /* hits inside a hit on the same vCPU */
   uint64_t bad_keys;       /* hits whose probe entry the module refused */
+  /* Version 2: */
+  uint64_t bad_records;    /* records whose captures their probe's specs cannot give (a count,
+                              an order, a length, a string without its NUL): written wrongly by
+                              the guest, not handed to a handler */
+  uint64_t notify_skipped; /* synchronous hits (on the guest channel, any probe but an async
+                              one) the module did not notify because Dom0 said it was polling
+                              the mailboxes (docs/probes.md "Spinning instead of notifying");
+                              0 off the guest channel; filled with or without rings */
 };
 
 /*
  * Reads the domain's rings now (handing their records to the handlers, in this thread) and
- * fills *out. Returns 0, or -1 with errno: EINVAL NULL out or out->version !=
- * XENPROBE_RING_STATS_VERSION; ESRCH a domain the session does not probe.
+ * fills *out up to its version's last member. Returns 0, or -1 with errno: EINVAL NULL out or
+ * out->version neither 1 nor XENPROBE_RING_STATS_VERSION; ESRCH a domain the session does not
+ * probe.
  */
 XENPROBES_API int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats *out) XENPROBES_NOEXCEPT;
 

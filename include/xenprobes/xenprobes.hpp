@@ -197,6 +197,9 @@ struct RingStats {
   unsigned rings = 0;            // mapped (one per vCPU); 0 until the first async probe
   std::uint64_t records = 0;     // records read and handed to a probe
   std::uint64_t orphans = 0;     // records of a probe unregistered since (no handler ran)
+  // Records whose captures their probe's specs cannot give (a count or order of captures, a
+  // length, a string without its NUL): the guest wrote them wrongly; no handler ran.
+  std::uint64_t bad_records = 0;
   std::uint64_t missed = 0;      // records missing by their sequence numbers
   std::uint64_t resyncs = 0;     // times a ring broke a rule and Dom0 skipped to its head
   std::uint64_t corrupt_bytes = 0;
@@ -204,6 +207,10 @@ struct RingStats {
   std::uint64_t drops = 0;       // hits with no room left in the ring (Dom0 did not drain in time)
   std::uint64_t nested = 0;      // hits inside a hit on the same vCPU
   std::uint64_t bad_keys = 0;    // hits whose probe entry the module refused (async_bad)
+  // Synchronous hits on the guest channel the module did not notify because Dom0 said it was
+  // polling the mailboxes (SessionOptions::spin_us; protocol.h header.notify_skipped). Read
+  // with or without rings; 0 off the guest channel.
+  std::uint64_t notify_skipped = 0;
 };
 
 struct ProbeInfo {
@@ -398,7 +405,8 @@ class XENPROBES_API Session {
   // `handler` runs in run()/run_once() for each record, after the hit.
   [[nodiscard]] Result<Probe> probe_async(DomId, Gva address, AsyncHandler handler, AsyncOptions = {});
   [[nodiscard]] Result<Probe> probe_async(DomId, std::string_view symbol, AsyncHandler handler, AsyncOptions = {});
-  // Reads the domain's rings now (run() does between events and at least every 20 ms).
+  // Reads the domain's rings now (run() does between events and at least every 20 ms), and the
+  // guest module's counts.
   [[nodiscard]] Result<RingStats> ring_stats(DomId);
 
   // `symbol` or `symbol+offset` to an address, with the symbols loaded for the domain.

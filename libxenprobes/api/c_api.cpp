@@ -517,12 +517,21 @@ int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* bu
     HitContext* c = XP_TRY(current_hit(handle, "xenprobes_read_string"));
     if (!buf || size == 0) return fail(Errc::InvalidArgument, "xenprobes_read_string(): no buffer");
     if (size > INT_MAX) size = INT_MAX;  // the length must fit the return value
-    // Up to `size` characters: getting all of them means no NUL fits in the buffer.
-    std::string str = XP_TRY(c->read_string(Gva{gva}, size));
+    // Up to size - 1 characters (what the buffer holds), then, only when none of them is the
+    // NUL, the byte after them: the NUL (the string fits exactly) or not, or unreadable (it
+    // does not end within `size` bytes). An async string capture of max `size` reads the same
+    // bytes (protocol.h "Captures").
+    std::string str = XP_TRY(c->read_string(Gva{gva}, size - 1));
     const std::size_t n = std::min(str.size(), size - 1);
     std::memcpy(buf, str.data(), n);
     buf[n] = '\0';
-    if (str.size() >= size)
+    bool longer = false;
+    if (n == size - 1) {
+      const std::uint64_t next = gva + n;
+      std::byte b{1};
+      longer = next < gva || !c->read(Gva{next}, std::span(&b, 1)) || b != std::byte{0};
+    }
+    if (longer)
       return fail(Errc::Range, "xenprobes_read_string(): the string at " + hex(gva) +
                                    " is longer than the " + std::to_string(size) + "-byte buffer");
     return static_cast<int>(n);

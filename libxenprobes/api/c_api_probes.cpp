@@ -37,12 +37,17 @@ static_assert(XENPROBE_CAPTURE_BYTES == static_cast<int>(Capture::Kind::Bytes));
 static_assert(XENPROBE_CAPTURE_STRING == static_cast<int>(Capture::Kind::String));
 // The layouts the header promises (a C program reads them without our compiler's help).
 static_assert(sizeof(xenprobe_capture) == 12);
+static_assert(offsetof(xenprobe_capture, flags) == 3 && offsetof(xenprobe_capture, offset) == 4);
 static_assert(sizeof(xenprobe_capture_value) == 16);
 static_assert(offsetof(xenprobe_async_hit, address) == 16);
 static_assert(offsetof(xenprobe_async_hit, regs) == 32);
 static_assert(offsetof(xenprobe_async_hit, captures) == 240);
 static_assert(offsetof(xenprobe_info, address) == 24);
 static_assert(offsetof(xenprobe_ring_stats, records) == 8);
+// Version 1 ends with bad_keys; version 2 adds bad_records and notify_skipped after it.
+static_assert(offsetof(xenprobe_ring_stats, bad_keys) == 64);
+static_assert(offsetof(xenprobe_ring_stats, bad_records) == 72 && offsetof(xenprobe_ring_stats, notify_skipped) == 80);
+static_assert(sizeof(xenprobe_ring_stats) == 88);
 
 // The three strings xenprobes_info() hands out, kept until this thread's next call.
 struct InfoStrings {
@@ -63,7 +68,13 @@ Result<Capture> to_capture(const xenprobe_capture& c, unsigned k) {
                                            " (use XENPROBE_CAPTURE_BYTES or XENPROBE_CAPTURE_STRING)");
   if (c.base > XENPROBE_REG_RIP)
     return fail(Errc::InvalidArgument, which + "base " + std::to_string(c.base) + " is no enum xenprobe_reg");
-  if (c.reserved != 0) return fail(Errc::InvalidArgument, which + "reserved must be 0");
+  if (c.flags & ~XENPROBE_CAPTURE_BY_ADDRESS)
+    return fail(Errc::InvalidArgument, which + "flags " + std::to_string(c.flags) +
+                                           " (use 0 or XENPROBE_CAPTURE_BY_ADDRESS)");
+  const bool by_address = (c.flags & XENPROBE_CAPTURE_BY_ADDRESS) != 0;
+  if (by_address && c.user != 0)
+    return fail(Errc::InvalidArgument, which + "user " + std::to_string(c.user) +
+                                           " with XENPROBE_CAPTURE_BY_ADDRESS: the address decides, set user to 0");
   if (c.max == 0 || c.max > XENPROBE_CAPTURE_MAX_BYTES)
     return fail(Errc::InvalidArgument, which + "max " + std::to_string(c.max) + " bytes, must be 1.." +
                                            std::to_string(XENPROBE_CAPTURE_MAX_BYTES));
@@ -73,6 +84,7 @@ Result<Capture> to_capture(const xenprobe_capture& c, unsigned k) {
   out.offset = c.offset;
   out.max = static_cast<std::uint16_t>(c.max);
   out.user = c.user != 0;
+  out.by_address = by_address;
   return out;
 }
 
@@ -186,10 +198,13 @@ xenprobes_handle_t register_xenprobe_async(domid_t domid, const char* symbol, un
 int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats* out) noexcept {
   return entry([&]() -> Result<int> {
     if (!out) return fail(Errc::InvalidArgument, "xenprobes_ring_stats(): NULL out");
-    if (out->version != XENPROBE_RING_STATS_VERSION)
-      return fail(Errc::InvalidArgument,
-                  version_error("xenprobes_ring_stats", "xenprobe_ring_stats", out->version,
-                                XENPROBE_RING_STATS_VERSION, "XENPROBE_RING_STATS_VERSION"));
+    // Version 1 callers allocated the struct up to bad_keys: nothing is written past it.
+    const std::uint32_t version = out->version;
+    if (version != 1 && version != XENPROBE_RING_STATS_VERSION)
+      return fail(Errc::InvalidArgument, "xenprobes_ring_stats(): struct xenprobe_ring_stats version " +
+                                             std::to_string(version) + "; this library knows versions 1 and " +
+                                             std::to_string(XENPROBE_RING_STATS_VERSION) +
+                                             " (set out->version = XENPROBE_RING_STATS_VERSION)");
     auto lock = XP_TRY(acquire());
     CloseWhenDone close_when_done;  // the handlers it runs may close the session
     Session* ses = XP_TRY(session(state()));
@@ -203,6 +218,10 @@ int xenprobes_ring_stats(domid_t domid, struct xenprobe_ring_stats* out) noexcep
     out->drops = r.drops;
     out->nested = r.nested;
     out->bad_keys = r.bad_keys;
+    if (version >= 2) {
+      out->bad_records = r.bad_records;
+      out->notify_skipped = r.notify_skipped;
+    }
     return 0;
   });
 }

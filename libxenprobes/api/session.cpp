@@ -291,9 +291,13 @@ Result<Probe> Session::probe_async(DomId dom, std::string_view symbol, AsyncHand
 
 Result<RingStats> Session::ring_stats(DomId dom) {
   RingStats s = XP_TRY(impl_->engine->ring_stats(dom));
-  // What the guest module refused of our keys is in its control area (the guest channel's).
-  if (impl_->guest && s.rings)
-    if (auto c = impl_->guest->module_counters(dom)) s.bad_keys = c->async_bad;
+  // The guest module's own counts are in its control area (the guest channel's): what it
+  // refused of our async keys, and the hits it did not notify while Dom0 polled.
+  if (impl_->guest)
+    if (auto c = impl_->guest->module_counters(dom)) {
+      if (s.rings) s.bad_keys = c->async_bad;
+      s.notify_skipped = c->notify_skipped;
+    }
   return s;
 }
 

@@ -291,6 +291,7 @@ class Engine final : public channel::StopSink {
     std::map<std::uint32_t, Registration*> async_keys;
     std::uint32_t next_async_key = 1;
     std::uint64_t ring_records = 0, ring_orphans = 0;
+    std::uint64_t ring_bad_records = 0;  // records whose captures their probe's specs cannot give
     bool draining = false;
     SlotMap<Instance> live_returns;
     struct Returned {

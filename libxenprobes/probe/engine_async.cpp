@@ -17,6 +17,27 @@ constexpr unsigned kWatermarkShift = 2;
 
 constexpr std::uint64_t round8(std::uint64_t n) { return (n + 7) & ~std::uint64_t{7}; }
 
+// Whether a record's captures are what its probe's specs can give (the ring reader checked
+// their framing only; the guest wrote them): one per spec, in order, no more bytes than the
+// spec's max; bytes exactly max unless they faulted; a string ends with its NUL and is max bytes
+// when truncated. A handler relies on it (a C string it can strlen, captures[k] for each k).
+bool captures_fit(const guestmod::RingRecord& rec, const std::vector<xenprobes_capture_spec>& specs) {
+  if (rec.captures.size() != specs.size()) return false;
+  for (std::size_t k = 0; k < specs.size(); ++k) {
+    const guestmod::RingCapture& c = rec.captures[k];
+    const xenprobes_capture_spec& s = specs[k];
+    if (c.index != k || c.bytes.size() > s.max) return false;
+    if (c.status == XENPROBES_CAP_FAULT) continue;  // no bytes (the reader checked)
+    if ((s.kind & ~(XENPROBES_CAP_USER | XENPROBES_CAP_AUTO)) == XENPROBES_CAP_BYTES) {
+      if (c.status != XENPROBES_CAP_OK || c.bytes.size() != s.max) return false;
+    } else if (c.bytes.empty() || c.bytes.back() != std::byte{0} ||
+               (c.status == XENPROBES_CAP_TRUNCATED && c.bytes.size() != s.max)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Regs regs_of(const xenprobes_regs& x) {
   Regs r;
   r.rax = x.rax, r.rbx = x.rbx, r.rcx = x.rcx, r.rdx = x.rdx, r.rsi = x.rsi, r.rdi = x.rdi, r.rbp = x.rbp;
@@ -82,7 +103,8 @@ std::optional<std::string> Engine::plan_async(Domain& d, const Registration& reg
                        "loaded with ring_order above 0)");
   for (const xenprobes_capture_spec& sp : reg.specs)
     if ((sp.kind & XENPROBES_CAP_AUTO) && !(d.rings_info->cap_flags & XENPROBES_CAP_AUTO))
-      return std::string("a capture reads user or kernel memory by its address (Capture::by_address), which this "
+      return std::string("a capture reads user or kernel memory by its address (Capture::by_address, in C "
+                         "XENPROBE_CAPTURE_BY_ADDRESS), which this "
                          "guest module cannot (it publishes no rings/cap-flags with it): install the current "
                          "xenprobesU in the guest, or capture with user set or not");
   if (d.rings.empty())
@@ -134,12 +156,16 @@ void Engine::drain_rings(Domain& d) {
       return;
     }
     Registration& reg = *it->second;
+    if (!captures_fit(rec, reg.specs)) {
+      ++d.ring_bad_records;
+      return;
+    }
     hit.vcpu = VcpuId{vcpu};
     hit.address = reg.point->addr;
     hit.time_ns = rec.time;
     hit.seq = rec.seq;
     hit.regs = regs_of(*rec.regs);
-    const std::size_t n = std::min(rec.captures.size(), values.size());
+    const std::size_t n = std::min(rec.captures.size(), values.size());  // = the specs (captures_fit)
     for (std::size_t k = 0; k < n; ++k) {
       values[k].status = status_of(rec.captures[k].status);
       values[k].bytes = rec.captures[k].bytes;
@@ -168,6 +194,7 @@ Result<RingStats> Engine::ring_stats(DomId id) {
   s.rings = static_cast<unsigned>(d->rings.size());
   s.records = d->ring_records;
   s.orphans = d->ring_orphans;
+  s.bad_records = d->ring_bad_records;
   for (const guestmod::MappedRing& r : d->rings) {
     const guestmod::RingCounters& c = r.reader.counters();
     s.missed += c.missed;

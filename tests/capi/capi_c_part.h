@@ -3,6 +3,7 @@
 #ifndef XENPROBES_TESTS_CAPI_C_PART_H
 #define XENPROBES_TESTS_CAPI_C_PART_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include "xenprobes/xenprobes.h"
 
@@ -50,6 +51,15 @@ int capi_c_async_unregister_self(int nth, int more, xenprobes_handle_t *other, c
  * reads. The call returns, the handle is gone with the session, no handler call follows, and
  * the next call opens a new session. */
 int capi_c_async_close_in_handler(int nth, int in_loop, char *msg, size_t n);
+/* capi_c_capture.c. An async probe on sys_open in `dom` (a domain whose image is also mapped as
+ * user memory, so rdi + user_offset is a user address holding the same path) with string
+ * captures XENPROBE_CAPTURE_BY_ADDRESS at rdi and at rdi + user_offset, a kernel read of the
+ * user address and a user read of rdi, for `target` records: both by-address captures read the
+ * path, the other two fault. First the refusals of bad flags. */
+int capi_c_async_by_address(domid_t dom, int32_t user_offset, int target, char *msg, size_t n);
+/* On a domain whose module does not publish XENPROBE_CAP_AUTO in rings/cap-flags: a BY_ADDRESS
+ * capture refused with EOPNOTSUPP saying why, the same capture without it accepted. */
+int capi_c_async_by_address_refused(domid_t dom, char *msg, size_t n);
 /* sizeof/offsetof of struct cpu_user_regs as C sees it (with or without Xen's header). */
 size_t capi_c_regs_size(void);
 size_t capi_c_regs_rip_offset(void);

@@ -274,9 +274,9 @@ int capi_c_async_refusals(char *msg, size_t n) {
   caps[0].base = XENPROBE_REG_RIP + 1;
   EXPECT_ERR(register_xenprobe_async(1, "sys_getppid", 0, caps, 1, async_handler, &dummy), EINVAL, "base 17");
   caps[0].base = XENPROBE_REG_RDI;
-  caps[0].reserved = 1;
-  EXPECT_ERR(register_xenprobe_async(1, "sys_getppid", 0, caps, 1, async_handler, &dummy), EINVAL, "reserved");
-  caps[0].reserved = 0;
+  caps[0].flags = 0x80;
+  EXPECT_ERR(register_xenprobe_async(1, "sys_getppid", 0, caps, 1, async_handler, &dummy), EINVAL, "flags 128");
+  caps[0].flags = 0;
   for (k = 0; k < 4; k++) caps[k].max = 1024;
   EXPECT_ERR(register_xenprobe_async(1, "sys_getppid", 0, caps, 4, async_handler, &dummy), EINVAL,
              "capture fewer bytes");

@@ -178,17 +178,20 @@ class HostileRingWriter {
 
   // Appends `r` (a record without captures) at head: a pad first when it would not fit
   // before the data area's end, as protocol.h "Async rings" says.
-  void append(const xenprobes_rec& r) {
+  void append(const xenprobes_rec& r) { append(std::as_bytes(std::span(&r, 1))); }
+
+  // Appends the bytes of a whole record (a multiple of 8 bytes, its len theirs), the same way.
+  void append(std::span<const std::byte> rec) {
     std::uint64_t head = std::atomic_ref(hdr_->head).load(std::memory_order_relaxed);
-    if (const std::uint64_t left = size_ - (head & (size_ - 1)); left < sizeof r) {
+    if (const std::uint64_t left = size_ - (head & (size_ - 1)); left < rec.size()) {
       xenprobes_rec pad{};
       pad.len = static_cast<std::uint32_t>(left);
       pad.type = XENPROBES_REC_PAD;
       std::memcpy(data_ + (head & (size_ - 1)), &pad, 8);
       head += left;
     }
-    std::memcpy(data_ + (head & (size_ - 1)), &r, sizeof r);
-    std::atomic_ref(hdr_->head).store(head + sizeof r, std::memory_order_release);
+    std::memcpy(data_ + (head & (size_ - 1)), rec.data(), rec.size());
+    std::atomic_ref(hdr_->head).store(head + rec.size(), std::memory_order_release);
   }
 
  private:
@@ -283,6 +286,171 @@ TEST(AsyncProbe, ADrainIsBoundedWhileTheGuestKeepsItsRingNonEmpty) {
   EXPECT_EQ(rs->resyncs, 0u);
   EXPECT_EQ(rs->corrupt_bytes, 0u);
   EXPECT_EQ(rs->orphans, 0u);
+}
+
+// A record the ring's framing accepts but whose captures its probe's specs cannot give (the
+// guest wrote it): no handler sees it, and ring_stats() counts it in bad_records. The probe
+// has one string capture of at most 16 bytes; a hostile producer (the test) appends, after
+// the workload, one record that fits and one of each way not to: a string without its NUL,
+// more bytes than max, a truncated string shorter than max, no capture, two captures, a
+// capture numbered 1. Only the one that fits reaches the handler, with its string.
+TEST(AsyncProbe, RecordsWhoseCapturesBreakTheirProbesSpecsAreCountedNotHandedOut) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  auto cfg = demo_config(1, 2);
+  ProbedGuest g(cfg);
+  auto hv = g.host->open();
+  std::uint64_t records = 0;
+  std::vector<std::string> texts;
+  std::uint32_t next_seq = 0;
+  auto p = g.session->probe_async(
+      g.dom, "sys_getppid",
+      [&](const AsyncHit& h) {
+        ++records;
+        next_seq = h.seq + 1;
+        if (h.captures.size() == 1) texts.emplace_back(h.captures[0].text());
+      },
+      AsyncOptions{{Capture::string(CaptureBase::Rsp, 0, 16)}});
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  auto rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  const std::uint64_t guest_records = expected_calls(DEMO_FN_GETPPID, 2);
+  ASSERT_EQ(records, guest_records);
+  EXPECT_EQ(rs->bad_records, 0u) << "the module's own records fit their specs";
+
+  auto layout = g.host->layout(g.dom);
+  ASSERT_TRUE(layout);
+  HostileRingWriter producer(*hv, g.dom, layout->rings, cfg.module_ring_order);
+  const xenprobes_rec first = producer.record_at(0);  // the guest's: the probe's key
+  ASSERT_EQ(first.type, XENPROBES_REC_HIT);
+  struct Cap {
+    std::uint8_t index, status;
+    std::string bytes;
+  };
+  auto record = [&](const std::vector<Cap>& caps) {
+    std::vector<std::byte> b(sizeof(xenprobes_rec));
+    for (const Cap& c : caps) {
+      const xenprobes_cap h{static_cast<std::uint16_t>(c.bytes.size()), c.index, c.status, 0};
+      const std::size_t at = b.size();
+      b.resize(at + sizeof h + ((c.bytes.size() + 7) & ~std::size_t{7}));
+      std::memcpy(b.data() + at, &h, sizeof h);
+      std::memcpy(b.data() + at + sizeof h, c.bytes.data(), c.bytes.size());
+    }
+    xenprobes_rec r = first;
+    r.len = static_cast<std::uint32_t>(b.size());
+    r.ncap = static_cast<std::uint16_t>(caps.size());
+    r.seq = next_seq++;
+    std::memcpy(b.data(), &r, sizeof r);
+    producer.append(b);
+  };
+  const std::string sixteen("fifteen chars..\0", 16), seventeen("sixteen chars...\0", 17);
+  record({{0, XENPROBES_CAP_OK, std::string("fits\0", 5)}});
+  record({{0, XENPROBES_CAP_OK, "no nul"}});
+  record({{0, XENPROBES_CAP_TRUNCATED, seventeen}});               // more than max
+  record({{0, XENPROBES_CAP_TRUNCATED, std::string("short\0", 6)}});  // truncated below max
+  record({});                                                      // no capture
+  record({{0, XENPROBES_CAP_OK, sixteen}, {1, XENPROBES_CAP_FAULT, ""}});  // one too many
+  record({{1, XENPROBES_CAP_OK, sixteen}});                         // numbered 1
+  rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  EXPECT_EQ(records, guest_records + 1) << "only the record that fits reaches the handler";
+  ASSERT_FALSE(texts.empty());
+  EXPECT_EQ(texts.back(), "fits");
+  EXPECT_EQ(rs->bad_records, 6u);
+  EXPECT_EQ(rs->records, guest_records + 1);
+  EXPECT_EQ(p->stats().hits, guest_records + 1);
+  EXPECT_EQ(rs->missed, 0u);
+  EXPECT_EQ(rs->resyncs, 0u) << "their framing is sound: no resynchronisation";
+  EXPECT_EQ(rs->orphans, 0u);
+}
+
+// String captures read as the synchronous str() reads (protocol.h "Captures"): a capture of
+// max bytes is at most max - 1 characters and its NUL, read up to the NUL; the byte after
+// max - 1 characters is read only to tell Ok from Truncated, and when it cannot be read the
+// characters stay (Truncated), where the synchronous read of max - 1 characters succeeds too.
+// The strings are written at the very end of the guest image's mapping (the padding after
+// .bss, which nothing uses), right before a page nothing maps; each capture is compared with
+// what Dom0's synchronous read of max - 1 characters (GuestView::read_string) gives there.
+struct StringCase {
+  std::uint64_t from_end;  // the capture reads at image_end - from_end
+  std::uint16_t max;
+  CaptureStatus status;
+  std::string text;  // what it captures (without the NUL); "" for a fault
+};
+
+void string_captures_at_the_image_end(const std::string& tail, const std::vector<StringCase>& cases) {
+  ProbedGuest g(demo_config(1, 2));
+  auto layout = g.host->layout(g.dom);
+  ASSERT_TRUE(layout);
+  const std::uint64_t end = layout->image_end;
+  ASSERT_EQ(end % kPageSize, 0u);
+  ASSERT_LE(g.sym("demo_ibt_stack") + 4096, end - 64) << "the bytes written are the image's padding: nobody's";
+  std::byte probe_byte{};
+  ASSERT_FALSE(g.host->peek(g.dom, end, std::span(&probe_byte, 1))) << "nothing is mapped after the image";
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv) << gv.error().what;
+  ASSERT_TRUE((*gv)->write(Gva{end - tail.size()}, std::as_bytes(std::span(tail.data(), tail.size()))));
+  const std::uint64_t at = g.entry("sys_getppid");
+  AsyncOptions o;
+  for (const StringCase& c : cases)
+    o.captures.push_back(Capture::string(CaptureBase::Rip, static_cast<std::int32_t>(end - c.from_end - at), c.max));
+  std::uint64_t records = 0, wrong = 0;
+  std::string first_wrong;
+  auto p = g.session->probe_async(
+      g.dom, "sys_getppid",
+      [&](const AsyncHit& h) {
+        ++records;
+        for (std::size_t k = 0; k < cases.size() && k < h.captures.size(); ++k) {
+          const CaptureValue& v = h.captures[k];
+          const bool ok = h.captures.size() == cases.size() && v.status == cases[k].status &&
+                          v.text() == cases[k].text &&
+                          v.bytes.size() == (v.status == CaptureStatus::Fault ? 0 : cases[k].text.size() + 1);
+          if (!ok && wrong++ == 0)
+            first_wrong = "capture " + std::to_string(k) + ": status " + std::to_string(int(v.status)) + ", " +
+                          std::to_string(v.bytes.size()) + " bytes, '" + std::string(v.text()) + "'";
+        }
+      },
+      o);
+  ASSERT_TRUE(p) << p.error().what;
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  auto rs = g.session->ring_stats(g.dom);
+  ASSERT_TRUE(rs) << rs.error().what;
+  EXPECT_EQ(records, expected_calls(DEMO_FN_GETPPID, 2));
+  EXPECT_EQ(wrong, 0u) << first_wrong;
+  EXPECT_EQ(rs->bad_records, 0u);
+  // The synchronous read of str()'s max - 1 characters, from Dom0, at the same bytes.
+  for (const StringCase& c : cases) {
+    auto sync = (*gv)->read_string(Gva{end - c.from_end}, c.max - 1u);
+    if (c.status == CaptureStatus::Fault) {
+      EXPECT_FALSE(sync) << "max " << c.max << " at end - " << c.from_end;
+    } else {
+      ASSERT_TRUE(sync) << sync.error().what;
+      EXPECT_EQ(*sync, c.text) << "max " << c.max << " at end - " << c.from_end;
+    }
+  }
+}
+
+TEST(AsyncProbe, AStringEndingRightBeforeAnUnmappedPageIsCapturedWholeAndALongerOneTruncated) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  // 15 characters and their NUL, the NUL the last byte before the unmapped page.
+  string_captures_at_the_image_end(std::string("0123456789abcde\0", 16),
+                                   {{16, 64, CaptureStatus::Ok, "0123456789abcde"},
+                                    {16, 16, CaptureStatus::Ok, "0123456789abcde"},  // exactly max - 1
+                                    {16, 11, CaptureStatus::Truncated, "0123456789"},
+                                    {16, 1, CaptureStatus::Truncated, ""},
+                                    {1, 1, CaptureStatus::Ok, ""}});  // the NUL alone
+}
+
+TEST(AsyncProbe, MaxMinusOneCharactersRightBeforeAnUnmappedPageAreTruncatedNotAFault) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  // 15 characters and no NUL before the unmapped page: str() of 15 characters (max 16) reads
+  // them; the byte that would say whether the string ends there is not mapped.
+  string_captures_at_the_image_end("0123456789abcde", {{15, 16, CaptureStatus::Truncated, "0123456789abcde"},
+                                                      {15, 17, CaptureStatus::Fault, ""},  // the 16th character
+                                                      {15, 8, CaptureStatus::Truncated, "0123456"},
+                                                      {0, 8, CaptureStatus::Fault, ""}});  // the unmapped page
 }
 
 TEST(AsyncProbe, RefusalsSayWhy) {

@@ -59,6 +59,13 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, std::chrono::mi
   EXPECT_TRUE(c) << c.error().what;
   if (c) r.notify_skipped = c->notify_skipped;
   EXPECT_EQ(r.notify_skipped, r.module.skipped) << "Dom0 reads the module's count exactly";
+  // The public surface gives the same count (no async probe here: no rings, still the count).
+  auto rs = g.session->ring_stats(g.dom);
+  EXPECT_TRUE(rs) << rs.error().what;
+  if (rs) {
+    EXPECT_EQ(rs->notify_skipped, r.module.skipped) << "Session::ring_stats() reads the module's count";
+    EXPECT_EQ(rs->rings, 0u);
+  }
   return r;
 }
 

@@ -136,15 +136,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 if (!ok) b.clear();
                 e.status.push_back(ok ? XENPROBES_CAP_OK : XENPROBES_CAP_FAULT);
               } else {
-                const long got = read_str(&page, b.data(), addr, s.max, false);
-                if (got <= 0) {
-                  b.clear();
-                  e.status.push_back(XENPROBES_CAP_FAULT);
-                } else {
-                  b.resize(static_cast<std::size_t>(got));
-                  e.status.push_back(b.back() == 0 ? XENPROBES_CAP_OK : XENPROBES_CAP_TRUNCATED);
-                  b.back() = 0;
+                // Byte by byte: max - 1 characters up to the NUL (a fault among them: FAULT), then
+                // the byte after them tells OK from TRUNCATED; unreadable, it is TRUNCATED (FAULT
+                // when it is the only byte).
+                std::uint8_t status = XENPROBES_CAP_FAULT;
+                std::size_t len = 0;
+                for (std::uint32_t i = 0; i < s.max; ++i) {
+                  const bool last = i + 1 == s.max;
+                  if (addr + i < addr || read_mem(&page, &b[i], addr + i, 1, false) != 0) {
+                    if (last && i > 0) status = XENPROBES_CAP_TRUNCATED, len = s.max;
+                    break;
+                  }
+                  if (b[i] == 0 || last) {
+                    status = b[i] == 0 ? XENPROBES_CAP_OK : XENPROBES_CAP_TRUNCATED;
+                    len = i + 1;
+                    break;
+                  }
                 }
+                b.resize(len);
+                if (len) b.back() = 0;
+                e.status.push_back(status);
               }
               e.caps.push_back(std::move(b));
             }

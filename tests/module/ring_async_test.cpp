@@ -151,6 +151,93 @@ TEST(RingStr, ThroughTheRingAStringLongerThanMaxIsTruncated) {
   EXPECT_EQ(6u, r->captures[1].bytes.size());
 }
 
+// A string capture as the synchronous str() of max - 1 characters reads it: its max - 1
+// characters up to the NUL, then only the one byte after them, which tells Ok from Truncated.
+// Here every string ends at a page nothing maps after. `reads` gets every read made past
+// page_end (there must be none, but for that one byte).
+struct EdgeCapture {
+  std::uint8_t status;
+  std::string bytes;  // as captured, its NUL included
+  std::size_t reads_past = 0;
+};
+
+EdgeCapture capture_at_page_end(const std::string& tail, std::uint64_t from_end, std::uint16_t max) {
+  alignas(4096) static std::uint8_t mem[XENPROBES_RING_DATA_OFFSET + 4096];
+  std::memset(mem, 0, sizeof mem);
+  xp_ring ring{};
+  EXPECT_EQ(0, xp_ring_init(&ring, mem, 12, 0));
+  const std::uint64_t page_end = 0xffff888000003000ull;
+  Memory m;
+  m.ranges[page_end - tail.size()] = tail;
+  xenprobes_regs regs{};
+  regs.rdi = page_end - from_end;
+  const xenprobes_capture_spec spec{XENPROBES_CAP_STRING, 5, max, 0};
+  const xp_read_ops ops = m.ops();
+  EXPECT_EQ(XP_RING_WRITTEN, xp_ring_write_hit(&ring, 1, 2, &regs, &spec, 1, &ops));
+  auto reader = RingReader::open(std::span<std::byte>(reinterpret_cast<std::byte*>(mem), sizeof mem), 0);
+  EdgeCapture out{0xff, {}};
+  if (!reader) return out;
+  const RingRecord* r = reader->next();
+  if (!r || r->captures.size() != 1) return out;
+  out.status = static_cast<std::uint8_t>(r->captures[0].status);
+  out.bytes.assign(reinterpret_cast<const char*>(r->captures[0].bytes.data()), r->captures[0].bytes.size());
+  for (const auto& [addr, len] : m.reads) out.reads_past += addr + len > page_end;
+  return out;
+}
+
+TEST(RingStr, AStringWhoseNulIsTheLastByteBeforeAnUnmappedPageIsCapturedWhole) {
+  const std::string tail("0123456789abcde\0", 16);
+  for (std::uint16_t max : {16, 17, 64, 1024}) {
+    const EdgeCapture c = capture_at_page_end(tail, 16, max);
+    EXPECT_EQ(XENPROBES_CAP_OK, c.status) << max;
+    EXPECT_EQ(tail, c.bytes) << max;
+    EXPECT_EQ(0u, c.reads_past) << max << ": nothing read past the NUL's page";
+  }
+  const EdgeCapture shorter = capture_at_page_end(tail, 16, 11);
+  EXPECT_EQ(XENPROBES_CAP_TRUNCATED, shorter.status);
+  EXPECT_EQ(std::string("0123456789\0", 11), shorter.bytes);
+}
+
+TEST(RingStr, MaxMinusOneCharactersBeforeAnUnmappedPageAreTruncatedNotAFault) {
+  const std::string tail("0123456789abcde");  // no NUL before the unmapped page
+  EdgeCapture c = capture_at_page_end(tail, 15, 16);
+  EXPECT_EQ(XENPROBES_CAP_TRUNCATED, c.status);
+  EXPECT_EQ(std::string("0123456789abcde\0", 16), c.bytes) << "the 15 characters str(p, 16) gives";
+  EXPECT_EQ(1u, c.reads_past) << "one read past them: the byte that would have been the NUL";
+  // One character more than the page holds: a fault, as the synchronous read faults.
+  c = capture_at_page_end(tail, 15, 17);
+  EXPECT_EQ(XENPROBES_CAP_FAULT, c.status);
+  EXPECT_TRUE(c.bytes.empty());
+  // max 1: the string can only be empty; an unreadable byte is a fault.
+  c = capture_at_page_end(tail, 15, 1);
+  EXPECT_EQ(XENPROBES_CAP_TRUNCATED, c.status);
+  EXPECT_EQ(std::string("\0", 1), c.bytes);
+  c = capture_at_page_end(tail, 0, 1);
+  EXPECT_EQ(XENPROBES_CAP_FAULT, c.status);
+}
+
+TEST(RingStr, TheByteAfterMaxMinusOneCharactersIsNotReadAcrossTheTopOfTheAddressSpace) {
+  alignas(4096) static std::uint8_t mem[XENPROBES_RING_DATA_OFFSET + 4096];
+  std::memset(mem, 0, sizeof mem);
+  xp_ring ring{};
+  ASSERT_EQ(0, xp_ring_init(&ring, mem, 12, 0));
+  Memory m;
+  const std::uint64_t top = ~std::uint64_t{0} - 6;  // the last 7 bytes
+  m.ranges[top] = std::string(7, 'w');
+  m.ranges[0] = std::string("\0", 1);  // what a wrapped read would find: a NUL
+  xenprobes_regs regs{};
+  regs.rdi = top;
+  const xenprobes_capture_spec spec{XENPROBES_CAP_STRING, 5, 8, 0};
+  const xp_read_ops ops = m.ops();
+  ASSERT_EQ(XP_RING_WRITTEN, xp_ring_write_hit(&ring, 1, 2, &regs, &spec, 1, &ops));
+  auto reader = RingReader::open(std::span<std::byte>(reinterpret_cast<std::byte*>(mem), sizeof mem), 0);
+  ASSERT_TRUE(reader.has_value());
+  const RingRecord* r = reader->next();
+  ASSERT_NE(nullptr, r);
+  EXPECT_EQ(XENPROBES_CAP_TRUNCATED, r->captures[0].status) << "not Ok through address 0's NUL";
+  for (const auto& [addr, len] : m.reads) EXPECT_GE(addr, top) << "nothing read at " << addr;
+}
+
 // ---- the rings' allocation ----
 
 TEST(RingAsync, SizeOfTheRingsIsCountTimesHeaderPageAndData) {

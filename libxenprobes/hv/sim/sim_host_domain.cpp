@@ -151,6 +151,16 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
     auto it = d->image.symbols.find(n);
     return it == d->image.symbols.end() ? dflt : it->second;
   };
+  if (cfg.user_image_va) {
+    // The image again, from _text's page, as a user process's read-only mapping of it.
+    const std::uint64_t from = sym("_text", img_lo) & ~0xfffull;
+    if (cfg.user_image_va % 4096 || cfg.user_image_va >= (1ull << 47) - (img_hi - from) || from < img_lo)
+      return fail(Errc::InvalidArgument, "sim: user_image_va must be page aligned, and the image must fit below 2^47");
+    XP_TRY(pt.map_4k(cfg.user_image_va, from - kKernelMapBase, img_hi - from,
+                     PageTableBuilder::kUser | PageTableBuilder::kNx));
+    d->aliases.push_back({cfg.user_image_va, from - kKernelMapBase, img_hi - from});
+    d->layout.user_image = cfg.user_image_va;
+  }
   d->layout.text_start = sym("_text", img_lo);
   d->layout.text_end = sym("_etext", img_hi);
   d->layout.image_end = sym("_end", img_hi);

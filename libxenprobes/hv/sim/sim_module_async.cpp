@@ -14,8 +14,12 @@ namespace xenprobes::hv::sim {
 namespace {
 
 // An async capture's reads, as the module's no-fault copies make them: what is not mapped is a
-// fault (the sim's guest has no user space: a user address reads its kernel mappings).
-int read_guest(void* ctx, void* dst, std::uint64_t addr, std::uint32_t len, bool) {
+// fault, and so is a user read of an upper-half address or a kernel read of a lower-half one
+// (copy_from_user_nofault's access_ok and copy_from_kernel_nofault_allowed refuse those). The
+// sim's guest has no user process: its lower half holds DomainConfig::user_image_va at most.
+int read_guest(void* ctx, void* dst, std::uint64_t addr, std::uint32_t len, bool user) {
+  const bool lower = addr < XENPROBES_CAP_USER_TOP && len <= XENPROBES_CAP_USER_TOP - addr;
+  if (user != lower) return -XP_EFAULT;
   const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), addr, len);
   if (!p) return -XP_EFAULT;
   std::memcpy(dst, p, len);
