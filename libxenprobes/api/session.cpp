@@ -323,8 +323,11 @@ Result<unsigned> Session::run_once(int timeout_ms) {
     [[maybe_unused]] auto r = ::read(impl_->wake_fd, &v, sizeof v);
   }
   if (fds[0].revents & POLLIN) impl_->reap();
-  // Some stops raise no event (see Channel::poll_interval_ms), and channels may share one
-  // event-channel handle: every channel looks on every wake-up.
+  // Every channel looks on every wake-up, not only the one whose fd woke the loop: some stops
+  // raise no event (see Channel::poll_interval_ms), channels may share one event-channel
+  // handle (each acknowledges whichever port is pending), and a notification may come late
+  // or not at all (docs/e2e.md "Open": Debian 13's Dom0), when the timeout's wake-up finds
+  // the hit. Test: EventLoop.AHitWhoseNotificationWasLostIsFoundOnTheTimeoutsWakeUp.
   unsigned handled = 0;
   std::optional<Error> first;
   for (channel::Channel* c : channels) {

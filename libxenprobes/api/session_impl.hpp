@@ -162,7 +162,7 @@ struct Session::Impl {
       return {};  // the guest channel: the module's own fail-safe
     }
     hv::DomainInfo info = XP_TRY(hv->domain_info(dom));
-    return journal->add_domain(dom, info.handle, jc, ch->trap_byte(), mon, info.vcpus);
+    return journal->add_domain(dom, info.handle, jc, ch->traits().trap_byte, mon, info.vcpus);
   }
 
   // Domains that died are forgotten (nothing to restore in a dead guest), and so are domains

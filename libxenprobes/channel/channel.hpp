@@ -22,7 +22,7 @@ struct Stop {
   // Agentless resume (no guest module, so no slot to run the original instruction from):
   // with Verdict::Resume and regs.rip == trap, the engine may ask the channel to have the
   // hypervisor execute these original bytes at `trap` instead. Only when
-  // Channel::can_emulate(); post-handlers cannot run (no stop follows the instruction).
+  // ChannelTraits::can_emulate; post-handlers cannot run (no stop follows the instruction).
   struct Emulate {
     std::uint8_t len = 0;                  // 1..15 bytes of the instruction in `bytes`
     std::array<std::uint8_t, 16> bytes{};  // the original instruction at `trap`
@@ -47,9 +47,9 @@ class StopSink {
   virtual void on_channel_failure(DomId, const Error&) = 0;
 };
 
-// A trap byte the engine patched, as a channel that keeps a table of them needs it (the
-// guest channel publishes it in the module's trap table, protocol.h). Tells the guest how to
-// go on without Dom0 should Dom0 not answer.
+// A trap byte the engine patched, as a channel that keeps a table of them needs it (TrapTable:
+// the guest channel publishes it in the module's trap table, protocol.h). Tells the guest how
+// to go on without Dom0 should Dom0 not answer.
 struct TrapEntry {
   enum class Fallback {
     ResumeAt,  // resume at `resume_at` (a slot holding the original instruction, ...)
@@ -73,12 +73,51 @@ struct TrapEntry {
   std::uint8_t insn[15] = {};     // the original bytes at addr
 };
 
+// What the engine needs to know of a channel to patch for it, read once when it attaches a
+// domain (Channel::traits(); fixed for the channel's lifetime).
+struct ChannelTraits {
+  // The byte patched at probe points and after slot copies that need a second stop.
+  std::uint8_t trap_byte = 0;
+  // A stop is recognised only by where the vCPU stands (rip == trap + 1): then a vCPU must
+  // never be sent to the byte after a 1-byte probed instruction, where it would look stopped
+  // (the engine runs that next instruction from the slot instead).
+  bool stops_found_by_rip = false;
+  // The channel honours Stop::emulate (the hypervisor runs the original bytes: vm_event in
+  // int3 mode), so a domain without the guest module's slots can be probed.
+  bool can_emulate = false;
+  // The trap is taken by the guest kernel's own int3 path (the guest module's hook): the
+  // address rules refuse what that path cannot take (kernel::RuleContext::guest_channel).
+  bool guest_int3 = false;
+};
+
+// The optional part of a channel that keeps a table of the engine's traps (the guest
+// channel: the module's trap table and return-address table, protocol.h). Every call is made
+// with the domain paused by the caller: the engine reports a trap byte before it writes it and
+// after it restored it, and every return-probe instance (the stack slot it rewrote and the
+// real return address) while it is live. A channel without one (Channel::trap_table() null)
+// is told none of this.
+class TrapTable {
+ public:
+  [[nodiscard]] virtual Result<void> trap_added(DomId, const TrapEntry&) = 0;
+  virtual void trap_removed(DomId, Gva) = 0;
+  [[nodiscard]] virtual Result<void> return_added(DomId, Gva stack_slot, Gva ret) = 0;
+  virtual void return_removed(DomId, Gva stack_slot) = 0;
+  // Where vCPUs were sent that may not have gone there yet (answers the guest has not taken
+  // up: the guest channel's mailboxes in state DONE). A slot such a rip points into is still
+  // in use. A channel without a table writes the registers itself: none.
+  virtual std::vector<std::uint64_t> resumes_in_flight(DomId) const = 0;
+
+ protected:
+  ~TrapTable() = default;  // owned as the Channel it is part of
+};
+
 class Channel {
  public:
   virtual ~Channel() = default;
   virtual const char* name() const = 0;
-  // The byte patched at probe points and after slot copies that need a second stop.
-  virtual std::uint8_t trap_byte() const = 0;
+  virtual ChannelTraits traits() const = 0;
+  // The channel's trap table, or null when it keeps none.
+  virtual TrapTable* trap_table() { return nullptr; }
   // Prepares the domain (or refuses, saying why and what would work). Patches nothing.
   [[nodiscard]] virtual Result<void> attach(DomId) = 0;
   // Undoes attach. The engine has already restored every byte and released its stops.
@@ -86,33 +125,21 @@ class Channel {
   // Pollable; readable when stops may be waiting.
   virtual int fd() const = 0;
   // How often process() must run even when fd() stays quiet (0 = never): some stops raise
-  // no event (a guest's own int3 under debugging mode).
+  // no event (a guest's own int3 under debugging mode), and some work waits for room (the
+  // vmevent channel's answers while its ring is full). Read on every turn of the event loop:
+  // it may change with the channel's state.
   virtual int poll_interval_ms() const = 0;
-  // True when a stop is recognised only by where the vCPU stands (rip == trap + 1): then a
-  // vCPU must never be sent to the byte after a 1-byte probed instruction, where it would
-  // look stopped (the engine runs that next instruction from the slot instead).
-  virtual bool stops_found_by_rip() const = 0;
-  // True when the channel honours Stop::emulate (the hypervisor runs the original bytes:
-  // vm_event in int3 mode), so a domain without the guest module's slots can be probed.
-  virtual bool can_emulate() const { return false; }
   // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
   // Returns the number of stops handled.
   [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;
-  // Trap bookkeeping, with the domain paused by the caller: the engine reports a trap byte
-  // before it writes it and after it restored it, and every return-probe instance (the stack
-  // slot it rewrote and the real return address) while it is live. Channels that need no
-  // table ignore these.
-  [[nodiscard]] virtual Result<void> trap_added(DomId, const TrapEntry&) { return {}; }
-  virtual void trap_removed(DomId, Gva) {}
-  [[nodiscard]] virtual Result<void> return_added(DomId, Gva /*stack_slot*/, Gva /*ret*/) { return {}; }
-  virtual void return_removed(DomId, Gva /*stack_slot*/) {}
-  // Where vCPUs were sent that may not have gone there yet (answers the guest has not taken
-  // up: the guest channel's mailboxes in state DONE). A slot such a rip points into is still
-  // in use. The debugger and vmevent channels write the registers themselves: none.
-  virtual std::vector<std::uint64_t> resumes_in_flight(DomId) const { return {}; }
   // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
   // `sink` and resumes it (used before disarming, so no stop is left behind).
   [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;
+  // With the domain paused by the caller: the engine no longer has a trap at `addr` (its
+  // byte restored and flushed, or a patch undone). Told to every channel, with or without a
+  // trap table (after TrapTable::trap_removed); one that keeps state per trap drops it (the
+  // vmevent channel: the second half of a pending emulation there).
+  virtual void trap_forgotten(DomId, Gva) {}
   // Test hook (the guardian's tests): forget every domain without a word to the hypervisor,
   // as a killed process would; the destructor then only releases what death releases.
   virtual void abandon() {}

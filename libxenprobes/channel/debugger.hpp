@@ -22,12 +22,11 @@ class DebuggerChannel final : public Channel {
   ~DebuggerChannel() override;
 
   const char* name() const override { return "debugger"; }
-  std::uint8_t trap_byte() const override { return kIcebp; }
+  ChannelTraits traits() const override { return {.trap_byte = kIcebp, .stops_found_by_rip = true}; }
   Result<void> attach(DomId) override;
   Result<void> detach(DomId) override;
   int fd() const override { return hv_.evtchn_fd(); }
   int poll_interval_ms() const override { return 10; }
-  bool stops_found_by_rip() const override { return true; }
   Result<unsigned> process(StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
   void abandon() override { domains_.clear(); }

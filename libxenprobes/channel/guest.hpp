@@ -27,7 +27,7 @@
 
 namespace xenprobes::channel {
 
-class GuestChannel final : public Channel {
+class GuestChannel final : public Channel, public TrapTable {
  public:
   // Binds nothing until attach: each domain brings its own port.
   explicit GuestChannel(hv::Hypervisor& hv) : hv_(hv) {}
@@ -40,7 +40,8 @@ class GuestChannel final : public Channel {
   GuestChannel& operator=(const GuestChannel&) = delete;
 
   const char* name() const override { return "guest"; }
-  std::uint8_t trap_byte() const override { return kInt3; }
+  ChannelTraits traits() const override { return {.trap_byte = kInt3, .guest_int3 = true}; }
+  TrapTable* trap_table() override { return this; }
   // Reads the module's keys (refusing a module that is absent, not ready, too old, or gave up
   // on Dom0, saying what would work), maps the control area writable (translated through the
   // guest's page tables), validates its header and binds the module's port.
@@ -58,7 +59,6 @@ class GuestChannel final : public Channel {
   // Every hit notifies, and the event is acknowledged before the mailboxes are read: no
   // periodic poll is needed.
   int poll_interval_ms() const override { return 0; }
-  bool stops_found_by_rip() const override { return false; }
   Result<unsigned> process(StopSink&) override;
   // Writes the entry into the module's trap table. Refuses (NotSupported, naming the channels
   // that can) an Emulate entry the module's fallback could not run, as the module's own decoder

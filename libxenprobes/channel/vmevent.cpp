@@ -216,7 +216,7 @@ Result<unsigned> VmEventChannel::flush(DomId dom, StopSink& sink) {
   return n;
 }
 
-void VmEventChannel::trap_removed(DomId dom, Gva addr) {
+void VmEventChannel::trap_forgotten(DomId dom, Gva addr) {
   auto it = domains_.find(dom);
   if (it == domains_.end()) return;
   // A vCPU sent back onto that trap with edited registers now runs the original instruction
@@ -303,7 +303,7 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
     return rsp;
   }
   const Gva trap{req.regs.rip};
-  if (opcode != trap_byte()) {  // e.g. a guest int3 while our traps are ICEBPs: never ours
+  if (opcode != traits().trap_byte) {  // e.g. a guest int3 while our traps are ICEBPs: never ours
     hand_back(dom, req, opcode);
     return rsp;
   }

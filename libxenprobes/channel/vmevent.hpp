@@ -38,7 +38,10 @@ class VmEventChannel final : public Channel {
   VmEventChannel& operator=(const VmEventChannel&) = delete;
 
   const char* name() const override { return "vmevent"; }
-  std::uint8_t trap_byte() const override { return mode_ == Mode::Int3 ? kInt3 : kIcebp; }
+  // Int3 mode: Xen can run the original bytes itself (Stop::emulate).
+  ChannelTraits traits() const override {
+    return {.trap_byte = mode_ == Mode::Int3 ? kInt3 : kIcebp, .can_emulate = mode_ == Mode::Int3};
+  }
   Result<void> attach(DomId) override;
   // Stops the monitoring, answers every request still pending (no vCPU is left paused),
   // then disables the ring.
@@ -46,11 +49,10 @@ class VmEventChannel final : public Channel {
   int fd() const override { return epoll_fd_; }
   // 0, except while an answer waits for ring space: then process() must run again soon.
   int poll_interval_ms() const override;
-  bool stops_found_by_rip() const override { return false; }
-  bool can_emulate() const override { return mode_ == Mode::Int3; }
   Result<unsigned> process(StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
-  void trap_removed(DomId, Gva) override;
+  // Drops the pending emulations at that trap (see Continuation).
+  void trap_forgotten(DomId, Gva) override;
   void abandon() override;
 
   Mode mode() const { return mode_; }

@@ -99,7 +99,7 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
   if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
   XP_TRY(decode_probe_point(*d, *point));
   const bool copied = point->plan == x86::Plan::Boost || point->plan == x86::Plan::BoostRipRel;
-  if (copied && point->own_address && !point->in_place && d->ch->can_emulate()) {
+  if (copied && point->own_address && !point->in_place && d->traits.can_emulate) {
     // Its fault must have its own address (the kernel looks the fixup up by it): not out of
     // line, but in Xen's emulator where it is.
     point->in_place = true;

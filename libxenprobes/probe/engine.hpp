@@ -187,7 +187,7 @@ class Engine final : public channel::StopSink {
     std::array<std::uint8_t, x86::kMaxInsnLen> original{};
     std::optional<Gva> slot;     // Boost plans
     // The instruction after a 1-byte probed instruction, run from the slot too when the
-    // channel finds stops by rip (see Channel::stops_found_by_rip).
+    // channel finds stops by rip (see ChannelTraits::stops_found_by_rip).
     std::optional<x86::Insn> next;
     x86::Plan next_plan = x86::Plan::Boost;  // Emulate*: Dom0 runs it at the slot's trap
     bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
@@ -238,10 +238,14 @@ class Engine final : public channel::StopSink {
   struct Domain {
     DomId id;
     channel::Channel* ch = nullptr;
+    // Read from the channel once, at attach: what it needs of the patches, and its trap table
+    // (null: it keeps none, and is told nothing of traps and return instances).
+    channel::ChannelTraits traits;
+    channel::TrapTable* table = nullptr;
     hv::DomainInfo info;  // from attach: vCPU count, and the guest type and width the paging mode needs
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
-    std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; Channel::can_emulate())
+    std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; ChannelTraits::can_emulate)
     std::optional<guestmod::FixupSlots> fixup;  // the module's fixup slots, when it gives them
     std::optional<symbols::SymbolTable> syms;
     // The guest kernel's own tables (exception table, jump labels, …), read with the symbols.

@@ -94,6 +94,8 @@ Result<void> Engine::attach(DomId id) {
   d->memory = std::make_unique<mem::GuestMemory>(*d->source, mo);
   XP_TRY(refresh_context(*d));
   d->ch = XP_TRY(channel_for_(id));
+  d->traits = d->ch->traits();
+  d->table = d->ch->trap_table();
   auto rest = [&]() -> Result<void> {
     if (auto mi = guestmod::read_module_info(hv_, id, guestmod::check_mapped_via(*d->memory))) {
       d->kernel_text = mi->kernel_text;
@@ -108,7 +110,7 @@ Result<void> Engine::attach(DomId id) {
         d->rings_refused = ri.error().what;
         XP_LOG(Warn, "domain %u: no async probes: %s", id.value, ri.error().what.c_str());
       }
-    } else if (!d->ch->can_emulate() || mi.error().code != Errc::NotFound) {
+    } else if (!d->traits.can_emulate || mi.error().code != Errc::NotFound) {
       return std::unexpected(mi.error());
     } else {
       // Agentless: no guest module, so no slots; the hypervisor runs the original instructions.

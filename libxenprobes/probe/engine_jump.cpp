@@ -55,7 +55,7 @@ const Engine::Point* Engine::overlapping_point(const Domain& d, std::uint64_t lo
 }
 
 std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registration& reg) {
-  if (std::string_view(d.ch->name()) != "guest")
+  if (!d.table)  // the module's trap table takes the jump's entries
     return std::string("jump probes need the guest channel (this domain is served by the ") + d.ch->name() + " channel)";
   if (!d.jump_entry || !d.pool)
     return std::string("the guest module publishes no jump entry (install the current xenprobesU in the guest)");
@@ -212,10 +212,10 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
   } else {
     PatchSpec spec;
     spec.at = j.region.start;
-    spec.bytes = {d.ch->trap_byte()};
+    spec.bytes = {d.traits.trap_byte};
     spec.expect.assign(j.original.begin(), j.original.begin() + j.region.length);
     spec.trap = trap_entry(p);
-    spec.journal = PatchSpec::Record{PatchKind::Text, j.region.start, {d.ch->trap_byte()}, {j.original[0]}, j.region.start};
+    spec.journal = PatchSpec::Record{PatchKind::Text, j.region.start, {d.traits.trap_byte}, {j.original[0]}, j.region.start};
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) {
       undo_detour();
@@ -305,7 +305,7 @@ void Engine::advance_jumps(Domain& d) {
       XP_LOG(Error, "domain %u: %s: %s", d.id.value, hex(j.region.start.value).c_str(), n.error().what.c_str());
       continue;
     }
-    spec.expect = {d.ch->trap_byte()};
+    spec.expect = {d.traits.trap_byte};
     spec.expect.insert(spec.expect.end(), j.original.begin() + 1, j.original.begin() + x86::kJmpRel32Len);
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) {

@@ -4,7 +4,7 @@
 
 namespace xenprobes::probe {
 
-Patcher Engine::patcher(Domain& d) { return Patcher(*d.memory, *d.ch, d.journaled ? journal_ : nullptr, d.id); }
+Patcher Engine::patcher(Domain& d) { return Patcher(*d.memory, *d.ch, d.table, d.journaled ? journal_ : nullptr, d.id); }
 
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
@@ -27,10 +27,10 @@ Result<void> Engine::arm(Domain& d, Point& p) {
   } else {
     PatchSpec spec;
     spec.at = p.addr;
-    spec.bytes = {d.ch->trap_byte()};
+    spec.bytes = {d.traits.trap_byte};
     spec.expect.assign(p.original.begin(), p.original.begin() + p.insn.length);
     spec.trap = trap_entry(p);  // the channel learns of the trap before the guest can execute it
-    spec.journal = PatchSpec::Record{PatchKind::Text, p.addr, {d.ch->trap_byte()}, {p.original[0]}, p.addr};
+    spec.journal = PatchSpec::Record{PatchKind::Text, p.addr, {d.traits.trap_byte}, {p.original[0]}, p.addr};
     // In a module's text: the guardian restores the byte only while that module is still there.
     const kernel::ModuleTables* mods = d.tables ? d.tables->modules() : nullptr;
     if (p.module && mods && mods->status().found) spec.journal->module = journal_module(mods->layout(), *p.module);

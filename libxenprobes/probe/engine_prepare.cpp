@@ -17,8 +17,8 @@ kernel::RuleContext Engine::rule_context(const Domain& d) const {
   c.tables = d.tables ? &*d.tables : nullptr;
   c.syms = d.syms ? &*d.syms : nullptr;
   c.module_text = d.module_text;
-  c.guest_channel = d.ch && std::string_view(d.ch->name()) == "guest";
-  c.emulates_in_place = d.ch && d.ch->can_emulate();
+  c.guest_channel = d.traits.guest_int3;
+  c.emulates_in_place = d.traits.can_emulate;
   c.fixup_slots = d.fixup.has_value();
   return c;
 }
@@ -128,7 +128,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   // addr + 1 for any other reason. For a 1-byte instruction that is exactly where it would
   // continue, so the next instruction runs from the slot as well, and addr + 1 must not be a
   // branch target (a vCPU jumping there would look stopped).
-  if (!d.ch->stops_found_by_rip() || p.insn.length != 1) return {};
+  if (!d.traits.stops_found_by_rip || p.insn.length != 1) return {};
   auto refuse = [&](const std::string& why) {
     return fail(Errc::InvalidArgument, p.insn.describe() + ": a 1-byte instruction " + why +
                                            " (on the debugger channel a vCPU standing right after "

@@ -84,7 +84,7 @@ Result<Gva> Engine::ensure_trampoline(Domain& d, bool* made) {
       XP_LOG(Warn, "domain %u: trampoline slot: %s", id.value, r.error().what.c_str());
   };
   spec.bytes.assign(kSlotSize, 0xcc);  // never executed: the vCPU always leaves from the trap
-  spec.bytes[0] = d.ch->trap_byte();
+  spec.bytes[0] = d.traits.trap_byte;
   channel::TrapEntry te;
   te.addr = t;
   te.fallback = channel::TrapEntry::Fallback::Return;
@@ -130,7 +130,7 @@ void Engine::forget_return(Domain& d, std::map<std::uint64_t, Domain::Returned>:
 void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
   if (!in.live) return;
   d.live_returns.erase(in.slot.value);
-  d.ch->return_removed(d.id, in.slot);
+  if (d.table) d.table->return_removed(d.id, in.slot);
   if (remember) {
     remember_return(d, in.slot.value, in.ret, in.journal);
   } else if (in.journal != ~0u) {
@@ -184,7 +184,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     drop_instance(d, *old, false);
   }
   if (auto it = d.returned.find(slot.value); it != d.returned.end()) forget_return(d, it);
-  if (auto a = d.ch->return_added(d.id, slot, Gva{*ret}); !a) {
+  if (auto a = d.table ? d.table->return_added(d.id, slot, Gva{*ret}) : Result<void>{}; !a) {
     XP_LOG_RATELIMITED(Warn, "return probe at %s: %s", hex(ctx.address().value).c_str(), a.error().what.c_str());
     rs.free.push_back(&in);
     reg.stats.untracked_calls++;
@@ -195,7 +195,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     // Before the stack changes: the guardian puts the return address back from this.
     auto j = journal_->add_return(d.id, slot, *ret, Gva{tramp});
     if (!j) {
-      d.ch->return_removed(d.id, slot);
+      if (d.table) d.table->return_removed(d.id, slot);
       rs.free.push_back(&in);
       reg.stats.untracked_calls++;
       return;
@@ -205,7 +205,7 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
     XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
            hex(slot.value).c_str(), w.error().what.c_str());
-    d.ch->return_removed(d.id, slot);
+    if (d.table) d.table->return_removed(d.id, slot);
     if (journaled != ~0u) journal_->remove_return(journaled);
     rs.free.push_back(&in);
     reg.stats.unhandled++;

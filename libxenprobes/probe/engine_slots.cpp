@@ -32,7 +32,7 @@ Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_
   Gva resume = p.insn.next();
   auto emitted = x86::emit_slot(code, slot, p.insn, p.insn.next(),
                                 trap_tail || continuation ? x86::SlotTail::Trap : x86::SlotTail::JmpBack,
-                                d.ch->trap_byte());
+                                d.traits.trap_byte);
   if (emitted && continuation) {
     // Without a trap tail the copy of the next instruction overwrites the trap byte. After a
     // trap it starts one byte later: a vCPU sent there must not stand at trap + 1, which is
@@ -40,7 +40,7 @@ Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_
     std::size_t at = trap_tail ? *emitted + 1 : p.insn.length;
     resume = slot + at;
     emitted = x86::emit_slot(std::span(code).subspan(at), resume, *p.next, p.next->next(), x86::SlotTail::JmpBack,
-                             d.ch->trap_byte());
+                             d.traits.trap_byte);
   }
   if (!emitted) {
     spec.on_undo();
@@ -84,7 +84,7 @@ Result<Gva> Engine::take_fixup_slot(Domain& d, const Point& p) {
   auto code_for = [&](Gva slot) -> Result<std::array<std::uint8_t, kSize>> {
     std::array<std::uint8_t, kSize> code;
     code.fill(0xcc);
-    XP_TRY(x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::JmpBack, d.ch->trap_byte()));
+    XP_TRY(x86::emit_slot(code, slot, p.insn, p.insn.next(), x86::SlotTail::JmpBack, d.traits.trap_byte));
     return code;
   };
   std::optional<unsigned> unused;
@@ -230,7 +230,7 @@ Result<Gva> Engine::allocate_slot(Domain& d, unsigned n) {
 
 void Engine::neutralize_slot_traps(Domain& d) {
   Patcher patch = patcher(d);
-  const std::uint8_t trap_byte = d.ch->trap_byte();
+  const std::uint8_t trap_byte = d.traits.trap_byte;
   for (const auto& [trap, st] : d.slot_traps) {
     if (st.jump) continue;  // a detour's call, no trap byte: it goes on by itself
     std::array<std::uint8_t, 5> jmp{};
@@ -298,7 +298,8 @@ Result<void> Engine::reclaim_slots(Domain& d) {
   std::vector<std::uint64_t> rips;
   for (const auto& [slot, token] : d.quiesce_wait) rips.push_back(slot);  // not quiesced yet
   for (unsigned v = 0; v < d.info.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
-  for (std::uint64_t rip : d.ch->resumes_in_flight(d.id)) rips.push_back(rip);  // answered, not yet taken
+  if (d.table)
+    for (std::uint64_t rip : d.table->resumes_in_flight(d.id)) rips.push_back(rip);  // answered, not yet taken
   d.pool->reclaim(rips);
   for (auto it = d.slot_traps.begin(); it != d.slot_traps.end();) {
     auto slot = d.pool->slot_of(it->first);

@@ -20,7 +20,7 @@ Result<std::vector<std::uint8_t>> read_bytes(mem::GuestMemory& m, Gva at, std::s
 }  // namespace
 
 Patch::Patch(Patch&& o) noexcept
-    : mem_(o.mem_), ch_(o.ch_), journal_(o.journal_), dom_(o.dom_), spec_(std::move(o.spec_)),
+    : mem_(o.mem_), ch_(o.ch_), table_(o.table_), journal_(o.journal_), dom_(o.dom_), spec_(std::move(o.spec_)),
       before_(std::move(o.before_)), trap_added_(o.trap_added_), journaled_(o.journaled_),
       committed_(o.committed_), state_(std::exchange(o.state_, State::None)) {}
 
@@ -54,7 +54,8 @@ void Patch::drop_entries() {
     journaled_ = false;
   }
   if (trap_added_) {
-    ch_->trap_removed(dom_, spec_.trap->addr);
+    if (table_) table_->trap_removed(dom_, spec_.trap->addr);
+    ch_->trap_forgotten(dom_, spec_.trap->addr);
     trap_added_ = false;
   }
 }
@@ -93,7 +94,7 @@ Result<void> Patch::reapply(std::optional<channel::TrapEntry> trap) {
   if (state_ != State::Restored) return fail(Errc::InvalidArgument, "no patch at " + hex(spec_.at.value) + " to apply again");
   XP_TRY(check_expected());
   if (trap && trap_added_) {
-    XP_TRY(ch_->trap_added(dom_, *trap));
+    if (table_) XP_TRY(table_->trap_added(dom_, *trap));
     spec_.trap = trap;
   }
   XP_TRY(mem_->write(spec_.at, as_bytes(spec_.bytes)));
@@ -103,7 +104,7 @@ Result<void> Patch::reapply(std::optional<channel::TrapEntry> trap) {
 
 Result<void> Patch::update_trap(const channel::TrapEntry& trap) {
   if (!trap_added_) return fail(Errc::InvalidArgument, "the patch at " + hex(spec_.at.value) + " has no trap entry");
-  XP_TRY(ch_->trap_added(dom_, trap));
+  if (table_) XP_TRY(table_->trap_added(dom_, trap));
   spec_.trap = trap;
   return {};
 }
@@ -112,7 +113,7 @@ Result<Patch> Patcher::apply(PatchSpec spec) {
   if (spec.bytes.empty()) return fail(Errc::InvalidArgument, "an empty patch");
   if (!spec.expect.empty() && spec.expect.size() < spec.bytes.size())
     return fail(Errc::InvalidArgument, "a patch checks fewer bytes than it writes");
-  Patch p(&mem_, &ch_, journal_, dom_, std::move(spec));
+  Patch p(&mem_, &ch_, table_, journal_, dom_, std::move(spec));
   // From here on the handle undoes what was done (nothing written yet: Restored writes nothing,
   // but on_undo runs).
   p.state_ = Patch::State::Restored;
@@ -120,7 +121,7 @@ Result<Patch> Patcher::apply(PatchSpec spec) {
   XP_TRY(p.check_expected());
   p.before_ = XP_TRY(read_bytes(mem_, p.spec_.at, p.spec_.bytes.size()));
   if (p.spec_.trap) {
-    XP_TRY(ch_.trap_added(dom_, *p.spec_.trap));
+    if (table_) XP_TRY(table_->trap_added(dom_, *p.spec_.trap));
     p.trap_added_ = true;
   }
   if (p.spec_.journal && journal_) {

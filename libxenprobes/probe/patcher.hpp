@@ -1,13 +1,15 @@
 // The one way a byte of guest code changes. A patch is applied in the order the guest's
-// safety needs: the guest's bytes are checked, the channel learns the trap (so that a vCPU
-// reaching it is understood), the guardian's journal records the patch (so that a process
-// killed from here on is recovered), and only then are the bytes written. A step that fails
-// undoes the steps before it, in reverse; so does dropping a Patch that was not committed.
+// safety needs: the guest's bytes are checked, the channel's trap table learns the trap (so
+// that a vCPU reaching it is understood; a channel without one has nothing to learn), the
+// guardian's journal records the patch (so that a process killed from here on is recovered),
+// and only then are the bytes written. A step that fails undoes the steps before it, in
+// reverse; so does dropping a Patch that was not committed.
 //
 // A committed patch is taken down in two phases, because a vCPU may already be stopped on
 // the trap when it is removed: restore() puts the old bytes back (only over our own bytes),
 // and forget() drops the journal record and the channel's entry once no vCPU can be stopped
-// on it any more (after the channel's flush). The caller holds the domain paused throughout.
+// on it any more (after the channel's flush); the channel is then told the trap is forgotten
+// (Channel::trap_forgotten), table or not. The caller holds the domain paused throughout.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,7 @@ struct PatchSpec {
   Gva at;
   std::vector<std::uint8_t> bytes;   // written at `at`
   std::vector<std::uint8_t> expect;  // what `at` must hold before (empty: anything, e.g. a fresh slot)
-  std::optional<channel::TrapEntry> trap;  // added to the channel's table first
+  std::optional<channel::TrapEntry> trap;  // added to the channel's trap table first
   // The guardian's record: what it restores at `at` if the process dies (1..8 bytes).
   struct Record {
     PatchKind kind;
@@ -78,18 +80,19 @@ class Patch {
 
  private:
   friend class Patcher;
-  Patch(mem::GuestMemory* m, channel::Channel* ch, Journal* j, DomId dom, PatchSpec spec)
-      : mem_(m), ch_(ch), journal_(j), dom_(dom), spec_(std::move(spec)) {}
+  Patch(mem::GuestMemory* m, channel::Channel* ch, channel::TrapTable* table, Journal* j, DomId dom, PatchSpec spec)
+      : mem_(m), ch_(ch), table_(table), journal_(j), dom_(dom), spec_(std::move(spec)) {}
   Result<void> check_expected() const;
   void drop_entries();
 
   mem::GuestMemory* mem_ = nullptr;
   channel::Channel* ch_ = nullptr;
+  channel::TrapTable* table_ = nullptr;  // null: the channel keeps no trap table
   Journal* journal_ = nullptr;  // null: not journaled
   DomId dom_{0};
   PatchSpec spec_;
   std::vector<std::uint8_t> before_;  // what `at` held before the write
-  bool trap_added_ = false;
+  bool trap_added_ = false;  // spec_.trap is the channel's (in its table, if it has one)
   bool journaled_ = false;
   bool committed_ = false;
   State state_ = State::None;
@@ -103,9 +106,10 @@ std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout
 
 class Patcher {
  public:
+  // `table` is the channel's trap table (Channel::trap_table(), null when it keeps none);
   // `journal` is null for a domain the guardian does not watch.
-  Patcher(mem::GuestMemory& m, channel::Channel& ch, Journal* journal, DomId dom)
-      : mem_(m), ch_(ch), journal_(journal), dom_(dom) {}
+  Patcher(mem::GuestMemory& m, channel::Channel& ch, channel::TrapTable* table, Journal* journal, DomId dom)
+      : mem_(m), ch_(ch), table_(table), journal_(journal), dom_(dom) {}
   // Check, trap entry, journal, write; the handle undoes all of it unless committed.
   [[nodiscard]] Result<Patch> apply(PatchSpec spec);
   // A one-off write over bytes that must be `expect` (no entry, no record): e.g. a slot's
@@ -115,6 +119,7 @@ class Patcher {
  private:
   mem::GuestMemory& mem_;
   channel::Channel& ch_;
+  channel::TrapTable* table_;
   Journal* journal_;
   DomId dom_;
 };

@@ -126,6 +126,61 @@ TEST(Doctor, WhatItSaysAutoPicksIsWhatASessionPicks) {
   EXPECT_TRUE(hv->domain_info(doms[4])->debugged) << "somebody else's debugging mode is left alone";
 }
 
+// Channel by channel, not only Auto's pick: for every situation the eligibility functions and
+// the module checks tell apart (a host with and without GDBSX; PV or HVM; with or without the
+// guest module; in somebody else's debugging mode or not), the doctor says a channel can
+// probe the domain exactly when a session asking for that channel attaches it.
+TEST(Doctor, EachChannelsVerdictIsWhatASessionAskingForItGets) {
+  for (bool gdbsx : {true, false}) {
+    SCOPED_TRACE(gdbsx ? "GDBSX host" : "stock host");
+    hv::sim::SimOptions o;
+    o.gdbsx = gdbsx;
+    auto host = hv::sim::SimHost::create(o);
+    struct Case {
+      const char* what;
+      hv::GuestType type;
+      bool module, debugged;
+    };
+    const Case cases[] = {{"PV with the module", hv::GuestType::Pv, true, false},
+                          {"PV without it", hv::GuestType::Pv, false, false},
+                          {"HVM with the module", hv::GuestType::Hvm, true, false},
+                          {"HVM without it", hv::GuestType::Hvm, false, false},
+                          {"PV with the module, debugged", hv::GuestType::Pv, true, true},
+                          {"HVM without the module, debugged", hv::GuestType::Hvm, false, true}};
+    std::vector<DomId> doms;
+    auto hv = host->open();
+    for (const Case& c : cases) {
+      doms.push_back(*host->create_domain(guest(c.type, c.module)));
+      if (c.debugged) {
+        ASSERT_TRUE(hv->set_debugging(doms.back(), true));
+      }
+    }
+    auto rep = doctor(*hv);
+    ASSERT_TRUE(rep) << rep.error().what;
+    ASSERT_EQ(rep->domains.size(), doms.size());
+    unsigned available = 0, refused = 0;
+    for (std::size_t k = 0; k < doms.size(); ++k) {
+      for (ChannelKind kind : {ChannelKind::Guest, ChannelKind::VmEvent, ChannelKind::Debugger}) {
+        SCOPED_TRACE(std::string(cases[k].what) + ", the " + channel_kind_name(kind) + " channel");
+        const ChannelCheck& said = check(rep->domains[k], kind);
+        auto s = Session::open(host->open(), SessionOptions{kind});
+        Result<void> attached = s ? (*s)->load_symbols(doms[k], demo_map()) : Result<void>(std::unexpected(s.error()));
+        EXPECT_EQ(said.available, attached.has_value())
+            << "doctor: " << said.detail << "; session: " << (attached ? "attached" : attached.error().what);
+        if (attached) {
+          auto name = (*s)->channel_name(doms[k]);
+          ASSERT_TRUE(name);
+          EXPECT_EQ(*name, channel_kind_name(kind));
+        }
+        ++(said.available ? available : refused);
+      }
+      EXPECT_EQ(hv->domain_info(doms[k])->debugged, cases[k].debugged) << "debugging mode left as it was";
+    }
+    EXPECT_GT(available, 0u);
+    EXPECT_GT(refused, 0u);
+  }
+}
+
 TEST(Doctor, UnknownDomainIsAnError) {
   auto host = hv::sim::SimHost::create();
   auto hv = host->open();

@@ -446,7 +446,7 @@ struct Harness {
           break;
         case 9: {
           const std::uint64_t a = pick_rip();
-          ch->trap_removed(kDom, Gva{a});
+          ch->trap_forgotten(kDom, Gva{a});
           sink.owned.erase(a);
           break;
         }

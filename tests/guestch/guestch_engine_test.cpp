@@ -69,7 +69,7 @@ void pre_post_hits_equal_calls(hv::GuestType type, unsigned vcpus) {
   ASSERT_TRUE(p3) << p3.error().what;
   ASSERT_TRUE(p4) << p4.error().what;
   ASSERT_GE(e.g.ch->traps(e.g.dom), 4u)
-      << "the engine did not report its traps to the channel (Channel::trap_added): every hit would be "
+      << "the engine did not report its traps to the channel (TrapTable::trap_added): every hit would be "
          "a foreign int3 to the guest module";
   e.g.host->reset_counts();
   e.g.start();

@@ -164,9 +164,11 @@ TEST(VmEventChannel, RefusesAHypervisorWithoutTheMonitor) {
 
 TEST(VmEventChannel, ModesPickTheirTrapByte) {
   Rig icebp(hvm(1, 1), Mode::Icebp);
-  EXPECT_EQ(icebp.ch->trap_byte(), 0xf1);
-  EXPECT_FALSE(icebp.ch->can_emulate());
-  EXPECT_FALSE(icebp.ch->stops_found_by_rip());
+  EXPECT_EQ(icebp.ch->traits().trap_byte, 0xf1);
+  EXPECT_FALSE(icebp.ch->traits().can_emulate);
+  EXPECT_FALSE(icebp.ch->traits().stops_found_by_rip);
+  EXPECT_FALSE(icebp.ch->traits().guest_int3);
+  EXPECT_EQ(icebp.ch->trap_table(), nullptr) << "the engine keeps no trap table for it";
   EXPECT_EQ(icebp.ch->poll_interval_ms(), 0);
   EXPECT_GE(icebp.ch->fd(), 0);
   auto dflt = VmEventChannel::open(*icebp.g.hv);
@@ -174,8 +176,8 @@ TEST(VmEventChannel, ModesPickTheirTrapByte) {
   EXPECT_EQ((*dflt)->mode(), Mode::Icebp) << "ICEBP is the default";
 
   Rig int3(hvm(1, 1), Mode::Int3);
-  EXPECT_EQ(int3.ch->trap_byte(), 0xcc);
-  EXPECT_TRUE(int3.ch->can_emulate());
+  EXPECT_EQ(int3.ch->traits().trap_byte, 0xcc);
+  EXPECT_TRUE(int3.ch->traits().can_emulate);
   // The mode decides which monitoring goes on.
   int3.attach();
   icebp.attach();
@@ -695,7 +697,7 @@ TEST(VmEventChannel, EmulateIsRefusedInIcebpMode) {
 
 // Once the engine has removed a trap, a pending second half of a two-step emulation is
 // forgotten: the next stop there goes to the sink again.
-TEST(VmEventChannel, TrapRemovedForgetsThePendingEmulation) {
+TEST(VmEventChannel, AForgottenTrapDropsThePendingEmulation) {
   Rig r(hvm(1, 0), Mode::Int3);
   r.attach();
   const std::uint64_t ret = r.g.sym("sys_getppid") + 0x3f;
@@ -714,7 +716,7 @@ TEST(VmEventChannel, TrapRemovedForgetsThePendingEmulation) {
   r.start();
   ASSERT_TRUE(r.run(sink, [&] { return r.ch->counters().two_step == 1; }));
   EXPECT_EQ(r.ch->counters().emulated, 0u);
-  r.ch->trap_removed(r.g.dom, Gva{ret});
+  r.ch->trap_forgotten(r.g.dom, Gva{ret});
   ASSERT_TRUE(r.g.hv->unpause(r.g.dom));
   ASSERT_TRUE(r.run(sink, [&] { return sink.stops.size() >= 2; }));
   EXPECT_EQ(sink.stops[1].vcpu, sink.stops[0].vcpu);

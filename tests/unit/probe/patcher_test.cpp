@@ -18,19 +18,21 @@ using mem::FakeFrameSource;
 constexpr std::uint64_t kAt = 0x5000;  // paging off: guest addresses are physical ones
 const DomId kDom{3};
 
-// Records every trap-table call, with what the guest memory held at kAt at that moment.
-class RecordingChannel final : public channel::Channel {
+// Records every trap-table call and every trap_forgotten, with what the guest memory held at
+// kAt at that moment.
+class RecordingChannel final : public channel::Channel, public channel::TrapTable {
  public:
   explicit RecordingChannel(FakeFrameSource& ram) : ram_(ram) {}
   const char* name() const override { return "recording"; }
-  std::uint8_t trap_byte() const override { return 0xcc; }
+  channel::ChannelTraits traits() const override { return {.trap_byte = 0xcc}; }
+  channel::TrapTable* trap_table() override { return this; }
   Result<void> attach(DomId) override { return {}; }
   Result<void> detach(DomId) override { return {}; }
   int fd() const override { return -1; }
   int poll_interval_ms() const override { return 0; }
-  bool stops_found_by_rip() const override { return false; }
   Result<unsigned> process(channel::StopSink&) override { return 0u; }
   Result<unsigned> flush(DomId, channel::StopSink&) override { return 0u; }
+  void trap_forgotten(DomId, Gva a) override { log.push_back("forgotten " + std::to_string(a.value)); }
   Result<void> trap_added(DomId, const channel::TrapEntry& e) override {
     log.push_back("added " + std::to_string(e.addr.value) + " memory " + std::to_string(byte_at_kat()));
     if (fail_add) return fail(Errc::NoSpace, "the trap table is full");
@@ -41,6 +43,9 @@ class RecordingChannel final : public channel::Channel {
     log.push_back("removed " + std::to_string(a.value));
     entries.erase(a.value);
   }
+  Result<void> return_added(DomId, Gva, Gva) override { return {}; }
+  void return_removed(DomId, Gva) override {}
+  std::vector<std::uint64_t> resumes_in_flight(DomId) const override { return {}; }
   int byte_at_kat() const {
     std::byte b{};
     ram_.read(Gpa{kAt}, std::span(&b, 1));
@@ -86,12 +91,12 @@ struct PatcherTest : ::testing::Test {
   mem::GuestMemory mem{ram};
   RecordingChannel ch{ram};
   std::unique_ptr<guardian::Journal> journal;
-  Patcher patcher{mem, ch, nullptr, kDom};  // replaced in tests that journal
+  Patcher patcher{mem, ch, &ch, nullptr, kDom};  // replaced in tests that journal
   int undone = 0;
 };
 
 TEST_F(PatcherTest, TheChannelAndTheJournalKnowThePatchBeforeTheGuestSeesIt) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   auto patch = p.apply(trap_spec());
   ASSERT_TRUE(patch) << patch.error().what;
   EXPECT_EQ(at(), 0xcc);
@@ -102,7 +107,7 @@ TEST_F(PatcherTest, TheChannelAndTheJournalKnowThePatchBeforeTheGuestSeesIt) {
 }
 
 TEST_F(PatcherTest, BytesThatAreNotTheExpectedOnesAreNeverWritten) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   PatchSpec s = trap_spec();
   s.expect = {0x90};
   auto patch = p.apply(std::move(s));
@@ -116,7 +121,7 @@ TEST_F(PatcherTest, BytesThatAreNotTheExpectedOnesAreNeverWritten) {
 }
 
 TEST_F(PatcherTest, AFailedTrapEntryLeavesNothingBehind) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   ch.fail_add = true;
   auto patch = p.apply(trap_spec());
   ASSERT_FALSE(patch);
@@ -131,20 +136,21 @@ TEST_F(PatcherTest, AFailedTrapEntryLeavesNothingBehind) {
 TEST_F(PatcherTest, AFullJournalTakesTheTrapEntryAwayAndWritesNothing) {
   ASSERT_TRUE(journal->add_patch(kDom, guardian::PatchKind::Text, Gva{0x7000}, std::vector<std::uint8_t>{0xcc},
                                  std::vector<std::uint8_t>{0x90}, Gva{0x7000}));  // the only record
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   auto patch = p.apply(trap_spec());
   ASSERT_FALSE(patch);
   EXPECT_EQ(at(), 0x55);
   EXPECT_FALSE(journaled());
   EXPECT_TRUE(ch.entries.empty());
-  ASSERT_EQ(ch.log.size(), 2u);
+  ASSERT_EQ(ch.log.size(), 3u);
   EXPECT_EQ(ch.log[1], "removed " + std::to_string(kAt));
+  EXPECT_EQ(ch.log[2], "forgotten " + std::to_string(kAt));
   EXPECT_EQ(undone, 1);
 }
 
 TEST_F(PatcherTest, AFailedWriteTakesTheRecordAndTheEntryAway) {
   ram.deny_writable(Frame{kAt >> 12});
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   auto patch = p.apply(trap_spec());
   ASSERT_FALSE(patch);
   EXPECT_EQ(at(), 0x55);
@@ -154,7 +160,7 @@ TEST_F(PatcherTest, AFailedWriteTakesTheRecordAndTheEntryAway) {
 }
 
 TEST_F(PatcherTest, AnUncommittedPatchIsUndoneWhenDropped) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   {
     auto patch = p.apply(trap_spec());
     ASSERT_TRUE(patch);
@@ -167,7 +173,7 @@ TEST_F(PatcherTest, AnUncommittedPatchIsUndoneWhenDropped) {
 }
 
 TEST_F(PatcherTest, ACommittedPatchStaysUntilRestoredThenForgotten) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   std::optional<Patch> kept;
   {
     auto patch = p.apply(trap_spec());
@@ -192,7 +198,7 @@ TEST_F(PatcherTest, ACommittedPatchStaysUntilRestoredThenForgotten) {
 }
 
 TEST_F(PatcherTest, RestoreLeavesTheGuestsOwnBytesAlone) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   auto patch = p.apply(trap_spec());
   ASSERT_TRUE(patch);
   patch->commit();
@@ -205,7 +211,7 @@ TEST_F(PatcherTest, RestoreLeavesTheGuestsOwnBytesAlone) {
 }
 
 TEST_F(PatcherTest, ReapplyChecksTheBytesAgainAndUpdatesTheEntry) {
-  Patcher p(mem, ch, journal.get(), kDom);
+  Patcher p(mem, ch, &ch, journal.get(), kDom);
   auto patch = p.apply(trap_spec());
   ASSERT_TRUE(patch);
   patch->commit();
@@ -232,6 +238,29 @@ TEST_F(PatcherTest, WithoutAJournalThePatchStillGoesInOrder) {
   EXPECT_EQ(at(), 0xcc);
   ASSERT_TRUE(patch->undo());
   EXPECT_EQ(at(), 0x55);
+  EXPECT_TRUE(ch.entries.empty());
+}
+
+// A channel without a trap table (vmevent, debugger) is told nothing when the trap goes in,
+// and that the trap is forgotten when it goes: once, after the byte is back.
+TEST_F(PatcherTest, WithoutATrapTableTheChannelHearsOnlyThatTheTrapIsForgotten) {
+  Patcher p(mem, ch, nullptr, journal.get(), kDom);
+  auto patch = p.apply(trap_spec());
+  ASSERT_TRUE(patch) << patch.error().what;
+  EXPECT_EQ(at(), 0xcc);
+  EXPECT_TRUE(journaled());
+  EXPECT_TRUE(ch.log.empty());
+  patch->commit();
+  channel::TrapEntry moved = *trap_spec().trap;
+  moved.resume_at = Gva{0xa000};
+  ASSERT_TRUE(patch->update_trap(moved));
+  ASSERT_TRUE(patch->restore());
+  ASSERT_TRUE(patch->reapply(moved));
+  EXPECT_TRUE(ch.log.empty());
+  ASSERT_TRUE(patch->restore());
+  patch->forget();
+  EXPECT_EQ(ch.log, std::vector<std::string>{"forgotten " + std::to_string(kAt)});
+  EXPECT_FALSE(journaled());
   EXPECT_TRUE(ch.entries.empty());
 }
 
