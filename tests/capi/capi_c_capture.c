@@ -4,38 +4,13 @@
  * domain maps its image a second time as user memory (DomainConfig::user_image_va), so a path
  * sys_open gets in rdi is also at rdi + user_offset, in the lower half, with the same bytes. */
 #include "capi_c_part.h"
+#include "capi_c_check.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-#define CHECK(cond, ...)                     \
-  do {                                       \
-    if (!(cond)) {                           \
-      report(msg, n, __LINE__, __VA_ARGS__); \
-      return __LINE__;                       \
-    }                                        \
-  } while (0)
-
-#define EXPECT_ERR(call, err, needle)                                                                     \
-  do {                                                                                                    \
-    errno = 0;                                                                                            \
-    CHECK((call) == -1, "%s succeeded", #call);                                                           \
-    CHECK(errno == (err), "%s: errno %d (%s), wanted %s; last error '%s'", #call, errno, strerror(errno),  \
-          #err, xenprobes_last_error());                                                                  \
-    CHECK(strstr(xenprobes_last_error(), needle) != NULL, "%s: last error '%s' does not mention '%s'",   \
-          #call, xenprobes_last_error(), needle);                                                         \
-  } while (0)
-
-static void report(char *msg, size_t n, int line, const char *fmt, ...) {
-  va_list ap;
-  int k = snprintf(msg, n, "capi_c_capture.c:%d: ", line);
-  va_start(ap, fmt);
-  if (k >= 0 && (size_t)k < n) vsnprintf(msg + k, n - (size_t)k, fmt, ap);
-  va_end(ap);
-}
 
 static const char *const paths[] = {"/etc/hostname", "/etc/passwd",   "/tmp",          "/nonexistent",
                                     "/proc/version", "/tmp/demo.log", "relative/path", "/etc"};

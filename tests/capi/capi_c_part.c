@@ -1,28 +1,13 @@
 /* The C API used from C (compiled as C11 with -Wall -Wextra -pedantic): proves the header is
  * C-clean and that a C program can do what the paper's Figure 2 does. */
 #include "capi_c_part.h"
+#include "capi_c_check.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-#define CHECK(cond, ...)                              \
-  do {                                                \
-    if (!(cond)) {                                    \
-      report(msg, n, __LINE__, __VA_ARGS__);          \
-      return __LINE__;                                \
-    }                                                 \
-  } while (0)
-
-static void report(char *msg, size_t n, int line, const char *fmt, ...) {
-  va_list ap;
-  int k = snprintf(msg, n, "capi_c_part.c:%d: ", line);
-  va_start(ap, fmt);
-  if (k >= 0 && (size_t)k < n) vsnprintf(msg + k, n - (size_t)k, fmt, ap);
-  va_end(ap);
-}
 
 size_t capi_c_regs_size(void) { return sizeof(struct cpu_user_regs); }
 size_t capi_c_regs_rip_offset(void) { return offsetof(struct cpu_user_regs, rip); }
@@ -82,16 +67,6 @@ static void nop_handler(xenprobes_handle_t h, struct cpu_user_regs *regs) {
   (void)h;
   (void)regs;
 }
-
-#define EXPECT_ERR(call, err, needle)                                                                    \
-  do {                                                                                                   \
-    errno = 0;                                                                                           \
-    CHECK((call) == -1, "%s succeeded", #call);                                                          \
-    CHECK(errno == (err), "%s: errno %d (%s), wanted %s; last error '%s'", #call, errno, strerror(errno), \
-          #err, xenprobes_last_error());                                                                 \
-    CHECK(strstr(xenprobes_last_error(), needle) != NULL, "%s: last error '%s' does not mention '%s'",  \
-          #call, xenprobes_last_error(), needle);                                                        \
-  } while (0)
 
 int capi_c_errors(char *msg, size_t n) {
   struct xenprobe_stats st;

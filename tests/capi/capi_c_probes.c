@@ -4,38 +4,13 @@
  * advancing by exactly one from hit to hit has seen every call; an async probe captures it at
  * each hit, so every call it has no record of must be a drop the guest module counted. */
 #include "capi_c_part.h"
+#include "capi_c_check.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-#define CHECK(cond, ...)                     \
-  do {                                       \
-    if (!(cond)) {                           \
-      report(msg, n, __LINE__, __VA_ARGS__); \
-      return __LINE__;                       \
-    }                                        \
-  } while (0)
-
-#define EXPECT_ERR(call, err, needle)                                                                     \
-  do {                                                                                                    \
-    errno = 0;                                                                                            \
-    CHECK((call) == -1, "%s succeeded", #call);                                                           \
-    CHECK(errno == (err), "%s: errno %d (%s), wanted %s; last error '%s'", #call, errno, strerror(errno),  \
-          #err, xenprobes_last_error());                                                                  \
-    CHECK(strstr(xenprobes_last_error(), needle) != NULL, "%s: last error '%s' does not mention '%s'",   \
-          #call, xenprobes_last_error(), needle);                                                         \
-  } while (0)
-
-static void report(char *msg, size_t n, int line, const char *fmt, ...) {
-  va_list ap;
-  int k = snprintf(msg, n, "capi_c_probes.c:%d: ", line);
-  va_start(ap, fmt);
-  if (k >= 0 && (size_t)k < n) vsnprintf(msg + k, n - (size_t)k, fmt, ap);
-  va_end(ap);
-}
 
 static void nop(xenprobes_handle_t h, struct cpu_user_regs *regs) {
   (void)h;
