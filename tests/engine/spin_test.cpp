@@ -30,7 +30,7 @@ struct SpinRun {
 // without spin_us never writes it after attaching): every hit skips its notification, and
 // Dom0 finds each when its poll() times out (run_once(2)) and looks at the mailboxes anyway.
 //
-// `dom0_ms_per_hit`: Dom0's spin measures its time on a virtual clock (SessionTesting::
+// `dom0_time_per_hit`: Dom0's spin measures its time on a virtual clock (SessionTesting::
 // set_spin_clock) that moves only by that much in each handler, and jumps past every bound
 // once the guest has halted or crashed (nothing more to wait for). A spin then sees the same
 // number of hits however the machine schedules the guest's and Dom0's threads.
@@ -38,13 +38,13 @@ struct SpinRun {
 // `after_the_spin`: each handler returns only once vCPU 0's mailbox says spinning = 0 (the
 // module's spin ran out and it cleared the flag), however long the module's thread takes.
 SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, bool after_the_spin = false,
-                 bool dom0_says_polling = false, std::chrono::milliseconds dom0_ms_per_hit = {}) {
+                 bool dom0_says_polling = false, std::chrono::microseconds dom0_time_per_hit = {}) {
   auto cfg = demo_config(1, kIterations);
   cfg.module_spin_us = module_spin_us;
   ProbedGuest g(cfg, {}, {}, dom0_spin_us);
   SpinRun r;
   auto virtual_now = std::make_shared<std::atomic<std::int64_t>>(0);  // µs since the clock's epoch
-  if (dom0_ms_per_hit.count()) {
+  if (dom0_time_per_hit.count()) {
     using Clock = std::chrono::steady_clock;
     SessionTesting::set_spin_clock(*g.session, [virtual_now, host = g.host, dom = g.dom] {
       if (host->wait_halted(dom, 0ms) || !host->crash_reason(dom).empty()) return Clock::time_point(Clock::duration::max() / 2);
@@ -63,7 +63,7 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, bool after_the_
       if (!g.host->peek(g.dom, spinning_at, std::as_writable_bytes(std::span(&spinning, 1)))) break;
       if (spinning) std::this_thread::sleep_for(50us);
     }
-    *virtual_now += std::chrono::duration_cast<std::chrono::microseconds>(dom0_ms_per_hit).count();
+    *virtual_now += dom0_time_per_hit.count();
     return 0;
   });
   EXPECT_TRUE(p) << p.error().what;
@@ -119,23 +119,23 @@ TEST(Spin, EveryHitWhileDom0SaysItPollsIsACountedSkippedNotification) {
 }
 
 // Dom0 polls for up to 1 s after each hit (at most 10 ms at a time), the module spins up to
-// 1 s, longer than any answer takes. Dom0's time is virtual, 1 ms per hit: a Dom0 spin that
-// gets its turn for real microseconds saw fewer hits per 10 ms turn the more the machine was
-// loaded (each turn's end costs a notified hit or two: 32 skipped of 80 at a load of 8).
-// Now every turn but the last answers exactly 10 hits and follows one answered outside a
-// turn, so there are at most 1 + (80 - 1) / 11 = 8 turns, whatever the scheduling. A hit
+// 1 s, longer than any answer takes. Dom0's time is virtual, 0.5 ms per hit: a Dom0 spin that
+// got its turn for real microseconds saw fewer hits per 10 ms turn the more the machine was
+// loaded (each turn's end costs a notified hit or two: 19 to 38 skipped of 80 at a load of
+// 10). Now every turn but the last answers exactly 20 hits and follows one answered outside
+// a turn, so there are at most 1 + (80 - 1) / 21 = 4 turns, whatever the scheduling. A hit
 // goes notified only if the module reads dom0_polling outside a turn: before the first, at
 // most 2 (the first hit, and the next one if it comes before Dom0 sets the flag); between two
 // turns at most 4, since Dom0 answers at most 2 hits there (the turn's last look, the hit
 // that starts the next turn) and the guest hits again only once answered; after the last, 2.
-// At most 4 per turn, 32: more than 40 of the 80 hits go without a notification, always.
+// At most 4 per turn, 16 of 80 (a Dom0 whose turn ended after each hit notified 28).
 TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  const SpinRun r = spin_run(1'000'000, 1'000'000, false, false, 1ms);
+  const SpinRun r = spin_run(1'000'000, 1'000'000, false, false, 500us);
   EXPECT_EQ(r.hits, expected_calls(DEMO_FN_GETPPID, kIterations)) << "every hit handled exactly once";
   EXPECT_EQ(r.module.sent + r.module.skipped, r.hits);
   EXPECT_EQ(r.module.sent + r.notify_skipped, r.hits) << "every hit not notified is counted in the header";
-  const std::uint64_t turns = 1 + (r.hits - 1) / 11;
+  const std::uint64_t turns = 1 + (r.hits - 1) / 21;
   EXPECT_LE(r.module.sent, 4 * turns) << "a hit is notified only outside Dom0's turns of polling";
   EXPECT_GT(r.module.skipped, r.hits / 2) << "most hits came while Dom0 polled: no notification";
   EXPECT_LT(r.to_guest, r.hits / 2) << "most answers went to a spinning module: no notification";
