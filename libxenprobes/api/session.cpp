@@ -384,6 +384,10 @@ Result<channel::GuestChannel::ModuleCounters> SessionTesting::module_counters(Se
   return s.impl_->guest->module_counters(dom);
 }
 
+void SessionTesting::set_spin_clock(Session& s, std::function<std::chrono::steady_clock::time_point()> clock) {
+  s.impl_->spin_clock = std::move(clock);
+}
+
 std::unique_ptr<hv::Hypervisor> SessionTesting::abandon(std::unique_ptr<Session> s) {
   s->impl_->abandon();
   // The handle goes last, as the process's death would take it (its VIRQ binding and event

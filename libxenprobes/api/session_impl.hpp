@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -51,19 +52,24 @@ struct Session::Impl {
   std::atomic<bool> stop{false};
   int wake_fd = -1;
   bool watching = false;
+  // The clock spin() measures spin_us and its 10 ms turn by; empty: steady_clock. A test's
+  // virtual clock (SessionTesting::set_spin_clock) makes a spin's length independent of how
+  // the machine schedules the guest's and Dom0's threads.
+  std::function<std::chrono::steady_clock::time_point()> spin_clock;
 
   // Polls the guest channel's mailboxes until no hit came for `idle` (or stop()), at most
   // kMaxSpin in all (then the other channels, the xenstore and dying domains get their turn: a
   // guest that never stops hitting must not keep the loop to itself), with the modules told
   // so; then one more look after telling them it stopped. Returns hits handled.
+  // Both bounds are measured by spin_clock when a test set one (SessionTesting::set_spin_clock).
   Result<unsigned> spin(std::chrono::microseconds idle) {
-    using Clock = std::chrono::steady_clock;
     constexpr std::chrono::milliseconds kMaxSpin{10};  // local: no symbol in the library's ABI
+    auto now = [this] { return spin_clock ? spin_clock() : std::chrono::steady_clock::now(); };
     guest->set_polling(true);
     unsigned n = 0;
     std::optional<Error> err;
-    const auto until = Clock::now() + kMaxSpin;
-    for (auto last = Clock::now(); !stop && !engine->stop_requested() && Clock::now() < until;) {
+    const auto until = now() + kMaxSpin;
+    for (auto last = now(); !stop && !engine->stop_requested() && now() < until;) {
       auto h = guest->process(*engine);
       if (!h) {
         err = h.error();
@@ -71,12 +77,12 @@ struct Session::Impl {
       }
       if (*h > 0) {
         n += *h;
-        last = Clock::now();
+        last = now();
         if (auto r = engine->after_dispatch(true); !r) {
           err = r.error();
           break;
         }
-      } else if (Clock::now() - last >= idle) {
+      } else if (now() - last >= idle) {
         break;
       } else {
         __builtin_ia32_pause();

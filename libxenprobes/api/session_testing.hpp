@@ -5,6 +5,8 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 
 #include "channel/guest.hpp"
@@ -26,6 +28,10 @@ class SessionTesting {
   // What the guest module counts in `dom`'s control area, as the guest channel reads it.
   // InvalidArgument when the session has no guest channel or `dom` is not attached to it.
   [[nodiscard]] static Result<channel::GuestChannel::ModuleCounters> module_counters(Session&, DomId dom);
+  // The clock run_once()'s spin (SessionOptions::spin_us) measures its idle time and its 10 ms
+  // turn by, instead of steady_clock (an empty function: steady_clock again). A test's virtual
+  // clock makes how many hits one spin sees independent of the machine's load.
+  static void set_spin_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
 };
 
 }  // namespace xenprobes

@@ -322,6 +322,15 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   // that moved on), never hand a handler registers that are not the module's for that hit (a
   // late answer's registers landing on the next hit), and every answer the module takes must
   // be Dom0's for that very hit.
+  //
+  // Claims expire on every machine, however loaded: half the hits of the third kind are
+  // "held" (rcx says so): Dom0's handler keeps its claim, with no time limit, until the
+  // module gives it up, and the module waits for that claim until Dom0 has had a whole look
+  // at the mailbox (a process() begun after the hit was published) rather than for a time.
+  // Each held claim is then an expired claim, which Dom0 must find late. (With only real-time
+  // bounds, a loaded machine that ran the two threads by turns saw 0 claims expire in 10 s:
+  // the module never ran while Dom0 held a claim, Dom0's slow handler gave up after 1 ms.)
+  // The other hits race as before: a random bound after the claim, quick or slow handlers.
   FuzzGuest g;
   g.attach();
   const auto before = g.snapshot();
@@ -342,13 +351,22 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   const hv::ForeignMapping dom0_view = g.map_control(*dom0_hv);
   auto dom0_state = ChannelGuest::mailbox_word(dom0_view, g.good, 0, offsetof(xenprobes_mailbox, state));
   std::set<std::uint32_t> handled;
-  std::uint64_t foreign_regs = 0;
+  std::uint64_t foreign_regs = 0, held_claims = 0;
+  constexpr std::uint64_t kHeld = 0x4e4c44;  // rcx of a held hit
+  std::atomic<std::uint64_t> looks{0};        // process() calls Dom0 finished
   std::mt19937_64 dom0_rng(23);
   sink.observer = [&](channel::Stop& s) {
     if (s.regs.rax != hit_sum(s.regs.rbx)) ++foreign_regs;
     handled.insert(static_cast<std::uint32_t>(s.regs.rbx));
+    const bool held = s.regs.rcx == kHeld;
     s.regs.rax = answer_sum(s.regs.rbx);
     s.regs.rip = s.trap.value;
+    if (held) {  // until the module gives the claim up, however long that takes
+      ++held_claims;
+      while (dom0_state.load() == XENPROBES_MBOX_CLAIMED) {
+      }
+      return;
+    }
     // A slow handler (until the module gives up on it, 1 ms at most), or a quick one.
     const bool slow = dom0_rng() % 2;
     const auto until = std::chrono::steady_clock::now() +
@@ -371,6 +389,8 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
     std::atomic_ref<std::uint64_t> trap_w(*reinterpret_cast<std::uint64_t*>(mb + offsetof(xenprobes_mailbox, trap)));
     std::mt19937_64 rng(5);
     for (std::uint32_t seq = 1; !stop; ++seq) {
+      const unsigned mode = rng() % 3;  // 0: race the claim, 1: wait for the answer, 2: expire the claim
+      const bool held = mode == 2 && rng() % 2;
       // Step 1 in the module's order: seq, trap, regs, then state (release).
       seq_w.store(seq, std::memory_order_relaxed);
       trap_w.store(e.addr.value, std::memory_order_relaxed);
@@ -378,11 +398,13 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
       r.rip = e.addr.value;
       r.rbx = seq;
       r.rax = hit_sum(seq);
+      r.rcx = held ? kHeld : 0;
       std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &r, sizeof r);
       state.store(XENPROBES_MBOX_HIT, std::memory_order_release);
       const auto t0 = std::chrono::steady_clock::now();
-      const unsigned mode = rng() % 3;  // 0: race the claim, 1: wait for the answer, 2: expire the claim
-      const std::chrono::microseconds timeout(mode == 0 ? rng() % 60 : 50000);
+      const std::uint64_t looks_at_publish = looks.load();  // read after the HIT is visible
+      // Mode 0 races for a time; 1 and 2 wait until Dom0 has looked and not claimed (refused).
+      const std::chrono::microseconds timeout(mode == 0 ? rng() % 60 : 0);
       const std::chrono::microseconds bound(mode == 2 ? rng() % 50 : 50000);  // after the claim is seen
       std::optional<std::chrono::steady_clock::time_point> claimed;
       while (!stop) {
@@ -397,7 +419,9 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
         }
         const auto now = std::chrono::steady_clock::now();
         if (st == XENPROBES_MBOX_CLAIMED && !claimed) claimed = now;
-        if ((st == XENPROBES_MBOX_HIT && now - t0 >= timeout) ||
+        // A look begun after the publication (two finished since) saw this HIT.
+        const bool timed_out = mode == 0 ? now - t0 >= timeout : looks.load() >= looks_at_publish + 2;
+        if ((st == XENPROBES_MBOX_HIT && timed_out) ||
             (st == XENPROBES_MBOX_CLAIMED && now - *claimed >= bound)) {
           std::uint32_t expected = st;
           if (state.compare_exchange_strong(expected, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
@@ -420,7 +444,10 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
     return std::chrono::steady_clock::now() - start >= 1s && taken >= 100 && unclaimed >= 100 &&
            claims_expired >= 100 && g.ch->stats(g.dom).abandoned >= 5;
   };
-  while (std::chrono::steady_clock::now() - start < 10s && !enough()) ASSERT_TRUE(g.ch->process(sink));
+  while (std::chrono::steady_clock::now() - start < 10s && !enough()) {
+    ASSERT_TRUE(g.ch->process(sink));
+    ++looks;
+  }
   stop = true;
   module.join();
 
@@ -436,9 +463,11 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   EXPECT_GT(taken, 0u);
   EXPECT_GT(unclaimed, 0u);
   EXPECT_GT(claims_expired, 0u);
+  EXPECT_GT(held_claims, 0u) << "Dom0 claimed no held hit";
+  EXPECT_GE(claims_expired, held_claims) << "every claim Dom0 held until the module gave it up expired";
   std::cout << "racing module: " << taken << " answers taken, " << unclaimed << " hits abandoned unclaimed, "
-            << claims_expired << " claims expired; Dom0: " << st.answered << " answered, " << st.late << " late, "
-            << st.abandoned << " claims lost, " << st.rejected << " refused\n";
+            << claims_expired << " claims expired (" << held_claims << " held); Dom0: " << st.answered
+            << " answered, " << st.late << " late, " << st.abandoned << " claims lost, " << st.rejected << " refused\n";
   EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
 }
 
