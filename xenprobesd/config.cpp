@@ -23,6 +23,7 @@ namespace {
 constexpr std::size_t kMaxConfigBytes = 4 << 20;  // the file, and each program file
 constexpr std::size_t kMaxPrograms = 256;
 constexpr std::size_t kMaxSelectors = 256;
+constexpr const char* kCannotRunAsync = "cannot run with method = \"async\"";
 
 // Formats every error like the xenprobe checker's: "FILE:LINE:COL: error: WHAT", the line,
 // a caret, the hint.
@@ -188,17 +189,33 @@ std::optional<PositionRef> find_position_ref(const std::string& s) {
   return r;
 }
 
-// Parses and checks a program without types. One that needs the guest kernel's types is kept
-// parsed: each domain's attachment checks it again with that domain's BTF (Daemon::attach).
-// Throws ProgramError for anything else.
+// Thrown by check_program for a program that compiles but cannot run from async records
+// (method = "async"): the planner's refusal, in the daemon's words.
+struct AsyncRefused {
+  xenprobe::ProgramError error;
+};
+
+// Parses and checks a program without types, and plans its async probes. One that needs the
+// guest kernel's types is kept parsed: each domain's attachment checks (and plans) it again
+// with that domain's BTF (Daemon::attach). Throws ProgramError or AsyncRefused.
 void check_program(ProgramConfig& p) {
+  xenprobe::Compiled c;
   try {
-    p.compiled = std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(p.source), nullptr));
+    c = xenprobe::compile(xenprobe::parse(p.source), nullptr);
   } catch (const xenprobe::ProgramError& e) {
     if (!e.needs_types) throw;
     p.compiled = nullptr;
     p.parsed = std::make_shared<const xenprobe::Program>(xenprobe::parse(p.source));
+    return;
   }
+  if (p.method == Method::Async) {
+    try {
+      p.plans = std::make_shared<AsyncPlans::element_type>(plan_async_program(c));
+    } catch (const xenprobe::ProgramError& e) {
+      throw AsyncRefused{e};
+    }
+  }
+  p.compiled = std::make_shared<const xenprobe::Compiled>(std::move(c));
 }
 
 // The checker's hint, minus what speaks of xenprobe's --btf option (the daemon reads each
@@ -276,7 +293,9 @@ std::optional<std::size_t> inline_start(const Reporter& r, const toml::node& n, 
 ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::filesystem::path& dir) {
   const toml::table* t = n.as_table();
   if (!t) r.fail(n.source(), "program must be a table", "write each program as [[program]] with its keys below");
-  known_keys(r, *t, {"name", "source", "file", "domains", "outputs", "events_per_second", "event_burst", "maxactive"},
+  known_keys(r, *t,
+             {"name", "source", "file", "domains", "outputs", "events_per_second", "event_burst", "maxactive",
+              "method"},
              "a [[program]]");
   ProgramConfig p;
   const toml::node* name = t->get("name");
@@ -286,6 +305,21 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     r.fail(name->source(), "program name " + q(p.name) + " is not a valid name",
            "a name starts with a letter or _ and has up to 64 letters, digits, _ - and . (it becomes a metric label)");
   const std::string prog = "program " + q(p.name);
+  if (auto* v = t->get("method")) {
+    std::string m = get_string(r, *v, "method");
+    if (m == "trap")
+      p.method = Method::Trap;
+    else if (m == "jump")
+      p.method = Method::Jump;
+    else if (m == "fastest")
+      p.method = Method::Fastest;
+    else if (m == "async")
+      p.method = Method::Async;
+    else
+      r.fail(v->source(), "method is " + q(m) + "; give \"trap\", \"jump\", \"fastest\" or \"async\"",
+             "trap (the default) works on every channel; jump and async need the guest channel; fastest is "
+             "a jump where one can go, else a trap");
+  }
 
   const toml::node* source = t->get("source");
   const toml::node* file = t->get("file");
@@ -297,26 +331,34 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     p.source = get_string(r, *source, "source");
     p.origin = r.path() + ":" + std::to_string(source->source().begin.line);
     auto start = inline_start(r, *source, p.source);
+    // The positions in a message ("from 1:19") are the program's: made the file's when the
+    // file holds the program verbatim.
+    auto in_file = [&](const xenprobe::ProgramError& e, const std::string& prefix) {
+      std::string what = prefix + e.what();
+      if (auto ref = find_position_ref(what)) {
+        std::size_t off = *start, line = 1;
+        while (line < ref->line && off < r.text().size()) line += r.text()[off++] == '\n';
+        xenprobe::Pos at = r.pos_at(off + ref->col - 1);
+        what.replace(ref->begin, ref->end - ref->begin,
+                     "(from " + std::to_string(at.line) + ":" + std::to_string(at.col) + ")");
+      }
+      xenprobe::ProgramError moved(r.pos_at(*start + std::min(e.pos.offset, p.source.size())), e.length, what,
+                                   no_btf_hint(e));
+      return ConfigError(xenprobe::format_error(moved, r.text(), r.path()));
+    };
+    auto at_source = [&](const std::string& what, const xenprobe::ProgramError& e) {
+      return ConfigError(r.path() + ":" + std::to_string(source->source().begin.line) + ":" +
+                         std::to_string(source->source().begin.column) + ": error: " + prog + " " + what + ":\n" +
+                         xenprobe::format_error(e, p.source, "source"));
+    };
     try {
       check_program(p);
     } catch (const xenprobe::ProgramError& e) {
-      if (start) {
-        // The positions in the message ("from 1:19") are the program's: make them the file's.
-        std::string what = e.what();
-        if (auto ref = find_position_ref(what)) {
-          std::size_t off = *start, line = 1;
-          while (line < ref->line && off < r.text().size()) line += r.text()[off++] == '\n';
-          xenprobe::Pos at = r.pos_at(off + ref->col - 1);
-          what.replace(ref->begin, ref->end - ref->begin,
-                       "(from " + std::to_string(at.line) + ":" + std::to_string(at.col) + ")");
-        }
-        xenprobe::ProgramError moved(r.pos_at(*start + std::min(e.pos.offset, p.source.size())), e.length, what,
-                                     no_btf_hint(e));
-        throw ConfigError(xenprobe::format_error(moved, r.text(), r.path()));
-      }
-      throw ConfigError(r.path() + ":" + std::to_string(source->source().begin.line) + ":" +
-                        std::to_string(source->source().begin.column) + ": error: " + prog + " does not compile:\n" +
-                        xenprobe::format_error(e, p.source, "source"));
+      if (start) throw in_file(e, "");
+      throw at_source("does not compile", e);
+    } catch (const AsyncRefused& a) {
+      if (start) throw in_file(a.error, prog + ": ");
+      throw at_source(kCannotRunAsync, a.error);
     }
   } else {
     std::string f = get_string(r, *file, "file");
@@ -326,12 +368,17 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     p.source = read_limited(fp.string(), &why);
     if (!why.empty()) r.fail(file->source(), "cannot read " + prog + "'s file " + fp.string() + ": " + why);
     p.origin = fp.string();
+    auto at_file = [&](const std::string& what, const xenprobe::ProgramError& e) {
+      return ConfigError(r.path() + ":" + std::to_string(file->source().begin.line) + ":" +
+                         std::to_string(file->source().begin.column) + ": error: " + prog + " " + what + ":\n" +
+                         xenprobe::format_error(e, p.source, fp.string()));
+    };
     try {
       check_program(p);
     } catch (const xenprobe::ProgramError& e) {
-      throw ConfigError(r.path() + ":" + std::to_string(file->source().begin.line) + ":" +
-                        std::to_string(file->source().begin.column) + ": error: " + prog + " does not compile:\n" +
-                        xenprobe::format_error(e, p.source, fp.string()));
+      throw at_file("does not compile", e);
+    } catch (const AsyncRefused& a) {
+      throw at_file(kCannotRunAsync, a.error);
     }
   }
   const xenprobe::Program& prog_ast = p.compiled ? p.compiled->program : *p.parsed;
@@ -396,6 +443,36 @@ const char* outputs_name(Outputs o) {
       return "both";
   }
   return "?";
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::Trap:
+      return "trap";
+    case Method::Jump:
+      return "jump";
+    case Method::Fastest:
+      return "fastest";
+    case Method::Async:
+      return "async";
+  }
+  return "?";
+}
+
+std::vector<xenprobe::AsyncPlan> plan_async_program(xenprobe::Compiled& c) {
+  try {
+    return xenprobe::plan_async(c);
+  } catch (const xenprobe::ProgramError& e) {
+    // xenprobe's planner speaks of its --method option: the daemon's is the method key.
+    auto reword = [](std::string s) {
+      for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"--method async", "method = \"async\""},
+                              {"--method trap (or jump)", "method = \"trap\" (or \"jump\")"}})
+        for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+          s.replace(at, from.size(), to);
+      return s;
+    };
+    throw xenprobe::ProgramError(e.pos, e.length, reword(e.what()), reword(e.hint), e.needs_types);
+  }
 }
 
 std::optional<ListenAddress> parse_listen(const std::string& s) {

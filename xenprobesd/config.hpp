@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "async.hpp"
 #include "compile.hpp"
 
 namespace xenprobesd {
@@ -30,6 +31,14 @@ struct Selector {
 enum class Outputs { Metrics, Events, Both };
 const char* outputs_name(Outputs);
 
+// How a program's kprobes go into the guest: xenprobe's --method (docs/xenprobe.md "--method").
+// kretprobes are trap probes whatever it says.
+enum class Method { Trap, Jump, Fastest, Async };
+const char* method_name(Method);
+
+// Each block's async plan (xenprobe::plan_async), shared by the attachments of a program.
+using AsyncPlans = std::shared_ptr<const std::vector<xenprobe::AsyncPlan>>;
+
 struct ProgramConfig {
   std::string name;
   std::string source;  // the program's text
@@ -39,12 +48,16 @@ struct ProgramConfig {
   double events_per_second = 100;  // rate limit of event records, per domain
   double event_burst = 200;
   unsigned maxactive = 64;
+  Method method = Method::Trap;
   // The checked program (shared so that a reload can keep it when the text is unchanged).
   // Null when the program needs the guest kernel's types (casts, fields, comm, pid, tid): it
   // is then checked again for each domain with that domain's BTF, read from its memory, and
   // `parsed` holds its probes meanwhile.
   std::shared_ptr<const xenprobe::Compiled> compiled;
   std::shared_ptr<const xenprobe::Program> parsed;
+  // Method::Async: what each block's async probes capture (xenprobe::plan_async over
+  // `compiled`). A program checked for each domain is planned there (Daemon::compiled_for).
+  AsyncPlans plans;
 
   bool wants_metrics() const { return outputs != Outputs::Events; }
   bool wants_events() const { return outputs != Outputs::Metrics; }
@@ -72,6 +85,10 @@ struct ConfigError : std::runtime_error {
 Config load_config(const std::string& path);
 // The same from text already read (`path` names it in messages and anchors program files).
 Config parse_config(const std::string& text, const std::string& path);
+
+// xenprobe's async planner (xenprobe::plan_async) for a program of the daemon: its refusal is
+// the same ProgramError, in the daemon's words (the method key instead of xenprobe's --method).
+std::vector<xenprobe::AsyncPlan> plan_async_program(xenprobe::Compiled&);
 
 // Splits "HOST:PORT" ("127.0.0.1:9477", "[::1]:9477"); nullopt if malformed.
 struct ListenAddress {

@@ -12,6 +12,7 @@
 
 #include "kstack.hpp"
 #include "metrics.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobesd {
 
@@ -40,6 +41,18 @@ std::string hex(std::uint64_t v) {
   char b[32];
   std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(v));
   return b;
+}
+
+// A program's method for its synchronous kprobes (async ones are Session::probe_async's).
+xenprobes::ProbeMethod probe_method(Method m) {
+  switch (m) {
+    case Method::Jump:
+      return xenprobes::ProbeMethod::Jump;
+    case Method::Fastest:
+      return xenprobes::ProbeMethod::Fastest;
+    default:
+      return xenprobes::ProbeMethod::Trap;
+  }
 }
 
 std::uint64_t missed_of(const ProbeEntry& p) {
@@ -154,6 +167,9 @@ void Daemon::open_session() {
   if (sim_.enabled) {
     if (sim_.guests > 64) throw std::runtime_error("--sim-guests: give 0 ... 64 guests");
     if (sim_.vcpus < 1 || sim_.vcpus > 8) throw std::runtime_error("--sim-vcpus: give 1 ... 8 vCPUs");
+    if (sim_.ring_order && (sim_.ring_order < XENPROBES_RING_MIN_ORDER || sim_.ring_order > XENPROBES_RING_MAX_ORDER))
+      throw std::runtime_error("--sim-ring-order: give " + std::to_string(XENPROBES_RING_MIN_ORDER) + " ... " +
+                               std::to_string(XENPROBES_RING_MAX_ORDER));
     xenprobes::hv::sim::SimOptions opts;
     opts.manual_clock = true;  // a hit never times out because this machine is busy: counts are exact
     host_ = xenprobes::hv::sim::SimHost::create(opts);
@@ -199,6 +215,7 @@ void Daemon::sim_create(const std::string& name) {
   c.vcpus = sim_.vcpus;
   c.iterations = sim_.iterations;
   c.start_paused = true;  // like xl create -p: started once the daemon has had its look at it
+  if (sim_.ring_order) c.module_ring_order = sim_.ring_order;
   if (sim_.type == "hvm" || sim_.type == "pvh")
     c.type = xenprobes::hv::GuestType::Hvm;
   else if (sim_.type != "pv")
@@ -220,8 +237,11 @@ void Daemon::sim_create(const std::string& name) {
 
 std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConfig& cfg, const DomainKey& key,
                                                                 xenprobes::DomId id, const std::string& name,
-                                                                std::string* failure) {
-  if (cfg.compiled) return cfg.compiled;
+                                                                std::string* failure, AsyncPlans* plans) {
+  if (cfg.compiled) {
+    *plans = cfg.plans;
+    return cfg.compiled;
+  }
   auto t = types_.find(key);
   if (t == types_.end()) {
     auto btf = session_->kernel_btf(id);
@@ -238,13 +258,24 @@ std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConf
       return nullptr;
     }
   }
+  xenprobe::Compiled c;
   try {
-    return std::make_shared<const xenprobe::Compiled>(xenprobe::compile(xenprobe::parse(cfg.source), t->second.get()));
+    c = xenprobe::compile(xenprobe::parse(cfg.source), t->second.get());
   } catch (const xenprobe::ProgramError& e) {
     *failure = "the program does not check against this guest's kernel types:\n" +
                xenprobe::format_error(e, cfg.source, cfg.origin);
     return nullptr;
   }
+  if (cfg.method == Method::Async) {
+    try {
+      *plans = std::make_shared<AsyncPlans::element_type>(plan_async_program(c));
+    } catch (const xenprobe::ProgramError& e) {
+      *failure =
+          "the program cannot run with method = \"async\":\n" + xenprobe::format_error(e, cfg.source, cfg.origin);
+      return nullptr;
+    }
+  }
+  return std::make_shared<const xenprobe::Compiled>(std::move(c));
 }
 
 bool Daemon::matches(const ProgramConfig& p, const xenprobes::hv::DomainInfo& d, const std::string& name) {
@@ -305,7 +336,7 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     else
       failure = "cannot read the guest kernel's symbols: " + r.error().what;
   }
-  if (failure.empty()) a->compiled = compiled_for(cfg, a->key, d.domid, name, &failure);
+  if (failure.empty()) a->compiled = compiled_for(cfg, a->key, d.domid, name, &failure, &a->plans);
   std::vector<std::int64_t> kaddrs;
   if (a->compiled)
     for (const std::string& sym : a->compiled->kaddrs) {
@@ -357,12 +388,21 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
           pe.block = static_cast<int>(b);
           ProbeEntry* pp = &pe;
           xenprobes::Result<xenprobes::Probe> p;
-          if (entry) {
-            p = session_->probe(d.domid, std::string_view(where),
-                                [this, att, pp, alive = att->alive](xenprobes::HitContext& c) {
-                                  if (*alive) on_hit(*att, *pp, c);
-                                  return 0;
-                                });
+          if (entry && att->plans) {
+            p = session_->probe_async(
+                d.domid, std::string_view(where),
+                [this, att, pp, alive = att->alive](const xenprobes::AsyncHit& h) {
+                  if (*alive) on_record(*att, *pp, h);
+                },
+                xenprobes::AsyncOptions{(*att->plans)[b].captures});
+          } else if (entry) {
+            p = session_->probe(
+                d.domid, std::string_view(where),
+                [this, att, pp, alive = att->alive](xenprobes::HitContext& c) {
+                  if (*alive) on_hit(*att, *pp, c);
+                  return 0;
+                },
+                {}, xenprobes::ProbeOptions{probe_method(cfg.method)});
           } else {
             p = session_->ret_probe(
                 d.domid, std::string_view(fn), {},
@@ -410,7 +450,7 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   a->tokens = cfg.event_burst;
   a->refilled = Clock::now();
   ordered_json f{{"domain", name},        {"domid", d.domid.value}, {"program", cfg.name}, {"probes", a->probes.size()},
-                 {"channel", a->channel}, {"skipped", skipped}};
+                 {"channel", a->channel}, {"skipped", skipped},    {"method", method_name(cfg.method)}};
   log_.write("attached", "INFO", f);
   // BEGIN, then the interval clocks.
   static const xenprobe::ProbeSite kBegin{"", "BEGIN"};
@@ -425,6 +465,12 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
       if (s.kind == xenprobe::ProbeKind::Interval) a->next_interval[b] = now + std::chrono::nanoseconds(s.interval_ns);
     }
   if (a->instance->exit_requested()) a->exited = true;
+  if (a->plans) {
+    // The guest module counts its drops since it loaded: the daemon counts from here. (Reading
+    // the rings runs the blocks of the records already there: after BEGIN.)
+    if (!ring_loss_.contains(a->key)) ring_loss_[a->key].base = ring_lost(a->key, d.domid);
+    a->lost_at_attach = ring_lost(a->key, d.domid);
+  }
   names_[a->key] = name;
   prog.failed.erase(a->key);
   prog.attached[a->key] = std::move(a);
@@ -459,16 +505,16 @@ void Daemon::run_end(Attachment& a) {
 }
 
 void Daemon::detach(Attachment& a, const std::string& why) {
+  // Async records still in the rings: their blocks run before the probes go and END runs.
+  const std::uint64_t lost = a.plans ? std::max(ring_lost(a.key, a.id), a.lost_at_attach) - a.lost_at_attach : 0;
   remove_probes(a);
   if (!a.exited) run_end(a);
   std::uint64_t hits = 0;
   for (const ProbeEntry& pe : a.probes) hits += pe.hits;
-  log_.write("detached", "INFO",
-             ordered_json{{"domain", a.domain},
-                          {"domid", a.id.value},
-                          {"program", a.program->cfg.name},
-                          {"hits", hits},
-                          {"body", why}});
+  ordered_json f{{"domain", a.domain}, {"domid", a.id.value}, {"program", a.program->cfg.name}, {"hits", hits}};
+  if (a.plans) f["lost_events"] = lost;
+  f["body"] = why;
+  log_.write("detached", "INFO", f);
 }
 
 void Daemon::domain_gone(const DomainKey& key, const std::string& why) {
@@ -494,6 +540,7 @@ void Daemon::domain_gone(const DomainKey& key, const std::string& why) {
   }
   names_.erase(key);
   domain_hits_.erase(key);
+  ring_loss_.erase(key);
 }
 
 void Daemon::scan(const char* why) {
@@ -576,6 +623,30 @@ void Daemon::on_hit(Attachment& a, ProbeEntry& pe, xenprobes::HitContext& c) {
     }
 }
 
+void Daemon::on_record(Attachment& a, ProbeEntry& pe, const xenprobes::AsyncHit& h) {
+  if (a.exited) return;  // records of a probe on its way out
+  const auto t0 = Clock::now();
+  xenprobe::RecordContext ctx(h, (*a.plans)[static_cast<std::size_t>(pe.block)].captures);
+  current_site_ = &pe.site;
+  a.instance->run(pe.block, pe.site, &ctx, static_cast<std::int64_t>(h.time_ns));
+  current_site_ = nullptr;
+  pe.handler_ns +=
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  ++pe.hits;
+  ++hits_;
+  ++domain_hits_[a.key];
+  if (a.instance->exit_requested()) a.exited = true;
+}
+
+std::uint64_t Daemon::ring_lost(const DomainKey& key, xenprobes::DomId id) {
+  RingLoss& r = ring_loss_[key];
+  if (auto st = session_->ring_stats(id); st) {
+    const std::uint64_t total = st->drops + st->missed + st->bad_records;
+    r.lost = total > r.base ? total - r.base : 0;
+  }
+  return r.lost;
+}
+
 void Daemon::run_intervals() {
   const auto now = Clock::now();
   for (auto& p : programs_)
@@ -630,10 +701,12 @@ std::string Daemon::apply(Config next) {
   for (ProgramConfig& np : next.programs) {
     auto old =
         std::find_if(programs_.begin(), programs_.end(), [&](const auto& p) { return p && p->cfg.name == np.name; });
-    if (old != programs_.end() && (*old)->cfg.source == np.source && (*old)->cfg.maxactive == np.maxactive) {
+    if (old != programs_.end() && (*old)->cfg.source == np.source && (*old)->cfg.maxactive == np.maxactive &&
+        (*old)->cfg.method == np.method) {
       // Unchanged: its instances, probes and counters stay; selectors, outputs and rate limits
       // are taken from the new configuration.
       np.compiled = (*old)->cfg.compiled;
+      np.plans = (*old)->cfg.plans;
       (*old)->cfg = std::move(np);
       (*old)->failed.clear();
       kept.push_back((*old)->cfg.name);
@@ -765,10 +838,17 @@ std::string Daemon::render_metrics() {
   x.family("xenprobesd_map_keys_not_exported", "gauge", "Keys of a map beyond max_map_series, not exported.");
   x.family("xenprobesd_map_updates_dropped_total", "counter",
            "Map updates with a new key dropped because the map held max_map_keys keys.");
+  x.family("xenprobesd_async_lost_events_total", "counter",
+           "Async hits of the domain whose records reached no handler: no room in its ring, missing by sequence "
+           "number, or written wrongly; counted from the daemon's first async probe in the domain.");
   x.family("xenprobesd_config_reloads_total", "counter", "Configuration reloads, by result.");
   x.family("xenprobesd_config_last_reload_successful", "gauge",
            "1 if the last reload was accepted (or none happened).");
   x.family("xenprobesd_event_log_write_failures_total", "counter", "Event records that could not be written.");
+  // The async rings first: the records still in them are counted before the counts are read.
+  std::vector<std::pair<DomainKey, std::uint64_t>> lost;
+  for (const auto& [k, r] : ring_loss_) lost.emplace_back(k, 0);
+  for (auto& [k, n] : lost) n = ring_lost(k, DomId{k.domid});
   for (auto& p : programs_) {
     for (auto& [k, a] : p->attached) {
       const Labels dp{{"domain", a->domain}, {"program", p->cfg.name}};
@@ -811,6 +891,9 @@ std::string Daemon::render_metrics() {
       }
     }
   }
+  for (const auto& [k, n] : lost)
+    if (auto name = names_.find(k); name != names_.end())
+      x.add("xenprobesd_async_lost_events_total", {{"domain", name->second}}, n);
   x.add("xenprobesd_config_reloads_total", {{"result", "accepted"}}, reloads_ok_);
   x.add("xenprobesd_config_reloads_total", {{"result", "rejected"}}, reloads_rejected_);
   x.add("xenprobesd_config_last_reload_successful", {}, std::uint64_t{last_reload_ok_ ? 1u : 0u});
@@ -847,16 +930,22 @@ std::string Daemon::write_textfile() {
 std::string Daemon::status_text() {
   std::string out = "config " + config_.path + "\n";
   for (auto& p : programs_) {
-    out += "program " + p->cfg.name + " (" + outputs_name(p->cfg.outputs) + "):";
+    out += "program " + p->cfg.name + " (" + outputs_name(p->cfg.outputs) +
+           (p->cfg.method == Method::Trap ? "" : std::string(", method ") + method_name(p->cfg.method)) + "):";
     if (p->attached.empty() && p->failed.empty()) out += " no domain selected";
     out += "\n";
     for (auto& [k, a] : p->attached) {
+      // Async: the records still in the rings are counted first; the domain's lost events.
+      const std::string lost =
+          a->plans ? ", " + std::to_string(std::max(ring_lost(k, a->id), a->lost_at_attach) - a->lost_at_attach) +
+                         " lost events"
+                   : "";
       std::uint64_t hits = 0, missed = 0;
       for (const ProbeEntry& pe : a->probes) hits += pe.hits, missed += missed_of(pe);
       out += "  " + a->domain + " (" + std::to_string(a->id.value) + ", " + a->channel +
              "): " + std::to_string(a->probes.size()) + " probes, " + std::to_string(hits) + " hits, " +
              std::to_string(missed) + " missed, " + std::to_string(a->events) + " events, " +
-             std::to_string(a->dropped) + " dropped" + (a->exited ? ", exited" : "") + "\n";
+             std::to_string(a->dropped) + " dropped" + lost + (a->exited ? ", exited" : "") + "\n";
     }
     for (auto& [k, f] : p->failed) {
       const auto left = std::chrono::duration_cast<std::chrono::seconds>(f.retry_at - Clock::now()).count();

@@ -45,6 +45,7 @@ struct SimPlan {
   std::vector<std::string> destroy;  // NAME@HITS: destroyed inside its HITS-th hit's handler
   std::vector<std::string> crash;    // NAME@HITS: its kernel panics inside its HITS-th hit's handler
   std::vector<std::string> labels;   // NAME:KEY=VALUE written to /local/domain/<id>/KEY at creation
+  unsigned ring_order = 0;           // the guest module's async rings: 2^N bytes each (0 = the module's default)
 };
 
 // Questions from other threads (the metrics endpoint's, the control socket's: "metrics",
@@ -111,6 +112,9 @@ struct Attachment {
   // The program as checked for this domain: the configuration's, or (a program that needs
   // types) checked again with this domain's BTF.
   std::shared_ptr<const xenprobe::Compiled> compiled;
+  // method = "async": each block's captures, planned with `compiled`; null for the other methods.
+  AsyncPlans plans;
+  std::uint64_t lost_at_attach = 0;  // async: the domain's lost events (Daemon::RingLoss) when attached
   std::deque<ProbeEntry> probes;  // stable addresses: the handlers point at them
   std::vector<Clock::time_point> next_interval;
   bool exited = false;  // the program called exit() here: its probes are gone
@@ -171,13 +175,22 @@ class Daemon {
   std::string prepare_kstack(xenprobe::Instance&, xenprobes::DomId);
   // The program checked for this domain, or "" in *failure: the configuration's when it needs
   // no types, else compiled with the domain's BTF.
+  // With method = "async", *plans gets the program's async plan (planned here when it was
+  // checked with the domain's types; a refusal is a failure).
   std::shared_ptr<const xenprobe::Compiled> compiled_for(const ProgramConfig&, const DomainKey&, xenprobes::DomId,
-                                                         const std::string& name, std::string* failure);
+                                                         const std::string& name, std::string* failure,
+                                                         AsyncPlans* plans);
   void remove_probes(Attachment&);
   void run_end(Attachment&);
   void detach(Attachment&, const std::string& why);
   void domain_gone(const DomainKey&, const std::string& why);
   void on_hit(Attachment&, ProbeEntry&, xenprobes::HitContext&);
+  // An async record (method = "async"): the block runs from it, with the guest's clock as nsecs.
+  void on_record(Attachment&, ProbeEntry&, const xenprobes::AsyncHit&);
+  // Reads the domain's async rings (their records' blocks run first) and returns its lost
+  // events since the daemon's first async attachment there; the last count read when the
+  // rings cannot be read (the domain is gone).
+  std::uint64_t ring_lost(const DomainKey&, xenprobes::DomId);
   void run_intervals();
   Clock::time_point next_interval() const;
   void finish_exited();
@@ -194,6 +207,13 @@ class Daemon {
   std::unique_ptr<xenprobes::hv::Hypervisor> watcher_;  // its own xenstore connection for the domain watches
   std::vector<std::unique_ptr<ProgramState>> programs_;
   std::map<DomainKey, std::uint64_t> domain_hits_;
+  // A domain's async hits that reached no handler (Session::ring_stats: drops + missed +
+  // bad_records), counted from `base`, the count when the daemon attached its first async
+  // probes there (the guest module counts since it loaded).
+  struct RingLoss {
+    std::uint64_t base = 0, lost = 0;
+  };
+  std::map<DomainKey, RingLoss> ring_loss_;
   std::map<DomainKey, std::string> names_;
   std::uint64_t hits_ = 0;
   std::uint64_t reloads_ok_ = 0, reloads_rejected_ = 0;

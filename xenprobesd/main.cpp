@@ -44,7 +44,8 @@ SIMULATED XEN
   K iterations of their workload each; --sim-create NAME@HITS creates a guest after HITS hits
   in all, --sim-destroy NAME@HITS destroys one inside the handler of its HITS-th hit
   (--sim-crash NAME@HITS: its kernel panics there, the domain stays, crashed),
-  --sim-label NAME:KEY=VALUE writes /local/domain/<id>/KEY for a guest when it is created.
+  --sim-label NAME:KEY=VALUE writes /local/domain/<id>/KEY for a guest when it is created,
+  --sim-ring-order N gives the guest module's async rings 2^N bytes each (12..24).
 )";
 
 }  // namespace
@@ -67,6 +68,8 @@ int main(int argc, char** argv) {
   app.add_option("--sim-destroy", sim.destroy, "NAME@HITS: destroy that guest inside the handler of its HITS-th hit");
   app.add_option("--sim-crash", sim.crash, "NAME@HITS: that guest's kernel panics inside the handler of its HITS-th hit");
   app.add_option("--sim-label", sim.labels, "NAME:KEY=VALUE: a xenstore key of a simulated guest");
+  app.add_option("--sim-ring-order", sim.ring_order,
+                 "the simulated guest module's async rings hold 2^N bytes each (12 ... 24; default 14)");
   std::string socket_path;
   auto* status_cmd = app.add_subcommand("status", "print what the running daemon serves: programs, domains, counts");
   auto* reload_cmd = app.add_subcommand(
