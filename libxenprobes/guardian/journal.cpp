@@ -203,24 +203,19 @@ std::uint32_t module_hash(std::string_view name, std::uint64_t text_base) {
   return h;
 }
 
-namespace {
-
-// A module reference the guardian can act on: a struct module in the kernel's half, the name and
-// the base pointer inside the first 64 KiB of it and not overlapping.
-bool module_ok(std::uint64_t address, std::uint16_t name_off, std::uint16_t base_off) {
+bool module_reference_ok(const JournalModule& m) {
+  const std::uint64_t address = m.address.value;
   if (address < 0xffff800000000000ull || address > ~std::uint64_t{0} - 0x10000) return false;
-  const unsigned name_end = name_off + unsigned{kJournalModuleNameMax}, base_end = base_off + 8u;
-  return name_end <= 0x10000 && base_end <= 0x10000 && (base_end <= name_off || name_end <= base_off);
+  const unsigned name_end = m.name_off + unsigned{kJournalModuleNameMax}, base_end = m.base_off + 8u;
+  return name_end <= 0x10000 && base_end <= 0x10000 && (base_end <= m.name_off || name_end <= m.base_off);
 }
-
-}  // namespace
 
 Result<void> Journal::add_patch(DomId d, PatchKind kind, Gva gva, std::span<const std::uint8_t> written,
                                 std::span<const std::uint8_t> restore, Gva resume,
                                 const std::optional<JournalModule>& module) {
   if (written.empty() || written.size() > 8 || written.size() != restore.size())
     return fail(Errc::InvalidArgument, "journal: a patch is 1..8 bytes, written and restored alike");
-  if (module && (kind != PatchKind::Text || !module_ok(module->address.value, module->name_off, module->base_off)))
+  if (module && (kind != PatchKind::Text || !module_reference_ok(*module)))
     return fail(Errc::InvalidArgument, "journal: a module reference belongs to a text patch and names a struct "
                                        "module in the kernel's half with its name and base inside it");
   if (domain_index(d) == ~0u)
@@ -386,7 +381,8 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
     // A module reference must be usable; one on another kind of patch, or junk in the words
     // older writers left zero, makes the record impossible (nothing is done for it).
     if (r.module != 0)
-      ok = ok && r.kind == std::uint8_t(PatchKind::Text) && module_ok(r.module, r.module_name_off, r.module_base_off);
+      ok = ok && r.kind == std::uint8_t(PatchKind::Text) &&
+           module_reference_ok(JournalModule{Gva{r.module}, r.module_hash, r.module_name_off, r.module_base_off});
     else
       ok = ok && r.module_hash == 0 && r.module_name_off == 0 && r.module_base_off == 0;
     if (!ok) {

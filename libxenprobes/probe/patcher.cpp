@@ -148,9 +148,8 @@ std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout
     return std::nullopt;
   guardian::JournalModule j{Gva{m.address}, guardian::module_hash(m.name, m.text.start),
                             static_cast<std::uint16_t>(l.name.offset), static_cast<std::uint16_t>(l.core_base.offset)};
-  // The journal's own bounds (the guardian reads 56 bytes of name and 8 of base).
-  const unsigned name_end = j.name_off + unsigned{guardian::kJournalModuleNameMax}, base_end = j.base_off + 8u;
-  if (name_end > 0x10000 || (base_end > j.name_off && name_end > j.base_off)) return std::nullopt;
+  // What the journal accepts (the guardian reads 56 bytes of name and 8 of base).
+  if (!guardian::module_reference_ok(j)) return std::nullopt;
   return j;
 }
 

@@ -301,6 +301,8 @@ TEST(JournalModule, FromTheLayoutAndTheModule) {
   far.name.offset = 0x10000;
   EXPECT_FALSE(journal_module(far, m));
   EXPECT_FALSE(journal_module(l, kernel::ModuleIdentity{"", m.address, m.text})) << "no name";
+  EXPECT_FALSE(journal_module(l, kernel::ModuleIdentity{"ext4", 0x00007f0000001000, m.text}))
+      << "a struct module outside the kernel's half: no reference the journal would take";
 }
 
 }  // namespace
