@@ -146,7 +146,11 @@
  *   Dom0 side: on an event, for every mailbox in state HIT:
  *   a. validate what it read (trap in the table, regs.rip == trap, a seq neither answered
  *      yet nor excluded by e.); a hit that fails is left alone (no write at all): the
- *      module's timeout resumes it.
+ *      module's timeout resumes it. One exception: a trap in text (outside the OEA) that Dom0
+ *      removed lately, its byte restored. A vCPU the domain's pause caught in the hook after
+ *      its table lookup and before step 1 publishes such a hit after the pause; Dom0 claims
+ *      it and answers at once with the hit's own registers (rip = the trap: the original
+ *      instruction runs), with no handler, rather than leave the vCPU to its timeout.
  *   b. claim it: compare-and-swap state HIT -> CLAIMED. A failed swap means the module
  *      abandoned the hit: Dom0 runs no handler for it. Under the claim the module changes
  *      nothing in the mailbox, so Dom0 reads seq, trap and regs again and validates those (a

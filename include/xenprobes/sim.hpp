@@ -199,6 +199,12 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
     std::uint64_t sent = 0, skipped = 0;
   };
   [[nodiscard]] virtual Result<ModuleNotifications> module_notifications(DomId) = 0;
+  // Test hook: while held, vCPU `v`'s hits stop in the guest module's int3 hook after its
+  // trap-table lookup and before its mailbox write, where a vCPU Xen pauses stands; Dom0 may
+  // remove the trap meanwhile. Releasing (hold = false) lets a held hit go on: it is
+  // published with the entry the hook looked up. module_hit_held() says whether one waits.
+  [[nodiscard]] virtual Result<void> hold_module_hits(DomId, VcpuId, bool hold) = 0;
+  [[nodiscard]] virtual Result<bool> module_hit_held(DomId, VcpuId) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

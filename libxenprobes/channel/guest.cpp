@@ -352,12 +352,29 @@ void GuestChannel::trap_removed(DomId dom, Gva addr) {
   auto pos = find_trap(a->traps, addr.value);
   if (pos == a->traps.end()) return;
   const auto i = static_cast<std::size_t>(pos - a->traps.begin());
+  retire(*a, *pos);
   a->traps.erase(pos);
   // Upwards, then the count, then clear the old last entry (see trap_added).
   const std::size_t n = a->traps.size();
   for (std::size_t k = i; k < n; ++k) write_trap(*a, k);
   set_nr_traps(*a, n);
   write_trap(*a, n);
+}
+
+void GuestChannel::retire(Attached& a, const xenprobes_trap& e) {
+  // A trap byte in text (the engine restores it before the entry goes); not a slot's trap in
+  // the OEA, whose slot may be reused, nor a jump's key or redirect (never a mailbox hit of
+  // their own address). Areas Dom0 has not seen hold no trap of Dom0's: no re-read.
+  if ((e.flags != XENPROBES_TRAP_FALLBACK && e.flags != XENPROBES_TRAP_EMULATE) || e.len == 0 ||
+      std::any_of(a.oea.begin(), a.oea.end(), [&](const guestmod::OeaArea& o) { return o.contains(Gva{e.addr}); }))
+    return;
+  a.retired_order.push_back(e.addr);
+  ++a.retired[e.addr];
+  while (a.retired_order.size() > kRetiredTraps) {
+    auto it = a.retired.find(a.retired_order.front());
+    if (--it->second == 0) a.retired.erase(it);
+    a.retired_order.pop_front();
+  }
 }
 
 Result<void> GuestChannel::return_added(DomId dom, Gva stack_slot, Gva ret) {

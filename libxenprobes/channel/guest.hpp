@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <vector>
@@ -77,6 +78,8 @@ class GuestChannel final : public Channel, public TrapTable {
   std::vector<std::uint64_t> resumes_in_flight(DomId) const override;
 
   static constexpr std::uint8_t kInt3 = 0xcc;
+  // How many of the latest removals of traps in text a late hit is answered for (Stats::retired).
+  static constexpr std::size_t kRetiredTraps = 16384;
 
   // What the module counts in the header (reported, never relied on).
   struct ModuleCounters {
@@ -97,6 +100,10 @@ class GuestChannel final : public Channel, public TrapTable {
     std::uint64_t answered = 0, rejected = 0, abandoned = 0, late = 0;
     // Answers not notified: the module was spinning on its mailbox (protocol.h "Spinning").
     std::uint64_t unnotified = 0;
+    // Hits on a trap in text Dom0 had removed (byte restored, entry cleared) while the vCPU
+    // stood between its table lookup and its mailbox (paused there by Xen): answered at once
+    // with the vCPU's own registers, to run the original instruction; no handler runs.
+    std::uint64_t retired = 0;
   };
   Stats stats(DomId) const;
   // Tells every attached domain's module that Dom0 polls the mailboxes (on) or no longer does
@@ -138,6 +145,11 @@ class GuestChannel final : public Channel, public TrapTable {
       std::uint32_t after = 0, upto = 0;
     };
     std::vector<SeqRange> overwritten;
+    // Traps in text removed from the table lately (the original byte back), oldest first, at
+    // most kRetiredTraps: a vCPU that looked one up before the domain was paused for its
+    // removal publishes its hit after the pause ("Retired traps" in guest_hits.cpp).
+    std::deque<std::uint64_t> retired_order;
+    std::map<std::uint64_t, unsigned> retired;  // address -> how many times in retired_order
     Stats stats;
   };
 
@@ -154,6 +166,7 @@ class GuestChannel final : public Channel, public TrapTable {
   void set_nr_traps(Attached&, std::size_t n);
   // Inside one of the module's OEA areas (re-read once when not: the area may be new).
   bool in_oea(DomId, Attached&, Gva);
+  static void retire(Attached&, const xenprobes_trap&);
 
   hv::Hypervisor& hv_;
   std::map<DomId, Attached> domains_;

@@ -103,8 +103,9 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       if (t != a->traps.end() && t->flags == (XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC))
         return "an async probe's key, whose hits are ring records";
       if (h.regs.rip != h.trap) return "regs.rip is not the trap address";
-      // Owned: disarmed, not flushed yet.
-      if (t == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap})) return "not a trap of ours";
+      // Owned: disarmed, not flushed yet. Retired: see below.
+      if (t == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap}) && !a->retired.contains(h.trap))
+        return "not a trap of ours";
       return nullptr;
     };
     auto reject = [&](const Hit& h, const char* why) {
@@ -153,9 +154,24 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       if (t->flags == XENPROBES_TRAP_FALLBACK) fallback = t->fallback;
       jump = t->flags == XENPROBES_TRAP_JUMP;
     }
+    // Retired traps. The engine removes a trap with the domain paused: the byte restored,
+    // then (after a flush of the mailboxes) the entry cleared. A vCPU that Xen paused inside
+    // the module's int3 hook after its table lookup, before its mailbox write, publishes the
+    // hit after the pause, for a trap that is gone. Left alone, it would wait out the
+    // module's timeout with interrupts off and count as a timeout (XENPROBES_DEAD_AFTER of
+    // those in a row and the module gives up on Dom0). Such a hit, on a trap in text removed
+    // lately, is answered at once with the vCPU's own registers at the trap address: the
+    // original instruction is back there, as kprobes rewinds an int3 whose byte is gone. No
+    // handler runs: the probe is gone.
+    const bool retired = find_trap(a->traps, h.trap) == a->traps.end() && !sink.owns_trap(dom, Gva{h.trap}) &&
+                         a->retired.contains(h.trap);
     a->claimed[v] = Attached::Claim{h.seq, h.trap, fallback};
     Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
-    if (sink.on_stop(s) == Verdict::NotOurs) {
+    if (retired) {
+      ++a->stats.retired;
+      XP_LOG(Debug, "%s vcpu %u: hit %u at %s: a trap removed while the vCPU was in the module's hook: the "
+                    "original instruction runs", dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str());
+    } else if (sink.on_stop(s) == Verdict::NotOurs) {
       s.regs = from_mailbox(h.regs);
       // An int3's byte is the original again: execute it. A jump's hit goes on in its detour.
       if (!jump) s.regs.rip = h.trap;

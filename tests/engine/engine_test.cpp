@@ -9,6 +9,7 @@
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
 #include "mem/paging.hpp"
+#include "api/session_testing.hpp"
 #include "xenprobes/guest_view.hpp"
 
 #include "engine/engine_fixture.hpp"
@@ -639,6 +640,38 @@ TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
   }
 }
 
+
+// A vCPU that Xen pauses inside the guest module's int3 hook, after its trap-table lookup and
+// before its mailbox write, publishes its hit after the pause: when that pause was the one in
+// which the probe was unregistered, for a trap that is gone. Dom0 answers it at once (the
+// original instruction runs, no handler): it does not wait out the module's timeout with
+// interrupts off, nor count as a timeout. The sim stops the vCPU exactly there
+// (SimHost::hold_module_hits); the module's clock never moves, so an unanswered hit would
+// wait for ever.
+TEST(Probe, AHitPublishedAfterItsProbeWasUnregisteredRunsTheOriginal) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  constexpr std::uint64_t kIters = 3;
+  ProbedGuest g(demo_config(1, kIters));
+  std::uint64_t hits = 0;
+  auto p = g.session->probe(g.dom, "sys_write", [&](HitContext&) { return ++hits, 0; });
+  ASSERT_TRUE(p) << p.error().what;
+  ASSERT_TRUE(g.host->hold_module_hits(g.dom, VcpuId{0}, true));
+  g.start();
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (!g.host->module_hit_held(g.dom, VcpuId{0}).value_or(false) && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(g.host->module_hit_held(g.dom, VcpuId{0}).value_or(false)) << "the vCPU never reached the probe";
+  ASSERT_TRUE(p->unregister());
+  ASSERT_TRUE(g.host->hold_module_hits(g.dom, VcpuId{0}, false));  // the hit is published now
+  ASSERT_TRUE(g.run_to_completion(20s)) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(hits, 0u) << "a handler ran for a probe already unregistered";
+  auto c = SessionTesting::module_counters(*g.session, g.dom);
+  ASSERT_TRUE(c) << c.error().what;
+  EXPECT_EQ(c->timeouts, 0u);
+  EXPECT_EQ(c->hits, 1u);
+  EXPECT_EQ(g.stats(0).checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(g.stats(0).calls[DEMO_FN_WRITE], expected_calls(DEMO_FN_WRITE, kIters));
+}
 
 // The guest changes its page tables between hits (a stack freed and reused, a process gone):
 // each hit translates afresh. Here "the guest" points the page of demo_ppid at the frame of

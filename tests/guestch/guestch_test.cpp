@@ -363,6 +363,79 @@ TEST(GuestChannelTables, OnlySlotTrapsMayGoWithoutTheirBytes) {
   EXPECT_EQ(g.ch->traps(g.dom), 2u);
 }
 
+// Hits published for traps that are gone (guest_hits.cpp, "Retired traps": a vCPU Xen paused
+// in the module's hook between its lookup and its mailbox write). A trap in text among the
+// last kRetiredTraps removed is answered at once: DONE, the vCPU's own registers, rip = the
+// trap, no stop for the engine. A slot's trap in the OEA (its slot may be reused), an address
+// never ours and a removal older than the last kRetiredTraps are left alone, as before.
+TEST(GuestChannelTables, OnlyATrapInTextRemovedLatelyIsAnsweredOnceGone) {
+  ChannelGuest g(guest_config(1, 1));
+  g.attach();
+  FakeSink sink;
+  const auto h = g.header();
+  auto ctl = g.map_control(*g.hv);
+  std::uint32_t seq = 0;
+  auto publish = [&](std::uint64_t trap) {
+    xenprobes_mailbox m{};
+    m.seq = ++seq;
+    m.trap = trap;
+    m.regs.rip = trap;
+    m.regs.rax = 0x1234 + seq;
+    m.regs.rflags = 0x246;
+    m.regs.cs = 0xe033;
+    m.state = XENPROBES_MBOX_HIT;
+    std::memcpy(ctl.data() + h.mailbox_offset, &m, sizeof m);
+    auto r = g.ch->process(sink);
+    EXPECT_TRUE(r) << r.error().what;
+    return std::pair{m, g.mailbox(0)};
+  };
+  auto remove = [&](const TrapEntry& e) {
+    ASSERT_TRUE(g.hv->pause(g.dom));
+    ASSERT_TRUE(g.memory->write(e.addr, std::as_bytes(std::span(e.insn, 1))));  // the byte back first
+    g.ch->trap_removed(g.dom, e.addr);
+    ASSERT_TRUE(g.hv->unpause(g.dom));
+  };
+
+  const TrapEntry text = g.arm_skip("sys_open");
+  remove(text);
+  auto [sent, got] = publish(text.addr.value);
+  EXPECT_EQ(got.state, XENPROBES_MBOX_DONE);
+  EXPECT_EQ(got.answer_seq, sent.seq);
+  EXPECT_EQ(std::memcmp(&got.regs, &sent.regs, sizeof got.regs), 0) << "the vCPU's own registers, rip on the trap";
+  EXPECT_EQ(sink.total, 0u) << "no stop for a trap that is gone";
+  EXPECT_EQ(g.ch->stats(g.dom).retired, 1u);
+  EXPECT_EQ(g.ch->stats(g.dom).rejected, 0u);
+
+  TrapEntry slot;
+  slot.addr = Gva{g.layout.oea_addr + 0x27};
+  slot.fallback = TrapEntry::Fallback::ResumeAt;
+  slot.resume_at = Gva{g.sym("sys_open") + 5};
+  slot.len = 1;
+  slot.insn[0] = 0x90;
+  ASSERT_TRUE(g.ch->trap_added(g.dom, slot));
+  g.ch->trap_removed(g.dom, slot.addr);
+  for (std::uint64_t never : {slot.addr.value, std::uint64_t{g.sym("sys_read")}}) {
+    auto [s2, got2] = publish(never);
+    EXPECT_EQ(got2.state, XENPROBES_MBOX_HIT) << hex(never) << ": left to the module's timeout";
+    EXPECT_EQ(std::memcmp(&got2, &s2, sizeof got2), 0) << hex(never) << ": nothing written";
+  }
+  EXPECT_EQ(g.ch->stats(g.dom).rejected, 2u);
+
+  // kRetiredTraps later removals: sys_open's is forgotten.
+  TrapEntry other = text;
+  for (std::size_t i = 0; i < GuestChannel::kRetiredTraps; ++i) {
+    other.addr = Gva{text.addr.value + 1 + i};
+    ASSERT_TRUE(g.ch->trap_added(g.dom, other));
+    g.ch->trap_removed(g.dom, other.addr);
+  }
+  auto [s3, got3] = publish(text.addr.value);
+  EXPECT_EQ(got3.state, XENPROBES_MBOX_HIT);
+  auto [s4, got4] = publish(other.addr.value);  // the latest is still answered
+  EXPECT_EQ(got4.state, XENPROBES_MBOX_DONE);
+  EXPECT_EQ(g.ch->stats(g.dom).retired, 2u);
+  EXPECT_EQ(g.ch->stats(g.dom).rejected, 3u);
+}
+
 TEST(GuestChannelTables, ReturnTable) {
   auto cfg = guest_config(1, 1);
   cfg.module_ret_capacity = 2;

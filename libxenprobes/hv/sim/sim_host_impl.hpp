@@ -42,6 +42,8 @@ class SimHostImpl final : public SimHost {
   Result<void> guest_evtchn_notify(DomId, std::uint32_t port) override;
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
   Result<ModuleNotifications> module_notifications(DomId) override;
+  Result<void> hold_module_hits(DomId, VcpuId, bool hold) override;
+  Result<bool> module_hit_held(DomId, VcpuId) override;
 
  private:
   friend class SimXenHandle;

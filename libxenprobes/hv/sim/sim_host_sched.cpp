@@ -61,7 +61,9 @@ void SimHostImpl::hook_out(uc_engine*, std::uint32_t port, int, std::uint32_t va
 // Scheduler
 
 bool SimHostImpl::runnable(const Domain& d, const Vcpu& v) const {
-  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait || v.module_wait) return false;
+  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait || v.module_wait ||
+      v.module_held)
+    return false;
   return d.pause_count == 0 || v.grace;
 }
 

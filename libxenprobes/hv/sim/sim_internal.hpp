@@ -135,6 +135,9 @@ struct Vcpu {
   // A jump probe's hit (module_entry is a JUMP entry): where it resumes in the detour (the
   // return address its call pushed). module_regs.rsp is the probed instruction's, above it.
   std::uint64_t module_jump_ret = 0;
+  // SimHost::hold_module_hits: hits stop after the lookup (module_held: one stands there, with
+  // module_entry and module_regs as the hook found them).
+  bool module_hold = false, module_held = false;
 };
 
 // The simulated guest module's own state for the guest channel. Like the real module it keeps

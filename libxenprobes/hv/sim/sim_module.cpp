@@ -283,6 +283,10 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
     module_fallback_locked(d, v, e, r);
     return true;
   }
+  if (v.module_hold) {  // SimHost::hold_module_hits: between the lookup and the mailbox
+    v.module_held = true, v.module_entry = e, v.module_regs = r;
+    return true;
+  }
   module_publish_hit_locked(d, v, e, r, 0);
   return true;
 }
@@ -568,7 +572,7 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
 bool SimHostImpl::module_quiescent_locked(Domain& d) {
   // synchronize_rcu_tasks(): every vCPU out of the hook and out of every slot.
   for (auto& vp : d.vcpus) {
-    if (vp->module_wait) return false;
+    if (vp->module_wait || vp->module_held) return false;
     if (vp->halted) continue;
     std::uint64_t rip;
     {

@@ -465,6 +465,28 @@ Result<SimHost::ModuleNotifications> SimHostImpl::module_notifications(DomId id)
   return ModuleNotifications{d->module.notified, d->module.unnotified};
 }
 
+Result<void> SimHostImpl::hold_module_hits(DomId id, VcpuId vid, bool hold) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  Vcpu* v = XP_TRY(vcpu(*d, vid));
+  v->module_hold = hold;
+  if (!hold && v->module_held) {
+    v->module_held = false;
+    if (d->module.dom0_gone)
+      module_fallback_locked(*d, *v, v->module_entry, v->module_regs);
+    else
+      module_publish_hit_locked(*d, *v, v->module_entry, v->module_regs, 0);
+    cv_.notify_all();
+  }
+  return {};
+}
+
+Result<bool> SimHostImpl::module_hit_held(DomId id, VcpuId vid) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  return XP_TRY(vcpu(*d, vid))->module_held;
+}
+
 Result<std::uint64_t> SimHostImpl::guest_evtchn_notifications(DomId id, std::uint32_t port) {
   std::lock_guard lk(mu_);
   Domain* d = XP_TRY(dom(id));
