@@ -114,6 +114,24 @@ static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
 	}
 }
 
+/* One hit's wait for Dom0, from its mailbox write: into the sum and the maximum. */
+static void xp_account_wait(u64 start)
+{
+	u64 d = ktime_get_mono_fast_ns() - start;
+	s64 old = atomic64_read(&xp.wait_max_ns);
+
+	WRITE_ONCE(xp.hdr->wait_ns, (xenprobes_u64)atomic64_add_return((s64)d, &xp.wait_ns));
+	while ((u64)old < d) {
+		s64 seen = atomic64_cmpxchg(&xp.wait_max_ns, old, (s64)d);
+
+		if (seen == old) {
+			WRITE_ONCE(xp.hdr->wait_max_ns, d);
+			break;
+		}
+		old = seen;
+	}
+}
+
 /*
  * Hands the hit to Dom0 and waits (steps 1-4 of the protocol; mailbox.trap = trap, the
  * entry's address). true with *answer = a private snapshot of Dom0's answer, which the caller
@@ -192,9 +210,11 @@ bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_
 		smp_rmb();
 		xp_regs_snapshot(answer, &mb->regs);
 		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
+		xp_account_wait(start);
 		return true;
 	}
 abandoned:
+	xp_account_wait(start);
 	if (!READ_ONCE(xp.detaching) && xp_dead_after(atomic_inc_return(&xp.consecutive)))
 		xp_declare_dom0_gone(XP_GONE_TIMEOUTS);
 	return false;

@@ -116,6 +116,9 @@ struct xp_state {
 	 * without spinning; these two module-private).
 	 */
 	atomic64_t notify_skipped;
+	/* Waits for Dom0 in the hook (protocol.h, header.wait_ns and wait_max_ns), in ns. */
+	atomic64_t wait_ns;
+	atomic64_t wait_max_ns;
 	atomic64_t spin_answered;
 	atomic64_t spin_blocked;
 	/*

@@ -412,11 +412,18 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 async_bad;      /* async jump hits with a bad key or specs, or no ring: no record */
 	xenprobes_u64 notify_skipped; /* hits not notified because dom0_polling was set (see "Spinning") */
 	/*
+	 * How long vCPUs waited for Dom0 in the hook, with interrupts off: from a hit's mailbox
+	 * write (step 1) to its answer taken or its abandon (step 3 or 4), in nanoseconds of the
+	 * module's clock: the sum over every hit handed to Dom0, and the longest one.
+	 */
+	xenprobes_u64 wait_ns;
+	xenprobes_u64 wait_max_ns;
+	/*
 	 * Zero (the module writes them so). A field added later takes the first of them, so the
 	 * header keeps its size and every offset (the static_asserts below): an older module leaves
 	 * it 0, and an older Dom0 does not read it.
 	 */
-	xenprobes_u64 reserved[5];
+	xenprobes_u64 reserved[3];
 };
 
 #define XENPROBES_MBOX_IDLE 0u

@@ -424,6 +424,8 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.nested = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, nested));
   c.async_bad = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, async_bad));
   c.notify_skipped = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, notify_skipped));
+  c.wait_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_ns));
+  c.wait_max_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_max_ns));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

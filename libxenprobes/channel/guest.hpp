@@ -89,6 +89,9 @@ class GuestChannel final : public Channel, public TrapTable {
     // Hits it did not notify because dom0_polling was set (protocol.h "Spinning"; Stats::
     // unnotified counts the other way: Dom0's answers to a spinning module).
     std::uint64_t notify_skipped = 0;
+    // How long its vCPUs waited for Dom0's answers with interrupts off (protocol.h,
+    // header.wait_ns): in all and the longest, in nanoseconds. 0 from a module before them.
+    std::uint64_t wait_ns = 0, wait_max_ns = 0;
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;

@@ -1111,6 +1111,38 @@ TEST(GuestChannelClock, AHitTimesOutWhenTheModulesClockSaysSoNotTheMachine) {
   EXPECT_EQ(r.error().code, Errc::InvalidArgument);
 }
 
+TEST(GuestChannelClock, TheModuleSumsItsWaitsForDom0AndKeepsTheLongest) {
+  // protocol.h, header.wait_ns and wait_max_ns: each hit's wait from its mailbox write to its
+  // answer taken or its timeout, on the module's clock. Three hits: answered after 7 ms and
+  // after 3 ms, then one left to time out at 30 ms.
+  constexpr unsigned kTimeoutMs = 30;
+  ChannelGuest g(guest_config(1, 0, kTimeoutMs));
+  g.attach();
+  FakeSink sink;
+  const TrapEntry e = g.arm_skip("sys_open");
+  sink.skip(e.addr.value);
+  g.start();
+  auto hit_with_seq = [&](std::uint32_t seq) {
+    return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
+  };
+  ASSERT_TRUE(hit_with_seq(1));
+  g.advance(7ms);
+  EXPECT_EQ(g.pump(sink), 1u);
+  ASSERT_TRUE(hit_with_seq(2)) << "the answer to the first hit taken up, the next hit made";
+  EXPECT_EQ(g.header().wait_ns, 7'000'000u);
+  g.advance(3ms);
+  EXPECT_EQ(g.pump(sink), 1u);
+  ASSERT_TRUE(hit_with_seq(3));
+  g.advance(std::chrono::milliseconds(kTimeoutMs));  // the third: no answer
+  EXPECT_EQ(g.header().timeouts, 1u);
+  EXPECT_EQ(g.header().wait_ns, 40'000'000u);
+  EXPECT_EQ(g.header().wait_max_ns, 30'000'000u);
+  auto c = g.ch->module_counters(g.dom);  // Dom0 reads the module's figures as they are
+  ASSERT_TRUE(c) << c.error().what;
+  EXPECT_EQ(c->wait_ns, 40'000'000u);
+  EXPECT_EQ(c->wait_max_ns, 30'000'000u);
+}
+
 // ---- quiescence --------------------------------------------------------------------------
 
 TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {

@@ -172,6 +172,7 @@ struct ModuleState {
   std::uint64_t nested = 0, async_bad = 0;
   // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
   std::uint64_t notified = 0, unnotified = 0;
+  std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
 };
 
 struct WritableFrame {

@@ -140,6 +140,18 @@ void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, nested)), d.module.nested);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, async_bad)), d.module.async_bad);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
+}
+
+// A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
+static void end_wait(Domain& d, Vcpu& v, ModuleClock::time_point now) {
+  const auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+      now - (v.module_deadline - std::chrono::milliseconds(d.module.timeout_ms))).count());
+  d.module.wait_ns += ns, d.module.wait_max_ns = std::max(d.module.wait_max_ns, ns);
+  v.module_wait = false;
+  --d.module.waiters;
+  publish_counters(d);
 }
 
 // [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
@@ -453,8 +465,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
       v.module_spinning = false;
       state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
-      v.module_wait = false;
-      --m.waiters;
+      end_wait(d, v, clock_->now());
       m.consecutive_timeouts = 0;
       return;
     }
@@ -470,10 +481,8 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
   }
   store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
   v.module_spinning = false;
-  v.module_wait = false;
-  --m.waiters;
   ++m.timeouts;
-  publish_counters(d);
+  end_wait(d, v, clock_->now());
   if (!m.dom0_gone) ++m.consecutive_timeouts;
   XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 "%s (%u in a row)",
          d.id.value, v.id, v.module_regs.rip, claim_expired ? " (its claim outlived the claim bound)" : "",
