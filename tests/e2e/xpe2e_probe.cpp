@@ -83,74 +83,17 @@
 #include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
+#include "xpe2e_common.hpp"
 
 using namespace xenprobes;
-using Clock = std::chrono::steady_clock;
+using namespace xpe2e;
 
 namespace {
-
-int g_failed = 0;
-std::string fmt_time(double s) {
-  char b[32];
-  std::snprintf(b, sizeof b, "[+%.1fs] ", s);
-  return b;
-}
-int g_checks = 0;
-
-void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-const Clock::time_point g_t0 = Clock::now();
-// One line; INFO lines carry the time since the program started.
-void say(const char* fmt, ...) {
-  char buf[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  std::string line = buf;
-  if (line.rfind("XPE2E-INFO: ", 0) == 0)
-    line.insert(12, fmt_time(std::chrono::duration<double>(Clock::now() - g_t0).count()));
-  std::fputs(line.c_str(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
-bool check(const std::string& name, bool ok, const std::string& detail) {
-  ++g_checks;
-  if (!ok) ++g_failed;
-  say("XPE2E-CHECK %s %s %s", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
-  return ok;
-}
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 std::string hexbytes(const std::vector<std::byte>& b, std::size_t n) {
   std::string s;
   for (std::size_t i = 0; i < b.size() && i < n; ++i) s += fmt("%02x", static_cast<unsigned>(b[i]));
   return s;
-}
-
-[[noreturn]] void fatal(const std::string& what) {
-  ++g_failed;
-  say("XPE2E-CHECK fatal FAIL %s", what.c_str());
-  say("XPE2E-PROG - FAIL %d", g_failed);
-  std::exit(1);
-}
-
-template <typename T>
-T must(Result<T> r, const std::string& what) {
-  if (!r) fatal(what + ": " + r.error().what);
-  return std::move(*r);
-}
-void must(Result<void> r, const std::string& what) {
-  if (!r) fatal(what + ": " + r.error().what);
 }
 
 struct Args {
@@ -245,33 +188,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-std::string dom_path(DomId d, const std::string& rel) {
-  return "/local/domain/" + std::to_string(d.value) + "/" + rel;
-}
-
-std::optional<std::string> wait_key(hv::Hypervisor& hv, const std::string& path, int seconds) {
-  auto end = Clock::now() + std::chrono::seconds(seconds);
-  while (Clock::now() < end) {
-    if (auto v = hv.xs_read(path)) return *v;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return std::nullopt;
-}
-
-// "k=v k=v ..." into a map.
-std::map<std::string, std::string> kv(const std::string& s) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(s);
-  std::string tok;
-  while (in >> tok)
-    if (auto eq = tok.find('='); eq != std::string::npos) m[tok.substr(0, eq)] = tok.substr(eq + 1);
-  return m;
-}
-long num(const std::map<std::string, std::string>& m, const std::string& k) {
-  auto it = m.find(k);
-  return it == m.end() ? -1 : std::strtol(it->second.c_str(), nullptr, 10);
-}
-
 // ---- kernel text snapshots ------------------------------------------------------------
 
 constexpr std::size_t kSnapBytes = 512;
@@ -328,25 +244,6 @@ std::string compare(hv::Hypervisor& hv, DomId dom, const std::vector<TextRange>&
   return "";
 }
 
-// ---- the module's control-area header (protocol.h), read through the guest's page tables ----
-
-std::optional<xenprobes_ctl_header> ctl_header(hv::Hypervisor& hv, DomId dom) {
-  auto a = hv.xs_read(dom_path(dom, XENPROBES_XS_DIR "/" XENPROBES_XS_CONTROL_ADDR));
-  if (!a) return std::nullopt;
-  auto view = GuestView::open(hv, dom);
-  if (!view) return std::nullopt;
-  xenprobes_ctl_header h{};
-  if (!(*view)->read(Gva{std::stoull(*a, nullptr, 16)}, std::as_writable_bytes(std::span(&h, 1)))) return std::nullopt;
-  return h;
-}
-
-std::string describe(const std::optional<xenprobes_ctl_header>& h) {
-  if (!h) return "control area unreadable";
-  return fmt("magic=%#x nr_traps=%u timeout_ms=%u dom0_gone=%u hits=%" PRIu64 " timeouts=%" PRIu64
-             " foreign=%" PRIu64,
-             h->magic, h->nr_traps, h->timeout_ms, h->dom0_gone, h->hits, h->timeouts, h->foreign);
-}
-
 // ---- finding a relative call in a function (capstone, like the library, but independent) ----
 
 struct Insn {
@@ -395,17 +292,6 @@ std::optional<Gva> padding_nop(hv::Hypervisor& hv, DomId dom, Gva fn) {
   if (n) cs_free(insn, n);
   cs_close(&h);
   return out;
-}
-
-const char* mode_name(ExecMode m) {
-  switch (m) {
-    case ExecMode::Boosted: return "boosted";
-    case ExecMode::Emulated: return "emulated";
-    case ExecMode::Skipped: return "skipped";
-    case ExecMode::TrapAfter: return "trap-after";
-    case ExecMode::Detour: return "detour";
-  }
-  return "?";
 }
 
 // ---- the probe set shared by `probe` and `kill` -----------------------------------------
@@ -2015,16 +1901,6 @@ bool expect_refused(const std::string& name, Result<Probe> r, const std::string&
                fmt("%s: refused (%s%s): ", what.c_str(), errc_name(r.error().code),
                    code ? "" : fmt(", expected %s", errc_name(rule_errc(rule))).c_str()) +
                    r.error().what);
-}
-
-bool domain_alive(hv::Hypervisor& hv, DomId dom, std::string* state) {
-  auto i = hv.domain_info(dom);
-  if (!i) {
-    *state = i.error().what;
-    return false;
-  }
-  *state = fmt("crashed=%d shutdown=%d dying=%d paused=%d", i->crashed, i->shutdown, i->dying, i->paused);
-  return !i->crashed && !i->shutdown && !i->dying;
 }
 
 // Diagnostics of a guest that stopped making progress, taken while the probes are still

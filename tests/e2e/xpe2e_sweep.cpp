@@ -51,66 +51,14 @@
 #include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
+#include "xpe2e_common.hpp"
 
 using namespace xenprobes;
+using namespace xpe2e;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-const Clock::time_point g_t0 = Clock::now();
-int g_failed = 0;
-
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-void say(const char* f, ...) __attribute__((format(printf, 1, 2)));
-void say(const char* f, ...) {
-  char buf[4096];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  std::string line = buf;
-  if (line.rfind("XPE2E-INFO: ", 0) == 0) {
-    char t[32];
-    std::snprintf(t, sizeof t, "[+%.1fs] ", since(g_t0));
-    line.insert(12, t);
-  }
-  std::fputs(line.c_str(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[2048];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
-bool check(const std::string& name, bool ok, const std::string& detail) {
-  if (!ok) ++g_failed;
-  say("XPE2E-CHECK %s %s %s", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
-  return ok;
-}
-
-[[noreturn]] void fatal(const std::string& what) {
-  ++g_failed;
-  say("XPE2E-CHECK sweep.fatal FAIL %s", what.c_str());
-  say("XPE2E-PROG sweep FAIL %d", g_failed);
-  std::exit(1);
-}
-
-template <typename T>
-T must(Result<T> r, const std::string& what) {
-  if (!r) fatal(what + ": " + r.error().what);
-  return std::move(*r);
-}
-void must(Result<void> r, const std::string& what) {
-  if (!r) fatal(what + ": " + r.error().what);
-}
 
 // The functions, by area. Chosen by name (the guest's kallsyms has no file names) from the
 // source areas issue 12 names; a name absent from the guest's symbols is skipped and reported.
@@ -321,64 +269,6 @@ Args parse(int argc, char** argv) {
   if (!a.dom.value) fatal("--domid is required");
   if (a.batch == 0 || a.cap == 0) fatal("--batch and --cap must be at least 1");
   return a;
-}
-
-std::string dom_path(DomId d, const std::string& rel) { return "/local/domain/" + std::to_string(d.value) + "/" + rel; }
-
-std::optional<std::string> wait_key(hv::Hypervisor& hv, const std::string& path, int seconds) {
-  auto end = Clock::now() + std::chrono::seconds(seconds);
-  while (Clock::now() < end) {
-    if (auto v = hv.xs_read(path)) return *v;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return std::nullopt;
-}
-
-std::map<std::string, std::string> kv(const std::string& s) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(s);
-  for (std::string w; in >> w;)
-    if (auto eq = w.find('='); eq != std::string::npos) m[w.substr(0, eq)] = w.substr(eq + 1);
-  return m;
-}
-long num(const std::map<std::string, std::string>& m, const std::string& k) {
-  auto it = m.find(k);
-  return it == m.end() ? -1 : std::strtol(it->second.c_str(), nullptr, 10);
-}
-
-std::optional<xenprobes_ctl_header> ctl_header(hv::Hypervisor& hv, DomId dom) {
-  auto a = hv.xs_read(dom_path(dom, XENPROBES_XS_DIR "/" XENPROBES_XS_CONTROL_ADDR));
-  if (!a) return std::nullopt;
-  auto view = GuestView::open(hv, dom);
-  if (!view) return std::nullopt;
-  xenprobes_ctl_header h{};
-  if (!(*view)->read(Gva{std::stoull(*a, nullptr, 16)}, std::as_writable_bytes(std::span(&h, 1)))) return std::nullopt;
-  return h;
-}
-std::string describe(const std::optional<xenprobes_ctl_header>& h) {
-  if (!h) return "control area unreadable";
-  return fmt("nr_traps=%u timeout_ms=%u dom0_gone=%u hits=%" PRIu64 " timeouts=%" PRIu64 " foreign=%" PRIu64, h->nr_traps,
-             h->timeout_ms, h->dom0_gone, h->hits, h->timeouts, h->foreign);
-}
-
-bool domain_alive(hv::Hypervisor& hv, DomId dom, std::string* state) {
-  auto i = hv.domain_info(dom);
-  if (!i) {
-    *state = i.error().what;
-    return false;
-  }
-  *state = fmt("crashed=%d shutdown=%d dying=%d paused=%d", i->crashed, i->shutdown, i->dying, i->paused);
-  return !i->crashed && !i->shutdown && !i->dying;
-}
-
-const char* mode_name(ExecMode m) {
-  switch (m) {
-    case ExecMode::Boosted: return "boosted";
-    case ExecMode::Emulated: return "emulated";
-    case ExecMode::Skipped: return "skipped";
-    case ExecMode::TrapAfter: return "trap-after";
-  }
-  return "?";
 }
 
 // The rule a refusal names, or a short name for the instruction rule's reason.
@@ -871,6 +761,12 @@ int Sweep::run() {
 }  // namespace
 
 int xpe2e_sweep_main(int argc, char** argv) {
+  // The sweep's own fatal lines, fmt() length, describe() and xenstore polling (xpe2e_common.hpp).
+  g_program = Program{.fatal_check = "sweep.fatal",
+                      .fatal_prog = "sweep",
+                      .fmt_buffer = 2048,
+                      .describe_magic = false,
+                      .key_poll = std::chrono::milliseconds(200)};
   Args a = parse(argc, argv);
   auto opt = must(parse_channel_kind(a.channel), "--channel");
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
