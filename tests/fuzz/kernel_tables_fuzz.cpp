@@ -60,6 +60,10 @@ struct Memory {
       if (a - r.base < r.bytes.size()) return r.bytes[a - r.base];
     return std::nullopt;
   }
+  // Byte i of `out` is at(a + i) (addresses wrap): unmapped bytes fault or read as zeros.
+  // Region by region, not byte by byte: the tables read are up to megabytes, and a per-byte
+  // look-up made single inputs take seconds (slow units and a wall-clock timeout on a loaded
+  // machine, none of it the library's time).
   Result<void> read(Gva a, std::span<std::byte> out) {
     ++reads;
     for (const auto& r : regions)  // the common case: all inside one region
@@ -67,11 +71,27 @@ struct Memory {
         std::memcpy(out.data(), r.bytes.data() + (a.value - r.base), out.size());
         return {};
       }
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      auto b = at(a.value + i);
-      if (!b && faults) return fail(Errc::Fault, "not mapped (fuzz)");
-      out[i] = std::byte{b.value_or(0)};
+    std::vector<bool> mapped(out.size(), false);
+    std::fill(out.begin(), out.end(), std::byte{0});
+    for (const auto& r : regions) {  // the first region holding a byte gives it, as at() does
+      // Region byte k is out[i] with i = r.base + k - a (mod 2^64).
+      const std::uint64_t first_i = r.base - a.value;
+      for (std::uint64_t k = 0; k < r.bytes.size();) {
+        const std::uint64_t i = first_i + k;
+        if (i >= out.size()) {  // skip to where the region meets `out` again (wrapping)
+          const std::uint64_t to_zero = 0 - i;  // distance to index 0, mod 2^64
+          if (to_zero >= r.bytes.size() - k) break;
+          k += to_zero;
+          continue;
+        }
+        const std::uint64_t n = std::min<std::uint64_t>(r.bytes.size() - k, out.size() - i);
+        for (std::uint64_t j = 0; j < n; ++j)
+          if (!mapped[i + j]) mapped[i + j] = true, out[i + j] = std::byte{r.bytes[k + j]};
+        k += n;
+      }
     }
+    if (faults && std::find(mapped.begin(), mapped.end(), false) != mapped.end())
+      return fail(Errc::Fault, "not mapped (fuzz)");
     return {};
   }
 };
@@ -97,13 +117,9 @@ RefTable ref_table(const symbols::SymbolTable& syms, Memory& mem, const Limits& 
   auto a = sym(syms, start), b = sym(syms, stop);
   if (!a || !b || *b < *a || (*b - *a) % esize || (*b - *a) / esize > lim.max_entries) return t;
   std::vector<std::uint8_t> raw(*b - *a);
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    auto v = mem.at(*a + i);
-    if (!v && mem.faults) {
-      t.unreadable = true;
-      return t;
-    }
-    raw[i] = v.value_or(0);
+  if (!mem.read(Gva{*a}, std::as_writable_bytes(std::span(raw)))) {  // only when unmapped bytes fault
+    t.unreadable = true;
+    return t;
   }
   t.found = true;
   if (text.empty()) return t;
