@@ -47,4 +47,28 @@ std::string StackSymbols::format(const std::vector<xenprobes::Gva>& frames) cons
   return s;
 }
 
+xenprobes::Result<void> StackNamer::fetch_names() {
+  // The generation before the names: a change between the two is fetched again next time.
+  const std::uint64_t gen = s_.symbols_generation(dom_);
+  auto fns = s_.find_symbols(dom_, "*");
+  if (!fns) return std::unexpected(fns.error());
+  names_ = StackSymbols(std::move(*fns));
+  generation_ = gen;
+  return {};
+}
+
+xenprobes::Result<void> StackNamer::prepare() {
+  if (auto t = s_.load_unwind_tables(dom_); !t) return std::unexpected(t.error());
+  return fetch_names();
+}
+
+bool StackNamer::stack(xenprobes::HitContext& c, unsigned frames, std::string& out) {
+  auto st = s_.kernel_stack(c, frames);
+  if (!st || st->frames.empty()) return false;
+  // A failed fetch keeps the names there were (and tries again at the next stack).
+  if (s_.symbols_generation(dom_) != generation_) (void)fetch_names();
+  out = names_.format(st->frames);
+  return true;
+}
+
 }  // namespace xenprobe

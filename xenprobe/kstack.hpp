@@ -31,4 +31,24 @@ class StackSymbols {
   static constexpr std::size_t kMaxCached = 1u << 16;
 };
 
+// A domain's kstack text for its hits: the stack from Session::kernel_stack, named with the
+// domain's functions, fetched again (find_symbols) whenever the library says the domain's
+// symbols changed (Session::symbols_generation: a module came or went), so that a frame in a
+// module loaded after the start is named and one of a module that went is not.
+class StackNamer {
+ public:
+  StackNamer(xenprobes::Session& s, xenprobes::DomId dom) : s_(s), dom_(dom) {}
+  // The unwind tables and the names, before any probe is in place; why not, on failure.
+  xenprobes::Result<void> prepare();
+  // The hit's stack as kstack text (at most `frames` frames); false when it has none.
+  bool stack(xenprobes::HitContext& c, unsigned frames, std::string& out);
+
+ private:
+  xenprobes::Result<void> fetch_names();
+  xenprobes::Session& s_;
+  xenprobes::DomId dom_;
+  StackSymbols names_;
+  std::uint64_t generation_ = 0;
+};
+
 }  // namespace xenprobe

@@ -551,18 +551,12 @@ class Tool {
 
   // kstack: the guest kernel's unwind tables and its function names, read before any probe is
   // in place; a hit then walks its stack while its vCPU waits.
+  // The names follow the guest's modules as they come and go (StackNamer).
   void prepare_kstack(Target& t) {
-    auto tables = session_->load_unwind_tables(t.id);
-    if (!tables) fail_attach(t, "kstack: " + tables.error().what);
-    auto fns = session_->find_symbols(t.id, "*");
-    if (!fns) fail_attach(t, "kstack: " + fns.error().what);
-    auto names = std::make_shared<const StackSymbols>(std::move(*fns));
-    xenprobes::Session* s = session_.get();
-    t.instance->set_stack_source([s, names](xenprobes::HitContext& c, unsigned frames, std::string& out) {
-      auto st = s->kernel_stack(c, frames);
-      if (!st || st->frames.empty()) return false;
-      out = names->format(st->frames);
-      return true;
+    auto namer = std::make_shared<StackNamer>(*session_, t.id);
+    if (auto r = namer->prepare(); !r) fail_attach(t, "kstack: " + r.error().what);
+    t.instance->set_stack_source([namer](xenprobes::HitContext& c, unsigned frames, std::string& out) {
+      return namer->stack(c, frames, out);
     });
   }
 

@@ -83,17 +83,11 @@ std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConf
 // kstack: the guest kernel's unwind tables and its function names (xenprobe's own wiring,
 // docs/xenprobe.md "kstack"); "" when ready, else why not.
 std::string Daemon::prepare_kstack(xenprobe::Instance& inst, xenprobes::DomId dom) {
-  auto tables = session_->load_unwind_tables(dom);
-  if (!tables) return "kstack: " + tables.error().what;
-  auto fns = session_->find_symbols(dom, "*");
-  if (!fns) return "kstack: " + fns.error().what;
-  auto names = std::make_shared<const xenprobe::StackSymbols>(std::move(*fns));
-  xenprobes::Session* s = session_.get();
-  inst.set_stack_source([s, names](xenprobes::HitContext& c, unsigned frames, std::string& out) {
-    auto st = s->kernel_stack(c, frames);
-    if (!st || st->frames.empty()) return false;
-    out = names->format(st->frames);
-    return true;
+  // The names follow the guest's modules as they come and go (xenprobe::StackNamer).
+  auto namer = std::make_shared<xenprobe::StackNamer>(*session_, dom);
+  if (auto r = namer->prepare(); !r) return "kstack: " + r.error().what;
+  inst.set_stack_source([namer](xenprobes::HitContext& c, unsigned frames, std::string& out) {
+    return namer->stack(c, frames, out);
   });
   return {};
 }

@@ -379,12 +379,15 @@ class XENPROBES_API Session {
   // malformed (unsorted, sizes that disagree). The live modules' own tables come with them
   // (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs, laid out from the kernel's BTF);
   // a module without one, or when the module list cannot be read, is unwound as frame-pointer
-  // frames. Modules loaded later are not seen until it is called again.
+  // frames. Modules loaded or unloaded later are followed by kernel_stack().
   [[nodiscard]] Result<std::string> load_unwind_tables(DomId);
   // The hit vCPU's kernel call stack, walked from Dom0 with those tables (loaded by the first
   // call if load_unwind_tables() was not called; a failure to load is kept), reading the stack
   // through the hit's own view of memory: at most `max_frames` (1 ... 127) addresses. Call it
   // from a handler, while the vCPU waits. docs/xenprobe.md ("kstack") says what it can walk.
+  // A module loaded or unloaded since its tables were read is seen by a look at the guest's
+  // module list at most once a second, and after a walk that met an address in no known text
+  // at most every 100 ms (docs/guest-symbols.md "When modules come and go").
   [[nodiscard]] Result<KernelStack> kernel_stack(HitContext&, unsigned max_frames = 127);
 
   [[nodiscard]] Result<Probe> probe(DomId, Gva address, PreHandler pre, PostHandler post = {});
@@ -414,7 +417,14 @@ class XENPROBES_API Session {
   // The domain's symbols whose names match a shell glob (`vfs_*`, `sys_?ead`; fnmatch(3)), in
   // name order: what a tool lists, or expands a wildcard probe into. Loads the default symbols
   // like resolve(); NotFound when the domain has none.
+  // Both look at the guest's module list first: a module loaded since the symbols were loaded
+  // brings its functions (`module:func` resolves), one unloaded takes its own away.
   [[nodiscard]] Result<std::vector<SymbolInfo>> find_symbols(DomId, std::string_view glob);
+  // A number that changes whenever the domain's symbols change: loaded, or their loaded
+  // modules' functions read again because a module came or went (seen by resolve(),
+  // find_symbols(), a registration or kernel_stack()). Whoever keeps what find_symbols() gave
+  // (names for a stack's addresses) asks again when it changed. 0 while the domain has none.
+  std::uint64_t symbols_generation(DomId) const;
 
   // Registrations between begin_batch() and end_batch() pause each domain once.
   [[nodiscard]] Result<void> begin_batch();

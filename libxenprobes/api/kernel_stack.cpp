@@ -2,8 +2,6 @@
 #include "api/kernel_stack.hpp"
 
 #include "common/log.hpp"
-#include "kernel/btf.hpp"
-#include "kernel/module_symbols.hpp"
 #include "kernel/modules.hpp"
 #include "mem/frame_source.hpp"
 #include "mem/guest_memory.hpp"
@@ -13,86 +11,128 @@ namespace xenprobes::api {
 
 namespace {
 
-// The loaded modules' own tables (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs), of
-// the modules the kernel layer found usable; a module whose table cannot be read is left to the
-// frame-pointer fallback. What happened is added to `summary`.
-struct ModuleOrc {
-  std::vector<kernel::orc::Table> tables;
-  std::vector<kernel::Range> untabled;  // usable modules' text without a table
-};
+// Reads through page tables that map the kernel (with page-table isolation a vCPU in user mode
+// holds tables that map almost none of it): vCPU 0's, or their kernel half.
+template <typename F>
+auto with_kernel_memory(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms, F&& f)
+    -> decltype(f(std::declval<const kernel::ReadFn&>())) {
+  hv::DomainInfo info = XP_TRY(hv.domain_info(dom));
+  hv::VcpuRegs regs = XP_TRY(hv.get_vcpu_regs(dom, VcpuId{0}));
+  mem::PagingContext ctx = XP_TRY(mem::paging_context(info, regs));
+  mem::HypervisorFrameSource source(hv, dom);
+  mem::GuestMemory memory(source);
+  const Gva text = syms.resolve("_stext").value_or(Gva{0});
+  XP_TRY(mem::use_kernel_page_tables(memory, ctx, info.type, text));
+  const kernel::ReadFn read = [&memory](Gva a, std::span<std::byte> out) { return memory.read(a, out); };
+  return f(read);
+}
 
-ModuleOrc module_tables(const symbols::SymbolTable& syms, const kernel::ReadFn& read, kernel::orc::Format format,
-                        std::string& summary) {
-  ModuleOrc out;
-  auto btf = kernel::read_kernel_btf(syms, read);  // struct module's layout
-  if (!btf) {
-    summary += "; modules' tables not read (" + btf.error().what + ")";
-    return out;
-  }
-  auto mods = kernel::walk_modules(syms, read, *btf);
-  if (!mods) {
-    summary += "; modules' tables not read (" + mods.error().what + ")";
-    return out;
-  }
-  kernel::orc::Limits limits;
-  std::size_t budget = limits.max_entries, refused = 0;
-  std::string first;
-  for (const kernel::Module& m : mods->modules()) {
-    if (!m.usable) continue;
-    if (m.orc_num == 0) {
-      out.untabled.push_back(m.text);
-      continue;
-    }
-    auto t = m.orc_num > budget ? Result<kernel::orc::Table>(fail(Errc::NoSpace, "over the entries left for modules"))
-                                : kernel::orc::read_module_table(read, m.orc_ip, m.orc_unwind, m.orc_num, m.text, format,
-                                                                 limits);
-    if (!t) {
-      ++refused;
-      if (first.empty()) first = m.name + ": " + t.error().what;
-      out.untabled.push_back(m.text);
-      continue;
-    }
-    budget -= m.orc_num;
-    out.tables.push_back(std::move(*t));
-  }
-  summary += "; " + std::to_string(out.tables.size()) + " module table(s)";
-  if (refused) summary += ", " + std::to_string(refused) + " refused (first: " + first + ")";
-  return out;
+bool same(const kernel::ModuleIdentity& a, const kernel::ModuleIdentity& b) {
+  return a.address == b.address && a.name == b.name && a.text.start == b.text.start && a.text.end == b.text.end;
 }
 
 }  // namespace
 
-Result<std::string> KernelStacks::load(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms) {
+// The loaded modules' own tables (struct module's arch.orc_unwind_ip, orc_unwind, num_orcs), of
+// the modules the kernel layer found usable, into the unwinder: kept from before when the same
+// module still has the same table, else read with `read` (none: left to the frame-pointer
+// fallback until the next update). A module whose table cannot be read is unwound by the
+// fallback. Returns what happened, for the summary.
+std::string KernelStacks::set_modules(PerDomain& d, const kernel::ModuleTables* mods, const kernel::ReadFn* read) {
+  std::map<std::uint64_t, ModuleTable> now;
+  std::vector<kernel::orc::Table> tables;
+  std::vector<kernel::Range> untabled;
+  kernel::orc::Limits limits;
+  std::size_t budget = limits.max_entries, refused = 0, kept = 0;
+  std::string first;
+  const kernel::orc::Format format = d.unwinder->core().format();
+  if (mods && mods->status().found) {
+    for (const kernel::Module& m : mods->modules()) {
+      if (!m.usable) continue;
+      ModuleTable t{kernel::ModuleIdentity::of(m), m.orc_ip, m.orc_unwind, m.orc_num, std::nullopt};
+      auto was = d.modules.find(m.address);
+      if (was != d.modules.end() && was->second.table && same(was->second.id, t.id) && was->second.ip == t.ip &&
+          was->second.orc == t.orc && was->second.num == t.num) {
+        t.table = std::move(was->second.table);
+        ++kept;
+      } else if (m.orc_num != 0 && read) {
+        auto r = m.orc_num > budget
+                     ? Result<kernel::orc::Table>(fail(Errc::NoSpace, "over the entries left for modules"))
+                     : kernel::orc::read_module_table(*read, m.orc_ip, m.orc_unwind, m.orc_num, m.text, format, limits);
+        if (r) {
+          t.table = std::move(*r);
+        } else {
+          ++refused;
+          if (first.empty()) first = m.name + ": " + r.error().what;
+        }
+      }
+      if (t.table && t.table->size() <= budget) {
+        budget -= t.table->size();
+        tables.push_back(*t.table);
+      } else {
+        t.table.reset();
+        untabled.push_back(m.text);
+      }
+      now.emplace(m.address, std::move(t));
+    }
+  }
+  d.modules = std::move(now);
+  d.unwinder->set_modules(std::move(tables), std::move(untabled));
+  std::string s = std::to_string(d.unwinder->module_tables()) + " module table(s)";
+  if (kept) s += " (" + std::to_string(kept) + " kept from before)";
+  if (refused) s += ", " + std::to_string(refused) + " refused (first: " + first + ")";
+  if (!mods) s += " (no module list)";
+  else if (!mods->status().found) s += " (" + mods->summary() + ")";
+  return s;
+}
+
+Result<std::string> KernelStacks::load(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms,
+                                       const kernel::ModuleTables* mods, std::uint64_t generation) {
   PerDomain& d = by_dom_[dom];
   d.unwinder.reset();
-  std::string summary;
-  auto read_tables = [&]() -> Result<std::shared_ptr<const kernel::orc::Unwinder>> {
-    hv::DomainInfo info = XP_TRY(hv.domain_info(dom));
-    hv::VcpuRegs regs = XP_TRY(hv.get_vcpu_regs(dom, VcpuId{0}));
-    mem::PagingContext ctx = XP_TRY(mem::paging_context(info, regs));
-    mem::HypervisorFrameSource source(hv, dom);
-    mem::GuestMemory memory(source);
-    // The tables are kernel data: read through page tables that map the kernel (with page-table
-    // isolation a vCPU in user mode holds tables that map almost none of it).
-    const Gva text = syms.resolve("_stext").value_or(Gva{0});
-    XP_TRY(mem::use_kernel_page_tables(memory, ctx, info.type, text));
-    const kernel::ReadFn read = [&memory](Gva a, std::span<std::byte> out) { return memory.read(a, out); };
-    kernel::orc::Table core = XP_TRY(kernel::orc::read_kernel_table(syms, read));
-    summary = "ORC table of the kernel: " + core.summary();
-    auto u = std::make_shared<kernel::orc::Unwinder>(std::move(core));
-    ModuleOrc mods = module_tables(syms, read, u->core().format(), summary);
-    u->set_modules(std::move(mods.tables), std::move(mods.untabled));
-    return u;
+  d.modules.clear();
+  auto read_tables = [&]() -> Result<std::string> {
+    return with_kernel_memory(hv, dom, syms, [&](const kernel::ReadFn& read) -> Result<std::string> {
+      kernel::orc::Table core = XP_TRY(kernel::orc::read_kernel_table(syms, read));
+      std::string summary = "ORC table of the kernel: " + core.summary();
+      d.unwinder = std::make_unique<kernel::orc::Unwinder>(std::move(core));
+      return summary + "; " + set_modules(d, mods, &read);
+    });
   };
-  auto u = read_tables();
-  if (!u) {
-    d.why = Error{u.error().code, "domain " + std::to_string(dom.value) + ": cannot unwind its kernel's stacks: " +
-                                      u.error().what};
+  auto summary = read_tables();
+  if (!summary) {
+    d.unwinder.reset();
+    d.why = Error{summary.error().code, "domain " + std::to_string(dom.value) + ": cannot unwind its kernel's stacks: " +
+                                            summary.error().what};
     return fail(d.why.code, d.why.what);
   }
-  d.unwinder = std::move(*u);
-  XP_LOG(Info, "domain %u: %s", dom.value, summary.c_str());
+  d.generation = generation;
+  XP_LOG(Info, "domain %u: %s", dom.value, summary->c_str());
   return summary;
+}
+
+void KernelStacks::update_modules(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms,
+                                  const kernel::ModuleTables* mods, std::uint64_t generation) {
+  auto it = by_dom_.find(dom);
+  if (it == by_dom_.end() || !it->second.unwinder) return;
+  PerDomain& d = it->second;
+  auto r = with_kernel_memory(hv, dom, syms, [&](const kernel::ReadFn& read) -> Result<std::string> {
+    return set_modules(d, mods, &read);
+  });
+  // Without kernel page tables now, modules that stayed keep their tables; new ones wait.
+  std::string s = r ? *r : set_modules(d, mods, nullptr) + " (new ones not read: " + r.error().what + ")";
+  d.generation = generation;
+  XP_LOG(Info, "domain %u: loaded modules changed: %s", dom.value, s.c_str());
+}
+
+bool KernelStacks::loaded(DomId dom) const {
+  auto it = by_dom_.find(dom);
+  return it != by_dom_.end() && it->second.unwinder;
+}
+
+std::uint64_t KernelStacks::generation(DomId dom) const {
+  auto it = by_dom_.find(dom);
+  return it == by_dom_.end() ? 0 : it->second.generation;
 }
 
 Result<KernelStack> KernelStacks::walk(HitContext& hit, unsigned max_frames) const {

@@ -27,6 +27,7 @@
 #include "guestmod/module_info.hpp"
 #include "kernel/btf.hpp"
 #include "kernel/module_symbols.hpp"
+#include "kernel/orc.hpp"
 #include "symbols/kallsyms.hpp"
 #include "xenprobes/guest_view.hpp"
 #include "xenprobes/protocol.h"
@@ -93,32 +94,6 @@ Result<std::string> Session::channel_name(DomId dom) {
 
 static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId dom);
 
-// The guest's loaded modules' functions into `t` (kernel/module_symbols.hpp). Best effort: a
-// guest whose modules cannot be read keeps the core kernel's symbols, with the reason logged.
-static void add_module_functions(hv::Hypervisor& hv, DomId dom, symbols::SymbolTable& t) {
-  // Without these symbols there is nothing to walk: the guest is not touched at all.
-  for (const char* needed : {"__start_BTF", "modules"})
-    if (!t.lookup(needed)) {
-      XP_LOG(Debug, "domain %u: no loaded modules' functions: no %s in %s", dom.value, needed, t.source().c_str());
-      return;
-    }
-  auto view = GuestView::open(hv, dom);
-  auto r = view ? kernel::read_guest_module_symbols(
-                      t, [&view](Gva a, std::span<std::byte> out) { return (*view)->read(a, out); })
-                : Result<kernel::ModuleSymbolsResult>(std::unexpected(view.error()));
-  if (!r) {
-    XP_LOG(Info, "domain %u: no loaded modules' functions: %s", dom.value, r.error().what.c_str());
-    return;
-  }
-  const std::size_t n = r->functions.size();
-  if (auto s = t.set_module_functions(std::move(r->functions)); !s) {
-    XP_LOG(Warn, "domain %u: the loaded modules' functions are not used: %s", dom.value, s.error().what.c_str());
-    return;
-  }
-  XP_LOG(Info, "domain %u: %zu functions of %zu loaded modules from its memory (%s; %zu modules refused)", dom.value,
-         n, r->modules_read, r->stats.describe().c_str(), r->refused.size());
-}
-
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   auto t = XP_TRY(symbols::SymbolTable::load(path));
   XP_TRY(impl_->engine->attach(dom));
@@ -141,7 +116,7 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
              k.error().what.c_str(), path.c_str());
     }
   }
-  add_module_functions(*impl_->hv, dom, t);
+  // The loaded modules' functions join them in the engine, once the slide is known.
   return impl_->engine->set_symbols(dom, std::move(t));
 }
 
@@ -151,7 +126,7 @@ Result<void> Session::load_symbols_from_guest(DomId dom) {
   XP_LOG(Info, "domain %u: %zu kallsyms symbols from guest memory (token table at 0x%llx)", dom.value,
          found.entries.size(), static_cast<unsigned long long>(found.where.token_table));
   auto t = XP_TRY(symbols::to_symbol_table(found.entries, "domain " + std::to_string(dom.value) + "'s kallsyms"));
-  add_module_functions(*impl_->hv, dom, t);
+  // The loaded modules' functions join them in the engine, once the slide is known.
   return impl_->engine->set_symbols(dom, std::move(t));
 }
 
@@ -198,15 +173,50 @@ Result<std::vector<ModuleBtf>> Session::module_btf(DomId dom) {
   return out;
 }
 
-Result<std::string> Session::load_unwind_tables(DomId dom) {
-  XP_TRY(symbols_for_lookup(dom));
-  return impl_->stacks.load(*impl_->hv, dom, *impl_->engine->symbols(dom));
+// The engine's look at the domain's module list (Engine::refresh_modules); the symbols'
+// generation after it. A look that fails (vCPU 0 in user space with page-table isolation) keeps
+// what was known.
+static std::uint64_t modules_now(Session::Impl& impl, DomId dom, std::chrono::milliseconds every) {
+  auto gen = impl.engine->refresh_modules(dom, every);
+  if (!gen) {
+    XP_LOG(Debug, "domain %u: the module list is not checked: %s", dom.value, gen.error().what.c_str());
+    return impl.engine->symbols_generation(dom);
+  }
+  return *gen;
 }
 
-Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) {
-  if (!impl_->stacks.tried(hit.domain())) (void)load_unwind_tables(hit.domain());
-  return impl_->stacks.walk(hit, max_frames);
+Result<std::string> Session::load_unwind_tables(DomId dom) {
+  XP_TRY(symbols_for_lookup(dom));
+  // The modules' tables are those of the modules live now.
+  const std::uint64_t gen = modules_now(*impl_, dom, std::chrono::milliseconds{0});
+  return impl_->stacks.load(*impl_->hv, dom, *impl_->engine->symbols(dom), impl_->engine->modules(dom), gen);
 }
+
+// How often a hit's stack walk looks at the module list: before any walk when the last look is
+// a second old (a module that went must not be unwound through for long), and after a walk that
+// ran into an address no table knows when the last look is 100 ms old (a module loaded since).
+// A guest whose walks keep missing (BPF programs, ftrace trampolines) costs one look per 100 ms.
+inline constexpr std::chrono::milliseconds kStackModulesEvery{1000}, kStackModulesOnMiss{100};
+
+Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) {
+  const DomId dom = hit.domain();
+  if (!impl_->stacks.tried(dom)) (void)load_unwind_tables(dom);
+  // The modules' unwind tables follow the module list the symbols follow.
+  auto sync = [&](std::chrono::milliseconds every) {
+    const std::uint64_t gen = modules_now(*impl_, dom, every);
+    const symbols::SymbolTable* syms = impl_->engine->symbols(dom);
+    if (syms && impl_->stacks.loaded(dom) && impl_->stacks.generation(dom) != gen)
+      impl_->stacks.update_modules(*impl_->hv, dom, *syms, impl_->engine->modules(dom), gen);
+    return gen;
+  };
+  const std::uint64_t gen = sync(kStackModulesEvery);
+  auto st = impl_->stacks.walk(hit, max_frames);
+  if (st && st->stopped == kernel::orc::to_string(kernel::orc::Stop::NoText) && sync(kStackModulesOnMiss) != gen)
+    st = impl_->stacks.walk(hit, max_frames);
+  return st;
+}
+
+std::uint64_t Session::symbols_generation(DomId dom) const { return impl_->engine->symbols_generation(dom); }
 
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
   return probe(dom, address, std::move(pre), std::move(post), ProbeOptions{});
@@ -250,12 +260,14 @@ Result<void> Session::symbols_for_lookup(DomId dom) {
 
 Result<Gva> Session::resolve(DomId dom, std::string_view symbol) {
   XP_TRY(symbols_for_lookup(dom));
+  (void)modules_now(*impl_, dom, std::chrono::milliseconds{0});  // a module that came or went since
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   return t->resolve(symbol);
 }
 
 Result<std::vector<SymbolInfo>> Session::find_symbols(DomId dom, std::string_view glob) {
   XP_TRY(symbols_for_lookup(dom));
+  (void)modules_now(*impl_, dom, std::chrono::milliseconds{0});
   const symbols::SymbolTable* t = impl_->engine->symbols(dom);
   std::vector<SymbolInfo> out;
   for (symbols::Symbol& s : t->matching(glob))
@@ -382,6 +394,10 @@ int SessionTesting::wait_guardian(Session& s, int ms) { return s.impl_->guardian
 Result<channel::GuestChannel::ModuleCounters> SessionTesting::module_counters(Session& s, DomId dom) {
   if (!s.impl_->guest) return fail(Errc::InvalidArgument, "the session has no guest channel");
   return s.impl_->guest->module_counters(dom);
+}
+
+void SessionTesting::set_module_clock(Session& s, std::function<std::chrono::steady_clock::time_point()> clock) {
+  s.impl_->engine->set_clock(std::move(clock));
 }
 
 void SessionTesting::set_spin_clock(Session& s, std::function<std::chrono::steady_clock::time_point()> clock) {

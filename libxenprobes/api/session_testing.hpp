@@ -32,6 +32,9 @@ class SessionTesting {
   // turn by, instead of steady_clock (an empty function: steady_clock again). A test's virtual
   // clock makes how many hits one spin sees independent of the machine's load.
   static void set_spin_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
+  // The clock kernel_stack() rates its looks at the module list by (empty: steady_clock): a
+  // test's virtual clock decides when a hit's walk looks again.
+  static void set_module_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
 };
 
 }  // namespace xenprobes

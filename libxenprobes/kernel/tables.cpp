@@ -317,6 +317,8 @@ void KernelTables::set_modules(ModuleTables m) {
 
 bool KernelTables::refresh_modules(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits) {
   if (modules_ && !modules_->changed(syms, read)) return false;
+  // No struct module layout (no BTF): no module can ever be read, nothing to walk again.
+  if (modules_ && layout_ && !layout_->layout) return false;
   if (!layout_) {
     // The layout of struct module, once: from the guest's own BTF (4-5 MiB, checked by libbpf).
     auto cache = std::make_shared<LayoutCache>(LayoutCache{fail(Errc::NotFound, "")});

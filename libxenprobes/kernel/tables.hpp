@@ -125,7 +125,8 @@ class KernelTables {
   // Re-reads the module list when it may have changed since the last walk (modules.hpp,
   // ModuleTables::changed: the list head's two pointers and each live module's state and
   // links); the first call also reads the guest's BTF for struct module's layout. Returns
-  // whether it walked the list. Call it after read() and before each registration.
+  // whether it walked the list (never again once the BTF gave no layout: no module can be
+  // read). Call it after read() and whenever the modules matter (probe/engine_modules.cpp).
   bool refresh_modules(const symbols::SymbolTable& syms, const ReadFn& read, const Limits& limits = {});
   // For tests: modules read elsewhere.
   void set_modules(ModuleTables m);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -77,6 +78,23 @@ class Engine final : public channel::StopSink {
   std::optional<Gva> published_kernel_text(DomId) const;
   // The channel serving the domain (attaching it first if needed).
   [[nodiscard]] Result<channel::Channel*> channel_of(DomId);
+
+  // Loaded modules that came or went after the symbols were loaded (probe/engine_modules.cpp).
+  // Checks the guest's module list (ModuleTables::changed: the head and each live module's
+  // state, links and text) unless the last check is younger than `min_interval` (0: always),
+  // walks it again when it changed, and when the set of live modules differs from the one the
+  // symbols hold, reads the new set's functions into them (SymbolTable::set_module_functions)
+  // and counts a new symbols generation. Registrations check on their own. Returns the
+  // generation; NoSuchDomain when not attached, Fault when vCPU 0's page tables cannot be had.
+  [[nodiscard]] Result<std::uint64_t> refresh_modules(DomId, std::chrono::milliseconds min_interval = {});
+  // Changes whenever the domain's symbols do (loaded, or their modules' functions read again);
+  // 0 when it has none.
+  std::uint64_t symbols_generation(DomId) const;
+  // The domain's module list as last walked (null: no symbols, or never walked).
+  const kernel::ModuleTables* modules(DomId) const;
+  // The clock refresh_modules() measures `min_interval` by (empty: steady_clock); for tests.
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  void set_clock(Clock c) { clock_ = std::move(c); }
 
   // `method`: ProbeMethod in xenprobes.hpp (a jump probe, docs/probes.md "Jump probes").
   [[nodiscard]] Result<ProbeId> add(DomId, Gva, PreHandler, PostHandler, ProbeMethod method = ProbeMethod::Trap);
@@ -250,6 +268,13 @@ class Engine final : public channel::StopSink {
     std::optional<symbols::SymbolTable> syms;
     // The guest kernel's own tables (exception table, jump labels, …), read with the symbols.
     std::optional<kernel::KernelTables> tables;
+    // The live modules whose functions `syms` holds (by struct module, name and text), the
+    // symbols' generation (Engine::symbols_generation) and when the module list was last
+    // checked (Engine::refresh_modules).
+    std::vector<kernel::ModuleIdentity> module_set;
+    bool generation_ready = false;  // module_set is what `syms` holds
+    std::uint64_t symbols_generation = 0;
+    std::optional<std::chrono::steady_clock::time_point> modules_checked;
     kernel::Range module_text;  // the guest module's own text, as it publishes it (guest channel)
     std::uint64_t text_changed = 0;  // disarms that found the guest's own byte, not ours
     std::uint64_t lost_returns = 0;  // trampoline stops with no known return address
@@ -349,6 +374,9 @@ class Engine final : public channel::StopSink {
   // The module a point is in was unloaded, or another took its place, since the point was
   // decoded: says which, else nullopt (also when the module list cannot be read).
   std::optional<std::string> module_gone(Domain&, const Point&);
+  // Walks the module list again if it changed (through d.memory as it is now) and brings the
+  // symbols' module functions up to date (probe/engine_modules.cpp).
+  void update_modules(Domain&);
   Result<void> remove_now(ProbeId);
   Result<void> remove_registration(Domain&, std::map<ProbeId, std::unique_ptr<Registration>>::iterator);
   // Resumes every vCPU stopped on one of our traps in the domain (the domain is paused).
@@ -438,6 +466,7 @@ class Engine final : public channel::StopSink {
   std::vector<std::pair<DomId, std::uint32_t>> returned_records_;
   bool stop_requested_ = false;
   Journal* journal_ = nullptr;
+  Clock clock_;
 };
 
 }  // namespace xenprobes::probe

@@ -144,9 +144,10 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   mem::GuestMemory& m = *d->memory;
   const kernel::ReadFn read = [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); };
   d->tables = kernel::KernelTables::read(*d->syms, read);
-  // The loaded modules (their text is probed under the same rules): walked now, and again
-  // before a registration when the list changed (KernelTables::refresh_modules).
-  d->tables->refresh_modules(*d->syms, read);
+  // The loaded modules (their text is probed under the same rules, their functions join the
+  // symbols): walked now, and again when the list changed (engine_modules.cpp).
+  d->generation_ready = false;
+  update_modules(*d);
   XP_LOG(Info, "domain %u: guest kernel tables: %s", id.value, d->tables->summary().c_str());
   return {};
 }

@@ -72,8 +72,7 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
 
 std::optional<std::string> Engine::module_gone(Domain& d, const Point& p) {
   if (!p.module || !d.tables || !d.syms) return std::nullopt;
-  mem::GuestMemory& m = *d.memory;
-  d.tables->refresh_modules(*d.syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
+  update_modules(d);
   const kernel::ModuleTables* mods = d.tables->modules();
   return mods ? kernel::module_replaced(*mods, p.addr.value, *p.module) : std::nullopt;
 }

@@ -42,13 +42,17 @@ Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::u
 
 Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
   if (!d.syms) return kernel::EntryPlacement{addr, {}};
+  if (d.pause_depth == 0) XP_TRY(refresh_context(d));
+  // Modules loaded or unloaded since the last walk (cheap when nothing changed), before anything
+  // is looked up: a probe must never go into the text of a module that has gone, and a function
+  // of a module loaded since is placed (and decoded) like any other.
+  update_modules(d);
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
   // Only the first instructions matter: read a little, not the whole function. Three of them:
   // endbr64, the ftrace site and the instruction the probe moves to (Linux 6.12 as Debian 13
   // builds it, IBT on, starts every function with endbr64 + nop5; with two, the probe stayed
   // on the ftrace site).
-  if (d.pause_depth == 0) XP_TRY(refresh_context(d));
   auto bytes = XP_TRY(read_text(d, fn->start, std::min<std::uint64_t>(fn->size, 3 * x86::kMaxInsnLen)));
   std::vector<x86::Insn> head;
   std::size_t off = 0;
@@ -73,12 +77,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
                 hex(addr.value) + ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
                 "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
                 "System.map or kallsyms first)");
-  // Modules loaded or unloaded since the last walk (cheap when nothing changed): a probe must
-  // never go into the text of a module that has gone.
-  if (d.tables) {
-    mem::GuestMemory& m = *d.memory;
-    d.tables->refresh_modules(*d.syms, [&m](Gva a, std::span<std::byte> out) { return m.read(a, out); });
-  }
+  // (place() brought the module list up to date for this registration.)
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
     // No function to decode from: the address rules say why (data, a gap, not text).

@@ -1,0 +1,220 @@
+// Loaded modules that come and go after a Session has the guest's symbols (docs/guest-symbols.md
+// "When modules come and go"), on every channel: `module:func` of a module loaded later
+// resolves and is probed, a hit's stack is unwound through the module's own ORC table, a
+// module that went takes its names and its table with it; a hit's walk looks at the module
+// list at a bounded rate; a hostile list (a cycle, a bogus pointer) trusts no module and
+// leaves the kernel's symbols alone. The guest: tests/engine/module_guest.hpp.
+#include <memory>
+
+#include "api/session_testing.hpp"
+#include "engine/engine_fixture.hpp"
+#include "engine/module_guest.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+hv::sim::DomainConfig module_config(const ModuleGuest& g, std::uint64_t iterations) {
+  hv::sim::DomainConfig c = demo_config(1, iterations);
+  c.image = g.image;
+  return c;
+}
+
+// The demo's kstack chain from a hit at demo_kstack_leaf: five frames to the end of the stack.
+std::vector<std::uint64_t> whole_chain(ProbedGuest& pg) {
+  return {pg.sym("demo_kstack_leaf"), pg.sym("demo_kstack_middle") + DEMO_KSTACK_MIDDLE_OFF,
+          pg.sym("demo_kstack_outer") + DEMO_KSTACK_OUTER_OFF, pg.sym("demo_kstack_entry") + DEMO_KSTACK_ENTRY_RET_OFF,
+          pg.sym("demo_kstack_entry") + DEMO_KSTACK_ENTRY_IRQ_OFF};
+}
+
+std::vector<std::uint64_t> frames(const KernelStack& s) {
+  std::vector<std::uint64_t> out;
+  for (Gva f : s.frames) out.push_back(f.value);
+  return out;
+}
+
+std::vector<std::string> names(const Result<std::vector<SymbolInfo>>& r) {
+  std::vector<std::string> out;
+  if (r)
+    for (const SymbolInfo& i : *r) out.push_back(i.name);
+  return out;
+}
+
+TEST(ModuleRefresh, AModuleLoadedAfterTheSymbolsIsResolvedProbedAndUnwoundThrough) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Callee);
+  ProbedGuest pg(module_config(g, 3));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  auto tables = s.load_unwind_tables(pg.dom);  // no module yet: the kernel's table only
+  ASSERT_TRUE(tables) << tables.error().what;
+  EXPECT_NE(tables->find("0 module table(s)"), std::string::npos) << *tables;
+  const std::uint64_t gen0 = s.symbols_generation(pg.dom);
+  EXPECT_GT(gen0, 0u);
+  auto before = s.resolve(pg.dom, "kmod:demo_kstack_leaf");
+  ASSERT_FALSE(before);
+  EXPECT_EQ(before.error().code, Errc::NotFound) << before.error().what;
+
+  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  w.load();
+  auto leaf = s.resolve(pg.dom, "kmod:demo_kstack_leaf");
+  ASSERT_TRUE(leaf) << leaf.error().what;
+  EXPECT_EQ(leaf->value, pg.sym("demo_kstack_leaf"));
+  EXPECT_GT(s.symbols_generation(pg.dom), gen0);
+  EXPECT_EQ(names(s.find_symbols(pg.dom, "kmod:*")),
+            (std::vector<std::string>{"kmod:demo_kstack_leaf", "kmod:demo_kstack_middle", "kmod:demo_kstack_outer"}));
+
+  std::vector<KernelStack> stacks;
+  std::vector<std::string> errors;
+  auto p = s.probe(pg.dom, "kmod:demo_kstack_leaf", [&](HitContext& c) {
+    auto st = s.kernel_stack(c);
+    if (st)
+      stacks.push_back(*st);
+    else
+      errors.push_back(st.error().what);
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  pg.start();
+  ASSERT_TRUE(pg.run_to_completion());
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  ASSERT_EQ(stacks.size(), 3u);
+  for (const KernelStack& st : stacks) {
+    // leaf, middle and outer through the module's table, then back into the kernel's.
+    EXPECT_EQ(frames(st), whole_chain(pg));
+    EXPECT_EQ(st.stopped, "end of stack");
+    EXPECT_FALSE(st.guessed);
+  }
+  ASSERT_TRUE(p->unregister());
+
+  // Unloaded: its names are gone, the kernel's stay, and its text is no kernel text any more.
+  const std::uint64_t gen1 = s.symbols_generation(pg.dom);
+  w.unload();
+  auto after = s.resolve(pg.dom, "kmod:demo_kstack_leaf");
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error().code, Errc::NotFound) << after.error().what;
+  EXPECT_GT(s.symbols_generation(pg.dom), gen1);
+  EXPECT_TRUE(names(s.find_symbols(pg.dom, "kmod:*")).empty());
+  EXPECT_TRUE(names(s.find_symbols(pg.dom, "demo_kstack_leaf")).empty());
+  auto entry = s.resolve(pg.dom, "demo_kstack_entry");
+  ASSERT_TRUE(entry) << entry.error().what;
+  EXPECT_EQ(entry->value, pg.sym("demo_kstack_entry"));
+  auto refused = s.probe(pg.dom, Gva{pg.sym("demo_kstack_leaf")}, [](HitContext&) { return 0; });
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().what.find("not-kernel-text"), std::string::npos) << refused.error().what;
+}
+
+// A probe in the kernel whose callers are a module's: the module loaded after the walk's tables
+// were read is found by the walk that runs into its text, at most every 100 ms; unloaded, its
+// table goes at the next look, at most a second later. The module clock is virtual: the test
+// says when time passes.
+TEST(ModuleRefresh, AHitsWalkLooksAtTheModuleListAtABoundedRate) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Caller);
+  ProbedGuest pg(module_config(g, 5));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  auto now = std::make_shared<Clock::time_point>(Clock::now());
+  SessionTesting::set_module_clock(s, [now] { return *now; });
+  ASSERT_TRUE(s.load_unwind_tables(pg.dom));
+
+  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  std::vector<KernelStack> stacks;
+  std::vector<std::uint64_t> gens;
+  std::vector<std::string> errors;
+  unsigned hit = 0;
+  auto p = s.probe(pg.dom, "demo_kstack_leaf", [&](HitContext& c) {
+    if (hit == 2) *now += std::chrono::milliseconds(150);   // a miss may look again
+    if (hit == 4) *now += std::chrono::milliseconds(1100);  // the periodic look is due
+    auto st = s.kernel_stack(c);
+    if (st)
+      stacks.push_back(*st);
+    else
+      errors.push_back(st.error().what);
+    gens.push_back(s.symbols_generation(pg.dom));
+    if (hit == 0) w.load();  // insmod between two hits
+    if (hit == 3) w.unload();
+    ++hit;
+    return 0;
+  });
+  ASSERT_TRUE(p) << p.error().what;
+  pg.start();
+  ASSERT_TRUE(pg.run_to_completion());
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  ASSERT_EQ(stacks.size(), 5u);
+  const std::vector<std::uint64_t> chain = whole_chain(pg);
+  const std::vector<std::uint64_t> cut(chain.begin(), chain.begin() + 2);  // leaf, middle: the kernel's
+  // 0: no module. 1: loaded, but the last look is not 100 ms old: not seen.
+  for (unsigned i : {0u, 1u}) {
+    std::vector<std::uint64_t> f = frames(stacks[i]);
+    ASSERT_GE(f.size(), 2u) << "hit " << i;
+    EXPECT_LE(f.size(), 3u) << "hit " << i;  // at most the return address into the unknown text
+    f.resize(2);
+    EXPECT_EQ(f, cut) << "hit " << i;
+    EXPECT_EQ(stacks[i].stopped, "address outside kernel text") << "hit " << i;
+  }
+  EXPECT_EQ(gens[1], gens[0]);
+  // 2: the walk ran into the module's text and looked: through its table to the end.
+  for (unsigned i : {2u, 3u}) {
+    EXPECT_EQ(frames(stacks[i]), chain) << "hit " << i;
+    EXPECT_EQ(stacks[i].stopped, "end of stack") << "hit " << i;
+    EXPECT_FALSE(stacks[i].guessed) << "hit " << i;
+  }
+  EXPECT_GT(gens[2], gens[1]);
+  // 4: unloaded after hit 3; a second later the look drops its table (and its names).
+  EXPECT_EQ(stacks[4].stopped, "address outside kernel text");
+  EXPECT_LE(stacks[4].frames.size(), 3u);
+  EXPECT_GT(gens[4], gens[3]);
+  EXPECT_TRUE(names(s.find_symbols(pg.dom, "kmod:*")).empty());
+}
+
+// Whatever the guest's list says, no module is trusted that a walk cannot trust (the walk's own
+// checks: docs/probes.md "Address rules"), the kernel's symbols stay, and a sane list afterwards
+// is read again.
+TEST(ModuleRefresh, AHostileListDropsTheModulesAndKeepsTheKernel) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Callee);
+  ProbedGuest pg(module_config(g, 1));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  w.load();
+  ASSERT_TRUE(s.resolve(pg.dom, "kmod:demo_kstack_leaf"));
+  auto kernel_fine = [&] {
+    auto e = s.resolve(pg.dom, "demo_kstack_entry");
+    return e && e->value == pg.sym("demo_kstack_entry");
+  };
+  const std::uint64_t list = ModuleGuest::kSlot0 + g.o.list;
+
+  // A cycle: the module's next points at itself.
+  w.u64(list, list);
+  EXPECT_FALSE(s.resolve(pg.dom, "kmod:demo_kstack_leaf"));
+  EXPECT_TRUE(names(s.find_symbols(pg.dom, "kmod:*")).empty());
+  EXPECT_TRUE(kernel_fine());
+  // Sane again: seen again.
+  w.u64(list, ModuleGuest::kHead);
+  EXPECT_TRUE(s.resolve(pg.dom, "kmod:demo_kstack_leaf"));
+  // A bogus pointer in the head (non-canonical), then one to unmapped kernel memory.
+  for (std::uint64_t bogus : {0xdead000000000100ull, 0xffffc90000000000ull}) {
+    w.u64(ModuleGuest::kHead, bogus);
+    EXPECT_FALSE(s.resolve(pg.dom, "kmod:demo_kstack_leaf")) << std::hex << bogus;
+    EXPECT_TRUE(kernel_fine());
+  }
+  w.u64(ModuleGuest::kHead, list);
+  EXPECT_TRUE(s.resolve(pg.dom, "kmod:demo_kstack_leaf"));
+
+  // A list that changes between reads: another module in another struct module at each look;
+  // each lookup answers for the list it saw.
+  for (int i = 0; i < 6; ++i) {
+    const bool odd = i % 2;
+    w.load(odd ? "kmod2" : "kmod", odd ? ModuleGuest::kSlot1 : ModuleGuest::kSlot0);
+    auto a = s.resolve(pg.dom, std::string(odd ? "kmod2" : "kmod") + ":demo_kstack_leaf");
+    EXPECT_TRUE(a) << i << ": " << (a ? "" : a.error().what);
+    EXPECT_FALSE(s.resolve(pg.dom, std::string(odd ? "kmod" : "kmod2") + ":demo_kstack_leaf")) << i;
+  }
+  EXPECT_TRUE(kernel_fine());
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
