@@ -414,12 +414,16 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(h.nested, 0u);
   EXPECT_EQ(h.async_bad, 0u);
   EXPECT_EQ(h.notify_skipped, 0u);
+  EXPECT_EQ(h.wait_ns, 0u);
+  EXPECT_EQ(h.wait_max_ns, 0u);
   for (xenprobes_u64 r : h.reserved) EXPECT_EQ(r, 0u);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, nested), offsetof(xenprobes_ctl_header, foreign) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, async_bad), offsetof(xenprobes_ctl_header, nested) + 8);
   // Each counter took the first reserved word of its day: no offset before it moved.
   EXPECT_EQ(offsetof(xenprobes_ctl_header, notify_skipped), offsetof(xenprobes_ctl_header, async_bad) + 8);
-  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, notify_skipped) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, wait_ns), offsetof(xenprobes_ctl_header, notify_skipped) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, wait_max_ns), offsetof(xenprobes_ctl_header, wait_ns) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, wait_max_ns) + 8);
 }
 
 }  // namespace
