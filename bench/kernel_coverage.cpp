@@ -127,6 +127,7 @@ std::string jump_key(const x86::JumpRefusal& r) {
       {"sti:", "sti in the region"},
       {"indirect jump", "indirect jump with unknown targets in the function"},
       {"__ex_table fixup", "exception fixup inside the region"},
+      {"target of the jump label", "jump-label target inside the region"},
       {"the target of a branch in", "branch from another function into the region"},
       {"the branch", "branch into bytes 1..len-1"},
       {"__ex_table entry", "exception-table instruction"},
@@ -210,14 +211,19 @@ int main(int argc, char** argv) {
   // What the jump rules must leave alone, from the same tables (their own O(log n) queries,
   // walked from the start of the text).
   x86::SiteIndex reserved, entries, thunks;
+  std::size_t label_targets = 0;
   for (const kernel::ExEntry* e = tables.exception_entry_in(text.start, text.end); e;
        e = tables.exception_entry_in(e->insn + 1, text.end)) {
     reserved.add(e->insn, 1, "__ex_table entry");
     entries.add(e->fixup, 1, "__ex_table fixup");
   }
   for (const kernel::Site* s = tables.jump_label_in(text.start, text.end); s;
-       s = tables.jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end))
+       s = tables.jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end)) {
     reserved.add(s->addr, kernel::KernelTables::kJumpSiteLen, "jump label");
+    // Its target: a nop in the text until the key flips it into a jmp there.
+    if (s->target) entries.add(s->target, 1, "the target of the jump label at " + hex(s->addr));
+    ++label_targets;
+  }
   for (const kernel::Site* s = tables.static_call_in(text.start, text.end); s;
        s = tables.static_call_in(s->addr + kernel::KernelTables::kStaticCallSiteLen, text.end))
     reserved.add(s->addr, kernel::KernelTables::kStaticCallSiteLen, "static call");
@@ -391,9 +397,9 @@ int main(int argc, char** argv) {
   std::printf("symbols: %s (%zu functions in [_stext, _etext) %s-%s)\n", args[1].c_str(), fns.size(),
               hex(text.start).c_str(), hex(text.end).c_str());
   std::printf("tables: %s\n", tables.summary().c_str());
-  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu branches from other functions, %zu "
-              "retpoline thunks, IBT build: %s\n",
-              reserved.size(), entries.size() - cross, cross, thunks.size(),
+  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu jump-label targets, %zu branches from "
+              "other functions, %zu retpoline thunks, IBT build: %s\n",
+              reserved.size(), entries.size() - cross - label_targets, label_targets, cross, thunks.size(),
               jc.endbr_marks_indirect_targets ? "yes" : "no");
   std::printf("analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
               "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",

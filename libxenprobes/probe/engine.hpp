@@ -280,7 +280,9 @@ class Engine final : public channel::StopSink {
     // and the last quiescence the module confirmed.
     std::optional<Gva> jump_entry;
     struct JumpIndex {
-      x86::SiteIndex fixups;  // exception fixups: entered from outside the function's branches
+      // Entered from outside the function's own decoded branches: exception fixups, and the
+      // targets of jump labels (a nop until their key turns them into a jmp).
+      x86::SiteIndex fixups;
       x86::SiteIndex thunks;  // retpoline thunks: a jmp into one is an indirect jump
       bool ibt = false;       // an IBT build (endbr64 marks every indirect target)
     };

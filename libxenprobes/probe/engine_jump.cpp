@@ -30,6 +30,11 @@ const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
       for (const kernel::ExEntry* e = d.tables->exception_entry_in(text.start, text.end); e;
            e = d.tables->exception_entry_in(e->insn + 1, text.end))
         idx->fixups.add(e->fixup, 1, "the exception fixup of " + hex(e->insn));
+      // A jump label's target: while its key is off the site is a nop and the text shows no
+      // branch there, but flipping the key writes a jmp to it at any time.
+      for (const kernel::Site* s = d.tables->jump_label_in(text.start, text.end); s;
+           s = d.tables->jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end))
+        if (s->target) idx->fixups.add(s->target, 1, "the target of the jump label at " + hex(s->addr));
     }
     if (d.syms) {
       for (const char* glob : {"__x86_indirect_thunk_*", "__x86_indirect_jump_thunk_*", "__x86_indirect_its_thunk_*"})
@@ -102,7 +107,8 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   for (std::size_t k = 0; k < std::min<std::size_t>(2, insns->size()); ++k)
     if (kernel::is_ftrace_site(rule_context(d), *insns, (*insns)[k]))
       reserved.add((*insns)[k].address.value, 5, "ftrace site");
-  // Entered from outside its own branches: exception fixups, and its cold part's branches back.
+  // Entered from outside its own branches: exception fixups, jump-label targets, and its cold
+  // part's branches back.
   const x86::SiteIndex& fixups = jump_fixups(d);
   for (std::uint64_t at = lo; const x86::SiteIndex::Site* s = fixups.overlapping(at, hi); at = s->addr + 1)
     entries.add(s->addr, 1, s->what);
