@@ -43,9 +43,49 @@ const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
             idx->thunks.add(f->start.value, static_cast<std::uint32_t>(std::min<std::uint64_t>(f->size, 4096)), f->name);
       idx->ibt = d.syms->lookup("__ibt_endbr_seal").has_value();
     }
+    if (d.syms && d.tables) cross_function_branches(d, *idx);
     d.jump_index = std::move(idx);
   }
   return d.jump_index->fixups;
+}
+
+// Branches from one function into the middle of another: a compiler's split part (foo.cold),
+// assembly whose local labels are symbols of their own (6.1's copy_mc_fragile and its .E_*
+// labels). Every function of the core text is decoded once per domain for them, as
+// bench/kernel_coverage does; a branch to another function's start is a call or tail call.
+void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
+  const kernel::Range& text = d.tables->core_text();
+  std::vector<symbols::Function> fns;
+  for (const symbols::Symbol& s : d.syms->matching("*")) {
+    if (s.kind != symbols::SymbolKind::Text || !text.contains(s.address.value)) continue;
+    if (auto f = d.syms->function_containing(s.address); f && f->start == s.address) fns.push_back(*f);
+  }
+  std::sort(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start.value < b.start.value; });
+  fns.erase(std::unique(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start == b.start; }),
+            fns.end());
+  std::vector<std::uint64_t> starts;
+  for (const symbols::Function& f : fns) starts.push_back(f.start.value);
+  std::size_t unknown = 0;
+  for (const symbols::Function& f : fns) {
+    if (f.size == 0 || f.size > kMaxFunctionBytes) continue;
+    auto bytes = read_text(d, f.start, f.size);
+    auto insns = bytes ? x86::decode_function(*bytes, f.start) : Result<std::vector<x86::Insn>>(std::unexpected(bytes.error()));
+    if (!insns) {
+      ++unknown;
+      continue;
+    }
+    const std::uint64_t lo = f.start.value, hi = lo + f.size;
+    for (const x86::Insn& i : *insns) {
+      const std::uint64_t t = i.branch_target.value;
+      if (!i.is_relative_branch() || (t >= lo && t < hi) || !text.contains(t)) continue;
+      if (std::binary_search(starts.begin(), starts.end(), t)) continue;
+      idx.fixups.add(t, 1, "a branch from " + f.name + " (" + hex(i.address.value) + ")");
+    }
+  }
+  // Those cannot be seen; the same as the coverage figures leave out (docs/benchmarks.md).
+  if (unknown)
+    XP_LOG(Info, "domain %u: %zu kernel functions do not decode: their branches into other functions are not known",
+           d.id.value, unknown);
 }
 
 const Engine::Point* Engine::overlapping_point(const Domain& d, std::uint64_t lo, std::uint64_t hi,
@@ -107,8 +147,8 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   for (std::size_t k = 0; k < std::min<std::size_t>(2, insns->size()); ++k)
     if (kernel::is_ftrace_site(rule_context(d), *insns, (*insns)[k]))
       reserved.add((*insns)[k].address.value, 5, "ftrace site");
-  // Entered from outside its own branches: exception fixups, jump-label targets, and its cold
-  // part's branches back.
+  // Entered from outside its own branches: exception fixups, jump-label targets, branches from
+  // other functions (its cold part's among them).
   const x86::SiteIndex& fixups = jump_fixups(d);
   for (std::uint64_t at = lo; const x86::SiteIndex::Site* s = fixups.overlapping(at, hi); at = s->addr + 1)
     entries.add(s->addr, 1, s->what);
