@@ -137,7 +137,8 @@ std::string jump_key(const x86::JumpRefusal& r) {
       {"indirect jump", "indirect jump with unknown targets in the function"},
       {"__ex_table fixup", "exception fixup inside the region"},
       {"target of the jump label", "jump-label target inside the region"},
-      {"the target of a branch in", "branch from another function into the region"},
+      {"(its cold part,", "branch from its cold part into the region"},
+      {"(another function,", "branch from another function (not its cold part) into the region"},
       {"the branch", "branch into bytes 1..len-1"},
       {"__ex_table entry", "exception-table instruction"},
       {"jump label", "jump-label site"},
@@ -342,15 +343,20 @@ int main(int argc, char** argv) {
   std::vector<std::uint64_t> starts;
   starts.reserve(fns.size());
   for (const symbols::Function& f : fns) starts.push_back(f.start.value);
-  std::size_t cross = 0;
+  std::size_t cross = 0, cross_not_cold = 0;
   for (const Decoded& d : decoded) {
     const std::uint64_t lo = d.fn->start.value, hi = lo + d.fn->size;
     for (const x86::Insn& i : d.insns) {
       const std::uint64_t t = i.branch_target.value;
       if (!i.is_relative_branch() || (t >= lo && t < hi) || !text.contains(t)) continue;
       if (std::binary_search(starts.begin(), starts.end(), t)) continue;  // a call or tail call
-      entries.add(t, 1, "the target of a branch in " + d.fn->name + " (" + hex(i.address.value) + ")");
+      // The engine finds the same ones (Engine::cross_function_branches).
+      auto into = syms->function_containing(Gva{t});
+      const bool cold = into && d.fn->name.starts_with(into->name + ".cold");
+      entries.add(t, 1, "the target of a branch in " + d.fn->name + (cold ? " (its cold part, " : " (another function, ") +
+                            hex(i.address.value) + ")");
       ++cross;
+      cross_not_cold += !cold;
     }
   }
 
@@ -534,8 +540,8 @@ int main(int argc, char** argv) {
               hex(text.start).c_str(), hex(text.end).c_str());
   std::printf("tables: %s\n", tables.summary().c_str());
   std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu jump-label targets, %zu branches from "
-              "other functions, %zu retpoline thunks, IBT build: %s\n",
-              reserved.size(), entries.size() - cross - label_targets, label_targets, cross, thunks.size(),
+              "other functions (%zu not from a cold part), %zu retpoline thunks, IBT build: %s\n",
+              reserved.size(), entries.size() - cross - label_targets, label_targets, cross, cross_not_cold, thunks.size(),
               jc.endbr_marks_indirect_targets ? "yes" : "no");
   std::printf("analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
               "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",
