@@ -196,6 +196,65 @@ void collect_taken(const hv::sim::ElfImage& img, const std::vector<const std::ve
   }
 }
 
+// What the kernel rewrites at boot, from its own lists in the image (none of which the kernel
+// layer reads): alternatives (`struct alt_instr`, 12 bytes on 6.1, 14 on 6.12), paravirt sites
+// (6.1), retpoline and return sites, the endbr64 it seals (6.12), and for each direct call
+// listed for call-depth tracking (6.12) the 16 bytes before its destination, where the kernel
+// copies its accounting template. Dead padding that overlaps any of them is not used.
+x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const ImageMemory& mem) {
+  x86::SiteIndex out;
+  auto bounds = [&](const char* a, const char* b) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
+    auto x = syms.lookup(a), y = syms.lookup(b);
+    if (!x || !y || x->empty() || y->empty() || y->front().address.value < x->front().address.value) return std::nullopt;
+    return std::pair{x->front().address.value, y->front().address.value};
+  };
+  auto s32 = [&](std::uint64_t at) {
+    std::int32_t v = 0;
+    (void)mem.read(Gva{at}, std::as_writable_bytes(std::span(&v, 1)));
+    return static_cast<std::int64_t>(v);
+  };
+  auto u8 = [&](std::uint64_t at) {
+    std::uint8_t v = 0;
+    (void)mem.read(Gva{at}, std::as_writable_bytes(std::span(&v, 1)));
+    return v;
+  };
+  struct Rel {
+    const char *start, *end, *what;
+    std::uint32_t len;
+  };
+  // A retpoline site is a call/jmp rel32 (5 bytes) or a jcc rel32 or cs-prefixed call (6).
+  for (const Rel& r : {Rel{"__retpoline_sites", "__retpoline_sites_end", "retpoline site", 0},
+                       Rel{"__return_sites", "__return_sites_end", "return site", 5},
+                       Rel{"__ibt_endbr_seal", "__ibt_endbr_seal_end", "sealed endbr64", 4}})
+    if (auto b = bounds(r.start, r.end))
+      for (std::uint64_t e = b->first; e + 4 <= b->second; e += 4) {
+        const std::uint64_t site = e + static_cast<std::uint64_t>(s32(e));
+        const std::uint8_t op = u8(site);
+        out.add(site, r.len ? r.len : (op == 0xe8 || op == 0xe9) ? 5u : 6u, r.what);
+      }
+  if (auto b = bounds("__call_sites", "__call_sites_end"))
+    for (std::uint64_t e = b->first; e + 4 <= b->second; e += 4) {
+      const std::uint64_t site = e + static_cast<std::uint64_t>(s32(e));
+      if (u8(site) != 0xe8) continue;
+      const std::uint64_t dest = site + 5 + static_cast<std::uint64_t>(s32(site + 1));
+      out.add(site, 5, "call-depth call site");
+      out.add(dest - 16, 16, "call-depth template before a call's destination");
+    }
+  if (auto b = bounds("__alt_instructions", "__alt_instructions_end")) {
+    const std::uint64_t n = b->second - b->first;
+    const std::uint64_t size = n % 12 == 0 ? 12 : n % 14 == 0 ? 14 : 0;  // 6.1 : 6.12
+    for (std::uint64_t e = b->first; size && e + size <= b->second; e += size)
+      out.add(e + static_cast<std::uint64_t>(s32(e)), std::max<std::uint32_t>(1, u8(e + size - 2)), "alternative");
+  }
+  if (auto b = bounds("__parainstructions", "__parainstructions_end"))
+    for (std::uint64_t e = b->first; e + 16 <= b->second; e += 16) {
+      std::uint64_t instr = 0;
+      (void)mem.read(Gva{e}, std::as_writable_bytes(std::span(&instr, 1)));
+      out.add(instr, std::max<std::uint32_t>(1, u8(e + 9)), "paravirt site");
+    }
+  return out;
+}
+
 int usage() {
   std::fprintf(stderr, "usage: kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>\n");
   return 2;
@@ -425,18 +484,44 @@ int main(int argc, char** argv) {
   jc_proof.addresses_taken = &taken;
   // Dead padding, per context: a function the taint no longer covers has padding too.
   x86::SiteIndex pad, pad_proof;
-  std::size_t fn_relaxed = 0;
+  const x86::SiteIndex patched = boot_patched(*syms, mem);
+  std::size_t fn_relaxed = 0, pad_dropped = 0;
+  std::string pad_dropped_example;
+  // With call-depth tracking the kernel may copy its template into the 16 bytes before any
+  // call's destination, also one it picks at run time (a static call's new target): before a
+  // function with no __pfx_ symbol of its own, those bytes are the previous function's
+  // padding, and no island goes there. (Its copy checks for nops first, but a vCPU paused
+  // between that check and the copy would write over an island placed meanwhile.)
+  const bool call_thunks = syms->lookup("__call_sites").has_value();
+  std::size_t pad_trimmed = 0;
+  auto usable = [&](std::optional<std::pair<Gva, Gva>>& p) {
+    if (!p) return false;
+    if (call_thunks) {
+      auto next = syms->function_containing(p->second);
+      if (next && next->start == p->second && !next->name.starts_with("__pfx_")) {
+        ++pad_trimmed;
+        p->second = Gva{p->second.value - std::min<std::uint64_t>(16, p->second.value - p->first.value)};
+        if (p->second.value - p->first.value < x86::kIslandLen) return false;
+      }
+    }
+    if (const x86::SiteIndex::Site* b = patched.overlapping(p->first.value, p->second.value)) {
+      if (pad_dropped++ == 0)
+        pad_dropped_example = syms->symbolize(p->first) + ": " + b->what + " at " + syms->symbolize(Gva{b->addr});
+      return false;
+    }
+    return true;
+  };
   std::vector<std::string> still_unknown;  // with the proof: who forms an address inside
   for (const Decoded& d : decoded) {
     current = &d;
     const Gva lo = d.fn->start, hi = d.fn->start + d.fn->size;
-    if (auto p = x86::dead_padding(x86::JumpFunction::from_insns(d.insns, lo, hi, jc)))
+    if (auto p = x86::dead_padding(x86::JumpFunction::from_insns(d.insns, lo, hi, jc)); usable(p))
       pad.add(p->first.value, static_cast<std::uint32_t>(p->second.value - p->first.value), d.fn->name);
     const auto jp = x86::JumpFunction::from_insns(d.insns, lo, hi, jc_proof);
     fn_relaxed += jp.only_leaving_indirect_jumps();
     if (jp.unknown_targets())
       still_unknown.push_back(d.fn->name + ": " + x86::interior_address_taken(jp).value_or("?"));
-    if (auto p = x86::dead_padding(jp))
+    if (auto p = x86::dead_padding(jp); usable(p))
       pad_proof.add(p->first.value, static_cast<std::uint32_t>(p->second.value - p->first.value), d.fn->name);
   }
   x86::JumpContext jc_islands = jc, jc_both = jc_proof;
@@ -551,8 +636,11 @@ int main(int argc, char** argv) {
   std::printf("functions with an indirect jump of unknown targets: %zu (%zu of them only leaving it: no address "
               "inside them formed anywhere); jump tables read: %zu\n",
               fn_with_unknown, fn_relaxed, tables_read);
-  std::printf("interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof)\n",
-              taken.size(), pad.size(), pad_proof.size());
+  std::printf("interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof); "
+              "boot-time patch sites: %zu, overlapping dead padding: %zu; padding cut before a function "
+              "without __pfx_ (call-depth tracking): %zu\n",
+              taken.size(), pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
+  if (examples && pad_dropped) std::printf("  e.g. dead padding with a boot-time patch site: %s\n", pad_dropped_example.c_str());
   if (examples)
     for (const std::string& u : still_unknown) std::printf("  indirect jumps not proven to leave: %s\n", u.c_str());
   std::printf("\n%-58s %9zu  %6.2f%%\n", "probe-able (vmevent channel, module slots)", probeable, pct(probeable, total));
