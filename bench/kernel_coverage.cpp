@@ -15,11 +15,13 @@
 //
 //   kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@
 #include "kernel/tables.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
+#include "x86/detour.hpp"
 #include "x86/jump_safety.hpp"
 
 using namespace xenprobes;
@@ -37,11 +40,16 @@ using namespace xenprobes;
 namespace {
 
 constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as the engine: larger "functions" are gaps
+constexpr std::size_t kEngineSlotSize = 32;               // probe/engine.hpp kSlotSize: one detour
+// Where the detours would run for the size check: the modules' area of x86-64 Linux (its
+// MODULES_VADDR), where the guest module's slots are.
+constexpr std::uint64_t kModuleArea = 0xffffffffa0000000ull;
 
 // The image's loadable segments at their virtual addresses: what a guest's memory holds there.
 class ImageMemory {
  public:
   explicit ImageMemory(hv::sim::ElfImage img) : img_(std::move(img)) {}
+  const hv::sim::ElfImage& image() const { return img_; }
   Result<void> read(Gva addr, std::span<std::byte> out) const {
     for (const auto& s : img_.segments) {
       if (s.vaddr < symbols::kKernelImageStart) continue;  // the per-CPU segment, linked at 0
@@ -112,6 +120,7 @@ std::string jump_key(const x86::JumpRefusal& r) {
     const char* in;
     const char* key;
   };
+  if (r.rule == x86::JumpRule::None) return r.reason;  // the engine's own limits
   static const Word kWords[] = {
       {"foreign breakpoint", "int3 in the region"},
       {"deliberate #UD", "ud2 in the region"},
@@ -127,7 +136,9 @@ std::string jump_key(const x86::JumpRefusal& r) {
       {"sti:", "sti in the region"},
       {"indirect jump", "indirect jump with unknown targets in the function"},
       {"__ex_table fixup", "exception fixup inside the region"},
-      {"the target of a branch in", "branch from another function into the region"},
+      {"target of the jump label", "jump-label target inside the region"},
+      {"(its cold part,", "branch from its cold part into the region"},
+      {"(another function,", "branch from another function (not its cold part) into the region"},
       {"the branch", "branch into bytes 1..len-1"},
       {"__ex_table entry", "exception-table instruction"},
       {"jump label", "jump-label site"},
@@ -140,6 +151,108 @@ std::string jump_key(const x86::JumpRefusal& r) {
   for (const Word& w : kWords)
     if (r.reason.find(w.in) != std::string::npos) return k + ": " + w.key;
   return k + ": other";
+}
+
+// What the engine would still refuse of a region the rules accept: longer than the 15 bytes the
+// guest module restores, or a detour larger than a slot (probe/engine_jump.cpp, plan_jump).
+std::optional<std::string> engine_refuses(const x86::JumpFunction& f, const x86::JumpVerdict& v) {
+  if (v.region.length > x86::kMaxInsnLen) return "engine: region longer than 15 bytes";
+  std::array<std::uint8_t, x86::kMaxDetourSize> scratch{};
+  auto l = x86::emit_detour(scratch, Gva{kModuleArea}, f, v.region, v.point, Gva{kModuleArea + 0x100000});
+  if (l && l->size > kEngineSlotSize) return "engine: detour larger than a slot";
+  return std::nullopt;
+}
+
+// Every code address of [lo, hi) the image forms outside a branch, with who forms it: the
+// operands of every decoded instruction (x86::materialized_addresses), every aligned 8-byte word
+// and sign-extended aligned 4-byte word of every segment (pointers and tables, .quad and .long),
+// and every unaligned one in `raw` ranges (code without symbols: alternatives' replacements).
+void collect_taken(const hv::sim::ElfImage& img, const std::vector<const std::vector<x86::Insn>*>& code,
+                   const std::vector<std::pair<std::uint64_t, std::uint64_t>>& raw, std::uint64_t lo, std::uint64_t hi,
+                   const std::vector<std::uint64_t>& starts, x86::SiteIndex& out) {
+  auto interior = [&](std::uint64_t v) { return v >= lo && v < hi && !std::binary_search(starts.begin(), starts.end(), v); };
+  for (const auto* insns : code)
+    for (const x86::Insn& i : *insns)
+      for (std::uint64_t a : x86::materialized_addresses(i))
+        if (interior(a)) out.add(a, 1, "the instruction at " + hex(i.address.value));
+  for (const auto& seg : img.segments) {
+    if (seg.vaddr < symbols::kKernelImageStart) continue;
+    const std::size_t n = seg.bytes.size();
+    auto in_raw = [&](std::uint64_t a) {
+      return std::any_of(raw.begin(), raw.end(), [&](const auto& r) { return a >= r.first && a < r.second; });
+    };
+    for (std::size_t off = 0; off + 4 <= n; ++off) {
+      const std::uint64_t at = seg.vaddr + off;
+      if (off % 4 != 0 && !in_raw(at)) continue;
+      std::int32_t w = 0;
+      std::memcpy(&w, seg.bytes.data() + off, 4);
+      if (auto v = static_cast<std::uint64_t>(static_cast<std::int64_t>(w)); interior(v))
+        out.add(v, 1, "the word at " + hex(at));
+      if ((off % 8 != 0 && !in_raw(at)) || off + 8 > n) continue;
+      std::uint64_t q = 0;
+      std::memcpy(&q, seg.bytes.data() + off, 8);
+      if (interior(q)) out.add(q, 1, "the word at " + hex(at));
+    }
+  }
+}
+
+// What the kernel rewrites at boot, from its own lists in the image (none of which the kernel
+// layer reads): alternatives (`struct alt_instr`, 12 bytes on 6.1, 14 on 6.12), paravirt sites
+// (6.1), retpoline and return sites, the endbr64 it seals (6.12), and for each direct call
+// listed for call-depth tracking (6.12) the 16 bytes before its destination, where the kernel
+// copies its accounting template. Dead padding that overlaps any of them is not used.
+x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const ImageMemory& mem) {
+  x86::SiteIndex out;
+  auto bounds = [&](const char* a, const char* b) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
+    auto x = syms.lookup(a), y = syms.lookup(b);
+    if (!x || !y || x->empty() || y->empty() || y->front().address.value < x->front().address.value) return std::nullopt;
+    return std::pair{x->front().address.value, y->front().address.value};
+  };
+  auto s32 = [&](std::uint64_t at) {
+    std::int32_t v = 0;
+    (void)mem.read(Gva{at}, std::as_writable_bytes(std::span(&v, 1)));
+    return static_cast<std::int64_t>(v);
+  };
+  auto u8 = [&](std::uint64_t at) {
+    std::uint8_t v = 0;
+    (void)mem.read(Gva{at}, std::as_writable_bytes(std::span(&v, 1)));
+    return v;
+  };
+  struct Rel {
+    const char *start, *end, *what;
+    std::uint32_t len;
+  };
+  // A retpoline site is a call/jmp rel32 (5 bytes) or a jcc rel32 or cs-prefixed call (6).
+  for (const Rel& r : {Rel{"__retpoline_sites", "__retpoline_sites_end", "retpoline site", 0},
+                       Rel{"__return_sites", "__return_sites_end", "return site", 5},
+                       Rel{"__ibt_endbr_seal", "__ibt_endbr_seal_end", "sealed endbr64", 4}})
+    if (auto b = bounds(r.start, r.end))
+      for (std::uint64_t e = b->first; e + 4 <= b->second; e += 4) {
+        const std::uint64_t site = e + static_cast<std::uint64_t>(s32(e));
+        const std::uint8_t op = u8(site);
+        out.add(site, r.len ? r.len : (op == 0xe8 || op == 0xe9) ? 5u : 6u, r.what);
+      }
+  if (auto b = bounds("__call_sites", "__call_sites_end"))
+    for (std::uint64_t e = b->first; e + 4 <= b->second; e += 4) {
+      const std::uint64_t site = e + static_cast<std::uint64_t>(s32(e));
+      if (u8(site) != 0xe8) continue;
+      const std::uint64_t dest = site + 5 + static_cast<std::uint64_t>(s32(site + 1));
+      out.add(site, 5, "call-depth call site");
+      out.add(dest - 16, 16, "call-depth template before a call's destination");
+    }
+  if (auto b = bounds("__alt_instructions", "__alt_instructions_end")) {
+    const std::uint64_t n = b->second - b->first;
+    const std::uint64_t size = n % 12 == 0 ? 12 : n % 14 == 0 ? 14 : 0;  // 6.1 : 6.12
+    for (std::uint64_t e = b->first; size && e + size <= b->second; e += size)
+      out.add(e + static_cast<std::uint64_t>(s32(e)), std::max<std::uint32_t>(1, u8(e + size - 2)), "alternative");
+  }
+  if (auto b = bounds("__parainstructions", "__parainstructions_end"))
+    for (std::uint64_t e = b->first; e + 16 <= b->second; e += 16) {
+      std::uint64_t instr = 0;
+      (void)mem.read(Gva{e}, std::as_writable_bytes(std::span(&instr, 1)));
+      out.add(instr, std::max<std::uint32_t>(1, u8(e + 9)), "paravirt site");
+    }
+  return out;
 }
 
 int usage() {
@@ -210,14 +323,19 @@ int main(int argc, char** argv) {
   // What the jump rules must leave alone, from the same tables (their own O(log n) queries,
   // walked from the start of the text).
   x86::SiteIndex reserved, entries, thunks;
+  std::size_t label_targets = 0;
   for (const kernel::ExEntry* e = tables.exception_entry_in(text.start, text.end); e;
        e = tables.exception_entry_in(e->insn + 1, text.end)) {
     reserved.add(e->insn, 1, "__ex_table entry");
     entries.add(e->fixup, 1, "__ex_table fixup");
   }
   for (const kernel::Site* s = tables.jump_label_in(text.start, text.end); s;
-       s = tables.jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end))
+       s = tables.jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, text.end)) {
     reserved.add(s->addr, kernel::KernelTables::kJumpSiteLen, "jump label");
+    // Its target: a nop in the text until the key flips it into a jmp there.
+    if (s->target) entries.add(s->target, 1, "the target of the jump label at " + hex(s->addr));
+    ++label_targets;
+  }
   for (const kernel::Site* s = tables.static_call_in(text.start, text.end); s;
        s = tables.static_call_in(s->addr + kernel::KernelTables::kStaticCallSiteLen, text.end))
     reserved.add(s->addr, kernel::KernelTables::kStaticCallSiteLen, "static call");
@@ -284,15 +402,20 @@ int main(int argc, char** argv) {
   std::vector<std::uint64_t> starts;
   starts.reserve(fns.size());
   for (const symbols::Function& f : fns) starts.push_back(f.start.value);
-  std::size_t cross = 0;
+  std::size_t cross = 0, cross_not_cold = 0;
   for (const Decoded& d : decoded) {
     const std::uint64_t lo = d.fn->start.value, hi = lo + d.fn->size;
     for (const x86::Insn& i : d.insns) {
       const std::uint64_t t = i.branch_target.value;
       if (!i.is_relative_branch() || (t >= lo && t < hi) || !text.contains(t)) continue;
       if (std::binary_search(starts.begin(), starts.end(), t)) continue;  // a call or tail call
-      entries.add(t, 1, "the target of a branch in " + d.fn->name + " (" + hex(i.address.value) + ")");
+      // The engine finds the same ones (Engine::cross_function_branches).
+      auto into = syms->function_containing(Gva{t});
+      const bool cold = into && d.fn->name.starts_with(into->name + ".cold");
+      entries.add(t, 1, "the target of a branch in " + d.fn->name + (cold ? " (its cold part, " : " (another function, ") +
+                            hex(i.address.value) + ")");
       ++cross;
+      cross_not_cold += !cold;
     }
   }
 
@@ -325,13 +448,95 @@ int main(int argc, char** argv) {
     return out;
   };
 
+  // Measured, not placed by the engine yet (docs/benchmarks.md says which): (b) tail calls
+  // proven from the addresses the image forms, over every function of the core and init text
+  // (all of them, whatever --every says) and the alternatives' code, which has no symbols;
+  // (i) short jumps to islands in dead padding (which padding per kernel: dead_padding(),
+  // whose bytes no kernel of 6.1 or 6.12 rewrites: the 6.2+ call padding is its own __pfx_
+  // symbol, left out above).
+  x86::SiteIndex taken;
+  {
+    std::vector<std::vector<x86::Insn>> extra;
+    std::vector<const std::vector<x86::Insn>*> code;
+    for (const Decoded& d : decoded) code.push_back(&d.insns);
+    std::vector<std::uint64_t> analysed;
+    for (const Decoded& d : decoded) analysed.push_back(d.fn->start.value);
+    std::sort(analysed.begin(), analysed.end());
+    const kernel::Range init = tables.init_text();
+    for (const symbols::Symbol& sym : syms->matching("*")) {
+      if (sym.kind != symbols::SymbolKind::Text || !(text.contains(sym.address.value) || init.contains(sym.address.value)))
+        continue;
+      if (std::binary_search(analysed.begin(), analysed.end(), sym.address.value)) continue;
+      auto f = syms->function_containing(sym.address);
+      if (!f || f->start != sym.address || f->size == 0 || f->size > kMaxFunctionBytes) continue;
+      std::vector<std::uint8_t> bytes(f->size);
+      if (!mem.read(f->start, std::as_writable_bytes(std::span(bytes)))) continue;
+      if (auto in = x86::decode_function(bytes, f->start)) extra.push_back(std::move(*in));
+    }
+    for (const auto& e : extra) code.push_back(&e);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> raw;
+    if (auto a = syms->lookup("_einittext"); a && !a->empty()) raw.emplace_back(a->front().address.value, a->front().address.value + 0x10000);
+    auto b = syms->lookup("__alt_instructions_end"), e = syms->lookup("__init_end");
+    if (b && e && !b->empty() && !e->empty()) raw.emplace_back(b->front().address.value, e->front().address.value);
+    collect_taken(mem.image(), code, raw, text.start, text.end, starts, taken);
+  }
+  x86::JumpContext jc_proof = jc;
+  jc_proof.addresses_taken = &taken;
+  // Dead padding, per context: a function the taint no longer covers has padding too.
+  x86::SiteIndex pad, pad_proof;
+  const x86::SiteIndex patched = boot_patched(*syms, mem);
+  std::size_t fn_relaxed = 0, pad_dropped = 0;
+  std::string pad_dropped_example;
+  // With call-depth tracking the kernel may copy its template into the 16 bytes before any
+  // call's destination, also one it picks at run time (a static call's new target): before a
+  // function with no __pfx_ symbol of its own, those bytes are the previous function's
+  // padding, and no island goes there. (Its copy checks for nops first, but a vCPU paused
+  // between that check and the copy would write over an island placed meanwhile.)
+  const bool call_thunks = syms->lookup("__call_sites").has_value();
+  std::size_t pad_trimmed = 0;
+  auto usable = [&](std::optional<std::pair<Gva, Gva>>& p) {
+    if (!p) return false;
+    if (call_thunks) {
+      auto next = syms->function_containing(p->second);
+      if (next && next->start == p->second && !next->name.starts_with("__pfx_")) {
+        ++pad_trimmed;
+        p->second = Gva{p->second.value - std::min<std::uint64_t>(16, p->second.value - p->first.value)};
+        if (p->second.value - p->first.value < x86::kIslandLen) return false;
+      }
+    }
+    if (const x86::SiteIndex::Site* b = patched.overlapping(p->first.value, p->second.value)) {
+      if (pad_dropped++ == 0)
+        pad_dropped_example = syms->symbolize(p->first) + ": " + b->what + " at " + syms->symbolize(Gva{b->addr});
+      return false;
+    }
+    return true;
+  };
+  std::vector<std::string> still_unknown;  // with the proof: who forms an address inside
+  for (const Decoded& d : decoded) {
+    current = &d;
+    const Gva lo = d.fn->start, hi = d.fn->start + d.fn->size;
+    if (auto p = x86::dead_padding(x86::JumpFunction::from_insns(d.insns, lo, hi, jc)); usable(p))
+      pad.add(p->first.value, static_cast<std::uint32_t>(p->second.value - p->first.value), d.fn->name);
+    const auto jp = x86::JumpFunction::from_insns(d.insns, lo, hi, jc_proof);
+    fn_relaxed += jp.only_leaving_indirect_jumps();
+    if (jp.unknown_targets())
+      still_unknown.push_back(d.fn->name + ": " + x86::interior_address_taken(jp).value_or("?"));
+    if (auto p = x86::dead_padding(jp); usable(p))
+      pad_proof.add(p->first.value, static_cast<std::uint32_t>(p->second.value - p->first.value), d.fn->name);
+  }
+  x86::JumpContext jc_islands = jc, jc_both = jc_proof;
+  jc_islands.island_padding = &pad;
+  jc_both.island_padding = &pad_proof;
+
   std::size_t total = 0, probeable = 0, boostable = 0, jump_ok = 0, jump_own = 0, jump_earlier = 0,
-              agentless = 0, fn_with_unknown = 0;
-  Counter refused, plans, jump_refused, jump_earlier_why;
+              agentless = 0, fn_with_unknown = 0, if_proof = 0, if_islands = 0, if_both = 0, island_used = 0, island_earlier = 0;
+  Counter refused, plans, jump_refused, jump_earlier_why, both_refused, island_why;
   for (const Decoded& d : decoded) {
     current = &d;
     const auto& insns = d.insns;
-    const x86::JumpFunction jf = x86::JumpFunction::from_insns(insns, d.fn->start, d.fn->start + d.fn->size, jc);
+    const Gva lo = d.fn->start, hi = d.fn->start + d.fn->size;
+    const x86::JumpFunction jf = x86::JumpFunction::from_insns(insns, lo, hi, jc);
+    std::optional<x86::JumpFunction> jf_proof, jf_islands, jf_both;  // made when needed
     if (jf.unknown_targets()) ++fn_with_unknown;
     // The engine's foreign-trap rule: an int3 in the flow (not padding, x86::is_padding_trap)
     // hides the instruction it replaced, and refuses every point after it.
@@ -372,7 +577,8 @@ int main(int argc, char** argv) {
       if (*plan == x86::Plan::Boost || *plan == x86::Plan::BoostRipRel) ++boostable;
       if (!x86::xen_emulator_refusal(i)) ++agentless;
       const x86::JumpVerdict v = x86::check_jump(jf, i.address);
-      if (v.optimizable) {
+      const auto engine_no = v.optimizable ? engine_refuses(jf, v) : std::nullopt;
+      if (v.optimizable && !engine_no) {
         ++jump_ok;
         if (v.starts_earlier) {
           ++jump_earlier;
@@ -380,8 +586,35 @@ int main(int argc, char** argv) {
         } else {
           ++jump_own;
         }
+        continue;
+      }
+      if (engine_no) jump_refused.add(*engine_no, where);
+      else jump_refused.add(jump_key(v.refusal), [&] { return where() + ": " + v.refusal.reason; });
+      // What the measured-only ideas would add, each alone and both together.
+      auto placed = [&](std::optional<x86::JumpFunction>& f, const x86::JumpContext& c) {
+        current = &d;
+        if (!f) f.emplace(x86::JumpFunction::from_insns(insns, lo, hi, c));
+        x86::JumpVerdict w = x86::check_jump(*f, i.address);
+        if (auto no = w.optimizable ? engine_refuses(*f, w) : std::nullopt) {
+          w.optimizable = false;
+          w.refusal = x86::JumpRefusal{x86::JumpRule::None, *no};
+        }
+        return w;
+      };
+      const bool proof = placed(jf_proof, jc_proof).optimizable;
+      const bool islands = placed(jf_islands, jc_islands).optimizable;
+      const x86::JumpVerdict w = placed(jf_both, jc_both);
+      if_proof += proof;
+      if_islands += islands;
+      if (w.optimizable) {
+        ++if_both;
+        if (w.island) {
+          ++island_used;
+          island_why.add(jump_key(w.refusal), where);
+          island_earlier += w.starts_earlier;
+        }
       } else {
-        jump_refused.add(jump_key(v.refusal), [&] { return where() + ": " + v.refusal.reason; });
+        both_refused.add(jump_key(w.refusal), [&] { return where() + ": " + w.refusal.reason; });
       }
     }
   }
@@ -391,17 +624,25 @@ int main(int argc, char** argv) {
   std::printf("symbols: %s (%zu functions in [_stext, _etext) %s-%s)\n", args[1].c_str(), fns.size(),
               hex(text.start).c_str(), hex(text.end).c_str());
   std::printf("tables: %s\n", tables.summary().c_str());
-  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu branches from other functions, %zu "
-              "retpoline thunks, IBT build: %s\n",
-              reserved.size(), entries.size() - cross, cross, thunks.size(),
+  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu jump-label targets, %zu branches from "
+              "other functions (%zu not from a cold part), %zu retpoline thunks, IBT build: %s\n",
+              reserved.size(), entries.size() - cross - label_targets, label_targets, cross, cross_not_cold, thunks.size(),
               jc.endbr_marks_indirect_targets ? "yes" : "no");
   std::printf("analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
               "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",
               decoded.size(), every, max_functions ? ", capped" : "", total, padding_fns, too_large, unreadable,
               undecodable, undecodable_bytes);
   if (examples && !undecodable_example.empty()) std::printf("  e.g. undecodable: %s\n", undecodable_example.c_str());
-  std::printf("functions with an indirect jump of unknown targets: %zu; jump tables read: %zu\n", fn_with_unknown,
-              tables_read);
+  std::printf("functions with an indirect jump of unknown targets: %zu (%zu of them only leaving it: no address "
+              "inside them formed anywhere); jump tables read: %zu\n",
+              fn_with_unknown, fn_relaxed, tables_read);
+  std::printf("interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof); "
+              "boot-time patch sites: %zu, overlapping dead padding: %zu; padding cut before a function "
+              "without __pfx_ (call-depth tracking): %zu\n",
+              taken.size(), pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
+  if (examples && pad_dropped) std::printf("  e.g. dead padding with a boot-time patch site: %s\n", pad_dropped_example.c_str());
+  if (examples)
+    for (const std::string& u : still_unknown) std::printf("  indirect jumps not proven to leave: %s\n", u.c_str());
   std::printf("\n%-58s %9zu  %6.2f%%\n", "probe-able (vmevent channel, module slots)", probeable, pct(probeable, total));
   std::printf("%-58s %9zu  %6.2f%%\n", "boostable (slot copy + jmp back: boost, boost-riprel)", boostable,
               pct(boostable, total));
@@ -412,11 +653,24 @@ int main(int argc, char** argv) {
   std::printf("%-58s %9zu  %6.2f%%\n", "  its own region", jump_own, pct(jump_own, total));
   std::printf("%-58s %9zu  %6.2f%%\n", "  a region starting earlier in its basic block", jump_earlier,
               pct(jump_earlier, total));
+  std::printf("measured, not placed by the engine yet (jump-optimizable if it placed them):\n");
+  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + tail calls proven", jump_ok + if_proof,
+              pct(jump_ok + if_proof, total), pct(jump_ok + if_proof, probeable));
+  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + short jumps to islands", jump_ok + if_islands,
+              pct(jump_ok + if_islands, total), pct(jump_ok + if_islands, probeable));
+  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + both", jump_ok + if_both,
+              pct(jump_ok + if_both, total), pct(jump_ok + if_both, probeable));
+  std::printf("%-58s %9zu  %6.2f%%  (%zu starting earlier)\n", "    of which short jumps to islands", island_used,
+              pct(island_used, total), island_earlier);
   std::printf("\n(percentages of all %zu instructions)\n", total);
   print("not probe-able, by first refusal:", refused, total, examples);
   print("probe-able, by plan:", plans, total, examples);
   print("probe-able but not jump-optimizable, by the own region's first refusal:", jump_refused, total, examples);
   print("served by an earlier region; why the own region was refused:", jump_earlier_why, total, examples);
+  print("with both measured ideas: served by a short jump; why the 5-byte region was refused:", island_why, total,
+        examples);
+  print("with both measured ideas: still not jump-optimizable, by the own region's first refusal:", both_refused,
+        total, examples);
   std::printf("\ntime: %.1f s\n", secs);
 
   // A run that saw nothing, or read none of the tables, proves nothing.

@@ -104,6 +104,24 @@ demo_static_branch:
 	.quad demo_static_key - .
 	.popsection
 
+/* A branch from one function into the middle of another, as a compiler's split part
+   (foo.cold) or assembly whose labels are symbols of their own do: demo_cross_from jumps to
+   demo_cross_into+2. No address rule refuses anything here; the jump rules must see that
+   branch (a 5-byte jump at demo_cross_into would cover its target). Never called. */
+	.globl demo_cross_into
+	.type demo_cross_into, @function
+demo_cross_into:
+	xorl %eax, %eax
+1:	movl $1, %ecx
+	ret
+	.size demo_cross_into, . - demo_cross_into
+	.globl demo_cross_from
+	.type demo_cross_from, @function
+demo_cross_from:
+	movl $2, %eax
+	jmp 1b
+	.size demo_cross_from, . - demo_cross_from
+
 /* A static call: an inline site calling the trampoline __SCT__demo_hook, which jumps to the
    current target. The kernel rewrites both when the call is updated. */
 	.globl demo_static_call

@@ -73,7 +73,8 @@ void decode_ex(std::uint64_t base, std::span<const std::byte> raw, const KeepFn&
 void decode_jumps(std::uint64_t base, std::span<const std::byte> raw, const KeepFn& keep, std::vector<Site>& out) {
   for (std::size_t off = 0; off + kJumpSize <= raw.size(); off += kJumpSize) {
     const std::byte* e = raw.data() + off;
-    Site s{base + off + load<std::int32_t>(e), (base + off + 8 + load<std::int64_t>(e + 8)) & ~3ull};
+    Site s{base + off + load<std::int32_t>(e), (base + off + 8 + load<std::int64_t>(e + 8)) & ~3ull,
+           base + off + 4 + load<std::int32_t>(e + 4)};
     if (keep(s.addr)) out.push_back(s);
   }
 }

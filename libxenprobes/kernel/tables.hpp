@@ -60,10 +60,13 @@ struct ExEntry {
   unsigned type() const { return static_cast<std::uint32_t>(data) & 0xffu; }
 };
 
-// A run-time-patched site: its first byte and the key that flips it.
+// A run-time-patched site: its first byte and the key that flips it; for a jump label also
+// the target its `jmp` goes to while the key says so (a nop in the text until then, so a
+// decoder of the text alone does not see that branch).
 struct Site {
   std::uint64_t addr = 0;
   std::uint64_t key = 0;
+  std::uint64_t target = 0;  // jump labels; 0 for static calls
 };
 
 struct TableStatus {

@@ -305,7 +305,10 @@ class Engine final : public channel::StopSink {
     // and the last quiescence the module confirmed.
     std::optional<Gva> jump_entry;
     struct JumpIndex {
-      x86::SiteIndex fixups;  // exception fixups: entered from outside the function's branches
+      // Entered from outside the function's own decoded branches: exception fixups, the
+      // targets of jump labels (a nop until their key turns them into a jmp), and branches
+      // from other functions of the core text.
+      x86::SiteIndex fixups;
       x86::SiteIndex thunks;  // retpoline thunks: a jmp into one is an indirect jump
       bool ibt = false;       // an IBT build (endbr64 marks every indirect target)
     };
@@ -430,6 +433,7 @@ class Engine final : public channel::StopSink {
   // Writes the jumps whose quiescence the module confirmed (takes its own pause).
   void advance_jumps(Domain&);
   const x86::SiteIndex& jump_fixups(Domain&);
+  void cross_function_branches(Domain&, Domain::JumpIndex&);
   channel::Verdict hit_jump(Domain&, const SlotTrap&, channel::Stop&);
   // Async probes (probe/engine_async.cpp).
   std::optional<std::string> plan_async(Domain&, const Registration&);

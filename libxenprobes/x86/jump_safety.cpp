@@ -1,6 +1,7 @@
 #include "x86/jump_safety.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "x86/analysis.hpp"
 #include "x86/relocate.hpp"
@@ -44,6 +45,7 @@ std::string_view jump_rule_name(JumpRule r) {
     case JumpRule::WholeInstructions: return "whole-instructions";
     case JumpRule::NoBranchIntoRegion: return "no-branch-into-region";
     case JumpRule::NoReservedAddress: return "no-reserved-address";
+    case JumpRule::IslandInReach: return "island-in-reach";
   }
   return "?";
 }
@@ -109,6 +111,12 @@ JumpFunction JumpFunction::from_insns(std::vector<Insn> insns, Gva start, Gva en
       if (t.value >= start.value && t.value < end.value) f.targets_.push_back(Target{t.value, i.address.value});
   }
   std::sort(f.targets_.begin(), f.targets_.end(), [](const Target& a, const Target& b) { return a.to < b.to; });
+  // An indirect jump can only go where somebody formed an address: when nobody forms one inside
+  // this function, its indirect jumps leave it.
+  if (f.unknown_targets_ && ctx.addresses_taken && !interior_address_taken(f)) {
+    f.unknown_targets_.reset();
+    f.only_leaving_ = true;
+  }
   return f;
 }
 
@@ -153,16 +161,16 @@ std::optional<JumpRefusal> region_in_function(const JumpFunction& f, Gva start) 
   return std::nullopt;
 }
 
-std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start) {
+std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start, std::uint8_t patch) {
   const std::size_t k = f.index_of(start);
   if (k == JumpFunction::npos) return region_in_function(f, start);
   std::uint64_t end = start.value;
-  for (std::size_t j = k; j < f.insns().size() && end - start.value < kJumpPatchLen; ++j)
+  for (std::size_t j = k; j < f.insns().size() && end - start.value < patch; ++j)
     end = f.insns()[j].next().value;
-  if (end - start.value < kJumpPatchLen || end > f.end().value)
+  if (end - start.value < patch || end > f.end().value)
     return refusal(JumpRule::FitsInFunction,
-                   "the 5-byte jump at " + hex_addr(start.value) + " would cross the function's end " +
-                       hex_addr(f.end().value) + " into the next one");
+                   "the " + std::to_string(patch) + "-byte jump at " + hex_addr(start.value) +
+                       " would cross the function's end " + hex_addr(f.end().value) + " into the next one");
   return std::nullopt;
 }
 
@@ -252,14 +260,40 @@ std::optional<JumpRefusal> no_reserved_address(const JumpFunction& f, const Jump
   return std::nullopt;
 }
 
-std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRegion* out) {
+std::optional<JumpRefusal> island_in_reach(const JumpFunction& f, const JumpRegion& r, Gva* island) {
+  const JumpContext& c = f.context();
+  auto none = [&](const std::string& why) {
+    return refusal(JumpRule::IslandInReach, "no island for the short jump at " + hex_addr(r.start.value) + ": " + why);
+  };
+  if (!c.island_padding) return none("no dead padding is listed");
+  // rel8 counts from the end of the 2-byte jump.
+  const std::uint64_t from = r.start.value + kShortJumpLen;
+  const std::uint64_t lo = from - 128, hi = from + 127;  // where an island may start, inclusive
+  for (std::uint64_t at = lo; const SiteIndex::Site* p = c.island_padding->overlapping(at, hi + kIslandLen);
+       at = p->addr + p->len) {
+    const std::uint64_t first = std::max<std::uint64_t>(p->addr, lo);
+    const std::uint64_t last = std::min<std::uint64_t>(p->addr + p->len - kIslandLen, hi);
+    for (std::uint64_t t = first; p->len >= kIslandLen && t <= last; ++t) {
+      if (t < r.end().value && t + kIslandLen > r.start.value) continue;  // inside the region itself
+      if (c.islands_taken && c.islands_taken->overlapping(t, t + kIslandLen)) continue;
+      if (!reaches_from_detour(c, Gva{t + kIslandLen})) continue;  // its rel32 to the detour
+      if (island) *island = Gva{t};
+      return std::nullopt;
+    }
+  }
+  return none("no free " + std::to_string(kIslandLen) + " bytes of listed dead padding within rel8 reach [" +
+              hex_addr(lo) + ", " + hex_addr(hi) + "]");
+}
+
+std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRegion* out, std::uint8_t patch) {
   if (auto no = region_in_function(f, start)) return no;
-  if (auto no = fits_in_function(f, start)) return no;
+  if (auto no = fits_in_function(f, start, patch)) return no;
   JumpRegion r;
   r.start = start;
+  r.patch = patch;
   r.first = f.index_of(start);
   std::uint64_t len = 0;
-  for (std::size_t j = r.first; len < kJumpPatchLen; ++j) {
+  for (std::size_t j = r.first; len < patch; ++j) {
     len += f.insns()[j].length;
     ++r.count;
   }
@@ -271,31 +305,102 @@ std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRe
   return std::nullopt;
 }
 
+namespace {
+
+// A region of a `patch`-byte jump serving `point`: its own, else the latest earlier start in the
+// same basic block whose region covers it (at most patch - 1 bytes back: a region ends at the
+// first instruction boundary >= patch bytes from its start). With a short jump, its island too.
+bool find_region(const JumpFunction& f, Gva point, std::uint8_t patch, JumpVerdict& v) {
+  JumpRegion r;
+  Gva island{};
+  auto accept = [&](bool earlier) {
+    v.optimizable = true;
+    v.starts_earlier = earlier;
+    v.region = r;
+    if (patch == kShortJumpLen) v.island = island;
+    return true;
+  };
+  auto passes = [&](Gva start) {
+    if (check_region(f, start, &r, patch)) return false;
+    return patch != kShortJumpLen || !island_in_reach(f, r, &island);
+  };
+  if (passes(point)) return accept(false);
+  const std::size_t k = f.index_of(point);
+  if (k == JumpFunction::npos) return false;
+  for (std::size_t j = k; j-- > 0;) {
+    const Insn& i = f.insns()[j];
+    if (point.value - i.address.value >= patch) break;
+    if (i.branch != BranchKind::None) break;  // the point starts a basic block of its own
+    if (passes(i.address)) return accept(true);  // (its region covers the point: len >= patch > point - start)
+  }
+  return false;
+}
+
+}  // namespace
+
 JumpVerdict check_jump(const JumpFunction& f, Gva point) {
   JumpVerdict v;
   v.point = point;
-  auto own = check_region(f, point, &v.region);
-  if (!own) {
+  JumpRegion own;
+  if (auto no = check_region(f, point, &own)) {
+    v.refusal = *no;
+  } else {
     v.optimizable = true;
+    v.region = own;
     return v;
   }
-  v.refusal = *own;
-  const std::size_t k = f.index_of(point);
-  if (k == JumpFunction::npos) return v;
-  // Earlier starts in the same basic block whose region still covers the point: at most four
-  // bytes back (a region ends at the first instruction boundary ≥ 5 bytes from its start).
-  for (std::size_t j = k; j-- > 0;) {
-    const Insn& i = f.insns()[j];
-    if (point.value - i.address.value >= kJumpPatchLen) break;
-    if (i.branch != BranchKind::None) break;  // the point starts a basic block of its own
-    JumpRegion r;
-    if (check_region(f, i.address, &r)) continue;  // (its region covers the point: len >= 5 > point - start)
-    v.optimizable = true;
-    v.starts_earlier = true;
-    v.region = r;
-    return v;
-  }
+  if (find_region(f, point, kJumpPatchLen, v)) return v;
+  if (f.context().island_padding) find_region(f, point, kShortJumpLen, v);
   return v;
+}
+
+// ---- What the caller lists
+
+std::optional<std::pair<Gva, Gva>> dead_padding(const JumpFunction& f) {
+  const std::vector<Insn>& in = f.insns();
+  if (f.unknown_targets()) return std::nullopt;  // an unknown target could be anywhere
+  std::size_t k = in.size();
+  while (k > 0 && (in[k - 1].kind == Kind::Int3 || in[k - 1].kind == Kind::Nop)) --k;
+  if (k == 0 || k == in.size()) return std::nullopt;
+  const BranchKind last = in[k - 1].branch;
+  if (last != BranchKind::Ret && last != BranchKind::Jmp && last != BranchKind::JmpIndirect) return std::nullopt;
+  const std::uint64_t lo = in[k].address.value, hi = f.end().value;
+  if (hi - lo < kIslandLen) return std::nullopt;
+  // Nothing may reach or own those bytes: a branch there would make them code.
+  if (f.target_inside(lo - 1, hi)) return std::nullopt;
+  if (const SiteIndex* r = f.context().reserved; r && r->overlapping(lo, hi)) return std::nullopt;
+  return std::pair{Gva{lo}, Gva{hi}};
+}
+
+std::vector<std::uint64_t> materialized_addresses(const Insn& i) {
+  std::vector<std::uint64_t> out;
+  if (i.is_rip_relative) out.push_back(rip_target(i).value);
+  else if (i.mem.present && i.mem.base == Reg::None && i.disp_size == 4)
+    out.push_back(static_cast<std::uint64_t>(i.mem.disp));
+  if (!i.is_relative_branch() && i.kind != Kind::Xbegin && (i.imm_size == 4 || i.imm_size == 8) &&
+      i.imm_offset + i.imm_size <= i.length) {
+    std::uint64_t v = 0;
+    if (i.imm_size == 8) {
+      std::memcpy(&v, i.bytes.data() + i.imm_offset, 8);
+    } else {
+      std::int32_t w = 0;
+      std::memcpy(&w, i.bytes.data() + i.imm_offset, 4);
+      v = static_cast<std::uint64_t>(static_cast<std::int64_t>(w));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::optional<std::string> interior_address_taken(const JumpFunction& f) {
+  const SiteIndex* taken = f.context().addresses_taken;
+  if (!taken) return std::string("the addresses the kernel forms are not known");
+  if (const SiteIndex::Site* s = taken->overlapping(f.start().value + 1, f.end().value))
+    return s->what + " forms " + hex_addr(s->addr) + ", inside the function";
+  for (const Insn& i : f.insns())
+    for (std::uint64_t a : materialized_addresses(i))
+      if (a == f.start().value) return i.describe() + " forms the function's own start";
+  return std::nullopt;
 }
 
 }  // namespace xenprobes::x86

@@ -33,6 +33,21 @@
 //                        retpoline thunk) makes every region of the function unsafe
 //   no-reserved-address  no address the caller reserves (the kernel's exception table, jump
 //                        labels, static calls, lock prefixes, the ftrace site) overlaps the region
+//   island-in-reach      (short jumps only) a 2-byte `jmp rel8` at the region's start reaches a
+//                        free 5-byte island in dead padding the caller lists (dead_padding()),
+//                        which then holds the `jmp rel32` to the detour
+//
+// Short jumps: where no 5-byte region passes and the caller lists dead padding
+// (JumpContext::island_padding), a region of whole instructions of at least 2 bytes may start
+// with `eb rel8` to an island:
+//
+//   function  ... region [start, start + len) ...    ret; int3; nop ... (dead padding)
+//                 eb <rel8 → island>                     island: e9 <rel32 → detour>
+//
+// The region passes the same rules with 2 bytes in place of 5; the detour is the same.
+//
+// An indirect jump with unknown targets need not taint its function when the caller proves
+// that its targets lie outside it (JumpContext::addresses_taken, interior_address_taken()).
 //
 // Pure code: bytes in, verdict out; the kernel layer supplies the tables.
 #pragma once
@@ -51,6 +66,8 @@
 namespace xenprobes::x86 {
 
 inline constexpr std::uint8_t kJumpPatchLen = 5;  // e9 + rel32
+inline constexpr std::uint8_t kShortJumpLen = 2;  // eb + rel8: reaches [start + 2 - 128, start + 2 + 127]
+inline constexpr std::uint8_t kIslandLen = kJumpPatchLen;  // an island is one jmp rel32
 
 // Sites by address: [addr, addr + len) with what they are, for O(log n) overlap queries.
 class SiteIndex {
@@ -95,6 +112,17 @@ struct JumpContext {
   // caller checks when it places the detour).
   std::optional<Gva> detour_area;
   std::uint64_t detour_area_size = 0;
+  // Short jumps: the dead padding where an island may go (each site one function's
+  // dead_padding(), listed only where the caller's kernel leaves those bytes alone), and the
+  // islands other probes hold ([addr, addr + kIslandLen)). Null padding: no short jumps.
+  const SiteIndex* island_padding = nullptr;
+  const SiteIndex* islands_taken = nullptr;
+  // Every code address the caller found materialized outside a branch, anywhere in the kernel
+  // (materialized_addresses() of every instruction, and the code addresses its data holds):
+  // an indirect jump can only reach an address somebody formed. When set, a function none of
+  // whose interior addresses is listed (interior_address_taken()) keeps its regions despite
+  // indirect jumps with unknown targets: they can only leave it (tail calls). Null: unknown.
+  const SiteIndex* addresses_taken = nullptr;
 };
 
 enum class JumpRule : std::uint8_t {
@@ -104,6 +132,7 @@ enum class JumpRule : std::uint8_t {
   WholeInstructions,
   NoBranchIntoRegion,
   NoReservedAddress,
+  IslandInReach,
 };
 std::string_view jump_rule_name(JumpRule r);  // "region-in-function", ...
 
@@ -134,6 +163,9 @@ class JumpFunction {
   std::optional<std::string> target_inside(std::uint64_t lo, std::uint64_t hi) const;
   // Why no region of this function can be trusted (an indirect jump with unknown targets).
   const std::optional<std::string>& unknown_targets() const { return unknown_targets_; }
+  // It has indirect jumps with unknown targets, and JumpContext::addresses_taken proved that
+  // they only leave it (unknown_targets() is then empty).
+  bool only_leaving_indirect_jumps() const { return only_leaving_; }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
@@ -146,6 +178,7 @@ class JumpFunction {
   std::vector<Insn> insns_;
   std::vector<Target> targets_;  // sorted by `to`
   std::optional<std::string> unknown_targets_;
+  bool only_leaving_ = false;
   const JumpContext* ctx_ = nullptr;
 };
 
@@ -157,18 +190,44 @@ struct JumpRegion {
   std::uint8_t length = 0;
   std::size_t first = 0;  // index of its first instruction in JumpFunction::insns()
   std::size_t count = 0;  // its instructions
+  std::uint8_t patch = kJumpPatchLen;  // the jump written at its start: 5 (rel32) or 2 (rel8)
   Gva end() const { return start + length; }
 };
 
 // ---- The predicates: each returns its refusal, or nullopt when the rule holds.
 std::optional<JumpRefusal> region_in_function(const JumpFunction& f, Gva start);
-std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start);
+std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start, std::uint8_t patch = kJumpPatchLen);
 std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpRegion& r);
 std::optional<JumpRefusal> no_branch_into_region(const JumpFunction& f, const JumpRegion& r);
 std::optional<JumpRefusal> no_reserved_address(const JumpFunction& f, const JumpRegion& r);
+// A short region's island: the lowest free kIslandLen bytes of the listed padding within rel8
+// reach of r.start + kShortJumpLen, outside the region, reachable from the detour area.
+std::optional<JumpRefusal> island_in_reach(const JumpFunction& f, const JumpRegion& r, Gva* island);
 
-// All five for a region starting at `start`; the first refusal, or the region.
-[[nodiscard]] std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRegion* out);
+// All five for a region starting at `start` with a `patch`-byte jump; the first refusal, or
+// the region.
+[[nodiscard]] std::optional<JumpRefusal> check_region(const JumpFunction& f, Gva start, JumpRegion* out,
+                                                      std::uint8_t patch = kJumpPatchLen);
+
+// ---- What the caller lists in the context.
+
+// The function's dead padding, [first, end): the bytes after its last instruction that
+// execution never goes past (ret, jmp rel, jmp r/m), when every one of them is an int3 or a nop,
+// no branch of the function, entry point or reserved site lies in them, and the function has
+// no indirect jump of unknown targets. nullopt when there is none or it is shorter than an
+// island. Whether the kernel leaves those bytes alone is the caller's to know (6.2+ rewrites
+// the 16 bytes before each function with call padding: they are another symbol, __pfx_*).
+std::optional<std::pair<Gva, Gva>> dead_padding(const JumpFunction& f);
+
+// The code addresses `i` forms without branching there: a RIP-relative operand's address, an
+// absolute displacement, an immediate (sign-extended imm32 or imm64); not a relative branch's
+// target (that is a branch, which the function's targets hold).
+std::vector<std::uint64_t> materialized_addresses(const Insn& i);
+
+// Who forms an address inside `f` (after its first byte) per JumpContext::addresses_taken, or
+// one of f's own instructions forming f's start (a base for arithmetic on labels); nullopt when
+// nobody does, so an indirect jump can only enter f at its start. Needs addresses_taken.
+std::optional<std::string> interior_address_taken(const JumpFunction& f);
 
 struct JumpVerdict {
   bool optimizable = false;
@@ -178,10 +237,13 @@ struct JumpVerdict {
                                 // the probed instruction, after the copies before it
   // Why the point's own region was refused (set when !optimizable, and when starts_earlier).
   JumpRefusal refusal;
+  // A short jump (region.patch == kShortJumpLen): the island its rel8 goes to.
+  std::optional<Gva> island;
 };
 
 // The gate for a probe at `point`: its own region, else the latest earlier start in the same
-// basic block whose region covers `point` and passes every rule.
+// basic block whose region covers `point` and passes every rule; then, when the context lists
+// island padding, the same with a short jump and an island.
 JumpVerdict check_jump(const JumpFunction& f, Gva point);
 
 }  // namespace xenprobes::x86

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/hex.hpp"
 #include "engine/engine_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -170,6 +171,44 @@ TEST(JumpProbe, NoProbeInsideAJumpsRegionAndNoJumpOverAProbe) {
     refused_one |= inside.error().code == Errc::Busy && inside.error().what.find("region") != std::string::npos;
   }
   EXPECT_TRUE(refused_one) << "a probe on an instruction inside the region is refused for it";
+}
+
+// demo_static_branch (guest/safety.S): ftrace nop5, the jump label's nop5, `xor %eax,%eax` (+10),
+// `ret` (+12), then the label's target `mov $1,%eax` (+13). No decoded branch reaches +13 while
+// the key is off, but the kernel may write the jmp to it at any time: the region [+10, +18)
+// would have it inside, and the jump is refused for it, naming the jump label.
+TEST(JumpProbe, AJumpLabelsTargetIsNeverInsideARegion) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(1, 5));
+  auto pre = [](HitContext&) { return 0; };
+  const std::uint64_t at = g.sym("demo_static_branch");
+  ASSERT_EQ(g.peek(at + 10, 3), (std::vector<std::uint8_t>{0x31, 0xc0, 0xc3})) << "the layout this test names";
+  auto p = g.session->probe(g.dom, Gva{at + 10}, pre, {}, jump());
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Errc::NotSupported);
+  EXPECT_NE(p.error().what.find("no-branch-into-region"), std::string::npos) << p.error().what;
+  EXPECT_NE(p.error().what.find("jump label at " + hex(at + 5)), std::string::npos) << p.error().what;
+}
+
+// demo_cross_into (guest/safety.S): `xor %eax,%eax` then, at +2, the target of demo_cross_from's
+// jmp. A 5-byte jump at +0 would cover it: refused, naming the other function; the kernel's
+// every function is decoded for such branches (6.1's assembly has them, copy_mc_fragile's
+// .E_* labels among them).
+TEST(JumpProbe, ABranchFromAnotherFunctionIsNeverInsideARegion) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(1, 5));
+  auto pre = [](HitContext&) { return 0; };
+  const std::uint64_t at = g.sym("demo_cross_into");
+  ASSERT_EQ(g.peek(at, 2), (std::vector<std::uint8_t>{0x31, 0xc0})) << "the layout this test names";
+  auto p = g.session->probe(g.dom, Gva{at}, pre, {}, jump());
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Errc::NotSupported);
+  EXPECT_NE(p.error().what.find("no-branch-into-region"), std::string::npos) << p.error().what;
+  EXPECT_NE(p.error().what.find("a branch from demo_cross_from"), std::string::npos) << p.error().what;
+  // The instruction at the target starts its own region: fine.
+  auto q = g.session->probe(g.dom, Gva{at + 2}, pre, {}, jump());
+  ASSERT_TRUE(q) << q.error().what;
+  EXPECT_EQ(q->info()->method, ProbeMethod::Jump);
 }
 
 }  // namespace

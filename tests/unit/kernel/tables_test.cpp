@@ -106,6 +106,7 @@ TEST(KernelTables, JumpLabelSitesCoverFiveBytesAndKeysLoseTheirFlags) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->addr, kText + 0x200);
   EXPECT_EQ(s->key, key);
+  EXPECT_EQ(s->target, kText + 0x280);  // where the jmp goes while the key is on
   EXPECT_NE(t.jump_label_in(kText + 0x1fd, kText + 0x201), nullptr);  // an instruction ending on it
   EXPECT_EQ(t.jump_label_in(kText + 0x205, kText + 0x210), nullptr);  // just after
   EXPECT_EQ(t.jump_label_in(kText + 0x1f0, kText + 0x200), nullptr);  // just before
