@@ -370,7 +370,9 @@ class XENPROBES_API Session {
   // libbpf does not export btf__new_split (Debian 12's 1.1.2). A module without BTF, or whose BTF is refused,
   // is listed with `why`. NotFound when the module list cannot be read (no BTF for struct
   // module's layout, no `modules` symbol). Loaded modules' functions are added to the domain's
-  // symbols when they are loaded (load_symbols, load_symbols_from_guest; docs/guest-symbols.md).
+  // symbols when they are loaded (load_symbols, load_symbols_from_guest), and follow modules
+  // loaded or unloaded later (resolve, find_symbols; docs/guest-symbols.md "When modules come
+  // and go"). The BTF is read at each call.
   [[nodiscard]] Result<std::vector<ModuleBtf>> module_btf(DomId);
 
   // The guest kernel's ORC unwind tables (CONFIG_UNWINDER_ORC: __start_orc_unwind_ip ...
