@@ -467,6 +467,13 @@ class Tool {
   }
 
   void attach() {
+    // Jump and async probes need every kernel function decoded once per domain: done now, with
+    // the guest running, not inside the batch (whose first probe may pause the domain). A
+    // failure here is the first jump probe's to report.
+    if (method_ != xenprobes::ProbeMethod::Trap || async_)
+      for (Target& t : targets_)
+        if (auto r = session_->prepare_jump_probes(t.id); !r)
+          std::fprintf(stderr, "xenprobe: domain %s: preparing jump probes: %s\n", t.name.c_str(), r.error().what.c_str());
     if (auto r = session_->begin_batch(); !r) die("cannot begin registering: " + r.error().what);
     for (Target& t : targets_) {
       std::vector<std::int64_t> kaddrs;

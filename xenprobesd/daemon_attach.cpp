@@ -128,6 +128,10 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
     if (a->compiled->uses_kstack && failure.empty()) failure = prepare_kstack(*a->instance, d.domid);
   }
   std::size_t skipped = 0;
+  // Jump and async probes need every kernel function decoded once per domain: done now, with
+  // the guest running, not inside the batch. A failure here is the first jump probe's to report.
+  if (failure.empty() && cfg.method != Method::Trap)
+    (void)session_->prepare_jump_probes(d.domid);
   if (failure.empty()) {
     if (auto r = session_->begin_batch(); !r) failure = "cannot begin registering: " + r.error().what;
   }

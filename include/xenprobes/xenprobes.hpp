@@ -428,6 +428,13 @@ class XENPROBES_API Session {
   // (names for a stack's addresses) asks again when it changed. 0 while the domain has none.
   std::uint64_t symbols_generation(DomId) const;
 
+  // What jump probes need to know of the domain's kernel, built now: every function of its core
+  // text read and decoded once, for the branches between functions (seconds; tens of seconds in
+  // a Dom0 under emulation). The first jump probe (ProbeMethod::Jump, Fastest, async) builds it
+  // otherwise, with the domain paused when a batch already holds it. Call it before a batch
+  // that will register jump probes. Nothing when built already.
+  [[nodiscard]] Result<void> prepare_jump_probes(DomId);
+
   // Registrations between begin_batch() and end_batch() pause each domain once.
   [[nodiscard]] Result<void> begin_batch();
   [[nodiscard]] Result<void> end_batch();

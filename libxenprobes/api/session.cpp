@@ -218,6 +218,11 @@ Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) 
 
 std::uint64_t Session::symbols_generation(DomId dom) const { return impl_->engine->symbols_generation(dom); }
 
+Result<void> Session::prepare_jump_probes(DomId dom) {
+  XP_TRY(symbols_for_lookup(dom));
+  return impl_->engine->prepare_jumps(dom);
+}
+
 Result<Probe> Session::probe(DomId dom, Gva address, PreHandler pre, PostHandler post) {
   return probe(dom, address, std::move(pre), std::move(post), ProbeOptions{});
 }
@@ -395,6 +400,8 @@ Result<channel::GuestChannel::ModuleCounters> SessionTesting::module_counters(Se
   if (!s.impl_->guest) return fail(Errc::InvalidArgument, "the session has no guest channel");
   return s.impl_->guest->module_counters(dom);
 }
+
+bool SessionTesting::jumps_prepared(Session& s, DomId dom) { return s.impl_->engine->jumps_prepared(dom); }
 
 void SessionTesting::set_module_clock(Session& s, std::function<std::chrono::steady_clock::time_point()> clock) {
   s.impl_->engine->set_clock(std::move(clock));

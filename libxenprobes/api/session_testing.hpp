@@ -35,6 +35,9 @@ class SessionTesting {
   // The clock kernel_stack() rates its looks at the module list by (empty: steady_clock): a
   // test's virtual clock decides when a hit's walk looks again.
   static void set_module_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
+  // Whether what jump probes need of `dom`'s kernel is built (Session::prepare_jump_probes, or a
+  // first jump probe).
+  static bool jumps_prepared(Session&, DomId dom);
 };
 
 }  // namespace xenprobes

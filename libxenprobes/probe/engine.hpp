@@ -105,6 +105,11 @@ class Engine final : public channel::StopSink {
   [[nodiscard]] Result<ProbeId> add_async(DomId, Gva, AsyncHandler, std::vector<Capture>);
   // Reads every ring of the domain and hands the records to their probes.
   [[nodiscard]] Result<RingStats> ring_stats(DomId);
+  // Builds what jump probes need to know of the domain's kernel (jump_fixups: every function
+  // read and decoded, seconds) now, before a batch pauses the domain, so that no registration
+  // pays it; nothing when built already. Attaches the domain like a registration.
+  [[nodiscard]] Result<void> prepare_jumps(DomId);
+  bool jumps_prepared(DomId) const;  // built (by prepare_jumps or a first jump probe)
   [[nodiscard]] Result<void> remove(ProbeId);
   [[nodiscard]] Result<void> set_enabled(ProbeId, bool);
   ProbeStats stats(ProbeId) const;

@@ -22,6 +22,21 @@ bool overlaps(std::uint64_t a_lo, std::uint64_t a_hi, std::uint64_t b_lo, std::u
 
 }  // namespace
 
+Result<void> Engine::prepare_jumps(DomId id) {
+  XP_TRY(attach(id));
+  Domain* d = XP_TRY(domain(id));
+  if (d->jump_index) return {};
+  // Read as a registration reads text before its pause: through vCPU 0's page tables now.
+  if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
+  (void)jump_fixups(*d);
+  return {};
+}
+
+bool Engine::jumps_prepared(DomId id) const {
+  auto it = domains_.find(id);
+  return it != domains_.end() && it->second->jump_index;
+}
+
 const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
   if (!d.jump_index) {
     auto idx = std::make_unique<Domain::JumpIndex>();

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/hex.hpp"
+#include "api/session_testing.hpp"
 #include "engine/engine_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -209,6 +210,31 @@ TEST(JumpProbe, ABranchFromAnotherFunctionIsNeverInsideARegion) {
   auto q = g.session->probe(g.dom, Gva{at + 2}, pre, {}, jump());
   ASSERT_TRUE(q) << q.error().what;
   EXPECT_EQ(q->info()->method, ProbeMethod::Jump);
+}
+
+// Session::prepare_jump_probes builds what jump probes need of the kernel (every function
+// decoded) before a batch, so that a batch whose first probe is a trap probe, which pauses the
+// domain, does not build it paused when its jump probe comes. Then both work, counts exact.
+TEST(JumpProbe, PreparedBeforeABatchThatBeginsWithATrapProbe) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  constexpr std::uint64_t kIters = 5;
+  ProbedGuest g(demo_config(1, kIters));
+  EXPECT_FALSE(SessionTesting::jumps_prepared(*g.session, g.dom));
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  EXPECT_TRUE(SessionTesting::jumps_prepared(*g.session, g.dom));
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom)) << "a second call does nothing";
+  std::uint64_t traps = 0, jumps = 0;
+  ASSERT_TRUE(g.session->begin_batch());
+  auto t = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { return ++traps, 0; });
+  auto j = g.session->probe(g.dom, "sys_write", [&](HitContext&) { return ++jumps, 0; }, {}, jump());
+  ASSERT_TRUE(g.session->end_batch());
+  ASSERT_TRUE(t) << t.error().what;
+  ASSERT_TRUE(j) << j.error().what;
+  EXPECT_EQ(j->info()->method, ProbeMethod::Jump);
+  g.start();
+  ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
+  EXPECT_EQ(traps, expected_calls(DEMO_FN_GETPPID, kIters));
+  EXPECT_EQ(jumps, expected_calls(DEMO_FN_WRITE, kIters));
 }
 
 }  // namespace
