@@ -89,7 +89,7 @@ SIMULATED XEN
   --sim-guests N demo guests named sim-1..sim-N (domids 1..N, --sim-vcpus each), created
   paused, started once the probes are in place. --sim-iterations K makes each guest run K
   iterations of its deterministic workload and halt; xenprobe then ends by itself.
-  --sim-destroy NAME@HITS destroys a guest once HITS hits have been handled (xl destroy).
+  --sim-destroy NAME@HITS destroys a guest once HITS of its hits have been handled (xl destroy).
   --sim-ring-order N gives the simulated guest module's async rings 2^N bytes each (12..24).
 
 EXIT STATUS
@@ -147,6 +147,7 @@ struct Target {
   bool gone = false;
   bool halted = false;  // simulated guest that finished its workload
   std::uint64_t lost = 0;
+  std::uint64_t hits = 0;  // hits and records handled for this domain (--sim-destroy counts them)
   std::uint64_t ring_lost_base = 0;  // --method async: drops + missed before the run
   std::uint64_t ring_lost = 0;       // and since
   bool ring_lost_final = false;      // counted when the run stopped
@@ -584,6 +585,7 @@ class Tool {
       return;
     }
     ++hits_;
+    count_hit(inst);
     inst.run(block, site, &c);
     if (inst.exit_requested() || (o_.hit_limit && hits_ >= o_.hit_limit)) {
       stopping_ = true;
@@ -596,6 +598,7 @@ class Tool {
   void on_record(Instance& inst, int block, const ProbeSite& site, const xenprobes::AsyncHit& h) {
     if (stopping_ || (o_.hit_limit && hits_ >= o_.hit_limit)) return;
     ++hits_;
+    count_hit(inst);
     RecordContext ctx(h, plans_[static_cast<std::size_t>(block)].captures);
     inst.run(block, site, &ctx, static_cast<std::int64_t>(h.time_ns));
     if (inst.exit_requested() || (o_.hit_limit && hits_ >= o_.hit_limit)) {
@@ -704,12 +707,17 @@ class Tool {
       std::fprintf(stderr, "xenprobe: %s: detaching\n", g_signal == SIGINT ? "interrupted" : "terminated");
   }
 
+  void count_hit(const Instance& inst) {
+    for (Target& t : targets_)
+      if (t.instance.get() == &inst) ++t.hits;
+  }
+
   void check_domains() {
     for (auto& d : destroy_) {
-      if (d.done || hits_ < d.hits || !host_) continue;
-      d.done = true;
+      if (d.done || !host_) continue;
       for (Target& t : targets_)
-        if (t.name == d.name) {
+        if (t.name == d.name && t.hits >= d.hits) {
+          d.done = true;
           if (auto r = host_->destroy_domain(t.id); !r)
             std::fprintf(stderr, "xenprobe: --sim-destroy %s: %s\n", d.name.c_str(), r.error().what.c_str());
         }
@@ -856,7 +864,7 @@ int main(int argc, char** argv) {
     a.add_option("--sim-iterations", o.sim_iterations,
                  "workload iterations each simulated guest runs before it halts; 0 = forever (default)");
     a.add_option("--sim-type", o.sim_type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
-    a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS hits")
+    a.add_option("--sim-destroy", o.sim_destroy, "NAME@HITS: destroy that simulated guest after HITS of its hits")
         ->allow_extra_args(false);
     a.add_option("--sim-ring-order", o.sim_ring_order,
                  "simulated Xen only: the guest module's async rings hold 2^N bytes each (12 ... 24; default: "
