@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "demo_image.hpp"
 #include "unit/kernel/fake_module_btf.hpp"
 #include "xenprobes/guest_view.hpp"
 #include "xenprobes/sim.hpp"
@@ -152,24 +153,7 @@ inline void make_module_guest(ModuleGuest& g, Split split) {
   m << line;
 
   // The demo guest's ELF with the segment as one more PT_LOAD.
-  std::ifstream in(dir + "/vmlinux", std::ios::binary);
-  std::vector<char> f((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Elf64_Ehdr eh;
-  std::memcpy(&eh, f.data(), sizeof eh);
-  const std::size_t new_ph = eh.e_phoff + eh.e_phnum * sizeof(Elf64_Phdr);
-  f.resize((f.size() + 4095) & ~std::size_t{4095});
-  Elf64_Phdr ph{};
-  ph.p_type = PT_LOAD;
-  ph.p_flags = PF_R | PF_W;
-  ph.p_offset = f.size();
-  ph.p_vaddr = g.kSeg;
-  ph.p_paddr = g.kSeg - 0xffffffff80000000ull;
-  ph.p_filesz = ph.p_memsz = seg.size();
-  ph.p_align = 4096;
-  std::memcpy(f.data() + new_ph, &ph, sizeof ph);
-  ++eh.e_phnum;
-  std::memcpy(f.data(), &eh, sizeof eh);
-  f.insert(f.end(), seg.begin(), seg.end());
+  const std::vector<char> f = demo_image_with_segment(dir + "/vmlinux", g.kSeg, seg, PF_R | PF_W);
   static int serial = 0;
   const std::string base = (std::filesystem::temp_directory_path() /
                             ("xp-module-guest-" + std::to_string(::getpid()) + "-" + std::to_string(serial++)))

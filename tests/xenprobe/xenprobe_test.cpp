@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "demo_image.hpp"
 #include "demo_abi.h"
 #include "unit/kernel/fake_module_btf.hpp"
 
@@ -1001,24 +1002,8 @@ ModuleGuest module_guest() {
 
   // The demo guest's ELF with the segment as one more PT_LOAD.
   const fs::path demo = fs::path(XENPROBES_DEMO_GUEST_SYSTEM_MAP).parent_path();
-  std::ifstream in(demo / "vmlinux", std::ios::binary);
-  std::vector<char> f((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Elf64_Ehdr eh;
-  std::memcpy(&eh, f.data(), sizeof eh);
-  const std::size_t new_ph = eh.e_phoff + eh.e_phnum * sizeof(Elf64_Phdr);
-  f.resize((f.size() + 4095) & ~std::size_t{4095});
-  Elf64_Phdr ph{};
-  ph.p_type = PT_LOAD;
-  ph.p_flags = PF_R;
-  ph.p_offset = f.size();
-  ph.p_vaddr = kModSeg;
-  ph.p_paddr = kModSeg - 0xffffffff80000000ull;
-  ph.p_filesz = ph.p_memsz = seg.size();
-  ph.p_align = 4096;
-  std::memcpy(f.data() + new_ph, &ph, sizeof ph);
-  ++eh.e_phnum;
-  std::memcpy(f.data(), &eh, sizeof eh);
-  f.insert(f.end(), seg.begin(), seg.end());
+  const std::vector<char> f =
+      xenprobes::testing::demo_image_with_segment((demo / "vmlinux").string(), kModSeg, seg, PF_R);
   ModuleGuest g;
   const std::string base = (fs::temp_directory_path() / ("xenprobe-module-guest-" + std::to_string(getpid()))).string();
   g.image = base + ".elf";
