@@ -198,4 +198,11 @@ bool xp_write_kernel_u64(u64 addr, u64 val);
 unsigned int xp_restore_traps(void);
 unsigned int xp_repair_return_slots(void);
 
+/* xp_modules.c */
+int xp_modules_watch(void);
+void xp_modules_unwatch(void);
+void xp_modules_lock(void);
+void xp_modules_unlock(void);
+bool xp_module_went(const struct xenprobes_trap *e);
+
 #endif /* XENPROBES_XP_INTERNAL_H */

@@ -93,8 +93,7 @@ void xp_trap_snapshot(struct xenprobes_trap *dst, const struct xenprobes_trap *s
 	dst->len = xp_ld8(&src->len);
 	for (i = 0; i < sizeof(dst->insn); i++)
 		dst->insn[i] = xp_ld8(&src->insn[i]);
-	for (i = 0; i < sizeof(dst->pad0); i++)
-		dst->pad0[i] = 0;
+	dst->module = xp_ld32(&src->module);
 }
 
 bool xp_trap_search(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
@@ -509,4 +508,55 @@ const char *xp_oea_reason(enum xp_oea_result r)
 		return "static OEA pool exhausted (rebuild with a larger XENPROBES_OEA_POOL)";
 	}
 	return "unknown error";
+}
+
+/* ---- modules that went ---- */
+
+bool xp_gone_going(struct xp_gone *g, xenprobes_u32 id, const struct xenprobes_trap *table,
+		   xenprobes_u32 nr_traps, xenprobes_u32 capacity)
+{
+	xenprobes_u32 n = xp_live_traps(nr_traps, capacity), i;
+
+	if (!id)
+		return false;
+	for (i = 0; i < n && xp_ld32(&table[i].module) != id; i++)
+		;
+	if (i == n)
+		return false;
+	for (i = 0; i < g->n && i < XP_GONE_MAX; i++)
+		if (g->id[i] == id)
+			return true;
+	if (g->n >= XP_GONE_MAX) {
+		g->full = true;
+		return true;
+	}
+	g->id[g->n++] = id;
+	return true;
+}
+
+void xp_gone_coming(struct xp_gone *g, xenprobes_u32 id)
+{
+	xenprobes_u32 n = g->n < XP_GONE_MAX ? g->n : XP_GONE_MAX, i;
+
+	for (i = 0; i < n; i++) {
+		if (g->id[i] != id)
+			continue;
+		g->id[i] = g->id[n - 1];
+		g->n = n - 1;
+		return;
+	}
+}
+
+bool xp_gone_has(const struct xp_gone *g, const struct xenprobes_trap *e)
+{
+	xenprobes_u32 i;
+
+	if (!e->module)
+		return false;
+	if (g->full)
+		return true;
+	for (i = 0; i < g->n && i < XP_GONE_MAX; i++)
+		if (g->id[i] == e->module)
+			return true;
+	return false;
 }

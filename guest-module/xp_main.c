@@ -244,6 +244,7 @@ static int xp_detach(void)
 static void xp_teardown(void)
 {
 	xp_hook_unregister();
+	xp_modules_unwatch();
 	xp_resume_watch_unregister();
 	xp_evtchn_close();
 	xenbus_rm(XBT_NIL, "data", "xenprobes");
@@ -296,6 +297,9 @@ static int __init xenprobes_init(void)
 		goto fail;
 	xp_clock_init();
 	err = xp_evtchn_open();
+	if (err)
+		goto fail;
+	err = xp_modules_watch();
 	if (err)
 		goto fail;
 	err = xp_hook_register();

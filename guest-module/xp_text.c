@@ -385,8 +385,8 @@ static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreig
 }
 
 /*
- * Writes back, at every live trap-table address outside the OEA in kernel or module text,
- * what Dom0 patched: insn[0] where an int3 it wrote still is, and a jump's whole region
+ * Writes back, at every live trap-table address outside the OEA in kernel or module text
+ * (but in modules unloaded since: xp_modules.c), what Dom0 patched: insn[0] where an int3 it wrote still is, and a jump's whole region
  * (REDIRECT entries: insn[0..len)) where the int3 or the jump to its detour still is; JUMP
  * entries (keys inside the OEA) are never touched. Process context. Returns how many trap
  * bytes and regions were restored.
@@ -403,10 +403,11 @@ unsigned int xp_restore_traps(void)
 {
 	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
 	struct xp_pokes pk = { .n = 0, .written = 0, .changed = 0 };
-	unsigned int unmapped = 0, foreign = 0;
+	unsigned int unmapped = 0, foreign = 0, went = 0;
 	u32 i;
 
 	might_sleep();
+	xp_modules_lock();
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
 		struct xp_poke *p;
@@ -415,6 +416,11 @@ unsigned int xp_restore_traps(void)
 		u8 *map;
 
 		xp_trap_snapshot(&e, &xp.traps[i]);
+		/* Its module was unloaded: freed text, or another module's code (xp_modules.c). */
+		if (xp_module_went(&e)) {
+			went++;
+			continue;
+		}
 		len = xp_restore_what(&e, &other);
 		if (other && foreign++ == 0)
 			pr_warn(XP_NAME ": the jump region at 0x%llx holds neither its original bytes nor Dom0's: left alone\n",
@@ -439,6 +445,10 @@ unsigned int xp_restore_traps(void)
 		cond_resched();
 	}
 	xp_pokes_flush(&pk);
+	xp_modules_unlock();
+	if (went)
+		pr_warn(XP_NAME ": %u trap bytes or jump regions were in modules unloaded since Dom0 probed them: left alone\n",
+			went);
 	if (unmapped)
 		pr_warn(XP_NAME ": %u trap bytes or jump regions could not be mapped writable and are still patched\n",
 			unmapped);

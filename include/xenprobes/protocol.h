@@ -141,8 +141,9 @@
  *        is rsp at the trampoline's trap: the probed function's `ret` already popped the
  *        slot, so slot = rsp - 8 (a `ret imm16` is not supported there).
  *      After `XENPROBES_DEAD_AFTER` consecutive timeouts the module declares Dom0 gone: it
- *      writes insn[0] back at every trap-table address outside the OEA, from process context,
- *      sets `dom0_gone` and stops publishing hits (every later hit takes the fallback).
+ *      writes insn[0] back at every trap-table address outside the OEA (but those of modules
+ *      that went, below), from process context, sets `dom0_gone` and stops publishing hits
+ *      (every later hit takes the fallback).
  *   Dom0 side: on an event, for every mailbox in state HIT:
  *   a. validate what it read (trap in the table, regs.rip == trap, a seq neither answered
  *      yet nor excluded by e.); a hit that fails is left alone (no write at all): the
@@ -258,6 +259,16 @@
  * The module's own restore (Dom0 gone, unload) writes a REDIRECT entry's insn[0..len) back
  * when addr holds the int3 or the jump to the entry's fallback, in one stop_machine() (never
  * half a region); it leaves anything else alone.
+ *
+ * Modules that go. An entry whose addr lies in a loaded module's text carries that module's
+ * identity (`module`, xenprobes_module_id()); Dom0 writes it with the entry. The module
+ * watches the kernel's module notifier: when a module goes (MODULE_STATE_GOING) while a live
+ * entry names it, its identity joins a set of gone modules (at most XP_GONE_MAX, then every
+ * entry with an identity counts as gone); when a module with that very name and text base
+ * comes (MODULE_STATE_COMING), the identity leaves the set. The module's own restore leaves
+ * an entry whose module is in the set alone: its text was freed, or another module's code is
+ * there now, whose own bytes may equal the int3 (the int3 padding after every `ret`). An
+ * entry with `module` 0 (a peer that predates the field wrote 0 there) is restored as before.
  *
  * Async jump probes. A JUMP entry with flags JUMP | ASYNC makes the hit a record in the hit
  * vCPU's async ring (below) instead of a mailbox hit: no Dom0, no wait, no hypercall (one
@@ -466,8 +477,28 @@ struct xenprobes_trap {
 	xenprobes_u8 len;         /* bytes of insn in use (1..15; 0 only for a trap inside an OEA
 	                             area with FALLBACK or RETURN: never emulated nor restored) */
 	xenprobes_u8 insn[15];    /* the original bytes at addr (insn[0] restores the byte) */
-	xenprobes_u8 pad0[4];
+	xenprobes_u32 module;     /* addr in a loaded module's text: xenprobes_module_id() of that
+	                             module; 0: core kernel text, the OEA, or not known */
 };
+
+/*
+ * A loaded module's identity in a trap entry: 32-bit FNV-1a over the bytes of its name (up to
+ * the NUL, at most `max`), then the 8 bytes of its text base (struct module's
+ * core_layout.base up to Linux 6.3, mem[MOD_TEXT].base since 6.4), least significant first;
+ * 0 becomes 1, so 0 always means "no module". Both sides compute it: Dom0 from the module list
+ * it walks, the module from its module notifier (see "Modules that go" above).
+ */
+static inline xenprobes_u32 xenprobes_module_id(const char *name, unsigned long max, xenprobes_u64 text_base)
+{
+	xenprobes_u32 h = 2166136261u;
+	unsigned long i;
+
+	for (i = 0; i < max && name[i]; i++)
+		h = (h ^ (xenprobes_u8)name[i]) * 16777619u;
+	for (i = 0; i < 8; i++)
+		h = (h ^ (xenprobes_u8)(text_base >> (8 * i))) * 16777619u;
+	return h ? h : 1;
+}
 
 struct xenprobes_ret {
 	xenprobes_u64 slot;       /* stack address holding the trampoline address; 0 = free */

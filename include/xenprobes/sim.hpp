@@ -205,6 +205,12 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // published with the entry the hook looked up. module_hit_held() says whether one waits.
   [[nodiscard]] virtual Result<void> hold_module_hits(DomId, VcpuId, bool hold) = 0;
   [[nodiscard]] virtual Result<bool> module_hit_held(DomId, VcpuId) = 0;
+  // The guest kernel's module notifier, as the guest module hears it: a module named `name`
+  // whose text starts at `text_base` comes (MODULE_STATE_COMING) or goes (MODULE_STATE_GOING).
+  // A test that loads or unloads a module in guest memory calls it as the kernel would.
+  // Returns how many modules the guest module's set of modules that went holds now.
+  [[nodiscard]] virtual Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base,
+                                                  bool going) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

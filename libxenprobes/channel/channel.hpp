@@ -71,6 +71,9 @@ struct TrapEntry {
   Gva resume_at{0};
   std::uint8_t len = 0;           // bytes of `insn` in use
   std::uint8_t insn[15] = {};     // the original bytes at addr
+  // addr in a loaded module's text: xenprobes_module_id() of that module (protocol.h "Modules
+  // that go": the guest module restores nothing there once that module has gone); 0: none.
+  std::uint32_t module = 0;
 };
 
 // What the engine needs to know of a channel to patch for it, read once when it attaches a

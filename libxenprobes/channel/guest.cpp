@@ -320,6 +320,7 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
       break;
   }
   e.len = t.len;
+  e.module = t.module;
   // An async key's bytes are its record key, not original bytes (len stays 0).
   std::memcpy(e.insn, t.insn, t.fallback == TrapEntry::Fallback::AsyncJump ? sizeof e.insn : t.len);
 

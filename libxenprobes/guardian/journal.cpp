@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/log.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::guardian {
 
@@ -196,11 +197,7 @@ void Journal::set_owed_unpauses(DomId d, unsigned owed) {
 }
 
 std::uint32_t module_hash(std::string_view name, std::uint64_t text_base) {
-  std::uint32_t h = 2166136261u;
-  auto mix = [&h](std::uint8_t b) { h = (h ^ b) * 16777619u; };
-  for (char c : name) mix(static_cast<std::uint8_t>(c));
-  for (int i = 0; i < 8; ++i) mix(static_cast<std::uint8_t>(text_base >> (8 * i)));
-  return h;
+  return xenprobes_module_id(name.data(), name.size(), text_base);
 }
 
 bool module_reference_ok(const JournalModule& m) {

@@ -116,7 +116,8 @@ struct JournalModule {
   bool operator==(const JournalModule&) const = default;
 };
 inline constexpr std::size_t kJournalModuleNameMax = 56;  // MODULE_NAME_LEN on 64-bit
-// FNV-1a (32 bits) over the name's bytes (without its NUL) and the text base's 8 bytes, little-endian.
+// xenprobes_module_id() (protocol.h): FNV-1a (32 bits) over the name's bytes (without its NUL)
+// and the text base's 8 bytes, little-endian, never 0; the guest module's identity of a module.
 std::uint32_t module_hash(std::string_view name, std::uint64_t text_base);
 // A reference the guardian can act on: a struct module in the kernel's half, the name and the
 // base pointer inside its first 64 KiB and not overlapping. The writer and the reader insist on it.

@@ -1,6 +1,7 @@
 // Preparing a probe point: where it goes (entry placement), decoding, the address rules, and
 // the channel's trap entry for it.
 #include "probe/engine_internal.hpp"
+#include "xenprobes/protocol.h"
 
 #include "x86/relocate.hpp"
 
@@ -191,6 +192,7 @@ bool Engine::any_enabled(const Point& p) const {
 
 channel::TrapEntry Engine::trap_entry(const Point& p) const {
   channel::TrapEntry e;
+  if (p.module) e.module = xenprobes_module_id(p.module->name.c_str(), p.module->name.size(), p.module->text.start);
   if (p.jump) {  // the trap byte at the region's start sends the vCPU to the detour
     e.addr = p.jump->region.start;
     e.fallback = channel::TrapEntry::Fallback::Redirect;

@@ -167,7 +167,7 @@ inline void make_module_guest(ModuleGuest& g, Split split) {
 // What insmod and rmmod change in the guest's memory, written from Dom0.
 class ModuleWriter {
  public:
-  ModuleWriter(hv::Hypervisor& hv, DomId dom, const ModuleGuest& g) : g_(g) {
+  ModuleWriter(hv::Hypervisor& hv, DomId dom, const ModuleGuest& g) : g_(g), sim_(hv::sim::sim_host_of(hv)), dom_(dom) {
     auto v = GuestView::open(hv, dom);
     if (!v) throw std::runtime_error("GuestView: " + v.error().what);
     view_ = std::move(*v);
@@ -201,16 +201,31 @@ class ModuleWriter {
     u64(slot + o.list + 8, ModuleGuest::kHead);
     u64(ModuleGuest::kHead, slot + o.list);
     u64(ModuleGuest::kHead + 8, slot + o.list);
+    notify(name, false);  // MODULE_STATE_COMING: the kernel's module notifier
   }
   // GOING, then out of the list.
   void unload(std::uint64_t slot = ModuleGuest::kSlot0) {
     u32(slot + g_.o.state, 2);
+    char nm[57] = {};
+    auto v = view_->read(Gva{slot + g_.o.name}, std::as_writable_bytes(std::span(nm, 56)));
+    if (!v) throw std::runtime_error("read: " + v.error().what);
+    notify(nm, true);  // MODULE_STATE_GOING, while the module is still in the list
     u64(ModuleGuest::kHead, ModuleGuest::kHead);
     u64(ModuleGuest::kHead + 8, ModuleGuest::kHead);
   }
+  // How many modules the guest module's set of modules that went held after the last notification.
+  unsigned gone = 0;
 
  private:
+  void notify(const std::string& name, bool going) {
+    if (!sim_) return;
+    auto r = sim_->module_state(dom_, name, g_.text_start, going);
+    if (!r) throw std::runtime_error("module_state: " + r.error().what);
+    gone = *r;
+  }
   const ModuleGuest& g_;
+  hv::sim::SimHost* sim_;
+  DomId dom_;
   std::unique_ptr<GuestView> view_;
 };
 

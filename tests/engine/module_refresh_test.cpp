@@ -216,5 +216,70 @@ TEST(ModuleRefresh, AHostileListDropsTheModulesAndKeepsTheKernel) {
   EXPECT_TRUE(kernel_fine());
 }
 
+// The guest module's own restore (Dom0 gone) writes a trap's original byte back where an int3
+// still is: in a module's text only while that very module is loaded. Dom0 dies with probes in
+// the module and in the kernel; the module is unloaded and (a) another module, whose own code
+// holds 0xcc at the probed address (Linux's int3 after every `ret`), is loaded in its place: the
+// restore leaves that byte alone and restores the kernel's; (b) the same module comes back at
+// the same address: its trap byte is restored like the kernel's.
+void dom0_dies_then_the_module_goes(bool another_comes) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Callee);
+  ProbedGuest pg(module_config(g, 40));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  auto hv = pg.host->open();  // the guest's own doings: not through the session that dies
+  ModuleWriter w(*hv, pg.dom, g);
+  w.load();
+  const std::uint64_t leaf = pg.sym("demo_kstack_leaf"), outer = pg.sym("demo_kstack_outer");
+  const std::uint64_t getppid = pg.sym("sys_getppid");
+  const auto leaf_before = pg.peek(leaf, 1), getppid_before = pg.peek(getppid, 16);
+  std::uint64_t in_module = 0, in_kernel = 0;
+  auto a = s.probe(pg.dom, "kmod:demo_kstack_leaf", [&](HitContext&) { ++in_module; return 0; });
+  auto k = s.probe(pg.dom, "sys_getppid", [&](HitContext&) { ++in_kernel; return 0; });
+  ASSERT_TRUE(a) << a.error().what;
+  ASSERT_TRUE(k) << k.error().what;
+  pg.start();
+  while (in_module < 3 || in_kernel < 3) ASSERT_TRUE(s.run_once(5));
+  ASSERT_EQ(pg.peek(leaf, 1), std::vector<std::uint8_t>{0xcc});
+  a->release();
+  k->release();
+  SessionTesting::abandon(std::move(pg.session)).reset();  // SIGKILL: nothing restored
+
+  ASSERT_TRUE(hv->pause(pg.dom));
+  w.unload();
+  EXPECT_EQ(w.gone, 1u) << "the module's trap entry did not name its module: Dom0 wrote no identity";
+  if (another_comes) {
+    w.load("other");
+    EXPECT_EQ(w.gone, 1u) << "another module is not the one that went";
+    // Its code: demo_kstack_outer returns at once; the 0xcc at leaf is its own (never run).
+    w.write(outer, "\xc3", 1);
+  } else {
+    w.load("kmod");
+    EXPECT_EQ(w.gone, 0u) << "the same module at the same address is back";
+  }
+  ASSERT_TRUE(hv->unpause(pg.dom));
+  ASSERT_TRUE(pg.finish_without_dom0(120s)) << pg.host->crash_reason(pg.dom);
+  const std::string console = pg.host->console(pg.dom);
+  EXPECT_EQ(pg.peek(getppid, 16), getppid_before) << "the kernel's trap byte restored";
+  if (another_comes) {
+    EXPECT_EQ(pg.peek(leaf, 1), std::vector<std::uint8_t>{0xcc}) << "the other module's byte written over";
+    EXPECT_NE(console.find("left 1 in modules unloaded since"), std::string::npos) << console;
+  } else {
+    EXPECT_EQ(pg.peek(leaf, 1), leaf_before) << "the same module's trap byte left in place";
+    EXPECT_NE(console.find("left 0 in modules unloaded since"), std::string::npos) << console;
+  }
+}
+
+TEST(ModuleRefresh, TheGuestModulesRestoreLeavesAModuleThatWentAlone) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  dom0_dies_then_the_module_goes(true);
+}
+
+TEST(ModuleRefresh, TheGuestModulesRestoreRestoresAModuleThatCameBack) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  dom0_dies_then_the_module_goes(false);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing

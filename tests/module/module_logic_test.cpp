@@ -214,9 +214,9 @@ TEST(ModuleTrapTable, AllEqualAndExtremeAddressesTerminate) {
   EXPECT_FALSE(xp_trap_search(t.data(), 64, 64, 1, &out));
 }
 
-TEST(ModuleTrapTable, SnapshotCopiesEveryFieldAndZeroesPadding) {
+TEST(ModuleTrapTable, SnapshotCopiesEveryField) {
   auto e = trap(kText + 5, XENPROBES_TRAP_EMULATE, {0x0f, 0x84, 1, 2, 3, 4}, 0x1234);
-  std::memset(e.pad0, 0xee, sizeof e.pad0);
+  e.module = 0xeeeeeeee;
   xenprobes_trap out;
   std::memset(&out, 0x77, sizeof out);
   xp_trap_snapshot(&out, &e);
@@ -225,7 +225,69 @@ TEST(ModuleTrapTable, SnapshotCopiesEveryFieldAndZeroesPadding) {
   EXPECT_EQ(out.flags, e.flags);
   EXPECT_EQ(out.len, 6);
   EXPECT_EQ(std::memcmp(out.insn, e.insn, sizeof e.insn), 0);
-  for (auto p : out.pad0) EXPECT_EQ(p, 0);
+  EXPECT_EQ(out.module, 0xeeeeeeeeu);
+}
+
+// ---- modules that went (protocol.h "Modules that go") ----
+
+TEST(ModuleIdentity, FnvOfTheNameUpToItsNulThenTheBase) {
+  // Worked out by hand (FNV-1a, 32 bits) for "ext4" at 0xffffffffc0a00000.
+  EXPECT_EQ(xenprobes_module_id("ext4", 56, 0xffffffffc0a00000ull), 0x5ede893cu);
+  const char padded[56] = "ext4\0junk after the NUL";
+  EXPECT_EQ(xenprobes_module_id(padded, sizeof padded, 0xffffffffc0a00000ull), 0x5ede893cu);
+  EXPECT_EQ(xenprobes_module_id("ext4xyz", 4, 0xffffffffc0a00000ull), 0x5ede893cu) << "at most max bytes";
+  EXPECT_NE(xenprobes_module_id("ext4", 56, 0xffffffffc0a01000ull), 0x5ede893cu) << "the base counts";
+  EXPECT_NE(xenprobes_module_id("ext3", 56, 0xffffffffc0a00000ull), 0x5ede893cu) << "the name counts";
+  EXPECT_EQ(xenprobes_module_id("", 56, 0), 0x9be17165u);
+}
+
+TEST(ModuleGone, AModuleJoinsOnlyWhenALiveEntryNamesIt) {
+  std::vector<xenprobes_trap> t = {trap(kModules + 0x10, XENPROBES_TRAP_EMULATE, {0x55}),
+                                   trap(kModules + 0x20, XENPROBES_TRAP_EMULATE, {0x55}),
+                                   trap(kText + 0x10, XENPROBES_TRAP_EMULATE, {0x55})};
+  t[0].module = 7;
+  t[1].module = 9;  // beyond nr_traps below: not live
+  xp_gone g{};
+  EXPECT_FALSE(xp_gone_going(&g, 9, t.data(), 1, 3)) << "only the first nr_traps entries are live";
+  EXPECT_FALSE(xp_gone_going(&g, 9, t.data(), 3, 1)) << "nr_traps is clamped to the capacity";
+  EXPECT_FALSE(xp_gone_going(&g, 5, t.data(), 3, 3)) << "a module nobody probed leaves no trace";
+  EXPECT_FALSE(xp_gone_going(&g, 0, t.data(), 3, 3)) << "0 is no module";
+  EXPECT_EQ(g.n, 0u);
+  EXPECT_TRUE(xp_gone_going(&g, 7, t.data(), 3, 3));
+  EXPECT_TRUE(xp_gone_going(&g, 7, t.data(), 3, 3));
+  EXPECT_EQ(g.n, 1u) << "once";
+  EXPECT_TRUE(xp_gone_has(&g, &t[0]));
+  EXPECT_FALSE(xp_gone_has(&g, &t[1]));
+  EXPECT_FALSE(xp_gone_has(&g, &t[2])) << "core kernel text has no module";
+  xp_gone_coming(&g, 5);  // another module comes: nothing changes
+  EXPECT_TRUE(xp_gone_has(&g, &t[0]));
+  xp_gone_coming(&g, 7);  // the same name at the same base: back
+  EXPECT_FALSE(xp_gone_has(&g, &t[0]));
+  EXPECT_EQ(g.n, 0u);
+}
+
+TEST(ModuleGone, FullMeansEveryModuleEntryCountsAsGone) {
+  std::vector<xenprobes_trap> t(XP_GONE_MAX + 2, trap(kModules + 0x10, XENPROBES_TRAP_EMULATE, {0x55}));
+  for (std::uint32_t i = 0; i < t.size(); ++i) t[i].module = 100 + i;
+  const auto n = static_cast<std::uint32_t>(t.size());
+  xp_gone g{};
+  for (std::uint32_t i = 0; i < XP_GONE_MAX; ++i) ASSERT_TRUE(xp_gone_going(&g, 100 + i, t.data(), n, n));
+  EXPECT_FALSE(g.full);
+  EXPECT_FALSE(xp_gone_has(&g, &t[XP_GONE_MAX]));
+  EXPECT_TRUE(xp_gone_going(&g, 100 + XP_GONE_MAX, t.data(), n, n));
+  EXPECT_TRUE(g.full);
+  EXPECT_EQ(g.n, std::uint32_t{XP_GONE_MAX}) << "never past the array";
+  EXPECT_TRUE(xp_gone_has(&g, &t[XP_GONE_MAX + 1])) << "full: a module entry is left alone";
+  xp_gone_coming(&g, 100);
+  EXPECT_TRUE(xp_gone_has(&g, &t[0])) << "full stays full";
+  xenprobes_trap kernel = trap(kText + 0x10, XENPROBES_TRAP_EMULATE, {0x55});
+  EXPECT_FALSE(xp_gone_has(&g, &kernel)) << "the kernel's entries are restored whatever the set";
+  g.full = false;
+  g.n = 0xffffffffu;  // a corrupt count reads and writes inside the array only
+  EXPECT_TRUE(xp_gone_has(&g, &t[1]));
+  xp_gone_coming(&g, 101);
+  EXPECT_EQ(g.n, std::uint32_t{XP_GONE_MAX - 1});
+  EXPECT_FALSE(xp_gone_has(&g, &t[1]));
 }
 
 // ---- addresses ----

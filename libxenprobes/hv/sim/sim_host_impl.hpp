@@ -43,6 +43,7 @@ class SimHostImpl final : public SimHost {
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
   Result<ModuleNotifications> module_notifications(DomId) override;
   Result<void> hold_module_hits(DomId, VcpuId, bool hold) override;
+  Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;
   Result<bool> module_hit_held(DomId, VcpuId) override;
 
  private:

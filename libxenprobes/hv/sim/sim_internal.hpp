@@ -15,6 +15,7 @@
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
+#include "xp_logic.h"  // guest-module/: the module's own decisions (xp_gone)
 #include "xp_ring.h"  // guest-module/: the module's own ring producer
 
 namespace xenprobes::hv::sim {
@@ -173,6 +174,10 @@ struct ModuleState {
   // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
   std::uint64_t notified = 0, unnotified = 0;
   std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
+  // Modules that went while a trap entry named them (SimHost::module_state, the module
+  // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
+  xp_gone gone{};
+  unsigned gone_left = 0;  // entries the last restore left alone for that reason
 };
 
 struct WritableFrame {

@@ -65,8 +65,6 @@ std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
   return area(d) + d.module.mailbox_offset + std::size_t{vcpu} * sizeof(xenprobes_mailbox);
 }
 
-
-
 // The areas this module published (oea/0, then reserve areas in order).
 bool in_oea(const Domain& d, std::uint64_t va) {
   for (unsigned k = 0; k < d.oea_published; ++k) {
@@ -540,6 +538,7 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
                                         std::memory_order_acquire);
   n = std::min(n, m.trap_capacity);
   unsigned restored = 0;
+  m.gone_left = 0;
   {
     // stop_machine in a real module; here no vCPU of the domain runs meanwhile anyway (this
     // is its scheduler thread), and the translated blocks of the patched bytes are dropped.
@@ -548,6 +547,7 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
       xenprobes_trap e;
       std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
       if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
+      if (xp_gone_has(&m.gone, &e)) { ++m.gone_left; continue; }  // its module went (xp_modules.c)
       // A jump's region goes back whole, from the int3 or from the jump to its detour; any
       // other trap its one byte.
       const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
@@ -572,8 +572,8 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
   m.dom0_gone = true;
   store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes",
-                m.consecutive_timeouts, restored);
+  std::snprintf(buf, sizeof buf, "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes, left %u "
+                "in modules unloaded since", m.consecutive_timeouts, restored, m.gone_left);
   d.console += std::string(buf) + "\n";
   XP_LOG(Warn, "sim: domain %u: %s", d.id.value, buf);
 }

@@ -487,6 +487,22 @@ Result<bool> SimHostImpl::module_hit_held(DomId id, VcpuId vid) {
   return XP_TRY(vcpu(*d, vid))->module_held;
 }
 
+Result<unsigned> SimHostImpl::module_state(DomId id, const std::string& name, std::uint64_t text_base, bool going) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  ModuleState& m = d->module;
+  const std::uint32_t mid = xenprobes_module_id(name.c_str(), name.size(), text_base);
+  if (!going) {
+    xp_gone_coming(&m.gone, mid);
+  } else if (m.present) {
+    std::uint8_t* ctl = d->ram->base + m.ctl_gpa;
+    const std::uint32_t nr = std::atomic_ref<std::uint32_t>(
+        *reinterpret_cast<std::uint32_t*>(ctl + offsetof(xenprobes_ctl_header, nr_traps))).load(std::memory_order_acquire);
+    xp_gone_going(&m.gone, mid, reinterpret_cast<const xenprobes_trap*>(ctl + m.trap_offset), nr, m.trap_capacity);
+  }
+  return std::min<unsigned>(m.gone.n, XP_GONE_MAX);
+}
+
 Result<std::uint64_t> SimHostImpl::guest_evtchn_notifications(DomId id, std::uint32_t port) {
   std::lock_guard lk(mu_);
   Domain* d = XP_TRY(dom(id));
