@@ -82,8 +82,8 @@ class Account {
   }
 
  private:
-  // Best effort: a broken pipe (EPIPE: SIGPIPE is ignored) or a closed stderr loses the
-  // line, which syslog has.
+  // Best effort: a broken pipe (EPIPE: SIGPIPE is ignored), a full one (EAGAIN: see
+  // own_nonblocking_stderr) or a closed stderr loses the line, which syslog has.
   static void emit(const std::string& s) {
     std::size_t done = 0;
     while (done < s.size()) {
@@ -109,6 +109,20 @@ void fill_standard_fds() {
       ::close(n);
     }
   }
+}
+
+// A stderr that is a pipe gets an open file description of its own, non-blocking: a full
+// pipe whose reader lives but does not read (a stopped `tee`, a pager) then loses the lines
+// (syslog has them) instead of stopping the guardian before or after recovery. The owner's
+// description, which the guardian shared until now, keeps its flags. Files and terminals
+// are left as they are (a file's new description would start writing at offset 0).
+void own_nonblocking_stderr() {
+  struct stat st{};
+  if (::fstat(STDERR_FILENO, &st) < 0 || !S_ISFIFO(st.st_mode)) return;
+  const int fd = ::open("/proc/self/fd/2", O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;  // no /proc, or no reader left (ENXIO): as it was
+  ::dup2(fd, STDERR_FILENO);
+  ::close(fd);
 }
 
 // Every descriptor but 0-2 and `keep` closed: whatever the owner let through is none of ours.
@@ -179,6 +193,7 @@ int usage() {
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   fill_standard_fds();
+  own_nonblocking_stderr();
   int journal_fd = -1, pipe_fd = -1, ready_fd = -1;
   pid_t owner = -1;
   std::string backend;

@@ -324,6 +324,54 @@ TEST(GuardianProcess, AnOwnerThatClosedThePipeButLivesIsWaitedFor) {
       << rest;
 }
 
+// Its stderr is a pipe whose reader lives but reads no more (a stopped `tee`, a pager) and is
+// full by the time the owner dies: the guardian still recovers and exits (the lines it could
+// not write are in syslog), rather than hang in write() for as long as the reader lives.
+TEST(GuardianProcess, AFullStderrPipeWhoseReaderLivesDoesNotStopIt) {
+  adopt_orphans();
+  Report report;
+  int err[2];
+  ASSERT_EQ(::pipe2(err, O_CLOEXEC), 0);
+  Owner o = start_owner(
+      [&] {
+        ::dup2(err[1], 2);
+        ::close(err[0]);
+        return probe_and_hand_over(required(), /*abandon=*/true);
+      },
+      /*stay=*/true);
+  ASSERT_GT(o.guardian, 0);
+  std::string seen;
+  ASSERT_TRUE(read_until(err[0], "closed its end of the pipe but is still running", seen)) << seen;
+  {
+    // Filled through a description of the test's own: the owner's and the guardian's stay blocking.
+    const int fill = ::open(("/proc/self/fd/" + std::to_string(err[1])).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    ASSERT_GE(fill, 0) << std::strerror(errno);
+    const std::string chunk(4096, 'x');
+    std::size_t filled = 0;
+    for (ssize_t n; (n = ::write(fill, chunk.data(), chunk.size())) > 0;) filled += static_cast<std::size_t>(n);
+    EXPECT_EQ(errno, EAGAIN);
+    EXPECT_GE(filled, 4096u);
+    ::close(fill);
+  }
+  ::close(err[1]);
+  ASSERT_EQ(::kill(o.pid, SIGKILL), 0);
+  EXPECT_TRUE(killed_by(wait_status(o.pid), SIGKILL));
+  int st = -1;
+  for (int i = 0; i < 200 && st == -1; ++i) {  // up to 20 s
+    int w = 0;
+    if (::waitpid(o.guardian, &w, WNOHANG) == o.guardian) st = w;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (st == -1) {
+    ::kill(o.guardian, SIGKILL);
+    wait_status(o.guardian);
+    FAIL() << "the guardian still waits to write into its full stderr pipe 20 s after its owner died";
+  }
+  EXPECT_TRUE(exited_with(st, 0)) << status_text(st);
+  EXPECT_EQ(slurp(report.path).rfind("owner-died pid=" + std::to_string(o.pid) + " domains=1 patches=3 ", 0), 0u);
+  ::close(err[0]);
+}
+
 // `prog 2>&1 | tee log`, then ^C: the terminal's SIGINT kills tee and the owner (here tee
 // first, so that the guardian's account meets a pipe nobody reads). The guardian, in a
 // session of its own, gets no SIGINT; writing its stderr gets EPIPE, not SIGPIPE's death,
