@@ -9,6 +9,8 @@
 #include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
   xenprobesd::Requests requests;
   httplib::Server server;
   std::thread server_thread;
+  std::atomic<bool> server_done{false};
   const std::string listen = config.metrics_listen;
   if (!listen.empty()) {
     auto addr = xenprobesd::parse_listen(listen);  // checked with the configuration
@@ -163,7 +166,10 @@ int main(int argc, char** argv) {
     sigemptyset(&all);
     for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&all, sig);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    server_thread = std::thread([&server] { server.listen_after_bind(); });
+    server_thread = std::thread([&server, &server_done] {
+      server.listen_after_bind();
+      server_done = true;
+    });
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
 
@@ -187,7 +193,16 @@ int main(int argc, char** argv) {
     status = 1;
   }
   if (server_thread.joinable()) {
-    server.stop();
+    // httplib's stop() does nothing until the listening thread is running: a stop that comes
+    // first (SIGTERM right after start) would leave that thread in accept() for ever. Stop it
+    // once it runs, or not at all if it ended by itself (a failed listen).
+    while (!server_done) {
+      if (server.is_running()) {
+        server.stop();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     server_thread.join();
   }
   return status;
