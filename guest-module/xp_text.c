@@ -386,10 +386,10 @@ static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreig
 
 /*
  * Writes back, at every live trap-table address outside the OEA in kernel or module text
- * (but in modules unloaded since: xp_modules.c), what Dom0 patched: insn[0] where an int3 it wrote still is, and a jump's whole region
- * (REDIRECT entries: insn[0..len)) where the int3 or the jump to its detour still is; JUMP
- * entries (keys inside the OEA) are never touched. Process context. Returns how many trap
- * bytes and regions were restored.
+ * (but in modules unloaded since: xp_modules.c), what Dom0 patched: insn[0] where an int3
+ * it wrote still is, and a jump's whole region (REDIRECT entries: insn[0..len)) where the
+ * int3 or the jump to its detour still is; JUMP entries (keys inside the OEA) are never
+ * touched. Process context. Returns how many trap bytes and regions were restored.
  *
  * The writes happen under stop_machine(): with other vCPUs running the probed code (the
  * module restores while the guest runs, unlike Dom0, which pauses the domain), an emulated
