@@ -56,7 +56,7 @@ declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_proc
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
   stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
-  trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pv_xenprobe_async trixie_pv_jump trixie_pv_async trixie_pv_spin trixie_pvh_vmevent trixie_pvh_kill9"
+  trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pv_xenprobe_async trixie_pv_jump trixie_pv_async trixie_pv_spin trixie_pv_module_gone trixie_pvh_vmevent trixie_pvh_kill9"
 # Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
 # trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
 declare -A SCEN_PLATFORM=() SCEN_BODY=()
