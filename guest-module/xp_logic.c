@@ -5,6 +5,7 @@
  * into the userspace unit tests; keep it free of kernel and libc calls.
  */
 #include "xp_logic.h"
+#include "xp_gone.h"
 
 xp_s64 xp_rel32_at(const xenprobes_u8 *p)
 {

@@ -221,34 +221,6 @@ bool xp_region_bytes_ours(const struct xenprobes_trap *e, const xenprobes_u8 *cu
 bool xp_region_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 			  const xenprobes_u8 *cur, xenprobes_u32 n);
 
-/*
- * Modules that went while a trap entry named them (protocol.h "Modules that go"): the
- * identities (xenprobes_module_id()) the module's restore must leave alone. Bounded; once a
- * module goes with no room left, `full` makes every entry with an identity count as gone (a
- * byte left patched in a live module is found by Dom0; one written into another module's
- * code is not found by anybody).
- */
-#define XP_GONE_MAX 64
-struct xp_gone {
-	xenprobes_u32 id[XP_GONE_MAX];
-	xenprobes_u32 n;
-	bool full;
-};
-
-/*
- * MODULE_STATE_GOING of the module whose identity is `id`: it joins the set when one of the
- * first xp_live_traps(nr_traps, capacity) entries names it (a module nobody probed leaves no
- * trace). Returns whether it did (or `full` was set).
- */
-bool xp_gone_going(struct xp_gone *g, xenprobes_u32 id, const struct xenprobes_trap *table,
-		   xenprobes_u32 nr_traps, xenprobes_u32 capacity);
-
-/* MODULE_STATE_COMING of a module whose identity is `id`: the same module is back. */
-void xp_gone_coming(struct xp_gone *g, xenprobes_u32 id);
-
-/* Is e's module (e: a private snapshot) one that went: the restore leaves e alone. */
-bool xp_gone_has(const struct xp_gone *g, const struct xenprobes_trap *e);
-
 /* ---- registers ---- */
 
 static inline xenprobes_u64 xp_merge_flags(xenprobes_u64 guest, xenprobes_u64 dom0)

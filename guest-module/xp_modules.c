@@ -19,6 +19,7 @@
 #include <linux/notifier.h>
 #include <linux/version.h>
 
+#include "xp_gone.h"
 #include "xp_internal.h"
 
 static DEFINE_MUTEX(xp_gone_lock);

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "xp_gone.h"
 #include "xp_logic.h"
 
 namespace {

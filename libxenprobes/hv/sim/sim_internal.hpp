@@ -15,7 +15,7 @@
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
-#include "xp_logic.h"  // guest-module/: the module's own decisions (xp_gone)
+#include "xp_gone.h"  // guest-module/: the module's own set of modules that went
 #include "xp_ring.h"  // guest-module/: the module's own ring producer
 
 namespace xenprobes::hv::sim {
