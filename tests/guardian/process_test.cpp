@@ -197,6 +197,18 @@ pid_t probe_and_hand_over(SessionOptions o = required(), bool abandon = false) {
   return pid;
 }
 
+// An owner whose stderr is the write end of `err` and that drops its session as SIGKILL would
+// (closing its end of the guardian's pipe), then lives on until it is killed.
+Owner start_owner_that_abandons(const int err[2]) {
+  return start_owner(
+      [err] {
+        ::dup2(err[1], 2);
+        ::close(err[0]);
+        return probe_and_hand_over(required(), /*abandon=*/true);
+      },
+      /*stay=*/true);
+}
+
 // A close-on-exec copy of fd above 19 (out of the way of the file actions below).
 int high(int fd) { return ::fcntl(fd, F_DUPFD_CLOEXEC, 20); }
 
@@ -300,13 +312,7 @@ TEST(GuardianProcess, AnOwnerThatClosedThePipeButLivesIsWaitedFor) {
   Report report;
   int err[2];
   ASSERT_EQ(::pipe2(err, O_CLOEXEC), 0);
-  Owner o = start_owner(
-      [&] {
-        ::dup2(err[1], 2);
-        ::close(err[0]);
-        return probe_and_hand_over(required(), /*abandon=*/true);
-      },
-      /*stay=*/true);
+  Owner o = start_owner_that_abandons(err);
   ::close(err[1]);
   ASSERT_GT(o.guardian, 0);
   std::string seen;
@@ -332,13 +338,7 @@ TEST(GuardianProcess, AFullStderrPipeWhoseReaderLivesDoesNotStopIt) {
   Report report;
   int err[2];
   ASSERT_EQ(::pipe2(err, O_CLOEXEC), 0);
-  Owner o = start_owner(
-      [&] {
-        ::dup2(err[1], 2);
-        ::close(err[0]);
-        return probe_and_hand_over(required(), /*abandon=*/true);
-      },
-      /*stay=*/true);
+  Owner o = start_owner_that_abandons(err);
   ASSERT_GT(o.guardian, 0);
   std::string seen;
   ASSERT_TRUE(read_until(err[0], "closed its end of the pipe but is still running", seen)) << seen;
