@@ -25,6 +25,12 @@ inline std::vector<char> demo_image_with_segment(const std::string& vmlinux, std
   Elf64_Ehdr eh;
   std::memcpy(&eh, f.data(), sizeof eh);
   const std::size_t new_ph = eh.e_phoff + eh.e_phnum * sizeof(Elf64_Phdr);
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {  // the new program header must not cover any data
+    Elf64_Phdr ph;
+    std::memcpy(&ph, f.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
+    if (ph.p_filesz && ph.p_offset < new_ph + sizeof(Elf64_Phdr))
+      throw std::runtime_error(vmlinux + ": no room for one more program header");
+  }
   f.resize((f.size() + 4095) & ~std::size_t{4095});
   Elf64_Phdr ph{};
   ph.p_type = PT_LOAD;

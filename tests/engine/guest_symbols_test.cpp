@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 
+#include "demo_image.hpp"
 #include "engine/engine_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -131,31 +132,7 @@ std::vector<std::uint8_t> kallsyms_segment(std::vector<Sym>& syms, std::size_t* 
 
 // The demo guest's ELF with `extra` as one more read-only PT_LOAD at kTablesVa.
 std::string image_with(const std::vector<std::uint8_t>& extra) {
-  std::ifstream in(hv::sim::default_guest_dir() + "/vmlinux", std::ios::binary);
-  std::vector<char> f((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Elf64_Ehdr eh;
-  std::memcpy(&eh, f.data(), sizeof eh);
-  const std::size_t new_ph = eh.e_phoff + eh.e_phnum * sizeof(Elf64_Phdr);
-  std::uint64_t first_data = f.size();
-  for (unsigned i = 0; i < eh.e_phnum; ++i) {
-    Elf64_Phdr ph;
-    std::memcpy(&ph, f.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
-    if (ph.p_filesz) first_data = std::min<std::uint64_t>(first_data, ph.p_offset);
-  }
-  EXPECT_LE(new_ph + sizeof(Elf64_Phdr), first_data) << "no room for one more program header";
-  f.resize((f.size() + 4095) & ~std::size_t{4095});
-  Elf64_Phdr ph{};
-  ph.p_type = PT_LOAD;
-  ph.p_flags = PF_R;
-  ph.p_offset = f.size();
-  ph.p_vaddr = kTablesVa;
-  ph.p_paddr = kTablesVa - 0xffffffff80000000ull;
-  ph.p_filesz = ph.p_memsz = extra.size();
-  ph.p_align = 4096;
-  std::memcpy(f.data() + new_ph, &ph, sizeof ph);
-  ++eh.e_phnum;
-  std::memcpy(f.data(), &eh, sizeof eh);
-  f.insert(f.end(), extra.begin(), extra.end());
+  const std::vector<char> f = demo_image_with_segment(hv::sim::default_guest_dir() + "/vmlinux", kTablesVa, extra, PF_R);
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("xp-kallsyms-guest-" + std::to_string(::getpid()))).string();
   std::ofstream(path, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
