@@ -182,6 +182,17 @@ domain_alive() {
   return 0
 }
 
+# xenprobe_attached <json output file> <pid>: waits up to 240 s for xenprobe's attached_probes
+# record; fails (1) when it did not come, or xenprobe ended first.
+xenprobe_attached() {
+  _i=0
+  while [ $_i -lt 480 ] && ! grep -q '"attached_probes"' "$1" && kill -0 "$2" 2>/dev/null; do
+    sleep 0.5
+    _i=$((_i + 1))
+  done
+  grep -q '"attached_probes"' "$1"
+}
+
 xs_wait() { # <path> <seconds>: prints the value once the key exists
   _w=0
   while [ $_w -lt $(($2 * 5)) ]; do

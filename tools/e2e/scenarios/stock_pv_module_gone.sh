@@ -25,12 +25,7 @@ PROG="kprobe:loop:$fn { @[func] = count(); }"
 echo "XPE2E-INFO: xenprobe -d $N -f json --channel guest -e '$PROG'"
 /usr/bin/xenprobe -d $N -f json --channel guest --duration 300 -e "$PROG" >"$OUT" 2>"$ERR" &
 xp=$!
-i=0
-while [ $i -lt 480 ] && ! grep -q '"attached_probes"' "$OUT" && kill -0 $xp 2>/dev/null; do
-  sleep 0.5
-  i=$((i + 1))
-done
-if ! grep -q '"attached_probes"' "$OUT"; then
+if ! xenprobe_attached "$OUT" $xp; then
   kill -KILL $xp 2>/dev/null
   sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
   domu_release "$domid"

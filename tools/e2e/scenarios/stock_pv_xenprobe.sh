@@ -41,12 +41,7 @@ t0=$(cut -d' ' -f1 /proc/uptime)
 # shellcheck disable=SC2086
 /usr/bin/xenprobe -d $N -f json --duration 300 $METHOD -e "$PROG" >"$OUT" 2>"$ERR" &
 xp=$!
-i=0
-while [ $i -lt 480 ] && ! grep -q '"attached_probes"' "$OUT" && kill -0 $xp 2>/dev/null; do
-  sleep 0.5
-  i=$((i + 1))
-done
-if ! grep -q '"attached_probes"' "$OUT"; then
+if ! xenprobe_attached "$OUT" $xp; then
   sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
   domu_release "$domid"
   result FAIL "xenprobe did not attach: $(tail -n 1 "$ERR")"
