@@ -161,23 +161,36 @@ SRC_KEY=$(printf '%s' "$E2E_SRC" | sha256sum | cut -c1-12)
 # libxen-dev 4.20 and Capstone 5: libxenctrl users must be built for the Xen they run on.
 build_payload_libs() {
   e2e_stage "build libxenprobes + tools + xpe2e-probe for $E2E_PLATFORM (CMake, prefix /usr)"
+  # Through ccache when the host has it (tools/build-cache.sh; the Debian 13 build root
+  # installs it and keeps its cache in $E2E_CACHE/ccache/trixie).
+  CCACHE_BASEDIR=$E2E_CACHE/mnt
+  . "$E2E_SRC/tools/build-cache.sh"
   local log=$RUN_DIR/build-$E2E_PLATFORM.log
   [ "$E2E_PLATFORM" = bookworm ] && log=$RUN_DIR/build.log
   if [ "$E2E_PLATFORM" = bookworm ]; then
     BUILD=$E2E_CACHE/build/$SRC_KEY
-    STAGE=$E2E_CACHE/stage/$SRC_KEY
-    mkdir -p "$BUILD"
-    {
-      cmake -S "$E2E_SRC" -B "$BUILD/lib" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    STAGE=$BUILD/stage
+    # Built with the source and build tree bound at fixed paths (in a mount namespace of its
+    # own, as the build root does): ccache's hits need the same paths in every compilation,
+    # and CI's clone is new at every run.
+    local m=$E2E_CACHE/mnt
+    mkdir -p "$BUILD" "$m/src" "$m/build"
+    # A tree configured before these paths (CMake refuses another source directory): anew.
+    if [ -e "$BUILD/lib/CMakeCache.txt" ] &&
+      ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$m/src" "$BUILD/lib/CMakeCache.txt"; then
+      rm -rf "$BUILD/lib" "$BUILD/prog"
+    fi
+    unshare --mount --propagation private sh -c 'mount --bind "$1" "$3/src" && mount -o remount,bind,ro "$3/src" &&
+      mount --bind "$2" "$3/build" && exec env M="$3" L="$4" sh -c "$5"' sh "$E2E_SRC" "$BUILD" "$m" "$XP_CMAKE_LAUNCHER" '
+      cmake -S $M/src -B $M/build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
         -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
-        nice cmake --build "$BUILD/lib" -j2 &&
-        rm -rf "$STAGE" &&
-        DESTDIR=$STAGE cmake --install "$BUILD/lib" --strip &&
-        cmake -S "$E2E_SRC/tests/e2e" -B "$BUILD/prog" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
-          -DCMAKE_PREFIX_PATH="$STAGE/usr" &&
-        nice cmake --build "$BUILD/prog" -j2 &&
-        DESTDIR=$STAGE cmake --install "$BUILD/prog" --strip
-    } >"$log" 2>&1 || {
+        nice cmake --build $M/build/lib -j2 &&
+        rm -rf $M/build/stage &&
+        DESTDIR=$M/build/stage cmake --install $M/build/lib --strip &&
+        cmake -S $M/src/tests/e2e -B $M/build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
+          -DCMAKE_PREFIX_PATH=$M/build/stage/usr &&
+        nice cmake --build $M/build/prog -j2 &&
+        DESTDIR=$M/build/stage cmake --install $M/build/prog --strip' >"$log" 2>&1 || {
       tail -n 30 "$log" >&2
       e2e_die "build failed (log: $log)"
     }
@@ -185,13 +198,14 @@ build_payload_libs() {
     BUILD=$E2E_CACHE/build/$SRC_KEY-$E2E_PLATFORM
     STAGE=$BUILD/stage
     # The same commands inside the build root: the source at /src, this tree at /build.
-    e2e_in_buildroot "$E2E_SRC" "$BUILD" sh -c '
-      cmake -S /src -B /build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    e2e_in_buildroot "$E2E_SRC" "$BUILD" env -u CCACHE_STATSLOG CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=true \
+      CCACHE_MAXSIZE=2G L="$XP_CMAKE_LAUNCHER" sh -c '
+      cmake -S /src -B /build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
         -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
         nice cmake --build /build/lib -j2 &&
         rm -rf /build/stage &&
         DESTDIR=/build/stage cmake --install /build/lib --strip &&
-        cmake -S /src/tests/e2e -B /build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+        cmake -S /src/tests/e2e -B /build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
           -DCMAKE_PREFIX_PATH=/build/stage/usr &&
         nice cmake --build /build/prog -j2 &&
         DESTDIR=/build/stage cmake --install /build/prog --strip' >"$log" 2>&1 || {
