@@ -198,6 +198,16 @@
  * (20 s) and RCU-stall (21 s) reports. A handler still running past the bound is the one case
  * left in which Dom0 writes guest memory for a hit the guest has moved on from.
  *
+ * Waiting budget (guest-module/xp_budget.h). The bounds above hold per hit; hits that follow
+ * one another on a CPU that does not schedule in between (inside one lock-held region, or a
+ * kernel loop with no preemption point) add up. Each CPU sums its waits for Dom0 since its
+ * last context switch; once the sum reaches the budget (module parameter wait_budget_ms,
+ * 5000 by default; 0: none), its hits take the fallback without a mailbox write, as after a
+ * timeout, and count in header.over_budget (not in timeouts: they say nothing about Dom0)
+ * until the CPU switches. So between two context switches a CPU waits at most the budget
+ * plus one hit's bound: 15 s with the defaults, under the watchdogs' 20 s. Dom0 sees no
+ * such hit: its handlers miss them, and it reports the counter.
+ *
  * Peers that predate the claim (the protocol version stayed 1: nothing was released before
  * it). An older module treats CLAIMED as "not answered yet": after timeout_ms its swap from
  * HIT fails, it writes ABANDONED and takes the fallback; Dom0's final swap then fails and the
@@ -429,12 +439,13 @@ struct xenprobes_ctl_header {
 	 */
 	xenprobes_u64 wait_ns;
 	xenprobes_u64 wait_max_ns;
+	xenprobes_u64 over_budget;    /* hits resumed without Dom0: their CPU's waiting budget was spent */
 	/*
 	 * Zero (the module writes them so). A field added later takes the first of them, so the
 	 * header keeps its size and every offset (the static_asserts below): an older module leaves
 	 * it 0, and an older Dom0 does not read it.
 	 */
-	xenprobes_u64 reserved[3];
+	xenprobes_u64 reserved[2];
 };
 
 #define XENPROBES_MBOX_IDLE 0u

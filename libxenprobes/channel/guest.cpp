@@ -427,6 +427,7 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.notify_skipped = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, notify_skipped));
   c.wait_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_ns));
   c.wait_max_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_max_ns));
+  c.over_budget = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, over_budget));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

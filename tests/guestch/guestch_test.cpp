@@ -1143,6 +1143,54 @@ TEST(GuestChannelClock, TheModuleSumsItsWaitsForDom0AndKeepsTheLongest) {
   EXPECT_EQ(c->wait_max_ns, 30'000'000u);
 }
 
+TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItSwitches) {
+  // protocol.h "Waiting budget": the waits of a vCPU's hits since its last context switch add
+  // up; past the budget its hits take the fallback without a mailbox write, counted in
+  // over_budget (not in timeouts), until the vCPU switches.
+  constexpr unsigned kTimeoutMs = 30;
+  auto cfg = guest_config(1, 0, kTimeoutMs);
+  cfg.module_wait_budget_ms = 20;
+  ChannelGuest g(cfg);
+  g.attach();
+  FakeSink sink;
+  const TrapEntry e = g.arm_skip("sys_open");
+  sink.skip(e.addr.value);
+  g.start();
+  auto hit_with_seq = [&](std::uint32_t seq) {
+    return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
+  };
+  for (std::uint32_t seq = 1; seq <= 2; ++seq) {  // 7 + 7 ms: within the budget
+    ASSERT_TRUE(hit_with_seq(seq));
+    g.advance(7ms);
+    EXPECT_EQ(g.pump(sink), 1u);
+  }
+  ASSERT_TRUE(hit_with_seq(3));
+  EXPECT_EQ(g.header().over_budget, 0u);
+  g.advance(6ms);  // 20 ms in all: spent
+  EXPECT_EQ(g.pump(sink), 1u);
+  // The guest runs on through sys_open, each hit resumed by the fallback with no mailbox write.
+  ASSERT_TRUE(eventually([&] { return g.header().over_budget >= 3; }));
+  EXPECT_EQ(g.mailbox(0).seq, 3u) << "no hit went to the mailbox";
+  EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_HIT);
+  EXPECT_EQ(g.header().timeouts, 0u) << "an over-budget hit says nothing about Dom0";
+  EXPECT_EQ(g.header().dom0_gone, 0u);
+  EXPECT_EQ(g.header().hits, 3u);
+  auto c = g.ch->module_counters(g.dom);
+  ASSERT_TRUE(c) << c.error().what;
+  EXPECT_GE(c->over_budget, 3u);
+  // The guest kernel switches tasks on the vCPU: its hits go to Dom0 again.
+  ASSERT_TRUE(g.host->vcpu_switched(g.dom, VcpuId{0}));
+  ASSERT_TRUE(hit_with_seq(4));
+  const std::uint64_t over = g.header().over_budget;
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(g.header().over_budget, over) << "the vCPU waits in its mailbox, over budget no more";
+  auto n = g.host->module_over_budget(g.dom);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, over);
+  EXPECT_EQ(g.header().wait_ns, 20'000'000u);
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+}
+
 // ---- quiescence --------------------------------------------------------------------------
 
 TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {

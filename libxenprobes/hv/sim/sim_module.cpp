@@ -140,6 +140,7 @@ void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, over_budget)), d.module.over_budget);
 }
 
 // A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
@@ -147,6 +148,7 @@ static void end_wait(Domain& d, Vcpu& v, ModuleClock::time_point now) {
   const auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
       now - (v.module_deadline - std::chrono::milliseconds(d.module.timeout_ms))).count());
   d.module.wait_ns += ns, d.module.wait_max_ns = std::max(d.module.wait_max_ns, ns);
+  xp_budget_charge(&v.module_budget, ns);
   v.module_wait = false;
   --d.module.waiters;
   publish_counters(d);
@@ -193,7 +195,7 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
   m.trap_capacity = c.module_trap_capacity;
   m.ret_offset = static_cast<std::uint32_t>(rets);
   m.ret_capacity = c.module_ret_capacity;
-  m.timeout_ms = c.module_timeout_ms;
+  m.timeout_ms = c.module_timeout_ms, m.budget_ns = std::uint64_t{c.module_wait_budget_ms} * 1000000;
   xenprobes_ctl_header h{};
   h.magic = XENPROBES_CTL_MAGIC;
   h.version = XENPROBES_PROTOCOL_VERSION;
@@ -289,7 +291,7 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   }
   VcpuRegs r = read_regs(d, v);
   r.rip = addr;
-  if (m.dom0_gone) {  // nobody to ask any more
+  if (m.dom0_gone || module_over_budget_locked(d, v)) {  // nobody to ask, or v's budget spent
     module_fallback_locked(d, v, e, r);
     return true;
   }
@@ -376,7 +378,7 @@ void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
     r.rsp = hit_rsp;
     return write_regs(v, r, false);
   }
-  if (m.dom0_gone) return resume();
+  if (m.dom0_gone || module_over_budget_locked(d, v)) return resume();
   r.rip = e.fallback;  // the probed address
   module_publish_hit_locked(d, v, e, r, ret);
 }
