@@ -230,6 +230,13 @@ static void xp_disarm_all(void)
 {
 	unsigned int restored, repaired;
 
+	/*
+	 * protocol.h "Detaching": closing first, then a full barrier, so that Dom0, which reads it
+	 * with the domain paused before it adds a trap, either added it before this store (the
+	 * restore pass below sees the entry) or sees the store and adds nothing.
+	 */
+	WRITE_ONCE(xp.hdr->closing, 1);
+	smp_mb();
 	WRITE_ONCE(xp.detaching, true);		/* hits stop going to Dom0; waiters give up */
 	xenbus_rm(XBT_NIL, XENPROBES_XS_DIR, XENPROBES_XS_STATE);
 	xp_watches_unregister();

@@ -59,6 +59,16 @@
  * module detaches or unloads: from then on Dom0 must not write the control area or the OEA
  * (the module writes the trap bytes back itself and then frees both).
  *
+ * Detaching. Dom0 learns of the removal through its xenstore watch, some time later; a
+ * registration under way meanwhile could add a trap the module's restore pass never sees, an
+ * int3 left in the guest after the module (and its die notifier) is gone. So the module's
+ * first step, before it removes `state`, is header.closing = 1 and a full barrier, and its
+ * restore pass reads the trap table only after that. Dom0, with the domain paused, reads
+ * `closing` before it adds or changes a trap-table entry and refuses the trap when it is
+ * set; the trap byte (or jump) is written in the same pause. Either Dom0's pause came first,
+ * and the restore pass sees the entry and restores the byte, or the module's store did (a
+ * paused vCPU's stores are visible to Dom0), and Dom0 refuses. `closing` is never cleared.
+ *
  * What Dom0 checks (libxenprobes/probe/module_info.hpp): numbers are strict (decimal without
  * sign, blanks or leading zeros; hex with a 0x prefix; no trailing junk, no overflow); at
  * least one and at most XENPROBES_OEA_MAX_AREAS areas; each area page aligned, size a nonzero
@@ -440,12 +450,13 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 wait_ns;
 	xenprobes_u64 wait_max_ns;
 	xenprobes_u64 over_budget;    /* hits resumed without Dom0: their CPU's waiting budget was spent */
+	xenprobes_u64 closing;        /* module writes 1 when it begins detaching (see "Detaching") */
 	/*
 	 * Zero (the module writes them so). A field added later takes the first of them, so the
 	 * header keeps its size and every offset (the static_asserts below): an older module leaves
 	 * it 0, and an older Dom0 does not read it.
 	 */
-	xenprobes_u64 reserved[2];
+	xenprobes_u64 reserved[1];
 };
 
 #define XENPROBES_MBOX_IDLE 0u

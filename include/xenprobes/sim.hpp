@@ -221,6 +221,12 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   [[nodiscard]] virtual Result<void> vcpu_switched(DomId, VcpuId) = 0;
   // Hits the guest module resumed without Dom0 because their vCPU's budget was spent.
   [[nodiscard]] virtual Result<std::uint64_t> module_over_budget(DomId) = 0;
+  // The guest module detaches (its `detach` parameter written in the guest), as far as Dom0
+  // can see it: header.closing = 1 first (protocol.h "Detaching"), hits stop going to Dom0
+  // (waiting vCPUs give up, a claimed one at its claim bound), `state` removed, then its
+  // restore pass. Returns how many trap bytes and jump regions that pass restored. The
+  // simulated module then stays detached: it never publishes again.
+  [[nodiscard]] virtual Result<unsigned> module_detach(DomId) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

@@ -1191,6 +1191,43 @@ TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItS
   EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
 }
 
+// ---- detaching --------------------------------------------------------------------------
+
+TEST(GuestChannelDetach, ATrapAddedOnceTheModuleBeganDetachingIsRefusedWithNothingWritten) {
+  // protocol.h "Detaching": the module sets closing before its restore pass reads the trap
+  // table; Dom0 learns of the detach from its xenstore watch only later, so a trap added in
+  // between would outlive the module. Dom0 reads closing with the domain paused and refuses.
+  ChannelGuest g(guest_config(1, 0));
+  g.attach();
+  const TrapEntry armed = g.arm_skip("sys_open");  // before: the restore pass takes it out
+  const std::uint64_t other = g.sym("sys_read");
+  const auto original = g.peek(other, 16);
+  auto restored = g.host->module_detach(g.dom);
+  ASSERT_TRUE(restored) << restored.error().what;
+  EXPECT_EQ(*restored, 1u);
+  EXPECT_EQ(g.header().closing, 1u);
+  EXPECT_EQ(g.peek(armed.addr.value, 5), (std::vector<std::uint8_t>{0x0f, 0x1f, 0x44, 0x00, 0x00}));
+  const auto nr = g.header().nr_traps;
+  // The watch on `state` has fired, but Dom0 has not read it (no loop ran): a registration
+  // under way meanwhile reaches the channel, which must refuse the entry.
+  try {
+    g.arm(other, TrapEntry::Fallback::Emulate);
+    ADD_FAILURE() << "a trap was added to the table of a module that is detaching";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("detaching"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.header().nr_traps, nr) << "the table is unchanged";
+  EXPECT_EQ(g.peek(other, 16), original) << "nothing was written";
+  // A trap already in the table is not changed either (re-armed in place).
+  TrapEntry again = armed;
+  again.resume_at = Gva{armed.resume_at.value + 1};
+  ASSERT_TRUE(g.hv->pause(g.dom));
+  auto r = g.ch->trap_added(g.dom, again);
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::Busy);
+}
+
 // ---- quiescence --------------------------------------------------------------------------
 
 TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {

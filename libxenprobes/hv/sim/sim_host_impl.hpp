@@ -45,6 +45,9 @@ class SimHostImpl final : public SimHost {
   Result<void> hold_module_hits(DomId, VcpuId, bool hold) override;
   Result<void> vcpu_switched(DomId, VcpuId) override;
   Result<std::uint64_t> module_over_budget(DomId) override;
+  Result<unsigned> module_detach(DomId) override;
+  // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
+  unsigned module_restore_locked(Domain&);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;
   Result<bool> module_hit_held(DomId, VcpuId) override;
 

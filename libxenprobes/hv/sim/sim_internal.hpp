@@ -179,6 +179,7 @@ struct ModuleState {
   std::uint64_t notified = 0, unnotified = 0;
   std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
   std::uint64_t budget_ns = 0, over_budget = 0;  // DomainConfig::module_wait_budget_ms; header.over_budget
+  bool detaching = false;  // SimHost::module_detach: hits no longer go to Dom0
   // Modules that went while a trap entry named them (SimHost::module_state, the module
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
   xp_gone gone{};
@@ -260,6 +261,11 @@ inline constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's res
 std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len);
 // The module's counters into its control area's header.
 void publish_counters(Domain& d);
+// Its control area in guest RAM, and a field of its header there.
+std::uint8_t* area(Domain& d);
+std::uint8_t* header_at(Domain& d, std::size_t field);
+// Whether va lies in an area it published (oea/0, then reserve areas in order).
+bool in_oea(const Domain& d, std::uint64_t va);
 // What the module's own code (xp_logic.c) is told about the guest.
 xp_bounds module_bounds(Domain& d);
 xenprobes_regs to_protocol(const VcpuRegs& r);
