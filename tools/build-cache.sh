@@ -14,7 +14,8 @@
 #                    so two checkouts in different directories share their objects;
 #   CCACHE_NOHASHDIR the build directory is not part of the hash (it only names the
 #                    compilation directory in the debug information);
-#   CCACHE_MAXSIZE   the five builds above take ~2 GB compressed.
+#   CCACHE_MAXSIZE   room for the five builds above of a few trees at once (ccache evicts the
+#                    least recently used objects past it).
 if [ "${XENPROBES_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null 2>&1; then
   if [ -z "${CCACHE_DIR:-}" ] && [ "$(id -u)" = 0 ]; then
     export CCACHE_DIR=/var/cache/xenprobes-ccache
