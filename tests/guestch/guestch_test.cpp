@@ -1148,9 +1148,8 @@ TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItS
   // up; past the budget its hits take the fallback without a mailbox write, counted in
   // over_budget (not in timeouts), until the vCPU switches.
   constexpr unsigned kTimeoutMs = 30;
-  auto cfg = guest_config(1, 0, kTimeoutMs);
-  cfg.module_wait_budget_ms = 20;
-  ChannelGuest g(cfg);
+  ChannelGuest g(guest_config(1, 0, kTimeoutMs));
+  ASSERT_TRUE(g.host->set_module_wait_budget(g.dom, 20ms));
   g.attach();
   FakeSink sink;
   const TrapEntry e = g.arm_skip("sys_open");

@@ -423,7 +423,11 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(offsetof(xenprobes_ctl_header, notify_skipped), offsetof(xenprobes_ctl_header, async_bad) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, wait_ns), offsetof(xenprobes_ctl_header, notify_skipped) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, wait_max_ns), offsetof(xenprobes_ctl_header, wait_ns) + 8);
-  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, wait_max_ns) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, over_budget), offsetof(xenprobes_ctl_header, wait_max_ns) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, closing), offsetof(xenprobes_ctl_header, over_budget) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, closing) + 8);
+  EXPECT_EQ(h.over_budget, 0u);
+  EXPECT_EQ(h.closing, 0u);
 }
 
 }  // namespace

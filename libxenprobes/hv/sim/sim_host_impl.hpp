@@ -43,6 +43,7 @@ class SimHostImpl final : public SimHost {
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
   Result<ModuleNotifications> module_notifications(DomId) override;
   Result<void> hold_module_hits(DomId, VcpuId, bool hold) override;
+  Result<void> set_module_wait_budget(DomId, std::chrono::milliseconds) override;
   Result<void> vcpu_switched(DomId, VcpuId) override;
   Result<std::uint64_t> module_over_budget(DomId) override;
   Result<unsigned> module_detach(DomId) override;

@@ -411,6 +411,14 @@ bool SimHostImpl::module_over_budget_locked(Domain& d, Vcpu& v) {
   return true;
 }
 
+Result<void> SimHostImpl::set_module_wait_budget(DomId id, std::chrono::milliseconds budget) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  if (budget.count() < 0) return fail(Errc::InvalidArgument, "sim: a waiting budget cannot be negative");
+  d->module.budget_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count());
+  return {};
+}
+
 Result<void> SimHostImpl::vcpu_switched(DomId id, VcpuId vid) {
   std::lock_guard lk(mu_);
   Domain* d = XP_TRY(dom(id));

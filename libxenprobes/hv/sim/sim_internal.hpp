@@ -178,7 +178,7 @@ struct ModuleState {
   // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
   std::uint64_t notified = 0, unnotified = 0;
   std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
-  std::uint64_t budget_ns = 0, over_budget = 0;  // DomainConfig::module_wait_budget_ms; header.over_budget
+  std::uint64_t budget_ns = 0, over_budget = 0;  // SimHost::set_module_wait_budget; header.over_budget
   bool detaching = false;  // SimHost::module_detach: hits no longer go to Dom0
   // Modules that went while a trap entry named them (SimHost::module_state, the module
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").

@@ -196,7 +196,7 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
   m.trap_capacity = c.module_trap_capacity;
   m.ret_offset = static_cast<std::uint32_t>(rets);
   m.ret_capacity = c.module_ret_capacity;
-  m.timeout_ms = c.module_timeout_ms, m.budget_ns = std::uint64_t{c.module_wait_budget_ms} * 1000000;
+  m.timeout_ms = c.module_timeout_ms;
   xenprobes_ctl_header h{};
   h.magic = XENPROBES_CTL_MAGIC;
   h.version = XENPROBES_PROTOCOL_VERSION;
