@@ -9,6 +9,7 @@
 #   check-sim-library.sh mismatch  <xp-sim-open> <module>      another build's library: refused
 #   check-sim-library.sh named     <xp-sim-open>               XENPROBES_SIM_LIBRARY names no file
 #   check-sim-library.sh xenprobe  <xenprobe>                  `xenprobe --sim` says why it cannot
+#   check-sim-library.sh xenprobesd <xenprobesd>               `xenprobesd --sim` too
 #   check-sim-library.sh installed <xp-sim-open> <cmake> <build dir>
 #                                  cmake --install into a scratch DESTDIR: the installed pair
 set -u
@@ -78,6 +79,16 @@ case $case_ in
     echo "-- exit $rc; stderr:"; cat "$tmp/err"
     [ "$rc" != 0 ] || bad "xenprobe --sim ran without its simulation"
     has "$tmp/err" "--sim: XENPROBES_SIM_LIBRARY=$tmp/nowhere.so: no such file"
+    ;;
+  xenprobesd)
+    printf '[daemon]\nevent_log = "-"\nmetrics_listen = "127.0.0.1:0"\n\n[[program]]\nname = "n"\n%s\n%s\n' \
+      "source = 'kprobe:sys_getppid { @n = count(); }'" 'domains = [{ glob = "sim-*" }]' >"$tmp/c.toml"
+    env XENPROBES_SIM_LIBRARY="$tmp/nowhere.so" "$prog" --config "$tmp/c.toml" --sim --sim-guests 1 \
+      >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    echo "-- exit $rc; stderr:"; cat "$tmp/err"
+    [ "$rc" != 0 ] || bad "xenprobesd --sim ran without its simulation"
+    has "$tmp/err" "xenprobesd: XENPROBES_SIM_LIBRARY=$tmp/nowhere.so: no such file"
     ;;
   installed)
     cmake=$3
