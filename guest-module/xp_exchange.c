@@ -9,15 +9,18 @@
 #include <linux/kernel.h>
 #include <linux/ktime.h>
 #include <linux/percpu.h>
+#include <linux/sched.h>
 #include <linux/timekeeping.h>
 #include <xen/events.h>
 
+#include "xp_budget.h"
 #include "xp_internal.h"
 
 /* A poll slice: how late a lost wakeup (shared port, see xp_wait) can make an answer. */
 #define XP_POLL_SLICE_NS (1000ull * 1000ull)
 
 static DEFINE_PER_CPU(u32, xp_seq);	/* the module's own copy of mailbox.seq */
+static DEFINE_PER_CPU(struct xp_budget, xp_budget);	/* xp_budget.h */
 
 static void xp_mbox_store_regs(struct xenprobes_mailbox *mb, const struct xenprobes_regs *x)
 {
@@ -114,11 +117,29 @@ static enum xp_wait xp_wait(struct xenprobes_mailbox *mb, u32 seq, u64 deadline,
 	}
 }
 
-/* One hit's wait for Dom0, from its mailbox write: into the sum and the maximum. */
+/*
+ * Before a hit is handed to Dom0 (interrupts off, so the CPU cannot change under us): has
+ * this CPU spent its waiting budget since it last switched (xp_budget.h)? Then the caller
+ * resumes without Dom0, counted in over_budget.
+ */
+bool xp_over_budget(void)
+{
+	struct xp_budget *b = this_cpu_ptr(&xp_budget);
+
+	xp_budget_look(b, (u64)(unsigned long)current, current->nvcsw + current->nivcsw);
+	if (xp_budget_allows(b, xp.budget_ns))
+		return false;
+	xp_count(&xp.over_budget, &xp.hdr->over_budget);
+	return true;
+}
+
+/* One hit's wait for Dom0, from its mailbox write: into the sum, the maximum and the budget. */
 static void xp_account_wait(u64 start)
 {
 	u64 d = ktime_get_mono_fast_ns() - start;
 	s64 old = atomic64_read(&xp.wait_max_ns);
+
+	xp_budget_charge(this_cpu_ptr(&xp_budget), d);
 
 	WRITE_ONCE(xp.hdr->wait_ns, (xenprobes_u64)atomic64_add_return((s64)d, &xp.wait_ns));
 	while ((u64)old < d) {

@@ -183,13 +183,17 @@ static __always_inline int xp_rewind_or_die(struct pt_regs *regs, u64 addr)
 	return NOTIFY_DONE;	/* die("int3"): nothing correct is left to do */
 }
 
-/* Resumes without Dom0 as the entry says (b: which addresses count as executable). */
+/*
+ * Resumes without Dom0 as the entry says (b: which addresses count as executable), counted in
+ * timeouts unless the hit was already counted over budget.
+ */
 static int xp_fallback(struct pt_regs *regs, const struct xenprobes_trap *e,
-		       const struct xp_bounds *b)
+		       const struct xp_bounds *b, bool over_budget)
 {
 	struct xenprobes_regs r;
 
-	xp_count(&xp.timeouts, &xp.hdr->timeouts);
+	if (!over_budget)
+		xp_count(&xp.timeouts, &xp.hdr->timeouts);
 	xp_regs_from_pt(&r, regs, e->addr);
 	if (xp_take_fallback(e, &r, xp.rets, xp.ret_cap, b, &xp_mem) != XP_FB_OK)
 		return xp_rewind_or_die(regs, e->addr);
@@ -220,17 +224,19 @@ static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
 {
 	struct xenprobes_regs hit, answer, out;
 	u32 mbox = xen_vcpu_nr(smp_processor_id());
+	bool over = false;
 
 	xp_regs_from_pt(&hit, regs, e->addr);
 	/* Not nested: nested hits never get here (xp_die_notify). */
 	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
 			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
+	    !(over = xp_over_budget()) &&
 	    xp_exchange(&xp.mbox[mbox], e->addr, &hit, &answer) &&
 	    xp_answer_taken(xp_answer_apply(&xp.bounds, &hit, &answer, &out))) {
 		xp_regs_to_pt(regs, &out);
 		return NOTIFY_STOP;
 	}
-	return xp_fallback(regs, e, &xp.bounds);
+	return xp_fallback(regs, e, &xp.bounds, over);
 }
 
 /* Depth 1 and 2: find the entry of the int3 at regs->ip - 1, then handle it. */
@@ -278,7 +284,7 @@ static int xp_int3(struct pt_regs *regs, bool nested)
 		atomic64_inc(xp_in_range(&xp.bounds.oea, addr) ? &xp.late_oea : &xp.late_text);
 	}
 	if (nested)
-		return xp_fallback(regs, &e, &xp.nested_bounds);
+		return xp_fallback(regs, &e, &xp.nested_bounds, false);
 	return xp_handle_hit(regs, &e);
 }
 
@@ -400,10 +406,13 @@ static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes
 	/* rip = the probed address, rsp = the hit's (the frame says so), rflags = pushed. */
 	xp_regs_from_pt(&hit, regs, e.fallback);
 	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
-			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
-	    xp_exchange(&xp.mbox[mbox], e.addr, &hit, &answer) &&
-	    xp_answer_taken(xp_jump_answer_apply(&xp.bounds, &hit, &answer, ret, out)))
-		return true;
+			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH) {
+		if (xp_over_budget())
+			return false;
+		if (xp_exchange(&xp.mbox[mbox], e.addr, &hit, &answer) &&
+		    xp_answer_taken(xp_jump_answer_apply(&xp.bounds, &hit, &answer, ret, out)))
+			return true;
+	}
 	xp_count(&xp.timeouts, &xp.hdr->timeouts);
 	return false;
 }

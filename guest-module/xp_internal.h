@@ -67,6 +67,7 @@ struct xp_state {
 	u32 timeout_ms;
 	u64 claim_bound_ms;	/* xp_claim_bound_ms(timeout_ms) */
 	u32 spin_us;		/* step 2's spin bound (0: never spin; xp_spin_us_ok()) */
+	u64 budget_ns;		/* each CPU's waiting budget (xp_budget.h; 0: none) */
 
 	/*
 	 * The async rings (protocol.h, "Async jump probes"): one vzalloc'd, page-aligned block of
@@ -119,6 +120,8 @@ struct xp_state {
 	/* Waits for Dom0 in the hook (protocol.h, header.wait_ns and wait_max_ns), in ns. */
 	atomic64_t wait_ns;
 	atomic64_t wait_max_ns;
+	/* Hits resumed without Dom0 for their CPU's spent budget (header.over_budget). */
+	atomic64_t over_budget;
 	atomic64_t spin_answered;
 	atomic64_t spin_blocked;
 	/*
@@ -170,6 +173,7 @@ asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret);	/* called by xp_jump
 bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
 		 struct xenprobes_regs *answer);
 bool xp_answer_taken(enum xp_answer a);
+bool xp_over_budget(void);
 
 /* xp_xenstore.c */
 int xp_publish(void);

@@ -78,6 +78,8 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->notify_skipped = 0;
 	h->wait_ns = 0;
 	h->wait_max_ns = 0;
+	h->over_budget = 0;
+	h->closing = 0;
 	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
 		h->reserved[i] = 0;
 }

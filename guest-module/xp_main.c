@@ -54,6 +54,18 @@ MODULE_PARM_DESC(timeout_ms, "How long a hit waits for Dom0 to claim it (1.." __
 		 "min(20 x timeout_ms, 10000 ms) in all");
 
 /*
+ * Each CPU's waiting budget (protocol.h, "Waiting budget"; xp_budget.h): what its hits may
+ * wait for Dom0 in all between two of its context switches. With the claim bound on top it
+ * keeps a CPU that cannot schedule under the kernel's soft-lockup and RCU-stall reports.
+ */
+#define XP_WAIT_BUDGET_MAX_MS 10000
+static unsigned int wait_budget_ms = 5000;
+module_param(wait_budget_ms, uint, 0444);
+MODULE_PARM_DESC(wait_budget_ms, "How long one CPU's hits may wait for Dom0 in all between two of its "
+		 "context switches (0 = no bound .. " __stringify(XP_WAIT_BUDGET_MAX_MS) " ms); past it, "
+		 "its hits resume without Dom0 until it switches");
+
+/*
  * Step 2's spin (protocol.h, "Spinning instead of notifying"). Off by default: the vCPU spins
  * with interrupts off, burning its time slice, and it pays only against a Dom0 that answers
  * within the spin (see README.md).
@@ -113,6 +125,7 @@ static int xp_ctl_alloc(void)
 	xp.timeout_ms = timeout_ms;
 	xp.claim_bound_ms = xp_claim_bound_ms(timeout_ms);
 	xp.spin_us = spin_us;
+	xp.budget_ns = (u64)wait_budget_ms * NSEC_PER_MSEC;
 	err = xp_layout_compute(xp.nr_mailboxes, xp.trap_cap, xp.ret_cap, &xp.layout);
 	if (err) {
 		pr_err(XP_NAME ": %u mailboxes, %u traps and %u returns do not fit in %u pages\n",
@@ -217,6 +230,13 @@ static void xp_disarm_all(void)
 {
 	unsigned int restored, repaired;
 
+	/*
+	 * protocol.h "Detaching": closing first, then a full barrier, so that Dom0, which reads it
+	 * with the domain paused before it adds a trap, either added it before this store (the
+	 * restore pass below sees the entry) or sees the store and adds nothing.
+	 */
+	WRITE_ONCE(xp.hdr->closing, 1);
+	smp_mb();
 	WRITE_ONCE(xp.detaching, true);		/* hits stop going to Dom0; waiters give up */
 	xenbus_rm(XBT_NIL, XENPROBES_XS_DIR, XENPROBES_XS_STATE);
 	xp_watches_unregister();
@@ -266,6 +286,10 @@ static int __init xenprobes_init(void)
 		pr_err(XP_NAME ": timeout_ms must be 1..%u\n", XP_TIMEOUT_MAX_MS);
 		return -EINVAL;
 	}
+	if (wait_budget_ms > XP_WAIT_BUDGET_MAX_MS) {
+		pr_err(XP_NAME ": wait_budget_ms must be 0 (no bound) .. %u\n", XP_WAIT_BUDGET_MAX_MS);
+		return -EINVAL;
+	}
 	if (!xp_spin_us_ok(spin_us)) {
 		pr_err(XP_NAME ": spin_us must be 0 (never spin) .. %u microseconds (the vCPU spins with interrupts off)\n",
 		       (unsigned int)XP_SPIN_MAX_US);
@@ -313,11 +337,11 @@ static int __init xenprobes_init(void)
 	/* Refuse rmmod until detached (see the unload policy above). */
 	__module_get(THIS_MODULE);
 	WRITE_ONCE(xp_loaded, true);
-	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), spin %u us, clock: %s, %u async rings of 2^%u bytes at 0x%lx\n",
+	pr_info(XP_NAME ": protocol %u: _text 0x%lx, text end 0x%llx, OEA pool %u bytes at 0x%lx, control 0x%lx (%u pages), evtchn %u, %u mailboxes, timeout %u ms (claimed: %llu ms), budget %u ms, spin %u us, clock: %s, %u async rings of 2^%u bytes at 0x%lx\n",
 		XENPROBES_PROTOCOL_VERSION, xp.ktext, xp.bounds.ktext.end,
 		(unsigned int)XP_OEA_POOL_SIZE,
 		(unsigned long)xp_oea_pool, (unsigned long)xp.ctl, xp.layout.pages, xp.port,
-		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, xp.spin_us, xp_clock_name(),
+		xp.nr_mailboxes, xp.timeout_ms, xp.claim_bound_ms, wait_budget_ms, xp.spin_us, xp_clock_name(),
 		xp.ring_count, xp.ring_order, (unsigned long)xp.ring_mem);
 	return 0;
 
@@ -340,7 +364,7 @@ static void __exit xenprobes_exit(void)
 	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
 	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
@@ -351,7 +375,8 @@ static void __exit xenprobes_exit(void)
 		drops, nested, notifies, (long long)atomic64_read(&xp.notify_skipped),
 		(long long)atomic64_read(&xp.spin_answered),
 		(long long)atomic64_read(&xp.spin_blocked),
-		(long long)atomic64_read(&xp.wait_ns) / 1000, (long long)atomic64_read(&xp.wait_max_ns) / 1000);
+		(long long)atomic64_read(&xp.wait_ns) / 1000, (long long)atomic64_read(&xp.wait_max_ns) / 1000,
+		(long long)atomic64_read(&xp.over_budget));
 }
 
 module_init(xenprobes_init);

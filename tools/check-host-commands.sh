@@ -73,6 +73,7 @@ basename coreutils
 bash bash
 busybox busybox-static
 cat coreutils
+ccache ccache
 chmod coreutils
 chroot coreutils
 clang-14 clang-14

@@ -47,9 +47,11 @@ fi
 
 dir=build-fuzz
 jobs="${XENPROBES_FUZZ_JOBS:-$(nproc)}"
+. tools/build-cache.sh
 echo "== fuzz: configuring $dir (clang-14, -fsanitize=fuzzer,address,undefined)"
 mkdir -p "$dir"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+# shellcheck disable=SC2086
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo $XP_CMAKE_LAUNCHER -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DXENPROBES_FUZZ=ON -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_EXAMPLES=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF \
   >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log" >&2; exit 1; }
 echo "== fuzz: building"

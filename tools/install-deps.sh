@@ -2,7 +2,7 @@
 # Installs what libxenprobes needs to build and test on Debian 12 (run as root).
 set -eu
 export DEBIAN_FRONTEND=noninteractive
-pkgs="build-essential cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
+pkgs="build-essential ccache cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64
       clang-14 libclang-rt-14-dev
       libbpf-dev libcli11-dev nlohmann-json3-dev

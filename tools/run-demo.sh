@@ -6,7 +6,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+. tools/build-cache.sh
+# shellcheck disable=SC2086
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo $XP_CMAKE_LAUNCHER >/dev/null
 cmake --build build -j"$(nproc)" --target xenprobes-doctor xenprobes-demo xenprobes-fig2 xenprobes-fig3 xenprobes-trace
 echo "== xenprobes-doctor"
 build/bin/xenprobes-doctor

@@ -59,6 +59,16 @@
  * module detaches or unloads: from then on Dom0 must not write the control area or the OEA
  * (the module writes the trap bytes back itself and then frees both).
  *
+ * Detaching. Dom0 learns of the removal through its xenstore watch, some time later; a
+ * registration under way meanwhile could add a trap the module's restore pass never sees, an
+ * int3 left in the guest after the module (and its die notifier) is gone. So the module's
+ * first step, before it removes `state`, is header.closing = 1 and a full barrier, and its
+ * restore pass reads the trap table only after that. Dom0, with the domain paused, reads
+ * `closing` before it adds or changes a trap-table entry and refuses the trap when it is
+ * set; the trap byte (or jump) is written in the same pause. Either Dom0's pause came first,
+ * and the restore pass sees the entry and restores the byte, or the module's store did (a
+ * paused vCPU's stores are visible to Dom0), and Dom0 refuses. `closing` is never cleared.
+ *
  * What Dom0 checks (libxenprobes/probe/module_info.hpp): numbers are strict (decimal without
  * sign, blanks or leading zeros; hex with a 0x prefix; no trailing junk, no overflow); at
  * least one and at most XENPROBES_OEA_MAX_AREAS areas; each area page aligned, size a nonzero
@@ -197,6 +207,16 @@
  * vCPU's wait, which runs with interrupts off, well under the guest kernel's soft-lockup
  * (20 s) and RCU-stall (21 s) reports. A handler still running past the bound is the one case
  * left in which Dom0 writes guest memory for a hit the guest has moved on from.
+ *
+ * Waiting budget (guest-module/xp_budget.h). The bounds above hold per hit; hits that follow
+ * one another on a CPU that does not schedule in between (inside one lock-held region, or a
+ * kernel loop with no preemption point) add up. Each CPU sums its waits for Dom0 since its
+ * last context switch; once the sum reaches the budget (module parameter wait_budget_ms,
+ * 5000 by default; 0: none), its hits take the fallback without a mailbox write, as after a
+ * timeout, and count in header.over_budget (not in timeouts: they say nothing about Dom0)
+ * until the CPU switches. So between two context switches a CPU waits at most the budget
+ * plus one hit's bound: 15 s with the defaults, under the watchdogs' 20 s. Dom0 sees no
+ * such hit: its handlers miss them, and it reports the counter.
  *
  * Peers that predate the claim (the protocol version stayed 1: nothing was released before
  * it). An older module treats CLAIMED as "not answered yet": after timeout_ms its swap from
@@ -429,12 +449,14 @@ struct xenprobes_ctl_header {
 	 */
 	xenprobes_u64 wait_ns;
 	xenprobes_u64 wait_max_ns;
+	xenprobes_u64 over_budget;    /* hits resumed without Dom0: their CPU's waiting budget was spent */
+	xenprobes_u64 closing;        /* module writes 1 when it begins detaching (see "Detaching") */
 	/*
 	 * Zero (the module writes them so). A field added later takes the first of them, so the
 	 * header keeps its size and every offset (the static_asserts below): an older module leaves
 	 * it 0, and an older Dom0 does not read it.
 	 */
-	xenprobes_u64 reserved[3];
+	xenprobes_u64 reserved[1];
 };
 
 #define XENPROBES_MBOX_IDLE 0u

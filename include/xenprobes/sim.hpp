@@ -100,6 +100,11 @@ struct DomainConfig {
   // int3 hook waits for Dom0's answer before it resumes the vCPU on its own (the fallback in
   // the trap entry), and the sizes of the tables in its control area.
   unsigned module_timeout_ms = 1000;
+  // Each vCPU's waiting budget (protocol.h "Waiting budget"; the module's wait_budget_ms): how
+  // long its hits may wait for Dom0 in all between two context switches, which a test makes
+  // with SimHost::vcpu_switched(). 0 (here the default, unlike the module's 5000: the tests'
+  // manual clocks would spend it): no bound.
+  unsigned module_wait_budget_ms = 0;
   unsigned module_trap_capacity = 512;
   unsigned module_ret_capacity = 256;
   // The guest image mapped a second time as user memory (read-only, not executable) at this
@@ -211,6 +216,17 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // Returns how many modules the guest module's set of modules that went holds now.
   [[nodiscard]] virtual Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base,
                                                   bool going) = 0;
+  // The guest kernel switched tasks on vCPU `v` (what its __schedule() does): the guest
+  // module's waiting budget for that vCPU starts again (DomainConfig::module_wait_budget_ms).
+  [[nodiscard]] virtual Result<void> vcpu_switched(DomId, VcpuId) = 0;
+  // Hits the guest module resumed without Dom0 because their vCPU's budget was spent.
+  [[nodiscard]] virtual Result<std::uint64_t> module_over_budget(DomId) = 0;
+  // The guest module detaches (its `detach` parameter written in the guest), as far as Dom0
+  // can see it: header.closing = 1 first (protocol.h "Detaching"), hits stop going to Dom0
+  // (waiting vCPUs give up, a claimed one at its claim bound), `state` removed, then its
+  // restore pass. Returns how many trap bytes and jump regions that pass restored. The
+  // simulated module then stays detached: it never publishes again.
+  [[nodiscard]] virtual Result<unsigned> module_detach(DomId) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

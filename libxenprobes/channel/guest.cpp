@@ -271,6 +271,13 @@ bool GuestChannel::in_oea(DomId dom, Attached& a, Gva addr) {
 Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
   Attached* a = find(dom);
   if (!a) return fail(Errc::InvalidArgument, dom_str(dom) + " is not attached to the guest channel");
+  // protocol.h "Detaching": the module's restore pass may have read the table already, so a
+  // trap added now would outlive the module. The domain is paused (Patcher): this look and
+  // the writes that follow are one step for the guest.
+  if (load<std::uint64_t>(a->map.data() + offsetof(xenprobes_ctl_header, closing)) != 0)
+    return fail(Errc::Busy, dom_str(dom) + ": the guest module is detaching (its control area says closing): no "
+                                           "trap is added, nothing was written; register again once it is loaded "
+                                           "and published anew");
   if (t.len > sizeof t.insn)
     return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": " + std::to_string(t.len) +
                                            " original bytes (at most 15)");
@@ -427,6 +434,7 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.notify_skipped = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, notify_skipped));
   c.wait_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_ns));
   c.wait_max_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_max_ns));
+  c.over_budget = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, over_budget));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

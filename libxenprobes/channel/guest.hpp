@@ -92,6 +92,9 @@ class GuestChannel final : public Channel, public TrapTable {
     // How long its vCPUs waited for Dom0's answers with interrupts off (protocol.h,
     // header.wait_ns): in all and the longest, in nanoseconds. 0 from a module before them.
     std::uint64_t wait_ns = 0, wait_max_ns = 0;
+    // Hits it resumed without Dom0 because their CPU's waiting budget was spent (protocol.h
+    // "Waiting budget"): no handler ran for them. 0 from a module before the budget.
+    std::uint64_t over_budget = 0;
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;

@@ -201,6 +201,18 @@ std::optional<Refusal> check_in_function(const RuleContext& c, std::span<const I
                 "");
 }
 
+std::optional<Refusal> check_foreign_jump(const RuleContext& c, const Insn& i, const std::string& function) {
+  const KernelTables* t = c.tables;
+  if (i.branch != x86::BranchKind::Jmp || i.length != 5 || i.bytes[0] != 0xe9 || !t) return std::nullopt;
+  const std::uint64_t to = i.branch_target.value;
+  if (t->core_text().contains(to) || t->live_module_at(to)) return std::nullopt;
+  return refuse("foreign-jump", Errc::Busy,
+                "a jump out of every text the guest's tables know (an in-guest optimized kprobe's jump to its "
+                "detour) replaced instructions there and left the rest of their bytes, so the instruction "
+                "boundaries of " + function + " cannot be trusted past it; no channel accepts it until it is gone",
+                "jmp at " + hex(i.address.value) + " to " + hex(to));
+}
+
 std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const symbols::Function* fn) {
   const std::uint64_t a = i.address.value, end = i.next().value;
   const KernelTables* t = c.tables;

@@ -79,6 +79,16 @@ const char* fixup_slot_refusal(unsigned ex_type);
 [[nodiscard]] std::optional<Refusal> check_in_function(const RuleContext&, std::span<const x86::Insn> function,
                                                        const x86::Insn& insn);
 
+// Rule 'foreign-jump': `i`, an instruction on the way from its function's start to a point,
+// is a jmp rel32 into no text the guest's tables know (neither the core kernel's nor a live
+// module's): what an in-guest optimized kprobe writes over the instructions it takes to its
+// detour buffer, leaving the rest of their bytes behind, so that the function's instructions
+// cannot be told apart from there on. A call (an ftrace or BPF trampoline's at the function's
+// ftrace site) is one whole instruction and leaves the boundaries as they were. Null when `i`
+// is no such jump.
+[[nodiscard]] std::optional<Refusal> check_foreign_jump(const RuleContext&, const x86::Insn& i,
+                                                        const std::string& function);
+
 // The named predicates, for tests (each true when its rule refuses the instruction).
 bool in_kernel_text(const RuleContext&, std::uint64_t addr);
 bool in_entry_text(const RuleContext&, std::uint64_t addr);

@@ -92,8 +92,40 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
     return fail(Errc::InvalidArgument, where + ": no function symbol covers it");
   }
   auto bytes = XP_TRY(read_text(d, fn->start, fn->size));
+  const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
+  // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
+  // debugger) hides the instruction it replaced, and an in-guest optimized kprobe's jump out of
+  // the text leaves the rest of the instructions it replaced behind (rule 'foreign-jump'), so
+  // the boundaries past either may be garbage. Padding is walked over (x86::is_padding_trap:
+  // after ret, jmp or iret, or filling the function's end after a BUG()'s ud2), and a probe on
+  // it meets the instruction rule for an int3; the jumps of our own jump probes are regions of
+  // our points. A trap byte or jump in the flow is not ours to reason about.
+  auto foreign_patch = [&](const std::vector<x86::Insn>& flow) -> std::optional<Error> {
+    for (std::size_t k = 0; k < flow.size() && flow[k].address.value <= addr.value; ++k) {
+      const x86::Insn& i = flow[k];
+      if (d.points.contains(i.address)) continue;
+      if (auto r = kernel::check_foreign_jump(rule_context(d), i, fn->name);
+          r && !overlapping_point(d, i.address.value, i.address.value + 1, nullptr))
+        return Error{r->code, r->message(where)};
+      if (x86::is_trap_byte(i) && !x86::is_padding_trap(flow, k))
+        return Error{Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
+                                         "debugger) at " + d.syms->symbolize(i.address) +
+                                         " hides the instruction it replaced, so the instruction boundaries of " +
+                                         fn->name + " cannot be trusted; no channel accepts it until it is gone"};
+    }
+    return std::nullopt;
+  };
   auto insn = x86::decode_at(bytes, fn->start, addr);
   if (!insn) {
+    // A boundary lost behind such a patch is refused by the patch's rule, which says what to do.
+    std::vector<x86::Insn> flow;
+    for (std::size_t off = 0; off < bytes.size() && fn->start.value + off < addr.value;) {
+      auto i = x86::decode(std::span(bytes).subspan(off), Gva{fn->start.value + off});
+      if (!i) break;
+      off += i->length;
+      flow.push_back(*i);
+    }
+    if (auto f = foreign_patch(flow)) return std::unexpected(*f);
     Error e = insn.error();
     e.what = fn->name + ": " + e.what;
     return std::unexpected(e);
@@ -102,25 +134,12 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   if (const kernel::Module* m = d.tables ? d.tables->live_module_at(addr.value) : nullptr)
     p.module = kernel::ModuleIdentity::of(*m);
   if (auto all = x86::decode_function(bytes, fn->start)) fn_insns = std::move(*all);
-  const std::string where = d.syms->symbolize(addr) + " (" + hex(addr.value) + ")";
   if (auto r = kernel::check_address(rule_context(d), p.insn, &*fn)) return fail(r->code, r->message(where));
   if (auto r = kernel::check_in_function(rule_context(d), fn_insns, p.insn)) return fail(r->code, r->message(where));
   // Accepted because it can run at its own address or in a fixup slot: it must run there.
   p.own_address = kernel::needs_own_address(rule_context(d), p.insn);
-  // Somebody else's breakpoint on the way from the function's start (an in-guest kprobe, a
-  // debugger) hides the instruction it replaced, so the boundary check above may have walked
-  // through garbage. Padding is walked over (x86::is_padding_trap: after ret, jmp or iret, or
-  // filling the function's end after a BUG()'s ud2), and a probe on it meets the instruction
-  // rule for an int3; a trap byte in the flow is not ours to reason about.
-  for (std::size_t k = 0; k < fn_insns.size() && fn_insns[k].address.value <= addr.value; ++k) {
-    const x86::Insn& i = fn_insns[k];
-    if (!x86::is_trap_byte(i) || d.points.contains(i.address)) continue;
-    if (!x86::is_padding_trap(fn_insns, k))
-      return fail(Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
-                                      "debugger) at " + d.syms->symbolize(i.address) +
-                                      " hides the instruction it replaced, so the instruction boundaries of " +
-                                      fn->name + " cannot be trusted; no channel accepts it until it is gone");
-  }
+  // The same patches when the boundary check passed: the walk may have gone through garbage.
+  if (auto f = foreign_patch(fn_insns)) return std::unexpected(*f);
   std::copy(p.insn.bytes.begin(), p.insn.bytes.end(), p.original.begin());
   p.plan = XP_TRY(x86::analyze(p.insn));
 

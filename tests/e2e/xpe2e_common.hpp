@@ -148,9 +148,9 @@ inline std::string describe(const std::optional<xenprobes_ctl_header>& h) {
   if (!h) return "control area unreadable";
   return (g_program.describe_magic ? fmt("magic=%#x ", h->magic) : std::string()) +
          fmt("nr_traps=%u timeout_ms=%u dom0_gone=%u hits=%" PRIu64 " timeouts=%" PRIu64 " foreign=%" PRIu64
-             " wait_ms=%.1f wait_max_ms=%.3f",
+             " wait_ms=%.1f wait_max_ms=%.3f over_budget=%" PRIu64,
              h->nr_traps, h->timeout_ms, h->dom0_gone, h->hits, h->timeouts, h->foreign, h->wait_ns / 1e6,
-             h->wait_max_ns / 1e6);
+             h->wait_max_ns / 1e6, h->over_budget);
 }
 
 inline const char* mode_name(xenprobes::ExecMode m) {

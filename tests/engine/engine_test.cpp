@@ -673,6 +673,26 @@ TEST(Probe, AHitPublishedAfterItsProbeWasUnregisteredRunsTheOriginal) {
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_WRITE], expected_calls(DEMO_FN_WRITE, kIters));
 }
 
+// The guest module detaches (protocol.h "Detaching") while a program registers probes: until
+// Dom0 has read the removal of `state`, a registration reaches the channel, which refuses it
+// (the module's restore pass has read its table already); the registration fails saying so and
+// leaves the guest's text as it was. Once the loop has run, the domain is no longer attached.
+TEST(Probe, ARegistrationWhileTheGuestModuleDetachesIsRefusedAndWritesNothing) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ProbedGuest g(demo_config(1, 3));
+  auto p = g.session->probe(g.dom, "sys_write", [](HitContext&) { return 0; });
+  ASSERT_TRUE(p) << p.error().what;
+  const std::uint64_t read = g.sym("sys_read");
+  const auto before = g.peek(read, 16);
+  auto restored = g.host->module_detach(g.dom);
+  ASSERT_TRUE(restored) << restored.error().what;
+  EXPECT_GE(*restored, 1u) << "sys_write's trap byte";
+  auto q = g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; });
+  ASSERT_FALSE(q) << "a probe was registered on a module that is detaching";
+  EXPECT_NE(q.error().what.find("detaching"), std::string::npos) << q.error().what;
+  EXPECT_EQ(g.peek(read, 16), before) << "the refused registration wrote into the guest";
+}
+
 // The guest changes its page tables between hits (a stack freed and reused, a process gone):
 // each hit translates afresh. Here "the guest" points the page of demo_ppid at the frame of
 // another page while probes run; the handler's next read must follow the new mapping, not a

@@ -277,6 +277,32 @@ TEST(AddressRules, AForeignBreakpointEarlierInTheFunctionMakesItsBoundariesUntru
   EXPECT_TRUE(q) << q.error().what;
 }
 
+TEST(AddressRules, AnOptimizedKprobesJumpEarlierInTheFunctionMakesItsBoundariesUntrusted) {
+  ProbedGuest g;
+  auto gv = GuestView::open(g.session->hypervisor(), g.dom);
+  ASSERT_TRUE(gv);
+  // An in-guest optimized kprobe at demo_classify+0x8: `jmp rel32` to a detour buffer in the
+  // module area, over the instructions there (leaving the rest of their bytes).
+  const std::uint64_t fn = g.sym("demo_classify"), foreign = fn + 0x8, buffer = 0xffffffffc0201000ull;
+  const auto orig = g.peek(foreign, 5);
+  const auto rel = static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int64_t>(buffer - (foreign + 5))));
+  const std::uint8_t jmp[5] = {0xe9, static_cast<std::uint8_t>(rel), static_cast<std::uint8_t>(rel >> 8),
+                               static_cast<std::uint8_t>(rel >> 16), static_cast<std::uint8_t>(rel >> 24)};
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(jmp))));
+  const auto before = g.peek(fn, 0x20);
+  auto p = g.session->probe(g.dom, Gva{fn + 0x15}, nop());
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code, Errc::Busy);
+  EXPECT_NE(p.error().what.find("rule 'foreign-jump'"), std::string::npos) << p.error().what;
+  EXPECT_NE(p.error().what.find("0xffffffffc0201000"), std::string::npos) << p.error().what;
+  EXPECT_EQ(g.peek(fn, 0x20), before) << "a refusal writes nothing";
+  auto early = g.session->probe(g.dom, Gva{fn + 0x5}, nop());  // before the jump: as ever
+  EXPECT_TRUE(early) << early.error().what;
+  ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(orig))));
+  auto q = g.session->probe(g.dom, Gva{fn + 0x15}, nop());
+  EXPECT_TRUE(q) << q.error().what;
+}
+
 // guest/safety.S's demo_bug_end (never run): +0x0a ud2 (a WARN: the kernel goes on) · +0x0c
 // test %rdi · +0x11 mov $1,%eax · +0x16 ret · +0x17 int3 · +0x18 ud2 (a BUG) · +0x1a..+0x1f
 // int3 to the function's end.

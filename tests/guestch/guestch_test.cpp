@@ -1143,6 +1143,91 @@ TEST(GuestChannelClock, TheModuleSumsItsWaitsForDom0AndKeepsTheLongest) {
   EXPECT_EQ(c->wait_max_ns, 30'000'000u);
 }
 
+TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItSwitches) {
+  // protocol.h "Waiting budget": the waits of a vCPU's hits since its last context switch add
+  // up; past the budget its hits take the fallback without a mailbox write, counted in
+  // over_budget (not in timeouts), until the vCPU switches.
+  constexpr unsigned kTimeoutMs = 30;
+  auto cfg = guest_config(1, 0, kTimeoutMs);
+  cfg.module_wait_budget_ms = 20;
+  ChannelGuest g(cfg);
+  g.attach();
+  FakeSink sink;
+  const TrapEntry e = g.arm_skip("sys_open");
+  sink.skip(e.addr.value);
+  g.start();
+  auto hit_with_seq = [&](std::uint32_t seq) {
+    return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
+  };
+  for (std::uint32_t seq = 1; seq <= 2; ++seq) {  // 7 + 7 ms: within the budget
+    ASSERT_TRUE(hit_with_seq(seq));
+    g.advance(7ms);
+    EXPECT_EQ(g.pump(sink), 1u);
+  }
+  ASSERT_TRUE(hit_with_seq(3));
+  EXPECT_EQ(g.header().over_budget, 0u);
+  g.advance(6ms);  // 20 ms in all: spent
+  EXPECT_EQ(g.pump(sink), 1u);
+  // The guest runs on through sys_open, each hit resumed by the fallback with no mailbox write.
+  ASSERT_TRUE(eventually([&] { return g.header().over_budget >= 3; }));
+  EXPECT_EQ(g.mailbox(0).seq, 3u) << "no hit went to the mailbox";
+  EXPECT_NE(g.mailbox(0).state, XENPROBES_MBOX_HIT);
+  EXPECT_EQ(g.header().timeouts, 0u) << "an over-budget hit says nothing about Dom0";
+  EXPECT_EQ(g.header().dom0_gone, 0u);
+  EXPECT_EQ(g.header().hits, 3u);
+  auto c = g.ch->module_counters(g.dom);
+  ASSERT_TRUE(c) << c.error().what;
+  EXPECT_GE(c->over_budget, 3u);
+  // The guest kernel switches tasks on the vCPU: its hits go to Dom0 again.
+  ASSERT_TRUE(g.host->vcpu_switched(g.dom, VcpuId{0}));
+  ASSERT_TRUE(hit_with_seq(4));
+  const std::uint64_t over = g.header().over_budget;
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(g.header().over_budget, over) << "the vCPU waits in its mailbox, over budget no more";
+  auto n = g.host->module_over_budget(g.dom);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, over);
+  EXPECT_EQ(g.header().wait_ns, 20'000'000u);
+  EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
+}
+
+// ---- detaching --------------------------------------------------------------------------
+
+TEST(GuestChannelDetach, ATrapAddedOnceTheModuleBeganDetachingIsRefusedWithNothingWritten) {
+  // protocol.h "Detaching": the module sets closing before its restore pass reads the trap
+  // table; Dom0 learns of the detach from its xenstore watch only later, so a trap added in
+  // between would outlive the module. Dom0 reads closing with the domain paused and refuses.
+  ChannelGuest g(guest_config(1, 0));
+  g.attach();
+  const TrapEntry armed = g.arm_skip("sys_open");  // before: the restore pass takes it out
+  const std::uint64_t other = g.sym("sys_read");
+  const auto original = g.peek(other, 16);
+  auto restored = g.host->module_detach(g.dom);
+  ASSERT_TRUE(restored) << restored.error().what;
+  EXPECT_EQ(*restored, 1u);
+  EXPECT_EQ(g.header().closing, 1u);
+  EXPECT_EQ(g.peek(armed.addr.value, 5), (std::vector<std::uint8_t>{0x0f, 0x1f, 0x44, 0x00, 0x00}));
+  const auto nr = g.header().nr_traps;
+  // The watch on `state` has fired, but Dom0 has not read it (no loop ran): a registration
+  // under way meanwhile reaches the channel, which must refuse the entry.
+  try {
+    g.arm(other, TrapEntry::Fallback::Emulate);
+    ADD_FAILURE() << "a trap was added to the table of a module that is detaching";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("detaching"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.header().nr_traps, nr) << "the table is unchanged";
+  EXPECT_EQ(g.peek(other, 16), original) << "nothing was written";
+  // A trap already in the table is not changed either (re-armed in place).
+  TrapEntry again = armed;
+  again.resume_at = Gva{armed.resume_at.value + 1};
+  ASSERT_TRUE(g.hv->pause(g.dom));
+  auto r = g.ch->trap_added(g.dom, again);
+  ASSERT_TRUE(g.hv->unpause(g.dom));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::Busy);
+}
+
 // ---- quiescence --------------------------------------------------------------------------
 
 TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "xp_budget.h"
 #include "xp_gone.h"
 #include "xp_logic.h"
 
@@ -145,6 +146,7 @@ TEST(ModuleLayout, HeaderSaysWhatTheLayoutIs) {
   EXPECT_EQ(h.timeout_ms, 250u);
   EXPECT_EQ(h.dom0_gone, 0u);
   EXPECT_EQ(h.hits + h.timeouts + h.foreign + h.nested, 0u);
+  EXPECT_EQ(h.wait_ns + h.wait_max_ns + h.over_budget + h.closing, 0u);
   for (auto r : h.reserved) EXPECT_EQ(r, 0u);
 }
 
@@ -289,6 +291,49 @@ TEST(ModuleGone, FullMeansEveryModuleEntryCountsAsGone) {
   xp_gone_coming(&g, 101);
   EXPECT_EQ(g.n, std::uint32_t{XP_GONE_MAX - 1});
   EXPECT_FALSE(xp_gone_has(&g, &t[1]));
+}
+
+// ---- the waiting budget (xp_budget.h) ----
+
+TEST(ModuleBudget, WaitsAddUpToTheBudgetThenTheCpusHitsGoWithoutDom0) {
+  xp_budget b{};
+  constexpr std::uint64_t kBudget = 10'000;
+  xp_budget_look(&b, 0x1000, 5);
+  EXPECT_TRUE(xp_budget_allows(&b, kBudget));
+  xp_budget_charge(&b, 4'000);
+  xp_budget_look(&b, 0x1000, 5);  // the same task, not switched: the sum goes on
+  EXPECT_TRUE(xp_budget_allows(&b, kBudget));
+  xp_budget_charge(&b, 5'999);
+  EXPECT_TRUE(xp_budget_allows(&b, kBudget)) << "9,999 of 10,000 spent";
+  xp_budget_charge(&b, 1);
+  xp_budget_look(&b, 0x1000, 5);
+  EXPECT_FALSE(xp_budget_allows(&b, kBudget)) << "spent";
+  EXPECT_EQ(b.spent_ns, 10'000u);
+}
+
+TEST(ModuleBudget, ASwitchOrAnotherTaskStartsTheSumAgain) {
+  xp_budget b{};
+  xp_budget_look(&b, 0x1000, 5);
+  xp_budget_charge(&b, 50);
+  xp_budget_look(&b, 0x1000, 6);  // the task was switched out and back in
+  EXPECT_EQ(b.spent_ns, 0u);
+  xp_budget_charge(&b, 50);
+  xp_budget_look(&b, 0x2000, 6);  // another task runs on the CPU
+  EXPECT_EQ(b.spent_ns, 0u);
+  xp_budget_charge(&b, 50);
+  xp_budget_look(&b, 0x1000, 6);  // the first again, with the count it had: still a switch
+  EXPECT_EQ(b.spent_ns, 0u);
+  EXPECT_TRUE(xp_budget_allows(&b, 10));
+}
+
+TEST(ModuleBudget, ZeroIsNoBoundAndTheSumNeverWraps) {
+  xp_budget b{};
+  xp_budget_look(&b, 0x1000, 1);
+  xp_budget_charge(&b, ~std::uint64_t{0} - 1);
+  EXPECT_TRUE(xp_budget_allows(&b, 0)) << "budget 0: no bound";
+  xp_budget_charge(&b, 5);  // would wrap to 3
+  EXPECT_EQ(b.spent_ns, ~std::uint64_t{0});
+  EXPECT_FALSE(xp_budget_allows(&b, ~std::uint64_t{0} - 1));
 }
 
 // ---- addresses ----

@@ -68,8 +68,8 @@ e2e_buildroot() {
   # tools/install-deps.sh's build packages that trixie has (no clang-14 or Google Benchmark:
   # the sanitizer stage and the benchmarks stay on Debian 12), and the DomU kernel's headers.
   # xenprobesd's (libtomlplusplus-dev, libcpp-httplib-dev, libsystemd-dev): the whole tree
-  # configures only with them.
-  local pkgs="build-essential,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,libtomlplusplus-dev,libcpp-httplib-dev,libsystemd-dev,linux-headers-$E2E_KERNEL_ABI"
+  # configures only with them. ccache: a clean clone's build hits the cache (build-cache.sh).
+  local pkgs="build-essential,ccache,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,libtomlplusplus-dev,libcpp-httplib-dev,libsystemd-dev,linux-headers-$E2E_KERNEL_ABI"
   local out
   out=$E2E_CACHE/buildroot/$(e2e_hash -s "recipe $E2E_BUILDROOT_RECIPE $E2E_MIRROR $E2E_SUITE $pkgs $E2E_XEN_VERSION $E2E_KERNEL_VERSION")
   BUILDROOT=$out/tree
@@ -90,15 +90,17 @@ e2e_buildroot() {
 }
 
 # e2e_in_buildroot <source dir> <build dir> <command...>: runs the command in the build root
-# with the source read-only at /src and the build dir at /build, in a mount namespace of its
-# own (the bind mounts end with it: nothing to clean up, even when killed).
+# with the source read-only at /src, the build dir at /build and the build root's compiler
+# cache (kept across runs and clones: tools/build-cache.sh) at /ccache, in a mount namespace of
+# its own (the bind mounts end with it: nothing to clean up, even when killed).
 e2e_in_buildroot() {
-  local src=$1 bld=$2
+  local src=$1 bld=$2 cc=$E2E_CACHE/ccache/$E2E_SUITE
   shift 2
-  mkdir -p "$bld"
+  mkdir -p "$bld" "$cc" "$BUILDROOT/ccache"
   unshare --mount --propagation private sh -c 'r=$3 && mount --bind "$1" "$r/src" && mount -o remount,bind,ro "$r/src" &&
-    mount --bind "$2" "$r/build" && mount -t proc proc "$r/proc" && shift 3 && exec chroot "$r" "$@"' \
-    sh "$src" "$bld" "$BUILDROOT" "$@"
+    mount --bind "$2" "$r/build" && mount --bind "$4" "$r/ccache" && mount -t proc proc "$r/proc" &&
+    shift 4 && exec chroot "$r" "$@"' \
+    sh "$src" "$bld" "$BUILDROOT" "$cc" "$@"
 }
 
 # The tiny Dom0 boot initrd (busybox + virtio_blk + ext4 and their dependencies), from the

@@ -40,7 +40,7 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock-qemu10 [stock_pv_module_idle]=sto
   [gdbsx_pv_debugger]=gdbsx [gdbsx_kill9]=gdbsx [stock_pvh_vmevent]=stock-qemu10 [stock_pvh_baseline]=stock-qemu10 [stock_pvh_kill9]=stock-qemu10
   [bench_table1_guest]=stock [bench_table1_guest_spin]=stock [bench_table1_debugger]=gdbsx [bench_table1_vmevent]=stock-qemu10
   [stock_pv_safety]=stock-qemu10 [stock_pvh_safety_control]=stock-qemu10 [stock_pv_xenprobe]=stock-qemu10 [stock_pv_xenprobe_async]=stock-qemu10 [stock_pv_xenprobesd]=stock-qemu10
-  [stock_pv_xenprobesd_service]=stock-qemu10 [stock_pv_jump]=stock-qemu10 [stock_pv_async]=stock-qemu10 [stock_pv_spin]=stock-qemu10 [stock_kill9_jump]=stock-qemu10 [stock_pv_sweep]=stock-qemu10 [stock_pv_module_gone]=stock-qemu10 [stock_kill9_rounds]=stock-qemu10 [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
+  [stock_pv_xenprobesd_service]=stock-qemu10 [stock_pv_jump]=stock-qemu10 [stock_pv_async]=stock-qemu10 [stock_pv_spin]=stock-qemu10 [stock_kill9_jump]=stock-qemu10 [stock_pv_sweep]=stock-qemu10 [stock_pv_module_gone]=stock-qemu10 [stock_pv_budget]=stock-qemu10 [stock_kill9_rounds]=stock-qemu10 [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
@@ -55,7 +55,7 @@ declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_proc
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
+  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone stock_pv_budget gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
   trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pv_xenprobe_async trixie_pv_jump trixie_pv_async trixie_pv_spin trixie_pv_module_gone trixie_pvh_vmevent trixie_pvh_kill9"
 # Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
 # trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
@@ -161,23 +161,36 @@ SRC_KEY=$(printf '%s' "$E2E_SRC" | sha256sum | cut -c1-12)
 # libxen-dev 4.20 and Capstone 5: libxenctrl users must be built for the Xen they run on.
 build_payload_libs() {
   e2e_stage "build libxenprobes + tools + xpe2e-probe for $E2E_PLATFORM (CMake, prefix /usr)"
+  # Through ccache when the host has it (tools/build-cache.sh; the Debian 13 build root
+  # installs it and keeps its cache in $E2E_CACHE/ccache/trixie).
+  CCACHE_BASEDIR=$E2E_CACHE/mnt
+  . "$E2E_SRC/tools/build-cache.sh"
   local log=$RUN_DIR/build-$E2E_PLATFORM.log
   [ "$E2E_PLATFORM" = bookworm ] && log=$RUN_DIR/build.log
   if [ "$E2E_PLATFORM" = bookworm ]; then
     BUILD=$E2E_CACHE/build/$SRC_KEY
-    STAGE=$E2E_CACHE/stage/$SRC_KEY
-    mkdir -p "$BUILD"
-    {
-      cmake -S "$E2E_SRC" -B "$BUILD/lib" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    STAGE=$BUILD/stage
+    # Built with the source and build tree bound at fixed paths (in a mount namespace of its
+    # own, as the build root does): ccache's hits need the same paths in every compilation,
+    # and CI's clone is new at every run.
+    local m=$E2E_CACHE/mnt
+    mkdir -p "$BUILD" "$m/src" "$m/build"
+    # A tree configured before these paths (CMake refuses another source directory): anew.
+    if [ -e "$BUILD/lib/CMakeCache.txt" ] &&
+      ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$m/src" "$BUILD/lib/CMakeCache.txt"; then
+      rm -rf "$BUILD/lib" "$BUILD/prog"
+    fi
+    unshare --mount --propagation private sh -c 'mount --bind "$1" "$3/src" && mount -o remount,bind,ro "$3/src" &&
+      mount --bind "$2" "$3/build" && exec env M="$3" L="$4" sh -c "$5"' sh "$E2E_SRC" "$BUILD" "$m" "$XP_CMAKE_LAUNCHER" '
+      cmake -S $M/src -B $M/build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
         -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
-        nice cmake --build "$BUILD/lib" -j2 &&
-        rm -rf "$STAGE" &&
-        DESTDIR=$STAGE cmake --install "$BUILD/lib" --strip &&
-        cmake -S "$E2E_SRC/tests/e2e" -B "$BUILD/prog" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
-          -DCMAKE_PREFIX_PATH="$STAGE/usr" &&
-        nice cmake --build "$BUILD/prog" -j2 &&
-        DESTDIR=$STAGE cmake --install "$BUILD/prog" --strip
-    } >"$log" 2>&1 || {
+        nice cmake --build $M/build/lib -j2 &&
+        rm -rf $M/build/stage &&
+        DESTDIR=$M/build/stage cmake --install $M/build/lib --strip &&
+        cmake -S $M/src/tests/e2e -B $M/build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
+          -DCMAKE_PREFIX_PATH=$M/build/stage/usr &&
+        nice cmake --build $M/build/prog -j2 &&
+        DESTDIR=$M/build/stage cmake --install $M/build/prog --strip' >"$log" 2>&1 || {
       tail -n 30 "$log" >&2
       e2e_die "build failed (log: $log)"
     }
@@ -185,13 +198,14 @@ build_payload_libs() {
     BUILD=$E2E_CACHE/build/$SRC_KEY-$E2E_PLATFORM
     STAGE=$BUILD/stage
     # The same commands inside the build root: the source at /src, this tree at /build.
-    e2e_in_buildroot "$E2E_SRC" "$BUILD" sh -c '
-      cmake -S /src -B /build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    e2e_in_buildroot "$E2E_SRC" "$BUILD" env -u CCACHE_STATSLOG CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=true \
+      CCACHE_MAXSIZE=2G L="$XP_CMAKE_LAUNCHER" sh -c '
+      cmake -S /src -B /build/lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
         -DXENPROBES_BUILD_TESTS=OFF -DXENPROBES_BUILD_BENCHMARKS=OFF -DXENPROBES_BUILD_EXAMPLES=ON &&
         nice cmake --build /build/lib -j2 &&
         rm -rf /build/stage &&
         DESTDIR=/build/stage cmake --install /build/lib --strip &&
-        cmake -S /src/tests/e2e -B /build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+        cmake -S /src/tests/e2e -B /build/prog -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr $L \
           -DCMAKE_PREFIX_PATH=/build/stage/usr &&
         nice cmake --build /build/prog -j2 &&
         DESTDIR=/build/stage cmake --install /build/prog --strip' >"$log" 2>&1 || {

@@ -43,6 +43,11 @@ class SimHostImpl final : public SimHost {
   Result<std::uint64_t> guest_evtchn_notifications(DomId, std::uint32_t port) override;
   Result<ModuleNotifications> module_notifications(DomId) override;
   Result<void> hold_module_hits(DomId, VcpuId, bool hold) override;
+  Result<void> vcpu_switched(DomId, VcpuId) override;
+  Result<std::uint64_t> module_over_budget(DomId) override;
+  Result<unsigned> module_detach(DomId) override;
+  // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
+  unsigned module_restore_locked(Domain&);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;
   Result<bool> module_hit_held(DomId, VcpuId) override;
 
@@ -101,6 +106,8 @@ class SimHostImpl final : public SimHost {
   // Steps 1 and 2 of a hit for the trap entry `e` (an int3's, or a jump's JUMP entry whose hit
   // resumes at `jump_ret`; 0 for an int3): the mailbox, the notification, the vCPU's wait.
   void module_publish_hit_locked(Domain&, Vcpu&, const xenprobes_trap& e, const VcpuRegs& r, std::uint64_t jump_ret);
+  // Before a hit goes to a mailbox: whether v's waiting budget is spent (then counted).
+  bool module_over_budget_locked(Domain&, Vcpu&);
   // Allocates the port and writes control/addr, control/pages and evtchn under `dir`.
   void module_publish_locked(Domain&, const std::string& dir);
   // The module's int3 hook; rip is after the int3. False: not the module's (the kernel's own).

@@ -401,6 +401,28 @@ std::optional<ModuleClock::time_point> SimHostImpl::module_deadline_locked(const
   return first;
 }
 
+// The guest module's waiting budget (protocol.h "Waiting budget"), with the module's own logic
+// (xp_budget.h): the simulated vCPU runs one task, whose switches vcpu_switched() counts.
+bool SimHostImpl::module_over_budget_locked(Domain& d, Vcpu& v) {
+  xp_budget_look(&v.module_budget, 1, v.task_switches);
+  if (xp_budget_allows(&v.module_budget, d.module.budget_ns)) return false;
+  ++d.module.over_budget;
+  publish_counters(d);
+  return true;
+}
+
+Result<void> SimHostImpl::vcpu_switched(DomId id, VcpuId vid) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  ++XP_TRY(vcpu(*d, vid))->task_switches;
+  return {};
+}
+
+Result<std::uint64_t> SimHostImpl::module_over_budget(DomId id) {
+  std::lock_guard lk(mu_);
+  return XP_TRY(dom(id))->module.over_budget;
+}
+
 void SimHostImpl::module_quiesce_request_locked(Domain& d, const std::string& value) {
   if (!d.module.present) return;
   d.module.quiesce_token = value;

@@ -15,6 +15,7 @@
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
+#include "xp_budget.h"  // guest-module/: the module's waiting budget per CPU
 #include "xp_gone.h"  // guest-module/: the module's own set of modules that went
 #include "xp_ring.h"  // guest-module/: the module's own ring producer
 
@@ -127,6 +128,9 @@ struct Vcpu {
   // at module_deadline (timeout_ms) unless Dom0 claimed the hit, then at module_claim_deadline
   // (the claim bound, protocol.h); both counted from the hit.
   bool module_wait = false;
+  // The waiting budget (xp_budget.h): waits since the vCPU's last switch (SimHost::vcpu_switched).
+  xp_budget module_budget{};
+  std::uint64_t task_switches = 0;
   bool module_spinning = false;                         // mailbox.spinning is 1 (cfg.module_spin_us)
   std::chrono::steady_clock::time_point module_spin_end;  // real time: when the spin runs out
   ModuleClock::time_point module_deadline, module_claim_deadline;  // on the host's ModuleClock
@@ -174,6 +178,8 @@ struct ModuleState {
   // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
   std::uint64_t notified = 0, unnotified = 0;
   std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
+  std::uint64_t budget_ns = 0, over_budget = 0;  // DomainConfig::module_wait_budget_ms; header.over_budget
+  bool detaching = false;  // SimHost::module_detach: hits no longer go to Dom0
   // Modules that went while a trap entry named them (SimHost::module_state, the module
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
   xp_gone gone{};
@@ -255,6 +261,11 @@ inline constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's res
 std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len);
 // The module's counters into its control area's header.
 void publish_counters(Domain& d);
+// Its control area in guest RAM, and a field of its header there.
+std::uint8_t* area(Domain& d);
+std::uint8_t* header_at(Domain& d, std::size_t field);
+// Whether va lies in an area it published (oea/0, then reserve areas in order).
+bool in_oea(const Domain& d, std::uint64_t va);
 // What the module's own code (xp_logic.c) is told about the guest.
 xp_bounds module_bounds(Domain& d);
 xenprobes_regs to_protocol(const VcpuRegs& r);

@@ -59,19 +59,8 @@ void store(std::uint8_t* p, T v, std::memory_order o = std::memory_order_relaxed
   std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
 }
 
-std::uint8_t* area(Domain& d) { return d.ram->base + d.module.ctl_gpa; }
-std::uint8_t* header_at(Domain& d, std::size_t field) { return area(d) + field; }
 std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
   return area(d) + d.module.mailbox_offset + std::size_t{vcpu} * sizeof(xenprobes_mailbox);
-}
-
-// The areas this module published (oea/0, then reserve areas in order).
-bool in_oea(const Domain& d, std::uint64_t va) {
-  for (unsigned k = 0; k < d.oea_published; ++k) {
-    std::uint64_t base = d.layout.oea_addr + k * kOeaStride;
-    if (va >= base && va - base < d.cfg.oea_size) return true;
-  }
-  return false;
 }
 
 // Binary search of the Dom0-written trap table, as the module's hook does it. An unsorted
@@ -131,6 +120,18 @@ std::string dir_of(const Domain& d) { return "/local/domain/" + std::to_string(d
 
 }  // namespace
 
+std::uint8_t* area(Domain& d) { return d.ram->base + d.module.ctl_gpa; }
+std::uint8_t* header_at(Domain& d, std::size_t field) { return area(d) + field; }
+
+// The areas this module published (oea/0, then reserve areas in order).
+bool in_oea(const Domain& d, std::uint64_t va) {
+  for (unsigned k = 0; k < d.oea_published; ++k) {
+    std::uint64_t base = d.layout.oea_addr + k * kOeaStride;
+    if (va >= base && va - base < d.cfg.oea_size) return true;
+  }
+  return false;
+}
+
 void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
@@ -140,6 +141,7 @@ void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
+  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, over_budget)), d.module.over_budget);
 }
 
 // A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
@@ -147,6 +149,7 @@ static void end_wait(Domain& d, Vcpu& v, ModuleClock::time_point now) {
   const auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
       now - (v.module_deadline - std::chrono::milliseconds(d.module.timeout_ms))).count());
   d.module.wait_ns += ns, d.module.wait_max_ns = std::max(d.module.wait_max_ns, ns);
+  xp_budget_charge(&v.module_budget, ns);
   v.module_wait = false;
   --d.module.waiters;
   publish_counters(d);
@@ -193,7 +196,7 @@ Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt,
   m.trap_capacity = c.module_trap_capacity;
   m.ret_offset = static_cast<std::uint32_t>(rets);
   m.ret_capacity = c.module_ret_capacity;
-  m.timeout_ms = c.module_timeout_ms;
+  m.timeout_ms = c.module_timeout_ms, m.budget_ns = std::uint64_t{c.module_wait_budget_ms} * 1000000;
   xenprobes_ctl_header h{};
   h.magic = XENPROBES_CTL_MAGIC;
   h.version = XENPROBES_PROTOCOL_VERSION;
@@ -289,7 +292,7 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
   }
   VcpuRegs r = read_regs(d, v);
   r.rip = addr;
-  if (m.dom0_gone) {  // nobody to ask any more
+  if (m.dom0_gone || m.detaching || module_over_budget_locked(d, v)) {  // nobody to ask, or v's budget spent
     module_fallback_locked(d, v, e, r);
     return true;
   }
@@ -376,7 +379,7 @@ void SimHostImpl::module_jump_locked(Domain& d, Vcpu& v) {
     r.rsp = hit_rsp;
     return write_regs(v, r, false);
   }
-  if (m.dom0_gone) return resume();
+  if (m.dom0_gone || m.detaching || module_over_budget_locked(d, v)) return resume();
   r.rip = e.fallback;  // the probed address
   module_publish_hit_locked(d, v, e, r, ret);
 }
@@ -534,41 +537,7 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
 
 void SimHostImpl::module_disarm_locked(Domain& d) {
   ModuleState& m = d.module;
-  std::uint32_t n = load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)),
-                                        std::memory_order_acquire);
-  n = std::min(n, m.trap_capacity);
-  unsigned restored = 0;
-  m.gone_left = 0;
-  {
-    // stop_machine in a real module; here no vCPU of the domain runs meanwhile anyway (this
-    // is its scheduler thread), and the translated blocks of the patched bytes are dropped.
-    std::lock_guard emu(emulation_mutex());
-    for (std::uint32_t i = 0; i < n; ++i) {
-      xenprobes_trap e;
-      std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
-      if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
-      if (xp_gone_has(&m.gone, &e)) { ++m.gone_left; continue; }  // its module went (xp_modules.c)
-      // A jump's region goes back whole, from the int3 or from the jump to its detour; any
-      // other trap its one byte.
-      const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
-      const std::size_t len = region ? std::min<std::size_t>(e.len, sizeof e.insn) : 1;
-      if (region && len < 5) continue;
-      std::uint8_t* p = guest_ptr(d, e.addr, len);
-      if (!p) continue;
-      // The module's own decision (xp_logic.c): the int3, or the jump to this entry's detour.
-      const xp_bounds b = module_bounds(d);
-      const bool ours = region ? xp_region_restore_ok(&b, &e, p, static_cast<std::uint32_t>(len)) : *p == kInt3;
-      if (!ours) continue;  // already restored (or not a trap Dom0 wrote)
-      std::memcpy(p, e.insn, len);
-      const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
-      for (const Alias& a : d.aliases) {
-        if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
-        const std::uint64_t va = a.va + (gpa - a.gpa);
-        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + len);
-      }
-      ++restored;
-    }
-  }
+  const unsigned restored = module_restore_locked(d);
   m.dom0_gone = true;
   store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
   char buf[160];

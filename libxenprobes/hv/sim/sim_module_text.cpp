@@ -1,8 +1,12 @@
 // The simulated guest module's text, the parts of it Dom0 reads (protocol.h): its fixup slots
 // with their exception-table entries, and its jump entry, made with the domain before it runs;
-// and the bounds its own code (xp_logic.c) is told about.
+// the bounds its own code (xp_logic.c) is told about; and its restore pass, after Dom0 is
+// gone or when it detaches.
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "hv/sim/page_table_builder.hpp"
 #include "hv/sim/sim_host_impl.hpp"
@@ -50,6 +54,71 @@ Result<void> SimHostImpl::module_create_jump_entry(Domain& d, PageTableBuilder& 
   std::memset(d.ram->base + gpa, kInt3, kPageSize);  // see ModuleState::jump_entry
   d.module.jump_entry = va;
   return {};
+}
+
+// The module's restore pass (xp_restore_traps): insn[0] back at every live trap-table address
+// outside its OEA still holding the int3 (a jump's region whole), but those of modules that
+// went. Returns how many it restored; m.gone_left: how many it left for that reason.
+unsigned SimHostImpl::module_restore_locked(Domain& d) {
+  ModuleState& m = d.module;
+  std::uint32_t n = std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(
+                                                      header_at(d, offsetof(xenprobes_ctl_header, nr_traps))))
+                        .load(std::memory_order_acquire);
+  n = std::min(n, m.trap_capacity);
+  unsigned restored = 0;
+  m.gone_left = 0;
+  {
+    // stop_machine in a real module; here no vCPU of the domain runs meanwhile anyway (this
+    // is its scheduler thread), and the translated blocks of the patched bytes are dropped.
+    std::lock_guard emu(emulation_mutex());
+    for (std::uint32_t i = 0; i < n; ++i) {
+      xenprobes_trap e;
+      std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
+      if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
+      if (xp_gone_has(&m.gone, &e)) { ++m.gone_left; continue; }  // its module went (xp_modules.c)
+      // A jump's region goes back whole, from the int3 or from the jump to its detour; any
+      // other trap its one byte.
+      const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
+      const std::size_t len = region ? std::min<std::size_t>(e.len, sizeof e.insn) : 1;
+      if (region && len < 5) continue;
+      std::uint8_t* p = guest_ptr(d, e.addr, len);
+      if (!p) continue;
+      // The module's own decision (xp_logic.c): the int3, or the jump to this entry's detour.
+      const xp_bounds b = module_bounds(d);
+      const bool ours = region ? xp_region_restore_ok(&b, &e, p, static_cast<std::uint32_t>(len)) : *p == kInt3;
+      if (!ours) continue;  // already restored (or not a trap Dom0 wrote)
+      std::memcpy(p, e.insn, len);
+      const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
+      for (const Alias& a : d.aliases) {
+        if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
+        const std::uint64_t va = a.va + (gpa - a.gpa);
+        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + len);
+      }
+      ++restored;
+    }
+  }
+  return restored;
+}
+
+// The module's detach (xp_disarm_all in xp_main.c), in its order.
+Result<unsigned> SimHostImpl::module_detach(DomId id) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  ModuleState& m = d->module;
+  if (!m.present) return fail(Errc::InvalidArgument, "sim: " + std::to_string(id.value) + " has no guest module");
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(header_at(*d, offsetof(xenprobes_ctl_header, closing))))
+      .store(1, std::memory_order_seq_cst);
+  m.detaching = true;
+  const auto now = clock_->now();
+  for (auto& vp : d->vcpus)
+    if (vp->module_wait) vp->module_deadline = std::min(vp->module_deadline, now);
+  const std::string state = "/local/domain/" + std::to_string(id.value) + "/" XENPROBES_XS_DIR "/" XENPROBES_XS_STATE;
+  store_.erase(state);
+  fire_watches_locked(state, true);
+  const unsigned restored = module_restore_locked(*d);
+  d->console += "xenprobesU: detached: restored " + std::to_string(restored) + " trap bytes and jump regions\n";
+  cv_.notify_all();  // the scheduler gives the waiting vCPUs up
+  return restored;
 }
 
 // What the module's own code (xp_logic.c) is told about the guest: its text, the module area,

@@ -472,7 +472,7 @@ Result<void> SimHostImpl::hold_module_hits(DomId id, VcpuId vid, bool hold) {
   v->module_hold = hold;
   if (!hold && v->module_held) {
     v->module_held = false;
-    if (d->module.dom0_gone)
+    if (d->module.dom0_gone || d->module.detaching || module_over_budget_locked(*d, *v))
       module_fallback_locked(*d, *v, v->module_entry, v->module_regs);
     else
       module_publish_hit_locked(*d, *v, v->module_entry, v->module_regs, 0);

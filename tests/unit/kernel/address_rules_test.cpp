@@ -328,6 +328,37 @@ TEST_F(Entry, TheFtraceSiteAskedForByAddressIsRefused) {
   EXPECT_FALSE(kernel::check_in_function(ctx(false), h, h[1]));
 }
 
+// A jmp rel32 at `at` to `to`, as the bytes an optimized kprobe (or any patcher) writes.
+std::vector<std::uint8_t> jmp_rel32(std::uint8_t op, std::uint64_t at, std::uint64_t to) {
+  const auto rel = static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int64_t>(to - (at + 5))));
+  return {op, static_cast<std::uint8_t>(rel), static_cast<std::uint8_t>(rel >> 8), static_cast<std::uint8_t>(rel >> 16),
+          static_cast<std::uint8_t>(rel >> 24)};
+}
+
+TEST_F(Rules, AJumpOutOfEveryKnownTextMakesTheFunctionsBoundariesForeign) {
+  // An in-guest optimized kprobe at some_function+0x10: e9 to its detour buffer, which the
+  // kernel allocates in the module area where no module's text is.
+  const std::uint64_t at = kFn + 0x10, buffer = 0xffffffffc0201000ull;
+  auto r = kernel::check_foreign_jump(ctx(true), insn(at, jmp_rel32(0xe9, at, buffer)), "some_function");
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "foreign-jump");
+  EXPECT_EQ(r->code, Errc::Busy);
+  EXPECT_NE(r->entry.find("to 0xffffffffc0201000"), std::string::npos) << r->entry;
+  EXPECT_NE(r->message("x").find("no channel accepts it"), std::string::npos);
+  EXPECT_TRUE(kernel::check_foreign_jump(ctx(false), insn(at, jmp_rel32(0xe9, at, buffer)), "some_function"))
+      << "every channel: the boundaries are Dom0's to decode";
+  // A jump within the text (a tail call, a jump label's jump, a .cold part) is no such jump.
+  EXPECT_FALSE(kernel::check_foreign_jump(ctx(true), insn(at, jmp_rel32(0xe9, at, kFn + 0x100)), "some_function"));
+  EXPECT_FALSE(kernel::check_foreign_jump(ctx(true), insn(at, jmp_rel32(0xe9, at, kTextEnd - 1)), "some_function"));
+  EXPECT_TRUE(kernel::check_foreign_jump(ctx(true), insn(at, jmp_rel32(0xe9, at, kTextEnd)), "some_function"))
+      << "_etext is past the text";
+  // A call to a trampoline outside the text (the ftrace site of a traced function) is one
+  // whole instruction: the boundaries after it are sound.
+  EXPECT_FALSE(kernel::check_foreign_jump(ctx(true), insn(at, jmp_rel32(0xe8, at, buffer)), "some_function"));
+  // A short jump cannot leave the text.
+  EXPECT_FALSE(kernel::check_foreign_jump(ctx(true), insn(at, {0xeb, 0x10}), "some_function"));
+}
+
 TEST_F(Rules, AnEndbr64IsRefused) {
   auto r = check_address(ctx(false), insn(kFn + 0x10, {0xf3, 0x0f, 0x1e, 0xfa}), &fn);
   ASSERT_TRUE(r);
