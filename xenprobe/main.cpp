@@ -18,6 +18,7 @@
 #include <cstring>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -312,7 +313,11 @@ class Tool {
       // a hit never times out because this machine is busy, so counts are exact.
       xenprobes::hv::sim::SimOptions opts;
       opts.manual_clock = true;
-      host_ = xenprobes::hv::sim::SimHost::create(opts);
+      try {  // libxenprobes loads its simulation (libxenprobes-sim) now: it may be missing
+        host_ = xenprobes::hv::sim::SimHost::create(opts);
+      } catch (const std::exception& e) {
+        die(std::string("--sim: ") + e.what());
+      }
       for (unsigned i = 1; i <= o_.sim_guests; ++i) {
         xenprobes::hv::sim::DomainConfig c;
         c.name = "sim-" + std::to_string(i);

@@ -241,3 +241,11 @@ XENPROBES_API std::string default_guest_dir();
 [[nodiscard]] XENPROBES_API Result<std::unique_ptr<Hypervisor>> open_default_sim();
 
 }  // namespace xenprobes::hv::sim
+
+// Where the simulation lives: not inside libxenprobes.so. The functions above load
+// libxenprobes-sim.so (installed beside libxenprobes.so; XENPROBES_SIM_LIBRARY may name another
+// file) the first time one of them needs it, so that a program that never asks for the
+// simulation never loads Unicorn. When it cannot be loaded (missing, Unicorn missing, from
+// another build), open_default_sim() fails and SimHost::create(), default_guest_dir() and
+// op_name() throw std::runtime_error, saying why (docs/simulated-xen.md, "A library of its
+// own"); sim_host_of() answers null.

@@ -224,8 +224,8 @@ XENPROBES_API void xenprobes_stop(void) XENPROBES_NOEXCEPT;
  * Opens the implicit session on `backend` ("xen" or "sim"; NULL or "" = XENPROBES_BACKEND, default
  * xen; the channel from XENPROBES_CHANNEL). Returns 0, or -1 with errno: EBUSY a session is
  * already open (xenprobes_close() first); EINVAL unknown backend or channel; EOPNOTSUPP backend
- * not built in, or not a Xen Dom0 / the debugger channel is unavailable (the message says why);
- * EPERM not privileged.
+ * not built in or not loadable (sim: libxenprobes-sim), not a Xen Dom0, the debugger channel
+ * unavailable (the message says why); EPERM not privileged.
  */
 XENPROBES_API int xenprobes_open(const char *backend) XENPROBES_NOEXCEPT;
 

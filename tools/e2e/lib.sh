@@ -13,7 +13,10 @@ E2E_MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}
 # named trixie_* (run.sh), with a payload built in a trixie build root (images.sh
 # e2e_buildroot) against its own libxen-dev, Capstone 5 and kernel headers.
 # Dom0 root file system: the Xen toolstack, the kernel (also the DomU kernel), and the
-# runtime libraries libxenprobes.so needs (ldd: libcapstone, libunicorn, libxen*, libstdc++).
+# runtime libraries libxenprobes.so needs (ldd: libcapstone, libxen*, libbpf, libstdc++).
+# libunicorn2 is for libxenprobes-sim.so alone, which the staged install carries and which
+# libxenprobes.so loads only for XENPROBES_BACKEND=sim (docs/simulated-xen.md): no scenario
+# needs it.
 e2e_platform() {
   E2E_PLATFORM=$1
   case "$1" in
