@@ -46,10 +46,12 @@ bool readable(const std::vector<pollfd>& fds, int fd) {
 //  - a channel's poll_interval_ms has passed since its last look at all its domains (the
 //    debugger channel's foreign int3s raise no VIRQ; the vmevent channel's answers waiting for
 //    ring room): that channel, whatever woke the loop, so a busy loop never starves it;
-//  - a wake-up that names no channel: the caller's timeout ran out, a xenstore event or
-//    stop() woke the poll: every channel, every domain. A notification that came late or never
-//    (docs/e2e.md "Open": Debian 13's Dom0) is found then. Test:
-//    EventLoop.AHitWhoseNotificationWasLostIsFoundOnTheTimeoutsWakeUp.
+//  - a wake-up that names no channel: the poll timed out (the caller's timeout, or the wait an
+//    interval asked for), a xenstore event or stop() woke it: every channel, every domain. A
+//    notification that came late or never (docs/e2e.md "Open": Debian 13's Dom0), or a hit a
+//    module did not notify because Dom0 said it polls, is found then. Tests:
+//    EventLoop.AHitWhoseNotificationWasLostIsFoundOnTheTimeoutsWakeUp,
+//    CApiProbes.RingStatsVersion2CountsTheHitsTheModuleDidNotNotify.
 // No other channel or domain does any work. The engine's own periodic work (jumps waiting for
 // quiescence, async rings, deferred removals, return-probe records) runs after every turn
 // (Engine::after_dispatch), as before.
@@ -100,9 +102,10 @@ Result<unsigned> Session::run_once(int timeout_ms) {
     if (i > 0 && (last == m.swept.end() || now - last->second >= std::chrono::milliseconds(i)))
       add_wake(wakes, Wake{c, std::nullopt});
   }
-  // A wake-up that names no channel: the caller's timeout (not the shorter wait a channel's or
-  // the engine's interval asked for), a xenstore event, stop(). Every channel looks.
-  if (!named && (n > 0 || wait == timeout_ms))
+  // A wake-up that names no channel: a timeout (the caller's, or the shorter wait an interval
+  // asked for: nothing happened for that long), a xenstore event, stop(). Every channel looks:
+  // the cost of a look at everything is paid when the loop is idle, never per event.
+  if (!named)
     for (channel::Channel* c : channels) add_wake(wakes, Wake{c, std::nullopt});
 
   unsigned handled = 0, guest_handled = 0;

@@ -122,9 +122,9 @@ struct FourGuests {
 // A hit on one guest-channel domain wakes its port, and the loop looks at that domain only:
 // not at the other guest-channel domain's mailboxes, not at the debugger channel's domain
 // (domain_info, gdbsx_domstatus), not at the vmevent channel's ring. The loop's clock stands
-// still, so no channel's periodic look falls due; the caller's timeout is long, so the
-// timeout's look at everything does not happen either. A loop that lets every channel look on
-// every wake-up fails every one of these checks.
+// still, so no channel's periodic look falls due; the port is pending before run_once, so its
+// poll returns at once and never times out (a timeout lets every channel look). A loop that
+// lets every channel look on every wake-up fails every one of these checks.
 TEST(EventLoop, AWakeUpOnOneDomainsPortMakesNoOtherDomainOrChannelWork) {
   FourGuests g(2);
   EXPECT_EQ(*g.session->channel_name(g.guest_a), "guest");
@@ -188,9 +188,8 @@ TEST(EventLoop, APortNoChannelOwnsIsCountedAndWakesNobody) {
 }
 
 // Four guests on three channels in one session, all running at once: every hit of every one
-// is served, each channel woken by its own events (its ports, its rings) or by its periodic
-// look, never by the caller's timeout (a long one: the debugger channel's interval is what
-// the poll waits at most).
+// is served (the caller's timeout is long: the debugger channel's interval is what the poll
+// waits at most).
 TEST(EventLoop, GuestsOnDifferentChannelsInOneSessionAreAllServed) {
   constexpr std::uint64_t kIterations = 3;
   FourGuests g(kIterations);
