@@ -147,9 +147,10 @@ class Channel {
   // it may change with the channel's state.
   virtual int poll_interval_ms() const = 0;
   // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
-  // Returns the number of stops handled. The event loop's sweep: on the poll's timeout, when
-  // the channel's own fd is readable, when poll_interval_ms() has passed since the last one,
-  // and for a port that serves every domain.
+  // Returns the number of stops handled. The event loop's look at everything: on a wake-up
+  // that names no channel (a timeout, xenstore, stop()), when the channel's own fd is
+  // readable, when poll_interval_ms() has passed since the last one, and for a port that
+  // serves every domain.
   [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;
   // process() for one attached domain (0 when it is not attached): what a port serving only
   // that domain wakes. The other domains are not looked at.
