@@ -78,6 +78,7 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   impl->engine->set_limits(probe::Limits{lim.domains, lim.points_per_domain, lim.instances_per_domain,
                                          lim.mapped_frames_per_domain});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  impl->ports.emplace(*impl->hv);
   if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w)
     impl->watching = true;
   else
@@ -320,54 +321,6 @@ Result<RingStats> Session::ring_stats(DomId dom) {
 
 Result<void> Session::begin_batch() { return impl_->engine->begin_batch(); }
 Result<void> Session::end_batch() { return impl_->engine->end_batch(); }
-
-Result<unsigned> Session::run_once(int timeout_ms) {
-  auto channels = impl_->channels();
-  std::vector<pollfd> fds{{impl_->hv->xs_fd(), POLLIN, 0}, {impl_->wake_fd, POLLIN, 0}};
-  int interval = 0;
-  for (channel::Channel* c : channels) {
-    if (c->fd() >= 0 && std::none_of(fds.begin(), fds.end(), [&](const pollfd& p) { return p.fd == c->fd(); }))
-      fds.push_back({c->fd(), POLLIN, 0});
-    if (int i = c->poll_interval_ms(); i > 0 && (interval == 0 || i < interval)) interval = i;
-  }
-  // Work the engine does between hits (a jump waiting for the guest module's quiescence).
-  if (int i = impl_->engine->wake_interval_ms(); i > 0 && (interval == 0 || i < interval)) interval = i;
-  int wait = interval > 0 && (timeout_ms < 0 || timeout_ms > interval) ? interval : timeout_ms;
-  int n = ::poll(fds.data(), fds.size(), wait);
-  if (n < 0 && errno != EINTR) return fail_errno(errno, "poll");
-  if (fds[1].revents & POLLIN) {
-    std::uint64_t v;
-    [[maybe_unused]] auto r = ::read(impl_->wake_fd, &v, sizeof v);
-  }
-  if (fds[0].revents & POLLIN) impl_->reap();
-  // Every channel looks on every wake-up, not only the one whose fd woke the loop: some stops
-  // raise no event (see Channel::poll_interval_ms), channels may share one event-channel
-  // handle (each acknowledges whichever port is pending), and a notification may come late
-  // or not at all (docs/e2e.md "Open": Debian 13's Dom0), when the timeout's wake-up finds
-  // the hit. Test: EventLoop.AHitWhoseNotificationWasLostIsFoundOnTheTimeoutsWakeUp.
-  unsigned handled = 0;
-  std::optional<Error> first;
-  for (channel::Channel* c : channels) {
-    auto h = c->process(*impl_->engine);
-    if (h)
-      handled += *h;
-    else if (!first)
-      first = h.error();
-  }
-  // Spinning (protocol.h "Spinning instead of notifying"): while guest-channel hits keep
-  // coming within spin_us of each other, poll the mailboxes instead of sleeping; the module,
-  // seeing dom0_polling, sends no notification for them.
-  if (!first && handled > 0 && impl_->options.spin_us > 0 && impl_->guest &&
-      std::find(channels.begin(), channels.end(), impl_->guest.get()) != channels.end()) {
-    XP_TRY(impl_->engine->after_dispatch(true));
-    auto spun = impl_->spin(std::chrono::microseconds(impl_->options.spin_us));
-    if (!spun) first = spun.error();
-    else handled += *spun;
-  }
-  XP_TRY(impl_->engine->after_dispatch(!first));
-  if (first) return std::unexpected(*first);
-  return handled;
-}
 
 Result<void> Session::run() {
   impl_->stop = false;

@@ -17,6 +17,7 @@
 #include "api/kernel_stack.hpp"
 #include "channel/debugger.hpp"
 #include "channel/eligibility.hpp"
+#include "channel/event_ports.hpp"
 #include "channel/guest.hpp"
 #include "channel/vmevent.hpp"
 #include "common/log.hpp"
@@ -56,6 +57,13 @@ struct Session::Impl {
   // virtual clock (SessionTesting::set_spin_clock) makes a spin's length independent of how
   // the machine schedules the guest's and Dom0's threads.
   std::function<std::chrono::steady_clock::time_point()> spin_clock;
+  // The event loop (Session::run_once, api/session_loop.cpp): the ports fired on the handle,
+  // read and acknowledged in one place; when each channel last looked at all its domains (its
+  // poll_interval_ms counts from there); the clock that counts it (empty: steady_clock; a
+  // test's virtual clock: SessionTesting::set_loop_clock).
+  std::optional<channel::EventPorts> ports;
+  std::map<const channel::Channel*, std::chrono::steady_clock::time_point> swept;
+  std::function<std::chrono::steady_clock::time_point()> loop_clock;
 
   // Polls the guest channel's mailboxes until no hit came for `idle` (or stop()), at most
   // kMaxSpin in all (then the other channels, the xenstore and dying domains get their turn: a

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "channel/event_ports.hpp"
 #include "channel/guest.hpp"
 #include "xenprobes/xenprobes.hpp"
 
@@ -35,6 +36,15 @@ class SessionTesting {
   // The clock kernel_stack() rates its looks at the module list by (empty: steady_clock): a
   // test's virtual clock decides when a hit's walk looks again.
   static void set_module_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
+  // The clock run_once() counts the channels' poll_interval_ms by (when a channel's look at
+  // all its domains is due), instead of steady_clock (empty: steady_clock again). A clock that
+  // stands still makes no such look due after the first: only the ports that fire wake anyone.
+  static void set_loop_clock(Session&, std::function<std::chrono::steady_clock::time_point()>);
+  // The ports the event loop read on the hypervisor handle, and those no channel owned.
+  static channel::EventPorts::Counters event_ports(Session&);
+  // The guest channel's own counts for `dom` (looks at its mailboxes among them).
+  // InvalidArgument when the session has no guest channel.
+  [[nodiscard]] static Result<channel::GuestChannel::Stats> guest_stats(Session&, DomId dom);
   // Whether what jump probes need of `dom`'s kernel is built (Session::prepare_jump_probes, or a
   // first jump probe).
   static bool jumps_prepared(Session&, DomId dom);

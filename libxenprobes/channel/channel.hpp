@@ -114,6 +114,13 @@ class TrapTable {
   ~TrapTable() = default;  // owned as the Channel it is part of
 };
 
+// Whose a port fired on the hypervisor handle's event channels is (Channel::port_use): the
+// domain it serves, or none when it serves every domain the channel attached (VIRQ_DEBUGGER,
+// which does not say which domain stopped).
+struct PortUse {
+  std::optional<DomId> domain;
+};
+
 class Channel {
  public:
   virtual ~Channel() = default;
@@ -125,16 +132,29 @@ class Channel {
   [[nodiscard]] virtual Result<void> attach(DomId) = 0;
   // Undoes attach. The engine has already restored every byte and released its stops.
   [[nodiscard]] virtual Result<void> detach(DomId) = 0;
-  // Pollable; readable when stops may be waiting.
+  // Pollable; readable when stops may be waiting. A channel whose events are ports bound on
+  // the hypervisor handle (port_use) answers the handle's event-channel fd, which it shares
+  // with the other such channels: the event loop reads which port fired and wakes its owner
+  // only (channel/event_ports.hpp). The vmevent channel has an fd of its own (its rings').
   virtual int fd() const = 0;
+  // The use of a port fired on the hypervisor handle when this channel bound it; nullopt for a
+  // port it does not own. The channel never acknowledges (unmasks) a port itself: the event
+  // loop does, in one place (EventPorts::take), before the owner looks.
+  virtual std::optional<PortUse> port_use(hv::EvtchnPort) const { return std::nullopt; }
   // How often process() must run even when fd() stays quiet (0 = never): some stops raise
   // no event (a guest's own int3 under debugging mode), and some work waits for room (the
   // vmevent channel's answers while its ring is full). Read on every turn of the event loop:
   // it may change with the channel's state.
   virtual int poll_interval_ms() const = 0;
   // Finds every stop waiting in every attached domain, hands each to `sink`, resumes them.
-  // Returns the number of stops handled.
+  // Returns the number of stops handled. The event loop's look at everything: on a wake-up
+  // that names no channel (a timeout, xenstore, stop()), when the channel's own fd is
+  // readable, when poll_interval_ms() has passed since the last one, and for a port that
+  // serves every domain.
   [[nodiscard]] virtual Result<unsigned> process(StopSink& sink) = 0;
+  // process() for one attached domain (0 when it is not attached): what a port serving only
+  // that domain wakes. The other domains are not looked at.
+  [[nodiscard]] virtual Result<unsigned> process_domain(DomId, StopSink& sink) = 0;
   // With the domain paused by the caller: hands every vCPU stopped on one of our traps to
   // `sink` and resumes it (used before disarming, so no stop is left behind).
   [[nodiscard]] virtual Result<unsigned> flush(DomId, StopSink& sink) = 0;

@@ -53,26 +53,28 @@ Result<void> DebuggerChannel::detach(DomId dom) {
 }
 
 Result<unsigned> DebuggerChannel::process(StopSink& sink) {
-  // Acknowledge the VIRQ first: a stop that lands after this raises it again. Only our VIRQ
-  // port is bound on this handle, and it stays masked until unmasked: one pending() suffices.
-  if (auto p = XP_TRY(hv_.evtchn_pending())) XP_TRY(hv_.evtchn_unmask(*p));
+  // The event loop has already unmasked the VIRQ (EventPorts::take): a stop that lands after
+  // this look raises it again. It says nothing of which domain stopped: every one is looked at.
   unsigned handled = 0;
   for (auto it = domains_.begin(); it != domains_.end();) {
-    auto n = scan(it->first, it->second, sink, true);
-    if (!n) {
-      if (n.error().code == Errc::NoSuchDomain) {  // died under us: nothing left to resume
-        it = domains_.erase(it);
-        continue;
-      }
-      return std::unexpected(n.error());
-    }
-    handled += *n;
-    if (it->second.given_up)
-      it = domains_.erase(it);
-    else
-      ++it;
+    const DomId dom = it->first;
+    handled += XP_TRY(process_domain(dom, sink));
+    it = domains_.upper_bound(dom);
   }
   return handled;
+}
+
+Result<unsigned> DebuggerChannel::process_domain(DomId dom, StopSink& sink) {
+  auto it = domains_.find(dom);
+  if (it == domains_.end()) return 0u;
+  auto n = scan(dom, it->second, sink, true);
+  if (!n && n.error().code == Errc::NoSuchDomain) {  // died under us: nothing left to resume
+    domains_.erase(dom);
+    return 0u;
+  }
+  if (!n) return n;
+  if (auto a = domains_.find(dom); a != domains_.end() && a->second.given_up) domains_.erase(a);
+  return n;
 }
 
 Result<unsigned> DebuggerChannel::flush(DomId dom, StopSink& sink) {

@@ -25,9 +25,15 @@ class DebuggerChannel final : public Channel {
   ChannelTraits traits() const override { return {.trap_byte = kIcebp, .stops_found_by_rip = true}; }
   Result<void> attach(DomId) override;
   Result<void> detach(DomId) override;
+  // The handle's event-channel fd (shared with the guest channel's ports); the VIRQ's port
+  // serves every attached domain.
   int fd() const override { return hv_.evtchn_fd(); }
+  std::optional<PortUse> port_use(hv::EvtchnPort p) const override {
+    return p == port_ ? std::optional<PortUse>(PortUse{}) : std::nullopt;
+  }
   int poll_interval_ms() const override { return 10; }
   Result<unsigned> process(StopSink&) override;
+  Result<unsigned> process_domain(DomId, StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
   void abandon() override { domains_.clear(); }
   // The guardian's journal: the pause references owed are kept there (see pay()).

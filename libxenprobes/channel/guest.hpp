@@ -53,14 +53,15 @@ class GuestChannel final : public Channel, public TrapTable {
   // area).
   Result<void> detach(DomId) override;
   // The handle's event-channel fd, shared with any other channel binding ports on the same
-  // handle (the debugger channel's VIRQ): process() acknowledges whichever port is pending
-  // and scans every mailbox regardless, as the debugger channel scans regardless, so each
-  // channel on the handle must be processed whenever the fd is readable.
+  // handle (the debugger channel's VIRQ). Each attached domain's port is its own: the event
+  // loop wakes process_domain() for the domain whose port fired.
   int fd() const override { return hv_.evtchn_fd(); }
-  // Every hit notifies, and the event is acknowledged before the mailboxes are read: no
-  // periodic poll is needed.
+  std::optional<PortUse> port_use(hv::EvtchnPort) const override;
+  // Every hit notifies, and the event loop acknowledges the port before the mailboxes are
+  // read: no periodic poll is needed.
   int poll_interval_ms() const override { return 0; }
   Result<unsigned> process(StopSink&) override;
+  Result<unsigned> process_domain(DomId, StopSink&) override;
   // Writes the entry into the module's trap table. Refuses (NotSupported, naming the channels
   // that can) an Emulate entry the module's fallback could not run, as the module's own decoder
   // (guest-module/xp_fallback.c, linked in) decides: a jmp/call through memory among them. The
@@ -110,6 +111,8 @@ class GuestChannel final : public Channel, public TrapTable {
     // stood between its table lookup and its mailbox (paused there by Xen): answered at once
     // with the vCPU's own registers, to run the original instruction; no handler runs.
     std::uint64_t retired = 0;
+    // Looks at the domain's mailboxes (process, process_domain, flush, the spin's polls).
+    std::uint64_t looks = 0;
   };
   Stats stats(DomId) const;
   // Tells every attached domain's module that Dom0 polls the mailboxes (on) or no longer does

@@ -39,27 +39,33 @@ constexpr std::uint64_t kRejectWarnings = 10;  // per domain, of refused hits an
 // ---- hits ---------------------------------------------------------------------------
 
 Result<unsigned> GuestChannel::process(StopSink& sink) {
-  // Acknowledge first: a hit published after this raises the event again. Every mailbox of
-  // every domain is looked at, so one port per call is enough (the fd stays readable while
-  // more are pending).
-  if (auto p = XP_TRY(hv_.evtchn_pending())) XP_TRY(hv_.evtchn_unmask(*p));
   unsigned handled = 0;
   for (auto it = domains_.begin(); it != domains_.end();) {
     const DomId dom = it->first;
-    auto n = scan(dom, sink);
-    if (!n) {
-      if (n.error().code != Errc::NoSuchDomain) return std::unexpected(n.error());
-      // Died under us: nothing left to resume. The engine forgets it on @releaseDomain.
-      if (auto gone = domains_.find(dom); gone != domains_.end()) {
-        (void)hv_.evtchn_unbind(gone->second.port);
-        domains_.erase(gone);
-      }
-    } else {
-      handled += *n;
-    }
+    handled += XP_TRY(process_domain(dom, sink));
     it = domains_.upper_bound(dom);  // handlers may have detached domains
   }
   return handled;
+}
+
+// The event loop has already unmasked the domain's port (EventPorts::take): a hit published
+// after this look raises it again.
+Result<unsigned> GuestChannel::process_domain(DomId dom, StopSink& sink) {
+  if (!find(dom)) return 0u;
+  auto n = scan(dom, sink);
+  if (n || n.error().code != Errc::NoSuchDomain) return n;
+  // Died under us: nothing left to resume. The engine forgets it on @releaseDomain.
+  if (auto gone = domains_.find(dom); gone != domains_.end()) {
+    (void)hv_.evtchn_unbind(gone->second.port);
+    domains_.erase(gone);
+  }
+  return 0u;
+}
+
+std::optional<PortUse> GuestChannel::port_use(hv::EvtchnPort port) const {
+  for (const auto& [dom, a] : domains_)
+    if (a.port == port) return PortUse{dom};
+  return std::nullopt;
 }
 
 Result<unsigned> GuestChannel::flush(DomId dom, StopSink& sink) {
@@ -68,6 +74,7 @@ Result<unsigned> GuestChannel::flush(DomId dom, StopSink& sink) {
 }
 
 Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
+  if (Attached* a = find(dom)) ++a->stats.looks;
   unsigned answered = 0;
   bool notify = false;  // an answer, or a hit given back: the module should look now
   for (std::uint32_t v = 0;; ++v) {

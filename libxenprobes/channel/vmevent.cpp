@@ -188,20 +188,30 @@ Result<unsigned> VmEventChannel::process(StopSink& sink) {
   unsigned handled = 0;
   Result<void> status;  // the first failure; the other domains are still served
   for (auto it = domains_.begin(); it != domains_.end();) {
-    auto n = drain(it->first, it->second, &sink, /*until_quiet=*/false);
-    if (!n && n.error().code == Errc::NoSuchDomain) {  // died under us: nothing left to resume
-      unwatch_fd(it->second.fd);
-      it = domains_.erase(it);
-      continue;
-    }
+    const DomId dom = it->first;
+    auto n = process_domain(dom, sink);
     if (n)
       handled += *n;
     else if (status)
       status = std::unexpected(n.error());
-    ++it;
+    it = domains_.upper_bound(dom);
   }
   if (!status) return std::unexpected(status.error());
   return handled;
+}
+
+Result<unsigned> VmEventChannel::process_domain(DomId dom, StopSink& sink) {
+  auto it = domains_.find(dom);
+  if (it == domains_.end()) return 0u;
+  auto n = drain(dom, it->second, &sink, /*until_quiet=*/false);
+  if (!n && n.error().code == Errc::NoSuchDomain) {  // died under us: nothing left to resume
+    if (auto gone = domains_.find(dom); gone != domains_.end()) {
+      unwatch_fd(gone->second.fd);
+      domains_.erase(gone);
+    }
+    return 0u;
+  }
+  return n;
 }
 
 Result<unsigned> VmEventChannel::flush(DomId dom, StopSink& sink) {

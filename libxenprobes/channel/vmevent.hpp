@@ -50,6 +50,7 @@ class VmEventChannel final : public Channel {
   // 0, except while an answer waits for ring space: then process() must run again soon.
   int poll_interval_ms() const override;
   Result<unsigned> process(StopSink&) override;
+  Result<unsigned> process_domain(DomId, StopSink&) override;
   Result<unsigned> flush(DomId, StopSink&) override;
   // Drops the pending emulations at that trap (see Continuation).
   void trap_forgotten(DomId, Gva) override;

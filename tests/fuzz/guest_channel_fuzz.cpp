@@ -21,6 +21,7 @@
 //  - no port stays bound and no mapping stays alive once the channel is gone.
 #include <cstddef>
 
+#include "channel/event_ports.hpp"
 #include "channel/guest.hpp"
 #include "fuzz/fuzz_common.hpp"
 #include "guestmod/module_info.hpp"
@@ -211,10 +212,19 @@ struct Harness {
 
   void run_stops(bool flush) {
     if (in.flag()) hv.pending.push_back(static_cast<hv::EvtchnPort>(in.range(0, 12)));
+    // The event loop's side: the pending ports read and acknowledged (EventPorts), and the
+    // domain whose port fired looked at alone; otherwise the look at every domain.
+    channel::EventPorts ports(hv);
+    channel::Channel* c = ch.get();
+    std::vector<channel::EventPorts::Wake> woken;
+    FUZZ_CHECK(ports.take(std::span(&c, 1), woken).has_value(), "EventPorts::take failed");
+    FUZZ_CHECK(woken.size() <= 1, "one domain, one wake-up");
+    FUZZ_CHECK(woken.empty() || woken.front().domain == kDom, "a port woke a domain that is not ours");
+    const bool port_fired = !woken.empty();
     const auto before = area();
     const bool was_attached = attached;
     sink.seen.clear();
-    auto r = flush ? ch->flush(kDom, sink) : ch->process(sink);
+    auto r = flush ? ch->flush(kDom, sink) : port_fired ? ch->process_domain(kDom, sink) : ch->process(sink);
     FUZZ_TRACE("%s: %s, %zu stops", flush ? "flush" : "process", r ? "ok" : r.error().what.c_str(), sink.seen.size());
     check_writes(before, flush ? "flush" : "process", !was_attached);
     FUZZ_CHECK(was_attached || sink.seen.empty(), "a stop from a domain not attached");

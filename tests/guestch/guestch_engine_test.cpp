@@ -27,6 +27,7 @@ struct EngineGuest {
     while (std::chrono::steady_clock::now() < end) {
       pollfd p{g.ch->fd(), POLLIN, 0};
       (void)::poll(&p, 1, 2);
+      g.acknowledge();
       auto r = g.ch->process(engine);
       if (!r) {
         ADD_FAILURE() << "process: " << r.error().what;
@@ -142,6 +143,7 @@ TEST(GuestChannelEngine, Dom0KilledTheGuestFinishesOnItsOwn) {
   while (hits < 200 && std::chrono::steady_clock::now() < end) {
     pollfd p{g.ch->fd(), POLLIN, 0};
     (void)::poll(&p, 1, 2);
+    g.acknowledge();
     ASSERT_TRUE(g.ch->process(*engine));
     ASSERT_TRUE(engine->after_dispatch());
   }

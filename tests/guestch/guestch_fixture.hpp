@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "channel/event_ports.hpp"
 #include "channel/guest.hpp"
 #include "demo_abi.h"
 #include "mem/frame_source.hpp"
@@ -276,10 +277,21 @@ struct ChannelGuest {
     return arm(a, TrapEntry::Fallback::ResumeAt, a + 5);
   }
 
-  // One round of the event loop: wait for the channel's fd, then process.
+  // What the session's event loop does with the ports fired on the handle: reads and unmasks
+  // them (the channel leaves that to the loop, channel/event_ports.hpp).
+  void acknowledge() {
+    channel::EventPorts ports(*hv);
+    channel::Channel* c = ch.get();
+    std::vector<channel::EventPorts::Wake> woken;
+    auto r = ports.take(std::span(&c, 1), woken);
+    EXPECT_TRUE(r.has_value()) << r.error().what;
+  }
+
+  // One round of the event loop: wait for the channel's fd, acknowledge, then process.
   unsigned pump(channel::StopSink& sink, int timeout_ms = 2) {
     pollfd p{ch->fd(), POLLIN, 0};
     (void)::poll(&p, 1, timeout_ms);
+    acknowledge();
     auto r = ch->process(sink);
     EXPECT_TRUE(r.has_value()) << r.error().what;
     unsigned n = r ? *r : 0;

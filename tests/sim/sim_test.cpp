@@ -443,6 +443,34 @@ TEST(SimEvtchn, InterdomainPendingMaskAndCoalescing) {
   EXPECT_EQ(g.hv->evtchn_bind_interdomain(g.dom, 999).error().code, Errc::InvalidArgument);
 }
 
+// Two ports pending at once are read one per call, in the order they fired; the fd stays
+// readable until the last is read, and each stays masked (a new event on it queues nothing)
+// until it is unmasked, as libxenevtchn's xenevtchn_pending/xenevtchn_unmask behave.
+TEST(SimEvtchn, PendingPortsAreReadOneAtATimeAndStayMaskedUntilUnmasked) {
+  SimGuest g(finite(1, 1));
+  auto g1 = g.host->guest_evtchn_alloc_unbound(g.dom), g2 = g.host->guest_evtchn_alloc_unbound(g.dom);
+  ASSERT_TRUE(g1 && g2);
+  auto p1 = g.hv->evtchn_bind_interdomain(g.dom, *g1), p2 = g.hv->evtchn_bind_interdomain(g.dom, *g2);
+  ASSERT_TRUE(p1 && p2);
+  ASSERT_TRUE(g.host->guest_evtchn_notify(g.dom, *g2));
+  ASSERT_TRUE(g.host->guest_evtchn_notify(g.dom, *g1));
+  ASSERT_TRUE(readable(g.hv->evtchn_fd(), 1000));
+  EXPECT_EQ(g.hv->evtchn_pending()->value(), *p2);
+  EXPECT_TRUE(readable(g.hv->evtchn_fd(), 0)) << "one port read, one still queued";
+  ASSERT_TRUE(g.host->guest_evtchn_notify(g.dom, *g2));  // masked: stays pending, not queued
+  EXPECT_EQ(g.hv->evtchn_pending()->value(), *p1);
+  EXPECT_FALSE(*g.hv->evtchn_pending());
+  EXPECT_FALSE(readable(g.hv->evtchn_fd(), 0));
+  ASSERT_TRUE(g.hv->evtchn_unmask(*p1));
+  EXPECT_FALSE(*g.hv->evtchn_pending()) << "nothing came on p1 while it was masked";
+  ASSERT_TRUE(g.hv->evtchn_unmask(*p2));
+  ASSERT_TRUE(readable(g.hv->evtchn_fd(), 1000)) << "p2's event while masked comes with the unmask";
+  EXPECT_EQ(g.hv->evtchn_pending()->value(), *p2);
+  ASSERT_TRUE(g.hv->evtchn_unmask(*p2));
+  ASSERT_TRUE(g.hv->evtchn_unbind(*p1));
+  ASSERT_TRUE(g.hv->evtchn_unbind(*p2));
+}
+
 // ---- xenstore ----
 
 TEST(SimXenstore, ModuleKeysArePublished) {

@@ -60,6 +60,14 @@ Result<void> Evtchn::notify(EvtchnPort port) {
 
 int Evtchn::fd() const { return xenevtchn_fd(h_); }
 
+// One port per call, left masked. Xen's libxenevtchn (tools/include/xenevtchn.h; on Linux,
+// tools/libs/evtchn/linux.c) reads a single port number from /dev/xen/evtchn, and the kernel's
+// evtchn driver masked that port when it queued it: an event raised on it meanwhile stays
+// pending and is delivered only after unmask() below writes the port back. So a port appears
+// at most once until it is unmasked, and the event loop (channel/event_ports.hpp) reads the
+// ports one by one, hands each to its owner and unmasks it, in one place. The read blocks when
+// nothing is queued (setting the fd non-blocking is not reliable, the header warns): hence the
+// poll first.
 Result<std::optional<EvtchnPort>> Evtchn::pending() {
   std::lock_guard lk(pending_mu_);
   pollfd pfd{xenevtchn_fd(h_), POLLIN, 0};

@@ -31,6 +31,7 @@ class RecordingChannel final : public channel::Channel, public channel::TrapTabl
   int fd() const override { return -1; }
   int poll_interval_ms() const override { return 0; }
   Result<unsigned> process(channel::StopSink&) override { return 0u; }
+  Result<unsigned> process_domain(DomId, channel::StopSink&) override { return 0u; }
   Result<unsigned> flush(DomId, channel::StopSink&) override { return 0u; }
   void trap_forgotten(DomId, Gva a) override { log.push_back("forgotten " + std::to_string(a.value)); }
   Result<void> trap_added(DomId, const channel::TrapEntry& e) override {
