@@ -46,6 +46,8 @@ struct SimPlan {
   std::vector<std::string> crash;    // NAME@HITS: its kernel panics inside its HITS-th hit's handler
   std::vector<std::string> labels;   // NAME:KEY=VALUE written to /local/domain/<id>/KEY at creation
   unsigned ring_order = 0;           // the guest module's async rings: 2^N bytes each (0 = the module's default)
+  std::vector<std::string> images;   // NAME=FILE: that guest boots FILE (a static x86-64 ELF), not the demo guest
+  std::vector<std::string> symbols;  // NAME=FILE: that guest's System.map (default: the demo guest's)
 };
 
 // Questions from other threads (the metrics endpoint's, the control socket's: "metrics",
