@@ -182,6 +182,16 @@ class Daemon {
   std::shared_ptr<const xenprobe::Compiled> compiled_for(const ProgramConfig&, const DomainKey&, xenprobes::DomId,
                                                          const std::string& name, std::string* failure,
                                                          AsyncPlans* plans);
+  // A domain's types: its kernel's BTF and its live modules', read from its memory when a
+  // program first needs them, and again when its module list changed since (docs/xenprobesd.md
+  // "Types"). `note`: the modules whose types are left out and why ("" when none).
+  struct DomainTypes {
+    std::shared_ptr<const xenprobe::TypeSource> types;
+    std::uint64_t generation = 0;  // Session::check_modules when they were read
+    std::string note;
+  };
+  // The domain's types, read now if need be; null with *failure saying why.
+  const DomainTypes* types_for(const DomainKey&, xenprobes::DomId, const std::string& name, std::string* failure);
   void remove_probes(Attachment&);
   void run_end(Attachment&);
   void detach(Attachment&, const std::string& why);
@@ -226,8 +236,7 @@ class Daemon {
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
   std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read
-  // Each domain's kernel types, read from its memory the first time a program needs them.
-  std::map<DomainKey, std::shared_ptr<const xenprobe::TypeSource>> types_;
+  std::map<DomainKey, DomainTypes> types_;  // each domain's types (types_for)
   bool sim_idle_logged_ = false;
   const xenprobe::ProbeSite* current_site_ = nullptr;  // the probe whose action is running
   Clock::time_point last_scan_, last_textfile_, last_watchdog_;
