@@ -46,6 +46,8 @@ struct SimPlan {
   std::vector<std::string> crash;    // NAME@HITS: its kernel panics inside its HITS-th hit's handler
   std::vector<std::string> labels;   // NAME:KEY=VALUE written to /local/domain/<id>/KEY at creation
   unsigned ring_order = 0;           // the guest module's async rings: 2^N bytes each (0 = the module's default)
+  std::vector<std::string> images;   // NAME=FILE: that guest boots FILE (a static x86-64 ELF), not the demo guest
+  std::vector<std::string> symbols;  // NAME=FILE: that guest's System.map (default: the demo guest's)
 };
 
 // Questions from other threads (the metrics endpoint's, the control socket's: "metrics",
@@ -180,6 +182,16 @@ class Daemon {
   std::shared_ptr<const xenprobe::Compiled> compiled_for(const ProgramConfig&, const DomainKey&, xenprobes::DomId,
                                                          const std::string& name, std::string* failure,
                                                          AsyncPlans* plans);
+  // A domain's types: its kernel's BTF and its live modules', read from its memory when a
+  // program first needs them, and again when its module list changed since (docs/xenprobesd.md
+  // "Types"). `note`: the modules whose types are left out and why ("" when none).
+  struct DomainTypes {
+    std::shared_ptr<const xenprobe::TypeSource> types;
+    std::uint64_t generation = 0;  // Session::check_modules when they were read
+    std::string note;
+  };
+  // The domain's types, read now if need be; null with *failure saying why.
+  const DomainTypes* types_for(const DomainKey&, xenprobes::DomId, const std::string& name, std::string* failure);
   void remove_probes(Attachment&);
   void run_end(Attachment&);
   void detach(Attachment&, const std::string& why);
@@ -224,8 +236,7 @@ class Daemon {
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
   std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read
-  // Each domain's kernel types, read from its memory the first time a program needs them.
-  std::map<DomainKey, std::shared_ptr<const xenprobe::TypeSource>> types_;
+  std::map<DomainKey, DomainTypes> types_;  // each domain's types (types_for)
   bool sim_idle_logged_ = false;
   const xenprobe::ProbeSite* current_site_ = nullptr;  // the probe whose action is running
   Clock::time_point last_scan_, last_textfile_, last_watchdog_;

@@ -1,7 +1,8 @@
-// Attaching a program to a domain: the program checked for the domain (its kernel's types, the
-// async plan), kstack's wiring, the probes placed by the program's method (trap, jump and
-// fastest through Session::probe, async through Session::probe_async, return probes), a failure
-// retried later; and detaching: the probes removed, END run, the detached record.
+// Attaching a program to a domain: the program checked for the domain (its kernel's and its
+// loaded modules' types, kept per domain; the async plan), kstack's wiring, the probes placed
+// by the program's method (trap, jump and fastest through Session::probe, async through
+// Session::probe_async, return probes), a failure retried later; and detaching: the probes
+// removed, END run, the detached record.
 #include <algorithm>
 #include <cstdio>
 
@@ -37,6 +38,52 @@ xenprobes::ProbeMethod probe_method(Method m) {
 
 }  // namespace
 
+const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::DomId id, const std::string& name,
+                                              std::string* failure) {
+  // The module list looked at now (a few reads when it did not change): the types kept are
+  // used while no module came or went since they were read. A look that fails keeps the
+  // generation known (Session::check_modules).
+  auto gen = session_->check_modules(id);
+  const std::uint64_t now = gen ? *gen : session_->symbols_generation(id);
+  if (auto t = types_.find(key); t != types_.end() && t->second.generation == now) return &t->second;
+  auto btf = session_->kernel_btf(id);
+  if (!btf) {
+    *failure = "the program needs the guest kernel's types and its BTF cannot be read from its memory: " +
+               btf.error().what;
+    return nullptr;
+  }
+  // Each live module's BTF; one that cannot be read (or that libbpf refuses) is left out, and
+  // a program naming its types fails to check, this note after the checker's error.
+  std::vector<xenprobe::ModuleTypes> modules;
+  std::vector<std::string> left_out;
+  if (auto mb = session_->module_btf(id); !mb) {
+    left_out.push_back("every loaded module's: their list cannot be read: " + mb.error().what);
+  } else {
+    for (xenprobes::ModuleBtf& m : *mb) {
+      if (m.why.empty())
+        modules.push_back(xenprobe::ModuleTypes{std::move(m.module), std::move(m.btf)});
+      else
+        left_out.push_back("module " + m.module + ": " + m.why);
+    }
+  }
+  std::vector<std::string> refused;
+  DomainTypes d;
+  try {
+    d.types = xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)", modules,
+                                       &refused);
+  } catch (const std::exception& e) {
+    *failure = e.what();
+    return nullptr;
+  }
+  for (const std::string& r : refused) left_out.push_back("module " + r);
+  constexpr std::size_t kShown = 8;  // a guest may have a hundred modules without BTF
+  for (std::size_t i = 0; i < left_out.size() && i < kShown; ++i) d.note += "  " + left_out[i] + "\n";
+  if (left_out.size() > kShown) d.note += "  and " + std::to_string(left_out.size() - kShown) + " more module(s)\n";
+  if (!d.note.empty()) d.note = "types left out:\n" + d.note;
+  d.generation = now;
+  return &(types_[key] = std::move(d));
+}
+
 std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConfig& cfg, const DomainKey& key,
                                                                 xenprobes::DomId id, const std::string& name,
                                                                 std::string* failure, AsyncPlans* plans) {
@@ -44,28 +91,14 @@ std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConf
     *plans = cfg.plans;
     return cfg.compiled;
   }
-  auto t = types_.find(key);
-  if (t == types_.end()) {
-    auto btf = session_->kernel_btf(id);
-    if (!btf) {
-      *failure = "the program needs the guest kernel's types and its BTF cannot be read from its memory: " +
-                 btf.error().what;
-      return nullptr;
-    }
-    try {
-      t = types_.emplace(key, xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)"))
-              .first;
-    } catch (const std::exception& e) {
-      *failure = e.what();
-      return nullptr;
-    }
-  }
+  const DomainTypes* t = types_for(key, id, name, failure);
+  if (!t) return nullptr;
   xenprobe::Compiled c;
   try {
-    c = xenprobe::compile(xenprobe::parse(cfg.source), t->second.get());
+    c = xenprobe::compile(xenprobe::parse(cfg.source), t->types.get());
   } catch (const xenprobe::ProgramError& e) {
     *failure = "the program does not check against this guest's kernel types:\n" +
-               xenprobe::format_error(e, cfg.source, cfg.origin);
+               xenprobe::format_error(e, cfg.source, cfg.origin) + t->note;
     return nullptr;
   }
   if (cfg.method == Method::Async) {

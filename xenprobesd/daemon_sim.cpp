@@ -1,4 +1,5 @@
-// The simulated Xen's guests (--sim): created paused and started once the daemon has had its
+// The simulated Xen's guests (--sim): created paused (the demo guest, or an image given with
+// --sim-image and its System.map with --sim-symbols) and started once the daemon has had its
 // look at them, the cues that create more as the hits come in, and the note that every
 // workload finished. (The cues that destroy or crash a guest inside a hit: Daemon::on_hit.)
 #include <algorithm>
@@ -20,8 +21,21 @@ Daemon::SimCue Daemon::parse_cue(const std::string& spec, const char* option) {
   return SimCue{spec.substr(0, at), std::stoull(spec.substr(at + 1)), false};
 }
 
+// The FILE of the NAME=FILE `specs` (--sim-image, --sim-symbols) that name this guest, "" for none.
+static std::string sim_file_for(const std::vector<std::string>& specs, const std::string& name, const char* option) {
+  std::string file;
+  for (const std::string& s : specs) {
+    auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+      throw std::runtime_error(std::string(option) + " " + s + ": write NAME=FILE");
+    if (s.substr(0, eq) == name) file = s.substr(eq + 1);
+  }
+  return file;
+}
+
 void Daemon::sim_create(const std::string& name) {
   xenprobes::hv::sim::DomainConfig c;
+  c.image = sim_file_for(sim_.images, name, "--sim-image");  // "" = the demo guest
   c.name = name;
   c.vcpus = sim_.vcpus;
   c.iterations = sim_.iterations;
@@ -33,6 +47,10 @@ void Daemon::sim_create(const std::string& name) {
     throw std::runtime_error("--sim-type: pv, pvh or hvm");
   auto id = host_->create_domain(c);
   if (!id) throw std::runtime_error("cannot create simulated guest " + name + ": " + id.error().what);
+  // Its System.map, for a guest that boots its own image (the demo guest's is the library's default).
+  if (const std::string map = sim_file_for(sim_.symbols, name, "--sim-symbols"); !map.empty())
+    if (auto r = session_->load_symbols(*id, map); !r)
+      throw std::runtime_error("--sim-symbols " + name + "=" + map + ": " + r.error().what);
   for (const std::string& l : sim_.labels) {
     auto colon = l.find(':'), eq = l.find('=');
     if (colon == std::string::npos || eq == std::string::npos || eq < colon)

@@ -47,7 +47,9 @@ SIMULATED XEN
   in all, --sim-destroy NAME@HITS destroys one inside the handler of its HITS-th hit
   (--sim-crash NAME@HITS: its kernel panics there, the domain stays, crashed),
   --sim-label NAME:KEY=VALUE writes /local/domain/<id>/KEY for a guest when it is created,
-  --sim-ring-order N gives the guest module's async rings 2^N bytes each (12..24).
+  --sim-ring-order N gives the guest module's async rings 2^N bytes each (12..24),
+  --sim-image NAME=FILE boots that guest from FILE (a static x86-64 ELF) instead of the demo
+  guest, and --sim-symbols NAME=FILE gives its System.map.
 )";
 
 }  // namespace
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("--sim-label", sim.labels, "NAME:KEY=VALUE: a xenstore key of a simulated guest");
   app.add_option("--sim-ring-order", sim.ring_order,
                  "the simulated guest module's async rings hold 2^N bytes each (12 ... 24; default 14)");
+  app.add_option("--sim-image", sim.images, "NAME=FILE: that simulated guest boots FILE, not the demo guest");
+  app.add_option("--sim-symbols", sim.symbols, "NAME=FILE: that simulated guest's System.map (default: the demo's)");
   std::string socket_path;
   auto* status_cmd = app.add_subcommand("status", "print what the running daemon serves: programs, domains, counts");
   auto* reload_cmd = app.add_subcommand(

@@ -427,6 +427,12 @@ class XENPROBES_API Session {
   // find_symbols(), a registration or kernel_stack()). Whoever keeps what find_symbols() gave
   // (names for a stack's addresses) asks again when it changed. 0 while the domain has none.
   std::uint64_t symbols_generation(DomId) const;
+  // symbols_generation() after a look at the guest's module list now (what resolve() does
+  // first): for a caller that keeps something per set of loaded modules (their BTF) and must
+  // know, before it uses it, whether a module came or went. Loads the default symbols like
+  // resolve(). A list that cannot be walked now (vCPU 0 in user space with page-table
+  // isolation) leaves the generation as it was.
+  [[nodiscard]] Result<std::uint64_t> check_modules(DomId);
 
   // What jump probes need to know of the domain's kernel, built now: every function of its core
   // text read and decoded once, for the branches between functions (seconds; tens of seconds in

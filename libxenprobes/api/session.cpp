@@ -219,6 +219,11 @@ Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) 
 
 std::uint64_t Session::symbols_generation(DomId dom) const { return impl_->engine->symbols_generation(dom); }
 
+Result<std::uint64_t> Session::check_modules(DomId dom) {
+  XP_TRY(symbols_for_lookup(dom));
+  return modules_now(*impl_, dom, std::chrono::milliseconds{0});
+}
+
 Result<void> Session::prepare_jump_probes(DomId dom) {
   XP_TRY(symbols_for_lookup(dom));
   return impl_->engine->prepare_jumps(dom);

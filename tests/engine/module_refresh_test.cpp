@@ -2,8 +2,9 @@
 // "When modules come and go"), on every channel: `module:func` of a module loaded later
 // resolves and is probed, a hit's stack is unwound through the module's own ORC table, a
 // module that went takes its names and its table with it; a hit's walk looks at the module
-// list at a bounded rate; a hostile list (a cycle, a bogus pointer) trusts no module and
-// leaves the kernel's symbols alone. The guest: tests/engine/module_guest.hpp.
+// list at a bounded rate; check_modules() moves the generation when the list changed; a
+// hostile list (a cycle, a bogus pointer) trusts no module and leaves the kernel's symbols
+// alone. The guest: tests/engine/module_guest.hpp.
 #include <memory>
 
 #include "api/session_testing.hpp"
@@ -103,6 +104,36 @@ TEST(ModuleRefresh, AModuleLoadedAfterTheSymbolsIsResolvedProbedAndUnwoundThroug
   auto refused = s.probe(pg.dom, Gva{pg.sym("demo_kstack_leaf")}, [](HitContext&) { return 0; });
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().what.find("not-kernel-text"), std::string::npos) << refused.error().what;
+}
+
+// Session::check_modules: a look at the list and nothing else. The generation stays while the
+// list does not change, and moves when a module comes and again when it goes (xenprobesd
+// reads a domain's types again then: docs/xenprobesd.md "Types").
+TEST(ModuleRefresh, CheckModulesMovesTheGenerationWhenAModuleComesOrGoes) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Callee);
+  ProbedGuest pg(module_config(g, 1));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  auto g0 = s.check_modules(pg.dom);
+  ASSERT_TRUE(g0) << g0.error().what;
+  EXPECT_EQ(*g0, s.symbols_generation(pg.dom));
+  auto same = s.check_modules(pg.dom);
+  ASSERT_TRUE(same) << same.error().what;
+  EXPECT_EQ(*same, *g0);
+  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  w.load();
+  auto g1 = s.check_modules(pg.dom);
+  ASSERT_TRUE(g1) << g1.error().what;
+  EXPECT_GT(*g1, *g0);
+  EXPECT_EQ(s.symbols_generation(pg.dom), *g1);
+  auto again = s.check_modules(pg.dom);
+  ASSERT_TRUE(again) << again.error().what;
+  EXPECT_EQ(*again, *g1);
+  w.unload();
+  auto g2 = s.check_modules(pg.dom);
+  ASSERT_TRUE(g2) << g2.error().what;
+  EXPECT_GT(*g2, *g1);
 }
 
 // A probe in the kernel whose callers are a module's: the module loaded after the walk's tables

@@ -2,7 +2,6 @@
 // running a deterministic workload (guest/demo.c), so every count below is exact. The
 // expected values come from the workload's definition (the oracle functions here), never
 // from a previous run of the tool.
-#include <elf.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -23,9 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "demo_image.hpp"
 #include "demo_abi.h"
-#include "unit/kernel/fake_module_btf.hpp"
+#include "module_btf_guest.hpp"
 
 namespace {
 
@@ -928,107 +926,14 @@ TEST(XenprobeBtf, FieldErrorsNameTheFieldsThereAre) {
 
 // ---- a loaded module, end to end: its functions and its BTF read from the guest's memory ----
 //
-// The demo guest has no modules, so this one gets one: an extra read-only PT_LOAD segment at
-// kModSeg holding the kernel's BTF (struct module in 6.12's layout, fake_module_btf.hpp), the
-// `modules` list head, one LIVE struct module "xfs" with its core_kallsyms (a function and a
-// data symbol) and its split BTF (struct xfs_inode), and its "text" (data the program reads
-// through the function's address). Its System.map is the demo guest's plus __start_BTF,
-// __stop_BTF and modules, given with --symbols.
+// The guest: tests/module_btf_guest.hpp (the demo guest with a LIVE module "xfs", its functions
+// and its split BTF in its memory), given with --sim-image and its System.map with --symbols.
 
-constexpr std::uint64_t kModSeg = 0xffffffff81200000ull;  // 2 MiB above the demo's _text
-constexpr std::uint64_t kHead = kModSeg + 0x2000, kStruct = kModSeg + 0x3000, kSymtab = kModSeg + 0x4000,
-                        kStrtab = kModSeg + 0x5000, kTypetab = kModSeg + 0x6000, kModBtf = kModSeg + 0x7000,
-                        kModText = kModSeg + 0x8000, kFn = kModText + 0x100;
-constexpr std::uint64_t kIno = 0x1122334455667788ull;
+using xenprobes::testing::module_btf_guest;
+using ModuleGuest = xenprobes::testing::ModuleBtfGuest;
+constexpr std::uint64_t kIno = ModuleGuest::kIno;
 
-struct ModuleGuest {
-  std::string image, map;
-  ~ModuleGuest() {
-    fs::remove(image);
-    fs::remove(map);
-  }
-};
-
-std::vector<std::byte> split_module_btf(const std::vector<std::byte>& base_raw) {
-  btf* base = btf__new(base_raw.data(), static_cast<__u32>(base_raw.size()));
-  btf* b = btf__new_empty_split(base);
-  const int u32 = btf__find_by_name_kind(base, "unsigned int", BTF_KIND_INT);
-  const int u64 = btf__add_int(b, "long long unsigned int", 8, 0);
-  btf__add_struct(b, "xfs_inode", 16);
-  btf__add_field(b, "i_ino", u64, 0, 0);
-  btf__add_field(b, "i_flags", u32, 64, 0);
-  std::uint32_t n = 0;
-  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
-  std::vector<std::byte> out(raw, raw + n);
-  btf__free(b);
-  btf__free(base);
-  return out;
-}
-
-ModuleGuest module_guest() {
-  using xenprobes::testing::k612;
-  const xenprobes::testing::Offsets& o = k612;
-  std::vector<std::uint8_t> seg(0x9000);
-  auto put = [&](std::uint64_t at, const void* p, std::size_t n) {
-    std::memcpy(seg.data() + (at - kModSeg), p, n);
-  };
-  auto u64 = [&](std::uint64_t at, std::uint64_t v) { put(at, &v, 8); };
-  auto u32 = [&](std::uint64_t at, std::uint32_t v) { put(at, &v, 4); };
-  const auto kbtf = xenprobes::testing::module_btf(o);
-  put(kModSeg, kbtf.data(), kbtf.size());
-  const auto mbtf = split_module_btf(kbtf);
-  put(kModBtf, mbtf.data(), mbtf.size());
-  // The list: head <-> xfs.
-  u64(kHead, kStruct + o.list);
-  u64(kHead + 8, kStruct + o.list);
-  u64(kStruct + o.list, kHead);
-  u64(kStruct + o.list + 8, kHead);
-  u32(kStruct + o.state, 0);  // MODULE_STATE_LIVE
-  put(kStruct + o.name, "xfs", 4);
-  u64(kStruct + o.text, kModText);      // mem[MOD_TEXT].base
-  u32(kStruct + o.text + 8, 0x1000);    // mem[MOD_TEXT].size
-  u64(kStruct + o.core_kallsyms, kSymtab);
-  u32(kStruct + o.core_kallsyms + 8, 3);
-  u64(kStruct + o.core_kallsyms + 16, kStrtab);
-  u64(kStruct + o.core_kallsyms + 24, kTypetab);
-  u32(kStruct + o.btf_size, static_cast<std::uint32_t>(mbtf.size()));
-  u64(kStruct + o.btf_data, kModBtf);
-  // core_kallsyms: the null symbol, xfs_file_read_iter (t, 0x80 bytes), xfs_stats (d).
-  const char strtab[] = "\0xfs_file_read_iter\0xfs_stats";
-  put(kStrtab, strtab, sizeof strtab);
-  put(kTypetab, "Utd", 3);
-  auto sym = [&](int i, std::uint32_t name, std::uint64_t value, std::uint64_t size) {
-    const std::uint64_t e = kSymtab + 24 * static_cast<std::uint64_t>(i);
-    u32(e, name);
-    const std::uint16_t shndx = 1;
-    put(e + 6, &shndx, 2);
-    u64(e + 8, value);
-    u64(e + 16, size);
-  };
-  sym(1, 1, kFn, 0x80);
-  sym(2, 20, kModText + 0x800, 8);
-  // What the program reads through the function's address as a struct xfs_inode.
-  u64(kFn, kIno);
-  u32(kFn + 8, 42);
-
-  // The demo guest's ELF with the segment as one more PT_LOAD.
-  const fs::path demo = fs::path(XENPROBES_DEMO_GUEST_SYSTEM_MAP).parent_path();
-  const std::vector<char> f =
-      xenprobes::testing::demo_image_with_segment((demo / "vmlinux").string(), kModSeg, seg, PF_R);
-  ModuleGuest g;
-  const std::string base = (fs::temp_directory_path() / ("xenprobe-module-guest-" + std::to_string(getpid()))).string();
-  g.image = base + ".elf";
-  g.map = base + ".map";
-  std::ofstream(g.image, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
-  std::ofstream m(g.map);
-  m << slurp(XENPROBES_DEMO_GUEST_SYSTEM_MAP);
-  char line[128];
-  std::snprintf(line, sizeof line, "%016llx R __start_BTF\n%016llx R __stop_BTF\n%016llx D modules\n",
-                static_cast<unsigned long long>(kModSeg), static_cast<unsigned long long>(kModSeg + kbtf.size()),
-                static_cast<unsigned long long>(kHead));
-  m << line;
-  return g;
-}
+ModuleGuest module_guest() { return module_btf_guest(); }
 
 TEST(XenprobeModules, AModulesFunctionsAreListedAndResolvedFromItsMemory) {
   ModuleGuest g = module_guest();

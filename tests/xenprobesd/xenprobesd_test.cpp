@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "module_btf_guest.hpp"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -697,6 +699,84 @@ domains = [{ glob = "*" }]
   ASSERT_FALSE(a.is_null());
   EXPECT_EQ(a["program"], "plain");
   EXPECT_EQ(d.stop(), 0) << d.err();
+}
+
+// A program that reads through a loaded module's struct is checked with the guest's kernel
+// types and its live modules' (tests/module_btf_guest.hpp: the demo guest with a LIVE module
+// "xfs" whose split BTF has struct xfs_inode, given with --sim-image and --sim-symbols) and
+// reads the exact values there. The same program in a guest with the same kernel BTF and no
+// module, or with the module but no BTF for it, fails to check, naming the type (and the
+// module left out, and why); those guests are served by the program beside it.
+TEST(xenprobesd, AProgramReadsThroughALoadedModulesTypes) {
+  using xenprobes::testing::ModuleBtfGuest;
+  const ModuleBtfGuest with = xenprobes::testing::module_btf_guest();
+  const ModuleBtfGuest none = xenprobes::testing::module_btf_guest({.module = false});
+  const ModuleBtfGuest no_btf = xenprobes::testing::module_btf_guest({.module = true, .module_btf = false});
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section() + R"(
+[[program]]
+name = "xfs"
+source = '''
+kprobe:sys_getppid { printf("ino=%lx flags=%u\n", ((struct xfs_inode *)kaddr("xfs_file_read_iter"))->i_ino,
+                            ((struct xfs_inode *)kaddr("xfs_file_read_iter"))->i_flags);
+                     @flags = max(((struct xfs_inode *)kaddr("xfs:xfs_file_read_iter"))->i_flags); @calls = count(); }
+'''
+domains = [{ glob = "*" }]
+
+[[program]]
+name = "plain"
+source = 'kprobe:sys_getppid { @c = count(); }'
+domains = [{ glob = "*" }]
+)");
+  std::vector<std::string> args;
+  for (const auto& [name, g] : {std::pair{"sim-1", &with}, std::pair{"sim-2", &none}, std::pair{"sim-3", &no_btf}})
+    for (const std::string& a : {std::string("--sim-image"), std::string(name) + "=" + g->image, std::string("--sim-symbols"),
+                                 std::string(name) + "=" + g->map})
+      args.push_back(a);
+  Daemon d(cfg, sim(3, args), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  const std::string no_type = "error: no struct xfs_inode in the BTF of ";
+  json f2 = d.next("attach_failed", "sim-2");
+  ASSERT_FALSE(f2.is_null());
+  EXPECT_EQ(f2["program"], "xfs");
+  const std::string b2 = f2["body"];
+  EXPECT_TRUE(b2.starts_with("the program does not check against this guest's kernel types:\n")) << b2;
+  EXPECT_NE(b2.find(no_type + "sim-2's kernel (read from its memory)\n"), std::string::npos) << b2;
+  EXPECT_EQ(b2.find("types left out"), std::string::npos) << b2;  // no module, none left out
+  json f3 = d.seen_or_next("attach_failed", "sim-3");
+  ASSERT_FALSE(f3.is_null());
+  EXPECT_EQ(f3["program"], "xfs");
+  const std::string b3 = f3["body"];
+  EXPECT_NE(b3.find(no_type + "sim-3's kernel (read from its memory)\n"), std::string::npos) << b3;
+  EXPECT_TRUE(b3.ends_with("types left out:\n  module xfs: it has no BTF (built without "
+                           "CONFIG_DEBUG_INFO_BTF_MODULES)\n"))
+      << b3;
+  ASSERT_FALSE(d.next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"xfs\",map=\"@flags\",key=\"\"}"),
+            ModuleBtfGuest::kFlags)
+      << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"xfs\",map=\"@calls\",key=\"\"}"), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_attachment_info{domain=\"sim-2\",program=\"xfs\",channel=\"guest\"}"), -1) << m;
+  for (const char* dom : {"sim-1", "sim-2", "sim-3"})
+    EXPECT_EQ(sample(m, hits(dom, "plain", "kprobe:sys_getppid")), 2 * K) << dom << "\n" << m;
+  EXPECT_EQ(sample(m, "xenprobesd_guest_read_errors_total{domain=\"sim-1\",program=\"xfs\"}"), 0) << m;
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  // Every hit in sim-1 printed the module's struct as it is in the guest's memory.
+  char want[64];
+  std::snprintf(want, sizeof want, "ino=%llx flags=%u\n", static_cast<unsigned long long>(ModuleBtfGuest::kIno),
+                ModuleBtfGuest::kFlags);
+  int printed = 0;
+  for (const json& r : d.all())
+    if (r["kind"] == "printf") {
+      EXPECT_EQ(r["domain"], "sim-1") << r;
+      EXPECT_EQ(r["body"], want) << r;
+      ++printed;
+    }
+  EXPECT_EQ(printed, 2 * K);
+  EXPECT_EQ(std::count_if(d.all().begin(), d.all().end(),
+                          [](const json& r) { return r["kind"] == "attached" && r["program"] == "xfs"; }),
+            1);
 }
 
 // Map keys and printf text are guest data. The bytes at sys_getppid are the ftrace nop

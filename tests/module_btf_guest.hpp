@@ -1,0 +1,162 @@
+// A demo guest with one loaded module whose types come from the guest's memory: for the tests
+// of xenprobe (tests/xenprobe/xenprobe_test.cpp) and of xenprobesd (tests/xenprobesd/), which
+// run the tools as subprocesses on the simulated Xen with `--sim-image` and a System.map.
+//
+// The demo guest has no modules, so this one gets one: an extra read-only PT_LOAD segment at
+// kSeg holding the kernel's BTF (struct module in 6.12's layout, fake_module_btf.hpp), the
+// `modules` list head, one LIVE struct module "xfs" with its core_kallsyms (a function and a
+// data symbol) and its split BTF (struct xfs_inode), and its "text" (data a program reads
+// through the function's address as a struct xfs_inode: i_ino = kIno, i_flags = kFlags). Its
+// System.map is the demo guest's plus __start_BTF, __stop_BTF and modules.
+//
+// Variants (ModuleBtfGuest::Options): the module loaded without BTF (btf_data 0, as a kernel
+// built without CONFIG_DEBUG_INFO_BTF_MODULES leaves it), or no module at all (the list empty):
+// the kernel's BTF is there in every case.
+//
+// (tests/engine/module_guest.hpp is another guest: a module list a test changes while it runs.)
+#pragma once
+
+#include <elf.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "demo_image.hpp"
+#include "unit/kernel/fake_module_btf.hpp"
+
+namespace xenprobes::testing {
+
+struct ModuleBtfGuest {
+  static constexpr std::uint64_t kSeg = 0xffffffff81200000ull;  // 2 MiB above the demo's _text
+  static constexpr std::uint64_t kHead = kSeg + 0x2000, kStruct = kSeg + 0x3000, kSymtab = kSeg + 0x4000,
+                                 kStrtab = kSeg + 0x5000, kTypetab = kSeg + 0x6000, kModBtf = kSeg + 0x7000,
+                                 kModText = kSeg + 0x8000, kFn = kModText + 0x100;
+  static constexpr std::uint64_t kIno = 0x1122334455667788ull;
+  static constexpr std::uint32_t kFlags = 42;
+
+  struct Options {
+    bool module = true;      // "xfs" is on the module list
+    bool module_btf = true;  // and has its split BTF
+  };
+
+  std::string image, map;  // files, removed with the object
+
+  ModuleBtfGuest() = default;
+  ModuleBtfGuest(const ModuleBtfGuest&) = delete;
+  ModuleBtfGuest& operator=(const ModuleBtfGuest&) = delete;
+  ModuleBtfGuest(ModuleBtfGuest&& o) noexcept : image(std::move(o.image)), map(std::move(o.map)) {
+    o.image.clear();
+    o.map.clear();
+  }
+  ~ModuleBtfGuest() {
+    if (!image.empty()) std::filesystem::remove(image);
+    if (!map.empty()) std::filesystem::remove(map);
+  }
+};
+
+namespace module_btf_guest_detail {
+
+// The module's split BTF over `base_raw`: struct xfs_inode { u64 i_ino; u32 i_flags; }.
+inline std::vector<std::byte> split_module_btf(const std::vector<std::byte>& base_raw) {
+  btf* base = btf__new(base_raw.data(), static_cast<__u32>(base_raw.size()));
+  btf* b = btf__new_empty_split(base);
+  const int u32 = btf__find_by_name_kind(base, "unsigned int", BTF_KIND_INT);
+  const int u64 = btf__add_int(b, "long long unsigned int", 8, 0);
+  btf__add_struct(b, "xfs_inode", 16);
+  btf__add_field(b, "i_ino", u64, 0, 0);
+  btf__add_field(b, "i_flags", u32, 64, 0);
+  std::uint32_t n = 0;
+  auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
+  std::vector<std::byte> out(raw, raw + n);
+  btf__free(b);
+  btf__free(base);
+  return out;
+}
+
+}  // namespace module_btf_guest_detail
+
+inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
+  using G = ModuleBtfGuest;
+  const Offsets& o = k612;
+  std::vector<std::uint8_t> seg(0x9000);
+  auto put = [&](std::uint64_t at, const void* p, std::size_t n) { std::memcpy(seg.data() + (at - G::kSeg), p, n); };
+  auto u64 = [&](std::uint64_t at, std::uint64_t v) { put(at, &v, 8); };
+  auto u32 = [&](std::uint64_t at, std::uint32_t v) { put(at, &v, 4); };
+  const auto kbtf = module_btf(o);
+  put(G::kSeg, kbtf.data(), kbtf.size());
+  if (!opt.module) {
+    // An empty list: the head points at itself.
+    u64(G::kHead, G::kHead);
+    u64(G::kHead + 8, G::kHead);
+  } else {
+    // The list: head <-> xfs.
+    u64(G::kHead, G::kStruct + o.list);
+    u64(G::kHead + 8, G::kStruct + o.list);
+    u64(G::kStruct + o.list, G::kHead);
+    u64(G::kStruct + o.list + 8, G::kHead);
+    u32(G::kStruct + o.state, 0);  // MODULE_STATE_LIVE
+    put(G::kStruct + o.name, "xfs", 4);
+    u64(G::kStruct + o.text, G::kModText);    // mem[MOD_TEXT].base
+    u32(G::kStruct + o.text + 8, 0x1000);     // mem[MOD_TEXT].size
+    u64(G::kStruct + o.core_kallsyms, G::kSymtab);
+    u32(G::kStruct + o.core_kallsyms + 8, 3);
+    u64(G::kStruct + o.core_kallsyms + 16, G::kStrtab);
+    u64(G::kStruct + o.core_kallsyms + 24, G::kTypetab);
+    if (opt.module_btf) {
+      const auto mbtf = module_btf_guest_detail::split_module_btf(kbtf);
+      put(G::kModBtf, mbtf.data(), mbtf.size());
+      u32(G::kStruct + o.btf_size, static_cast<std::uint32_t>(mbtf.size()));
+      u64(G::kStruct + o.btf_data, G::kModBtf);
+    }
+    // core_kallsyms: the null symbol, xfs_file_read_iter (t, 0x80 bytes), xfs_stats (d).
+    const char strtab[] = "\0xfs_file_read_iter\0xfs_stats";
+    put(G::kStrtab, strtab, sizeof strtab);
+    put(G::kTypetab, "Utd", 3);
+    auto sym = [&](int i, std::uint32_t name, std::uint64_t value, std::uint64_t size) {
+      const std::uint64_t e = G::kSymtab + 24 * static_cast<std::uint64_t>(i);
+      u32(e, name);
+      const std::uint16_t shndx = 1;
+      put(e + 6, &shndx, 2);
+      u64(e + 8, value);
+      u64(e + 16, size);
+    };
+    sym(1, 1, G::kFn, 0x80);
+    sym(2, 20, G::kModText + 0x800, 8);
+  }
+  // What a program reads through the function's address as a struct xfs_inode.
+  u64(G::kFn, G::kIno);
+  u32(G::kFn + 8, G::kFlags);
+
+  // The demo guest's ELF with the segment as one more PT_LOAD.
+  namespace fs = std::filesystem;
+  const fs::path demo = fs::path(XENPROBES_DEMO_GUEST_SYSTEM_MAP).parent_path();
+  const std::vector<char> f = demo_image_with_segment((demo / "vmlinux").string(), G::kSeg, seg, PF_R);
+  static std::atomic<unsigned> serial{0};
+  G g;
+  const std::string base = (fs::temp_directory_path() / ("module-btf-guest-" + std::to_string(getpid()) + "-" +
+                                                         std::to_string(serial++)))
+                               .string();
+  g.image = base + ".elf";
+  g.map = base + ".map";
+  std::ofstream(g.image, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
+  std::ofstream m(g.map);
+  std::stringstream demo_map;
+  demo_map << std::ifstream(XENPROBES_DEMO_GUEST_SYSTEM_MAP).rdbuf();
+  m << demo_map.str();
+  char line[128];
+  std::snprintf(line, sizeof line, "%016llx R __start_BTF\n%016llx R __stop_BTF\n%016llx D modules\n",
+                static_cast<unsigned long long>(G::kSeg), static_cast<unsigned long long>(G::kSeg + kbtf.size()),
+                static_cast<unsigned long long>(G::kHead));
+  m << line;
+  return g;
+}
+
+}  // namespace xenprobes::testing
