@@ -329,4 +329,9 @@ inline bool eventually(const std::function<bool()>& pred, std::chrono::milliseco
   return pred();
 }
 
+// Whether vCPU 0's mailbox comes to hold hit number `seq` in state HIT (waiting for it).
+inline bool hit_with_seq(ChannelGuest& g, std::uint32_t seq) {
+  return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
+}
+
 }  // namespace xenprobes::testing

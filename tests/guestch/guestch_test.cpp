@@ -1122,17 +1122,14 @@ TEST(GuestChannelClock, TheModuleSumsItsWaitsForDom0AndKeepsTheLongest) {
   const TrapEntry e = g.arm_skip("sys_open");
   sink.skip(e.addr.value);
   g.start();
-  auto hit_with_seq = [&](std::uint32_t seq) {
-    return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
-  };
-  ASSERT_TRUE(hit_with_seq(1));
+  ASSERT_TRUE(hit_with_seq(g, 1));
   g.advance(7ms);
   EXPECT_EQ(g.pump(sink), 1u);
-  ASSERT_TRUE(hit_with_seq(2)) << "the answer to the first hit taken up, the next hit made";
+  ASSERT_TRUE(hit_with_seq(g, 2)) << "the answer to the first hit taken up, the next hit made";
   EXPECT_EQ(g.header().wait_ns, 7'000'000u);
   g.advance(3ms);
   EXPECT_EQ(g.pump(sink), 1u);
-  ASSERT_TRUE(hit_with_seq(3));
+  ASSERT_TRUE(hit_with_seq(g, 3));
   g.advance(std::chrono::milliseconds(kTimeoutMs));  // the third: no answer
   EXPECT_EQ(g.header().timeouts, 1u);
   EXPECT_EQ(g.header().wait_ns, 40'000'000u);
@@ -1155,15 +1152,12 @@ TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItS
   const TrapEntry e = g.arm_skip("sys_open");
   sink.skip(e.addr.value);
   g.start();
-  auto hit_with_seq = [&](std::uint32_t seq) {
-    return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
-  };
   for (std::uint32_t seq = 1; seq <= 2; ++seq) {  // 7 + 7 ms: within the budget
-    ASSERT_TRUE(hit_with_seq(seq));
+    ASSERT_TRUE(hit_with_seq(g, seq));
     g.advance(7ms);
     EXPECT_EQ(g.pump(sink), 1u);
   }
-  ASSERT_TRUE(hit_with_seq(3));
+  ASSERT_TRUE(hit_with_seq(g, 3));
   EXPECT_EQ(g.header().over_budget, 0u);
   g.advance(6ms);  // 20 ms in all: spent
   EXPECT_EQ(g.pump(sink), 1u);
@@ -1179,7 +1173,7 @@ TEST(GuestChannelClock, AVcpuThatSpentItsWaitingBudgetResumesWithoutDom0UntilItS
   EXPECT_GE(c->over_budget, 3u);
   // The guest kernel switches tasks on the vCPU: its hits go to Dom0 again.
   ASSERT_TRUE(g.host->vcpu_switched(g.dom, VcpuId{0}));
-  ASSERT_TRUE(hit_with_seq(4));
+  ASSERT_TRUE(hit_with_seq(g, 4));
   const std::uint64_t over = g.header().over_budget;
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(g.header().over_budget, over) << "the vCPU waits in its mailbox, over budget no more";
