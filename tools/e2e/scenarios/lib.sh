@@ -193,6 +193,42 @@ xenprobe_attached() {
   grep -q '"attached_probes"' "$1"
 }
 
+# xenprobe_start <domid> <json out> <stderr file> <xenprobe arguments...>: starts xenprobe in
+# the background (its pid in $xp) and waits for its attached_probes record; when it does not
+# come, the scenario fails with xenprobe's own last line, the DomU let go on to its unload.
+xenprobe_start() {
+  _xd=$1 _xo=$2 _xe=$3
+  shift 3
+  /usr/bin/xenprobe "$@" >"$_xo" 2>"$_xe" &
+  xp=$!
+  if ! xenprobe_attached "$_xo" $xp; then
+    kill -KILL $xp 2>/dev/null
+    sed 's/^/XPE2E-INFO: xenprobe: /' "$_xe"
+    domu_release "$_xd"
+    result FAIL "xenprobe did not attach: $(tail -n 1 "$_xe")"
+  fi
+}
+
+# xenprobe_workload <domid> <json out> <stderr file>: lets the DomU's workload go, waits for its
+# report (in $done), then stops xenprobe $xp with SIGTERM (it detaches and prints its maps, as
+# ^C does); its exit status in $xp_rc, its output and errors in the log.
+xenprobe_workload() {
+  xenstore-write "/local/domain/$1/data/xpe2e/go" 1
+  done=$(xs_wait "/local/domain/$1/data/xpe2e/done" 240) || {
+    kill -TERM $xp 2>/dev/null
+    wait $xp
+    sed 's/^/XPE2E-INFO: xenprobe: /' "$3"
+    domu_release "$1"
+    result FAIL "the workload did not finish within 240 s"
+  }
+  echo "XPE2E-INFO: workload: $done"
+  kill -TERM $xp
+  wait $xp
+  xp_rc=$?
+  sed 's/^/XPE2E-INFO: xenprobe: /' "$3"
+  sed 's/^/XPE2E-INFO: xenprobe out: /' "$2"
+}
+
 xs_wait() { # <path> <seconds>: prints the value once the key exists
   _w=0
   while [ $_w -lt $(($2 * 5)) ]; do

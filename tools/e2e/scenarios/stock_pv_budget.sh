@@ -18,27 +18,8 @@ OUT=/tmp/$S.json
 ERR=/tmp/$S.err
 PROG='kprobe:__x64_sys_getppid { @getppid = count(); }'
 echo "XPE2E-INFO: xenprobe -d $N -f json --channel guest -e '$PROG'"
-/usr/bin/xenprobe -d $N -f json --channel guest --duration 300 -e "$PROG" >"$OUT" 2>"$ERR" &
-xp=$!
-if ! xenprobe_attached "$OUT" $xp; then
-  kill -KILL $xp 2>/dev/null
-  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-  domu_release "$domid"
-  result FAIL "xenprobe did not attach: $(tail -n 1 "$ERR")"
-fi
-xenstore-write "/local/domain/$domid/data/xpe2e/go" 1
-done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
-  kill -TERM $xp 2>/dev/null
-  wait $xp
-  domu_release "$domid"
-  result FAIL "the workload did not finish within 240 s"
-}
-echo "XPE2E-INFO: workload: $done"
-kill -TERM $xp
-wait $xp
-rc=$?
-sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-sed 's/^/XPE2E-INFO: xenprobe out: /' "$OUT"
+xenprobe_start "$domid" "$OUT" "$ERR" -d $N -f json --channel guest --duration 300 -e "$PROG"
+xenprobe_workload "$domid" "$OUT" "$ERR"
 calls=$(grep '"@getppid"' "$OUT" | grep -o '"@getppid":[0-9]*' | cut -d: -f2)
 xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
 un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
@@ -49,7 +30,7 @@ line=$(tr -d '\r' <"$(console_log $N)" | grep -a "xenprobes: unloaded (" | tail 
 echo "XPE2E-INFO: DomU $N: ${line#*] }"
 over=$(echo "$line" | sed -n 's/.*; \([0-9]*\) hits over budget).*/\1/p')
 tmo=$(echo "$line" | sed -n 's/.*hits, \([0-9]*\) timeouts,.*/\1/p')
-[ $rc -eq 0 ] || result FAIL "xenprobe exited $rc after SIGTERM: $(tail -n 1 "$ERR")"
+[ $xp_rc -eq 0 ] || result FAIL "xenprobe exited $xp_rc after SIGTERM: $(tail -n 1 "$ERR")"
 [ "$un" = ok ] || result FAIL "detach + rmmod of the guest module: '$un'"
 case "$done" in *"getppid=$GETPPID "*"ok=1"*) ;; *) result FAIL "the workload's own report: $done" ;; esac
 [ -n "$over" ] && [ -n "$tmo" ] || result FAIL "no over-budget or timeout count in the module's unload line: '${line#*] }'"

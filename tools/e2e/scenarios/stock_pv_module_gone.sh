@@ -23,14 +23,7 @@ OUT=/tmp/$S.json
 ERR=/tmp/$S.err
 PROG="kprobe:loop:$fn { @[func] = count(); }"
 echo "XPE2E-INFO: xenprobe -d $N -f json --channel guest -e '$PROG'"
-/usr/bin/xenprobe -d $N -f json --channel guest --duration 300 -e "$PROG" >"$OUT" 2>"$ERR" &
-xp=$!
-if ! xenprobe_attached "$OUT" $xp; then
-  kill -KILL $xp 2>/dev/null
-  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-  domu_release "$domid"
-  result FAIL "xenprobe did not attach: $(tail -n 1 "$ERR")"
-fi
+xenprobe_start "$domid" "$OUT" "$ERR" -d $N -f json --channel guest --duration 300 -e "$PROG"
 echo "XPE2E-INFO: attached: $(grep '"attached_probes"' "$OUT")"
 # SIGKILL: nothing restored by the process; the guest channel has no guardian.
 kill -KILL $xp

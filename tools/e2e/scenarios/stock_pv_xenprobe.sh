@@ -39,29 +39,9 @@ fi
 echo "XPE2E-INFO: xenprobe -d $N -f json $METHOD -e '$PROG'"
 t0=$(cut -d' ' -f1 /proc/uptime)
 # shellcheck disable=SC2086
-/usr/bin/xenprobe -d $N -f json --duration 300 $METHOD -e "$PROG" >"$OUT" 2>"$ERR" &
-xp=$!
-if ! xenprobe_attached "$OUT" $xp; then
-  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-  domu_release "$domid"
-  result FAIL "xenprobe did not attach: $(tail -n 1 "$ERR")"
-fi
+xenprobe_start "$domid" "$OUT" "$ERR" -d $N -f json --duration 300 $METHOD -e "$PROG"
 echo "XPE2E-INFO: attached after $(awk -v a="$t0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.1f", b - a }') s (symbols and BTF read from the guest): $(grep '"attached_probes"' "$OUT")"
-xenstore-write "/local/domain/$domid/data/xpe2e/go" 1
-done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
-  kill -TERM $xp 2>/dev/null
-  wait $xp
-  sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-  domu_release "$domid"
-  result FAIL "the workload did not finish within 240 s"
-}
-echo "XPE2E-INFO: workload: $done"
-# SIGTERM: xenprobe detaches and prints its maps (as ^C does).
-kill -TERM $xp
-wait $xp
-rc=$?
-sed 's/^/XPE2E-INFO: xenprobe: /' "$ERR"
-sed 's/^/XPE2E-INFO: xenprobe out: /' "$OUT"
+xenprobe_workload "$domid" "$OUT" "$ERR"
 opens=$(grep '"@opens"' "$OUT" | grep -o '"/tmp/xpe2e-target":[0-9]*' | cut -d: -f2)
 calls=$(grep '"@getppid"' "$OUT" | grep -o '"@getppid":[0-9]*' | cut -d: -f2)
 # kstack, unwound from Dom0 through the guest's own ORC tables: every getppid stack is the
@@ -74,7 +54,7 @@ xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
 un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
 domu_verdict $N "$domid"
 domu_kernel_clean $N
-[ $rc -eq 0 ] || result FAIL "xenprobe exited $rc after SIGTERM: $(tail -n 1 "$ERR")"
+[ $xp_rc -eq 0 ] || result FAIL "xenprobe exited $xp_rc after SIGTERM: $(tail -n 1 "$ERR")"
 case "$done" in *"getppid=$GETPPID "*"openat=$OPENAT "*"ok=1"*) ;; *) result FAIL "the workload's own report: $done" ;; esac
 [ "$opens" = "$OPENAT" ] || result FAIL "@opens[\"/tmp/xpe2e-target\"] = '${opens}', the workload opened it $OPENAT times"
 [ "$calls" = "$GETPPID" ] || result FAIL "@getppid = '${calls}', the workload called getppid $GETPPID times"
