@@ -77,6 +77,7 @@ ccache ccache
 chmod coreutils
 chroot coreutils
 clang-14 clang-14
+clang-format-14 clang-format-14
 cmake cmake
 cp coreutils
 cpio cpio

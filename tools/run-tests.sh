@@ -14,6 +14,8 @@ sh tools/check-host-commands.sh
 sh tools/check-layers.sh
 # No source file of the library or of the guest module over 600 lines (issue 13).
 sh tools/check-file-size.sh
+# Every Dom0, test and tool source laid out as .clang-format says (clang-format 14).
+sh tools/check-format.sh
 jobs="$(nproc)"
 # Compile through ccache (tools/build-cache.sh): a clean clone then rebuilds from the cache.
 . tools/build-cache.sh
