@@ -40,7 +40,7 @@ using namespace xenprobes;
 namespace {
 
 constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as the engine: larger "functions" are gaps
-constexpr std::size_t kEngineSlotSize = 32;               // probe/engine.hpp kSlotSize: one detour
+constexpr std::size_t kEngineSlotSize = 32;              // probe/engine.hpp kSlotSize: one detour
 // Where the detours would run for the size check: the modules' area of x86-64 Linux (its
 // MODULES_VADDR), where the guest module's slots are.
 constexpr std::uint64_t kModuleArea = 0xffffffffa0000000ull;
@@ -170,7 +170,9 @@ std::optional<std::string> engine_refuses(const x86::JumpFunction& f, const x86:
 void collect_taken(const hv::sim::ElfImage& img, const std::vector<const std::vector<x86::Insn>*>& code,
                    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& raw, std::uint64_t lo, std::uint64_t hi,
                    const std::vector<std::uint64_t>& starts, x86::SiteIndex& out) {
-  auto interior = [&](std::uint64_t v) { return v >= lo && v < hi && !std::binary_search(starts.begin(), starts.end(), v); };
+  auto interior = [&](std::uint64_t v) {
+    return v >= lo && v < hi && !std::binary_search(starts.begin(), starts.end(), v);
+  };
   for (const auto* insns : code)
     for (const x86::Insn& i : *insns)
       for (std::uint64_t a : x86::materialized_addresses(i))
@@ -205,7 +207,8 @@ x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const ImageMemory&
   x86::SiteIndex out;
   auto bounds = [&](const char* a, const char* b) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
     auto x = syms.lookup(a), y = syms.lookup(b);
-    if (!x || !y || x->empty() || y->empty() || y->front().address.value < x->front().address.value) return std::nullopt;
+    if (!x || !y || x->empty() || y->empty() || y->front().address.value < x->front().address.value)
+      return std::nullopt;
     return std::pair{x->front().address.value, y->front().address.value};
   };
   auto s32 = [&](std::uint64_t at) {
@@ -412,8 +415,9 @@ int main(int argc, char** argv) {
       // The engine finds the same ones (Engine::cross_function_branches).
       auto into = syms->function_containing(Gva{t});
       const bool cold = into && d.fn->name.starts_with(into->name + ".cold");
-      entries.add(t, 1, "the target of a branch in " + d.fn->name + (cold ? " (its cold part, " : " (another function, ") +
-                            hex(i.address.value) + ")");
+      entries.add(t, 1,
+                  "the target of a branch in " + d.fn->name + (cold ? " (its cold part, " : " (another function, ") +
+                      hex(i.address.value) + ")");
       ++cross;
       cross_not_cold += !cold;
     }
@@ -464,7 +468,8 @@ int main(int argc, char** argv) {
     std::sort(analysed.begin(), analysed.end());
     const kernel::Range init = tables.init_text();
     for (const symbols::Symbol& sym : syms->matching("*")) {
-      if (sym.kind != symbols::SymbolKind::Text || !(text.contains(sym.address.value) || init.contains(sym.address.value)))
+      if (sym.kind != symbols::SymbolKind::Text ||
+          !(text.contains(sym.address.value) || init.contains(sym.address.value)))
         continue;
       if (std::binary_search(analysed.begin(), analysed.end(), sym.address.value)) continue;
       auto f = syms->function_containing(sym.address);
@@ -475,7 +480,8 @@ int main(int argc, char** argv) {
     }
     for (const auto& e : extra) code.push_back(&e);
     std::vector<std::pair<std::uint64_t, std::uint64_t>> raw;
-    if (auto a = syms->lookup("_einittext"); a && !a->empty()) raw.emplace_back(a->front().address.value, a->front().address.value + 0x10000);
+    if (auto a = syms->lookup("_einittext"); a && !a->empty())
+      raw.emplace_back(a->front().address.value, a->front().address.value + 0x10000);
     auto b = syms->lookup("__alt_instructions_end"), e = syms->lookup("__init_end");
     if (b && e && !b->empty() && !e->empty()) raw.emplace_back(b->front().address.value, e->front().address.value);
     collect_taken(mem.image(), code, raw, text.start, text.end, starts, taken);
@@ -528,8 +534,8 @@ int main(int argc, char** argv) {
   jc_islands.island_padding = &pad;
   jc_both.island_padding = &pad_proof;
 
-  std::size_t total = 0, probeable = 0, boostable = 0, jump_ok = 0, jump_own = 0, jump_earlier = 0,
-              agentless = 0, fn_with_unknown = 0, if_proof = 0, if_islands = 0, if_both = 0, island_used = 0, island_earlier = 0;
+  std::size_t total = 0, probeable = 0, boostable = 0, jump_ok = 0, jump_own = 0, jump_earlier = 0, agentless = 0,
+              fn_with_unknown = 0, if_proof = 0, if_islands = 0, if_both = 0, island_used = 0, island_earlier = 0;
   Counter refused, plans, jump_refused, jump_earlier_why, both_refused, island_why;
   for (const Decoded& d : decoded) {
     current = &d;
@@ -624,26 +630,32 @@ int main(int argc, char** argv) {
   std::printf("symbols: %s (%zu functions in [_stext, _etext) %s-%s)\n", args[1].c_str(), fns.size(),
               hex(text.start).c_str(), hex(text.end).c_str());
   std::printf("tables: %s\n", tables.summary().c_str());
-  std::printf("jump context: %zu reserved sites, %zu exception fixups, %zu jump-label targets, %zu branches from "
-              "other functions (%zu not from a cold part), %zu retpoline thunks, IBT build: %s\n",
-              reserved.size(), entries.size() - cross - label_targets, label_targets, cross, cross_not_cold, thunks.size(),
-              jc.endbr_marks_indirect_targets ? "yes" : "no");
-  std::printf("analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
-              "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",
-              decoded.size(), every, max_functions ? ", capped" : "", total, padding_fns, too_large, unreadable,
-              undecodable, undecodable_bytes);
+  std::printf(
+      "jump context: %zu reserved sites, %zu exception fixups, %zu jump-label targets, %zu branches from "
+      "other functions (%zu not from a cold part), %zu retpoline thunks, IBT build: %s\n",
+      reserved.size(), entries.size() - cross - label_targets, label_targets, cross, cross_not_cold, thunks.size(),
+      jc.endbr_marks_indirect_targets ? "yes" : "no");
+  std::printf(
+      "analysed: %zu functions (every %zu%s), %zu instructions; skipped: %zu __pfx_ padding, %zu too "
+      "large or unsized, %zu unreadable, %zu undecodable (%zu bytes)\n",
+      decoded.size(), every, max_functions ? ", capped" : "", total, padding_fns, too_large, unreadable, undecodable,
+      undecodable_bytes);
   if (examples && !undecodable_example.empty()) std::printf("  e.g. undecodable: %s\n", undecodable_example.c_str());
-  std::printf("functions with an indirect jump of unknown targets: %zu (%zu of them only leaving it: no address "
-              "inside them formed anywhere); jump tables read: %zu\n",
-              fn_with_unknown, fn_relaxed, tables_read);
-  std::printf("interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof); "
-              "boot-time patch sites: %zu, overlapping dead padding: %zu; padding cut before a function "
-              "without __pfx_ (call-depth tracking): %zu\n",
-              taken.size(), pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
-  if (examples && pad_dropped) std::printf("  e.g. dead padding with a boot-time patch site: %s\n", pad_dropped_example.c_str());
+  std::printf(
+      "functions with an indirect jump of unknown targets: %zu (%zu of them only leaving it: no address "
+      "inside them formed anywhere); jump tables read: %zu\n",
+      fn_with_unknown, fn_relaxed, tables_read);
+  std::printf(
+      "interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof); "
+      "boot-time patch sites: %zu, overlapping dead padding: %zu; padding cut before a function "
+      "without __pfx_ (call-depth tracking): %zu\n",
+      taken.size(), pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
+  if (examples && pad_dropped)
+    std::printf("  e.g. dead padding with a boot-time patch site: %s\n", pad_dropped_example.c_str());
   if (examples)
     for (const std::string& u : still_unknown) std::printf("  indirect jumps not proven to leave: %s\n", u.c_str());
-  std::printf("\n%-58s %9zu  %6.2f%%\n", "probe-able (vmevent channel, module slots)", probeable, pct(probeable, total));
+  std::printf("\n%-58s %9zu  %6.2f%%\n", "probe-able (vmevent channel, module slots)", probeable,
+              pct(probeable, total));
   std::printf("%-58s %9zu  %6.2f%%\n", "boostable (slot copy + jmp back: boost, boost-riprel)", boostable,
               pct(boostable, total));
   std::printf("%-58s %9zu  %6.2f%%\n", "agentless-safe (Xen's emulator runs it as the CPU does)", agentless,
@@ -669,8 +681,8 @@ int main(int argc, char** argv) {
   print("served by an earlier region; why the own region was refused:", jump_earlier_why, total, examples);
   print("with both measured ideas: served by a short jump; why the 5-byte region was refused:", island_why, total,
         examples);
-  print("with both measured ideas: still not jump-optimizable, by the own region's first refusal:", both_refused,
-        total, examples);
+  print("with both measured ideas: still not jump-optimizable, by the own region's first refusal:", both_refused, total,
+        examples);
   std::printf("\ntime: %.1f s\n", secs);
 
   // A run that saw nothing, or read none of the tables, proves nothing.

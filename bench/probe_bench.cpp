@@ -19,7 +19,6 @@
 
 #include "alloc_counter.hpp"
 
-
 using namespace xenprobes;
 
 namespace {
@@ -66,7 +65,12 @@ void BM_HitBoosted(benchmark::State& st) {
   Rig rig;
   std::uint64_t at = rig.sym("sys_getppid") + 5;  // mov %rsp,%rax
   std::uint64_t calls = 0;
-  auto id = rig.engine->add(rig.dom, Gva{at}, [&](HitContext& c) { calls += c.regs().rax & 1; return 0; }, {});
+  auto id = rig.engine->add(rig.dom, Gva{at},
+                            [&](HitContext& c) {
+                              calls += c.regs().rax & 1;
+                              return 0;
+                            },
+                            {});
   if (!id) return st.SkipWithError(id.error().what.c_str());
   auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
   hit_loop(st, rig, Gva{at}, regs);
@@ -89,7 +93,8 @@ void BM_HitPostHandlerSlotTrap(benchmark::State& st) {
   Rig rig;
   std::uint64_t at = rig.sym("sys_getppid") + 5;
   std::uint64_t posts = 0;
-  auto id = rig.engine->add(rig.dom, Gva{at}, [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
+  auto id = rig.engine->add(
+      rig.dom, Gva{at}, [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
   if (!id) return st.SkipWithError(id.error().what.c_str());
   auto info = rig.engine->info(*id);
   auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
@@ -114,7 +119,7 @@ void BM_HitRetProbePair(benchmark::State& st) {
   at = rig.engine->info(*id)->address.value;  // past the function's ftrace site
   auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
   regs.rsp = rig.sym(DEMO_SYM_STACKS) + DEMO_STACK_SIZE - 64;  // a slot in vCPU 0's stack
-  const std::uint64_t ret = rig.sym("demo_main");                // any return address
+  const std::uint64_t ret = rig.sym("demo_main");              // any return address
   auto gv = GuestView::open(*rig.hv, rig.dom);
   if (!gv || !(*gv)->write(Gva{regs.rsp}, std::as_bytes(std::span(&ret, 1))))
     return st.SkipWithError("cannot write the stack");
@@ -172,7 +177,13 @@ void full_loop(benchmark::State& st, const char* where, bool post) {
   run_loop(st, "hit", [&](Session& s, DomId dom, std::uint64_t& hits) -> Result<std::pair<Probe, std::string>> {
     PostHandler ph;
     if (post) ph = [](HitContext&) {};
-    auto p = XP_TRY(s.probe(dom, where, [&hits](HitContext&) { ++hits; return 0; }, ph));
+    auto p = XP_TRY(s.probe(
+        dom, where,
+        [&hits](HitContext&) {
+          ++hits;
+          return 0;
+        },
+        ph));
     const char* mode = "?";
     switch (p.info()->mode) {
       case ExecMode::Boosted: mode = "boosted"; break;

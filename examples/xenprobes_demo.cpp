@@ -33,8 +33,8 @@ namespace {
 // The demo guest's per-vCPU statistics (guest/demo_abi.h): calls[8], iterations, checksum, done.
 constexpr unsigned kDemoFuncs = 8;
 constexpr std::size_t kDemoStatsSize = 8 * kDemoFuncs + 24;
-const char* kDemoFuncNames[kDemoFuncs] = {"getppid", "read", "write", "open",
-                                          "unlink", "recurse", "classify", "dispatch"};
+const char* kDemoFuncNames[kDemoFuncs] = {"getppid", "read",    "write",    "open",
+                                          "unlink",  "recurse", "classify", "dispatch"};
 
 std::map<std::string, std::uint64_t> load_system_map(const std::string& path) {
   std::map<std::string, std::uint64_t> syms;
@@ -87,15 +87,18 @@ int main(int argc, char** argv) {
   hv::Hypervisor& hv = **hvr;
   auto version = hv.version();
   auto caps = hv.capabilities();
-  std::printf("hypervisor: %s, Xen %s, gdbsx %s\n", hv.name().c_str(),
-              version ? version->c_str() : "?", caps && caps->gdbsx ? "present" : "absent");
+  std::printf("hypervisor: %s, Xen %s, gdbsx %s\n", hv.name().c_str(), version ? version->c_str() : "?",
+              caps && caps->gdbsx ? "present" : "absent");
 
   auto doms = hv.list_domains();
   if (!doms) die("cannot list domains", doms.error());
   std::printf("%-6s %-12s %-4s %-6s %s\n", "domid", "name", "type", "vcpus", "state");
   for (const auto& d : *doms)
     std::printf("%-6u %-12s %-4s %-6u %s\n", d.domid.value, d.name.c_str(), d.type == hv::GuestType::Pv ? "pv" : "hvm",
-                d.vcpus, d.crashed ? "crashed" : d.paused ? "paused" : "running");
+                d.vcpus,
+                d.crashed  ? "crashed"
+                : d.paused ? "paused"
+                           : "running");
 
   DomId dom{domid};
   auto info = hv.domain_info(dom);
@@ -106,9 +109,8 @@ int main(int argc, char** argv) {
   auto ver = hv.xs_read(dir + XENPROBES_XS_VERSION);
   auto text = hv.xs_read(dir + XENPROBES_XS_KERNEL_TEXT);
   auto oea = hv.xs_read(dir + "oea/0/addr");
-  std::printf("guest module: %s (protocol %s), kernel text %s, OEA %s\n",
-              ver ? "present" : "absent", ver ? ver->c_str() : "-", text ? text->c_str() : "-",
-              oea ? oea->c_str() : "-");
+  std::printf("guest module: %s (protocol %s), kernel text %s, OEA %s\n", ver ? "present" : "absent",
+              ver ? ver->c_str() : "-", text ? text->c_str() : "-", oea ? oea->c_str() : "-");
 
   if (map_path.empty() && hv.name() == "sim") map_path = hv::sim::default_guest_dir() + "/System.map";
   auto syms = load_system_map(map_path);

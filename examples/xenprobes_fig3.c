@@ -63,13 +63,16 @@ int main(int argc, char **argv) {
 
   if (xenprobes_stats(h, &st) < 0) return fail("xenprobes_stats");
   if (unregister_xenretprobe(h) < 0) return fail("unregister_xenretprobe");
-  printf("total: %d entries, %d returns (probe counters: %llu entries, %llu returns, %llu not tracked); "
-         "probe removed\n",
-         entries, returns, (unsigned long long)st.hits, (unsigned long long)st.returns,
-         (unsigned long long)st.untracked_calls);
+  printf(
+      "total: %d entries, %d returns (probe counters: %llu entries, %llu returns, %llu not tracked); "
+      "probe removed\n",
+      entries, returns, (unsigned long long)st.hits, (unsigned long long)st.returns,
+      (unsigned long long)st.untracked_calls);
   if (st.untracked_calls > 0)
-    fprintf(stderr, "xenprobes-fig3: warning: %llu calls were not tracked because %d were already in flight; "
-            "raise maxactive\n", (unsigned long long)st.untracked_calls, MAX_ACTIVE);
+    fprintf(stderr,
+            "xenprobes-fig3: warning: %llu calls were not tracked because %d were already in flight; "
+            "raise maxactive\n",
+            (unsigned long long)st.untracked_calls, MAX_ACTIVE);
   xenprobes_close();
   return returns >= MAX_RETURNS && st.returns >= MAX_RETURNS ? 0 : 1;
 }

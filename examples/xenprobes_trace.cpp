@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
   }
   const bool defaults = functions.empty();
   if (defaults)
-    functions = {"sys_getppid", "sys_read", "sys_write", "sys_open", "sys_unlink",
-                 "demo_recurse", "demo_classify", "demo_dispatch"};
+    functions = {"sys_getppid", "sys_read",     "sys_write",     "sys_open",
+                 "sys_unlink",  "demo_recurse", "demo_classify", "demo_dispatch"};
 
   example_choose_backend("xenprobes-trace");
 
@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
     t.probe = std::move(*p);
   }
   if (auto r = s.end_batch(); !r) die("end_batch", r.error());
-  std::printf("tracing %zu functions in domain %u (channel %s) for %.1f s or %" PRIu64 " hits\n",
-              traced.size(), domid, s.channel_name(DomId{domid}).value_or("?").c_str(), seconds, max_hits);
+  std::printf("tracing %zu functions in domain %u (channel %s) for %.1f s or %" PRIu64 " hits\n", traced.size(), domid,
+              s.channel_name(DomId{domid}).value_or("?").c_str(), seconds, max_hits);
   std::fflush(stdout);
 
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
   for (const Traced& t : traced)
     if (t.posts)
       std::printf("post-handler on %s ran %" PRIu64 " times: after the probed instruction, rip had moved by %" PRId64
-                  " bytes and rax was %" PRIu64 "\n", t.function.c_str(), t.posts, t.rip_step, t.rax);
+                  " bytes and rax was %" PRIu64 "\n",
+                  t.function.c_str(), t.posts, t.rip_step, t.rax);
   traced.clear();  // unregisters every probe: the guest's bytes are restored exactly
   auto info = s.hypervisor().domain_info(dom);
   if (!info || info->crashed) {

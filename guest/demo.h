@@ -58,7 +58,7 @@ long sys_unlink(const char *path);
 unsigned long demo_recurse(unsigned long n);
 long demo_classify(long x);
 long demo_dispatch(unsigned long nr, long a, long b);
-uint64_t demo_kstack_entry(uint64_t x); /* kstack.S: a call chain with an ORC table */
+uint64_t demo_kstack_entry(uint64_t x);             /* kstack.S: a call chain with an ORC table */
 void demo_main(uint64_t vcpu, uint64_t iterations); /* called by entry.S */
 
 #endif /* DEMO_GUEST_DEMO_H */

@@ -33,7 +33,7 @@
 #ifndef XENPROBES_DEMO_ABI_H
 #define XENPROBES_DEMO_ABI_H
 
-#define DEMO_KERNEL_TEXT 0xffffffff81000000ULL /* _text: link address of the image */
+#define DEMO_KERNEL_TEXT 0xffffffff81000000ULL     /* _text: link address of the image */
 #define DEMO_KERNEL_MAP_BASE 0xffffffff80000000ULL /* p_paddr = p_vaddr - this */
 
 #define DEMO_MAX_VCPUS 8
@@ -46,7 +46,8 @@
 /* Workload parameters (fixed so that call counts are exact). */
 #define DEMO_RECURSE_DEPTH 8          /* the workload calls demo_recurse(8): 9 entries */
 #define DEMO_DISPATCH_RECURSE_DEPTH 3 /* demo_dispatch case 5 calls demo_recurse(3): 4 entries */
-#define DEMO_DISPATCH_NCASES 10       /* demo_dispatch(nr) has cases 0..9; each iteration calls
+#define DEMO_DISPATCH_NCASES \
+  10 /* demo_dispatch(nr) has cases 0..9; each iteration calls
                                          it once for every nr in 0..9 */
 /* kstack's chain (guest/kstack.S), entered once per iteration (after the calls counted below):
    a hit at demo_kstack_leaf unwinds, with the guest's ORC table, to exactly demo_kstack_leaf+0,
@@ -75,11 +76,11 @@
 #define DEMO_CALLS_PER_ITER_CLASSIFY 2
 #define DEMO_CALLS_PER_ITER_DISPATCH DEMO_DISPATCH_NCASES
 /* Array initializer in DEMO_FN_* order: uint64_t k[DEMO_NFUNCS] = DEMO_CALLS_PER_ITER_INIT; */
-#define DEMO_CALLS_PER_ITER_INIT                                                              \
-  {                                                                                           \
-    DEMO_CALLS_PER_ITER_GETPPID, DEMO_CALLS_PER_ITER_READ, DEMO_CALLS_PER_ITER_WRITE,         \
-        DEMO_CALLS_PER_ITER_OPEN, DEMO_CALLS_PER_ITER_UNLINK, DEMO_CALLS_PER_ITER_RECURSE,    \
-        DEMO_CALLS_PER_ITER_CLASSIFY, DEMO_CALLS_PER_ITER_DISPATCH                            \
+#define DEMO_CALLS_PER_ITER_INIT                                                                                \
+  {                                                                                                             \
+    DEMO_CALLS_PER_ITER_GETPPID, DEMO_CALLS_PER_ITER_READ, DEMO_CALLS_PER_ITER_WRITE, DEMO_CALLS_PER_ITER_OPEN, \
+        DEMO_CALLS_PER_ITER_UNLINK, DEMO_CALLS_PER_ITER_RECURSE, DEMO_CALLS_PER_ITER_CLASSIFY,                  \
+        DEMO_CALLS_PER_ITER_DISPATCH                                                                            \
   }
 
 /* Symbol names, for tests that resolve them through System.map. */
@@ -88,7 +89,8 @@
 #define DEMO_SYM_STRAY_STATS "demo_stray_stats"
 #define DEMO_SYM_STACKS "demo_stacks"
 #define DEMO_SYM_PPID "demo_ppid" /* int32 in .data returned by sys_getppid (initially 1) */
-#define DEMO_SYM_FS_READONLY "demo_fs_readonly" /* int32, 0; nonzero: sys_unlink's success path
+#define DEMO_SYM_FS_READONLY \
+  "demo_fs_readonly" /* int32, 0; nonzero: sys_unlink's success path
                                                    returns -EROFS (-30) instead of 0 */
 
 #define DEMO_REF_CHECKSUM_V0_I100 0x6791c3e27ab16248ULL

@@ -17,8 +17,7 @@ void *memset(void *dst, int c, size_t n) {
 }
 
 void demo_puts(const char *s) {
-  while (*s)
-    demo_outb(DEMO_PORT_CONSOLE, (uint8_t)*s++);
+  while (*s) demo_outb(DEMO_PORT_CONSOLE, (uint8_t)*s++);
 }
 
 void demo_putu(uint64_t v) {

@@ -104,8 +104,8 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
     u64(G::kStruct + o.list + 8, G::kHead);
     u32(G::kStruct + o.state, 0);  // MODULE_STATE_LIVE
     put(G::kStruct + o.name, "xfs", 4);
-    u64(G::kStruct + o.text, G::kModText);    // mem[MOD_TEXT].base
-    u32(G::kStruct + o.text + 8, 0x1000);     // mem[MOD_TEXT].size
+    u64(G::kStruct + o.text, G::kModText);  // mem[MOD_TEXT].base
+    u32(G::kStruct + o.text + 8, 0x1000);   // mem[MOD_TEXT].size
     u64(G::kStruct + o.core_kallsyms, G::kSymtab);
     u32(G::kStruct + o.core_kallsyms + 8, 3);
     u64(G::kStruct + o.core_kallsyms + 16, G::kStrtab);
@@ -141,9 +141,9 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
   const std::vector<char> f = demo_image_with_segment((demo / "vmlinux").string(), G::kSeg, seg, PF_R);
   static std::atomic<unsigned> serial{0};
   G g;
-  const std::string base = (fs::temp_directory_path() / ("module-btf-guest-" + std::to_string(getpid()) + "-" +
-                                                         std::to_string(serial++)))
-                               .string();
+  const std::string base =
+      (fs::temp_directory_path() / ("module-btf-guest-" + std::to_string(getpid()) + "-" + std::to_string(serial++)))
+          .string();
   g.image = base + ".elf";
   g.map = base + ".map";
   std::ofstream(g.image, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));

@@ -15,7 +15,8 @@ namespace {
 using xenprobes::Capture;
 using xenprobes::CaptureBase;
 
-constexpr const char* kUseTrap = "use --method trap (or jump) for this program: its blocks then run while the vCPU waits";
+constexpr const char* kUseTrap =
+    "use --method trap (or jump) for this program: its blocks then run while the vCPU waits";
 
 // argN's register, in the x86-64 calling convention's order.
 constexpr CaptureBase kArgRegs[6] = {CaptureBase::Rdi, CaptureBase::Rsi, CaptureBase::Rdx,
@@ -93,23 +94,26 @@ class Planner {
       case Op::Comm:
       case Op::Pid:
       case Op::Tid:
-        refuse(e, "'" + e.name + "' cannot come from an async record (--method async): it reads the guest's current "
-                                 "task at the hit");
+        refuse(e, "'" + e.name +
+                      "' cannot come from an async record (--method async): it reads the guest's current "
+                      "task at the hit");
       case Op::Kstack:
-        refuse(e, "'kstack' cannot come from an async record (--method async): the stack is walked in guest memory "
-                  "at the hit");
-      case Op::Retval:
-        refuse(e, "'retval' cannot come from an async record (--method async)");
+        refuse(e,
+               "'kstack' cannot come from an async record (--method async): the stack is walked in guest memory "
+               "at the hit");
+      case Op::Retval: refuse(e, "'retval' cannot come from an async record (--method async)");
       case Op::Str: {
         if (e.offset < 0) return expr(*e.kids[0]);  // already a string
         auto at = reg_plus_const(*e.kids[0]);
         if (!at)
-          refuse(e, "str() of this address cannot come from an async record (--method async): only str(argN) and "
-                    "str(argN + constant) (or of a field's address, ((struct S *)argN)->name) are captured at the hit");
+          refuse(e,
+                 "str() of this address cannot come from an async record (--method async): only str(argN) and "
+                 "str(argN + constant) (or of a field's address, ((struct S *)argN)->name) are captured at the hit");
         const std::int64_t max = e.offset + 1;  // str()'s bytes and the NUL
         if (max > XENPROBES_CAP_MAX_BYTES)
-          refuse(e, "str() of more than " + std::to_string(XENPROBES_CAP_MAX_BYTES - 1) +
-                        " bytes cannot come from an async record (--method async)",
+          refuse(e,
+                 "str() of more than " + std::to_string(XENPROBES_CAP_MAX_BYTES - 1) +
+                     " bytes cannot come from an async record (--method async)",
                  "give str(addr, " + std::to_string(XENPROBES_CAP_MAX_BYTES - 1) + ") or less, or " + kUseTrap);
         Capture c = Capture::string(at->base, 0, static_cast<std::uint16_t>(max));
         c.by_address = true;  // a user or a kernel string, as its address says (bpftrace's str() reads either)
@@ -120,15 +124,18 @@ class Planner {
         std::optional<RegOffset> at;
         if (e.op == Op::Load) {
           at = reg_plus_const(*e.kids[0]);
-          if (at) at->offset = static_cast<std::int64_t>(static_cast<std::uint64_t>(at->offset) + static_cast<std::uint64_t>(e.offset));
+          if (at)
+            at->offset = static_cast<std::int64_t>(static_cast<std::uint64_t>(at->offset) +
+                                                   static_cast<std::uint64_t>(e.offset));
         } else if (e.kids[1]->op == Op::Const) {
           at = reg_plus_const(*e.kids[0]);
           if (at) at->offset += e.kids[1]->ival * e.offset;
         }
         if (!at)
-          refuse(e, "this read of guest memory cannot come from an async record (--method async): only one read at "
-                    "argN + constant (a field of a cast argument, ((struct S *)argN)->field) is captured at the hit, "
-                    "not a read at an address read from memory, a variable, a map, kaddr() or a variable index");
+          refuse(e,
+                 "this read of guest memory cannot come from an async record (--method async): only one read at "
+                 "argN + constant (a field of a cast argument, ((struct S *)argN)->field) is captured at the hit, "
+                 "not a read at an address read from memory, a variable, a map, kaddr() or a variable index");
         Capture c = Capture::bytes(at->base, 0, static_cast<std::uint16_t>(e.load_size));
         c.by_address = true;
         return add(e, c, at->offset);
@@ -152,15 +159,17 @@ class Planner {
     for (const Capture& o : p_.captures)
       if (o.kind == c.kind && o.base == c.base && o.offset == c.offset && o.max == c.max) return;
     if (p_.captures.size() == kMaxAsyncCaptures)
-      refuse(e, "this probe needs more than " + std::to_string(kMaxAsyncCaptures) +
-                    " captures (each distinct str() and read is one), more than an async record holds",
+      refuse(e,
+             "this probe needs more than " + std::to_string(kMaxAsyncCaptures) +
+                 " captures (each distinct str() and read is one), more than an async record holds",
              std::string("read fewer distinct values in this probe, or ") + kUseTrap);
     std::uint64_t record = sizeof(xenprobes_rec);
     for (const Capture& o : p_.captures) record += sizeof(xenprobes_cap) + ((o.max + 7u) & ~7u);
     record += sizeof(xenprobes_cap) + ((c.max + 7u) & ~7u);
     if (record > XENPROBES_RING_REC_MAX)
-      refuse(e, "with this, the probe's captures make a record of up to " + std::to_string(record) +
-                    " bytes, more than the " + std::to_string(XENPROBES_RING_REC_MAX) + " an async record holds",
+      refuse(e,
+             "with this, the probe's captures make a record of up to " + std::to_string(record) +
+                 " bytes, more than the " + std::to_string(XENPROBES_RING_REC_MAX) + " an async record holds",
              std::string("give shorter strings, str(addr, LEN), or ") + kUseTrap);
     p_.captures.push_back(c);
   }

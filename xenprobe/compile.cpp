@@ -102,8 +102,10 @@ class Compiler {
     for (ProbeBlock& b : c_.program.blocks) {
       block_ = &b;
       vars_.clear();
-      all_kprobe_ = std::all_of(b.specs.begin(), b.specs.end(), [](const ProbeSpec& s) { return s.kind == ProbeKind::Kprobe; });
-      all_kretprobe_ = std::all_of(b.specs.begin(), b.specs.end(), [](const ProbeSpec& s) { return s.kind == ProbeKind::Kretprobe; });
+      all_kprobe_ =
+          std::all_of(b.specs.begin(), b.specs.end(), [](const ProbeSpec& s) { return s.kind == ProbeKind::Kprobe; });
+      all_kretprobe_ = std::all_of(b.specs.begin(), b.specs.end(),
+                                   [](const ProbeSpec& s) { return s.kind == ProbeKind::Kretprobe; });
       any_hitless_ = std::any_of(b.specs.begin(), b.specs.end(), [](const ProbeSpec& s) {
         return s.kind != ProbeKind::Kprobe && s.kind != ProbeKind::Kretprobe;
       });
@@ -157,7 +159,8 @@ class Compiler {
         if (it == vars_.end()) {
           it = vars_.emplace(s.target->name, VarInfo{static_cast<int>(vars_.size()), t}).first;
         } else if (!same_kind(it->second.type, t)) {
-          error(*s.value, s.target->name + " holds " + describe(it->second.type) + "; it cannot be assigned " + describe(t),
+          error(*s.value,
+                s.target->name + " holds " + describe(it->second.type) + "; it cannot be assigned " + describe(t),
                 "use another variable");
         }
         s.target->slot = it->second.slot;
@@ -223,8 +226,9 @@ class Compiler {
       m->key_is_stack = key_stack_;
     } else {
       if (m->kind != kind)
-        error(value, target.name + " is " + map_kind_name(m->kind) + " (from " + where(m->pos) + "); it cannot also be " +
-                         map_kind_name(kind),
+        error(value,
+              target.name + " is " + map_kind_name(m->kind) + " (from " + where(m->pos) + "); it cannot also be " +
+                  map_kind_name(kind),
               "use another map for this value");
       check_keys(*m, target, keys);
     }
@@ -243,8 +247,8 @@ class Compiler {
     // A stack prints as lines of its own; no other string may take its place (or share its layout).
     for (std::size_t i = 0; i < keys.size() && i < key_stack_.size(); ++i)
       if (m.key_is_stack.size() == keys.size() && m.key_is_stack[i] != key_stack_[i])
-        error(*target.kids[i], "key part " + std::to_string(i + 1) + " of " + target.name + (m.key_is_stack[i] ? " is" : " is not") +
-                                   " a kstack (from " + where(m.pos) + ")");
+        error(*target.kids[i], "key part " + std::to_string(i + 1) + " of " + target.name +
+                                   (m.key_is_stack[i] ? " is" : " is not") + " a kstack (from " + where(m.pos) + ")");
   }
 
   void map_assign(Stmt& s) {
@@ -260,7 +264,9 @@ class Compiler {
       auto [kind, arity] = kArity.at(v.name);
       if (v.kids.size() != arity)
         error(v, v.name + "() takes " + std::to_string(arity) + " argument(s), not " + std::to_string(v.kids.size()),
-              v.name == "lhist" ? "lhist(value, min, max, step)" : v.name == "count" ? "count()" : v.name + "(value)");
+              v.name == "lhist"   ? "lhist(value, min, max, step)"
+              : v.name == "count" ? "count()"
+                                  : v.name + "(value)");
       if (arity > 0) want_int(*v.kids[0], v.name + "()'s value");
       std::int64_t lo = 0, hi = 0, step = 0;
       if (kind == MapKind::Lhist) {
@@ -295,8 +301,8 @@ class Compiler {
     if (m && m->kind != MapKind::Int && m->kind != MapKind::Str && t.is_int() &&
         (m->kind == MapKind::Count || m->kind == MapKind::Sum)) {
       // `@m = @m + 1` style updates of a count()/sum() map would change its kind: refuse clearly.
-      error(*s.value, target.name + " is " + map_kind_name(m->kind) + " (from " + where(m->pos) +
-                          "); assign it with " + map_kind_name(m->kind) + " only");
+      error(*s.value, target.name + " is " + map_kind_name(m->kind) + " (from " + where(m->pos) + "); assign it with " +
+                          map_kind_name(m->kind) + " only");
     }
     declare(target, t.kind == Type::Kind::Str ? MapKind::Str : MapKind::Int, keys, *s.value);
   }
@@ -443,8 +449,9 @@ class Compiler {
     const std::string& n = e.name;
     auto arity = [&](std::size_t lo, std::size_t hi, const char* usage) {
       if (e.kids.size() < lo || e.kids.size() > hi)
-        error(e, n + "() takes " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi)) +
-                     " argument(s), not " + std::to_string(e.kids.size()),
+        error(e,
+              n + "() takes " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi)) +
+                  " argument(s), not " + std::to_string(e.kids.size()),
               usage);
     };
     if (is_aggregation(n))
@@ -504,7 +511,8 @@ class Compiler {
     if (n == "delete") {
       arity(1, 1, "delete(@map[key])");
       Expr& m = *e.kids[0];
-      if (m.kind != ExprKind::MapRead) error(m, "delete() removes one map entry", "delete(@name[key]); clear(@name) empties it");
+      if (m.kind != ExprKind::MapRead)
+        error(m, "delete() removes one map entry", "delete(@name[key]); clear(@name) empties it");
       e.slot = map_slot(m);
       if (e.slot < 0) return Type{};
       check_keys(c_.maps[static_cast<std::size_t>(e.slot)], m, compile_keys(m));
@@ -527,7 +535,8 @@ class Compiler {
     }
     if (const char* hint = unsupported_hint(n)) error(e, n + "() is not supported", hint);
     error(e, "unknown function " + n + "()",
-          "functions: printf, print, clear, delete, exit, str, kaddr; aggregations: count, sum, avg, min, max, hist, lhist");
+          "functions: printf, print, clear, delete, exit, str, kaddr; aggregations: count, sum, avg, min, max, hist, "
+          "lhist");
   }
 
   // kstack: a map key part or printf's %s argument, nothing else (it is text for people, one
@@ -586,9 +595,9 @@ class Compiler {
                 : std::string{});
     }
     static const std::map<std::string, Op> kOps = {
-        {"+", Op::Add}, {"-", Op::Sub}, {"*", Op::Mul}, {"/", Op::Div},  {"%", Op::Mod},  {"&", Op::And},
-        {"|", Op::Or},  {"^", Op::Xor}, {"<<", Op::Shl}, {">>", Op::Shr}, {"==", Op::Eq}, {"!=", Op::Ne},
-        {"<", Op::Lt},  {"<=", Op::Le}, {">", Op::Gt},  {">=", Op::Ge},  {"&&", Op::LogAnd}, {"||", Op::LogOr}};
+        {"+", Op::Add}, {"-", Op::Sub}, {"*", Op::Mul},  {"/", Op::Div},  {"%", Op::Mod},     {"&", Op::And},
+        {"|", Op::Or},  {"^", Op::Xor}, {"<<", Op::Shl}, {">>", Op::Shr}, {"==", Op::Eq},     {"!=", Op::Ne},
+        {"<", Op::Lt},  {"<=", Op::Le}, {">", Op::Gt},   {">=", Op::Ge},  {"&&", Op::LogAnd}, {"||", Op::LogOr}};
     e.op = kOps.at(o);
     return Type::integer();
   }
@@ -664,8 +673,9 @@ class Compiler {
       if (e.arrow) error(e, "'->" + e.name + "' on a struct", "use '." + e.name + "'");
       record = base.btf;
     } else {
-      error(e, "'" + std::string(e.arrow ? "->" : ".") + e.name + "' needs a " + (e.arrow ? "struct pointer" : "struct") +
-                   ", not " + describe(base),
+      error(e,
+            "'" + std::string(e.arrow ? "->" : ".") + e.name + "' needs a " + (e.arrow ? "struct pointer" : "struct") +
+                ", not " + describe(base),
             "cast the address first: ((struct NAME *)arg0)->" + e.name);
     }
     auto m = types_->member(record, e.name);
@@ -750,8 +760,7 @@ class Compiler {
       cur = FormatPiece{};
       ++arg;
     }
-    if (arg != e.kids.size())
-      error(*e.kids[arg], "printf() has more arguments than the format has conversions");
+    if (arg != e.kids.size()) error(*e.kids[arg], "printf() has more arguments than the format has conversions");
     if (!cur.literal.empty()) out.pieces.push_back(std::move(cur));
     c_.formats.push_back(std::move(out));
     return static_cast<int>(c_.formats.size() - 1);
@@ -797,7 +806,8 @@ TaskLayout task_layout(const TypeSource* types) {
   } else if (auto ct = types->percpu_offset("current_task")) {
     t.current_percpu = *ct;
   } else {
-    t.why_not = types->description() + " has neither of the per-CPU variables pcpu_hot and current_task "
+    t.why_not = types->description() +
+                " has neither of the per-CPU variables pcpu_hot and current_task "
                 "(a BTF without per-CPU variables: pahole older than 1.18?)";
     return t;
   }

@@ -18,18 +18,18 @@ const char* map_kind_name(MapKind);
 
 inline constexpr std::size_t kMaxKeys = 8;
 inline constexpr std::int64_t kMaxLhistBuckets = 1000;
-inline constexpr int kHistBuckets = 66;  // (..., 0), [0], [1], [2, 4), ..., [2^63, ...)
+inline constexpr int kHistBuckets = 66;             // (..., 0), [0], [1], [2, 4), ..., [2^63, ...)
 inline constexpr std::int64_t kDefaultStrLen = 64;  // bytes, NUL included (bpftrace's default)
 inline constexpr std::int64_t kMaxStrLen = 1024;
 inline constexpr std::int64_t kMaxStackFrames = 127;  // kstack's default and most (bpftrace's default)
 
 struct MapDecl {
-  std::string name;              // "@name", "@" for the anonymous map
+  std::string name;  // "@name", "@" for the anonymous map
   MapKind kind = MapKind::Int;
-  std::vector<bool> key_is_str;  // one per key
-  Pos pos;                       // first assignment
+  std::vector<bool> key_is_str;           // one per key
+  Pos pos;                                // first assignment
   std::int64_t lo = 0, hi = 0, step = 0;  // lhist
-  std::vector<bool> key_is_stack{};  // one per key: a kstack (printed one frame a line)
+  std::vector<bool> key_is_stack{};       // one per key: a kstack (printed one frame a line)
 };
 
 // One piece of a printf format: literal text, then (if conv != 0) one conversion.
@@ -46,7 +46,7 @@ struct Format {
 // all from the BTF source.
 struct TaskLayout {
   bool available = false;
-  std::string why_not;           // the message when a program uses comm/pid/tid without it
+  std::string why_not;               // the message when a program uses comm/pid/tid without it
   std::uint64_t current_percpu = 0;  // offset of the task pointer from the per-CPU base (gs)
   std::uint32_t comm_offset = 0, comm_size = 0, pid_offset = 0, tgid_offset = 0;
 };

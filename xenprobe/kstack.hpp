@@ -26,7 +26,7 @@ class StackSymbols {
     std::uint64_t start = 0, size = 0;
     std::string name;
   };
-  std::vector<Fn> fns_;  // by start
+  std::vector<Fn> fns_;                                           // by start
   mutable std::unordered_map<std::uint64_t, std::string> cache_;  // bounded (kMaxCached)
   static constexpr std::size_t kMaxCached = 1u << 16;
 };

@@ -51,7 +51,7 @@ struct Type {
   std::uint32_t size = 8;   // bytes of the object (Int: how many are read)
   std::uint32_t count = 0;  // Array: elements
   bool is_signed = true;
-  bool char_like = false;   // Ptr/Array of a 1-byte integer: a C string
+  bool char_like = false;  // Ptr/Array of a 1-byte integer: a C string
 
   static Type integer() { return {Kind::Int}; }
   static Type string() { return {Kind::Str}; }
@@ -62,27 +62,70 @@ struct Type {
 // ---- expressions ----
 
 enum class ExprKind : std::uint8_t {
-  Int,       // ival
-  Str,       // text
-  Builtin,   // name (arg0, retval, func, ...); `op` says which after compilation
-  Call,      // name(kids...)
-  MapRead,   // @name[kids...]
-  VarRead,   // $name
-  Binary,    // kids[0] name kids[1]
-  Unary,     // name kids[0]   (- ~ !)
-  Ternary,   // kids[0] ? kids[1] : kids[2]
-  Cast,      // (name) kids[0]; name is "struct file *", "uint32", ...
-  Field,     // kids[0]->name or kids[0].name (arrow)
-  Index,     // kids[0][kids[1]]
+  Int,      // ival
+  Str,      // text
+  Builtin,  // name (arg0, retval, func, ...); `op` says which after compilation
+  Call,     // name(kids...)
+  MapRead,  // @name[kids...]
+  VarRead,  // $name
+  Binary,   // kids[0] name kids[1]
+  Unary,    // name kids[0]   (- ~ !)
+  Ternary,  // kids[0] ? kids[1] : kids[2]
+  Cast,     // (name) kids[0]; name is "struct file *", "uint32", ...
+  Field,    // kids[0]->name or kids[0].name (arrow)
+  Index,    // kids[0][kids[1]]
 };
 
 // What the compiler decided an expression does at run time (the evaluator switches on it).
 enum class Op : std::uint8_t {
   None,
-  Const, ConstStr, Arg, Retval, Func, Probe, Cpu, Nsecs, Comm, Pid, Tid, Domain, Kaddr, Kstack,
-  Str, MapRead, VarRead,
-  Add, Sub, Mul, Div, Mod, And, Or, Xor, Shl, Shr, Eq, Ne, Lt, Le, Gt, Ge, LogAnd, LogOr,
-  StrEq, StrNe, Neg, Not, BitNot, Ternary, IntCast, PtrCast, Load, AddrOffset, IndexLoad, IndexAddr,
+  Const,
+  ConstStr,
+  Arg,
+  Retval,
+  Func,
+  Probe,
+  Cpu,
+  Nsecs,
+  Comm,
+  Pid,
+  Tid,
+  Domain,
+  Kaddr,
+  Kstack,
+  Str,
+  MapRead,
+  VarRead,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Mod,
+  And,
+  Or,
+  Xor,
+  Shl,
+  Shr,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogAnd,
+  LogOr,
+  StrEq,
+  StrNe,
+  Neg,
+  Not,
+  BitNot,
+  Ternary,
+  IntCast,
+  PtrCast,
+  Load,
+  AddrOffset,
+  IndexLoad,
+  IndexAddr,
 };
 
 struct Expr {
@@ -91,17 +134,17 @@ struct Expr {
   ExprKind kind;
   Pos pos;
   std::size_t len = 1;
-  std::string name;     // builtin, function, map, variable, member, operator, cast type
-  std::string text;     // string literal
+  std::string name;  // builtin, function, map, variable, member, operator, cast type
+  std::string text;  // string literal
   std::int64_t ival = 0;
-  bool arrow = false;   // Field: `->` rather than `.`
+  bool arrow = false;  // Field: `->` rather than `.`
   std::vector<std::unique_ptr<Expr>> kids;
 
   // Compiler annotations.
   Type type;
   Op op = Op::None;
-  int slot = -1;              // map, variable, argument or kaddr index
-  std::int64_t offset = 0;    // field offset, index element size, cast width...
+  int slot = -1;            // map, variable, argument or kaddr index
+  std::int64_t offset = 0;  // field offset, index element size, cast width...
   std::uint32_t load_size = 0;
   bool load_signed = false;
 };
@@ -117,7 +160,7 @@ struct Stmt {
   ExprPtr target;  // MapAssign / VarAssign: the MapRead / VarRead assigned to
   ExprPtr value;   // the expression (If: the condition)
   std::vector<Stmt> then_body, else_body;
-  int agg = -1;    // MapAssign: set by the compiler when `value` is an aggregation
+  int agg = -1;  // MapAssign: set by the compiler when `value` is an aggregation
 };
 
 // ---- probes ----
@@ -126,10 +169,10 @@ enum class ProbeKind : std::uint8_t { Kprobe, Kretprobe, Begin, End, Interval };
 
 struct ProbeSpec {
   Pos pos;
-  std::string text;         // as written: "kprobe:vfs_*"
+  std::string text;  // as written: "kprobe:vfs_*"
   ProbeKind kind = ProbeKind::Kprobe;
-  std::string function;     // kprobe/kretprobe: name or glob
-  std::uint64_t offset = 0; // kprobe: +offset
+  std::string function;      // kprobe/kretprobe: name or glob
+  std::uint64_t offset = 0;  // kprobe: +offset
   bool wildcard = false;
   std::uint64_t interval_ns = 0;
 };
@@ -138,7 +181,7 @@ struct ProbeBlock {
   std::vector<ProbeSpec> specs;
   ExprPtr predicate;  // may be null
   std::vector<Stmt> body;
-  int vars = 0;       // scratch variables of this block (set by the compiler)
+  int vars = 0;  // scratch variables of this block (set by the compiler)
 };
 
 struct Program {

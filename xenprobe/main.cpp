@@ -148,10 +148,10 @@ struct Target {
   bool gone = false;
   bool halted = false;  // simulated guest that finished its workload
   std::uint64_t lost = 0;
-  std::uint64_t hits = 0;  // hits and records handled for this domain (--sim-destroy counts them)
-  std::uint64_t ring_lost_base = 0;  // --method async: drops + missed before the run
-  std::uint64_t ring_lost = 0;       // and since
-  bool ring_lost_final = false;      // counted when the run stopped
+  std::uint64_t hits = 0;                        // hits and records handled for this domain (--sim-destroy counts them)
+  std::uint64_t ring_lost_base = 0;              // --method async: drops + missed before the run
+  std::uint64_t ring_lost = 0;                   // and since
+  bool ring_lost_final = false;                  // counted when the run stopped
   std::vector<Clock::time_point> next_interval;  // per block (time_point::max() if none)
 };
 
@@ -274,8 +274,9 @@ class Tool {
       // it "module:func"; kprobe:func probes it, or kprobe:module:func when several modules have it).
       for (const auto& f : *fs) {
         const auto colon = f.name.find(':');
-        text += colon == std::string::npos ? "kprobe:" + f.name + "\n"
-                                           : "kprobe:" + f.name.substr(colon + 1) + " [" + f.name.substr(0, colon) + "]\n";
+        text += colon == std::string::npos
+                    ? "kprobe:" + f.name + "\n"
+                    : "kprobe:" + f.name.substr(colon + 1) + " [" + f.name.substr(0, colon) + "]\n";
       }
       out.text(t.name, text);
     }
@@ -288,9 +289,7 @@ class Tool {
     if (o_.btf.empty()) return;
     try {
       types_ = open_btf_file(o_.btf);
-    } catch (const std::exception& e) {
-      die(e.what());
-    }
+    } catch (const std::exception& e) { die(e.what()); }
   }
 
   bool use_sim() const {
@@ -306,7 +305,8 @@ class Tool {
     if (use_sim()) {
       if (o_.sim_guests < 1 || o_.sim_guests > 16) die("--sim-guests: give 1 ... 16 guests");
       if (o_.sim_vcpus < 1 || o_.sim_vcpus > 8) die("--sim-vcpus: give 1 ... 8 vCPUs");
-      if (o_.sim_ring_order && (o_.sim_ring_order < XENPROBES_RING_MIN_ORDER || o_.sim_ring_order > XENPROBES_RING_MAX_ORDER))
+      if (o_.sim_ring_order &&
+          (o_.sim_ring_order < XENPROBES_RING_MIN_ORDER || o_.sim_ring_order > XENPROBES_RING_MAX_ORDER))
         die("--sim-ring-order: give " + std::to_string(XENPROBES_RING_MIN_ORDER) + " ... " +
             std::to_string(XENPROBES_RING_MAX_ORDER));
       // The simulated guest module measures its waits for Dom0 on a clock that stands still:
@@ -315,9 +315,7 @@ class Tool {
       opts.manual_clock = true;
       try {  // libxenprobes loads its simulation (libxenprobes-sim) now: it may be missing
         host_ = xenprobes::hv::sim::SimHost::create(opts);
-      } catch (const std::exception& e) {
-        die(std::string("--sim: ") + e.what());
-      }
+      } catch (const std::exception& e) { die(std::string("--sim: ") + e.what()); }
       for (unsigned i = 1; i <= o_.sim_guests; ++i) {
         xenprobes::hv::sim::DomainConfig c;
         c.name = "sim-" + std::to_string(i);
@@ -326,10 +324,8 @@ class Tool {
         c.start_paused = true;  // started once the probes are in place
         c.image = o_.sim_image;
         if (o_.sim_ring_order) c.module_ring_order = o_.sim_ring_order;
-        if (o_.sim_type == "hvm" || o_.sim_type == "pvh")
-          c.type = xenprobes::hv::GuestType::Hvm;
-        else if (o_.sim_type != "pv")
-          die("--sim-type: pv, pvh or hvm");
+        if (o_.sim_type == "hvm" || o_.sim_type == "pvh") c.type = xenprobes::hv::GuestType::Hvm;
+        else if (o_.sim_type != "pv") die("--sim-type: pv, pvh or hvm");
         auto id = host_->create_domain(c);
         if (!id) die("cannot create simulated guest " + c.name + ": " + id.error().what);
         sim_paused_.push_back(*id);
@@ -363,7 +359,8 @@ class Tool {
       return d.name.empty() ? "domain-" + std::to_string(d.domid.value) : d.name;
     };
     std::string names;
-    for (auto& g : guests) names += (names.empty() ? "" : ", ") + name_of(g) + " (" + std::to_string(g.domid.value) + ")";
+    for (auto& g : guests)
+      names += (names.empty() ? "" : ", ") + name_of(g) + " (" + std::to_string(g.domid.value) + ")";
     std::vector<xenprobes::hv::DomainInfo> chosen;
     if (o_.domains.empty()) {
       if (guests.size() != 1)
@@ -377,7 +374,8 @@ class Tool {
         const std::string n = name_of(g);
         if (names_domain(want, n, g.domid)) {
           any = true;
-          if (std::none_of(chosen.begin(), chosen.end(), [&](auto& c) { return c.domid == g.domid; })) chosen.push_back(g);
+          if (std::none_of(chosen.begin(), chosen.end(), [&](auto& c) { return c.domid == g.domid; }))
+            chosen.push_back(g);
         }
       }
       if (!any) die("-d " + want + ": no such guest (guests: " + (names.empty() ? "none" : names) + ")");
@@ -408,8 +406,8 @@ class Tool {
     for (Target& t : targets_) {
       if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
-        die("domain " + t.name + ": " + r.error().what + " (or give its System.map or a /proc/kallsyms copy with --symbols " +
-            t.name + "=FILE)");
+        die("domain " + t.name + ": " + r.error().what +
+            " (or give its System.map or a /proc/kallsyms copy with --symbols " + t.name + "=FILE)");
     }
   }
 
@@ -431,7 +429,8 @@ class Tool {
         first = std::move(*b);
         first_name = t.name;
       } else if (*b != first) {
-        die("domains " + first_name + " and " + t.name + " run different kernels (their BTF differs): one program "
+        die("domains " + first_name + " and " + t.name +
+            " run different kernels (their BTF differs): one program "
             "reads both through one kernel's types; run one xenprobe per kernel");
       }
       std::map<std::string, std::vector<std::byte>> mine;
@@ -457,19 +456,20 @@ class Tool {
     if (!dropped.empty()) {
       std::string names;
       for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
-      std::fprintf(stderr, "xenprobe: the types of module(s) %s are not used: not loaded with the same BTF in every "
-                   "selected domain\n", names.c_str());
+      std::fprintf(stderr,
+                   "xenprobe: the types of module(s) %s are not used: not loaded with the same BTF in every "
+                   "selected domain\n",
+                   names.c_str());
     }
     std::vector<ModuleTypes> mods;
     for (auto& [name, blob] : modules) mods.push_back(ModuleTypes{name, std::move(blob)});
     std::vector<std::string> refused;
     try {
-      auto types = open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
+      auto types =
+          open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
       for (const std::string& r : refused) std::fprintf(stderr, "xenprobe: module %s\n", r.c_str());
       return types;
-    } catch (const std::exception& e) {
-      die("domain " + first_name + ": " + e.what());
-    }
+    } catch (const std::exception& e) { die("domain " + first_name + ": " + e.what()); }
   }
 
   void attach() {
@@ -479,7 +479,8 @@ class Tool {
     if (method_ != xenprobes::ProbeMethod::Trap || async_)
       for (Target& t : targets_)
         if (auto r = session_->prepare_jump_probes(t.id); !r)
-          std::fprintf(stderr, "xenprobe: domain %s: preparing jump probes: %s\n", t.name.c_str(), r.error().what.c_str());
+          std::fprintf(stderr, "xenprobe: domain %s: preparing jump probes: %s\n", t.name.c_str(),
+                       r.error().what.c_str());
     if (auto r = session_->begin_batch(); !r) die("cannot begin registering: " + r.error().what);
     for (Target& t : targets_) {
       std::vector<std::int64_t> kaddrs;
@@ -503,7 +504,8 @@ class Tool {
             if (!fs) fail_attach(t, spec.text + ": " + fs.error().what);
             for (auto& f : *fs) points.push_back(f.name);
             if (points.empty())
-              fail_attach(t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" + spec.function + "')");
+              fail_attach(
+                  t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" + spec.function + "')");
           } else {
             points.push_back(spec.function);
           }
@@ -531,7 +533,9 @@ class Tool {
             } else {
               p = session_->ret_probe(
                   t.id, std::string_view(fn), {},
-                  [this, inst, block, site](xenprobes::HitContext& c, std::span<std::byte>) { on_hit(*inst, block, *site, c); },
+                  [this, inst, block, site](xenprobes::HitContext& c, std::span<std::byte>) {
+                    on_hit(*inst, block, *site, c);
+                  },
                   xenprobes::RetProbeOptions{.maxactive = static_cast<int>(o_.maxactive)});
             }
             if (!p) {
@@ -544,8 +548,10 @@ class Tool {
         }
       }
       if (skipped)
-        std::fprintf(stderr, "xenprobe: %s: %zu function(s) of a wildcard could not be probed and were left out; the first: %s\n",
-                     t.name.c_str(), skipped, first_skip.c_str());
+        std::fprintf(
+            stderr,
+            "xenprobe: %s: %zu function(s) of a wildcard could not be probed and were left out; the first: %s\n",
+            t.name.c_str(), skipped, first_skip.c_str());
     }
     if (auto r = session_->end_batch(); !r) die("cannot register the probes: " + r.error().what);
     if (async_)
@@ -568,9 +574,8 @@ class Tool {
   void prepare_kstack(Target& t) {
     auto namer = std::make_shared<StackNamer>(*session_, t.id);
     if (auto r = namer->prepare(); !r) fail_attach(t, "kstack: " + r.error().what);
-    t.instance->set_stack_source([namer](xenprobes::HitContext& c, unsigned frames, std::string& out) {
-      return namer->stack(c, frames, out);
-    });
+    t.instance->set_stack_source(
+        [namer](xenprobes::HitContext& c, unsigned frames, std::string& out) { return namer->stack(c, frames, out); });
   }
 
   static std::string hex(std::uint64_t v) {
@@ -673,9 +678,10 @@ class Tool {
   }
 
   void loop() {
-    const auto deadline = o_.duration > 0 ? started_ + std::chrono::duration_cast<Clock::duration>(
-                                                           std::chrono::duration<double>(o_.duration))
-                                          : Clock::time_point::max();
+    const auto deadline =
+        o_.duration > 0
+            ? started_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.duration))
+            : Clock::time_point::max();
     while (!stopping_ && !g_signal) {
       auto now = Clock::now();
       if (now >= deadline) break;
@@ -708,8 +714,7 @@ class Tool {
       check_domains();
       if (std::all_of(targets_.begin(), targets_.end(), [](const Target& t) { return t.gone || t.halted; })) break;
     }
-    if (g_signal)
-      std::fprintf(stderr, "xenprobe: %s: detaching\n", g_signal == SIGINT ? "interrupted" : "terminated");
+    if (g_signal) std::fprintf(stderr, "xenprobe: %s: detaching\n", g_signal == SIGINT ? "interrupted" : "terminated");
   }
 
   void count_hit(const Instance& inst) {
@@ -731,14 +736,10 @@ class Tool {
       if (t.gone || t.halted) continue;
       auto info = session_->hypervisor().domain_info(t.id);
       std::string why;
-      if (!info)
-        why = info.error().code == xenprobes::Errc::NoSuchDomain ? "it was destroyed" : info.error().what;
-      else if (info->dying)
-        why = "it is dying";
-      else if (info->crashed)
-        why = "it crashed";
-      else if (info->shutdown)
-        why = "it shut down";
+      if (!info) why = info.error().code == xenprobes::Errc::NoSuchDomain ? "it was destroyed" : info.error().what;
+      else if (info->dying) why = "it is dying";
+      else if (info->crashed) why = "it crashed";
+      else if (info->shutdown) why = "it shut down";
       if (!why.empty()) {
         t.gone = true;
         collect_lost(t);
@@ -747,9 +748,10 @@ class Tool {
         if (auto r = session_->run_once(0); !r) failed_ = true;
         t.probes.clear();
         std::size_t left = std::count_if(targets_.begin(), targets_.end(), [](const Target& x) { return !x.gone; });
-        std::fprintf(stderr, "xenprobe: domain %s (%u) is gone (%s); its probes went with it, %s\n", t.name.c_str(),
-                     t.id.value, why.c_str(),
-                     left ? ("going on with " + std::to_string(left) + " other domain(s)").c_str() : "no domain is left");
+        std::fprintf(
+            stderr, "xenprobe: domain %s (%u) is gone (%s); its probes went with it, %s\n", t.name.c_str(), t.id.value,
+            why.c_str(),
+            left ? ("going on with " + std::to_string(left) + " other domain(s)").c_str() : "no domain is left");
         continue;
       }
       if (host_ && o_.sim_iterations && host_->wait_halted(t.id, 0ms)) t.halted = true;
@@ -836,7 +838,9 @@ int main(int argc, char** argv) {
   using xenprobe::Options;
   Options o;
   CLI::App app{"xenprobe: bpftrace-style probes in running Xen guest kernels, handled in Dom0"};
-  app.description("xenprobe: bpftrace-style probes in running Xen guest kernels, handled in Dom0\n\n  xenprobe [OPTIONS] (-e PROGRAM | FILE)\n  xenprobe list [OPTIONS] [PATTERN]\n  xenprobe doctor [OPTIONS]\n");
+  app.description(
+      "xenprobe: bpftrace-style probes in running Xen guest kernels, handled in Dom0\n\n  xenprobe [OPTIONS] (-e "
+      "PROGRAM | FILE)\n  xenprobe list [OPTIONS] [PATTERN]\n  xenprobe doctor [OPTIONS]\n");
   app.footer(xenprobe::kFooter);
   app.get_formatter()->column_width(34);
   auto* e = app.add_option("-e,--program", o.program_text, "the program, on the command line");

@@ -50,8 +50,9 @@ constexpr Unsupported kUnsupportedProbes[] = {
     {"uprobe", "xenprobe probes guest kernels only: user-space probes are not supported"},
     {"uretprobe", "xenprobe probes guest kernels only: user-space probes are not supported"},
     {"usdt", "xenprobe probes guest kernels only: user-space probes are not supported"},
-    {"tracepoint", "tracepoints are not supported: probe the kernel function behind it, e.g. "
-                   "kprobe:do_sys_openat2 instead of tracepoint:syscalls:sys_enter_openat"},
+    {"tracepoint",
+     "tracepoints are not supported: probe the kernel function behind it, e.g. "
+     "kprobe:do_sys_openat2 instead of tracepoint:syscalls:sys_enter_openat"},
     {"t", "tracepoints are not supported: probe the kernel function behind it with kprobe:FUNC"},
     {"rawtracepoint", "raw tracepoints are not supported: use kprobe:FUNC on the function that fires it"},
     {"kfunc", "BPF trampolines do not exist from Dom0: use kprobe:FUNC (and kretprobe:FUNC for the return)"},
@@ -179,8 +180,8 @@ class Parser {
       advance();
     } else {
       static constexpr std::array<const char*, 22> kMulti = {
-          "<<=", ">>=", "->", "==", "!=", "<=", ">=", "&&", "||", "<<", ">>", "++",
-          "--",  "+=",  "-=", "*=", "/=", "%=", "&=", "|=", "^=", "::"};
+          "<<=", ">>=", "->", "==", "!=", "<=", ">=", "&&", "||", "<<", ">>",
+          "++",  "--",  "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "::"};
       for (const char* m : kMulti) {
         std::size_t n = std::strlen(m);
         if (src_.substr(pos_.offset, n) == m) {
@@ -260,13 +261,12 @@ class Parser {
   ProbeSpec probe_spec() {
     ProbeSpec s;
     s.pos = pos_;
-    auto probe_char = [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_:*?+.[]-", c);
-    };
+    auto probe_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_:*?+.[]-", c); };
     while (at() && probe_char(at())) s.text += at(), advance();
     if (s.text.empty())
-      throw ProgramError(pos_, 1, std::string("expected a probe, found '") + (at() ? std::string(1, at()) : "end") + "'",
-                         "probes: kprobe:FUNC, kprobe:FUNC+OFFSET, kretprobe:FUNC, BEGIN, END, interval:s:N, interval:ms:N");
+      throw ProgramError(
+          pos_, 1, std::string("expected a probe, found '") + (at() ? std::string(1, at()) : "end") + "'",
+          "probes: kprobe:FUNC, kprobe:FUNC+OFFSET, kretprobe:FUNC, BEGIN, END, interval:s:N, interval:ms:N");
     const std::size_t len = s.text.size();
     std::string_view text = s.text;
     auto colon = text.find(':');
@@ -284,9 +284,8 @@ class Parser {
         module = rest.substr(0, mc);
         rest = rest.substr(mc + 1);
         if (module.empty() || rest.find(':') != std::string_view::npos ||
-            !std::all_of(module.begin(), module.end(), [](char c) {
-              return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_.-", c);
-            }))
+            !std::all_of(module.begin(), module.end(),
+                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_.-", c); }))
           throw ProgramError(s.pos, len, "bad module qualifier in '" + s.text + "'",
                              "write kprobe:MODULE:FUNC (a loaded module's function) or kprobe:FUNC");
       }
@@ -305,7 +304,8 @@ class Parser {
           throw ProgramError(s.pos, len, "a kretprobe cannot have an offset",
                              "kretprobe:FUNC fires when FUNC returns; use kprobe:FUNC+OFFSET for an instruction");
         if (s.wildcard)
-          throw ProgramError(s.pos, len, "a wildcard probe cannot have an offset", "name one function: kprobe:FUNC+OFFSET");
+          throw ProgramError(s.pos, len, "a wildcard probe cannot have an offset",
+                             "name one function: kprobe:FUNC+OFFSET");
         int base = 10;
         if (off.size() > 2 && off[0] == '0' && (off[1] == 'x' || off[1] == 'X')) base = 16, off.remove_prefix(2);
         auto r = std::from_chars(off.data(), off.data() + off.size(), s.offset, base);
@@ -329,8 +329,9 @@ class Parser {
       for (const Unsupported& u : kUnsupportedProbes)
         if (type == u.name)
           throw ProgramError(s.pos, len, "'" + std::string(type) + "' probes are not supported", u.hint);
-      throw ProgramError(s.pos, len, "unknown probe type '" + std::string(type) + "'",
-                         "probes: kprobe:FUNC, kprobe:FUNC+OFFSET, kretprobe:FUNC, BEGIN, END, interval:s:N, interval:ms:N");
+      throw ProgramError(
+          s.pos, len, "unknown probe type '" + std::string(type) + "'",
+          "probes: kprobe:FUNC, kprobe:FUNC+OFFSET, kretprobe:FUNC, BEGIN, END, interval:s:N, interval:ms:N");
     }
     return s;
   }
@@ -365,10 +366,8 @@ class Parser {
       s.then_body = braced_body();
       if (peek().kind == Tok::Ident && peek().text == "else") {
         next();
-        if (peek().kind == Tok::Ident && peek().text == "if")
-          s.else_body.push_back(statement());
-        else
-          s.else_body = braced_body();
+        if (peek().kind == Tok::Ident && peek().text == "if") s.else_body.push_back(statement());
+        else s.else_body = braced_body();
       }
       return s;
     }
@@ -456,7 +455,8 @@ class Parser {
     Parser& p;
     explicit Nest(Parser& parser) : p(parser) {
       if (++p.nesting_ > kMaxNesting)
-        throw ProgramError(p.peek().pos, 1, "the program nests too deeply (more than " + std::to_string(kMaxNesting) + " levels)",
+        throw ProgramError(p.peek().pos, 1,
+                           "the program nests too deeply (more than " + std::to_string(kMaxNesting) + " levels)",
                            "use variables for intermediate values");
     }
     ~Nest() { --p.nesting_; }
@@ -472,9 +472,10 @@ class Parser {
     // Long operator or field chains build deep trees without nesting: the checker and the
     // evaluator recurse over them, so their depth is bounded too (counted without recursion).
     if (expr_nesting_ == 0 && tree_depth(*e) > kMaxTreeDepth)
-      throw ProgramError(start, 1, "this expression is too deep (more than " + std::to_string(kMaxTreeDepth) +
-                                       " operators in a chain)",
-                         "split it with variables: $a = ...; $b = $a + ...;");
+      throw ProgramError(
+          start, 1,
+          "this expression is too deep (more than " + std::to_string(kMaxTreeDepth) + " operators in a chain)",
+          "split it with variables: $a = ...; $b = $a + ...;");
     return e;
   }
 
@@ -549,10 +550,12 @@ class Parser {
     }
     if (t.kind == Tok::Punct && (t.text == "*" || t.text == "&"))
       throw ProgramError(t.pos, 1, std::string("unary '") + t.text + "' is not supported",
-                         t.text == "*" ? "read through a typed pointer instead: ((struct foo *)arg0)->field, or str(ptr)"
-                                       : "addresses of guest objects: kaddr(\"symbol\")");
+                         t.text == "*"
+                             ? "read through a typed pointer instead: ((struct foo *)arg0)->field, or str(ptr)"
+                             : "addresses of guest objects: kaddr(\"symbol\")");
     if (t.kind == Tok::Punct && (t.text == "++" || t.text == "--"))
-      throw ProgramError(t.pos, t.len, "prefix '" + t.text + "' is not supported", "write @x++; or $x++; as a statement");
+      throw ProgramError(t.pos, t.len, "prefix '" + t.text + "' is not supported",
+                         "write @x++; or $x++; as a statement");
     return postfix(primary());
   }
 
@@ -561,8 +564,7 @@ class Parser {
       if (is("->") || is(".")) {
         Token o = next();
         const Token& m = peek();
-        if (m.kind != Tok::Ident)
-          throw ProgramError(m.pos, m.len, "expected a field name after '" + o.text + "'");
+        if (m.kind != Tok::Ident) throw ProgramError(m.pos, m.len, "expected a field name after '" + o.text + "'");
         Token name = next();
         auto f = std::make_unique<Expr>(ExprKind::Field, name.pos, name.len, name.text);
         f->arrow = o.text == "->";
@@ -631,8 +633,8 @@ class Parser {
               int stars = 0;
               while (accept("*")) ++stars;
               if (stars != 1)
-                throw ProgramError(open.pos, type.size() + 2, "cast to '" + type + std::string(stars, '*') +
-                                                                  "' is not supported",
+                throw ProgramError(open.pos, type.size() + 2,
+                                   "cast to '" + type + std::string(stars, '*') + "' is not supported",
                                    "cast an address to a pointer: (" + type + " *)arg0");
               type += " *";
             }
@@ -662,7 +664,7 @@ class Parser {
   bool in_predicate_ = false;
   int nesting_ = 0;
   int expr_nesting_ = 0;  // expr() calls in progress: 0 again at a statement's whole expression
-  int depth_ = 0;  // parentheses/brackets: a '/' inside them divides even in a predicate
+  int depth_ = 0;         // parentheses/brackets: a '/' inside them divides even in a predicate
 };
 
 }  // namespace

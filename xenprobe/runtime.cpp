@@ -59,8 +59,8 @@ void Output::text(const std::string& domain, std::string_view s) {
 }
 
 void Output::record(const std::string& domain, const char* type, const std::string& data_json) {
-  std::string line = std::string("{\"type\": \"") + type + "\", \"domain\": " + json_text(domain) +
-                     ", \"data\": " + data_json + "}\n";
+  std::string line =
+      std::string("{\"type\": \"") + type + "\", \"domain\": " + json_text(domain) + ", \"data\": " + data_json + "}\n";
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);
 }
@@ -113,8 +113,14 @@ bool key_less(const std::vector<Value>& a, const std::vector<Value>& b) {
 }  // namespace
 
 Instance::Instance(const Compiled& c, Output& out, std::string domain, std::vector<std::int64_t> kaddrs, Limits l)
-    : c_(c), out_(out), domain_(std::move(domain)), kaddrs_(std::move(kaddrs)), maps_(c.maps.size()), limits_(l),
-      dropped_(c.maps.size(), 0), vars_(static_cast<std::size_t>(c.max_vars)) {}
+    : c_(c),
+      out_(out),
+      domain_(std::move(domain)),
+      kaddrs_(std::move(kaddrs)),
+      maps_(c.maps.size()),
+      limits_(l),
+      dropped_(c.maps.size(), 0),
+      vars_(static_cast<std::size_t>(c.max_vars)) {}
 
 void Instance::run(int b, const ProbeSite& site, xenprobes::HitContext* ctx, std::optional<std::int64_t> nsecs) {
   ctx_ = ctx;
@@ -163,17 +169,13 @@ void Instance::statement(const Stmt& s) {
       eval(*s.value, v);
       Entry* en = entry(*s.target, true);
       if (!en) return;  // the map is full: counted
-      if (c_.maps[static_cast<std::size_t>(s.target->slot)].kind == MapKind::Str)
-        en->s = std::move(v.s);
-      else
-        en->v = v.i;
+      if (c_.maps[static_cast<std::size_t>(s.target->slot)].kind == MapKind::Str) en->s = std::move(v.s);
+      else en->v = v.i;
       return;
     }
     case StmtKind::If:
-      if (eval_int(*s.value) != 0)
-        exec(s.then_body);
-      else
-        exec(s.else_body);
+      if (eval_int(*s.value) != 0) exec(s.then_body);
+      else exec(s.else_body);
       return;
   }
 }
@@ -352,10 +354,8 @@ void Instance::eval(const Expr& e, Value& out) {
     }
     case Op::VarRead: {
       const Value& v = vars_[static_cast<std::size_t>(e.slot)];
-      if (e.type.kind == Type::Kind::Str)
-        out.s = v.s;
-      else
-        out.i = v.i;
+      if (e.type.kind == Type::Kind::Str) out.s = v.s;
+      else out.i = v.i;
       return;
     }
     case Op::LogAnd: out.i = eval_int(*e.kids[0]) != 0 && eval_int(*e.kids[1]) != 0; return;
@@ -368,9 +368,22 @@ void Instance::eval(const Expr& e, Value& out) {
       out.i = (a.s == b.s) == (e.op == Op::StrEq);
       return;
     }
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Mod: case Op::And: case Op::Or:
-    case Op::Xor: case Op::Shl: case Op::Shr: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le:
-    case Op::Gt: case Op::Ge: {
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Mod:
+    case Op::And:
+    case Op::Or:
+    case Op::Xor:
+    case Op::Shl:
+    case Op::Shr:
+    case Op::Eq:
+    case Op::Ne:
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge: {
       const std::int64_t a = eval_int(*e.kids[0]);
       const std::int64_t b = eval_int(*e.kids[1]);
       // Unsigned arithmetic: wraps instead of overflowing; division by zero gives 0 and a
@@ -401,20 +414,15 @@ void Instance::eval(const Expr& e, Value& out) {
     case Op::Not: out.i = eval_int(*e.kids[0]) == 0; return;
     case Op::BitNot: out.i = ~eval_int(*e.kids[0]); return;
     case Op::Ternary:
-      if (eval_int(*e.kids[0]) != 0)
-        eval(*e.kids[1], out);
-      else
-        eval(*e.kids[2], out);
+      if (eval_int(*e.kids[0]) != 0) eval(*e.kids[1], out);
+      else eval(*e.kids[2], out);
       return;
     case Op::IntCast: {
       const std::int64_t v = eval_int(*e.kids[0]);
       const unsigned shift = 64 - static_cast<unsigned>(e.offset);
-      if (shift == 0)
-        out.i = v;
-      else if (e.load_signed)
-        out.i = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) << shift) >> shift;
-      else
-        out.i = static_cast<std::int64_t>((static_cast<std::uint64_t>(v) << shift) >> shift);
+      if (shift == 0) out.i = v;
+      else if (e.load_signed) out.i = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) << shift) >> shift;
+      else out.i = static_cast<std::int64_t>((static_cast<std::uint64_t>(v) << shift) >> shift);
       return;
     }
     case Op::PtrCast: out.i = eval_int(*e.kids[0]); return;
@@ -463,10 +471,8 @@ void Instance::do_printf(const Expr& e) {
     }
     if (n > 0) printf_.append(buf, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 1));
   }
-  if (out_.format() == OutputFormat::Json)
-    out_.record(domain_, "printf", json_text(printf_));
-  else
-    out_.text(domain_, printf_);
+  if (out_.format() == OutputFormat::Json) out_.record(domain_, "printf", json_text(printf_));
+  else out_.text(domain_, printf_);
 }
 
 // ---- printing maps ----
@@ -561,7 +567,8 @@ std::string Instance::map_text(int slot) const {
       char line[160];
       for (const Bucket& b : bs) {
         const int bar = top ? static_cast<int>(static_cast<double>(b.count) / static_cast<double>(top) * 52) : 0;
-        std::snprintf(line, sizeof line, "%-16s%8llu |%-52s|\n", b.label.c_str(), static_cast<unsigned long long>(b.count),
+        std::snprintf(line, sizeof line, "%-16s%8llu |%-52s|\n", b.label.c_str(),
+                      static_cast<unsigned long long>(b.count),
                       std::string(static_cast<std::size_t>(bar), '@').c_str());
         s += line;
       }
@@ -623,7 +630,9 @@ void Instance::print_map(int slot) {
 void Instance::print_all_maps() {
   std::vector<int> order(c_.maps.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return c_.maps[static_cast<std::size_t>(a)].name < c_.maps[static_cast<std::size_t>(b)].name; });
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return c_.maps[static_cast<std::size_t>(a)].name < c_.maps[static_cast<std::size_t>(b)].name;
+  });
   for (int m : order) print_map(m);
 }
 

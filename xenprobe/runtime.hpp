@@ -124,8 +124,8 @@ class Instance {
   Limits limits_;
   std::vector<std::uint64_t> dropped_;  // per map slot
   std::vector<Value> vars_;
-  std::string key_;       // scratch: the encoded key of the entry being looked up
-  std::string printf_;    // scratch: printf's output
+  std::string key_;     // scratch: the encoded key of the entry being looked up
+  std::string printf_;  // scratch: printf's output
   xenprobes::HitContext* ctx_ = nullptr;
   const ProbeSite* site_ = nullptr;
   std::optional<std::int64_t> nsecs_;  // the hit's time, when it comes with one

@@ -17,12 +17,12 @@ namespace xenprobe {
 struct TypeDesc {
   enum class Kind : std::uint8_t { Int, Ptr, Record, Array, Other };
   Kind kind = Kind::Other;
-  std::uint32_t id = 0;        // the resolved type itself
-  std::uint32_t size = 0;      // bytes (Ptr: 8)
-  bool is_signed = false;      // Int
-  std::uint32_t target = 0;    // Ptr: pointee; Array: element (both unresolved ids)
-  std::uint32_t count = 0;     // Array: elements
-  std::string name;            // "struct file", "unsigned int", "char *", ...
+  std::uint32_t id = 0;      // the resolved type itself
+  std::uint32_t size = 0;    // bytes (Ptr: 8)
+  bool is_signed = false;    // Int
+  std::uint32_t target = 0;  // Ptr: pointee; Array: element (both unresolved ids)
+  std::uint32_t count = 0;   // Array: elements
+  std::string name;          // "struct file", "unsigned int", "char *", ...
 };
 
 struct MemberDesc {

@@ -64,20 +64,13 @@ class Reporter {
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string:
-      return "a string";
-    case toml::node_type::integer:
-      return "an integer";
-    case toml::node_type::floating_point:
-      return "a number";
-    case toml::node_type::boolean:
-      return "a boolean";
-    case toml::node_type::table:
-      return "a table";
-    case toml::node_type::array:
-      return "an array";
-    default:
-      return "a date or time";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date or time";
   }
 }
 
@@ -211,9 +204,7 @@ void check_program(ProgramConfig& p) {
   if (p.method == Method::Async) {
     try {
       p.plans = std::make_shared<AsyncPlans::element_type>(plan_async_program(c));
-    } catch (const xenprobe::ProgramError& e) {
-      throw AsyncRefused{e};
-    }
+    } catch (const xenprobe::ProgramError& e) { throw AsyncRefused{e}; }
   }
   p.compiled = std::make_shared<const xenprobe::Compiled>(std::move(c));
 }
@@ -279,10 +270,8 @@ std::optional<std::size_t> inline_start(const Reporter& r, const toml::node& n, 
     if (text.compare(off, delim.size(), delim) != 0) continue;
     off += delim.size();
     if (delim.size() == 3) {  // a newline right after the opening delimiter is not part of the string
-      if (text.compare(off, 1, "\n") == 0)
-        off += 1;
-      else if (text.compare(off, 2, "\r\n") == 0)
-        off += 2;
+      if (text.compare(off, 1, "\n") == 0) off += 1;
+      else if (text.compare(off, 2, "\r\n") == 0) off += 2;
     }
     if (text.compare(off, src.size(), src) == 0) return off;
     return std::nullopt;
@@ -293,10 +282,10 @@ std::optional<std::size_t> inline_start(const Reporter& r, const toml::node& n, 
 ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::filesystem::path& dir) {
   const toml::table* t = n.as_table();
   if (!t) r.fail(n.source(), "program must be a table", "write each program as [[program]] with its keys below");
-  known_keys(r, *t,
-             {"name", "source", "file", "domains", "outputs", "events_per_second", "event_burst", "maxactive",
-              "method"},
-             "a [[program]]");
+  known_keys(
+      r, *t,
+      {"name", "source", "file", "domains", "outputs", "events_per_second", "event_burst", "maxactive", "method"},
+      "a [[program]]");
   ProgramConfig p;
   const toml::node* name = t->get("name");
   if (!name) r.fail(n.source(), "this [[program]] has no name", "add name = \"NAME\" (letters, digits, _ - .)");
@@ -307,14 +296,10 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
   const std::string prog = "program " + q(p.name);
   if (auto* v = t->get("method")) {
     std::string m = get_string(r, *v, "method");
-    if (m == "trap")
-      p.method = Method::Trap;
-    else if (m == "jump")
-      p.method = Method::Jump;
-    else if (m == "fastest")
-      p.method = Method::Fastest;
-    else if (m == "async")
-      p.method = Method::Async;
+    if (m == "trap") p.method = Method::Trap;
+    else if (m == "jump") p.method = Method::Jump;
+    else if (m == "fastest") p.method = Method::Fastest;
+    else if (m == "async") p.method = Method::Async;
     else
       r.fail(v->source(), "method is " + q(m) + "; give \"trap\", \"jump\", \"fastest\" or \"async\"",
              "trap (the default) works on every channel; jump and async need the guest channel; fastest is "
@@ -375,19 +360,16 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
     };
     try {
       check_program(p);
-    } catch (const xenprobe::ProgramError& e) {
-      throw at_file("does not compile", e);
-    } catch (const AsyncRefused& a) {
+    } catch (const xenprobe::ProgramError& e) { throw at_file("does not compile", e); } catch (const AsyncRefused& a) {
       throw at_file(kCannotRunAsync, a.error);
     }
   }
   const xenprobe::Program& prog_ast = p.compiled ? p.compiled->program : *p.parsed;
-  const bool has_probe = std::any_of(
-      prog_ast.blocks.begin(), prog_ast.blocks.end(), [](const xenprobe::ProbeBlock& b) {
-        return std::any_of(b.specs.begin(), b.specs.end(), [](const auto& s) {
-          return s.kind == xenprobe::ProbeKind::Kprobe || s.kind == xenprobe::ProbeKind::Kretprobe;
-        });
-      });
+  const bool has_probe = std::any_of(prog_ast.blocks.begin(), prog_ast.blocks.end(), [](const xenprobe::ProbeBlock& b) {
+    return std::any_of(b.specs.begin(), b.specs.end(), [](const auto& s) {
+      return s.kind == xenprobe::ProbeKind::Kprobe || s.kind == xenprobe::ProbeKind::Kretprobe;
+    });
+  });
   if (!has_probe)
     r.fail((source ? source : file)->source(), prog + " has no kprobe or kretprobe",
            "a daemon program watches guests: give it at least one kprobe:FUNC or kretprobe:FUNC");
@@ -402,14 +384,10 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
 
   if (auto* v = t->get("outputs")) {
     std::string o = get_string(r, *v, "outputs");
-    if (o == "metrics")
-      p.outputs = Outputs::Metrics;
-    else if (o == "events")
-      p.outputs = Outputs::Events;
-    else if (o == "both")
-      p.outputs = Outputs::Both;
-    else
-      r.fail(v->source(), "outputs is " + q(o) + "; give \"metrics\", \"events\" or \"both\"");
+    if (o == "metrics") p.outputs = Outputs::Metrics;
+    else if (o == "events") p.outputs = Outputs::Events;
+    else if (o == "both") p.outputs = Outputs::Both;
+    else r.fail(v->source(), "outputs is " + q(o) + "; give \"metrics\", \"events\" or \"both\"");
   }
   if (auto* v = t->get("events_per_second")) p.events_per_second = get_number(r, *v, "events_per_second", 1e-6, 1e6);
   if (auto* v = t->get("event_burst")) p.event_burst = get_number(r, *v, "event_burst", 1, 1e6);
@@ -421,40 +399,29 @@ ProgramConfig parse_program(const Reporter& r, const toml::node& n, const std::f
 
 std::string Selector::describe() const {
   switch (kind) {
-    case Kind::Name:
-      return "name " + text;
-    case Kind::Domid:
-      return "domid " + std::to_string(domid);
-    case Kind::Glob:
-      return "glob " + text;
-    case Kind::Xenstore:
-      return "xenstore " + text + "=" + value;
+    case Kind::Name: return "name " + text;
+    case Kind::Domid: return "domid " + std::to_string(domid);
+    case Kind::Glob: return "glob " + text;
+    case Kind::Xenstore: return "xenstore " + text + "=" + value;
   }
   return "?";
 }
 
 const char* outputs_name(Outputs o) {
   switch (o) {
-    case Outputs::Metrics:
-      return "metrics";
-    case Outputs::Events:
-      return "events";
-    case Outputs::Both:
-      return "both";
+    case Outputs::Metrics: return "metrics";
+    case Outputs::Events: return "events";
+    case Outputs::Both: return "both";
   }
   return "?";
 }
 
 const char* method_name(Method m) {
   switch (m) {
-    case Method::Trap:
-      return "trap";
-    case Method::Jump:
-      return "jump";
-    case Method::Fastest:
-      return "fastest";
-    case Method::Async:
-      return "async";
+    case Method::Trap: return "trap";
+    case Method::Jump: return "jump";
+    case Method::Fastest: return "fastest";
+    case Method::Async: return "async";
   }
   return "?";
 }
@@ -501,9 +468,7 @@ Config parse_config(const std::string& text, const std::string& path) {
   toml::table root;
   try {
     root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    r.fail(e.source(), std::string(e.description()));
-  }
+  } catch (const toml::parse_error& e) { r.fail(e.source(), std::string(e.description())); }
   known_keys(r, root, {"daemon", "program"}, "the configuration");
   Config c;
   c.path = path;

@@ -117,7 +117,7 @@ struct Attachment {
   // method = "async": each block's captures, planned with `compiled`; null for the other methods.
   AsyncPlans plans;
   std::uint64_t lost_at_attach = 0;  // async: the domain's lost events (Daemon::RingLoss) when attached
-  std::deque<ProbeEntry> probes;  // stable addresses: the handlers point at them
+  std::deque<ProbeEntry> probes;     // stable addresses: the handlers point at them
   std::vector<Clock::time_point> next_interval;
   bool exited = false;  // the program called exit() here: its probes are gone
   std::uint64_t events = 0, dropped = 0;
@@ -235,7 +235,7 @@ class Daemon {
   std::vector<SimCue> creates_, destroys_, crashes_;
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
-  std::set<DomainKey> symbols_loaded_;  // domains whose kallsyms the session has read
+  std::set<DomainKey> symbols_loaded_;      // domains whose kallsyms the session has read
   std::map<DomainKey, DomainTypes> types_;  // each domain's types (types_for)
   bool sim_idle_logged_ = false;
   const xenprobe::ProbeSite* current_site_ = nullptr;  // the probe whose action is running

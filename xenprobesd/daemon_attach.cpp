@@ -27,19 +27,16 @@ std::string hex(std::uint64_t v) {
 // A program's method for its synchronous kprobes (async ones are Session::probe_async's).
 xenprobes::ProbeMethod probe_method(Method m) {
   switch (m) {
-    case Method::Jump:
-      return xenprobes::ProbeMethod::Jump;
-    case Method::Fastest:
-      return xenprobes::ProbeMethod::Fastest;
-    default:
-      return xenprobes::ProbeMethod::Trap;
+    case Method::Jump: return xenprobes::ProbeMethod::Jump;
+    case Method::Fastest: return xenprobes::ProbeMethod::Fastest;
+    default: return xenprobes::ProbeMethod::Trap;
   }
 }
 
 }  // namespace
 
 const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::DomId id, const std::string& name,
-                                              std::string* failure) {
+                                             std::string* failure) {
   // The module list looked at now (a few reads when it did not change): the types kept are
   // used while no module came or went since they were read. A look that fails keeps the
   // generation known (Session::check_modules).
@@ -48,8 +45,8 @@ const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::Do
   if (auto t = types_.find(key); t != types_.end() && t->second.generation == now) return &t->second;
   auto btf = session_->kernel_btf(id);
   if (!btf) {
-    *failure = "the program needs the guest kernel's types and its BTF cannot be read from its memory: " +
-               btf.error().what;
+    *failure =
+        "the program needs the guest kernel's types and its BTF cannot be read from its memory: " + btf.error().what;
     return nullptr;
   }
   // Each live module's BTF; one that cannot be read (or that libbpf refuses) is left out, and
@@ -60,17 +57,15 @@ const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::Do
     left_out.push_back("every loaded module's: their list cannot be read: " + mb.error().what);
   } else {
     for (xenprobes::ModuleBtf& m : *mb) {
-      if (m.why.empty())
-        modules.push_back(xenprobe::ModuleTypes{std::move(m.module), std::move(m.btf)});
-      else
-        left_out.push_back("module " + m.module + ": " + m.why);
+      if (m.why.empty()) modules.push_back(xenprobe::ModuleTypes{std::move(m.module), std::move(m.btf)});
+      else left_out.push_back("module " + m.module + ": " + m.why);
     }
   }
   std::vector<std::string> refused;
   DomainTypes d;
   try {
-    d.types = xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)", modules,
-                                       &refused);
+    d.types =
+        xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)", modules, &refused);
   } catch (const std::exception& e) {
     *failure = e.what();
     return nullptr;
@@ -85,8 +80,8 @@ const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::Do
 }
 
 std::shared_ptr<const xenprobe::Compiled> Daemon::compiled_for(const ProgramConfig& cfg, const DomainKey& key,
-                                                                xenprobes::DomId id, const std::string& name,
-                                                                std::string* failure, AsyncPlans* plans) {
+                                                               xenprobes::DomId id, const std::string& name,
+                                                               std::string* failure, AsyncPlans* plans) {
   if (cfg.compiled) {
     *plans = cfg.plans;
     return cfg.compiled;
@@ -119,9 +114,8 @@ std::string Daemon::prepare_kstack(xenprobe::Instance& inst, xenprobes::DomId do
   // The names follow the guest's modules as they come and go (xenprobe::StackNamer).
   auto namer = std::make_shared<xenprobe::StackNamer>(*session_, dom);
   if (auto r = namer->prepare(); !r) return "kstack: " + r.error().what;
-  inst.set_stack_source([namer](xenprobes::HitContext& c, unsigned frames, std::string& out) {
-    return namer->stack(c, frames, out);
-  });
+  inst.set_stack_source(
+      [namer](xenprobes::HitContext& c, unsigned frames, std::string& out) { return namer->stack(c, frames, out); });
   return {};
 }
 
@@ -136,10 +130,8 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   // A real guest's symbols: its kernel's kallsyms, decoded in its memory once per domain (the
   // simulated Xen's demo guest brings its System.map, which the library loads itself).
   if (!sim_.enabled && !symbols_loaded_.contains(a->key)) {
-    if (auto r = session_->load_symbols_from_guest(d.domid); r)
-      symbols_loaded_.insert(a->key);
-    else
-      failure = "cannot read the guest kernel's symbols: " + r.error().what;
+    if (auto r = session_->load_symbols_from_guest(d.domid); r) symbols_loaded_.insert(a->key);
+    else failure = "cannot read the guest kernel's symbols: " + r.error().what;
   }
   if (failure.empty()) a->compiled = compiled_for(cfg, a->key, d.domid, name, &failure, &a->plans);
   std::vector<std::int64_t> kaddrs;
@@ -163,8 +155,7 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   std::size_t skipped = 0;
   // Jump and async probes need every kernel function decoded once per domain: done now, with
   // the guest running, not inside the batch. A failure here is the first jump probe's to report.
-  if (failure.empty() && cfg.method != Method::Trap)
-    (void)session_->prepare_jump_probes(d.domid);
+  if (failure.empty() && cfg.method != Method::Trap) (void)session_->prepare_jump_probes(d.domid);
   if (failure.empty()) {
     if (auto r = session_->begin_batch(); !r) failure = "cannot begin registering: " + r.error().what;
   }
@@ -258,8 +249,13 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   a->channel = ch ? *ch : "?";
   a->tokens = cfg.event_burst;
   a->refilled = Clock::now();
-  ordered_json f{{"domain", name},        {"domid", d.domid.value}, {"program", cfg.name}, {"probes", a->probes.size()},
-                 {"channel", a->channel}, {"skipped", skipped},    {"method", method_name(cfg.method)}};
+  ordered_json f{{"domain", name},
+                 {"domid", d.domid.value},
+                 {"program", cfg.name},
+                 {"probes", a->probes.size()},
+                 {"channel", a->channel},
+                 {"skipped", skipped},
+                 {"method", method_name(cfg.method)}};
   log_.write("attached", "INFO", f);
   // BEGIN, then the interval clocks.
   static const xenprobe::ProbeSite kBegin{"", "BEGIN"};

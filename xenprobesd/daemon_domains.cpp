@@ -81,14 +81,10 @@ void Daemon::scan(const char* why) {
   std::map<DomainKey, std::string> ending;
   for (const auto& d : *doms) {
     if (d.domid.value == 0) continue;  // Dom0 is never a target
-    if (d.dying)
-      ending[key_of(d)] = "it is dying";
-    else if (d.crashed)
-      ending[key_of(d)] = "it crashed";
-    else if (d.shutdown)
-      ending[key_of(d)] = "it shut down";
-    else
-      live[key_of(d)] = &d;
+    if (d.dying) ending[key_of(d)] = "it is dying";
+    else if (d.crashed) ending[key_of(d)] = "it crashed";
+    else if (d.shutdown) ending[key_of(d)] = "it shut down";
+    else live[key_of(d)] = &d;
   }
   std::set<DomainKey> gone;
   for (auto& p : programs_) {

@@ -41,10 +41,8 @@ void Daemon::sim_create(const std::string& name) {
   c.iterations = sim_.iterations;
   c.start_paused = true;  // like xl create -p: started once the daemon has had its look at it
   if (sim_.ring_order) c.module_ring_order = sim_.ring_order;
-  if (sim_.type == "hvm" || sim_.type == "pvh")
-    c.type = xenprobes::hv::GuestType::Hvm;
-  else if (sim_.type != "pv")
-    throw std::runtime_error("--sim-type: pv, pvh or hvm");
+  if (sim_.type == "hvm" || sim_.type == "pvh") c.type = xenprobes::hv::GuestType::Hvm;
+  else if (sim_.type != "pv") throw std::runtime_error("--sim-type: pv, pvh or hvm");
   auto id = host_->create_domain(c);
   if (!id) throw std::runtime_error("cannot create simulated guest " + name + ": " + id.error().what);
   // Its System.map, for a guest that boots its own image (the demo guest's is the library's default).

@@ -58,10 +58,8 @@ void EventLog::write(const char* kind, const char* severity, const nlohmann::ord
   for (auto it = fields.begin(); it != fields.end(); ++it) rec[it.key()] = it.value();
   std::string line = rec.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   line += '\n';
-  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-    ++failed_;
-  else
-    ++written_;
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) ++failed_;
+  else ++written_;
 }
 
 }  // namespace xenprobesd

@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   app.add_option("--sim-type", sim.type, "pv (default), pvh or hvm")->check(CLI::IsMember({"pv", "pvh", "hvm"}));
   app.add_option("--sim-create", sim.create, "NAME@HITS: create a simulated guest after HITS hits in all");
   app.add_option("--sim-destroy", sim.destroy, "NAME@HITS: destroy that guest inside the handler of its HITS-th hit");
-  app.add_option("--sim-crash", sim.crash, "NAME@HITS: that guest's kernel panics inside the handler of its HITS-th hit");
+  app.add_option("--sim-crash", sim.crash,
+                 "NAME@HITS: that guest's kernel panics inside the handler of its HITS-th hit");
   app.add_option("--sim-label", sim.labels, "NAME:KEY=VALUE: a xenstore key of a simulated guest");
   app.add_option("--sim-ring-order", sim.ring_order,
                  "the simulated guest module's async rings hold 2^N bytes each (12 ... 24; default 14)");
@@ -154,10 +155,8 @@ int main(int argc, char** argv) {
       res.set_content(*text, "text/plain; version=0.0.4; charset=utf-8");
     });
     int port = addr->port;
-    if (port == 0)
-      port = server.bind_to_any_port(addr->host);
-    else if (!server.bind_to_port(addr->host, port))
-      port = -1;
+    if (port == 0) port = server.bind_to_any_port(addr->host);
+    else if (!server.bind_to_port(addr->host, port)) port = -1;
     if (port <= 0) {
       std::fprintf(stderr, "xenprobesd: cannot listen on %s for the metrics endpoint\n", listen.c_str());
       return 1;

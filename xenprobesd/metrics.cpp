@@ -17,22 +17,14 @@ std::size_t utf8_len(std::string_view s, std::size_t i) {
   if (c < 0x80) return 1;
   std::size_t n;
   unsigned lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf)
-    n = 2;
-  else if (c == 0xe0)
-    n = 3, lo = 0xa0;
-  else if (c == 0xed)
-    n = 3, hi = 0x9f;
-  else if (c >= 0xe1 && c <= 0xef)
-    n = 3;
-  else if (c == 0xf0)
-    n = 4, lo = 0x90;
-  else if (c >= 0xf1 && c <= 0xf3)
-    n = 4;
-  else if (c == 0xf4)
-    n = 4, hi = 0x8f;
-  else
-    return 0;
+  if (c >= 0xc2 && c <= 0xdf) n = 2;
+  else if (c == 0xe0) n = 3, lo = 0xa0;
+  else if (c == 0xed) n = 3, hi = 0x9f;
+  else if (c >= 0xe1 && c <= 0xef) n = 3;
+  else if (c == 0xf0) n = 4, lo = 0x90;
+  else if (c >= 0xf1 && c <= 0xf3) n = 4;
+  else if (c == 0xf4) n = 4, hi = 0x8f;
+  else return 0;
   if (i + n > s.size()) return 0;
   if (b(1) < lo || b(1) > hi) return 0;
   for (std::size_t k = 2; k < n; ++k)
@@ -43,12 +35,9 @@ std::size_t utf8_len(std::string_view s, std::size_t i) {
 std::string escape_help(std::string_view s) {
   std::string out;
   for (char c : s) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
   }
   return out;
 }
@@ -68,14 +57,10 @@ std::string escape_label_value(std::string_view s, std::size_t max) {
     }
     if (n == 1) {
       char c = s[i];
-      if (c == '\\')
-        out += "\\\\";
-      else if (c == '"')
-        out += "\\\"";
-      else if (c == '\n')
-        out += "\\n";
-      else
-        out += c;
+      if (c == '\\') out += "\\\\";
+      else if (c == '"') out += "\\\"";
+      else if (c == '\n') out += "\\n";
+      else out += c;
     } else {
       out.append(s.substr(i, n));
     }
@@ -115,12 +100,9 @@ void Exposition::add_line(const std::string& name, const Labels& labels, const s
 
 void Exposition::add(const std::string& name, const Labels& labels, double value) {
   char b[64];
-  if (std::isnan(value))
-    std::snprintf(b, sizeof b, "NaN");
-  else if (std::isinf(value))
-    std::snprintf(b, sizeof b, value > 0 ? "+Inf" : "-Inf");
-  else
-    std::snprintf(b, sizeof b, "%.9g", value);
+  if (std::isnan(value)) std::snprintf(b, sizeof b, "NaN");
+  else if (std::isinf(value)) std::snprintf(b, sizeof b, value > 0 ? "+Inf" : "-Inf");
+  else std::snprintf(b, sizeof b, "%.9g", value);
   add_line(name, labels, b);
 }
 

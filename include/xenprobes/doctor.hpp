@@ -30,11 +30,11 @@ struct DomainReport {
   hv::GuestType type = hv::GuestType::Pv;
   unsigned guest_width = 8;
   unsigned vcpus = 0;
-  bool module = false;              // the guest module's keys are there and valid
-  unsigned module_version = 0;      // protocol version it speaks (0: none)
-  std::string module_release;       // the guest kernel's uname -r, as the module published it
-  std::string module_problem;       // why the module's keys are unusable ("" when fine)
-  std::vector<ChannelCheck> channels;  // guest, vmevent, debugger: Auto's order
+  bool module = false;                     // the guest module's keys are there and valid
+  unsigned module_version = 0;             // protocol version it speaks (0: none)
+  std::string module_release;              // the guest kernel's uname -r, as the module published it
+  std::string module_problem;              // why the module's keys are unusable ("" when fine)
+  std::vector<ChannelCheck> channels;      // guest, vmevent, debugger: Auto's order
   std::optional<ChannelKind> auto_choice;  // what ChannelKind::Auto would pick
 };
 
@@ -43,7 +43,7 @@ struct DoctorReport {
   std::string xen_version;
   bool gdbsx = false;
   bool vm_event = false;
-  std::string virq_debugger;  // "free", or who holds it
+  std::string virq_debugger;          // "free", or who holds it
   std::vector<DomainReport> domains;  // Dom0 excluded
 };
 

@@ -19,7 +19,8 @@ namespace xenprobes {
 class XENPROBES_API GuestView {
  public:
   // Reads the paging mode and CR3 from `vcpu` of `domid`. The hypervisor must outlive the view.
-  [[nodiscard]] static Result<std::unique_ptr<GuestView>> open(hv::Hypervisor& hv, DomId domid, VcpuId vcpu = VcpuId{0});
+  [[nodiscard]] static Result<std::unique_ptr<GuestView>> open(hv::Hypervisor& hv, DomId domid,
+                                                               VcpuId vcpu = VcpuId{0});
   ~GuestView();
 
   [[nodiscard]] Result<void> read(Gva va, std::span<std::byte> out);

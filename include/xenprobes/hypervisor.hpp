@@ -42,15 +42,15 @@ struct DomainInfo {
   DomId domid;
   DomainHandle handle{};
   GuestType type = GuestType::Pv;
-  unsigned guest_width = 8;   // bytes: 8 for 64-bit, 4 for 32-bit guests
-  unsigned vcpus = 0;         // max_vcpu_id + 1
+  unsigned guest_width = 8;  // bytes: 8 for 64-bit, 4 for 32-bit guests
+  unsigned vcpus = 0;        // max_vcpu_id + 1
   unsigned online_vcpus = 0;
-  bool paused = false;        // controller pause count > 0 (the exact count is not visible)
+  bool paused = false;  // controller pause count > 0 (the exact count is not visible)
   bool dying = false;
   bool shutdown = false;
-  bool crashed = false;       // shutdown with reason crash
-  bool debugged = false;      // XEN_DOMINF_debugged
-  std::string name;           // from xenstore /local/domain/<id>/name, "" if unknown
+  bool crashed = false;   // shutdown with reason crash
+  bool debugged = false;  // XEN_DOMINF_debugged
+  std::string name;       // from xenstore /local/domain/<id>/name, "" if unknown
 };
 
 // The x86-64 register file as Dom0 sees it. cr3 holds a physical address: for PV guests
@@ -118,9 +118,9 @@ inline constexpr unsigned kVirqDebugger = 6;  // VIRQ_DEBUGGER, xen/include/publ
 
 // What XEN_DOMCTL_gdbsx_domstatus reports: one vCPU with a recorded debug event.
 struct GdbsxStatus {
-  bool paused = false;               // controller pause count > 0
-  std::optional<unsigned> vcpu;      // nullopt: no vCPU has a recorded event (vcpu_id == -1)
-  unsigned event = 0;                // trap number (3 for int3)
+  bool paused = false;           // controller pause count > 0
+  std::optional<unsigned> vcpu;  // nullopt: no vCPU has a recorded event (vcpu_id == -1)
+  unsigned event = 0;            // trap number (3 for int3)
 };
 
 // ---- vm_event monitor ring (xen/include/public/vm_event.h, interface version 7) ----
@@ -140,20 +140,20 @@ inline constexpr std::uint32_t kVmEventFlagSetEmulInsnData = 1u << 9;
 
 struct VmEventRequest {
   std::uint32_t vcpu = 0;
-  std::uint32_t flags = 0;   // kVmEventFlag*
+  std::uint32_t flags = 0;  // kVmEventFlag*
   VmEventReason reason = VmEventReason::SoftwareBreakpoint;
-  VcpuRegs regs;             // rip = the breakpoint address itself
+  VcpuRegs regs;  // rip = the breakpoint address itself
   std::uint64_t gfn = 0;
-  std::uint8_t type = 0;         // X86_EVENTTYPE_*: 6 sw exception (int3), 5 privileged sw exc (ICEBP), 3 hw exc
+  std::uint8_t type = 0;  // X86_EVENTTYPE_*: 6 sw exception (int3), 5 privileged sw exc (ICEBP), 3 hw exc
   std::uint8_t insn_length = 0;
   std::uint32_t pending_dbg = 0;
 };
 
 struct VmEventResponse {
   std::uint32_t vcpu = 0;
-  std::uint32_t flags = 0;   // echo kVmEventFlagVcpuPaused to unpause
+  std::uint32_t flags = 0;  // echo kVmEventFlagVcpuPaused to unpause
   VmEventReason reason = VmEventReason::SoftwareBreakpoint;
-  VcpuRegs regs;             // used with kVmEventFlagSetRegisters (GPRs, rflags, rip)
+  VcpuRegs regs;                    // used with kVmEventFlagSetRegisters (GPRs, rflags, rip)
   std::uint8_t emul_insn[16] = {};  // used with kVmEventFlagSetEmulInsnData (a union with regs in Xen)
 };
 
@@ -178,7 +178,7 @@ class XENPROBES_API Hypervisor {
  public:
   virtual ~Hypervisor() = default;
 
-  virtual std::string name() const = 0;  // "xen" or "sim"
+  virtual std::string name() const = 0;                     // "xen" or "sim"
   [[nodiscard]] virtual Result<std::string> version() = 0;  // "4.17.5" …
   [[nodiscard]] virtual Result<Capabilities> capabilities() = 0;
 
@@ -244,7 +244,7 @@ class XENPROBES_API Hypervisor {
   }
   // xendevicemodel_inject_event: re-inject an exception the library does not own.
   [[nodiscard]] virtual Result<void> inject_event(DomId, VcpuId, std::uint8_t vector, std::uint8_t type,
-                                    std::uint32_t error_code, std::uint8_t insn_len) = 0;
+                                                  std::uint32_t error_code, std::uint8_t insn_len) = 0;
 };
 
 // Opens the hypervisor selected by XENPROBES_BACKEND (xen | sim; default xen). With "sim"

@@ -45,18 +45,45 @@ namespace xenprobes::hv::sim {
 
 // Every Hypervisor operation, for fault injection and call counting.
 enum class Op : unsigned {
-  Version, Capabilities, ListDomains, DomainInfo, Pause, Unpause, GetRegs, SetRegs, MapFrames,
-  XsRead, XsWrite, XsRm, XsDirectory, XsGrantRead, XsWatch, XsUnwatch, XsReadWatches,
-  EvtchnBindVirq, EvtchnBindInterdomain, EvtchnUnbind, EvtchnNotify, EvtchnPending,
-  EvtchnUnmask, SetDebugging, GdbsxDomstatus, MonitorEnable, MonitorDisable,
-  MonitorSoftwareBreakpoint, MonitorDebugExceptions, InjectEvent, RingGetRequest,
-  RingPutResponse, RingNotify,
+  Version,
+  Capabilities,
+  ListDomains,
+  DomainInfo,
+  Pause,
+  Unpause,
+  GetRegs,
+  SetRegs,
+  MapFrames,
+  XsRead,
+  XsWrite,
+  XsRm,
+  XsDirectory,
+  XsGrantRead,
+  XsWatch,
+  XsUnwatch,
+  XsReadWatches,
+  EvtchnBindVirq,
+  EvtchnBindInterdomain,
+  EvtchnUnbind,
+  EvtchnNotify,
+  EvtchnPending,
+  EvtchnUnmask,
+  SetDebugging,
+  GdbsxDomstatus,
+  MonitorEnable,
+  MonitorDisable,
+  MonitorSoftwareBreakpoint,
+  MonitorDebugExceptions,
+  InjectEvent,
+  RingGetRequest,
+  RingPutResponse,
+  RingNotify,
   Count_
 };
 XENPROBES_API const char* op_name(Op);
 
 struct SimOptions {
-  bool gdbsx = true;          // hypervisor built with CONFIG_GDBSX
+  bool gdbsx = true;  // hypervisor built with CONFIG_GDBSX
   std::string xen_version = "4.17.5-sim";
   unsigned quantum_blocks = 512;  // translated blocks a vCPU runs before the next is scheduled
   unsigned ring_slots = 8;        // vm_event ring capacity (one 4 KiB page holds 8 requests)
@@ -75,13 +102,13 @@ struct DomainConfig {
   GuestType type = GuestType::Pv;
   unsigned vcpus = 1;
   std::size_t ram_mb = 64;
-  std::string image;            // guest ELF; "" = the demo guest
-  std::uint64_t iterations = 0; // passed to the demo guest entry (0 = run forever)
-  bool start_paused = false;    // created with one controller pause (like `xl create -p`)
+  std::string image;                  // guest ELF; "" = the demo guest
+  std::uint64_t iterations = 0;       // passed to the demo guest entry (0 = run forever)
+  bool start_paused = false;          // created with one controller pause (like `xl create -p`)
   std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
-  bool publish_module = true;   // publish the guest module's xenstore keys
-  bool module_fixup_slots = true;  // with them its fixup slots (protocol.h, fixup-slots)
-  bool module_jump_entry = true;   // and its jump entry (protocol.h, jump-entry): jump probes
+  bool publish_module = true;         // publish the guest module's xenstore keys
+  bool module_fixup_slots = true;     // with them its fixup slots (protocol.h, fixup-slots)
+  bool module_jump_entry = true;      // and its jump entry (protocol.h, jump-entry): jump probes
   // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
   // (12..24; 0: none, so no async probes). Needs the jump entry.
   unsigned module_ring_order = 14;
@@ -118,13 +145,13 @@ struct GuestLayout {
   std::uint64_t text_start = 0, text_end = 0;  // _text, _etext
   std::uint64_t image_end = 0;                 // _end
   std::uint64_t oea_addr = 0, oea_size = 0;
-  std::uint64_t physmap_base = 0;              // direct map of all RAM (2 MiB pages)
+  std::uint64_t physmap_base = 0;                    // direct map of all RAM (2 MiB pages)
   std::uint64_t control_addr = 0, control_size = 0;  // the module's control area (0: none)
   std::uint64_t fixup_slots = 0, fixup_table = 0;    // the module's fixup slots and entries (0: none)
   unsigned fixup_count = 0;
-  std::uint64_t jump_entry = 0;                      // the module's jump entry (0: none)
-  std::uint64_t rings = 0, ring_stride = 0;          // its async rings: ring v at rings + v * ring_stride (0: none)
-  std::uint64_t user_image = 0;  // DomainConfig::user_image_va: text_start's page appears here (0: none)
+  std::uint64_t jump_entry = 0;              // the module's jump entry (0: none)
+  std::uint64_t rings = 0, ring_stride = 0;  // its async rings: ring v at rings + v * ring_stride (0: none)
+  std::uint64_t user_image = 0;              // DomainConfig::user_image_va: text_start's page appears here (0: none)
   std::uint64_t entry = 0;
 };
 
@@ -210,7 +237,7 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // A test that loads or unloads a module in guest memory calls it as the kernel would.
   // Returns how many modules the guest module's set of modules that went holds now.
   [[nodiscard]] virtual Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base,
-                                                  bool going) = 0;
+                                                      bool going) = 0;
   // The guest module's waiting budget per vCPU (protocol.h "Waiting budget"; the module's
   // wait_budget_ms): how long a vCPU's hits may wait for Dom0 in all between two of its context
   // switches, which a test makes with vcpu_switched(). 0, the sim's default (unlike the

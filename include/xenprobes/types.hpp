@@ -17,8 +17,8 @@ struct Strong {
 
 using DomId = Strong<struct DomIdTag, std::uint32_t>;
 using VcpuId = Strong<struct VcpuIdTag, std::uint32_t>;
-using Gva = Strong<struct GvaTag>;   // guest virtual address
-using Gpa = Strong<struct GpaTag>;   // guest physical address (HVM) / machine address (PV)
+using Gva = Strong<struct GvaTag>;      // guest virtual address
+using Gpa = Strong<struct GpaTag>;      // guest physical address (HVM) / machine address (PV)
 using Frame = Strong<struct FrameTag>;  // GFN for HVM guests, MFN for PV guests
 
 inline constexpr std::uint64_t kPageSize = 4096;
@@ -33,7 +33,5 @@ constexpr Gpa gpa_of(Frame f) { return Gpa{f.value << kPageShift}; }
 
 template <typename Tag, typename Rep>
 struct std::hash<xenprobes::Strong<Tag, Rep>> {
-  std::size_t operator()(const xenprobes::Strong<Tag, Rep>& s) const noexcept {
-    return std::hash<Rep>{}(s.value);
-  }
+  std::size_t operator()(const xenprobes::Strong<Tag, Rep>& s) const noexcept { return std::hash<Rep>{}(s.value); }
 };

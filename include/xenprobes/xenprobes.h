@@ -133,8 +133,7 @@ typedef void (*xenprobe_handler_t)(xenprobes_handle_t, struct cpu_user_regs *);
  *   · ERANGE out of rel32 reach · ENOSPC no slot left · EOPNOTSUPP channel unavailable (e.g. no
  *   GDBSX in the hypervisor) · EBUSY a loop runs in another thread.
  */
-XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address,
-                                                   xenprobe_handler_t pre_handler,
+XENPROBES_API xenprobes_handle_t register_xenprobe(domid_t domid, unsigned long address, xenprobe_handler_t pre_handler,
                                                    xenprobe_handler_t post_handler) XENPROBES_NOEXCEPT;
 
 /*
@@ -160,7 +159,8 @@ XENPROBES_API int unregister_xenprobe(xenprobes_handle_t handle) XENPROBES_NOEXC
  */
 XENPROBES_API xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address,
                                                       xenprobe_handler_t entry_handler,
-                                                      xenprobe_handler_t return_handler, int maxactive) XENPROBES_NOEXCEPT;
+                                                      xenprobe_handler_t return_handler,
+                                                      int maxactive) XENPROBES_NOEXCEPT;
 
 /* The same on a function named by symbol (see register_xenprobe_symbol()). */
 XENPROBES_API xenprobes_handle_t register_xenretprobe_symbol(domid_t domid, const char *symbol,
@@ -271,12 +271,12 @@ struct xenprobe_stats {
   uint64_t hits;      /* handler invocations (hits while enabled; return probes: entries) */
   uint64_t unhandled; /* hits the guest went through without the handlers */
   /* Version 2: return probes. */
-  uint64_t returns;   /* return-handler invocations */
+  uint64_t returns;         /* return-handler invocations */
   uint64_t untracked_calls; /* calls not tracked for want of a free instance: raise maxactive */
-  uint64_t declined;  /* calls the entry handler declined */
-  uint64_t reclaimed; /* instances found stale (the call left by another way) */
+  uint64_t declined;        /* calls the entry handler declined */
+  uint64_t reclaimed;       /* instances found stale (the call left by another way) */
   uint32_t maxactive;
-  uint32_t active;    /* calls in flight now */
+  uint32_t active; /* calls in flight now */
 };
 
 /*
@@ -302,13 +302,15 @@ XENPROBES_API const char *xenprobes_last_error(void) XENPROBES_NOEXCEPT;
  * with errno: EINVAL not inside a handler of `handle`, or NULL buf with len > 0; EFAULT not
  * mapped (buf contents then unspecified).
  */
-XENPROBES_API int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void *buf, size_t len) XENPROBES_NOEXCEPT;
+XENPROBES_API int xenprobes_read(xenprobes_handle_t handle, unsigned long gva, void *buf,
+                                 size_t len) XENPROBES_NOEXCEPT;
 
 /*
  * Writes `len` bytes from `buf` into the hit guest's virtual memory at `gva` (the guest sees
  * them when the vCPU resumes). Only inside a handler of `handle`. Errors as xenprobes_read().
  */
-XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void *buf, size_t len) XENPROBES_NOEXCEPT;
+XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, const void *buf,
+                                  size_t len) XENPROBES_NOEXCEPT;
 
 /*
  * Reads a NUL-terminated string at `gva` into `buf` (`size` bytes, always NUL-terminated when
@@ -319,7 +321,8 @@ XENPROBES_API int xenprobes_write(xenprobes_handle_t handle, unsigned long gva, 
  * after size - 1 characters is not the NUL or cannot be read (buf then holds those size-1
  * bytes, terminated).
  */
-XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf, size_t size) XENPROBES_NOEXCEPT;
+XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char *buf,
+                                        size_t size) XENPROBES_NOEXCEPT;
 
 /* ---- Jump probes, and what a probe became ---------------------------------------------------- */
 
@@ -332,11 +335,7 @@ XENPROBES_API int xenprobes_read_string(xenprobes_handle_t handle, unsigned long
  * accept the point. FASTEST gives a jump where the point can be one and a trap elsewhere;
  * xenprobes_info() then says which, and why not a jump.
  */
-enum xenprobe_method {
-  XENPROBE_METHOD_TRAP = 0,
-  XENPROBE_METHOD_JUMP = 1,
-  XENPROBE_METHOD_FASTEST = 2
-};
+enum xenprobe_method { XENPROBE_METHOD_TRAP = 0, XENPROBE_METHOD_JUMP = 1, XENPROBE_METHOD_FASTEST = 2 };
 
 /*
  * register_xenprobe() with a method: at `symbol` ("symbol" or "symbol+offset", as
@@ -370,17 +369,17 @@ enum xenprobe_mode {
  */
 struct xenprobe_info {
   uint32_t version;
-  uint32_t method;        /* XENPROBE_METHOD_TRAP or XENPROBE_METHOD_JUMP (never FASTEST) */
-  uint32_t mode;          /* enum xenprobe_mode */
-  uint32_t jump_pending;  /* 1: a jump probe whose jump is not written yet (the guest module has
+  uint32_t method;              /* XENPROBE_METHOD_TRAP or XENPROBE_METHOD_JUMP (never FASTEST) */
+  uint32_t mode;                /* enum xenprobe_mode */
+  uint32_t jump_pending;        /* 1: a jump probe whose jump is not written yet (the guest module has
                              not yet confirmed that no task is stopped inside the bytes it covers);
                              meanwhile a trap byte sends every hit to the detour, so it fires */
-  uint32_t async;         /* 1: an async probe (register_xenprobe_async()) */
-  uint32_t ret;           /* 1: a return probe */
-  uint64_t address;       /* where the probe sits */
-  uint64_t requested;     /* the address asked for (see moved_because) */
-  uint64_t slot;          /* its out-of-line slot, a jump probe's detour (0: none) */
-  uint64_t trampoline;    /* a return probe's return trampoline (else 0) */
+  uint32_t async;               /* 1: an async probe (register_xenprobe_async()) */
+  uint32_t ret;                 /* 1: a return probe */
+  uint64_t address;             /* where the probe sits */
+  uint64_t requested;           /* the address asked for (see moved_because) */
+  uint64_t slot;                /* its out-of-line slot, a jump probe's detour (0: none) */
+  uint64_t trampoline;          /* a return probe's return trampoline (else 0) */
   const char *instruction;      /* e.g. "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)" */
   const char *moved_because;    /* why address != requested: a function's first byte is past
                                    its endbr64 and its ftrace site, which are the kernel's */
@@ -406,18 +405,31 @@ XENPROBES_API int xenprobes_info(xenprobes_handle_t handle, struct xenprobe_info
 
 /* What a capture is read relative to: a general register at the hit, or rip (the probe point). */
 enum xenprobe_reg {
-  XENPROBE_REG_RAX = 0, XENPROBE_REG_RBX, XENPROBE_REG_RCX, XENPROBE_REG_RDX, XENPROBE_REG_RSI,
-  XENPROBE_REG_RDI, XENPROBE_REG_RBP, XENPROBE_REG_RSP, XENPROBE_REG_R8, XENPROBE_REG_R9,
-  XENPROBE_REG_R10, XENPROBE_REG_R11, XENPROBE_REG_R12, XENPROBE_REG_R13, XENPROBE_REG_R14,
-  XENPROBE_REG_R15, XENPROBE_REG_RIP
+  XENPROBE_REG_RAX = 0,
+  XENPROBE_REG_RBX,
+  XENPROBE_REG_RCX,
+  XENPROBE_REG_RDX,
+  XENPROBE_REG_RSI,
+  XENPROBE_REG_RDI,
+  XENPROBE_REG_RBP,
+  XENPROBE_REG_RSP,
+  XENPROBE_REG_R8,
+  XENPROBE_REG_R9,
+  XENPROBE_REG_R10,
+  XENPROBE_REG_R11,
+  XENPROBE_REG_R12,
+  XENPROBE_REG_R13,
+  XENPROBE_REG_R14,
+  XENPROBE_REG_R15,
+  XENPROBE_REG_RIP
 };
 
 enum xenprobe_capture_kind {
-  XENPROBE_CAPTURE_BYTES = 0,  /* exactly `max` bytes */
-  XENPROBE_CAPTURE_STRING = 1  /* a NUL-terminated string of at most `max` bytes, its NUL included */
+  XENPROBE_CAPTURE_BYTES = 0, /* exactly `max` bytes */
+  XENPROBE_CAPTURE_STRING = 1 /* a NUL-terminated string of at most `max` bytes, its NUL included */
 };
 
-#define XENPROBE_MAX_CAPTURES 8        /* per async probe */
+#define XENPROBE_MAX_CAPTURES 8         /* per async probe */
 #define XENPROBE_CAPTURE_MAX_BYTES 1024 /* per capture */
 
 /*
@@ -437,12 +449,12 @@ enum xenprobe_capture_kind {
  * had to be 0; 0 still means no flags.)
  */
 struct xenprobe_capture {
-  uint8_t kind;     /* enum xenprobe_capture_kind */
-  uint8_t base;     /* enum xenprobe_reg */
-  uint8_t user;     /* nonzero: a user-space address, read as the hit task's; 0: a kernel one */
-  uint8_t flags;    /* 0 or XENPROBE_CAPTURE_BY_ADDRESS; any other bit is refused (EINVAL) */
-  int32_t offset;   /* added to the register */
-  uint32_t max;     /* 1 .. XENPROBE_CAPTURE_MAX_BYTES */
+  uint8_t kind;   /* enum xenprobe_capture_kind */
+  uint8_t base;   /* enum xenprobe_reg */
+  uint8_t user;   /* nonzero: a user-space address, read as the hit task's; 0: a kernel one */
+  uint8_t flags;  /* 0 or XENPROBE_CAPTURE_BY_ADDRESS; any other bit is refused (EINVAL) */
+  int32_t offset; /* added to the register */
+  uint32_t max;   /* 1 .. XENPROBE_CAPTURE_MAX_BYTES */
 };
 
 enum xenprobe_capture_status {
@@ -453,8 +465,8 @@ enum xenprobe_capture_status {
 
 /* What one capture read at a hit. A string's data ends with its NUL (a C string). */
 struct xenprobe_capture_value {
-  uint32_t status; /* enum xenprobe_capture_status */
-  uint32_t length; /* bytes at data; 0 after a fault */
+  uint32_t status;           /* enum xenprobe_capture_status */
+  uint32_t length;           /* bytes at data; 0 after a fault */
   const unsigned char *data; /* NULL when length is 0 */
 };
 
@@ -467,13 +479,13 @@ struct xenprobe_async_hit {
   domid_t domid;
   uint16_t reserved;
   uint32_t vcpu;
-  uint32_t seq;              /* the record's number in its vCPU's ring */
-  uint64_t address;          /* the probe point (regs.rip) */
-  uint64_t time_ns;          /* the guest's monotonic clock at the hit */
+  uint32_t seq;     /* the record's number in its vCPU's ring */
+  uint64_t address; /* the probe point (regs.rip) */
+  uint64_t time_ns; /* the guest's monotonic clock at the hit */
   /* The registers at the probe point: the 16 general registers, rip, rsp and rflags are the
      hit's; cs and ss too; the rest is 0. */
   struct cpu_user_regs regs;
-  uint32_t ncaptures;        /* as registered */
+  uint32_t ncaptures; /* as registered */
   uint32_t reserved2;
   const struct xenprobe_capture_value *captures; /* one per capture, in the order registered */
 };
@@ -494,8 +506,8 @@ typedef void (*xenprobe_async_handler_t)(const struct xenprobe_async_hit *hit, v
  * (the message says why); EBUSY another probe at the point.
  */
 XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const char *symbol, unsigned long address,
-                                                         const struct xenprobe_capture *captures,
-                                                         unsigned ncaptures, xenprobe_async_handler_t handler,
+                                                         const struct xenprobe_capture *captures, unsigned ncaptures,
+                                                         xenprobe_async_handler_t handler,
                                                          void *arg) XENPROBES_NOEXCEPT;
 
 #define XENPROBE_RING_STATS_VERSION 2u
@@ -507,16 +519,16 @@ XENPROBES_API xenprobes_handle_t register_xenprobe_async(domid_t domid, const ch
  */
 struct xenprobe_ring_stats {
   uint32_t version;
-  uint32_t rings;          /* mapped, one per vCPU; 0 until the domain's first async probe */
-  uint64_t records;        /* records read and handed to a probe's handler */
-  uint64_t orphans;        /* records of a probe unregistered since (no handler ran) */
-  uint64_t missed;         /* records missing by their sequence numbers */
-  uint64_t resyncs;        /* times a ring broke a rule and Dom0 skipped to its head */
-  uint64_t corrupt_bytes;  /* bytes skipped so */
+  uint32_t rings;         /* mapped, one per vCPU; 0 until the domain's first async probe */
+  uint64_t records;       /* records read and handed to a probe's handler */
+  uint64_t orphans;       /* records of a probe unregistered since (no handler ran) */
+  uint64_t missed;        /* records missing by their sequence numbers */
+  uint64_t resyncs;       /* times a ring broke a rule and Dom0 skipped to its head */
+  uint64_t corrupt_bytes; /* bytes skipped so */
   /* The guest module's own counts (reported as read, never relied on): */
-  uint64_t drops;          /* hits that found no room in their ring (Dom0 did not read in time) */
-  uint64_t nested;         /* hits inside a hit on the same vCPU */
-  uint64_t bad_keys;       /* hits whose probe entry the module refused */
+  uint64_t drops;    /* hits that found no room in their ring (Dom0 did not read in time) */
+  uint64_t nested;   /* hits inside a hit on the same vCPU */
+  uint64_t bad_keys; /* hits whose probe entry the module refused */
   /* Version 2: */
   uint64_t bad_records;    /* records whose captures their probe's specs cannot give (a count,
                               an order, a length, a string without its NUL): written wrongly by

@@ -93,15 +93,15 @@ struct RetProbeOptions {
 };
 
 struct ProbeStats {
-  std::uint64_t hits = 0;    // handler calls (for a return probe: entries seen)
+  std::uint64_t hits = 0;       // handler calls (for a return probe: entries seen)
   std::uint64_t unhandled = 0;  // hits the guest went through without the handler (see docs)
   // Return probes only.
-  std::uint64_t returns = 0;    // return-handler calls
+  std::uint64_t returns = 0;          // return-handler calls
   std::uint64_t untracked_calls = 0;  // calls not tracked: no free instance (raise maxactive)
-  std::uint64_t declined = 0;   // calls the entry handler chose not to track
-  std::uint64_t reclaimed = 0;  // instances found stale (the call left by another way)
+  std::uint64_t declined = 0;         // calls the entry handler chose not to track
+  std::uint64_t reclaimed = 0;        // instances found stale (the call left by another way)
   unsigned maxactive = 0;
-  unsigned active = 0;          // calls in flight now (instances in use)
+  unsigned active = 0;  // calls in flight now (instances in use)
 };
 
 // How the probed instruction runs after the pre-handlers. Detour: a jump probe's, in its
@@ -110,7 +110,7 @@ enum class ExecMode { Boosted, Emulated, Skipped, TrapAfter, Detour };
 
 // How a probe is put into the guest (docs/probes.md "Jump probes").
 enum class ProbeMethod {
-  Trap,     // a trap byte over the instruction: every channel, every instruction the rules accept
+  Trap,  // a trap byte over the instruction: every channel, every instruction the rules accept
   // A 5-byte jump to a detour that calls the guest module, which hands the hit to Dom0 with no
   // trap: the guest channel, with a module that publishes its jump entry, on points the jump
   // rules accept (x86/jump_safety.hpp), pre-handlers only. Refused otherwise, saying why.
@@ -178,9 +178,9 @@ struct CaptureValue {
 struct AsyncHit {
   DomId domain;
   VcpuId vcpu;
-  Gva address;                 // the probe point (regs.rip)
-  std::uint64_t time_ns = 0;   // the guest's monotonic clock at the hit
-  std::uint32_t seq = 0;       // the record's number in its vCPU's ring
+  Gva address;                // the probe point (regs.rip)
+  std::uint64_t time_ns = 0;  // the guest's monotonic clock at the hit
+  std::uint32_t seq = 0;      // the record's number in its vCPU's ring
   // At the probe point. The general registers, rip, rsp and rflags are the hit's; the other
   // fields (control registers, segment bases, ...) are not recorded and read 0.
   Regs regs;
@@ -194,19 +194,19 @@ struct AsyncOptions {
 
 // A domain's async rings, as Dom0 read them (Session::ring_stats).
 struct RingStats {
-  unsigned rings = 0;            // mapped (one per vCPU); 0 until the first async probe
-  std::uint64_t records = 0;     // records read and handed to a probe
-  std::uint64_t orphans = 0;     // records of a probe unregistered since (no handler ran)
+  unsigned rings = 0;         // mapped (one per vCPU); 0 until the first async probe
+  std::uint64_t records = 0;  // records read and handed to a probe
+  std::uint64_t orphans = 0;  // records of a probe unregistered since (no handler ran)
   // Records whose captures their probe's specs cannot give (a count or order of captures, a
   // length, a string without its NUL): the guest wrote them wrongly; no handler ran.
   std::uint64_t bad_records = 0;
-  std::uint64_t missed = 0;      // records missing by their sequence numbers
-  std::uint64_t resyncs = 0;     // times a ring broke a rule and Dom0 skipped to its head
+  std::uint64_t missed = 0;   // records missing by their sequence numbers
+  std::uint64_t resyncs = 0;  // times a ring broke a rule and Dom0 skipped to its head
   std::uint64_t corrupt_bytes = 0;
   // The guest module's word (reported, never relied on):
-  std::uint64_t drops = 0;       // hits with no room left in the ring (Dom0 did not drain in time)
-  std::uint64_t nested = 0;      // hits inside a hit on the same vCPU
-  std::uint64_t bad_keys = 0;    // hits whose probe entry the module refused (async_bad)
+  std::uint64_t drops = 0;     // hits with no room left in the ring (Dom0 did not drain in time)
+  std::uint64_t nested = 0;    // hits inside a hit on the same vCPU
+  std::uint64_t bad_keys = 0;  // hits whose probe entry the module refused (async_bad)
   // Synchronous hits on the guest channel the module did not notify because Dom0 said it was
   // polling the mailboxes (SessionOptions::spin_us; protocol.h header.notify_skipped). Read
   // with or without rings; 0 off the guest channel.
@@ -217,8 +217,8 @@ struct ProbeInfo {
   Gva address;
   std::string instruction;  // "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)"
   ExecMode mode = ExecMode::Boosted;
-  Gva slot;                 // out-of-line slot (0 for emulated and skipped instructions)
-  Gva trampoline;           // return probes: the domain's return trampoline (else 0)
+  Gva slot;        // out-of-line slot (0 for emulated and skipped instructions)
+  Gva trampoline;  // return probes: the domain's return trampoline (else 0)
   // The address asked for. A probe asked for at a function's first byte sits past its endbr64
   // and its 5-byte ftrace site, which belong to the guest kernel (registers and the return
   // address are the same there); `moved_because` then says why, and `address` is where it is.
@@ -247,9 +247,9 @@ struct SymbolInfo {
 
 // A loaded module's BTF, read from the guest (Session::module_btf).
 struct ModuleBtf {
-  std::string module;           // its name, as lsmod shows it
-  std::vector<std::byte> btf;   // split BTF over the kernel's, checked by libbpf; empty when `why`
-  std::string why{};            // why it has none or it was refused ("" when `btf` is set)
+  std::string module;          // its name, as lsmod shows it
+  std::vector<std::byte> btf;  // split BTF over the kernel's, checked by libbpf; empty when `why`
+  std::string why{};           // why it has none or it was refused ("" when `btf` is set)
 };
 
 // A guest kernel's call stack at a hit (Session::kernel_stack).
@@ -268,7 +268,7 @@ struct SessionAccess;  // the C API's access to a session's probes, libxenprobes
 class [[nodiscard]] [[gnu::visibility("default")]] Probe {
  public:
   Probe() = default;
-  Probe(Probe&&) noexcept;
+  Probe(Probe &&) noexcept;
   Probe& operator=(Probe&&) noexcept;
   Probe(const Probe&) = delete;
   Probe& operator=(const Probe&) = delete;
@@ -289,8 +289,7 @@ class [[nodiscard]] [[gnu::visibility("default")]] Probe {
 
  private:
   friend class Session;
-  Probe(Session* s, std::shared_ptr<bool> alive, std::uint64_t id)
-      : session_(s), alive_(std::move(alive)), id_(id) {}
+  Probe(Session * s, std::shared_ptr<bool> alive, std::uint64_t id) : session_(s), alive_(std::move(alive)), id_(id) {}
   Session* live() const { return alive_ && *alive_ ? session_ : nullptr; }
   Session* session_ = nullptr;
   std::shared_ptr<bool> alive_;  // false once the session is gone: the probe went with it
@@ -316,8 +315,8 @@ enum class GuardianMode {
 // What one session takes on at most. Each limit reached is an ENOSPC naming it, and nothing
 // changes in the guest; each must be at least 1.
 struct SessionLimits {
-  unsigned domains = 64;                // domains probed at once
-  unsigned points_per_domain = 4096;    // probe points (distinct addresses) per domain
+  unsigned domains = 64;              // domains probed at once
+  unsigned points_per_domain = 4096;  // probe points (distinct addresses) per domain
   // Return-probe instances (the sum of the return probes' maxactive) per domain: each holds
   // its data_size bytes of Dom0 memory and, on the guest channel, a slot of the return table.
   unsigned instances_per_domain = 16384;
@@ -401,9 +400,9 @@ class XENPROBES_API Session {
   // A return probe on the function whose first instruction is at `address` (or `symbol`).
   // Either handler may be empty. It coexists with other probes on the same address.
   [[nodiscard]] Result<Probe> ret_probe(DomId, Gva address, EntryHandler entry, ReturnHandler on_return,
-                          RetProbeOptions = {});
+                                        RetProbeOptions = {});
   [[nodiscard]] Result<Probe> ret_probe(DomId, std::string_view symbol, EntryHandler entry, ReturnHandler on_return,
-                          RetProbeOptions = {});
+                                        RetProbeOptions = {});
 
   // An async probe: always a jump probe (refused, saying why, where a jump cannot go, or when
   // the guest module publishes no rings); its own point (no other probe at that address).

@@ -110,8 +110,7 @@ void handler_threw(int handle) noexcept {
     if (t_handler_exception.empty())
       t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
     request_stop(state());
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 // Takes State::mu, unless the loop holds it in another thread (EBUSY). The loop's own thread
@@ -123,8 +122,9 @@ Result<std::unique_lock<std::recursive_mutex>> acquire() {
   while (!l.try_lock()) {
     std::thread::id t = s.loop_thread.load();
     if (t != std::thread::id{} && t != std::this_thread::get_id())
-      return fail(Errc::Busy, "xenprobes_loop() is running in another thread: call this from a handler, "
-                              "or after xenprobes_stop() has ended the loop");
+      return fail(Errc::Busy,
+                  "xenprobes_loop() is running in another thread: call this from a handler, "
+                  "or after xenprobes_stop() has ended the loop");
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   return l;
@@ -142,7 +142,7 @@ Result<Session*> open_session(State& s, const char* backend) {
     auto hv = XP_TRY(hv::open_hypervisor(backend));
     return Session::open(std::move(hv), o);
   }()
-                                                             : Session::open(o);
+      : Session::open(o);
   if (!r) {
     Error e = r.error();
     e.what = "cannot open a xenprobes session: " + e.what;
@@ -229,12 +229,16 @@ void call_c(int handle, xenprobe_handler_t fn, HitContext& c) {
 
 namespace capi {
 
-xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address,
-                                  xenprobe_handler_t pre, xenprobe_handler_t post, ProbeOptions o) noexcept {
+xenprobes_handle_t register_probe(domid_t domid, const char* symbol, unsigned long address, xenprobe_handler_t pre,
+                                  xenprobe_handler_t post, ProbeOptions o) noexcept {
   return register_with(domid, false, [&](Session& ses, DomId dom, int h) {
     PreHandler p;
     PostHandler q;
-    if (pre) p = [h, pre](HitContext& c) { call_c(h, pre, c); return 0; };
+    if (pre)
+      p = [h, pre](HitContext& c) {
+        call_c(h, pre, c);
+        return 0;
+      };
     if (post) q = [h, post](HitContext& c) { call_c(h, post, c); };
     return symbol ? ses.probe(dom, std::string_view(symbol), std::move(p), std::move(q), o)
                   : ses.probe(dom, Gva{address}, std::move(p), std::move(q), o);
@@ -287,8 +291,7 @@ std::string hex(unsigned long v) {
 }
 
 Result<HitContext*> current_hit(int handle, const char* fn) {
-  if (!t_hit.ctx)
-    return fail(Errc::InvalidArgument, std::string(fn) + "() works only inside a handler");
+  if (!t_hit.ctx) return fail(Errc::InvalidArgument, std::string(fn) + "() works only inside a handler");
   if (t_hit.handle != handle)
     return fail(Errc::InvalidArgument, std::string(fn) + "(): handle " + std::to_string(handle) +
                                            " is not the probe whose handler is running (" +
@@ -322,7 +325,11 @@ int unregister_xenprobe(xenprobes_handle_t handle) noexcept {
 namespace {
 // The paper's handlers: no per-call data, every call tracked.
 void bind_plain(xenprobe_handler_t entry_h, xenprobe_handler_t ret_h, int h, EntryHandler& e, ReturnHandler& r) {
-  if (entry_h) e = [h, entry_h](HitContext& c, std::span<std::byte>) { call_c(h, entry_h, c); return 0; };
+  if (entry_h)
+    e = [h, entry_h](HitContext& c, std::span<std::byte>) {
+      call_c(h, entry_h, c);
+      return 0;
+    };
   if (ret_h) r = [h, ret_h](HitContext& c, std::span<std::byte>) { call_c(h, ret_h, c); };
 }
 void bind_data(xenretprobe_handler_t entry_h, xenretprobe_handler_t ret_h, int h, EntryHandler& e, ReturnHandler& r) {
@@ -339,22 +346,25 @@ void bind_data(xenretprobe_handler_t entry_h, xenretprobe_handler_t ret_h, int h
 
 xenprobes_handle_t register_xenretprobe(domid_t domid, unsigned long address, xenprobe_handler_t entry_handler,
                                         xenprobe_handler_t return_handler, int maxactive) noexcept {
-  return register_retprobe(domid, nullptr, address, RetProbeOptions{maxactive, 0},
-                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
+  return register_retprobe(
+      domid, nullptr, address, RetProbeOptions{maxactive, 0},
+      [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
 }
 
 xenprobes_handle_t register_xenretprobe_symbol(domid_t domid, const char* symbol, xenprobe_handler_t entry_handler,
                                                xenprobe_handler_t return_handler, int maxactive) noexcept {
   if (!symbol) return set_error(EINVAL, "register_xenretprobe_symbol(): NULL symbol");
-  return register_retprobe(domid, symbol, 0, RetProbeOptions{maxactive, 0},
-                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
+  return register_retprobe(
+      domid, symbol, 0, RetProbeOptions{maxactive, 0},
+      [&](int h, EntryHandler& e, ReturnHandler& r) { bind_plain(entry_handler, return_handler, h, e, r); });
 }
 
 xenprobes_handle_t register_xenretprobe_data(domid_t domid, const char* symbol, unsigned long address,
                                              xenretprobe_handler_t entry_handler, xenretprobe_handler_t return_handler,
                                              int maxactive, size_t data_size) noexcept {
-  return register_retprobe(domid, symbol, address, RetProbeOptions{maxactive, data_size},
-                           [&](int h, EntryHandler& e, ReturnHandler& r) { bind_data(entry_handler, return_handler, h, e, r); });
+  return register_retprobe(
+      domid, symbol, address, RetProbeOptions{maxactive, data_size},
+      [&](int h, EntryHandler& e, ReturnHandler& r) { bind_data(entry_handler, return_handler, h, e, r); });
 }
 
 int unregister_xenretprobe(xenprobes_handle_t handle) noexcept {
@@ -366,7 +376,9 @@ long xenretprobe_untracked_calls(xenprobes_handle_t handle) noexcept {
     auto lock = XP_TRY(acquire());
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
-    if (!p->ret) return fail(Errc::InvalidArgument, "xenretprobe_untracked_calls(" + std::to_string(handle) + "): not a return probe");
+    if (!p->ret)
+      return fail(Errc::InvalidArgument,
+                  "xenretprobe_untracked_calls(" + std::to_string(handle) + "): not a return probe");
     std::uint64_t n = SessionAccess::stats(*s.session, p->id).untracked_calls;
     return static_cast<long>(std::min<std::uint64_t>(n, LONG_MAX));
   });
@@ -532,8 +544,8 @@ int xenprobes_read_string(xenprobes_handle_t handle, unsigned long gva, char* bu
       longer = next < gva || !c->read(Gva{next}, std::span(&b, 1)) || b != std::byte{0};
     }
     if (longer)
-      return fail(Errc::Range, "xenprobes_read_string(): the string at " + hex(gva) +
-                                   " is longer than the " + std::to_string(size) + "-byte buffer");
+      return fail(Errc::Range, "xenprobes_read_string(): the string at " + hex(gva) + " is longer than the " +
+                                   std::to_string(size) + "-byte buffer");
     return static_cast<int>(n);
   });
 }

@@ -24,15 +24,15 @@ namespace xenprobes::capi {
 struct CProbe {
   std::uint64_t id = 0;  // the C++ probe id (Probe::release()d: the session owns the probe)
   DomId dom;
-  bool ret = false;      // a return probe (unregister_xenretprobe)
+  bool ret = false;  // a return probe (unregister_xenretprobe)
 };
 
 struct State {
   std::recursive_mutex mu;
-  std::unique_ptr<Session> session;  // guarded by mu
-  std::map<int, CProbe> probes;      // guarded by mu
-  int next_handle = 1;               // guarded by mu; handles are never reused
-  bool close_pending = false;        // guarded by mu: xenprobes_close() from a handler
+  std::unique_ptr<Session> session;            // guarded by mu
+  std::map<int, CProbe> probes;                // guarded by mu
+  int next_handle = 1;                         // guarded by mu; handles are never reused
+  bool close_pending = false;                  // guarded by mu: xenprobes_close() from a handler
   std::atomic<std::thread::id> loop_thread{};  // the thread in xenprobes_loop(), if any
 
   std::mutex stop_mu;
@@ -97,14 +97,10 @@ T entry(F&& body) noexcept {
     Result<T> r = body();
     if (r) return *r;
     return set_error(r.error());
-  } catch (const std::bad_alloc&) {
-    return set_error(ENOMEM, "out of memory");
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc&) { return set_error(ENOMEM, "out of memory"); } catch (const std::exception& e) {
     std::string what = std::string("internal error: ") + e.what();
     return set_error(EIO, what.c_str());
-  } catch (...) {
-    return set_error(EIO, "internal error: unknown exception");
-  }
+  } catch (...) { return set_error(EIO, "internal error: unknown exception"); }
 }
 
 // Takes State::mu, unless the loop holds it in another thread (EBUSY).

@@ -55,8 +55,7 @@ struct InfoStrings {
 };
 thread_local InfoStrings t_info;
 
-std::string version_error(const char* fn, const char* type, std::uint32_t got, std::uint32_t known,
-                          const char* macro) {
+std::string version_error(const char* fn, const char* type, std::uint32_t got, std::uint32_t known, const char* macro) {
   return std::string(fn) + "(): struct " + type + " version " + std::to_string(got) + "; this library knows version " +
          std::to_string(known) + " (set out->version = " + macro + ")";
 }
@@ -64,13 +63,13 @@ std::string version_error(const char* fn, const char* type, std::uint32_t got, s
 Result<Capture> to_capture(const xenprobe_capture& c, unsigned k) {
   const std::string which = "capture " + std::to_string(k) + ": ";
   if (c.kind != XENPROBE_CAPTURE_BYTES && c.kind != XENPROBE_CAPTURE_STRING)
-    return fail(Errc::InvalidArgument, which + "kind " + std::to_string(c.kind) +
-                                           " (use XENPROBE_CAPTURE_BYTES or XENPROBE_CAPTURE_STRING)");
+    return fail(Errc::InvalidArgument,
+                which + "kind " + std::to_string(c.kind) + " (use XENPROBE_CAPTURE_BYTES or XENPROBE_CAPTURE_STRING)");
   if (c.base > XENPROBE_REG_RIP)
     return fail(Errc::InvalidArgument, which + "base " + std::to_string(c.base) + " is no enum xenprobe_reg");
   if (c.flags & ~XENPROBE_CAPTURE_BY_ADDRESS)
-    return fail(Errc::InvalidArgument, which + "flags " + std::to_string(c.flags) +
-                                           " (use 0 or XENPROBE_CAPTURE_BY_ADDRESS)");
+    return fail(Errc::InvalidArgument,
+                which + "flags " + std::to_string(c.flags) + " (use 0 or XENPROBE_CAPTURE_BY_ADDRESS)");
   const bool by_address = (c.flags & XENPROBE_CAPTURE_BY_ADDRESS) != 0;
   if (by_address && c.user != 0)
     return fail(Errc::InvalidArgument, which + "user " + std::to_string(c.user) +
@@ -114,9 +113,7 @@ void call_async(int handle, xenprobe_async_handler_t fn, void* arg, const AsyncH
   AsyncHandlerScope scope;
   try {
     fn(&hit, arg);
-  } catch (...) {
-    handler_threw(handle);
-  }
+  } catch (...) { handler_threw(handle); }
 }
 
 // EINVAL with the message `what()` builds, inside entry(): building it may throw.
@@ -143,8 +140,7 @@ xenprobes_handle_t register_xenprobe_method(domid_t domid, const char* symbol, u
       return "register_xenprobe_method(): unknown method " + std::to_string(m) +
              " (use XENPROBE_METHOD_TRAP, _JUMP or _FASTEST)";
     });
-  return register_probe(domid, symbol, address, pre_handler, post_handler,
-                        ProbeOptions{static_cast<ProbeMethod>(m)});
+  return register_probe(domid, symbol, address, pre_handler, post_handler, ProbeOptions{static_cast<ProbeMethod>(m)});
 }
 
 int xenprobes_info(xenprobes_handle_t handle, struct xenprobe_info* out) noexcept {
@@ -157,8 +153,7 @@ int xenprobes_info(xenprobes_handle_t handle, struct xenprobe_info* out) noexcep
     State& s = state();
     CProbe* p = XP_TRY(find(s, handle));
     ProbeInfo info = XP_TRY(SessionAccess::info(*s.session, p->id));
-    t_info = InfoStrings{std::move(info.instruction), std::move(info.moved_because),
-                         std::move(info.not_jump_because)};
+    t_info = InfoStrings{std::move(info.instruction), std::move(info.moved_because), std::move(info.not_jump_because)};
     out->method = static_cast<std::uint32_t>(info.method);
     out->mode = static_cast<std::uint32_t>(info.mode);
     out->jump_pending = info.jump_pending ? 1 : 0;
@@ -184,8 +179,7 @@ xenprobes_handle_t register_xenprobe_async(domid_t domid, const char* symbol, un
       return "register_xenprobe_async(): " + std::to_string(ncaptures) + " captures: an async probe has at most " +
              std::to_string(XENPROBE_MAX_CAPTURES);
     });
-  if (ncaptures && !captures)
-    return set_error(EINVAL, "register_xenprobe_async(): NULL captures with ncaptures > 0");
+  if (ncaptures && !captures) return set_error(EINVAL, "register_xenprobe_async(): NULL captures with ncaptures > 0");
   return register_with(domid, false, [&](Session& ses, DomId dom, int h) -> Result<Probe> {
     AsyncOptions o;
     for (unsigned k = 0; k < ncaptures; ++k) o.captures.push_back(XP_TRY(to_capture(captures[k], k)));

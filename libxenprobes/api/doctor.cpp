@@ -24,8 +24,9 @@ const char* type_name(const DomainReport& d) {
 void check_module(hv::Hypervisor& hv, const hv::DomainInfo& info, DomainReport& r) {
   auto version = hv.xs_read(guestmod::module_key(info.domid, XENPROBES_XS_VERSION));
   if (!version) {
-    r.module_problem = version.error().code == Errc::NotFound ? "not loaded (no " + guestmod::module_dir(info.domid) + ")"
-                                                              : version.error().what;
+    r.module_problem = version.error().code == Errc::NotFound
+                           ? "not loaded (no " + guestmod::module_dir(info.domid) + ")"
+                           : version.error().what;
     return;
   }
   mem::HypervisorFrameSource source(hv, info.domid);
@@ -119,8 +120,9 @@ Result<DoctorReport> doctor(hv::Hypervisor& hv, std::optional<DomId> only) {
       (void)hv.evtchn_unbind(*port);
       rep.virq_debugger = "free";
     } else {
-      rep.virq_debugger = port.error().code == Errc::Exists ? "is bound by another process (a xenprobes program or gdbsx)"
-                                                            : "cannot be bound: " + port.error().what;
+      rep.virq_debugger = port.error().code == Errc::Exists
+                              ? "is bound by another process (a xenprobes program or gdbsx)"
+                              : "cannot be bound: " + port.error().what;
     }
   }
   std::vector<hv::DomainInfo> infos;
@@ -161,16 +163,14 @@ Result<DoctorReport> doctor(hv::Hypervisor& hv, std::optional<DomId> only) {
 std::string format(const DoctorReport& rep) {
   std::string out;
   auto line = [&](const std::string& s) { out += s + "\n"; };
-  line("hypervisor: " + rep.backend + " " + rep.xen_version + "; GDBSX " + (rep.gdbsx ? "yes" : "no") +
-       "; vm_event " + (rep.vm_event ? "yes" : "no") + "; VIRQ_DEBUGGER " + rep.virq_debugger);
+  line("hypervisor: " + rep.backend + " " + rep.xen_version + "; GDBSX " + (rep.gdbsx ? "yes" : "no") + "; vm_event " +
+       (rep.vm_event ? "yes" : "no") + "; VIRQ_DEBUGGER " + rep.virq_debugger);
   if (rep.domains.empty()) line("no guest domains");
   for (const DomainReport& d : rep.domains) {
-    line("domain " + std::to_string(d.domid.value) + (d.name.empty() ? "" : " (" + d.name + ")") + ": " +
-         type_name(d) + ", " + std::to_string(d.vcpus) + " vCPUs");
-    if (d.module)
-      line("  guest module: protocol " + std::to_string(d.module_version) + ", kernel " + d.module_release);
-    else
-      line("  guest module: " + d.module_problem);
+    line("domain " + std::to_string(d.domid.value) + (d.name.empty() ? "" : " (" + d.name + ")") + ": " + type_name(d) +
+         ", " + std::to_string(d.vcpus) + " vCPUs");
+    if (d.module) line("  guest module: protocol " + std::to_string(d.module_version) + ", kernel " + d.module_release);
+    else line("  guest module: " + d.module_problem);
     for (const ChannelCheck& c : d.channels)
       line(std::string("  ") + channel_kind_name(c.kind) + ": " + (c.available ? "yes" : "no") + " - " + c.detail);
     line(std::string("  auto picks: ") + (d.auto_choice ? channel_kind_name(*d.auto_choice) : "nothing (see above)"));

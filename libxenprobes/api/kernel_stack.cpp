@@ -102,8 +102,8 @@ Result<std::string> KernelStacks::load(hv::Hypervisor& hv, DomId dom, const symb
   auto summary = read_tables();
   if (!summary) {
     d.unwinder.reset();
-    d.why = Error{summary.error().code, "domain " + std::to_string(dom.value) + ": cannot unwind its kernel's stacks: " +
-                                            summary.error().what};
+    d.why = Error{summary.error().code, "domain " + std::to_string(dom.value) +
+                                            ": cannot unwind its kernel's stacks: " + summary.error().what};
     return fail(d.why.code, d.why.what);
   }
   d.generation = generation;
@@ -116,9 +116,8 @@ void KernelStacks::update_modules(hv::Hypervisor& hv, DomId dom, const symbols::
   auto it = by_dom_.find(dom);
   if (it == by_dom_.end() || !it->second.unwinder) return;
   PerDomain& d = it->second;
-  auto r = with_kernel_memory(hv, dom, syms, [&](const kernel::ReadFn& read) -> Result<std::string> {
-    return set_modules(d, mods, &read);
-  });
+  auto r = with_kernel_memory(
+      hv, dom, syms, [&](const kernel::ReadFn& read) -> Result<std::string> { return set_modules(d, mods, &read); });
   // Without kernel page tables now, modules that stayed keep their tables; new ones wait.
   std::string s = r ? *r : set_modules(d, mods, nullptr) + " (new ones not read: " + r.error().what + ")";
   d.generation = generation;

@@ -28,8 +28,8 @@ class KernelStacks {
   // The modules' tables only, for the list `mods` at `generation`: a module still there with
   // the same struct module, text and table keeps the table read before; one that went is
   // dropped; one that came is read (what fails is left to the frame-pointer fallback).
-  void update_modules(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms,
-                      const kernel::ModuleTables* mods, std::uint64_t generation);
+  void update_modules(hv::Hypervisor& hv, DomId dom, const symbols::SymbolTable& syms, const kernel::ModuleTables* mods,
+                      std::uint64_t generation);
   bool tried(DomId dom) const { return by_dom_.contains(dom); }
   bool loaded(DomId dom) const;  // load() succeeded
   std::uint64_t generation(DomId dom) const;

@@ -22,7 +22,8 @@ Probe& Probe::operator=(Probe&& o) noexcept {
 }
 
 Probe::~Probe() {
-  if (auto r = unregister(); !r) XP_LOG(Error, "probe %llu: unregister failed: %s", (unsigned long long)id_, r.error().what.c_str());
+  if (auto r = unregister(); !r)
+    XP_LOG(Error, "probe %llu: unregister failed: %s", (unsigned long long)id_, r.error().what.c_str());
 }
 
 Result<void> Probe::enable() {

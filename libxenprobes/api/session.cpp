@@ -51,7 +51,8 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
                              {std::uint64_t{lim.instances_per_domain}, "instances_per_domain"},
                              {std::uint64_t{lim.mapped_frames_per_domain}, "mapped_frames_per_domain"}})
     if (value == 0)
-      return fail(Errc::InvalidArgument, std::string("SessionLimits::") + name + " is 0: every limit must be at least 1");
+      return fail(Errc::InvalidArgument,
+                  std::string("SessionLimits::") + name + " is 0: every limit must be at least 1");
   auto impl = std::make_unique<Impl>();
   impl->hv = std::move(hv);
   impl->options = o;
@@ -59,12 +60,9 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
     guardian::JournalLimits jl;
     jl.domains = lim.domains;  // every domain the session may probe has its record
     auto j = guardian::Journal::create(jl);
-    if (j)
-      impl->journal = std::move(*j);
-    else if (o.guardian == GuardianMode::Required)
-      return std::unexpected(j.error());
-    else
-      XP_LOG(Warn, "no journal for the guardian: %s", j.error().what.c_str());
+    if (j) impl->journal = std::move(*j);
+    else if (o.guardian == GuardianMode::Required) return std::unexpected(j.error());
+    else XP_LOG(Warn, "no journal for the guardian: %s", j.error().what.c_str());
   }
   if (o.channel == ChannelKind::Debugger) {
     // Asked for explicitly: refuse now (no GDBSX, VIRQ taken) rather than at the first probe.
@@ -75,12 +73,11 @@ Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> h
   Impl* raw = impl.get();
   impl->engine = std::make_unique<probe::Engine>(*impl->hv, [raw](DomId d) { return raw->choose(d); });
   impl->engine->set_journal(impl->journal.get());
-  impl->engine->set_limits(probe::Limits{lim.domains, lim.points_per_domain, lim.instances_per_domain,
-                                         lim.mapped_frames_per_domain});
+  impl->engine->set_limits(
+      probe::Limits{lim.domains, lim.points_per_domain, lim.instances_per_domain, lim.mapped_frames_per_domain});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   impl->ports.emplace(*impl->hv);
-  if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w)
-    impl->watching = true;
+  if (auto w = impl->hv->xs_watch("@releaseDomain", kReleaseToken); w) impl->watching = true;
   else
     XP_LOG(Warn, "cannot watch @releaseDomain (%s): dead domains are noticed on their next error",
            w.error().what.c_str());
@@ -352,7 +349,9 @@ int SessionTesting::journal_fd(Session& s) { return s.impl_->journal ? s.impl_->
 
 pid_t SessionTesting::guardian_pid(Session& s) { return s.impl_->guardian ? s.impl_->guardian->pid() : -1; }
 
-int SessionTesting::wait_guardian(Session& s, int ms) { return s.impl_->guardian ? s.impl_->guardian->wait_exit(ms) : -1; }
+int SessionTesting::wait_guardian(Session& s, int ms) {
+  return s.impl_->guardian ? s.impl_->guardian->wait_exit(ms) : -1;
+}
 
 Result<channel::GuestChannel::ModuleCounters> SessionTesting::module_counters(Session& s, DomId dom) {
   if (!s.impl_->guest) return fail(Errc::InvalidArgument, "the session has no guest channel");

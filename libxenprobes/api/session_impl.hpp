@@ -38,8 +38,8 @@ struct Session::Impl {
   SessionOptions options;
   // Opened when a domain first needs them (the debugger channel binds a host-wide VIRQ).
   std::unique_ptr<channel::GuestChannel> guest;
-  std::unique_ptr<channel::VmEventChannel> vmevent;        // ICEBP: with the guest module's slots
-  std::unique_ptr<channel::VmEventChannel> vmevent_int3;   // int3: agentless (Xen emulates)
+  std::unique_ptr<channel::VmEventChannel> vmevent;       // ICEBP: with the guest module's slots
+  std::unique_ptr<channel::VmEventChannel> vmevent_int3;  // int3: agentless (Xen emulates)
   std::unique_ptr<channel::DebuggerChannel> debugger;
   std::map<DomId, channel::Channel*> chosen;
   // The guardian (docs/guardian.md): the journal exists unless it is Off; the process is
@@ -120,7 +120,8 @@ struct Session::Impl {
       // Clean only when nothing is left: a domain whose channel could not let go stays in
       // the journal, and the guardian tears it down.
       bool clean = journal->empty();
-      if (!clean) XP_LOG(Warn, "session end left work in the journal: the guardian finishes it once this process exits");
+      if (!clean)
+        XP_LOG(Warn, "session end left work in the journal: the guardian finishes it once this process exits");
       journal->set_clean(clean);
       if (!clean && guardian) guardian->abandon();  // it waits for this process to exit: no use waiting for it
     }
@@ -154,8 +155,9 @@ struct Session::Impl {
     if (options.guardian == GuardianMode::Required)
       return fail(g.error().code, "the guardian is required and could not be started: " + g.error().what);
     if (!guardian_warned)
-      XP_LOG(Warn, "no guardian (%s): if this process is killed, probes on the debugger and vmevent channels stay "
-                   "in the guests",
+      XP_LOG(Warn,
+             "no guardian (%s): if this process is killed, probes on the debugger and vmevent channels stay "
+             "in the guests",
              g.error().what.c_str());
     guardian_warned = true;
     return {};
@@ -194,7 +196,8 @@ struct Session::Impl {
           // (xl destroy does so before the domain dies): say that, not "withdrew".
           auto name = hv->xs_read("/local/domain/" + std::to_string(id.value) + "/name");
           if (!name && name.error().code == Errc::NotFound)
-            XP_LOG(Warn, "domain %u: its xenstore directory is gone (the toolstack is destroying it): dropping its probes",
+            XP_LOG(Warn,
+                   "domain %u: its xenstore directory is gone (the toolstack is destroying it): dropping its probes",
                    id.value);
           else
             XP_LOG(Warn, "domain %u: the guest module withdrew (no %s): dropping its probes", id.value,
@@ -223,8 +226,8 @@ struct Session::Impl {
 
   std::vector<channel::Channel*> channels() const {
     std::vector<channel::Channel*> out;
-    for (channel::Channel* c : std::initializer_list<channel::Channel*>{guest.get(), vmevent.get(), vmevent_int3.get(),
-                                                                        debugger.get()})
+    for (channel::Channel* c :
+         std::initializer_list<channel::Channel*>{guest.get(), vmevent.get(), vmevent_int3.get(), debugger.get()})
       if (c) out.push_back(c);
     return out;
   }
@@ -240,9 +243,9 @@ struct Session::Impl {
       case ChannelKind::VmEvent: {
         // Without the guest module there are no slots: only int3 mode lets Xen run the
         // original instruction (agentless).
-        bool module = hv->xs_read("/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR "/" +
-                                  XENPROBES_XS_VERSION)
-                          .has_value();
+        bool module =
+            hv->xs_read("/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR "/" + XENPROBES_XS_VERSION)
+                .has_value();
         auto& slot = module ? vmevent : vmevent_int3;
         if (!slot) {
           auto c = channel::VmEventChannel::open(
@@ -261,15 +264,15 @@ struct Session::Impl {
         }
         ch = debugger.get();
         break;
-      case ChannelKind::Auto:
-        return fail(Errc::InvalidArgument, "try_channel(Auto)");
+      case ChannelKind::Auto: return fail(Errc::InvalidArgument, "try_channel(Auto)");
     }
     if (journaled_kind(kind)) {
       if (auto g = ensure_guardian(); !g) return std::unexpected(g.error());
       // Journaled before the channel touches the domain (debugging mode, the monitor ring).
       if (auto j = journal_domain(ch, dom); !j) return std::unexpected(j.error());
       if (kind == ChannelKind::Debugger && journal) debugger->set_journal(journal.get());
-      if (kind == ChannelKind::VmEvent && journal) static_cast<channel::VmEventChannel*>(ch)->set_journal(journal.get());
+      if (kind == ChannelKind::VmEvent && journal)
+        static_cast<channel::VmEventChannel*>(ch)->set_journal(journal.get());
     }
     if (auto a = ch->attach(dom); !a) {
       if (journal && journaled_kind(kind)) journal->remove_domain(dom);

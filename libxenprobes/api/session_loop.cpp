@@ -78,9 +78,8 @@ Result<unsigned> Session::run_once(int timeout_ms) {
   if (fds[0].revents & POLLIN) m.reap();
   // A channel given back since the last turn (the debugger channel after a failed attach)
   // leaves no entry behind.
-  std::erase_if(m.swept, [&](const auto& e) {
-    return std::find(channels.begin(), channels.end(), e.first) == channels.end();
-  });
+  std::erase_if(m.swept,
+                [&](const auto& e) { return std::find(channels.begin(), channels.end(), e.first) == channels.end(); });
 
   const auto now = m.loop_clock ? m.loop_clock() : std::chrono::steady_clock::now();
   std::optional<Error> first;

@@ -17,8 +17,8 @@ namespace xenprobes::channel {
 struct Stop {
   DomId domain;
   VcpuId vcpu;
-  Gva trap;             // address of the trap byte the vCPU executed
-  hv::VcpuRegs regs;    // as the vCPU stopped; the engine edits them for the resume
+  Gva trap;           // address of the trap byte the vCPU executed
+  hv::VcpuRegs regs;  // as the vCPU stopped; the engine edits them for the resume
   // Agentless resume (no guest module, so no slot to run the original instruction from):
   // with Verdict::Resume and regs.rip == trap, the engine may ask the channel to have the
   // hypervisor execute these original bytes at `trap` instead. Only when
@@ -69,8 +69,8 @@ struct TrapEntry {
   Gva addr;
   Fallback fallback = Fallback::ResumeAt;
   Gva resume_at{0};
-  std::uint8_t len = 0;           // bytes of `insn` in use
-  std::uint8_t insn[15] = {};     // the original bytes at addr
+  std::uint8_t len = 0;        // bytes of `insn` in use
+  std::uint8_t insn[15] = {};  // the original bytes at addr
   // addr in a loaded module's text: xenprobes_module_id() of that module (protocol.h "Modules
   // that go": the guest module restores nothing there once that module has gone); 0: none.
   std::uint32_t module = 0;

@@ -8,10 +8,7 @@
 #include "common/log.hpp"
 
 namespace xenprobes::channel {
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 Result<std::unique_ptr<DebuggerChannel>> DebuggerChannel::open(hv::Hypervisor& hv) {
   XP_TRY(debugger_host_eligible(XP_TRY(hv.capabilities())));

@@ -43,15 +43,16 @@ Result<void> guest_domain_eligible(const hv::DomainInfo& i) { return usable_64bi
 Result<void> vmevent_domain_eligible(const hv::DomainInfo& i) {
   XP_TRY(alive(i));
   if (i.type == hv::GuestType::Pv)
-    return fail(Errc::NotSupported,
-                dom_str(i) + " is a PV guest, and Xen's vm_event monitor serves only HVM and PVH "
-                             "guests: use the guest channel (load the xenprobesU module in the guest) "
-                             "or, on a Xen built with CONFIG_GDBSX, the debugger channel");
+    return fail(Errc::NotSupported, dom_str(i) +
+                                        " is a PV guest, and Xen's vm_event monitor serves only HVM and PVH "
+                                        "guests: use the guest channel (load the xenprobesU module in the guest) "
+                                        "or, on a Xen built with CONFIG_GDBSX, the debugger channel");
   if (i.debugged)
-    return fail(Errc::Busy, dom_str(i) + " is in debugging mode (XEN_DOMCTL_setdebugging: gdbsx or the "
-                                         "debugger channel), which takes every int3 and #DB before the "
-                                         "vm_event monitor sees it: turn debugging mode off first, or "
-                                         "use the debugger channel");
+    return fail(Errc::Busy, dom_str(i) +
+                                " is in debugging mode (XEN_DOMCTL_setdebugging: gdbsx or the "
+                                "debugger channel), which takes every int3 and #DB before the "
+                                "vm_event monitor sees it: turn debugging mode off first, or "
+                                "use the debugger channel");
   return {};
 }
 
@@ -60,8 +61,9 @@ Result<void> debugger_domain_eligible(const hv::DomainInfo& i) {
   // Somebody else's (gdbsx, another xenprobes program): taking it over would swallow their
   // breakpoints, and our detach would turn their debugging mode off.
   if (i.debugged)
-    return fail(Errc::Busy, dom_str(i) + " is already in debugging mode (gdbsx or another debugger holds it): "
-                                         "stop that debugger, or use the guest or vmevent channel");
+    return fail(Errc::Busy, dom_str(i) +
+                                " is already in debugging mode (gdbsx or another debugger holds it): "
+                                "stop that debugger, or use the guest or vmevent channel");
   return {};
 }
 

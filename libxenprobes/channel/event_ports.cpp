@@ -30,8 +30,10 @@ Result<void> EventPorts::take(std::span<Channel* const> channels, std::vector<Wa
     auto acked = hv_.evtchn_unmask(port);
     if (!wake) {
       ++counters_.unknown;
-      XP_LOG_RATELIMITED(Info, "event channel port %u fired, but no channel owns it (just unbound, or bound "
-                               "behind the session's back): ignored", port);
+      XP_LOG_RATELIMITED(Info,
+                         "event channel port %u fired, but no channel owns it (just unbound, or bound "
+                         "behind the session's back): ignored",
+                         port);
       if (!acked) XP_LOG(Debug, "port %u: unmask: %s", port, acked.error().what.c_str());
       continue;
     }

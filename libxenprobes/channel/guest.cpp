@@ -55,7 +55,8 @@ Result<void> module_can_emulate(DomId dom, const TrapEntry& t, bool register_bra
     if (register_branches || (br.kind != XP_BR_CALL_REG && br.kind != XP_BR_JMP_REG)) return {};
     return fail(Errc::NotSupported, what +
                                         "the guest module is too old to emulate a jmp/call through a register (it "
-                                        "publishes no " XENPROBES_XS_MODULE_TEXT_START "); install the current "
+                                        "publishes no " XENPROBES_XS_MODULE_TEXT_START
+                                        "); install the current "
                                         "xenprobesU in the guest, or" +
                                         why.substr(1));
   }
@@ -141,7 +142,8 @@ Result<void> GuestChannel::attach(DomId dom) {
   for (std::size_t i = 1; i < std::size(ranges); ++i) {
     const Range& r = ranges[i];
     // Naturally aligned fields: atomic accesses, no torn reads.
-    if (r.first % 8) return bad(std::string(r.what) + " at offset " + std::to_string(r.first) + " is not 8-byte aligned");
+    if (r.first % 8)
+      return bad(std::string(r.what) + " at offset " + std::to_string(r.first) + " is not 8-byte aligned");
     if (r.end > size)
       return bad(std::string(r.what) + " [" + std::to_string(r.first) + ", " + std::to_string(r.end) +
                  ") do not fit in " + std::to_string(gc.pages) + " pages");
@@ -275,18 +277,20 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
   // trap added now would outlive the module. The domain is paused (Patcher): this look and
   // the writes that follow are one step for the guest.
   if (load<std::uint64_t>(a->map.data() + offsetof(xenprobes_ctl_header, closing)) != 0)
-    return fail(Errc::Busy, dom_str(dom) + ": the guest module is detaching (its control area says closing): no "
-                                           "trap is added, nothing was written; register again once it is loaded "
-                                           "and published anew");
+    return fail(Errc::Busy, dom_str(dom) +
+                                ": the guest module is detaching (its control area says closing): no "
+                                "trap is added, nothing was written; register again once it is loaded "
+                                "and published anew");
   if (t.len > sizeof t.insn)
-    return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": " + std::to_string(t.len) +
-                                           " original bytes (at most 15)");
+    return fail(Errc::InvalidArgument,
+                "trap at " + hex(t.addr.value) + ": " + std::to_string(t.len) + " original bytes (at most 15)");
   // The bytes are what the module emulates, and insn[0] is what it writes back at a trap
   // outside its OEA once Dom0 is gone: only a trap in a slot (never restored) may go without.
   const bool jump = t.fallback == TrapEntry::Fallback::Jump || t.fallback == TrapEntry::Fallback::AsyncJump;
   if ((jump || t.fallback == TrapEntry::Fallback::Redirect) && !a->jump_entry)
-    return fail(Errc::NotSupported, dom_str(dom) + ": the guest module publishes no jump entry: it makes no jump "
-                                    "probes (install the current xenprobesU in the guest)");
+    return fail(Errc::NotSupported, dom_str(dom) +
+                                        ": the guest module publishes no jump entry: it makes no jump "
+                                        "probes (install the current xenprobesU in the guest)");
   if (jump && (t.len != 0 || !in_oea(dom, *a, t.addr)))
     return fail(Errc::InvalidArgument, "jump entry key " + hex(t.addr.value) +
                                            ": must be a detour's call inside the out-of-line execution area, "
@@ -309,12 +313,8 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
       e.flags = XENPROBES_TRAP_FALLBACK;
       e.fallback = t.resume_at.value;
       break;
-    case TrapEntry::Fallback::Emulate:
-      e.flags = XENPROBES_TRAP_EMULATE;
-      break;
-    case TrapEntry::Fallback::Return:
-      e.flags = XENPROBES_TRAP_RETURN;
-      break;
+    case TrapEntry::Fallback::Emulate: e.flags = XENPROBES_TRAP_EMULATE; break;
+    case TrapEntry::Fallback::Return: e.flags = XENPROBES_TRAP_RETURN; break;
     case TrapEntry::Fallback::Jump:
     case TrapEntry::Fallback::AsyncJump:
     case TrapEntry::Fallback::Redirect:
@@ -388,7 +388,8 @@ void GuestChannel::retire(Attached& a, const xenprobes_trap& e) {
 Result<void> GuestChannel::return_added(DomId dom, Gva stack_slot, Gva ret) {
   Attached* a = find(dom);
   if (!a) return fail(Errc::InvalidArgument, dom_str(dom) + " is not attached to the guest channel");
-  if (!stack_slot.value) return fail(Errc::InvalidArgument, "a return-table entry for stack slot 0 (0 marks a free entry)");
+  if (!stack_slot.value)
+    return fail(Errc::InvalidArgument, "a return-table entry for stack slot 0 (0 marks a free entry)");
   std::optional<std::size_t> free;
   for (std::size_t i = 0; i < a->rets.size(); ++i) {
     if (a->rets[i].slot == stack_slot.value) {

@@ -131,15 +131,15 @@ class GuestChannel final : public Channel, public TrapTable {
     hv::ForeignMapping map;
     Layout layout;
     hv::EvtchnPort port = 0;
-    std::vector<guestmod::OeaArea> oea;    // the module's areas as last read
+    std::vector<guestmod::OeaArea> oea;  // the module's areas as last read
     // The module emulates jmp/call through a register (one that publishes module-text: both
     // came in the same version; an older one would oops the guest on such a fallback).
     bool register_branches = false;
-    std::optional<Gva> jump_entry;  // the module's jump entry: it makes jump probes
-    std::vector<xenprobes_trap> traps;  // sorted by addr: what the shared table is written from
-    std::vector<xenprobes_ret> rets;    // index = entry in the shared table; slot 0 = free
+    std::optional<Gva> jump_entry;                       // the module's jump entry: it makes jump probes
+    std::vector<xenprobes_trap> traps;                   // sorted by addr: what the shared table is written from
+    std::vector<xenprobes_ret> rets;                     // index = entry in the shared table; slot 0 = free
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered
-    std::vector<std::uint64_t> answered_rip;              // per mailbox: where that answer sends it
+    std::vector<std::uint64_t> answered_rip;             // per mailbox: where that answer sends it
     std::vector<std::optional<std::uint32_t>> rejected;  // per mailbox: the last seq refused (logged once)
     // Per mailbox, while Dom0 holds its claim (the handlers run): the hit, and where the module
     // resumes it should the claim outlive the bound (0: not a slot address Dom0 knows).

@@ -27,9 +27,8 @@ hv::VcpuRegs from_mailbox(const xenprobes_regs& x) {
 
 // cs/ss go back as the module wrote them: it never takes them from Dom0 anyway.
 xenprobes_regs to_mailbox(const hv::VcpuRegs& r, const xenprobes_regs& as_read) {
-  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi,    r.rdi,       r.rbp,      r.rsp,
-                        r.r8,  r.r9,  r.r10, r.r11, r.r12,    r.r13,       r.r14,      r.r15,
-                        r.rip, r.rflags, as_read.cs, as_read.ss};
+  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp,    r.r8,       r.r9,
+                        r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, as_read.cs, as_read.ss};
 }
 
 constexpr std::uint64_t kRejectWarnings = 10;  // per domain, of refused hits and of late answers each
@@ -176,8 +175,10 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
     if (retired) {
       ++a->stats.retired;
-      XP_LOG(Debug, "%s vcpu %u: hit %u at %s: a trap removed while the vCPU was in the module's hook: the "
-                    "original instruction runs", dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str());
+      XP_LOG(Debug,
+             "%s vcpu %u: hit %u at %s: a trap removed while the vCPU was in the module's hook: the "
+             "original instruction runs",
+             dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str());
     } else if (sink.on_stop(s) == Verdict::NotOurs) {
       s.regs = from_mailbox(h.regs);
       // An int3's byte is the original again: execute it. A jump's hit goes on in its detour.
@@ -193,10 +194,12 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     auto late = [&] {
       // As common as hung handlers, or as a hostile guest likes: the first few are warnings.
       if (++a->stats.late <= kRejectWarnings)
-        XP_LOG_RATELIMITED(Warn, "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
-                     "bound) before the handlers finished: answer dropped, guest memory they wrote stays written%s",
-               dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str(),
-               a->stats.late == kRejectWarnings ? " (further ones: debug log)" : "");
+        XP_LOG_RATELIMITED(
+            Warn,
+            "%s vcpu %u: hit %u at %s: the guest module gave up on it (its claim outlived the claim "
+            "bound) before the handlers finished: answer dropped, guest memory they wrote stays written%s",
+            dom_str(dom).c_str(), v, h.seq, hex(h.trap).c_str(),
+            a->stats.late == kRejectWarnings ? " (further ones: debug log)" : "");
       else
         XP_LOG(Debug, "%s vcpu %u: hit %u at %s: late answer dropped", dom_str(dom).c_str(), v, h.seq,
                hex(h.trap).c_str());
@@ -231,10 +234,8 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     // "Spinning"): DONE is stored (the locked cmpxchg), then spinning is read; the module stores
     // spinning = 0 before its last look at state, so one of the two sees the other.
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning)) == 0)
-      notify = true;
-    else
-      ++a->stats.unnotified;
+    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning)) == 0) notify = true;
+    else ++a->stats.unnotified;
   }
   if (notify) {
     Attached* a = find(dom);
@@ -256,7 +257,8 @@ std::vector<std::uint64_t> GuestChannel::resumes_in_flight(DomId dom) const {
     if (!a->answered[v]) continue;
     const std::byte* mb = mailbox_at(*a, v);
     // The guest could fake DONE to keep slots busy: it only delays their reuse.
-    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) == XENPROBES_MBOX_DONE &&
+    if (load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire) ==
+            XENPROBES_MBOX_DONE &&
         load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == *a->answered[v])
       out.push_back(a->answered_rip[v]);
   }

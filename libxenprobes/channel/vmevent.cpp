@@ -17,10 +17,10 @@ namespace {
 
 // X86_EVENTTYPE_* as Xen reports them in a request and takes them in inject_event
 // (xen/include/public/hvm/dm_op.h: XEN_DMOP_EVENT_*).
-constexpr std::uint8_t kHwException = 3;     // #DB from a single step or a hardware breakpoint
-constexpr std::uint8_t kPrivSwException = 5; // ICEBP (0xF1)
-constexpr std::uint8_t kSwException = 6;     // INT3 (0xCC)
-constexpr std::uint32_t kNoErrorCode = ~0u;  // X86_EVENT_NO_EC
+constexpr std::uint8_t kHwException = 3;      // #DB from a single step or a hardware breakpoint
+constexpr std::uint8_t kPrivSwException = 5;  // ICEBP (0xF1)
+constexpr std::uint8_t kSwException = 6;      // INT3 (0xCC)
+constexpr std::uint32_t kNoErrorCode = ~0u;   // X86_EVENT_NO_EC
 constexpr std::uint8_t kVectorDebug = 1, kVectorBreakpoint = 3;
 constexpr std::uint64_t kRflagsRf = 1ull << 16;
 // detach: rounds of "answer everything, try to disable" while vCPUs wait for ring room.
@@ -34,10 +34,10 @@ std::string dom_str(DomId d) { return "domain " + std::to_string(d.value); }
 // What SET_REGISTERS writes (xen/arch/x86/hvm/vm_event.c:29-60): the GPRs, rflags, rip.
 // RF is left out: it says nothing about where the vCPU is.
 bool same_gprs(const hv::VcpuRegs& a, const hv::VcpuRegs& b) {
-  return a.rax == b.rax && a.rbx == b.rbx && a.rcx == b.rcx && a.rdx == b.rdx && a.rsi == b.rsi &&
-         a.rdi == b.rdi && a.rbp == b.rbp && a.rsp == b.rsp && a.r8 == b.r8 && a.r9 == b.r9 &&
-         a.r10 == b.r10 && a.r11 == b.r11 && a.r12 == b.r12 && a.r13 == b.r13 && a.r14 == b.r14 &&
-         a.r15 == b.r15 && a.rip == b.rip && ((a.rflags ^ b.rflags) & ~kRflagsRf) == 0;
+  return a.rax == b.rax && a.rbx == b.rbx && a.rcx == b.rcx && a.rdx == b.rdx && a.rsi == b.rsi && a.rdi == b.rdi &&
+         a.rbp == b.rbp && a.rsp == b.rsp && a.r8 == b.r8 && a.r9 == b.r9 && a.r10 == b.r10 && a.r11 == b.r11 &&
+         a.r12 == b.r12 && a.r13 == b.r13 && a.r14 == b.r14 && a.r15 == b.r15 && a.rip == b.rip &&
+         ((a.rflags ^ b.rflags) & ~kRflagsRf) == 0;
 }
 
 bool gone(const Result<void>& r) { return !r && r.error().code == Errc::NoSuchDomain; }
@@ -98,9 +98,10 @@ Result<void> VmEventChannel::attach(DomId dom) {
   auto ring = hv_.monitor_enable(dom);
   if (!ring) {
     if (ring.error().code == Errc::Busy)
-      return fail(Errc::Busy, dom_str(dom) + " already has a vm_event monitor (Xen allows one per domain: "
-                                             "xen-access, DRAKVUF, LibVMI or another xenprobes program): "
-                                             "stop that one, or use the guest channel");
+      return fail(Errc::Busy, dom_str(dom) +
+                                  " already has a vm_event monitor (Xen allows one per domain: "
+                                  "xen-access, DRAKVUF, LibVMI or another xenprobes program): "
+                                  "stop that one, or use the guest channel");
     return std::unexpected(ring.error());
   }
   Attached a;
@@ -146,13 +147,11 @@ Result<void> VmEventChannel::detach(DomId dom) {
     }
     auto n = drain(dom, a, nullptr, /*until_quiet=*/true);
     Result<void> dis;
-    if (!n)
-      dis = std::unexpected(n.error());
+    if (!n) dis = std::unexpected(n.error());
     else if (!a.outbox.empty())
-      dis = fail(Errc::Busy, dom_str(dom) + ": " + std::to_string(a.outbox.size()) +
-                                 " vm_event answers found no room in the ring");
-    else
-      dis = hv_.monitor_disable(dom);
+      dis = fail(Errc::Busy,
+                 dom_str(dom) + ": " + std::to_string(a.outbox.size()) + " vm_event answers found no room in the ring");
+    else dis = hv_.monitor_disable(dom);
     if (paused && hv_.unpause(dom) && journal_) journal_->drop_held_pause(dom);
     if (dis || gone(dis)) {
       done = true;
@@ -190,10 +189,8 @@ Result<unsigned> VmEventChannel::process(StopSink& sink) {
   for (auto it = domains_.begin(); it != domains_.end();) {
     const DomId dom = it->first;
     auto n = process_domain(dom, sink);
-    if (n)
-      handled += *n;
-    else if (status)
-      status = std::unexpected(n.error());
+    if (n) handled += *n;
+    else if (status) status = std::unexpected(n.error());
     it = domains_.upper_bound(dom);
   }
   if (!status) return std::unexpected(status.error());
@@ -281,8 +278,7 @@ Result<unsigned> VmEventChannel::drain(DomId dom, Attached& a, StopSink* sink, b
 //    vmx_propagate_intr nor hvm_inject_exception runs: the trap does not happen in the guest.
 // A hardware #DB (type 3: the guest's own single step, hardware breakpoint) is trap-like: RIP
 // is already past the instruction, and it is never ours.
-hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmEventRequest& req,
-                                           StopSink* sink) {
+hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmEventRequest& req, StopSink* sink) {
   hv::VmEventResponse rsp;
   rsp.vcpu = req.vcpu;
   rsp.reason = req.reason;
@@ -291,7 +287,7 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
   rsp.flags = req.flags & hv::kVmEventFlagVcpuPaused;
   if (!(req.flags & hv::kVmEventFlagVcpuPaused)) {
     XP_LOG_RATELIMITED(Warn, "%s vcpu %u: vm_event request without a paused vCPU (reason %u): nothing to resume",
-           dom_str(dom).c_str(), req.vcpu, static_cast<unsigned>(req.reason));
+                       dom_str(dom).c_str(), req.vcpu, static_cast<unsigned>(req.reason));
     return rsp;
   }
   std::uint8_t opcode = 0;
@@ -305,11 +301,11 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
       ++counters_.injected;
     else
       XP_LOG_RATELIMITED(Error, "%s vcpu %u: cannot hand its #DB back: %s", dom_str(dom).c_str(), req.vcpu,
-             r.error().what.c_str());
+                         r.error().what.c_str());
     return rsp;
   } else {
-    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: unexpected vm_event reason %u: resumed unchanged", dom_str(dom).c_str(), req.vcpu,
-           static_cast<unsigned>(req.reason));
+    XP_LOG_RATELIMITED(Warn, "%s vcpu %u: unexpected vm_event reason %u: resumed unchanged", dom_str(dom).c_str(),
+                       req.vcpu, static_cast<unsigned>(req.reason));
     return rsp;
   }
   const Gva trap{req.regs.rip};
@@ -323,9 +319,8 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
   // back on the same int3 with exactly the registers it was sent there with.
   if (auto c = a.continuations.find(req.vcpu); c != a.continuations.end()) {
     auto& pending = c->second;
-    auto m = std::find_if(pending.begin(), pending.end(), [&](const Continuation& k) {
-      return k.trap == trap && same_gprs(k.regs, req.regs);
-    });
+    auto m = std::find_if(pending.begin(), pending.end(),
+                          [&](const Continuation& k) { return k.trap == trap && same_gprs(k.regs, req.regs); });
     if (m != pending.end()) {
       std::array<std::uint8_t, 16> bytes = m->bytes;
       pending.erase(m);
@@ -380,7 +375,7 @@ hv::VmEventResponse VmEventChannel::answer(DomId dom, Attached& a, const hv::VmE
   }
   if (s.emulate)
     XP_LOG_RATELIMITED(Warn, "%s vcpu %u: emulation asked with rip moved from %s to %s: resumed at the new rip",
-           dom_str(dom).c_str(), req.vcpu, hex(trap.value).c_str(), hex(s.regs.rip).c_str());
+                       dom_str(dom).c_str(), req.vcpu, hex(trap.value).c_str(), hex(s.regs.rip).c_str());
   rsp.flags |= hv::kVmEventFlagSetRegisters;
   rsp.regs = s.regs;
   return rsp;
@@ -405,7 +400,8 @@ void VmEventChannel::hand_back(DomId dom, const hv::VmEventRequest& req, std::ui
     // Not injected (EBUSY: another event is pending on that vCPU): RIP still points at the
     // trap, so the vCPU executes it again and comes back.
     XP_LOG_RATELIMITED(Warn, "%s vcpu %u: cannot hand the guest its own %s at %s back (%s): it will retry",
-           dom_str(dom).c_str(), req.vcpu, int3 ? "int3" : "ICEBP", hex(req.regs.rip).c_str(), r.error().what.c_str());
+                       dom_str(dom).c_str(), req.vcpu, int3 ? "int3" : "ICEBP", hex(req.regs.rip).c_str(),
+                       r.error().what.c_str());
     return;
   }
   ++counters_.injected;
@@ -418,7 +414,7 @@ bool VmEventChannel::byte_still_there(DomId dom, const hv::VmEventRequest& req, 
   auto m = hv_.map_frames(dom, std::span(&f, 1), hv::MapAccess::Read);
   if (!m) {
     XP_LOG_RATELIMITED(Warn, "%s: cannot read the trap at %s (%s): taken for the guest's own", dom_str(dom).c_str(),
-           hex(req.regs.rip).c_str(), m.error().what.c_str());
+                       hex(req.regs.rip).c_str(), m.error().what.c_str());
     return true;
   }
   return std::to_integer<std::uint8_t>(m->data()[req.regs.rip & (kPageSize - 1)]) == opcode;

@@ -62,12 +62,12 @@ class VmEventChannel final : public Channel {
 
   // What the channel did, for tests and diagnostics.
   struct Counters {
-    std::uint64_t stops = 0;        // requests handed to the sink
-    std::uint64_t emulated = 0;     // answered with EMULATE (agentless resume)
-    std::uint64_t two_step = 0;     // emulations that needed the registers set first
-    std::uint64_t injected = 0;     // foreign traps handed back to the guest
-    std::uint64_t retried = 0;      // foreign-looking traps whose byte was gone: re-executed
-    std::uint64_t deferred = 0;     // answers kept back because the ring had no room
+    std::uint64_t stops = 0;     // requests handed to the sink
+    std::uint64_t emulated = 0;  // answered with EMULATE (agentless resume)
+    std::uint64_t two_step = 0;  // emulations that needed the registers set first
+    std::uint64_t injected = 0;  // foreign traps handed back to the guest
+    std::uint64_t retried = 0;   // foreign-looking traps whose byte was gone: re-executed
+    std::uint64_t deferred = 0;  // answers kept back because the ring had no room
   };
   const Counters& counters() const { return counters_; }
 

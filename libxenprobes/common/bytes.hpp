@@ -9,8 +9,7 @@
 namespace xenprobes {
 
 template <typename T>
-  requires std::is_trivially_copyable_v<T>
-T load(const std::byte* p) {
+requires std::is_trivially_copyable_v<T> T load(const std::byte* p) {
   T v;
   std::memcpy(&v, p, sizeof v);
   return v;

@@ -6,14 +6,24 @@ namespace xenprobes {
 
 Errc errc_from_errno(int e) {
   switch (e) {
-    case EINVAL: case ESRCH: case EFAULT: case EILSEQ: case EBUSY: case ERANGE:
-    case EEXIST: case ENOSPC: case EOPNOTSUPP: case ENOSYS: case EAGAIN: case ENOENT:
-    case EPERM: case EIO: case ENOMEM: case ETIMEDOUT:
-      return static_cast<Errc>(e);
-    case EACCES:
-      return Errc::Permission;
-    default:
-      return Errc::Io;
+    case EINVAL:
+    case ESRCH:
+    case EFAULT:
+    case EILSEQ:
+    case EBUSY:
+    case ERANGE:
+    case EEXIST:
+    case ENOSPC:
+    case EOPNOTSUPP:
+    case ENOSYS:
+    case EAGAIN:
+    case ENOENT:
+    case EPERM:
+    case EIO:
+    case ENOMEM:
+    case ETIMEDOUT: return static_cast<Errc>(e);
+    case EACCES: return Errc::Permission;
+    default: return Errc::Io;
   }
 }
 

@@ -45,24 +45,23 @@ void count_suppressed();
 
 }  // namespace xenprobes::log
 
-#define XP_LOG(lvl, ...)                                                         \
-  do {                                                                           \
-    if (::xenprobes::log::Level::lvl >= ::xenprobes::log::level())               \
-      ::xenprobes::log::write(::xenprobes::log::Level::lvl, __VA_ARGS__);        \
+#define XP_LOG(lvl, ...)                                                  \
+  do {                                                                    \
+    if (::xenprobes::log::Level::lvl >= ::xenprobes::log::level())        \
+      ::xenprobes::log::write(::xenprobes::log::Level::lvl, __VA_ARGS__); \
   } while (0)
 
 // XP_LOG for messages a guest can cause at will (once per hit): rate-limited per call site.
-#define XP_LOG_RATELIMITED(lvl, fmt, ...)                                                          \
-  do {                                                                                             \
-    if (::xenprobes::log::Level::lvl >= ::xenprobes::log::level()) {                               \
-      static ::xenprobes::log::RateLimit xp_rl_;                                                   \
-      std::uint64_t xp_dropped_ = 0;                                                               \
-      if (xp_rl_.allow(::xenprobes::log::RateLimit::Clock::now(), &xp_dropped_)) {                 \
-        if (xp_dropped_)                                                                           \
-          ::xenprobes::log::write(::xenprobes::log::Level::lvl, fmt " (%llu similar messages suppressed)", \
-                                  __VA_ARGS__ __VA_OPT__(,) static_cast<unsigned long long>(xp_dropped_));      \
-        else                                                                                       \
-          ::xenprobes::log::write(::xenprobes::log::Level::lvl, fmt __VA_OPT__(,) __VA_ARGS__);    \
-      }                                                                                            \
-    }                                                                                              \
+#define XP_LOG_RATELIMITED(lvl, fmt, ...)                                                                   \
+  do {                                                                                                      \
+    if (::xenprobes::log::Level::lvl >= ::xenprobes::log::level()) {                                        \
+      static ::xenprobes::log::RateLimit xp_rl_;                                                            \
+      std::uint64_t xp_dropped_ = 0;                                                                        \
+      if (xp_rl_.allow(::xenprobes::log::RateLimit::Clock::now(), &xp_dropped_)) {                          \
+        if (xp_dropped_)                                                                                    \
+          ::xenprobes::log::write(::xenprobes::log::Level::lvl, fmt " (%llu similar messages suppressed)",  \
+                                  __VA_ARGS__ __VA_OPT__(, ) static_cast<unsigned long long>(xp_dropped_)); \
+        else ::xenprobes::log::write(::xenprobes::log::Level::lvl, fmt __VA_OPT__(, ) __VA_ARGS__);         \
+      }                                                                                                     \
+    }                                                                                                       \
   } while (0)

@@ -18,7 +18,9 @@ std::unexpected<Error> fail_errno(int e, std::string what);
 
 namespace detail {
 template <typename T>
-T take_value(std::expected<T, Error>&& r) { return std::move(*r); }
+T take_value(std::expected<T, Error>&& r) {
+  return std::move(*r);
+}
 inline void take_value(std::expected<void, Error>&&) {}
 }  // namespace detail
 
@@ -26,9 +28,9 @@ inline void take_value(std::expected<void, Error>&&) {}
 
 // Propagates the error of a Result-returning expression; yields its value otherwise.
 // (GNU statement expression: g++ and clang both accept it.)
-#define XP_TRY(expr)                                             \
-  ({                                                             \
-    auto&& xp_try_r_ = (expr);                                   \
+#define XP_TRY(expr)                                                      \
+  ({                                                                      \
+    auto&& xp_try_r_ = (expr);                                            \
     if (!xp_try_r_) return std::unexpected(std::move(xp_try_r_.error())); \
-    ::xenprobes::detail::take_value(std::move(xp_try_r_));        \
+    ::xenprobes::detail::take_value(std::move(xp_try_r_));                \
   })

@@ -213,8 +213,9 @@ Result<void> Journal::add_patch(DomId d, PatchKind kind, Gva gva, std::span<cons
   if (written.empty() || written.size() > 8 || written.size() != restore.size())
     return fail(Errc::InvalidArgument, "journal: a patch is 1..8 bytes, written and restored alike");
   if (module && (kind != PatchKind::Text || !module_reference_ok(*module)))
-    return fail(Errc::InvalidArgument, "journal: a module reference belongs to a text patch and names a struct "
-                                       "module in the kernel's half with its name and base inside it");
+    return fail(Errc::InvalidArgument,
+                "journal: a module reference belongs to a text patch and names a struct "
+                "module in the kernel's half with its name and base inside it");
   if (domain_index(d) == ~0u)
     return fail(Errc::InvalidArgument, "journal: domain " + std::to_string(d.value) + " is not journaled");
   auto key = std::make_pair(d.value, gva.value);
@@ -351,18 +352,20 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
       continue;
     }
     if (r.used == 0) continue;
-    bool ok = r.used == 1 && (r.channel == std::uint8_t(JournalChannel::Debugger) ||
-                              r.channel == std::uint8_t(JournalChannel::VmEvent)) &&
-              r.monitor <= std::uint8_t(JournalMonitor::SoftwareBreakpoints) && r.vcpus >= 1 && r.vcpus <= 4096 &&
-              r.domid != 0 && r.domid < 0x7ff0 && r.held_pauses <= kMaxHeldPauses && r.owed_unpauses <= 255 &&
-              !by_dom.contains(r.domid);
+    bool ok =
+        r.used == 1 &&
+        (r.channel == std::uint8_t(JournalChannel::Debugger) || r.channel == std::uint8_t(JournalChannel::VmEvent)) &&
+        r.monitor <= std::uint8_t(JournalMonitor::SoftwareBreakpoints) && r.vcpus >= 1 && r.vcpus <= 4096 &&
+        r.domid != 0 && r.domid < 0x7ff0 && r.held_pauses <= kMaxHeldPauses && r.owed_unpauses <= 255 &&
+        !by_dom.contains(r.domid);
     if (!ok) {
       s.invalid++;
       continue;
     }
     by_dom[r.domid] = s.domains.size();
-    JournalSnapshot::Domain d{DomId{r.domid}, {}, JournalChannel(r.channel), r.trap_byte, JournalMonitor(r.monitor),
-                              r.vcpus, r.held_pauses, r.owed_unpauses};
+    JournalSnapshot::Domain d{
+        DomId{r.domid}, {}, JournalChannel(r.channel), r.trap_byte, JournalMonitor(r.monitor), r.vcpus, r.held_pauses,
+        r.owed_unpauses};
     std::memcpy(d.handle.data(), r.handle, d.handle.size());
     s.domains.push_back(d);
   }
@@ -380,13 +383,15 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
     if (r.module != 0)
       ok = ok && r.kind == std::uint8_t(PatchKind::Text) &&
            module_reference_ok(JournalModule{Gva{r.module}, r.module_hash, r.module_name_off, r.module_base_off});
-    else
-      ok = ok && r.module_hash == 0 && r.module_name_off == 0 && r.module_base_off == 0;
+    else ok = ok && r.module_hash == 0 && r.module_name_off == 0 && r.module_base_off == 0;
     if (!ok) {
       s.invalid++;
       continue;
     }
-    JournalSnapshot::Patch p{DomId{r.domid}, PatchKind(r.kind), Gva{r.gva}, Gva{r.resume},
+    JournalSnapshot::Patch p{DomId{r.domid},
+                             PatchKind(r.kind),
+                             Gva{r.gva},
+                             Gva{r.resume},
                              std::vector<std::uint8_t>(r.written, r.written + r.len),
                              std::vector<std::uint8_t>(r.restore, r.restore + r.len)};
     if (r.module) p.module = JournalModule{Gva{r.module}, r.module_hash, r.module_name_off, r.module_base_off};
@@ -410,16 +415,17 @@ Result<JournalSnapshot> read_journal(std::span<const std::byte> mem) {
 }
 
 Result<void> check_journal_fd(int fd) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) < 0) return fail_errno(errno, "fstat of the journal");
   if (!S_ISREG(st.st_mode)) return fail(Errc::InvalidArgument, "the journal is not a memfd (not even a regular file)");
   int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0)
-    return fail(Errc::InvalidArgument, "the journal is not a memfd (it takes no seals: " +
-                                           std::string(std::strerror(errno)) + ")");
+    return fail(Errc::InvalidArgument,
+                "the journal is not a memfd (it takes no seals: " + std::string(std::strerror(errno)) + ")");
   if ((seals & kJournalSeals) != kJournalSeals)
-    return fail(Errc::InvalidArgument, "the journal is not sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW, "
-                                       "F_SEAL_SEAL): its size cannot be trusted");
+    return fail(Errc::InvalidArgument,
+                "the journal is not sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW, "
+                "F_SEAL_SEAL): its size cannot be trusted");
   int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0 || (fl & O_ACCMODE) == O_WRONLY) return fail(Errc::InvalidArgument, "the journal is not open for reading");
   return {};
@@ -427,7 +433,7 @@ Result<void> check_journal_fd(int fd) {
 
 Result<JournalSnapshot> read_journal_fd(int fd) {
   XP_TRY(check_journal_fd(fd));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) < 0) return fail_errno(errno, "fstat of the journal");
   if (st.st_size < static_cast<off_t>(sizeof(JournalHeader)) || st.st_size > (off_t{1} << 30))
     return fail(Errc::Io, "journal: implausible size " + std::to_string(st.st_size));

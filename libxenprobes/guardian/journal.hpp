@@ -42,7 +42,7 @@ namespace xenprobes::guardian {
 
 inline constexpr std::uint64_t kJournalMagic = 0x314c4e524a505830ull;  // "0XPJRNL1" little-endian
 inline constexpr std::uint32_t kJournalVersion = 2;
-inline constexpr std::size_t kJournalMaxBytes = 8 * 4096;  // bytes of one patch (written / restore)
+inline constexpr std::size_t kJournalMaxBytes = 8 * 4096;      // bytes of one patch (written / restore)
 inline constexpr std::uint32_t kJournalMaxRecords = 1u << 20;  // per table, for the reader's checks
 
 enum class JournalChannel : std::uint8_t { Debugger = 1, VmEvent = 2 };
@@ -58,23 +58,23 @@ struct JournalHeader {
   std::uint32_t version;
   std::uint32_t header_size;
   std::uint32_t owner_pid;
-  std::uint32_t clean;     // 1: the owner tore down in order, nothing is left to undo
+  std::uint32_t clean;  // 1: the owner tore down in order, nothing is left to undo
   std::uint32_t max_domains, max_patches, max_returns;
   std::uint32_t domain_size, patch_size, return_size;
   std::uint64_t domains_off, patches_off, returns_off;
   std::uint64_t total_size;
-  std::uint32_t refused;   // records that did not fit (their registration was refused)
+  std::uint32_t refused;  // records that did not fit (their registration was refused)
   std::uint8_t reserved[44];
 };
 static_assert(sizeof(JournalHeader) == 128);
 
 struct JournalDomainRec {
   std::uint32_t seq;
-  std::uint32_t used;         // 1: in use
+  std::uint32_t used;  // 1: in use
   std::uint32_t domid;
-  std::uint8_t channel;       // JournalChannel
+  std::uint8_t channel;  // JournalChannel
   std::uint8_t trap_byte;
-  std::uint8_t monitor;       // JournalMonitor (vmevent)
+  std::uint8_t monitor;  // JournalMonitor (vmevent)
   std::uint8_t pad0;
   std::uint32_t vcpus;
   // Written in place, not under seq:
@@ -89,8 +89,8 @@ struct JournalPatchRec {
   std::uint32_t seq;
   std::uint32_t used;
   std::uint32_t domid;
-  std::uint8_t kind;     // PatchKind
-  std::uint8_t len;      // bytes of written[] and restore[] in use, 1..8
+  std::uint8_t kind;  // PatchKind
+  std::uint8_t len;   // bytes of written[] and restore[] in use, 1..8
   std::uint8_t pad0[2];
   std::uint64_t gva;
   std::uint64_t resume;  // where a vCPU stopped on this trap goes on (Text: gva itself)
@@ -128,8 +128,8 @@ struct JournalReturnRec {
   std::uint32_t used;
   std::uint32_t domid;
   std::uint32_t pad0;
-  std::uint64_t slot;        // the stack slot holding the trampoline address
-  std::uint64_t ret;         // the real return address it held
+  std::uint64_t slot;  // the stack slot holding the trampoline address
+  std::uint64_t ret;   // the real return address it held
   std::uint64_t trampoline;
   std::uint64_t reserved;
 };
@@ -196,7 +196,7 @@ class Journal {
   int fd_ = -1;
   void* base_ = nullptr;
   std::size_t size_ = 0;
-  std::map<std::uint32_t, std::uint32_t> domains_;                          // domid -> record
+  std::map<std::uint32_t, std::uint32_t> domains_;                            // domid -> record
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> patches_;  // (domid, gva) -> record
   std::vector<std::uint32_t> free_domains_, free_patches_, free_returns_;
 };

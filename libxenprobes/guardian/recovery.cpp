@@ -274,10 +274,8 @@ void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalS
   // never one more than the domain still holds (domain_info says whether it is paused).
   const unsigned unpaused_before = rep.unpaused;
   if (own) {
-    if (auto u = hv.unpause(dom); u)
-      rep.unpaused++;
-    else
-      acc.failed(dom, "releasing our pause", u.error());
+    if (auto u = hv.unpause(dom); u) rep.unpaused++;
+    else acc.failed(dom, "releasing our pause", u.error());
   }
   unsigned extra = stops + jd.owed_unpauses + jd.held_pauses;
   for (unsigned k = 0; k < extra; ++k) {
@@ -289,8 +287,7 @@ void recover_domain(hv::Hypervisor& hv, const JournalSnapshot& s, const JournalS
     }
     rep.unpaused++;
   }
-  acc.say(log::Level::Warn,
-          "domain %u (%s channel): recovered: %u stops released, pauses released %u", dom.value,
+  acc.say(log::Level::Warn, "domain %u (%s channel): recovered: %u stops released, pauses released %u", dom.value,
           debugger ? "debugger" : "vmevent", stops, rep.unpaused - unpaused_before);
 }
 

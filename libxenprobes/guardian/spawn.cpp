@@ -134,8 +134,8 @@ Result<std::unique_ptr<GuardianProcess>> GuardianProcess::spawn(const std::strin
 #endif
   posix_spawnattr_setflags(&at, flags);
   std::string owner = std::to_string(::getpid());
-  std::vector<std::string> args{path,         "--journal-fd", "3",   "--pipe-fd", "4",    "--ready-fd",
-                                "5",          "--owner",      owner, "--backend", backend};
+  std::vector<std::string> args{path, "--journal-fd", "3",   "--pipe-fd", "4",    "--ready-fd",
+                                "5",  "--owner",      owner, "--backend", backend};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -67,10 +67,8 @@ class Account {
   void say(log::Level l, const std::string& line) {
     syslog(syslog_level(l), "%s", line.c_str());
     std::string out = "xenprobes-guardian[" + std::to_string(::getpid()) + "]: " + line + "\n";
-    if (hold_)
-      held_.push_back(std::move(out));
-    else
-      emit(out);
+    if (hold_) held_.push_back(std::move(out));
+    else emit(out);
   }
   void hold() { hold_ = true; }
   // The lines held back, then the exit status.
@@ -117,7 +115,7 @@ void fill_standard_fds() {
 // description, which the guardian shared until now, keeps its flags. Files and terminals
 // are left as they are (a file's new description would start writing at offset 0).
 void own_nonblocking_stderr() {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(STDERR_FILENO, &st) < 0 || !S_ISFIFO(st.st_mode)) return;
   const int fd = ::open("/proc/self/fd/2", O_WRONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return;  // no /proc, or no reader left (ENXIO): as it was
@@ -143,7 +141,7 @@ void close_others(std::vector<int> keep) {
 
 // A pipe end of the right direction.
 std::optional<std::string> not_a_pipe_end(int fd, int accmode) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) < 0) return std::string("cannot fstat it: ") + std::strerror(errno);
   if (!S_ISFIFO(st.st_mode)) return std::string("it is not a pipe");
   int fl = ::fcntl(fd, F_GETFL);
@@ -167,8 +165,7 @@ bool owner_gone(int pidfd, pid_t owner) {
 void wait_owner_gone(int pidfd, pid_t owner) {
   if (pidfd >= 0) {
     pollfd p{pidfd, POLLIN, 0};
-    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-    }
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {}
     return;
   }
   while (::getppid() == owner) std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -208,8 +205,8 @@ int main(int argc, char** argv) {
     else if (a == "--backend") backend = v;
     else return usage();
   }
-  if (journal_fd < 0 || pipe_fd < 0 || owner <= 0 || (backend != "xen" && backend != "sim") ||
-      journal_fd == pipe_fd || ready_fd == journal_fd || ready_fd == pipe_fd)
+  if (journal_fd < 0 || pipe_fd < 0 || owner <= 0 || (backend != "xen" && backend != "sim") || journal_fd == pipe_fd ||
+      ready_fd == journal_fd || ready_fd == pipe_fd)
     return usage();
   close_others({journal_fd, pipe_fd, ready_fd});
   openlog("xenprobes-guardian", LOG_PID, LOG_DAEMON);
@@ -254,14 +251,15 @@ int main(int argc, char** argv) {
   auto snap = guardian::read_journal_fd(journal_fd);
   if (snap && snap->clean) return 0;
   if (!owner_gone(owner_fd, owner)) {
-    acc.say(log::Level::Warn, who + " closed its end of the pipe but is still running: waiting for it to exit "
-                                    "before acting");
+    acc.say(log::Level::Warn, who +
+                                  " closed its end of the pipe but is still running: waiting for it to exit "
+                                  "before acting");
     wait_owner_gone(owner_fd, owner);
     snap = guardian::read_journal_fd(journal_fd);  // what it left at its very end
   }
   if (!snap) {
-    acc.say(log::Level::Error, who + " is gone and its journal is unreadable (" + snap.error().what +
-                                   "): nothing recovered");
+    acc.say(log::Level::Error,
+            who + " is gone and its journal is unreadable (" + snap.error().what + "): nothing recovered");
     return 3;
   }
   if (snap->clean) return 0;
@@ -276,11 +274,10 @@ int main(int argc, char** argv) {
   if (const char* report = ::secure_getenv("XENPROBES_GUARDIAN_REPORT"); report && *report) {
     int fd = ::open(report, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return acc.finish(4);
-    std::string line = "owner-died pid=" + std::to_string(snap->owner_pid) +
-                       " domains=" + std::to_string(snap->domains.size()) +
-                       " patches=" + std::to_string(snap->patches.size()) +
-                       " returns=" + std::to_string(snap->returns.size()) + " torn=" + std::to_string(snap->torn) +
-                       " invalid=" + std::to_string(snap->invalid) + "\n";
+    std::string line =
+        "owner-died pid=" + std::to_string(snap->owner_pid) + " domains=" + std::to_string(snap->domains.size()) +
+        " patches=" + std::to_string(snap->patches.size()) + " returns=" + std::to_string(snap->returns.size()) +
+        " torn=" + std::to_string(snap->torn) + " invalid=" + std::to_string(snap->invalid) + "\n";
     bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
     ::close(fd);
     return acc.finish(ok ? 0 : 4);
@@ -288,7 +285,8 @@ int main(int argc, char** argv) {
 #endif
   if (snap->domains.empty()) return acc.finish(0);
   if (backend == "sim") {
-    acc.say(log::Level::Error, "the owner ran on the simulated Xen, which lived in its own process: nothing to recover");
+    acc.say(log::Level::Error,
+            "the owner ran on the simulated Xen, which lived in its own process: nothing to recover");
     return acc.finish(0);
   }
   auto hv = hv::open_hypervisor(backend);

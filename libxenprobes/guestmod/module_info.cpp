@@ -14,14 +14,12 @@ namespace xenprobes::guestmod {
 
 namespace {
 
-
 // "xenstore key <path> = '<value>': <why>"
 std::string bad(const std::string& path, std::string_view value, std::string_view why) {
   return "xenstore key " + path + " = '" + sanitize(value) + "': " + std::string(why);
 }
 
-bool ranges_overlap(std::uint64_t a_first, std::uint64_t a_last, std::uint64_t b_first,
-                    std::uint64_t b_last) {
+bool ranges_overlap(std::uint64_t a_first, std::uint64_t a_last, std::uint64_t b_first, std::uint64_t b_last) {
   return a_first <= b_last && b_first <= a_last;
 }
 
@@ -30,15 +28,13 @@ Result<std::string> read_required(hv::Hypervisor& hv, const std::string& path) {
   auto v = hv.xs_read(path);
   if (!v) {
     if (v.error().code == Errc::NotFound)
-      return fail(Errc::NotFound,
-                  "xenstore key " + path + " is missing although the guest module says it is ready");
+      return fail(Errc::NotFound, "xenstore key " + path + " is missing although the guest module says it is ready");
     return fail(v.error().code, "reading xenstore key " + path + ": " + v.error().what);
   }
   return *v;
 }
 
-Result<std::uint64_t> read_decimal(hv::Hypervisor& hv, const std::string& path, std::uint64_t min,
-                                   std::uint64_t max) {
+Result<std::uint64_t> read_decimal(hv::Hypervisor& hv, const std::string& path, std::uint64_t min, std::uint64_t max) {
   auto s = XP_TRY(read_required(hv, path));
   auto v = parse_decimal(s, max);
   if (!v) return fail(Errc::InvalidArgument, bad(path, s, "not a decimal number up to " + std::to_string(max)));
@@ -93,13 +89,9 @@ std::string sanitize(std::string_view s) {
   return out;
 }
 
-std::string module_dir(DomId dom) {
-  return "/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR;
-}
+std::string module_dir(DomId dom) { return "/local/domain/" + std::to_string(dom.value) + "/" XENPROBES_XS_DIR; }
 
-std::string module_key(DomId dom, std::string_view key) {
-  return module_dir(dom) + "/" + std::string(key);
-}
+std::string module_key(DomId dom, std::string_view key) { return module_dir(dom) + "/" + std::string(key); }
 
 Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMapped& check_mapped,
                                     const ModuleInfoOptions& options) {
@@ -112,18 +104,16 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
   auto vs = hv.xs_read(vpath);
   if (!vs) {
     if (vs.error().code == Errc::NotFound)
-      return fail(Errc::NotFound,
-                  "the guest module xenprobesU is not loaded in domain " + domstr + " (no " + vpath +
-                      "): load it in the guest (insmod xenprobesU.ko), or use the agentless vmevent "
-                      "channel in int3 mode, which needs no out-of-line execution area (HVM/PVH only)");
+      return fail(Errc::NotFound, "the guest module xenprobesU is not loaded in domain " + domstr + " (no " + vpath +
+                                      "): load it in the guest (insmod xenprobesU.ko), or use the agentless vmevent "
+                                      "channel in int3 mode, which needs no out-of-line execution area (HVM/PVH only)");
     return fail(vs.error().code, "reading xenstore key " + vpath + ": " + vs.error().what);
   }
   auto version = parse_decimal(*vs, std::numeric_limits<unsigned>::max());
   if (!version) return fail(Errc::InvalidArgument, bad(vpath, *vs, "not a decimal protocol version"));
   if (*version != XENPROBES_PROTOCOL_VERSION)
     return fail(Errc::NotSupported, "guest module speaks protocol " + std::to_string(*version) +
-                                        ", this library speaks " +
-                                        std::to_string(XENPROBES_PROTOCOL_VERSION) +
+                                        ", this library speaks " + std::to_string(XENPROBES_PROTOCOL_VERSION) +
                                         ": install matching versions of xenprobesU and libxenprobes");
   info.version = static_cast<unsigned>(*version);
 
@@ -132,13 +122,13 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
   auto st = hv.xs_read(spath);
   if (!st) {
     if (st.error().code == Errc::NotFound)
-      return fail(Errc::Again, "guest module not ready in domain " + domstr + " (no " + spath +
-                                   " yet): watch it and retry");
+      return fail(Errc::Again,
+                  "guest module not ready in domain " + domstr + " (no " + spath + " yet): watch it and retry");
     return fail(st.error().code, "reading xenstore key " + spath + ": " + st.error().what);
   }
   if (*st != XENPROBES_XS_STATE_READY)
-    return fail(Errc::Again, "guest module not ready in domain " + domstr + " (" + spath + " = '" +
-                                 sanitize(*st) + "'): watch it and retry");
+    return fail(Errc::Again, "guest module not ready in domain " + domstr + " (" + spath + " = '" + sanitize(*st) +
+                                 "'): watch it and retry");
 
   // kernel-text: canonical upper half, page aligned, and the guard above it must not wrap.
   const std::string tpath = module_key(dom, XENPROBES_XS_KERNEL_TEXT);
@@ -147,8 +137,7 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
   if (!text) return fail(Errc::InvalidArgument, bad(tpath, ts, "not a 0x-prefixed 64-bit hex address"));
   if (*text < kUpperHalfStart)
     return fail(Errc::InvalidArgument, bad(tpath, ts, "not a canonical kernel (upper-half) address"));
-  if (*text % kPageSize)
-    return fail(Errc::InvalidArgument, bad(tpath, ts, "not page aligned"));
+  if (*text % kPageSize) return fail(Errc::InvalidArgument, bad(tpath, ts, "not page aligned"));
   if (options.kernel_text_guard > std::numeric_limits<std::uint64_t>::max() - *text)
     return fail(Errc::InvalidArgument, bad(tpath, ts, "too close to the top of the address space"));
   info.kernel_text = Gva{*text};
@@ -158,13 +147,12 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
   auto rel = XP_TRY(read_required(hv, rpath));
   if (rel.empty() || rel.size() > kMaxReleaseLen ||
       !std::all_of(rel.begin(), rel.end(), [](char c) { return c > 0x20 && c < 0x7f; }))
-    return fail(Errc::InvalidArgument,
-                bad(rpath, rel, "not a kernel release (1.." + std::to_string(kMaxReleaseLen) +
-                                    " printable characters, no blanks)"));
+    return fail(Errc::InvalidArgument, bad(rpath, rel,
+                                           "not a kernel release (1.." + std::to_string(kMaxReleaseLen) +
+                                               " printable characters, no blanks)"));
   info.release = std::move(rel);
 
-  info.nr_cpus = static_cast<unsigned>(
-      XP_TRY(read_decimal(hv, module_key(dom, XENPROBES_XS_NR_CPUS), 1, kMaxNrCpus)));
+  info.nr_cpus = static_cast<unsigned>(XP_TRY(read_decimal(hv, module_key(dom, XENPROBES_XS_NR_CPUS), 1, kMaxNrCpus)));
   auto count = XP_TRY(read_decimal(hv, module_key(dom, XENPROBES_XS_OEA_COUNT), 1, XENPROBES_OEA_MAX_AREAS));
 
   const std::uint64_t guard_first = *text, guard_last = *text + options.kernel_text_guard - 1;
@@ -188,19 +176,18 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
                   bad(zpath, zs, "larger than " + std::to_string(XENPROBES_OEA_MAX_SIZE) + " bytes"));
     if (*addr % kPageSize) return fail(Errc::InvalidArgument, bad(apath, as, "not page aligned"));
     if (*size - 1 > std::numeric_limits<std::uint64_t>::max() - *addr)
-      return fail(Errc::InvalidArgument,
-                  bad(apath, as, "area of " + zs + " bytes wraps around the address space"));
+      return fail(Errc::InvalidArgument, bad(apath, as, "area of " + zs + " bytes wraps around the address space"));
     const OeaArea area{Gva{*addr}, *size};
     if (*addr < kUpperHalfStart)
       return fail(Errc::InvalidArgument, bad(apath, as, "not a canonical kernel (upper-half) address"));
     if (!within_rel32(*addr, area.last(), *text))
       return fail(Errc::InvalidArgument,
-                  bad(apath, as, "area [" + hex(*addr) + ", " + hex(area.last()) +
-                                     "] is not entirely within +-2 GiB (rel32) of kernel text " + hex(*text)));
+                  bad(apath, as,
+                      "area [" + hex(*addr) + ", " + hex(area.last()) +
+                          "] is not entirely within +-2 GiB (rel32) of kernel text " + hex(*text)));
     if (ranges_overlap(*addr, area.last(), guard_first, guard_last))
       return fail(Errc::InvalidArgument,
-                  bad(apath, as, "area overlaps the kernel image [" + hex(guard_first) + ", " +
-                                     hex(guard_last) + "]"));
+                  bad(apath, as, "area overlaps the kernel image [" + hex(guard_first) + ", " + hex(guard_last) + "]"));
     for (unsigned j = 0; j < info.areas.size(); ++j) {
       const auto& o = info.areas[j];
       if (ranges_overlap(*addr, area.last(), o.addr.value, o.last()))
@@ -239,17 +226,19 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
       return fail(Errc::InvalidArgument, bad(mepath, *mes, "not a canonical kernel (upper-half) address"));
     if (*end <= *start)
       return fail(Errc::InvalidArgument,
-                  bad(mepath, *mes, "not above " + std::string(XENPROBES_XS_MODULE_TEXT_START) + " " + hex(*start) +
-                                        " (the end is one past the last byte of the module's text)"));
+                  bad(mepath, *mes,
+                      "not above " + std::string(XENPROBES_XS_MODULE_TEXT_START) + " " + hex(*start) +
+                          " (the end is one past the last byte of the module's text)"));
     if (*end - *start > kMaxModuleText)
       return fail(Errc::InvalidArgument,
-                  bad(mepath, *mes, "module text of " + std::to_string(*end - *start) + " bytes from " + hex(*start) +
-                                        ", more than " + std::to_string(kMaxModuleText) +
-                                        " bytes: not a module's text"));
+                  bad(mepath, *mes,
+                      "module text of " + std::to_string(*end - *start) + " bytes from " + hex(*start) +
+                          ", more than " + std::to_string(kMaxModuleText) + " bytes: not a module's text"));
     if (options.kernel_text_guard && ranges_overlap(*start, *end - 1, guard_first, guard_last))
       return fail(Errc::InvalidArgument,
-                  bad(mspath, *mss, "module text [" + hex(*start) + ", " + hex(*end) + ") overlaps the kernel image [" +
-                                        hex(guard_first) + ", " + hex(guard_last) + "]"));
+                  bad(mspath, *mss,
+                      "module text [" + hex(*start) + ", " + hex(*end) + ") overlaps the kernel image [" +
+                          hex(guard_first) + ", " + hex(guard_last) + "]"));
     info.module_text_start = Gva{*start};
     info.module_text_end = Gva{*end};
   }
@@ -277,21 +266,21 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
     if (!table) return fail(Errc::InvalidArgument, bad(ftpath, *fts, "not a 0x-prefixed 64-bit hex address"));
     const std::uint64_t bytes = *count * XENPROBES_FIXUP_SLOT_SIZE, tbytes = *count * XENPROBES_FIXUP_ENTRY_SIZE;
     if (*addr % kPageSize) return fail(Errc::InvalidArgument, bad(fapath, *fas, "not page aligned"));
-    if (!info.has_module_text() || *addr < info.module_text_start.value ||
-        bytes > info.module_text_end.value - *addr)
-      return fail(Errc::InvalidArgument,
-                  bad(fapath, *fas, std::to_string(*count) + " slots from " + hex(*addr) +
-                                        " are not inside the module's published text" +
-                                        (info.has_module_text() ? " [" + hex(info.module_text_start.value) + ", " +
-                                                                      hex(info.module_text_end.value) + ")"
-                                                                : std::string(" (module-text is missing)"))));
+    if (!info.has_module_text() || *addr < info.module_text_start.value || bytes > info.module_text_end.value - *addr)
+      return fail(
+          Errc::InvalidArgument,
+          bad(fapath, *fas,
+              std::to_string(*count) + " slots from " + hex(*addr) + " are not inside the module's published text" +
+                  (info.has_module_text()
+                       ? " [" + hex(info.module_text_start.value) + ", " + hex(info.module_text_end.value) + ")"
+                       : std::string(" (module-text is missing)"))));
     for (unsigned j = 0; j < info.areas.size(); ++j)
       if (ranges_overlap(*addr, *addr + bytes - 1, info.areas[j].addr.value, info.areas[j].last()))
         return fail(Errc::InvalidArgument, bad(fapath, *fas, "the slots overlap oea/" + std::to_string(j)));
     if (*table < kUpperHalfStart || *table % 4 || tbytes - 1 > std::numeric_limits<std::uint64_t>::max() - *table)
       return fail(Errc::InvalidArgument,
-                  bad(ftpath, *fts, "not a 4-byte aligned upper-half address with room for " +
-                                        std::to_string(*count) + " entries"));
+                  bad(ftpath, *fts,
+                      "not a 4-byte aligned upper-half address with room for " + std::to_string(*count) + " entries"));
     // Each entry's offsets (s32) must reach its slot and the kernel's text.
     if (!within_rel32(*table, *table + tbytes - 1, *addr) || !within_rel32(*table, *table + tbytes - 1, *text))
       return fail(Errc::InvalidArgument,
@@ -318,22 +307,25 @@ Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMa
     if (!entry) return fail(Errc::InvalidArgument, bad(jpath, *js, "not a 0x-prefixed 64-bit hex address"));
     if (!info.has_module_text() || !info.in_module_text(Gva{*entry}))
       return fail(Errc::InvalidArgument,
-                  bad(jpath, *js, "not inside the module's published text" +
-                                      (info.has_module_text() ? " [" + hex(info.module_text_start.value) + ", " +
-                                                                    hex(info.module_text_end.value) + ")"
-                                                              : std::string(" (module-text is missing)"))));
+                  bad(jpath, *js,
+                      "not inside the module's published text" +
+                          (info.has_module_text()
+                               ? " [" + hex(info.module_text_start.value) + ", " + hex(info.module_text_end.value) + ")"
+                               : std::string(" (module-text is missing)"))));
     for (unsigned j = 0; j < info.areas.size(); ++j) {
       if (info.areas[j].contains(Gva{*entry}))
         return fail(Errc::InvalidArgument, bad(jpath, *js, "inside oea/" + std::to_string(j) + ", where Dom0 writes"));
       if (!within_rel32(info.areas[j].addr.value, info.areas[j].last(), *entry))
-        return fail(Errc::InvalidArgument,
-                    bad(jpath, *js, "not within +-2 GiB (rel32) of oea/" + std::to_string(j) + ", where detours call it from"));
+        return fail(
+            Errc::InvalidArgument,
+            bad(jpath, *js, "not within +-2 GiB (rel32) of oea/" + std::to_string(j) + ", where detours call it from"));
     }
     if (const auto& f = info.fixup_slots) {
       const std::uint64_t e = *entry;
       if (f->contains(Gva{e}) ||
           (e >= f->table.value && e - f->table.value < std::uint64_t{f->count} * XENPROBES_FIXUP_ENTRY_SIZE))
-        return fail(Errc::InvalidArgument, bad(jpath, *js, "inside the fixup slots or their entries, where Dom0 writes"));
+        return fail(Errc::InvalidArgument,
+                    bad(jpath, *js, "inside the fixup slots or their entries, where Dom0 writes"));
     }
     info.jump_entry = Gva{*entry};
   }
@@ -351,13 +343,12 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
   auto as = hv.xs_read(apath);
   if (!as) {
     if (as.error().code == Errc::NotFound)
-      return fail(Errc::NotFound,
-                  "the guest module in domain " + domstr + " publishes no " + apath +
-                      ": it predates the guest channel (a module speaking protocol " +
-                      std::to_string(XENPROBES_PROTOCOL_VERSION) +
-                      " with the guest channel publishes control/addr, control/pages and evtchn); "
-                      "install the current xenprobesU in the guest, or use the debugger channel "
-                      "(a Xen with CONFIG_GDBSX) or, for HVM/PVH guests, the vmevent channel");
+      return fail(Errc::NotFound, "the guest module in domain " + domstr + " publishes no " + apath +
+                                      ": it predates the guest channel (a module speaking protocol " +
+                                      std::to_string(XENPROBES_PROTOCOL_VERSION) +
+                                      " with the guest channel publishes control/addr, control/pages and evtchn); "
+                                      "install the current xenprobesU in the guest, or use the debugger channel "
+                                      "(a Xen with CONFIG_GDBSX) or, for HVM/PVH guests, the vmevent channel");
     return fail(as.error().code, "reading xenstore key " + apath + ": " + as.error().what);
   }
   const std::string ppath = module_key(dom, XENPROBES_XS_CONTROL_PAGES);
@@ -379,9 +370,9 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
   const std::uint64_t guard_first = info.kernel_text.value;
   const std::uint64_t guard_last = guard_first + options.kernel_text_guard - 1;
   if (options.kernel_text_guard && ranges_overlap(*addr, ch.last(), guard_first, guard_last))
-    return fail(Errc::InvalidArgument,
-                bad(apath, *as, "control area overlaps the kernel image [" + hex(guard_first) + ", " +
-                                    hex(guard_last) + "]"));
+    return fail(
+        Errc::InvalidArgument,
+        bad(apath, *as, "control area overlaps the kernel image [" + hex(guard_first) + ", " + hex(guard_last) + "]"));
   for (std::size_t j = 0; j < info.areas.size(); ++j) {
     const auto& o = info.areas[j];
     // Dom0 writes the control area and executes nothing from it; the OEA holds slot code
@@ -432,9 +423,9 @@ Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, 
                 bad(cpath, *vals[1], "not a decimal number in 1..nr-cpus (" + std::to_string(info.nr_cpus) + ")"));
   auto order = parse_decimal(*vals[2], XENPROBES_RING_MAX_ORDER);
   if (!order || *order < XENPROBES_RING_MIN_ORDER)
-    return fail(Errc::InvalidArgument, bad(opath, *vals[2], "not a decimal number in " +
-                                                                std::to_string(XENPROBES_RING_MIN_ORDER) + ".." +
-                                                                std::to_string(XENPROBES_RING_MAX_ORDER)));
+    return fail(Errc::InvalidArgument, bad(opath, *vals[2],
+                                           "not a decimal number in " + std::to_string(XENPROBES_RING_MIN_ORDER) +
+                                               ".." + std::to_string(XENPROBES_RING_MAX_ORDER)));
   r.addr = Gva{*addr};
   r.count = static_cast<unsigned>(*count);
   r.order = static_cast<unsigned>(*order);
@@ -447,18 +438,20 @@ Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, 
     return fail(f.error().code, "reading xenstore key " + fpath + ": " + f.error().what);
   }
   if (r.bytes() > kMaxRingsBytes)
-    return fail(Errc::InvalidArgument, bad(cpath, *vals[1], std::to_string(r.count) + " rings of 2^" +
-                                                                std::to_string(r.order) + " bytes are more than " +
-                                                                std::to_string(kMaxRingsBytes >> 20) + " MiB in all"));
+    return fail(Errc::InvalidArgument,
+                bad(cpath, *vals[1],
+                    std::to_string(r.count) + " rings of 2^" + std::to_string(r.order) + " bytes are more than " +
+                        std::to_string(kMaxRingsBytes >> 20) + " MiB in all"));
   const std::uint64_t first = r.addr.value, last = first + r.bytes() - 1;
   if (first < kUpperHalfStart || first % kPageSize || last < first)
-    return fail(Errc::InvalidArgument,
-                bad(apath, *vals[0], "not a page-aligned upper-half address with room for " + std::to_string(r.bytes()) +
-                                         " bytes of rings"));
+    return fail(Errc::InvalidArgument, bad(apath, *vals[0],
+                                           "not a page-aligned upper-half address with room for " +
+                                               std::to_string(r.bytes()) + " bytes of rings"));
   const std::uint64_t kt = info.kernel_text.value;
   if (ranges_overlap(first, last, kt, kt + options.kernel_text_guard - 1))
     return fail(Errc::InvalidArgument, bad(apath, *vals[0], "the rings overlap the kernel's text"));
-  if (info.has_module_text() && ranges_overlap(first, last, info.module_text_start.value, info.module_text_end.value - 1))
+  if (info.has_module_text() &&
+      ranges_overlap(first, last, info.module_text_start.value, info.module_text_end.value - 1))
     return fail(Errc::InvalidArgument, bad(apath, *vals[0], "the rings overlap the module's text"));
   for (unsigned j = 0; j < info.areas.size(); ++j)
     if (ranges_overlap(first, last, info.areas[j].addr.value, info.areas[j].last()))
@@ -473,12 +466,11 @@ Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<cons
                               " were known: published areas must never disappear");
   for (std::size_t i = 0; i < known.size(); ++i)
     if (!(fresh.areas[i] == known[i]))
-      return fail(Errc::Io, "the guest module moved out-of-line execution area oea/" + std::to_string(i) +
-                                " from " + hex(known[i].addr.value) + " (" + std::to_string(known[i].size) +
-                                " bytes) to " + hex(fresh.areas[i].addr.value) + " (" +
-                                std::to_string(fresh.areas[i].size) + " bytes)");
-  return std::vector<OeaArea>(fresh.areas.begin() + static_cast<std::ptrdiff_t>(known.size()),
-                              fresh.areas.end());
+      return fail(Errc::Io, "the guest module moved out-of-line execution area oea/" + std::to_string(i) + " from " +
+                                hex(known[i].addr.value) + " (" + std::to_string(known[i].size) + " bytes) to " +
+                                hex(fresh.areas[i].addr.value) + " (" + std::to_string(fresh.areas[i].size) +
+                                " bytes)");
+  return std::vector<OeaArea>(fresh.areas.begin() + static_cast<std::ptrdiff_t>(known.size()), fresh.areas.end());
 }
 
 Result<void> request_growth(hv::Hypervisor& hv, DomId dom, std::size_t bytes) {

@@ -49,8 +49,8 @@ struct FixupSlots {
 
 struct ModuleInfo {
   unsigned version = 0;
-  Gva kernel_text;          // the running kernel's _text (KASLR slide = kernel_text - link address)
-  std::string release;      // uname -r
+  Gva kernel_text;      // the running kernel's _text (KASLR slide = kernel_text - link address)
+  std::string release;  // uname -r
   unsigned nr_cpus = 0;
   std::vector<OeaArea> areas;  // in publication order (oea/0 first)
   // The module's own core text [module_text_start, module_text_end) (module-text/start and
@@ -67,9 +67,7 @@ struct ModuleInfo {
   std::optional<Gva> jump_entry;
 
   bool has_module_text() const { return module_text_end.value != 0; }
-  bool in_module_text(Gva va) const {
-    return va.value >= module_text_start.value && va.value < module_text_end.value;
-  }
+  bool in_module_text(Gva va) const { return va.value >= module_text_start.value && va.value < module_text_end.value; }
 };
 
 // Tells whether the guest page at `page` (4 KiB aligned) is mapped (and executable) in the
@@ -85,8 +83,8 @@ struct ModuleInfoOptions {
   std::uint64_t kernel_text_guard = 16ull << 20;
 };
 
-inline constexpr unsigned kMaxNrCpus = 8192;          // Linux CONFIG_NR_CPUS upper bound
-inline constexpr std::size_t kMaxReleaseLen = 64;     // utsname.release without the NUL
+inline constexpr unsigned kMaxNrCpus = 8192;                             // Linux CONFIG_NR_CPUS upper bound
+inline constexpr std::size_t kMaxReleaseLen = 64;                        // utsname.release without the NUL
 inline constexpr std::uint64_t kUpperHalfStart = 0xffff800000000000ull;  // canonical with LA48 and LA57
 // module-text's largest range: the real module's text (a few dozen KiB of code plus its static
 // OEA pool, 2 MiB by default) stays far below it; a larger value is not a module's text.
@@ -106,8 +104,7 @@ std::string module_key(DomId, std::string_view key);
 //    the (sanitised) value;
 //  - Fault: a page of an area is not mapped (check_mapped's reason appended);
 //  - whatever xs_read fails with otherwise.
-[[nodiscard]] Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom,
-                                                  const CheckMapped& check_mapped,
+[[nodiscard]] Result<ModuleInfo> read_module_info(hv::Hypervisor& hv, DomId dom, const CheckMapped& check_mapped,
                                                   const ModuleInfoOptions& options = {});
 
 // The guest channel's keys (protocol.h, module version 1): where the control area is and
@@ -136,8 +133,7 @@ inline constexpr std::uint32_t kMaxEvtchnPort = (1u << 17) - 1;
 //  - InvalidArgument: a value is malformed or breaks a rule (key and sanitised value named);
 //  - whatever xs_read fails with otherwise.
 // Whether the pages are mapped and writable is the channel's check (it translates them).
-[[nodiscard]] Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom,
-                                                               const ModuleInfo& info,
+[[nodiscard]] Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
                                                                const ModuleInfoOptions& options = {});
 
 // The async rings (rings/*, protocol.h "Async jump probes"): `count` rings of
@@ -174,8 +170,7 @@ inline constexpr std::uint64_t kMaxRingsBytes = 256ull << 20;
 
 // The areas of `fresh` (a re-read after growth) that `known` does not have yet. A known area
 // that moved or vanished is refused with Io: Dom0 may have slot code in it.
-[[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh,
-                                                       std::span<const OeaArea> known);
+[[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<const OeaArea> known);
 
 // Asks the module for one more area of at least `bytes` (rounded up to whole pages): removes
 // a stale oea-error, then writes oea-request. InvalidArgument for 0 or more than

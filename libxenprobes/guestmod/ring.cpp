@@ -43,12 +43,12 @@ Result<RingReader> RingReader::open(std::span<std::byte> ring, unsigned vcpu) {
   const std::uint32_t hvcpu = shared_load(hdr->vcpu, std::memory_order_relaxed);
   const std::uint32_t order = shared_load(hdr->data_order, std::memory_order_relaxed);
   if (magic != XENPROBES_RING_MAGIC)
-    return fail(Errc::InvalidArgument, what + "magic " + hex(magic) + " is not a ring's (" + hex(XENPROBES_RING_MAGIC) + ")");
+    return fail(Errc::InvalidArgument,
+                what + "magic " + hex(magic) + " is not a ring's (" + hex(XENPROBES_RING_MAGIC) + ")");
   if (version != XENPROBES_PROTOCOL_VERSION)
     return fail(Errc::InvalidArgument, what + "protocol version " + std::to_string(version) + ", this library speaks " +
                                            std::to_string(XENPROBES_PROTOCOL_VERSION));
-  if (hvcpu != vcpu)
-    return fail(Errc::InvalidArgument, what + "its header says vCPU " + std::to_string(hvcpu));
+  if (hvcpu != vcpu) return fail(Errc::InvalidArgument, what + "its header says vCPU " + std::to_string(hvcpu));
   if (order < XENPROBES_RING_MIN_ORDER || order > XENPROBES_RING_MAX_ORDER)
     return fail(Errc::InvalidArgument, what + "data order " + std::to_string(order) + " outside [" +
                                            std::to_string(XENPROBES_RING_MIN_ORDER) + ", " +

@@ -38,11 +38,11 @@ struct RingRecord {
 };
 
 struct RingCounters {
-  std::uint64_t records = 0;      // records delivered
-  std::uint64_t pads = 0;         // pad records passed over
-  std::uint64_t missed = 0;       // records missing by their sequence numbers (never written,
-                                  // or skipped by a resynchronisation)
-  std::uint64_t resyncs = 0;      // times the ring broke a rule and tail jumped to head
+  std::uint64_t records = 0;        // records delivered
+  std::uint64_t pads = 0;           // pad records passed over
+  std::uint64_t missed = 0;         // records missing by their sequence numbers (never written,
+                                    // or skipped by a resynchronisation)
+  std::uint64_t resyncs = 0;        // times the ring broke a rule and tail jumped to head
   std::uint64_t corrupt_bytes = 0;  // bytes skipped by those jumps
 };
 
@@ -116,8 +116,8 @@ class RingReader {
   std::byte* data_;
   std::uint64_t size_;
   unsigned vcpu_;
-  std::uint64_t tail_;         // bytes consumed (ours; the shared tail is written from it)
-  std::uint64_t head_ = 0;     // the head read last, checked
+  std::uint64_t tail_;      // bytes consumed (ours; the shared tail is written from it)
+  std::uint64_t head_ = 0;  // the head read last, checked
   bool have_seq_ = false;
   std::uint32_t next_seq_ = 0;
   RingCounters counters_;

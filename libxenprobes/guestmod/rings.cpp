@@ -32,9 +32,9 @@ Result<std::vector<MappedRing>> map_rings(hv::Hypervisor& hv, DomId dom, mem::Gu
     for (const Frame& f : frames) seen.push_back(f);
     hv::ForeignMapping map = XP_TRY(hv.map_frames(dom, frames, hv::MapAccess::ReadWrite));
     if (map.pages() != pages) return fail(Errc::Io, where + ": mapped " + std::to_string(map.pages()) + " pages");
-    const std::uint32_t order = std::atomic_ref<std::uint32_t>(
-                                    reinterpret_cast<xenprobes_ring_header*>(map.data())->data_order)
-                                    .load(std::memory_order_relaxed);
+    const std::uint32_t order =
+        std::atomic_ref<std::uint32_t>(reinterpret_cast<xenprobes_ring_header*>(map.data())->data_order)
+            .load(std::memory_order_relaxed);
     if (order != rings.order)
       return fail(Errc::InvalidArgument, where + ": its header says data order " + std::to_string(order) +
                                              ", rings/order says " + std::to_string(rings.order));

@@ -20,12 +20,10 @@ Result<std::unique_ptr<Hypervisor>> open_hypervisor(const std::string& backend) 
 #ifdef XENPROBES_HAVE_XEN
     return open_xen_hypervisor();
 #else
-    return fail(Errc::NotSupported,
-                "this libxenprobes was built without the Xen backend (XENPROBES_BACKEND_XEN=OFF)");
+    return fail(Errc::NotSupported, "this libxenprobes was built without the Xen backend (XENPROBES_BACKEND_XEN=OFF)");
 #endif
   }
-  return fail(Errc::InvalidArgument,
-              "unknown backend '" + backend + "': XENPROBES_BACKEND must be 'xen' or 'sim'");
+  return fail(Errc::InvalidArgument, "unknown backend '" + backend + "': XENPROBES_BACKEND must be 'xen' or 'sim'");
 }
 
 Result<std::unique_ptr<Hypervisor>> open_hypervisor() {

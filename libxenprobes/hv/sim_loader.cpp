@@ -46,9 +46,8 @@ std::string dl_error() {
 }
 
 Loaded cannot_load(const std::string& name, const std::string& why) {
-  std::string hint = why.find("unicorn") != std::string::npos
-                         ? " (the simulated Xen needs Unicorn 2: Debian's libunicorn2)"
-                         : "";
+  std::string hint =
+      why.find("unicorn") != std::string::npos ? " (the simulated Xen needs Unicorn 2: Debian's libunicorn2)" : "";
   return {nullptr, "cannot load " + name + ": " + why + hint};
 }
 
@@ -78,8 +77,7 @@ Loaded open_path(const std::string& path) {
 
 Loaded find_library() {
   if (const char* path = ::secure_getenv("XENPROBES_SIM_LIBRARY"); path && *path) {
-    if (::access(path, F_OK) != 0)
-      return {nullptr, std::string("XENPROBES_SIM_LIBRARY=") + path + ": no such file"};
+    if (::access(path, F_OK) != 0) return {nullptr, std::string("XENPROBES_SIM_LIBRARY=") + path + ": no such file"};
     return open_path(path);
   }
   std::string dir = own_dir();

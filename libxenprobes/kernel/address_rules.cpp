@@ -23,23 +23,52 @@ using x86::Insn;
 // Only the guest channel has this path; the module's own text is refused by its published
 // range (module-text).
 constexpr std::array<std::string_view, 40> kGuestHookPath = {
-    "exc_int3", "do_int3", "do_int3_user", "poke_int3_handler", "irqentry_nmi_enter",
-    "irqentry_nmi_exit", "kprobe_int3_handler", "notify_die", "atomic_notifier_call_chain",
-    "notifier_call_chain", "__rcu_read_lock", "__rcu_read_unlock", "rcu_read_unlock_special",
-    "lookup_address", "lookup_address_in_pgd", "lookup_address_in_pgd_attr",
-    "copy_from_kernel_nofault", "copy_from_kernel_nofault_allowed", "copy_to_kernel_nofault",
-    "ktime_get_mono_fast_ns", "xen_poll_irq_timeout", "xen_clear_irq_pending", "evtchn_from_irq",
-    "notify_remote_via_evtchn", "irq_work_queue", "xen_hypercall_pv", "xen_hypercall_hvm",
-    "xen_hypercall_intel", "xen_hypercall_amd", "hypercall_page", "xen_vcpu_nr",
-    "pvclock_clocksource_read", "__pvclock_read_cycles", "text_poke", "text_poke_bp",
-    "text_poke_sync", "sync_core", "xen_force_evtchn_callback", "atomic_notifier_chain_register",
+    "exc_int3",
+    "do_int3",
+    "do_int3_user",
+    "poke_int3_handler",
+    "irqentry_nmi_enter",
+    "irqentry_nmi_exit",
+    "kprobe_int3_handler",
+    "notify_die",
+    "atomic_notifier_call_chain",
+    "notifier_call_chain",
+    "__rcu_read_lock",
+    "__rcu_read_unlock",
+    "rcu_read_unlock_special",
+    "lookup_address",
+    "lookup_address_in_pgd",
+    "lookup_address_in_pgd_attr",
+    "copy_from_kernel_nofault",
+    "copy_from_kernel_nofault_allowed",
+    "copy_to_kernel_nofault",
+    "ktime_get_mono_fast_ns",
+    "xen_poll_irq_timeout",
+    "xen_clear_irq_pending",
+    "evtchn_from_irq",
+    "notify_remote_via_evtchn",
+    "irq_work_queue",
+    "xen_hypercall_pv",
+    "xen_hypercall_hvm",
+    "xen_hypercall_intel",
+    "xen_hypercall_amd",
+    "hypercall_page",
+    "xen_vcpu_nr",
+    "pvclock_clocksource_read",
+    "__pvclock_read_cycles",
+    "text_poke",
+    "text_poke_bp",
+    "text_poke_sync",
+    "sync_core",
+    "xen_force_evtchn_callback",
+    "atomic_notifier_chain_register",
     "entry_untrain_ret",
 };
 // Return and indirect-branch thunks: with retbleed/SRSO/ITS mitigations every `ret` and
 // indirect call on the hook path goes through them.
 constexpr std::array<std::string_view, 8> kGuestHookPathPrefixes = {
-    "__x86_return_thunk", "__x86_indirect_thunk_", "__x86_indirect_call_thunk_", "zen_untrain_ret",
-    "srso_", "retbleed_", "its_return_thunk", "__x86_indirect_its_thunk_",
+    "__x86_return_thunk", "__x86_indirect_thunk_", "__x86_indirect_call_thunk_", "zen_untrain_ret", "srso_",
+    "retbleed_",          "its_return_thunk",      "__x86_indirect_its_thunk_",
 };
 
 std::string where_of(const RuleContext& c, std::uint64_t a) {
@@ -75,9 +104,8 @@ Refusal outside_text(const RuleContext& c, std::uint64_t a) {
                   text + "; " + mods->summary());
   if (const Module* m = mods->module_at(a)) {
     if (m->init_text.contains(a) && !m->text.contains(a))
-      return refuse("not-kernel-text", Errc::InvalidArgument,
-                    "init text of a module: freed once its init has run", "module " + m->name + " init text " +
-                        hex(m->init_text.start) + "-" + hex(m->init_text.end));
+      return refuse("not-kernel-text", Errc::InvalidArgument, "init text of a module: freed once its init has run",
+                    "module " + m->name + " init text " + hex(m->init_text.start) + "-" + hex(m->init_text.end));
     return refuse("not-kernel-text", Errc::InvalidArgument, "text of a module that is kept out of the rules: " + m->why,
                   "module " + m->name + " text " + hex(m->text.start) + "-" + hex(m->text.end));
   }
@@ -105,15 +133,14 @@ std::string Refusal::message(const std::string& where) const {
   if (guest_channel_only)
     m += "; the vmevent and debugger channels accept it (Xen takes their traps before the guest's own int3 path "
          "runs)";
-  else if (!accepted_by.empty())
-    m += "; " + accepted_by;
-  else
-    m += "; no channel accepts it";
+  else if (!accepted_by.empty()) m += "; " + accepted_by;
+  else m += "; no channel accepts it";
   return m;
 }
 
 std::optional<OwnAddress> needs_own_address(const RuleContext& c, const Insn& i) {
-  if (!c.tables) return may_fault_with_fixup(i) ? std::optional<OwnAddress>(OwnAddress{"no kernel tables", {}}) : std::nullopt;
+  if (!c.tables)
+    return may_fault_with_fixup(i) ? std::optional<OwnAddress>(OwnAddress{"no kernel tables", {}}) : std::nullopt;
   const KernelTables* t = c.tables;
   // In a live module: its own table (always read, or the module would not count as text).
   const Module* mod = t->core_text().contains(i.address.value) ? nullptr : t->live_module_at(i.address.value);
@@ -129,15 +156,29 @@ std::optional<OwnAddress> needs_own_address(const RuleContext& c, const Insn& i)
 
 const char* fixup_slot_refusal(unsigned type) {
   switch (type) {
-    case 1: case 2: case 3: case 4: case 5: case 6:  // default, fault, uaccess, copy, clear_fs, fpu_restore
-    case 8: case 9: case 10: case 11: case 12: case 13:  // the MSR accesses
-    case 14: case 15: case 16: case 17: case 18: case 19:  // mce-safe, pop_reg, imm_reg, sgx, ucopy_len
+    case 1:
+    case 2:
+    case 3:
+    case 4:
+    case 5:
+    case 6:  // default, fault, uaccess, copy, clear_fs, fpu_restore
+    case 8:
+    case 9:
+    case 10:
+    case 11:
+    case 12:
+    case 13:  // the MSR accesses
+    case 14:
+    case 15:
+    case 16:
+    case 17:
+    case 18:
+    case 19:  // mce-safe, pop_reg, imm_reg, sgx, ucopy_len
       return nullptr;
     case 20:
       return "its fixup handler (zeropad) decodes the instruction at the faulting address, which in a slot is "
              "the slot's";
-    default:
-      return "a fixup type this library does not know to be independent of the faulting address";
+    default: return "a fixup type this library does not know to be independent of the faulting address";
   }
 }
 
@@ -209,7 +250,8 @@ std::optional<Refusal> check_foreign_jump(const RuleContext& c, const Insn& i, c
   return refuse("foreign-jump", Errc::Busy,
                 "a jump out of every text the guest's tables know (an in-guest optimized kprobe's jump to its "
                 "detour) replaced instructions there and left the rest of their bytes, so the instruction "
-                "boundaries of " + function + " cannot be trusted past it; no channel accepts it until it is gone",
+                "boundaries of " +
+                    function + " cannot be trusted past it; no channel accepts it until it is gone",
                 "jmp at " + hex(i.address.value) + " to " + hex(to));
 }
 
@@ -229,7 +271,8 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
   const Module* mod = t->core_text().contains(a) ? nullptr : t->live_module_at(a);
   if (!t->core_text().contains(a) && !mod) return outside_text(c, a);
   if (mod ? !mod->text.contains(end - 1) : !t->core_text().contains(end - 1))
-    return refuse("not-kernel-text", Errc::InvalidArgument, "the instruction runs past the end of the text it starts in",
+    return refuse("not-kernel-text", Errc::InvalidArgument,
+                  "the instruction runs past the end of the text it starts in",
                   mod ? "module " + mod->name + " text " + hex(mod->text.start) + "-" + hex(mod->text.end)
                       : "text " + hex(t->core_text().start) + "-" + hex(t->core_text().end));
   // In a module: its own tables (always read, or the module would not count as text).
@@ -293,8 +336,8 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
       return refuse("smp-lock", Errc::Busy,
                     "a lock prefix in a module while the kernel may still rewrite lock prefixes (UP <-> SMP), and a "
                     "module's lock sites are not read",
-                    in_mod + ".smp_locks: " + (t->smp_locks_status().found ? "the kernel's is still mapped"
-                                                                           : t->smp_locks_status().why));
+                    in_mod + ".smp_locks: " +
+                        (t->smp_locks_status().found ? "the kernel's is still mapped" : t->smp_locks_status().why));
   } else if (mod) {
     // The kernel rewrites no lock prefix any more (its .smp_locks is freed): nothing to refuse.
   } else if (!t->smp_locks_status().found) {
@@ -314,22 +357,23 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
   if (auto own = needs_own_address(c, i); own && !c.emulates_in_place) {
     const char* type_refusal = own->entry ? fixup_slot_refusal(own->entry->type()) : nullptr;
     if (!(c.fixup_slots && own->entry && !type_refusal)) {
-      Refusal r = !(mod ? mod->ex_status : t->ex_status()).found
-                      ? refuse("exception-table", Errc::InvalidArgument,
-                               "the exception table could not be read, so this memory access may expect its fault "
-                               "to be fixed up at the original address",
-                               own->why)
-                  : type_refusal
-                      ? refuse("exception-table", Errc::InvalidArgument,
-                               std::string("the kernel expects this instruction to fault and ") + type_refusal,
-                               own->why)
-                      : refuse("exception-table", Errc::InvalidArgument,
-                               "the kernel expects this instruction to fault (a user copy, a *_safe access) and "
-                               "looks its fixup up by the faulting address, which in an ordinary slot is the slot's; "
-                               "this guest module gives no fixup slots (load this version's xenprobesU)",
-                               own->why);
-      r.accepted_by = "the vmevent channel in int3 mode (an HVM or PVH guest without the guest module) accepts it: "
-                      "Xen's emulator runs it at its own address";
+      Refusal r =
+          !(mod ? mod->ex_status : t->ex_status()).found
+              ? refuse("exception-table", Errc::InvalidArgument,
+                       "the exception table could not be read, so this memory access may expect its fault "
+                       "to be fixed up at the original address",
+                       own->why)
+          : type_refusal
+              ? refuse("exception-table", Errc::InvalidArgument,
+                       std::string("the kernel expects this instruction to fault and ") + type_refusal, own->why)
+              : refuse("exception-table", Errc::InvalidArgument,
+                       "the kernel expects this instruction to fault (a user copy, a *_safe access) and "
+                       "looks its fixup up by the faulting address, which in an ordinary slot is the slot's; "
+                       "this guest module gives no fixup slots (load this version's xenprobesU)",
+                       own->why);
+      r.accepted_by =
+          "the vmevent channel in int3 mode (an HVM or PVH guest without the guest module) accepts it: "
+          "Xen's emulator runs it at its own address";
       if (own->entry && !type_refusal)
         r.accepted_by += ", and so does every channel when the guest module gives fixup slots";
       return r;

@@ -25,10 +25,10 @@
 namespace xenprobes::kernel {
 
 struct RuleContext {
-  const KernelTables* tables = nullptr;     // the guest kernel's tables
+  const KernelTables* tables = nullptr;  // the guest kernel's tables
   const symbols::SymbolTable* syms = nullptr;
-  Range module_text;                        // the guest module's own text (empty: unknown)
-  bool guest_channel = false;               // the trap enters the guest's own int3 path
+  Range module_text;           // the guest module's own text (empty: unknown)
+  bool guest_channel = false;  // the trap enters the guest's own int3 path
   // The channel can have the hypervisor run an instruction at its own address (the vmevent
   // channel: Xen's emulator). Then an instruction whose fault the kernel fixes up by address
   // (the exception table) is run that way instead of out of line, and is not refused.
@@ -40,10 +40,10 @@ struct RuleContext {
 };
 
 struct Refusal {
-  const char* rule = "";      // e.g. "exception-table"
+  const char* rule = "";  // e.g. "exception-table"
   Errc code = Errc::InvalidArgument;
-  std::string reason;         // why the rule exists, one line
-  std::string entry;          // what in the guest's tables triggered it
+  std::string reason;               // why the rule exists, one line
+  std::string entry;                // what in the guest's tables triggered it
   bool guest_channel_only = false;  // the vmevent and debugger channels accept the point
   // Where the refusal does not hold, when not the guest channel alone: e.g. "the vmevent
   // channel in int3 mode accepts it". Empty: no channel accepts it.
@@ -60,7 +60,7 @@ struct Refusal {
 // An instruction whose fault the kernel fixes up by the faulting address: its exception-table
 // entry, or (the table could not be read) a memory access that may have one.
 struct OwnAddress {
-  std::string why;              // "__ex_table entry f+0x8 (0x...) -> fixup f+0xa (0x...), type 3"
+  std::string why;               // "__ex_table entry f+0x8 (0x...) -> fixup f+0xa (0x...), type 3"
   std::optional<ExEntry> entry;  // known: it can run in a fixup slot with a copy of it
 };
 // Nullopt for an instruction that may run anywhere. A channel that emulates_in_place runs such

@@ -18,7 +18,8 @@ Result<std::uint64_t> unique_address(const symbols::SymbolTable& syms, const cha
     return fail(Errc::NotFound, std::string("no ") + name + " in " + syms.source() +
                                     ": the guest kernel was built without CONFIG_DEBUG_INFO_BTF, or these symbols "
                                     "are not its own");
-  if (r->size() != 1) return fail(Errc::InvalidArgument, std::string(name) + " is at several addresses in " + syms.source());
+  if (r->size() != 1)
+    return fail(Errc::InvalidArgument, std::string(name) + " is at several addresses in " + syms.source());
   return r->front().address.value;
 }
 
@@ -50,8 +51,8 @@ Result<std::vector<std::byte>> read_kernel_btf(const symbols::SymbolTable& syms,
   const std::uint64_t start = XP_TRY(unique_address(syms, "__start_BTF"));
   const std::uint64_t stop = XP_TRY(unique_address(syms, "__stop_BTF"));
   if (stop <= start)
-    return fail(Errc::InvalidArgument, "__stop_BTF (" + hex(stop) + ") is not above __start_BTF (" + hex(start) +
-                                           ") in " + syms.source());
+    return fail(Errc::InvalidArgument,
+                "__stop_BTF (" + hex(stop) + ") is not above __start_BTF (" + hex(start) + ") in " + syms.source());
   if (stop - start > max_bytes)
     return fail(Errc::InvalidArgument, "the guest kernel's BTF would be " + std::to_string(stop - start) +
                                            " bytes, more than the limit of " + std::to_string(max_bytes) +

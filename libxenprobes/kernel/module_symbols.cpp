@@ -26,22 +26,21 @@ constexpr std::size_t kSymSize = 24;
 constexpr std::size_t kStName = 0, kStShndx = 6, kStValue = 8, kStSize = 16;
 constexpr std::uint64_t kPage = 4096;
 
-bool in_kernel_half(std::uint64_t a, std::uint64_t bytes) {
-  return a >= symbols::kKernelHalfStart && a + bytes >= a;
-}
+bool in_kernel_half(std::uint64_t a, std::uint64_t bytes) { return a >= symbols::kKernelHalfStart && a + bytes >= a; }
 
 bool is_function_type(char c) { return c == 't' || c == 'T' || c == 'w' || c == 'W'; }
 
 bool valid_symbol_char(char c) { return c > ' ' && c < 0x7f && c != ':'; }
 
 // `bytes` at `addr`, chunk by chunk; Fault naming `what` when a chunk cannot be read.
-Result<std::vector<std::byte>> read_all(const ReadFn& read, std::uint64_t addr, std::uint64_t bytes,
-                                        std::size_t chunk, const char* what) {
+Result<std::vector<std::byte>> read_all(const ReadFn& read, std::uint64_t addr, std::uint64_t bytes, std::size_t chunk,
+                                        const char* what) {
   std::vector<std::byte> out(bytes);
   for (std::uint64_t off = 0; off < bytes; off += chunk) {
     const std::uint64_t n = std::min<std::uint64_t>(chunk, bytes - off);
     if (auto r = read(Gva{addr + off}, std::span(out.data() + off, n)); !r)
-      return fail(Errc::Fault, std::string("cannot read its ") + what + " at " + hex(addr + off) + ": " + r.error().what);
+      return fail(Errc::Fault,
+                  std::string("cannot read its ") + what + " at " + hex(addr + off) + ": " + r.error().what);
   }
   return out;
 }
@@ -153,8 +152,8 @@ Result<std::vector<symbols::ModuleFunction>> read_module_symbols(const ReadFn& r
     want = std::max(want, std::min<std::uint64_t>(name + symbols::kMaxNameLen + 1, limits.max_strtab));
     candidates.push_back(i);
   }
-  const std::vector<std::byte> strtab = candidates.empty() ? std::vector<std::byte>{}
-                                                           : read_strtab(read, m.ksym_strtab, want);
+  const std::vector<std::byte> strtab =
+      candidates.empty() ? std::vector<std::byte>{} : read_strtab(read, m.ksym_strtab, want);
 
   std::vector<symbols::ModuleFunction> out;
   for (std::size_t i : candidates) {
@@ -202,8 +201,7 @@ ModuleSymbolsResult read_all_module_symbols(const ReadFn& read, const ModuleTabl
       XP_LOG(Warn, "guest module %s: its symbols are not read: %s", m.name.c_str(), fs.error().what.c_str());
       continue;
     }
-    if (st.bad())
-      XP_LOG(Warn, "guest module %s: %s", m.name.c_str(), st.describe().c_str());
+    if (st.bad()) XP_LOG(Warn, "guest module %s: %s", m.name.c_str(), st.describe().c_str());
     ++r.modules_read;
     r.stats.kept += st.kept;
     r.stats.not_function += st.not_function;
@@ -273,10 +271,8 @@ Result<std::vector<ModuleBtfBlob>> read_guest_module_btf(const symbols::SymbolTa
   for (const Module& m : mods.modules()) {
     if (!m.usable) continue;
     ModuleBtfBlob b{m.name, {}, {}};
-    if (auto blob = read_module_btf(read, m, btf))
-      b.btf = std::move(*blob);
-    else
-      b.why = blob.error().what;
+    if (auto blob = read_module_btf(read, m, btf)) b.btf = std::move(*blob);
+    else b.why = blob.error().what;
     out.push_back(std::move(b));
   }
   return out;

@@ -34,18 +34,18 @@
 namespace xenprobes::kernel {
 
 struct ModuleSymbolLimits {
-  std::size_t max_symbols = 1u << 17;       // num_symtab of one module
-  std::size_t max_total = 1u << 20;         // all modules together
-  std::uint64_t max_strtab = 8u << 20;      // bytes of one module's strtab read
-  std::size_t chunk_bytes = 64u << 10;      // one guest read
+  std::size_t max_symbols = 1u << 17;   // num_symtab of one module
+  std::size_t max_total = 1u << 20;     // all modules together
+  std::uint64_t max_strtab = 8u << 20;  // bytes of one module's strtab read
+  std::size_t chunk_bytes = 64u << 10;  // one guest read
 };
 
 // Why symbols were dropped: every one that was not kept and is not a plain non-function.
 struct ModuleSymbolStats {
   std::size_t kept = 0;
-  std::size_t not_function = 0;   // data, absolute, undefined, the null entry: not for probes
-  std::size_t outside_text = 0;   // a function type whose address is outside the module's text
-  std::size_t bad_name = 0;       // empty, too long, not printable, or no NUL before unreadable strtab
+  std::size_t not_function = 0;          // data, absolute, undefined, the null entry: not for probes
+  std::size_t outside_text = 0;          // a function type whose address is outside the module's text
+  std::size_t bad_name = 0;              // empty, too long, not printable, or no NUL before unreadable strtab
   std::size_t strtab_out_of_bounds = 0;  // st_name at or past max_strtab, or in unreadable strtab
   std::size_t bad() const { return outside_text + bad_name + strtab_out_of_bounds; }
   std::string describe() const;  // "12 kept, 3 outside its text, ..." (ASCII)
@@ -64,7 +64,7 @@ struct ModuleSymbolStats {
 // out, its reason in `refused`: "name: why").
 struct ModuleSymbolsResult {
   std::vector<symbols::ModuleFunction> functions;
-  ModuleSymbolStats stats;          // over all modules
+  ModuleSymbolStats stats;  // over all modules
   std::size_t modules_read = 0;
   std::vector<std::string> refused;
 };
@@ -83,12 +83,13 @@ inline constexpr std::uint64_t kMaxModuleBtfBytes = 16ull << 20;
                                                              std::uint64_t max_bytes = kMaxModuleBtfBytes);
 // The check read_module_btf applies, on its own (for the fuzzer): libbpf's btf__new_split
 // over btf__new(base). Returns the module's own type count.
-[[nodiscard]] Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob, std::span<const std::byte> base);
+[[nodiscard]] Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob,
+                                                       std::span<const std::byte> base);
 
 // Walks the guest's module list with the layout from its BTF `kernel_btf` (the caller read it
 // with read_kernel_btf). `core_text` from _stext/_etext of `syms`.
 [[nodiscard]] Result<ModuleTables> walk_modules(const symbols::SymbolTable& syms, const ReadFn& read,
-                                               std::span<const std::byte> kernel_btf);
+                                                std::span<const std::byte> kernel_btf);
 
 // All of it for one guest, from its kernel's symbols: its BTF read (read_kernel_btf), the
 // module list walked, then every usable module's functions. Fails (with the reason) when the

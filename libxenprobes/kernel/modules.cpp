@@ -25,8 +25,7 @@ std::uint64_t load_field(const std::vector<std::byte>& s, Field f) {
 }
 
 bool valid_name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-         c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
 }
 
 ModuleState state_of(const ModuleLayout& l, std::uint64_t v) {
@@ -45,9 +44,19 @@ std::optional<std::string> layout_error(const ModuleLayout& l) {
   if (l.struct_size == 0 || l.struct_size > kMaxStructBytes) return "struct module has no sane size";
   if (l.list.size != 16 || l.name.size < 2 || l.core_base.size != 8 || l.init_base.size != 8)
     return "struct module's list, name or text base has the wrong shape";
-  std::vector<Field> all = {l.state,      l.list,          l.name,         l.core_base,     l.core_text_size,
-                            l.init_base,  l.init_text_size, l.extable,     l.num_exentries, l.jump_entries,
-                            l.num_jump_entries, l.static_call_sites, l.num_static_call_sites};
+  std::vector<Field> all = {l.state,
+                            l.list,
+                            l.name,
+                            l.core_base,
+                            l.core_text_size,
+                            l.init_base,
+                            l.init_text_size,
+                            l.extable,
+                            l.num_exentries,
+                            l.jump_entries,
+                            l.num_jump_entries,
+                            l.static_call_sites,
+                            l.num_static_call_sites};
   for (const auto& f : {l.kprobes_text_start, l.kprobes_text_size, l.noinstr_text_start, l.noinstr_text_size,
                         l.ksym_symtab, l.ksym_num_symtab, l.ksym_strtab, l.ksym_typetab, l.btf_data, l.btf_data_size,
                         l.orc_num, l.orc_ip, l.orc_unwind})

@@ -68,22 +68,22 @@ enum class ModuleState { Live, Coming, Going, Unformed, Unknown };
 const char* to_string(ModuleState);
 
 struct Module {
-  std::string name;             // validated: [A-Za-z0-9_.-], 1..55 bytes; "?" when invalid
+  std::string name;  // validated: [A-Za-z0-9_.-], 1..55 bytes; "?" when invalid
   ModuleState state = ModuleState::Unknown;
-  std::uint64_t address = 0;    // its struct module
-  std::uint64_t link_next = 0, link_prev = 0;  // its list_head when read
-  Range text, init_text;        // core text [base, base + text size); init text (freed once LIVE)
+  std::uint64_t address = 0;                        // its struct module
+  std::uint64_t link_next = 0, link_prev = 0;       // its list_head when read
+  Range text, init_text;                            // core text [base, base + text size); init text (freed once LIVE)
   std::optional<Range> kprobes_text, noinstr_text;  // clipped to `text`
-  std::vector<ExEntry> ex;      // sorted by insn
-  std::vector<Site> jumps, calls;  // sorted by addr
+  std::vector<ExEntry> ex;                          // sorted by insn
+  std::vector<Site> jumps, calls;                   // sorted by addr
   TableStatus ex_status, jump_status, sc_status;
   // core_kallsyms and BTF as read from its struct module (0 when the layout has none):
   // hostile values, checked by read_module_symbols / read_module_btf before use.
   std::uint64_t ksym_symtab = 0, ksym_num = 0, ksym_strtab = 0, ksym_typetab = 0;
   std::uint64_t btf_data = 0, btf_size = 0;
   std::uint64_t orc_num = 0, orc_ip = 0, orc_unwind = 0;  // its ORC tables, when the layout has them (hostile)
-  bool usable = false;          // live, sane, tables read: its text is kernel text for the rules
-  std::string why;              // when !usable: why it is kept out of the rules
+  bool usable = false;  // live, sane, tables read: its text is kernel text for the rules
+  std::string why;      // when !usable: why it is kept out of the rules
 };
 
 // What a probe point in a module's text keeps of its module: the module is "still there" only

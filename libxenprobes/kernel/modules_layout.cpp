@@ -18,7 +18,7 @@ namespace {
 // ---- struct module's layout from BTF
 
 constexpr int kMaxAnonDepth = 8;                       // nesting of anonymous structs/unions searched
-constexpr std::size_t kMaxMembersSearched = 1u << 16;    // members looked at by one search
+constexpr std::size_t kMaxMembersSearched = 1u << 16;  // members looked at by one search
 
 struct BtfDeleter {
   void operator()(btf* b) const { btf__free(b); }
@@ -85,11 +85,12 @@ Result<std::uint32_t> byte_offset(const Member& m, std::string_view name) {
 }
 
 // An integer, enum or pointer member of `composite_id` at `base` bytes into struct module.
-Result<std::optional<Field>> scalar(const btf* b, std::uint32_t composite_id, std::string_view name,
-                                    std::uint32_t base, bool required) {
+Result<std::optional<Field>> scalar(const btf* b, std::uint32_t composite_id, std::string_view name, std::uint32_t base,
+                                    bool required) {
   auto m = find_member(b, composite_id, name);
   if (!m) {
-    if (required) return fail(Errc::NotFound, "the guest's BTF has no member " + std::string(name) + " in struct module");
+    if (required)
+      return fail(Errc::NotFound, "the guest's BTF has no member " + std::string(name) + " in struct module");
     return std::optional<Field>{};
   }
   const std::uint32_t off = base + XP_TRY(byte_offset(*m, name));
@@ -98,7 +99,8 @@ Result<std::optional<Field>> scalar(const btf* b, std::uint32_t composite_id, st
     return fail(Errc::InvalidArgument, "struct module's " + std::string(name) + " is not an integer or a pointer");
   const std::uint32_t size = btf_is_ptr(t) ? 8 : t->size;
   if (size != 1 && size != 2 && size != 4 && size != 8)
-    return fail(Errc::InvalidArgument, "struct module's " + std::string(name) + " is " + std::to_string(size) + " bytes");
+    return fail(Errc::InvalidArgument,
+                "struct module's " + std::string(name) + " is " + std::to_string(size) + " bytes");
   return std::optional<Field>{Field{off, size}};
 }
 
@@ -124,7 +126,8 @@ Result<std::int64_t> enum_value(const btf* b, const char* enum_name, std::string
 
 // base and text size of one text area: a module_layout (base, text_size) or a module_memory
 // (base, size) at `at` bytes into struct module.
-Result<std::pair<Field, Field>> text_area(const btf* b, std::uint32_t type_id, std::uint32_t at, const char* size_name) {
+Result<std::pair<Field, Field>> text_area(const btf* b, std::uint32_t type_id, std::uint32_t at,
+                                          const char* size_name) {
   auto base = XP_TRY(scalar(b, type_id, "base", at, true));
   auto size = XP_TRY(scalar(b, type_id, size_name, at, true));
   return std::pair{*base, *size};
@@ -188,7 +191,8 @@ Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
     if (!at_t || !btf_is_array(at_t)) return fail(Errc::InvalidArgument, "struct module's mem is no array");
     const struct btf_array* arr = btf_array(at_t);
     const __s64 esize = btf__resolve_size(bt, arr->type);
-    if (esize <= 0 || esize > kMaxStructBytes) return fail(Errc::InvalidArgument, "struct module_memory has no sane size");
+    if (esize <= 0 || esize > kMaxStructBytes)
+      return fail(Errc::InvalidArgument, "struct module_memory has no sane size");
     const std::int64_t text = XP_TRY(enum_value(bt, "mod_mem_type", "MOD_TEXT"));
     const std::int64_t init = XP_TRY(enum_value(bt, "mod_mem_type", "MOD_INIT_TEXT"));
     if (text < 0 || init < 0 || text >= arr->nelems || init >= arr->nelems)
@@ -217,8 +221,8 @@ Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
     auto a = XP_TRY(scalar(bt, id, ptr, 0, required));
     auto c = XP_TRY(scalar(bt, id, count, 0, required));
     if (a.has_value() != c.has_value())
-      return fail(Errc::InvalidArgument, std::string("struct module has ") + (a ? ptr : count) + " without " +
-                                             (a ? count : ptr));
+      return fail(Errc::InvalidArgument,
+                  std::string("struct module has ") + (a ? ptr : count) + " without " + (a ? count : ptr));
     if (a) {
       if (a->size != 8) return fail(Errc::InvalidArgument, std::string("struct module's ") + ptr + " is no pointer");
       p = *a;

@@ -126,29 +126,33 @@ Result<Table> Table::parse(std::uint64_t ip_base, std::span<const std::byte> ip_
   std::uint64_t prev = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t field = ip_base + 4 * i;
-    const std::uint64_t ip = field + static_cast<std::uint64_t>(static_cast<std::int64_t>(le32s(ip_raw.data() + 4 * i)));
+    const std::uint64_t ip =
+        field + static_cast<std::uint64_t>(static_cast<std::int64_t>(le32s(ip_raw.data() + 4 * i)));
     // Sortedness over every entry, kept or not: the kernel's own lookup relies on it.
     if (i > 0 && ip < prev)
       return fail(Errc::InvalidArgument, "the ORC address table is not sorted (entry " + std::to_string(i) + " at " +
                                              hex(ip) + " is below the one before it)");
     prev = ip;
     // A section's terminator sits at its end address: kept (it ends the last function there).
-    const bool inside = std::any_of(t.text_.begin(), t.text_.end(),
-                                    [&](const Range& r) { return ip >= r.start && ip <= r.end; });
+    const bool inside =
+        std::any_of(t.text_.begin(), t.text_.end(), [&](const Range& r) { return ip >= r.start && ip <= r.end; });
     if (!inside) {
       ++t.dropped_;
       continue;
     }
     t.ips_.push_back(ip);
-    t.entries_.push_back(decode(std::span<const std::byte, kEntrySize>(orc_raw.data() + kEntrySize * i, kEntrySize), format));
+    t.entries_.push_back(
+        decode(std::span<const std::byte, kEntrySize>(orc_raw.data() + kEntrySize * i, kEntrySize), format));
   }
   if (t.ips_.empty())
-    return fail(Errc::InvalidArgument, "none of the ORC table's " + std::to_string(n) + " entries lies in the text it describes");
+    return fail(Errc::InvalidArgument,
+                "none of the ORC table's " + std::to_string(n) + " entries lies in the text it describes");
   return t;
 }
 
 bool Table::covers(std::uint64_t ip) const {
-  auto it = std::upper_bound(text_.begin(), text_.end(), ip, [](std::uint64_t a, const Range& r) { return a < r.start; });
+  auto it =
+      std::upper_bound(text_.begin(), text_.end(), ip, [](std::uint64_t a, const Range& r) { return a < r.start; });
   return it != text_.begin() && std::prev(it)->contains(ip);
 }
 
@@ -174,8 +178,8 @@ Result<Table> read_table(const ReadFn& read, std::uint64_t ip_addr, std::uint64_
   if (num > limits.max_entries)
     return fail(Errc::InvalidArgument, "the ORC table has " + std::to_string(num) + " entries, over the limit of " +
                                            std::to_string(limits.max_entries));
-  if (ip_addr < symbols::kKernelHalfStart || orc_addr < symbols::kKernelHalfStart ||
-      ip_addr > UINT64_MAX - 4 * num || orc_addr > UINT64_MAX - kEntrySize * num)
+  if (ip_addr < symbols::kKernelHalfStart || orc_addr < symbols::kKernelHalfStart || ip_addr > UINT64_MAX - 4 * num ||
+      orc_addr > UINT64_MAX - kEntrySize * num)
     return fail(Errc::InvalidArgument, "the ORC table is not in the kernel's half of the address space");
   kernel::Limits lim;
   lim.chunk_bytes = limits.chunk_bytes;
@@ -200,8 +204,9 @@ Result<Table> read_kernel_table(const symbols::SymbolTable& syms, const ReadFn& 
   auto ip_start = sym("__start_orc_unwind_ip"), ip_stop = sym("__stop_orc_unwind_ip");
   auto orc_start = sym("__start_orc_unwind"), orc_stop = sym("__stop_orc_unwind");
   if (!ip_start || !ip_stop || !orc_start || !orc_stop)
-    return fail(Errc::NotFound, "the guest kernel has no ORC unwind tables (no __start_orc_unwind_ip ... "
-                                "__stop_orc_unwind in its symbols: a kernel without CONFIG_UNWINDER_ORC)");
+    return fail(Errc::NotFound,
+                "the guest kernel has no ORC unwind tables (no __start_orc_unwind_ip ... "
+                "__stop_orc_unwind in its symbols: a kernel without CONFIG_UNWINDER_ORC)");
   auto stext = sym("_stext"), etext = sym("_etext");
   if (!stext || !etext || *etext <= *stext)
     return fail(Errc::NotFound, "the guest kernel's text bounds (_stext, _etext) are not in its symbols");

@@ -123,8 +123,7 @@ class Table {
                                               Format format = Format::Auto, const Limits& limits = {});
 // A module's table: `num` entries at `ip_addr` and `orc_addr`, describing `text`.
 [[nodiscard]] Result<Table> read_module_table(const ReadFn& read, std::uint64_t ip_addr, std::uint64_t orc_addr,
-                                              std::uint64_t num, Range text, Format format,
-                                              const Limits& limits = {});
+                                              std::uint64_t num, Range text, Format format, const Limits& limits = {});
 
 // Where a walk starts: a stopped vCPU's registers. Those a pt_regs frame could name (r10, r13,
 // rdi, rdx, rbp) serve the first frame like a full pt_regs.

@@ -91,10 +91,8 @@ void decode_static_calls(std::uint64_t base, std::span<const std::byte> raw, con
 KeepFn classifier(Range text, Range init, TableStatus& st) {
   return [text, init, &st](std::uint64_t a) {
     if (text.contains(a)) return true;
-    if (init.contains(a))
-      ++st.init_entries;
-    else
-      ++st.invalid;
+    if (init.contains(a)) ++st.init_entries;
+    else ++st.invalid;
     return false;
   };
 }
@@ -214,8 +212,8 @@ void KernelTables::read_blacklist(const symbols::SymbolTable& syms, const ReadFn
     while (ok && node != *head) {
       if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > limits.max_blacklist) {
         bl_status_.why = seen.size() > limits.max_blacklist ? "more nodes than the limit"
-                           : node < symbols::kKernelHalfStart ? "a node outside the kernel's half"
-                                                              : "the list loops without returning to its head";
+                         : node < symbols::kKernelHalfStart ? "a node outside the kernel's half"
+                                                            : "the list loops without returning to its head";
         ok = false;
         break;
       }
@@ -227,8 +225,7 @@ void KernelTables::read_blacklist(const symbols::SymbolTable& syms, const ReadFn
       Range r{load<std::uint64_t>(buf + 16), load<std::uint64_t>(buf + 24)};
       if (r.start < r.end && r.end - r.start <= (64u << 20) && text_.contains(r.start) && r.end <= text_.end)
         blacklist_.push_back(r);
-      else if (!r.empty() && init_text_.contains(r.start))
-        ++bl_status_.init_entries;
+      else if (!r.empty() && init_text_.contains(r.start)) ++bl_status_.init_entries;
       else {
         ++bl_status_.invalid;
         // A module's, perhaps (the kernel lists their NOKPROBE functions here too): kept aside
@@ -281,10 +278,8 @@ void KernelTables::merge_blacklist() {
   std::sort(blacklist_.begin(), blacklist_.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
   std::vector<Range> merged;
   for (const Range& r : blacklist_) {
-    if (!merged.empty() && r.start <= merged.back().end)
-      merged.back().end = std::max(merged.back().end, r.end);
-    else
-      merged.push_back(r);
+    if (!merged.empty() && r.start <= merged.back().end) merged.back().end = std::max(merged.back().end, r.end);
+    else merged.push_back(r);
   }
   bl_status_.entries = blacklist_.size();
   blacklist_ = std::move(merged);
@@ -308,10 +303,8 @@ void KernelTables::set_modules(ModuleTables m) {
   std::sort(module_bl_.begin(), module_bl_.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
   std::vector<Range> merged;
   for (const Range& r : module_bl_) {
-    if (!merged.empty() && r.start <= merged.back().end)
-      merged.back().end = std::max(merged.back().end, r.end);
-    else
-      merged.push_back(r);
+    if (!merged.empty() && r.start <= merged.back().end) merged.back().end = std::max(merged.back().end, r.end);
+    else merged.push_back(r);
   }
   module_bl_ = std::move(merged);
 }
@@ -325,8 +318,7 @@ bool KernelTables::refresh_modules(const symbols::SymbolTable& syms, const ReadF
     auto cache = std::make_shared<LayoutCache>(LayoutCache{fail(Errc::NotFound, "")});
     if (auto blob = read_kernel_btf(syms, read); !blob)
       cache->layout = fail(blob.error().code, "no BTF to read struct module's layout from: " + blob.error().what);
-    else
-      cache->layout = module_layout_from_btf(*blob);
+    else cache->layout = module_layout_from_btf(*blob);
     layout_ = std::move(cache);
   }
   // A module adds its NOKPROBE functions to kprobe_blacklist when it comes and takes them

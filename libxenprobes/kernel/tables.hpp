@@ -44,11 +44,11 @@ struct Range {
 // Bounds on what is read from a guest (a distribution 6.1 kernel has ~8k exception entries,
 // ~30k jump entries, ~12k static-call sites, ~40k lock sites, ~1.5k blacklist entries).
 struct Limits {
-  std::size_t max_entries = 1u << 20;        // per table
-  std::size_t max_blacklist = 1u << 16;      // kprobe_blacklist list nodes
-  std::size_t chunk_bytes = 64u << 10;       // one guest read
-  std::size_t max_modules = 4096;            // loaded-module list nodes (a distribution has ~100)
-  std::size_t max_module_entries = 1u << 21; // the loaded modules' table entries, all together
+  std::size_t max_entries = 1u << 20;         // per table
+  std::size_t max_blacklist = 1u << 16;       // kprobe_blacklist list nodes
+  std::size_t chunk_bytes = 64u << 10;        // one guest read
+  std::size_t max_modules = 4096;             // loaded-module list nodes (a distribution has ~100)
+  std::size_t max_module_entries = 1u << 21;  // the loaded modules' table entries, all together
 };
 
 // One exception-table entry: the instruction that may fault, where the fault goes, and the
@@ -70,13 +70,13 @@ struct Site {
 };
 
 struct TableStatus {
-  const char* name = "";  // "__ex_table", "__jump_table", ...
-  bool found = false;     // its bounds were in the symbols and it could be read
+  const char* name = "";         // "__ex_table", "__jump_table", ...
+  bool found = false;            // its bounds were in the symbols and it could be read
   std::size_t entries = 0;       // kept
   std::size_t init_entries = 0;  // pointing into freed init text: dropped
   std::size_t invalid = 0;       // pointing outside the kernel's text: dropped
-  bool freed = false;     // found: its memory is unmapped because the kernel freed it (.smp_locks)
-  std::string why;        // when !found: what was missing or wrong (or a note when found)
+  bool freed = false;            // found: its memory is unmapped because the kernel freed it (.smp_locks)
+  std::string why;               // when !found: what was missing or wrong (or a note when found)
 };
 
 // Reads `out.size()` bytes of guest memory at `addr`.
@@ -161,9 +161,8 @@ class KernelTables {
   static constexpr std::uint64_t kStaticCallSiteLen = 5;
 
   // For tests: tables built directly.
-  static KernelTables from_parts(Range text, std::vector<ExEntry> ex, std::vector<Site> jumps,
-                                 std::vector<Site> calls, std::vector<std::uint64_t> locks,
-                                 std::vector<Range> blacklist);
+  static KernelTables from_parts(Range text, std::vector<ExEntry> ex, std::vector<Site> jumps, std::vector<Site> calls,
+                                 std::vector<std::uint64_t> locks, std::vector<Range> blacklist);
 
  private:
   void index();
@@ -173,12 +172,12 @@ class KernelTables {
 
   Range text_, init_text_;
   std::optional<Range> entry_, noinstr_, kprobes_;
-  std::vector<ExEntry> ex_;          // sorted by insn
-  std::vector<Site> jumps_, calls_;  // sorted by addr
-  std::vector<std::uint64_t> locks_; // sorted
-  std::vector<Range> blacklist_;     // sorted by start, merged
-  std::vector<Range> bl_outside_;    // plausible ranges outside the core text (module candidates)
-  std::vector<Range> module_bl_;     // those inside a live module's text: sorted, merged
+  std::vector<ExEntry> ex_;           // sorted by insn
+  std::vector<Site> jumps_, calls_;   // sorted by addr
+  std::vector<std::uint64_t> locks_;  // sorted
+  std::vector<Range> blacklist_;      // sorted by start, merged
+  std::vector<Range> bl_outside_;     // plausible ranges outside the core text (module candidates)
+  std::vector<Range> module_bl_;      // those inside a live module's text: sorted, merged
   std::shared_ptr<const ModuleTables> modules_;
   // struct module's layout from the guest's BTF, read once (modules.hpp).
   struct LayoutCache;

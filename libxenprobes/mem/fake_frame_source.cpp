@@ -37,22 +37,16 @@ void FakeFrameSource::read(Gpa pa, std::span<std::byte> out) const {
     const std::size_t off = pa.value & (kPageSize - 1);
     const std::size_t n = std::min<std::size_t>(out.size(), kPageSize - off);
     auto it = pages_.find(frame_of(pa));
-    if (it == pages_.end())
-      std::memset(out.data(), 0, n);
-    else
-      std::memcpy(out.data(), it->second->data() + off, n);
+    if (it == pages_.end()) std::memset(out.data(), 0, n);
+    else std::memcpy(out.data(), it->second->data() + off, n);
     out = out.subspan(n);
     pa = pa + n;
   }
 }
 
-void FakeFrameSource::write_u32(Gpa pa, std::uint32_t v) {
-  write(pa, std::as_bytes(std::span(&v, 1)));
-}
+void FakeFrameSource::write_u32(Gpa pa, std::uint32_t v) { write(pa, std::as_bytes(std::span(&v, 1))); }
 
-void FakeFrameSource::write_u64(Gpa pa, std::uint64_t v) {
-  write(pa, std::as_bytes(std::span(&v, 1)));
-}
+void FakeFrameSource::write_u64(Gpa pa, std::uint64_t v) { write(pa, std::as_bytes(std::span(&v, 1))); }
 
 std::uint64_t FakeFrameSource::read_u64(Gpa pa) const {
   std::uint64_t v = 0;
@@ -79,8 +73,7 @@ Result<hv::ForeignMapping> FakeFrameSource::map(Frame f, hv::MapAccess access) {
     return fail(fail_code_, "injected failure mapping frame " + detail::hex(f.value));
   }
   auto it = pages_.find(f);
-  if (it == pages_.end())
-    return fail(Errc::Fault, "frame " + detail::hex(f.value) + " is not guest RAM");
+  if (it == pages_.end()) return fail(Errc::Fault, "frame " + detail::hex(f.value) + " is not guest RAM");
   if (access == hv::MapAccess::ReadWrite && deny_writable_.count(f))
     return fail(Errc::Permission, "frame " + detail::hex(f.value) + " cannot be mapped writable");
   ++state_->live;

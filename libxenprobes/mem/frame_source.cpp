@@ -11,8 +11,7 @@ Result<hv::ForeignMapping> HypervisorFrameSource::map(Frame frame, hv::MapAccess
   if (!m) return m;
   // The mapping is dereferenced as one full page: refuse anything smaller.
   if (!*m || m->pages() < 1)
-    return fail(Errc::Io, "hypervisor returned an empty mapping for frame " +
-                              detail::hex(frame.value) + " of domain " +
+    return fail(Errc::Io, "hypervisor returned an empty mapping for frame " + detail::hex(frame.value) + " of domain " +
                               std::to_string(domid_.value));
   return m;
 }

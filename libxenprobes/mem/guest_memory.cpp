@@ -33,8 +33,7 @@ void GuestMemory::set_context(PagingMode mode, std::uint64_t cr3) {
 
 void GuestMemory::set_context(const PagingContext& ctx) {
   // The cache key holds cr3 only, so anything else that changes a walk's outcome drops it.
-  if (ctx.mode != ctx_.mode || ctx.max_phys_bits != ctx_.max_phys_bits || ctx.pse != ctx_.pse ||
-      ctx.nxe != ctx_.nxe)
+  if (ctx.mode != ctx_.mode || ctx.max_phys_bits != ctx_.max_phys_bits || ctx.pse != ctx_.pse || ctx.nxe != ctx_.nxe)
     translations_.clear();
   ctx_ = ctx;
 }
@@ -97,19 +96,14 @@ Result<void> GuestMemory::write(Gva va, std::span<const std::byte> data) {
   std::size_t count = 0;
   auto collected = for_each_virtual_chunk(va, data.size(), [&](const Chunk& c) -> Result<void> {
     auto page = maps_.page(c.frame, hv::MapAccess::ReadWrite);
-    if (!page)
-      return fail(page.error().code, "cannot write gva " + detail::hex(va.value) + ": " +
-                                         page.error().what);
-    if (max_chunks > kInlineChunks)
-      heap_chunks.push_back(c);
-    else
-      inline_chunks[count++] = c;
+    if (!page) return fail(page.error().code, "cannot write gva " + detail::hex(va.value) + ": " + page.error().what);
+    if (max_chunks > kInlineChunks) heap_chunks.push_back(c);
+    else inline_chunks[count++] = c;
     return {};
   });
   if (!collected) return collected;
-  std::span<const Chunk> chunks = max_chunks > kInlineChunks
-                                      ? std::span<const Chunk>(heap_chunks)
-                                      : std::span<const Chunk>(inline_chunks.data(), count);
+  std::span<const Chunk> chunks = max_chunks > kInlineChunks ? std::span<const Chunk>(heap_chunks)
+                                                             : std::span<const Chunk>(inline_chunks.data(), count);
   const std::byte* src = data.data();
   for (const Chunk& c : chunks) {
     auto page = maps_.page(c.frame, hv::MapAccess::ReadWrite);
@@ -139,8 +133,7 @@ Result<void> GuestMemory::read_phys(Gpa pa, std::span<std::byte> out) {
     const std::size_t n = std::min<std::size_t>(size, kPageSize - offset);
     auto page = maps_.page(frame_of(pa), hv::MapAccess::Read);
     if (!page)
-      return fail(page.error().code,
-                  "cannot read physical " + detail::hex(pa.value) + ": " + page.error().what);
+      return fail(page.error().code, "cannot read physical " + detail::hex(pa.value) + ": " + page.error().what);
     copy_bytes(dst, page->data() + offset, n);
     dst += n;
     size -= n;
@@ -156,8 +149,7 @@ Result<void> GuestMemory::write_phys(Gpa pa, std::span<const std::byte> data) {
   for (std::uint64_t f = first; f <= last; ++f) {
     auto page = maps_.page(Frame{f}, hv::MapAccess::ReadWrite);
     if (!page)
-      return fail(page.error().code,
-                  "cannot write physical " + detail::hex(pa.value) + ": " + page.error().what);
+      return fail(page.error().code, "cannot write physical " + detail::hex(pa.value) + ": " + page.error().what);
   }
   const std::byte* src = data.data();
   std::size_t size = data.size();
@@ -201,8 +193,7 @@ void GuestMemory::invalidate_frame(Frame f) {
   maps_.invalidate(f);
   translations_.erase_if([f](const Key&, const Translation& t) {
     if (t.frame() == f) return true;
-    return std::find(t.table_frames.begin(), t.table_frames.begin() + t.depth, f) !=
-           t.table_frames.begin() + t.depth;
+    return std::find(t.table_frames.begin(), t.table_frames.begin() + t.depth, f) != t.table_frames.begin() + t.depth;
   });
 }
 
@@ -235,8 +226,9 @@ Result<bool> use_kernel_page_tables(GuestMemory& memory, const PagingContext& ct
   if (memory.translate(kernel_addr)) return true;
   memory.set_context(ctx);
   memory.invalidate_translations();
-  return fail(Errc::Fault, "the kernel's text at " + detail::hex(kernel_addr.value) + " is mapped neither by the page tables at cr3 " +
-                               detail::hex(ctx.cr3) + " nor by their kernel half (page-table isolation)");
+  return fail(Errc::Fault, "the kernel's text at " + detail::hex(kernel_addr.value) +
+                               " is mapped neither by the page tables at cr3 " + detail::hex(ctx.cr3) +
+                               " nor by their kernel half (page-table isolation)");
 }
 
 }  // namespace xenprobes::mem

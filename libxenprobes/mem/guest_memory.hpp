@@ -18,8 +18,8 @@
 namespace xenprobes::mem {
 
 struct GuestMemoryOptions {
-  std::size_t mapping_cache_frames = 256;     // live foreign mappings (LRU)
-  std::size_t translation_cache_pages = 4096; // cached 4 KiB translations (LRU)
+  std::size_t mapping_cache_frames = 256;      // live foreign mappings (LRU)
+  std::size_t translation_cache_pages = 4096;  // cached 4 KiB translations (LRU)
   // write_transient() drops the writable mappings it took. Needed for PV guests (Xen's page
   // types: a frame Dom0 holds writable cannot become a page table); an HVM guest's page
   // tables are plain memory to Xen, so there the mappings stay cached (false).
@@ -51,7 +51,7 @@ class GuestMemory {
     std::uint64_t translations_walked = 0;  // full page-table walks
     std::uint64_t maps = 0;                 // FrameSource::map calls that succeeded
     std::uint64_t mapping_hits = 0;
-    std::uint64_t mapping_upgrades = 0;     // Read → ReadWrite
+    std::uint64_t mapping_upgrades = 0;  // Read → ReadWrite
     std::uint64_t mapping_evictions = 0;
   };
 
@@ -71,18 +71,15 @@ class GuestMemory {
   [[nodiscard]] Result<void> write_phys(Gpa pa, std::span<const std::byte> data);
 
   template <typename T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   [[nodiscard]] Result<T> read_as(Gva va) {
     T v;
-    if (auto r = read(va, std::as_writable_bytes(std::span(&v, 1))); !r)
-      return std::unexpected(std::move(r.error()));
+    if (auto r = read(va, std::as_writable_bytes(std::span(&v, 1))); !r) return std::unexpected(std::move(r.error()));
     return v;
   }
   template <typename T>
-    requires std::is_trivially_copyable_v<T>
-  [[nodiscard]] Result<void> write_as(Gva va, const T& v) {
-    return write(va, std::as_bytes(std::span(&v, 1)));
-  }
+  requires std::is_trivially_copyable_v<T>
+  [[nodiscard]] Result<void> write_as(Gva va, const T& v) { return write(va, std::as_bytes(std::span(&v, 1))); }
   [[nodiscard]] Result<std::uint8_t> read_u8(Gva va) { return read_as<std::uint8_t>(va); }
   [[nodiscard]] Result<std::uint16_t> read_u16(Gva va) { return read_as<std::uint16_t>(va); }
   [[nodiscard]] Result<std::uint32_t> read_u32(Gva va) { return read_as<std::uint32_t>(va); }

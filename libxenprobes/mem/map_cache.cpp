@@ -12,8 +12,7 @@ Result<std::span<std::byte, kPageSize>> MapCache::page(Frame frame, hv::MapAcces
   }
   auto m = source_.map(frame, access);
   if (!m) return std::unexpected(std::move(m.error()));
-  if (!*m || m->pages() < 1)
-    return fail(Errc::Io, "empty mapping for frame " + detail::hex(frame.value));
+  if (!*m || m->pages() < 1) return fail(Errc::Io, "empty mapping for frame " + detail::hex(frame.value));
   ++stats_.maps;
   std::byte* data = m->data();
   if (e) {  // upgrade: the old read-only mapping is unmapped here

@@ -22,8 +22,8 @@ class MapCache {
  public:
   struct Stats {
     std::uint64_t hits = 0;
-    std::uint64_t maps = 0;       // successful FrameSource::map calls
-    std::uint64_t upgrades = 0;   // of those, Read → ReadWrite replacements
+    std::uint64_t maps = 0;      // successful FrameSource::map calls
+    std::uint64_t upgrades = 0;  // of those, Read → ReadWrite replacements
     std::uint64_t evictions = 0;
   };
 

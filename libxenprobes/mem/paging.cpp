@@ -20,8 +20,7 @@ Result<PagingContext> paging_context(const hv::DomainInfo& dom, const hv::VcpuRe
   ctx.cr3 = regs.cr3;
   if (dom.type == hv::GuestType::Pv) {
     if (dom.guest_width != 8)
-      return fail(Errc::NotSupported,
-                  "32-bit PV guests are not supported (Xen 4.17 builds without CONFIG_PV32)");
+      return fail(Errc::NotSupported, "32-bit PV guests are not supported (Xen 4.17 builds without CONFIG_PV32)");
     ctx.mode = pv_paging_mode(regs.cr4);
     // Xen turns NX on for PV guests whenever the CPU has it; their EFER view is not reliable.
     ctx.nxe = true;

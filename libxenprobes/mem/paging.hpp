@@ -81,14 +81,14 @@ struct PagingContext {
 // guests. The walker never converts between them; the FrameSource it reads through maps the
 // same kind of number (Xen's foreign map takes MFNs for PV domains and GFNs for HVM ones).
 struct Translation {
-  Gpa address;                     // physical address of the byte: GPA (HVM) / machine address (PV)
-  std::uint64_t page_size = kPageSize;  // 4 KiB, 2 MiB, 4 MiB or 1 GiB
-  bool writable = true;            // R/W set at every level (not enforced by GuestMemory: see there)
-  bool user = true;                // U/S set at every level
-  bool nx = false;                 // XD set at any level (only with nxe)
-  unsigned depth = 0;              // tables read by the walk (0 without paging)
-  std::array<Frame, kMaxLevels> table_frames{};        // [0] = top table (cr3 >> 12), then down
-  std::array<std::uint64_t, kMaxLevels> entries{};     // the entry read in each of those tables
+  Gpa address;                                      // physical address of the byte: GPA (HVM) / machine address (PV)
+  std::uint64_t page_size = kPageSize;              // 4 KiB, 2 MiB, 4 MiB or 1 GiB
+  bool writable = true;                             // R/W set at every level (not enforced by GuestMemory: see there)
+  bool user = true;                                 // U/S set at every level
+  bool nx = false;                                  // XD set at any level (only with nxe)
+  unsigned depth = 0;                               // tables read by the walk (0 without paging)
+  std::array<Frame, kMaxLevels> table_frames{};     // [0] = top table (cr3 >> 12), then down
+  std::array<std::uint64_t, kMaxLevels> entries{};  // the entry read in each of those tables
 
   Frame frame() const { return frame_of(address); }  // the 4 KiB frame holding the byte
 };

@@ -11,12 +11,9 @@ namespace {
 ExecMode exec_mode(x86::Plan p, bool trap_tail) {
   switch (p) {
     case x86::Plan::Boost:
-    case x86::Plan::BoostRipRel:
-      return trap_tail ? ExecMode::TrapAfter : ExecMode::Boosted;
-    case x86::Plan::Skip:
-      return ExecMode::Skipped;
-    default:
-      return ExecMode::Emulated;
+    case x86::Plan::BoostRipRel: return trap_tail ? ExecMode::TrapAfter : ExecMode::Boosted;
+    case x86::Plan::Skip: return ExecMode::Skipped;
+    default: return ExecMode::Emulated;
   }
 }
 
@@ -39,9 +36,10 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     return fail(Errc::InvalidArgument, hex(addr.value) + " is inside the out-of-line execution area");
   if (!d->pool && reg->post)
     return fail(Errc::NotSupported,
-                "domain " + std::to_string(id.value) + " has no guest module: without its slots the probed "
-                "instruction runs in the hypervisor's emulator and no stop follows it, so post-handlers "
-                "cannot run (load the xenprobesU module in the guest)");
+                "domain " + std::to_string(id.value) +
+                    " has no guest module: without its slots the probed "
+                    "instruction runs in the hypervisor's emulator and no stop follows it, so post-handlers "
+                    "cannot run (load the xenprobesU module in the guest)");
   reg->id = next_id_;
   reg->requested = addr;
   {
@@ -63,18 +61,21 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
                                   (p.jump && p.jump->async_key ? "an async probe" : "a probe") +
                                   ": an async probe has its point to itself (unregister the other first)");
     if (p.jump && reg->post)
-      return fail(Errc::NotSupported, hex(addr.value) + " is a jump probe, which makes no stop after the instruction: "
-                                      "post-handlers cannot run there (use a pre-handler)");
+      return fail(Errc::NotSupported, hex(addr.value) +
+                                          " is a jump probe, which makes no stop after the instruction: "
+                                          "post-handlers cannot run there (use a pre-handler)");
     if (!p.jump && reg->method == ProbeMethod::Jump)
-      return fail(Errc::Busy, hex(addr.value) + " already holds a trap probe" +
-                                  (p.not_jump_because.empty() ? std::string() : " (it cannot be a jump: " + p.not_jump_because + ")") +
-                                  "; a jump probe cannot share it: unregister that one first, or ask for ProbeMethod::Fastest");
+      return fail(
+          Errc::Busy,
+          hex(addr.value) + " already holds a trap probe" +
+              (p.not_jump_because.empty() ? std::string() : " (it cannot be a jump: " + p.not_jump_because + ")") +
+              "; a jump probe cannot share it: unregister that one first, or ask for ProbeMethod::Fastest");
     if (reg->post && (p.in_place || p.fixup_slot))
-      return fail(Errc::NotSupported,
-                  p.insn.describe() + (p.fixup_slot ? ": runs in a fixup slot, which ends in a jump back"
-                                                    : ": Xen's emulator runs it in place, and no stop follows it") +
-                      (p.own_address ? " (" + p.own_address->why + ")" : std::string()) +
-                      ": post-handlers cannot run after it (use a pre-handler)");
+      return fail(Errc::NotSupported, p.insn.describe() +
+                                          (p.fixup_slot ? ": runs in a fixup slot, which ends in a jump back"
+                                                        : ": Xen's emulator runs it in place, and no stop follows it") +
+                                          (p.own_address ? " (" + p.own_address->why + ")" : std::string()) +
+                                          ": post-handlers cannot run after it (use a pre-handler)");
     bool tail = reg->post && uses_slot(p) && !p.trap_tail;
     bool must_arm = !p.armed;
     if (tail || must_arm) {
@@ -104,16 +105,21 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     // line, but in Xen's emulator where it is.
     point->in_place = true;
     if (auto why = x86::xen_emulator_refusal(point->insn)) {
-      std::string m = point->insn.describe() + ": refused by rule 'exception-table': its fault must reach the "
-                      "kernel's fixup (" + point->own_address->why + "); Xen's emulator, which keeps its address, "
-                      "cannot run it: " + *why;
+      std::string m = point->insn.describe() +
+                      ": refused by rule 'exception-table': its fault must reach the "
+                      "kernel's fixup (" +
+                      point->own_address->why +
+                      "); Xen's emulator, which keeps its address, "
+                      "cannot run it: " +
+                      *why;
       m += d->fixup ? "" : "; a guest module that gives fixup slots would run it on any channel";
       return fail(Errc::InvalidArgument, m);
     }
     if (reg->post)
       return fail(Errc::NotSupported,
                   point->insn.describe() + ": its fault must reach the kernel's fixup at its own address (" +
-                      point->own_address->why + "), so Xen's emulator runs it in place and no stop follows it: "
+                      point->own_address->why +
+                      "), so Xen's emulator runs it in place and no stop follows it: "
                       "post-handlers cannot run there (use a pre-handler, or probe the next instruction)");
   } else if (copied && point->own_address && !point->in_place) {
     // The address rules accepted it for a fixup slot (the module gives them, the entry is known).
@@ -126,7 +132,8 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     if (point->next)
       return fail(Errc::InvalidArgument,
                   point->insn.describe() + ": a 1-byte instruction with an exception-table entry (" +
-                      point->own_address->why + ") would run out of line together with its neighbour on the "
+                      point->own_address->why +
+                      ") would run out of line together with its neighbour on the "
                       "debugger channel, which a fixup slot does not hold; the guest and vmevent channels accept it");
   } else if (copied && point->in_place) {
     if (auto why = x86::xen_emulator_refusal(point->insn))
@@ -146,14 +153,16 @@ Result<ProbeId> Engine::add_registration(DomId id, Gva addr, std::unique_ptr<Reg
     if (auto why = plan_jump(*d, *point, *reg)) {
       std::string where = d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value);
       if (reg->method == ProbeMethod::Jump)
-        return fail(Errc::NotSupported, where + ": cannot be a jump probe: " + *why + "; a trap probe can be put there");
+        return fail(Errc::NotSupported,
+                    where + ": cannot be a jump probe: " + *why + "; a trap probe can be put there");
       XP_LOG(Info, "domain %u: %s: a trap probe, not a jump: %s", id.value, where.c_str(), why->c_str());
       point->not_jump_because = std::move(*why);
     }
     if (reg->async) {  // a jump (an async probe is never Fastest)
       if (auto why = plan_async(*d, *reg))
-        return fail(Errc::NotSupported, (d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value)) +
-                                            ": cannot be an async probe: " + *why);
+        return fail(Errc::NotSupported,
+                    (d->syms ? d->syms->symbolize(addr) + " (" + hex(addr.value) + ")" : hex(addr.value)) +
+                        ": cannot be an async probe: " + *why);
       point->jump->async_key = d->next_async_key++;
       point->jump->specs = reg->specs;
     }
@@ -320,7 +329,8 @@ void Engine::flush_deferred() {
   auto ids = std::move(deferred_removals_);
   deferred_removals_.clear();
   for (ProbeId id : ids)
-    if (auto r = remove_now(id); !r) XP_LOG(Error, "probe %" PRIu64 ": deferred removal failed: %s", id, r.error().what.c_str());
+    if (auto r = remove_now(id); !r)
+      XP_LOG(Error, "probe %" PRIu64 ": deferred removal failed: %s", id, r.error().what.c_str());
 }
 
 ProbeStats Engine::stats(ProbeId id) const {

@@ -150,7 +150,6 @@ class Engine final : public channel::StopSink {
   channel::Verdict on_stop(channel::Stop&) override;
   void on_channel_failure(DomId, const Error&) override;
 
-
  private:
   struct Point;
   struct Registration;
@@ -180,16 +179,16 @@ class Engine final : public channel::StopSink {
     Gva requested;              // the address asked for (the point's may be past an ftrace site)
     std::string moved_because;  // why the point is not at `requested`
     ProbeStats stats;
-    std::unique_ptr<RetState> ret;  // a return probe's entry registration
-    AsyncHandler async;  // an async probe's (then no pre or post)
+    std::unique_ptr<RetState> ret;              // a return probe's entry registration
+    AsyncHandler async;                         // an async probe's (then no pre or post)
     std::vector<xenprobes_capture_spec> specs;  // its captures, as the guest module reads them
   };
   // A jump probe's state (probe/engine_jump.cpp; protocol.h "Jump probes").
   struct JumpState {
     x86::JumpRegion region;  // the bytes the jump covers; starts at the point or before it
     std::array<std::uint8_t, x86::kMaxInsnLen> original{};  // the region's bytes (length <= 15)
-    std::vector<x86::Insn> insns;  // the region's instructions
-    Gva detour{0};           // its slot (0: none yet)
+    std::vector<x86::Insn> insns;                           // the region's instructions
+    Gva detour{0};                                          // its slot (0: none yet)
     // An async probe's: its key in the domain's records (Domain::async_keys), and the slots
     // its detour and capture specs take, adjacent from `detour`.
     std::uint32_t async_key = 0;
@@ -208,12 +207,12 @@ class Engine final : public channel::StopSink {
     x86::Insn insn;
     x86::Plan plan = x86::Plan::Boost;
     std::array<std::uint8_t, x86::kMaxInsnLen> original{};
-    std::optional<Gva> slot;     // Boost plans
+    std::optional<Gva> slot;  // Boost plans
     // The instruction after a 1-byte probed instruction, run from the slot too when the
     // channel finds stops by rip (see ChannelTraits::stops_found_by_rip).
     std::optional<x86::Insn> next;
     x86::Plan next_plan = x86::Plan::Boost;  // Emulate*: Dom0 runs it at the slot's trap
-    bool trap_tail = false;      // the slot ends with the trap byte (post-handlers)
+    bool trap_tail = false;                  // the slot ends with the trap byte (post-handlers)
     // An instruction whose fault the kernel fixes up by the faulting address (its exception-
     // table entry): it runs in place where the channel emulates, else in a fixup slot.
     std::optional<kernel::OwnAddress> own_address;
@@ -240,13 +239,13 @@ class Engine final : public channel::StopSink {
   };
   // A slot trap that still resolves after its point went away (until the slot is reclaimed).
   struct SlotTrap {
-    Point* point;   // null once the point is gone
-    Gva resume;     // the instruction after the probed one (its copy, with a continuation)
+    Point* point;       // null once the point is gone
+    Gva resume;         // the instruction after the probed one (its copy, with a continuation)
     Gva original_next;  // the instruction after the probed one in the kernel's own text
     // A branch after a 1-byte probed instruction, emulated at this trap (see Point::next).
     std::optional<x86::Insn> emulate_next;
     x86::Plan emulate_plan = x86::Plan::EmulateBranch;
-    Patch patch;    // the slot's code; forgotten (entry and journal record) when the slot is reclaimed
+    Patch patch;  // the slot's code; forgotten (entry and journal record) when the slot is reclaimed
     // A jump probe's detour: the key is its call (a JUMP entry, no trap byte), `resume` the
     // probed address. A hit on it with no point runs no handler and goes on in the detour.
     bool jump = false;
@@ -268,7 +267,7 @@ class Engine final : public channel::StopSink {
     hv::DomainInfo info;  // from attach: vCPU count, and the guest type and width the paging mode needs
     std::unique_ptr<mem::HypervisorFrameSource> source;
     std::unique_ptr<mem::GuestMemory> memory;
-    std::unique_ptr<OeaPool> pool;  // null: agentless (no guest module; ChannelTraits::can_emulate)
+    std::unique_ptr<OeaPool> pool;              // null: agentless (no guest module; ChannelTraits::can_emulate)
     std::optional<guestmod::FixupSlots> fixup;  // the module's fixup slots, when it gives them
     std::optional<symbols::SymbolTable> syms;
     // The guest kernel's own tables (exception table, jump labels, …), read with the symbols.
@@ -280,7 +279,7 @@ class Engine final : public channel::StopSink {
     bool generation_ready = false;  // module_set is what `syms` holds
     std::uint64_t symbols_generation = 0;
     std::optional<std::chrono::steady_clock::time_point> modules_checked;
-    kernel::Range module_text;  // the guest module's own text, as it publishes it (guest channel)
+    kernel::Range module_text;       // the guest module's own text, as it publishes it (guest channel)
     std::uint64_t text_changed = 0;  // disarms that found the guest's own byte, not ours
     std::uint64_t lost_returns = 0;  // trampoline stops with no known return address
     Gva kernel_text;
@@ -290,8 +289,8 @@ class Engine final : public channel::StopSink {
     // Pauses of ours whose release failed: the domain stays paused by them. The next release
     // tries them again; the journal counts them, so the guardian releases them if we die.
     unsigned stuck_pauses = 0;
-    std::optional<Error> failed;  // the channel gave the domain up: nothing may be armed again
-    bool journaled = false;       // its patches go into the guardian's journal
+    std::optional<Error> failed;    // the channel gave the domain up: nothing may be armed again
+    bool journaled = false;         // its patches go into the guardian's journal
     bool growth_requested = false;  // oea-request written, new area not seen yet
     // Quiescence before a released slot is reused: a task preempted inside the slot keeps
     // its rip on its own stack, where no vCPU register shows it. A released slot waits for

@@ -50,12 +50,9 @@ Regs regs_of(const xenprobes_regs& x) {
 
 CaptureStatus status_of(unsigned s) {
   switch (s) {
-    case XENPROBES_CAP_OK:
-      return CaptureStatus::Ok;
-    case XENPROBES_CAP_TRUNCATED:
-      return CaptureStatus::Truncated;
-    default:
-      return CaptureStatus::Fault;
+    case XENPROBES_CAP_OK: return CaptureStatus::Ok;
+    case XENPROBES_CAP_TRUNCATED: return CaptureStatus::Truncated;
+    default: return CaptureStatus::Fault;
   }
 }
 
@@ -80,7 +77,9 @@ Result<ProbeId> Engine::add_async(DomId id, Gva addr, AsyncHandler handler, std:
       return fail(Errc::InvalidArgument, which + "no such kind");
     xenprobes_capture_spec sp{};
     sp.kind = static_cast<std::uint8_t>((c.kind == Capture::Kind::Bytes ? XENPROBES_CAP_BYTES : XENPROBES_CAP_STRING) |
-                                        (c.by_address ? XENPROBES_CAP_AUTO : c.user ? XENPROBES_CAP_USER : 0u));
+                                        (c.by_address ? XENPROBES_CAP_AUTO
+                                         : c.user     ? XENPROBES_CAP_USER
+                                                      : 0u));
     sp.reg = static_cast<std::uint8_t>(base);
     sp.max = c.max;
     sp.offset = static_cast<std::uint32_t>(c.offset);
@@ -99,14 +98,16 @@ Result<ProbeId> Engine::add_async(DomId id, Gva addr, AsyncHandler handler, std:
 std::optional<std::string> Engine::plan_async(Domain& d, const Registration& reg) {
   if (!d.rings_refused.empty()) return "the guest module's rings are refused: " + d.rings_refused;
   if (!d.rings_info)
-    return std::string("the guest module publishes no async rings (install the current xenprobesU in the guest, "
-                       "loaded with ring_order above 0)");
+    return std::string(
+        "the guest module publishes no async rings (install the current xenprobesU in the guest, "
+        "loaded with ring_order above 0)");
   for (const xenprobes_capture_spec& sp : reg.specs)
     if ((sp.kind & XENPROBES_CAP_AUTO) && !(d.rings_info->cap_flags & XENPROBES_CAP_AUTO))
-      return std::string("a capture reads user or kernel memory by its address (Capture::by_address, in C "
-                         "XENPROBE_CAPTURE_BY_ADDRESS), which this "
-                         "guest module cannot (it publishes no rings/cap-flags with it): install the current "
-                         "xenprobesU in the guest, or capture with user set or not");
+      return std::string(
+          "a capture reads user or kernel memory by its address (Capture::by_address, in C "
+          "XENPROBE_CAPTURE_BY_ADDRESS), which this "
+          "guest module cannot (it publishes no rings/cap-flags with it): install the current "
+          "xenprobesU in the guest, or capture with user set or not");
   if (d.rings.empty())
     if (auto r = map_rings(d); !r) return "its rings cannot be mapped: " + r.error().what;
   return std::nullopt;

@@ -20,8 +20,7 @@ Engine::~Engine() {
     if (!unpause(*d)) continue;  // logged by unpause()
   batch_paused_.clear();
   for (DomId id : domains()) {
-    if (auto r = detach(id); !r)
-      XP_LOG(Error, "domain %u: detach failed: %s", id.value, r.error().what.c_str());
+    if (auto r = detach(id); !r) XP_LOG(Error, "domain %u: detach failed: %s", id.value, r.error().what.c_str());
   }
 }
 
@@ -76,7 +75,8 @@ Result<void> Engine::attach(DomId id) {
   if (domains_.contains(id)) return {};
   if (domains_.size() >= limits_.domains)
     return fail(Errc::NoSpace, "cannot probe domain " + std::to_string(id.value) + ": this session probes " +
-                                   std::to_string(domains_.size()) + " domains, its limit (SessionLimits::domains; "
+                                   std::to_string(domains_.size()) +
+                                   " domains, its limit (SessionLimits::domains; "
                                    "detach one, or open the session with a higher limit)");
   auto d = std::make_unique<Domain>();
   d->id = id;
@@ -174,10 +174,8 @@ void Engine::forget(DomId id) {
   if (it == domains_.end()) return;
   std::erase(batch_paused_, it->second.get());
   for (auto p = probes_.begin(); p != probes_.end();) {
-    if (p->second->point->dom == id)
-      p = probes_.erase(p);
-    else
-      ++p;
+    if (p->second->point->dom == id) p = probes_.erase(p);
+    else ++p;
   }
   channel::Channel* ch = it->second->ch;
   domains_.erase(it);

@@ -89,7 +89,8 @@ bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) 
     out = x86::branch_outcome(insn, s);
   } else {
     if (auto m = hit_memory(d); !m) {
-      XP_LOG_RATELIMITED(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(), m.error().what.c_str());
+      XP_LOG_RATELIMITED(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(),
+                         m.error().what.c_str());
       return false;
     }
     Result<std::uint64_t> loaded = fail(Errc::InvalidArgument, "");
@@ -101,7 +102,8 @@ bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) 
       loaded = std::unexpected(ea.error());
     }
     if (!loaded) {
-      XP_LOG_RATELIMITED(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(), loaded.error().what.c_str());
+      XP_LOG_RATELIMITED(Error, "%s: cannot read the branch target: %s", insn.describe().c_str(),
+                         loaded.error().what.c_str());
       return false;
     }
     out = x86::loaded_branch_outcome(insn, *loaded);
@@ -115,7 +117,8 @@ bool Engine::emulate(Domain& d, const x86::Insn& insn, x86::Plan plan, Regs& r) 
     Result<void> w = hit_memory(d);
     if (w) w = d.memory->write_u64_transient(Gva{r.rsp - 8}, out->return_addr.value);
     if (!w) {
-      XP_LOG_RATELIMITED(Error, "%s: cannot push the return address: %s", insn.describe().c_str(), w.error().what.c_str());
+      XP_LOG_RATELIMITED(Error, "%s: cannot push the return address: %s", insn.describe().c_str(),
+                         w.error().what.c_str());
       return false;
     }
     r.rsp -= 8;
@@ -195,10 +198,9 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
 channel::Verdict Engine::hit_slot(Domain& d, const SlotTrap& st, channel::Stop& s) {
   s.regs.rip = st.resume.value;
   if (st.point) run_post(d, *st.point, s);
-  if (st.emulate_next && s.regs.rip == st.resume.value &&
-      !emulate(d, *st.emulate_next, st.emulate_plan, s.regs))
+  if (st.emulate_next && s.regs.rip == st.resume.value && !emulate(d, *st.emulate_next, st.emulate_plan, s.regs))
     XP_LOG_RATELIMITED(Error, "%s: could not emulate after the slot; the vCPU continues there",
-           st.emulate_next->describe().c_str());
+                       st.emulate_next->describe().c_str());
   return channel::Verdict::Resume;
 }
 

@@ -57,7 +57,8 @@ const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
       for (const char* glob : {"__x86_indirect_thunk_*", "__x86_indirect_jump_thunk_*", "__x86_indirect_its_thunk_*"})
         for (const symbols::Symbol& s : d.syms->matching(glob))
           if (auto f = d.syms->function_containing(s.address); f && f->start == s.address)
-            idx->thunks.add(f->start.value, static_cast<std::uint32_t>(std::min<std::uint64_t>(f->size, 4096)), f->name);
+            idx->thunks.add(f->start.value, static_cast<std::uint32_t>(std::min<std::uint64_t>(f->size, 4096)),
+                            f->name);
       idx->ibt = d.syms->lookup("__ibt_endbr_seal").has_value();
     }
     if (d.syms && d.tables) {
@@ -66,9 +67,10 @@ const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
       // is the first of its batch (Engine::add decodes and plans before pausing); said either way.
       const auto t0 = std::chrono::steady_clock::now();
       cross_function_branches(d, *idx);
-      XP_LOG(Info, "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (once "
-                   "per domain)%s", d.id.value,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      XP_LOG(Info,
+             "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (once "
+             "per domain)%s",
+             d.id.value, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
              d.pause_depth ? ", with the domain paused: a batch whose first probe was not a jump holds it" : "");
     }
     d.jump_index = std::move(idx);
@@ -96,7 +98,8 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
   for (const symbols::Function& f : fns) {
     if (f.size == 0 || f.size > kMaxFunctionBytes) continue;
     auto bytes = read_text(d, f.start, f.size);
-    auto insns = bytes ? x86::decode_function(*bytes, f.start) : Result<std::vector<x86::Insn>>(std::unexpected(bytes.error()));
+    auto insns =
+        bytes ? x86::decode_function(*bytes, f.start) : Result<std::vector<x86::Insn>>(std::unexpected(bytes.error()));
     if (!insns) {
       ++unknown;
       continue;
@@ -128,19 +131,21 @@ const Engine::Point* Engine::overlapping_point(const Domain& d, std::uint64_t lo
 
 std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registration& reg) {
   if (!d.table)  // the module's trap table takes the jump's entries
-    return std::string("jump probes need the guest channel (this domain is served by the ") + d.ch->name() + " channel)";
+    return std::string("jump probes need the guest channel (this domain is served by the ") + d.ch->name() +
+           " channel)";
   if (!d.jump_entry || !d.pool)
     return std::string("the guest module publishes no jump entry (install the current xenprobesU in the guest)");
   if (reg.post)
-    return std::string("a post-handler needs a stop after the instruction, which a jump does not make (use a "
-                       "pre-handler, or a trap probe)");
+    return std::string(
+        "a post-handler needs a stop after the instruction, which a jump does not make (use a "
+        "pre-handler, or a trap probe)");
   if (p.module) return std::string("jump probes in a loaded module's text are not supported yet");
   if (p.in_place || p.own_address)
     return "its fault must reach the kernel's fixup at its own address (" +
            (p.own_address ? p.own_address->why : std::string("no slots")) + ")";
   if (!d.tables) return std::string("the guest kernel's tables are not known (load its symbols first)");
-  for (const kernel::TableStatus* t : {&d.tables->ex_status(), &d.tables->jump_status(),
-                                       &d.tables->static_call_status()})
+  for (const kernel::TableStatus* t :
+       {&d.tables->ex_status(), &d.tables->jump_status(), &d.tables->static_call_status()})
     if (!t->found) return std::string("the kernel's ") + t->name + " could not be read (" + t->why + ")";
 
   auto fn = d.syms->function_containing(p.addr);
@@ -150,7 +155,8 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   if (fn->name == "startup_64" || fn->name.starts_with("secondary_startup_64") || fn->name == "verify_cpu")
     return "its function " + fn->name + " runs before the kernel has a stack, and a detour's call pushes onto it";
   if (auto text = d.syms->lookup("_text"); text && !text->empty() && text->front().address == fn->start)
-    return "its function " + fn->name + " is the kernel's entry point (at _text), which runs before the kernel has "
+    return "its function " + fn->name +
+           " is the kernel's entry point (at _text), which runs before the kernel has "
            "a stack, and a detour's call pushes onto it";
   auto bytes = read_text(d, fn->start, fn->size);
   if (!bytes) return "its function cannot be read: " + bytes.error().what;
@@ -161,7 +167,8 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   // What must stay as it is inside this function, from the kernel's tables (their own
   // O(log n) queries), and its ftrace site.
   x86::SiteIndex reserved, entries;
-  for (const kernel::ExEntry* e = d.tables->exception_entry_in(lo, hi); e; e = d.tables->exception_entry_in(e->insn + 1, hi))
+  for (const kernel::ExEntry* e = d.tables->exception_entry_in(lo, hi); e;
+       e = d.tables->exception_entry_in(e->insn + 1, hi))
     reserved.add(e->insn, 1, "__ex_table entry");
   for (const kernel::Site* s = d.tables->jump_label_in(lo, hi); s;
        s = d.tables->jump_label_in(s->addr + kernel::KernelTables::kJumpSiteLen, hi))
@@ -257,7 +264,8 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
       give();
       for (unsigned k = 1; k < n; ++k)
         if (auto r = pool->release(slot + std::uint64_t{k} * kSlotSize); !r)
-          XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value + k * kSlotSize).c_str(), r.error().what.c_str());
+          XP_LOG(Warn, "domain %u: slot %s: %s", id.value, hex(slot.value + k * kSlotSize).c_str(),
+                 r.error().what.c_str());
     };
     std::vector<std::uint8_t> code(std::size_t{n} * kSlotSize, 0xcc);
     auto l = x86::emit_detour(std::span(code).first(kSlotSize), slot, j.insns, p.addr, *d.jump_entry);
@@ -293,14 +301,17 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
     spec.bytes = {d.traits.trap_byte};
     spec.expect.assign(j.original.begin(), j.original.begin() + j.region.length);
     spec.trap = trap_entry(p);
-    spec.journal = PatchSpec::Record{PatchKind::Text, j.region.start, {d.traits.trap_byte}, {j.original[0]}, j.region.start};
+    spec.journal =
+        PatchSpec::Record{PatchKind::Text, j.region.start, {d.traits.trap_byte}, {j.original[0]}, j.region.start};
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) {
       undo_detour();
       Error e = patch.error();
       if (e.code == Errc::Again)
-        e.what = hex(j.region.start.value) + ": refused by rule 'text-changed': the guest rewrote the jump's region "
-                 "since it was decoded (" + e.what + "); unregister the probe and register it again";
+        e.what = hex(j.region.start.value) +
+                 ": refused by rule 'text-changed': the guest rewrote the jump's region "
+                 "since it was decoded (" +
+                 e.what + "); unregister the probe and register it again";
       return std::unexpected(e);
     }
     patch->commit();
@@ -343,7 +354,8 @@ Result<void> Engine::disarm_jump(Domain& d, Point& p) {
   }
   const bool ours = XP_TRY(p.text->restore());
   if (!ours) {
-    XP_LOG(Warn, "domain %u: %s no longer holds our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
+    XP_LOG(Warn,
+           "domain %u: %s no longer holds our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
            d.id.value, hex(j.region.start.value).c_str());
     ++d.text_changed;
   }

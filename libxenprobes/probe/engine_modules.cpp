@@ -14,9 +14,8 @@ bool same(const kernel::ModuleIdentity& a, const kernel::ModuleIdentity& b) {
 }
 
 bool same(const std::vector<kernel::ModuleIdentity>& a, const std::vector<kernel::ModuleIdentity>& b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) {
-           return same(x, y);
-         });
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) { return same(x, y); });
 }
 
 // "+ext4 -xfs" (at most a few names; the counts say the rest).
@@ -29,10 +28,8 @@ std::string difference(const std::vector<kernel::ModuleIdentity>& was, const std
   for (const auto& [from, to, sign] : {std::tuple{&now, &was, '+'}, std::tuple{&was, &now, '-'}})
     for (const kernel::ModuleIdentity& m : *from)
       if (!in(*to, m)) {
-        if (shown++ < 8)
-          s += std::string(s.empty() ? "" : " ") + sign + m.name;
-        else
-          ++more;
+        if (shown++ < 8) s += std::string(s.empty() ? "" : " ") + sign + m.name;
+        else ++more;
       }
   if (more) s += " and " + std::to_string(more) + " more";
   return s.empty() ? "none" : s;
@@ -58,8 +55,8 @@ void Engine::update_modules(Domain& d) {
   std::string read_what = "no module functions";
   if (!now.empty()) {
     kernel::ModuleSymbolsResult r = kernel::read_all_module_symbols(read, *mods);
-    read_what = std::to_string(r.functions.size()) + " functions of " + std::to_string(r.modules_read) +
-                " modules (" + r.stats.describe() + "; " + std::to_string(r.refused.size()) + " modules refused)";
+    read_what = std::to_string(r.functions.size()) + " functions of " + std::to_string(r.modules_read) + " modules (" +
+                r.stats.describe() + "; " + std::to_string(r.refused.size()) + " modules refused)";
     fns = std::move(r.functions);
   }
   if (auto s = d.syms->set_module_functions(std::move(fns)); !s) {
@@ -70,8 +67,7 @@ void Engine::update_modules(Domain& d) {
   if (d.generation_ready)
     XP_LOG(Info, "domain %u: loaded modules changed (%s): %s", d.id.value, difference(d.module_set, now).c_str(),
            read_what.c_str());
-  else if (!now.empty())
-    XP_LOG(Info, "domain %u: %s from its memory", d.id.value, read_what.c_str());
+  else if (!now.empty()) XP_LOG(Info, "domain %u: %s from its memory", d.id.value, read_what.c_str());
   if (mods && !mods->status().found) XP_LOG(Debug, "domain %u: %s", d.id.value, mods->summary().c_str());
   d.module_set = std::move(now);
   d.generation_ready = true;

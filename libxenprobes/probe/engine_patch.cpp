@@ -4,7 +4,9 @@
 
 namespace xenprobes::probe {
 
-Patcher Engine::patcher(Domain& d) { return Patcher(*d.memory, *d.ch, d.table, d.journaled ? journal_ : nullptr, d.id); }
+Patcher Engine::patcher(Domain& d) {
+  return Patcher(*d.memory, *d.ch, d.table, d.journaled ? journal_ : nullptr, d.id);
+}
 
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
@@ -14,9 +16,11 @@ Result<void> Engine::arm(Domain& d, Point& p) {
   // loaded at the address). Its slot copy would then run the old instruction.
   auto text_changed = [&](const Error& e) {
     if (e.code != Errc::Again) return e;
-    return Error{Errc::Again, hex(p.addr.value) + ": refused by rule 'text-changed': the guest rewrote the instruction "
-                              "since it was decoded (" + p.insn.describe() + "; " + e.what +
-                              "); unregister the probe and register it again to decode it afresh"};
+    return Error{Errc::Again, hex(p.addr.value) +
+                                  ": refused by rule 'text-changed': the guest rewrote the instruction "
+                                  "since it was decoded (" +
+                                  p.insn.describe() + "; " + e.what +
+                                  "); unregister the probe and register it again to decode it afresh"};
   };
   if (auto gone = module_gone(d, p))
     return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *gone +
@@ -61,7 +65,8 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
   // byte back would corrupt its new instruction.
   const bool ours = XP_TRY(p.text->restore());
   if (!ours) {
-    XP_LOG(Warn, "domain %u: %s no longer holds our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
+    XP_LOG(Warn,
+           "domain %u: %s no longer holds our trap byte: the guest rewrote it; left as it is (rule 'text-changed')",
            d.id.value, hex(p.addr.value).c_str());
     ++d.text_changed;
   }

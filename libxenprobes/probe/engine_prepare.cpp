@@ -36,7 +36,8 @@ Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::u
           bytes[r.start.value + k - start.value] = q->jump->original[k];
       continue;
     }
-    if (q->armed && a.value >= start.value && a.value < start.value + size) bytes[a.value - start.value] = q->original[0];
+    if (q->armed && a.value >= start.value && a.value < start.value + size)
+      bytes[a.value - start.value] = q->original[0];
   }
   return bytes;
 }
@@ -49,7 +50,8 @@ Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
   // of a module loaded since is placed (and decoded) like any other.
   update_modules(d);
   auto fn = d.syms->function_containing(addr);
-  if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes) return kernel::EntryPlacement{addr, {}};
+  if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes)
+    return kernel::EntryPlacement{addr, {}};
   // Only the first instructions matter: read a little, not the whole function. Three of them:
   // endbr64, the ftrace site and the instruction the probe moves to (Linux 6.12 as Debian 13
   // builds it, IBT on, starts every function with endbr64 + nop5; with two, the probe stayed
@@ -75,9 +77,10 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   std::vector<x86::Insn> fn_insns;
   if (!d.syms)
     return fail(Errc::InvalidArgument,
-                hex(addr.value) + ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
-                "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
-                "System.map or kallsyms first)");
+                hex(addr.value) +
+                    ": refused by rule 'no-symbols': without the guest kernel's symbols neither the "
+                    "instruction boundary nor the kernel's own tables can be checked (call load_symbols() with its "
+                    "System.map or kallsyms first)");
   // (place() brought the module list up to date for this registration.)
   auto fn = d.syms->function_containing(addr);
   if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
@@ -108,10 +111,12 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
           r && !overlapping_point(d, i.address.value, i.address.value + 1, nullptr))
         return Error{r->code, r->message(where)};
       if (x86::is_trap_byte(i) && !x86::is_padding_trap(flow, k))
-        return Error{Errc::Busy, where + ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
-                                         "debugger) at " + d.syms->symbolize(i.address) +
-                                         " hides the instruction it replaced, so the instruction boundaries of " +
-                                         fn->name + " cannot be trusted; no channel accepts it until it is gone"};
+        return Error{Errc::Busy, where +
+                                     ": refused by rule 'foreign-trap': another breakpoint (an in-guest kprobe or "
+                                     "debugger) at " +
+                                     d.syms->symbolize(i.address) +
+                                     " hides the instruction it replaced, so the instruction boundaries of " +
+                                     fn->name + " cannot be trusted; no channel accepts it until it is gone"};
     }
     return std::nullopt;
   };
@@ -181,17 +186,24 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
   // The next instruction runs out of line too (or is emulated): the address rules hold for it
   // as for the probed one.
   if (auto r = kernel::check_address(rule_context(d), *it, &*fn))
-    return fail(r->code, where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger "
-                                 "channel; the neighbour " + r->message(d.syms->symbolize(it->address)));
+    return fail(r->code, where +
+                             ": a 1-byte instruction whose neighbour runs out of line with it on the debugger "
+                             "channel; the neighbour " +
+                             r->message(d.syms->symbolize(it->address)));
   // The neighbour runs in the probed instruction's ordinary slot, never in a fixup slot.
   if (auto own = kernel::needs_own_address(rule_context(d), *it))
     return fail(Errc::InvalidArgument,
-                where + ": a 1-byte instruction whose neighbour runs out of line with it on the debugger channel; "
-                        "the neighbour " + d.syms->symbolize(it->address) + " is refused by rule 'exception-table': its "
-                        "fault must reach the kernel's fixup (" + own->why + "), which a copy in an ordinary slot "
-                        "does not; the guest and vmevent channels accept it");
+                where +
+                    ": a 1-byte instruction whose neighbour runs out of line with it on the debugger channel; "
+                    "the neighbour " +
+                    d.syms->symbolize(it->address) +
+                    " is refused by rule 'exception-table': its "
+                    "fault must reach the kernel's fixup (" +
+                    own->why +
+                    "), which a copy in an ordinary slot "
+                    "does not; the guest and vmevent channels accept it");
   p.next = *it;
-  p.next_plan = *next_plan;  // a branch (pop; ret) is emulated at a trap after the copy
+  p.next_plan = *next_plan;                                  // a branch (pop; ret) is emulated at a trap after the copy
   if (p.plan == x86::Plan::Skip) p.plan = x86::Plan::Boost;  // a 1-byte nop: copy it with the next
   return {};
 }
@@ -238,9 +250,7 @@ channel::TrapEntry Engine::trap_entry(const Point& p) const {
       e.resume_at = p.insn.next();
       break;
     case x86::Plan::EmulateBranch:
-    case x86::Plan::EmulateLoaded:
-      e.fallback = channel::TrapEntry::Fallback::Emulate;
-      break;
+    case x86::Plan::EmulateLoaded: e.fallback = channel::TrapEntry::Fallback::Emulate; break;
   }
   return e;
 }

@@ -80,8 +80,7 @@ Result<Gva> Engine::ensure_trampoline(Domain& d, bool* made) {
   PatchSpec spec;
   spec.at = t;
   spec.on_undo = [pool = d.pool.get(), t, id = d.id] {
-    if (auto r = pool->release(t); !r)
-      XP_LOG(Warn, "domain %u: trampoline slot: %s", id.value, r.error().what.c_str());
+    if (auto r = pool->release(t); !r) XP_LOG(Warn, "domain %u: trampoline slot: %s", id.value, r.error().what.c_str());
   };
   spec.bytes.assign(kSlotSize, 0xcc);  // never executed: the vCPU always leaves from the trap
   spec.bytes[0] = d.traits.trap_byte;
@@ -147,13 +146,11 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
   const Gva slot{r.rsp};
   const std::uint64_t tramp = d.trampoline->value;
   Result<std::uint64_t> ret = fail(Errc::InvalidArgument, "");
-  if (auto m = hit_memory(d); m)
-    ret = d.memory->read_u64(slot);
-  else
-    ret = std::unexpected(m.error());
+  if (auto m = hit_memory(d); m) ret = d.memory->read_u64(slot);
+  else ret = std::unexpected(m.error());
   if (!ret) {
-    XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot read the return address at %s: %s", hex(ctx.address().value).c_str(),
-           hex(slot.value).c_str(), ret.error().what.c_str());
+    XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot read the return address at %s: %s",
+                       hex(ctx.address().value).c_str(), hex(slot.value).c_str(), ret.error().what.c_str());
     reg.stats.unhandled++;
     return;
   }
@@ -203,8 +200,8 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     journaled = *j;
   }
   if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
-    XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot rewrite the return address at %s: %s", hex(ctx.address().value).c_str(),
-           hex(slot.value).c_str(), w.error().what.c_str());
+    XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot rewrite the return address at %s: %s",
+                       hex(ctx.address().value).c_str(), hex(slot.value).c_str(), w.error().what.c_str());
     if (d.table) d.table->return_removed(d.id, slot);
     if (journaled != ~0u) journal_->remove_return(journaled);
     rs.free.push_back(&in);
@@ -251,11 +248,12 @@ channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
   // (BUG_ON on a return address it cannot find), the task cannot go on: it resumes at
   // address 0, so the guest kernel's own oops names it, once, and the vCPU is free.
   ++d.lost_returns;
-  XP_LOG_RATELIMITED(Error,
-         "domain %u vcpu %u: reached the return trampoline with rsp %s, which no call of ours returns to (its "
-         "return address is unknown); the task is sent to address 0 so that the guest's oops reports it (lost "
-         "returns in this domain: %" PRIu64 ")",
-         d.id.value, s.vcpu.value, hex(r.rsp).c_str(), d.lost_returns);
+  XP_LOG_RATELIMITED(
+      Error,
+      "domain %u vcpu %u: reached the return trampoline with rsp %s, which no call of ours returns to (its "
+      "return address is unknown); the task is sent to address 0 so that the guest's oops reports it (lost "
+      "returns in this domain: %" PRIu64 ")",
+      d.id.value, s.vcpu.value, hex(r.rsp).c_str(), d.lost_returns);
   r.rip = 0;
   return channel::Verdict::Resume;
 }
@@ -301,8 +299,7 @@ void Engine::restore_returns(Domain& d, Registration* only) {
     auto v = d.memory->read_u64(in->slot);
     bool restored = false;
     if (v && *v == tramp) {
-      if (auto w = d.memory->write_u64_transient(in->slot, in->ret); w)
-        restored = true;
+      if (auto w = d.memory->write_u64_transient(in->slot, in->ret); w) restored = true;
       else
         XP_LOG(Error, "domain %u: cannot restore the return address at %s: %s", d.id.value, hex(in->slot.value).c_str(),
                w.error().what.c_str());

@@ -30,9 +30,9 @@ Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_
   if (next_emulated(p)) trap_tail = true;
   const bool continuation = p.next && !next_emulated(p);
   Gva resume = p.insn.next();
-  auto emitted = x86::emit_slot(code, slot, p.insn, p.insn.next(),
-                                trap_tail || continuation ? x86::SlotTail::Trap : x86::SlotTail::JmpBack,
-                                d.traits.trap_byte);
+  auto emitted =
+      x86::emit_slot(code, slot, p.insn, p.insn.next(),
+                     trap_tail || continuation ? x86::SlotTail::Trap : x86::SlotTail::JmpBack, d.traits.trap_byte);
   if (emitted && continuation) {
     // Without a trap tail the copy of the next instruction overwrites the trap byte. After a
     // trap it starts one byte later: a vCPU sent there must not stand at trap + 1, which is
@@ -64,8 +64,11 @@ Result<Engine::NewSlot> Engine::write_slot(Domain& d, const Point& p, bool trap_
       return std::unexpected(n.error());
     }
     const std::size_t off = te.addr.value - slot.value;
-    spec.journal = PatchSpec::Record{PatchKind::SlotTrap, te.addr, {code.begin() + off, code.begin() + off + 5},
-                                     {jmp.begin(), jmp.end()}, p.insn.next()};
+    spec.journal = PatchSpec::Record{PatchKind::SlotTrap,
+                                     te.addr,
+                                     {code.begin() + off, code.begin() + off + 5},
+                                     {jmp.begin(), jmp.end()},
+                                     p.insn.next()};
     // Known to the channel before any vCPU can reach it: none is sent to the slot yet.
     spec.trap = te;
   }
@@ -90,8 +93,10 @@ Result<Gva> Engine::take_fixup_slot(Domain& d, const Point& p) {
   std::optional<unsigned> unused;
   for (unsigned k = 0; k < fs.count; ++k) {
     const std::uint64_t slot = fs.slot(k).value, entry = fs.entry(k).value;
-    const std::uint64_t insn = entry + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry)});
-    const std::uint64_t fixup = entry + 4 + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry + 4)});
+    const std::uint64_t insn =
+        entry + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry)});
+    const std::uint64_t fixup =
+        entry + 4 + static_cast<std::uint64_t>(std::int64_t{load<std::int32_t>(entries.data() + k * kEntry + 4)});
     const std::int32_t data = load<std::int32_t>(entries.data() + k * kEntry + 8);
     const auto* bytes = reinterpret_cast<const std::uint8_t*>(slots.data()) + std::size_t{k} * kSize;
     if (insn == slot && fixup == want.fixup && data == want.data) {
@@ -306,8 +311,7 @@ Result<void> Engine::reclaim_slots(Domain& d) {
     if (!it->second.point && (!slot || d.pool->state_of(*slot) != SlotState::Dirty)) {
       it->second.patch.forget();
       it = d.slot_traps.erase(it);
-    } else
-      ++it;
+    } else ++it;
   }
   return {};
 }

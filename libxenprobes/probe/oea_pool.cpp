@@ -16,8 +16,8 @@ void clear(std::vector<std::uint64_t>& b, std::size_t k) { b[k / 64] &= ~(1ull <
 
 Result<OeaPool> OeaPool::create(std::span<const OeaArea> areas, OeaPoolOptions options) {
   if (options.slot_size < 32 || options.slot_size > kPageSize || options.slot_size % kSlotAlign)
-    return fail(Errc::InvalidArgument, "OEA slot size " + std::to_string(options.slot_size) +
-                                           " must be a multiple of 16 between 32 and 4096");
+    return fail(Errc::InvalidArgument,
+                "OEA slot size " + std::to_string(options.slot_size) + " must be a multiple of 16 between 32 and 4096");
   OeaPool pool(options);
   for (const auto& a : areas) XP_TRY(pool.add_area(a));
   return pool;
@@ -62,8 +62,8 @@ Result<Gva> OeaPool::allocate() {
 Result<Gva> OeaPool::allocate_run(std::size_t n) {
   if (n == 1) return allocate();
   if (n == 0 || n * slot_size_ > kPageSize)
-    return fail(Errc::InvalidArgument, "a run of " + std::to_string(n) + " OEA slots (1.." +
-                                           std::to_string(kPageSize / slot_size_) + ")");
+    return fail(Errc::InvalidArgument,
+                "a run of " + std::to_string(n) + " OEA slots (1.." + std::to_string(kPageSize / slot_size_) + ")");
   for (std::size_t i = 0; i < bits_.size(); ++i) {
     auto& b = bits_[i];
     std::size_t run = 0;
@@ -79,9 +79,8 @@ Result<Gva> OeaPool::allocate_run(std::size_t n) {
 }
 
 Error OeaPool::exhausted() const {
-  return Error{Errc::NoSpace, "out-of-line execution area exhausted: " +
-                                 std::to_string(used_count_ + dirty_count_) +
-                                 " slots in use; load the guest module with a larger area (or let it grow)"};
+  return Error{Errc::NoSpace, "out-of-line execution area exhausted: " + std::to_string(used_count_ + dirty_count_) +
+                                  " slots in use; load the guest module with a larger area (or let it grow)"};
 }
 
 Result<void> OeaPool::release(Gva slot) {
@@ -153,8 +152,6 @@ std::size_t OeaPool::low_water() const {
   return std::max<std::size_t>(1, total_ / 8);
 }
 
-bool OeaPool::wants_growth() const {
-  return clean() < low_water() && areas_.size() < XENPROBES_OEA_MAX_AREAS;
-}
+bool OeaPool::wants_growth() const { return clean() < low_water() && areas_.size() < XENPROBES_OEA_MAX_AREAS; }
 
 }  // namespace xenprobes::probe

@@ -68,8 +68,8 @@ class OeaPool {
   // gathered with the domain paused). Returns how many slots became Clean.
   std::size_t reclaim(std::span<const std::uint64_t> vcpu_rips);
 
-  bool contains(Gva va) const;                 // inside some area (slot or tail)
-  std::optional<Gva> slot_of(Gva va) const;    // start of the slot holding va
+  bool contains(Gva va) const;                        // inside some area (slot or tail)
+  std::optional<Gva> slot_of(Gva va) const;           // start of the slot holding va
   std::optional<SlotState> state_of(Gva slot) const;  // for a slot start only
 
   std::size_t slot_size() const { return slot_size_; }

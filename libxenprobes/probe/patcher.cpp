@@ -20,9 +20,17 @@ Result<std::vector<std::uint8_t>> read_bytes(mem::GuestMemory& m, Gva at, std::s
 }  // namespace
 
 Patch::Patch(Patch&& o) noexcept
-    : mem_(o.mem_), ch_(o.ch_), table_(o.table_), journal_(o.journal_), dom_(o.dom_), spec_(std::move(o.spec_)),
-      before_(std::move(o.before_)), trap_added_(o.trap_added_), journaled_(o.journaled_),
-      committed_(o.committed_), state_(std::exchange(o.state_, State::None)) {}
+    : mem_(o.mem_),
+      ch_(o.ch_),
+      table_(o.table_),
+      journal_(o.journal_),
+      dom_(o.dom_),
+      spec_(std::move(o.spec_)),
+      before_(std::move(o.before_)),
+      trap_added_(o.trap_added_),
+      journaled_(o.journaled_),
+      committed_(o.committed_),
+      state_(std::exchange(o.state_, State::None)) {}
 
 Patch& Patch::operator=(Patch&& o) noexcept {
   if (this != &o) {
@@ -91,7 +99,8 @@ Result<void> Patch::undo() {
 
 Result<void> Patch::reapply(std::optional<channel::TrapEntry> trap) {
   if (state_ == State::Applied) return {};
-  if (state_ != State::Restored) return fail(Errc::InvalidArgument, "no patch at " + hex(spec_.at.value) + " to apply again");
+  if (state_ != State::Restored)
+    return fail(Errc::InvalidArgument, "no patch at " + hex(spec_.at.value) + " to apply again");
   XP_TRY(check_expected());
   if (trap && trap_added_) {
     if (table_) XP_TRY(table_->trap_added(dom_, *trap));

@@ -32,8 +32,8 @@ using guardian::PatchKind;
 
 struct PatchSpec {
   Gva at;
-  std::vector<std::uint8_t> bytes;   // written at `at`
-  std::vector<std::uint8_t> expect;  // what `at` must hold before (empty: anything, e.g. a fresh slot)
+  std::vector<std::uint8_t> bytes;         // written at `at`
+  std::vector<std::uint8_t> expect;        // what `at` must hold before (empty: anything, e.g. a fresh slot)
   std::optional<channel::TrapEntry> trap;  // added to the channel's trap table first
   // The guardian's record: what it restores at `at` if the process dies (1..8 bytes).
   struct Record {
@@ -88,11 +88,11 @@ class Patch {
   mem::GuestMemory* mem_ = nullptr;
   channel::Channel* ch_ = nullptr;
   channel::TrapTable* table_ = nullptr;  // null: the channel keeps no trap table
-  Journal* journal_ = nullptr;  // null: not journaled
+  Journal* journal_ = nullptr;           // null: not journaled
   DomId dom_{0};
   PatchSpec spec_;
   std::vector<std::uint8_t> before_;  // what `at` held before the write
-  bool trap_added_ = false;  // spec_.trap is the channel's (in its table, if it has one)
+  bool trap_added_ = false;           // spec_.trap is the channel's (in its table, if it has one)
   bool journaled_ = false;
   bool committed_ = false;
   State state_ = State::None;

@@ -80,7 +80,9 @@ class SlotMap {
     T* value = nullptr;
   };
   std::size_t mask() const { return table_.size() - 1; }
-  std::size_t index(std::uint64_t key) const { return static_cast<std::size_t>((key >> 3) * 0x9e3779b97f4a7c15ull >> 20) & mask(); }
+  std::size_t index(std::uint64_t key) const {
+    return static_cast<std::size_t>((key >> 3) * 0x9e3779b97f4a7c15ull >> 20) & mask();
+  }
   void rehash(std::size_t cap) {
     std::vector<Entry> old = std::move(table_);
     table_.assign(cap, Entry{});

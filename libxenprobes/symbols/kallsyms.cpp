@@ -23,7 +23,17 @@ constexpr std::uint64_t kImageStep = 2ull << 20;
 constexpr std::size_t kMaxMarkerCandidates = 64;
 constexpr std::size_t kMaxSignatureHits = 64;
 // The token table's signature: the digits are one-character tokens, in order.
-constexpr char kDigits[] = "0\0" "1\0" "2\0" "3\0" "4\0" "5\0" "6\0" "7\0" "8\0" "9";
+constexpr char kDigits[] =
+    "0\0"
+    "1\0"
+    "2\0"
+    "3\0"
+    "4\0"
+    "5\0"
+    "6\0"
+    "7\0"
+    "8\0"
+    "9";
 constexpr std::size_t kDigitsLen = sizeof kDigits;  // includes the final NUL
 
 std::uint64_t align8(std::uint64_t v) { return (v + 7) & ~std::uint64_t{7}; }
@@ -214,7 +224,8 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
   const std::size_t words = below.size() / 4;
   std::vector<std::uint32_t> follows(words + 1, 0);
   for (std::size_t i = words; i-- > 1;) {
-    const std::uint32_t prev = load<std::uint32_t>(below.data() + 4 * (i - 1)), cur = load<std::uint32_t>(below.data() + 4 * i);
+    const std::uint32_t prev = load<std::uint32_t>(below.data() + 4 * (i - 1)),
+                        cur = load<std::uint32_t>(below.data() + 4 * i);
     const std::uint64_t step = std::uint64_t{cur} - prev;
     if (cur > prev && step >= min_step && step <= max_step) follows[i - 1] = follows[i] + 1;
   }
@@ -260,8 +271,8 @@ Result<Names> find_names(const MemoryReadFn& read, const Tokens& tok, const Kall
         *markers_addr = p;
         return out;
       }
-      last_reason = "kallsyms_markers candidate at " + hex(p) + " (" + std::to_string(m) +
-                    " markers) matches no kallsyms_names";
+      last_reason =
+          "kallsyms_markers candidate at " + hex(p) + " (" + std::to_string(m) + " markers) matches no kallsyms_names";
     }
     if (p < 8) break;
   }
@@ -281,12 +292,9 @@ std::optional<std::vector<std::uint64_t>> decode_offsets(const std::vector<std::
   std::vector<std::uint64_t> out(n);
   for (std::uint32_t i = 0; i < n; ++i) {
     const std::int32_t v = static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * i));
-    if (!*absolute)
-      out[i] = base + static_cast<std::uint32_t>(v);
-    else if (v >= 0)
-      out[i] = static_cast<std::uint64_t>(v);
-    else
-      out[i] = base - 1 - static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+    if (!*absolute) out[i] = base + static_cast<std::uint32_t>(v);
+    else if (v >= 0) out[i] = static_cast<std::uint64_t>(v);
+    else out[i] = base - 1 - static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
     if (out[i] < base && (!*absolute || v < 0)) return std::nullopt;  // wrapped
     if (i > 0 && out[i] < out[i - 1]) return std::nullopt;            // the table is sorted
   }
@@ -295,8 +303,7 @@ std::optional<std::vector<std::uint64_t>> decode_offsets(const std::vector<std::
 
 }  // namespace
 
-Result<KallsymsResult> read_kallsyms_at(const MemoryReadFn& read, std::uint64_t digits,
-                                        const KallsymsLimits& limits) {
+Result<KallsymsResult> read_kallsyms_at(const MemoryReadFn& read, std::uint64_t digits, const KallsymsLimits& limits) {
   Tokens tok = XP_TRY(read_tokens(read, digits));
   std::vector<std::uint32_t> markers;
   KallsymsResult res;
@@ -329,8 +336,8 @@ Result<KallsymsResult> read_kallsyms_at(const MemoryReadFn& read, std::uint64_t 
     }
     const std::uint64_t b = load<std::uint64_t>(base->data());
     if (b < kKernelHalfStart) {
-      why += (why.empty() ? "" : "; ") + std::string("kallsyms_relative_base candidate at ") + hex(l.base) +
-             " holds " + hex(b) + ", not a kernel address";
+      why += (why.empty() ? "" : "; ") + std::string("kallsyms_relative_base candidate at ") + hex(l.base) + " holds " +
+             hex(b) + ", not a kernel address";
       continue;
     }
     addrs = decode_offsets(*raw, n, b, &res.absolute_percpu);
@@ -344,7 +351,8 @@ Result<KallsymsResult> read_kallsyms_at(const MemoryReadFn& read, std::uint64_t 
     res.where.offsets_after_tokens = l.after;
     break;
   }
-  if (!addrs) return fail(Errc::Io, "kallsyms tables at " + hex(tok.table) + ": no kallsyms_offsets found (" + why + ")");
+  if (!addrs)
+    return fail(Errc::Io, "kallsyms tables at " + hex(tok.table) + ": no kallsyms_offsets found (" + why + ")");
 
   res.entries.reserve(n);
   const std::byte* p = names.bytes.data();
@@ -412,8 +420,8 @@ Result<KallsymsResult> find_kallsyms(const MemoryReadFn& read, std::uint64_t sta
       // A real kernel has one; a guest that plants look-alikes gets a bounded number of tries.
       if (++hits > kMaxSignatureHits)
         return fail(Errc::Io, "more than " + std::to_string(kMaxSignatureHits) +
-                                  " look-alikes of the kallsyms token table from " + hex(start) + " on (the last: " +
-                                  (last ? last->what : std::string("none")) + ")");
+                                  " look-alikes of the kallsyms token table from " + hex(start) +
+                                  " on (the last: " + (last ? last->what : std::string("none")) + ")");
       auto r = read_kallsyms_at(read, hay_start + off, limits);
       if (r) return r;
       last = r.error();
@@ -426,7 +434,8 @@ Result<KallsymsResult> find_kallsyms(const MemoryReadFn& read, std::uint64_t sta
   }
   if (last) return std::unexpected(*last);
   return fail(Errc::NotFound, "no kallsyms token table in " + hex(start) + ".." + hex(end) + " (" +
-                                  std::to_string(readable) + " readable chunks): not a Linux kernel with "
+                                  std::to_string(readable) +
+                                  " readable chunks): not a Linux kernel with "
                                   "CONFIG_KALLSYMS, or the search started past its .rodata");
 }
 

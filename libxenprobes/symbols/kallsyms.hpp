@@ -45,9 +45,9 @@ namespace xenprobes::symbols {
 using MemoryReadFn = std::function<Result<void>(std::uint64_t addr, std::span<std::byte> out)>;
 
 struct KallsymsLimits {
-  std::uint32_t max_symbols = 1u << 20;       // Debian's 6.1 has ~94k, 6.12 ~167k
+  std::uint32_t max_symbols = 1u << 20;         // Debian's 6.1 has ~94k, 6.12 ~167k
   std::uint64_t max_scan_bytes = 256ull << 20;  // how far past the start the token table may be
-  std::size_t chunk_bytes = 64u << 10;        // one guest read while searching
+  std::size_t chunk_bytes = 64u << 10;          // one guest read while searching
 };
 
 // Where the tables are (running or link addresses, as read).
@@ -59,8 +59,8 @@ struct KallsymsLocation {
   std::uint64_t num_syms = 0;
   std::uint64_t offsets = 0;
   std::uint64_t relative_base = 0;
-  std::uint32_t count = 0;           // N, the value of kallsyms_num_syms
-  bool offsets_after_tokens = false; // the post-6.1 order
+  std::uint32_t count = 0;            // N, the value of kallsyms_num_syms
+  bool offsets_after_tokens = false;  // the post-6.1 order
 };
 
 // One decoded symbol.

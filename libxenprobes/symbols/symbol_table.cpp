@@ -17,7 +17,6 @@ namespace {
 
 constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-
 std::string signed_hex(std::int64_t v) {
   if (v >= 0) return hex(static_cast<std::uint64_t>(v));
   return "-" + hex(0 - static_cast<std::uint64_t>(v));
@@ -86,11 +85,19 @@ bool is_valid_name(std::string_view s) {
 bool is_text_type(char t) { return t == 'T' || t == 't' || t == 'W' || t == 'w'; }
 bool is_data_type(char t) {
   switch (t) {
-    case 'D': case 'd': case 'B': case 'b': case 'R': case 'r':
-    case 'G': case 'g': case 'S': case 's': case 'V': case 'v':
-      return true;
-    default:
-      return false;
+    case 'D':
+    case 'd':
+    case 'B':
+    case 'b':
+    case 'R':
+    case 'r':
+    case 'G':
+    case 'g':
+    case 'S':
+    case 's':
+    case 'V':
+    case 'v': return true;
+    default: return false;
   }
 }
 bool is_type_letter(char t) { return (t >= 'A' && t <= 'Z') || (t >= 'a' && t <= 'z') || t == '?'; }
@@ -122,8 +129,7 @@ Result<SymbolTable> SymbolTable::load(const std::filesystem::path& path) {
     in.read(buf, sizeof buf);
     text.append(buf, static_cast<std::size_t>(in.gcount()));
     if (text.size() > kMaxFileBytes)
-      return fail(Errc::InvalidArgument, path.string() + " is larger than " +
-                                             std::to_string(kMaxFileBytes >> 20) +
+      return fail(Errc::InvalidArgument, path.string() + " is larger than " + std::to_string(kMaxFileBytes >> 20) +
                                              " MiB; not a System.map or kallsyms file");
   }
   if (in.bad()) return fail_errno(errno ? errno : EIO, "cannot read symbol file " + path.string());
@@ -149,7 +155,10 @@ Result<SymbolTable> SymbolTable::parse(std::string_view text, std::string source
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (std::all_of(line.begin(), line.end(), is_blank)) continue;
     ++st.lines;
-    if (line.size() > kMaxLineLen) { malformed(); continue; }
+    if (line.size() > kMaxLineLen) {
+      malformed();
+      continue;
+    }
 
     // "<addr> <type> <name>" or, in kallsyms, "<addr> <type> <name>\t[<module>]".
     std::string_view f[4];
@@ -192,14 +201,15 @@ Result<SymbolTable> SymbolTable::parse(std::string_view text, std::string source
   }
 
   if (parsed > 0 && all_zero)
-    return fail(Errc::Permission, t.source_ + ": every symbol address is 0 (kallsyms read with "
-                                              "kptr_restrict in force?); read it as root");
+    return fail(Errc::Permission, t.source_ +
+                                      ": every symbol address is 0 (kallsyms read with "
+                                      "kptr_restrict in force?); read it as root");
 
   // x86-64 System.map lists per-CPU variables as small offsets from 0 (e.g. "0000000000000000 D
   // fixed_percpu_data"); they are not addresses in the image and do not slide. If the file has
   // kernel-half symbols, the low ones are such offsets: keep them out of address lookups.
-  const bool has_kernel_half = std::any_of(t.syms_.begin(), t.syms_.end(),
-                                           [](const Entry& e) { return e.link >= kKernelHalfStart; });
+  const bool has_kernel_half =
+      std::any_of(t.syms_.begin(), t.syms_.end(), [](const Entry& e) { return e.link >= kKernelHalfStart; });
   if (has_kernel_half) {
     const auto low = std::erase_if(t.syms_, [](const Entry& e) { return e.link < kKernelHalfStart; });
     st.other_types += low;
@@ -207,19 +217,18 @@ Result<SymbolTable> SymbolTable::parse(std::string_view text, std::string source
   for (const Entry& e : t.syms_) ++(e.kind == SymbolKind::Text ? st.text : st.data);
 
   if (t.syms_.empty())
-    return fail(Errc::InvalidArgument,
-                "no usable symbol in " + t.source_ + " (" + std::to_string(st.lines) + " lines, " +
-                    std::to_string(st.malformed) + " malformed" +
-                    (st.first_malformed_line ? ", first at line " + std::to_string(st.first_malformed_line)
-                                             : std::string{}) +
-                    ")");
+    return fail(
+        Errc::InvalidArgument,
+        "no usable symbol in " + t.source_ + " (" + std::to_string(st.lines) + " lines, " +
+            std::to_string(st.malformed) + " malformed" +
+            (st.first_malformed_line ? ", first at line " + std::to_string(st.first_malformed_line) : std::string{}) +
+            ")");
   t.index();
   return t;
 }
 
 void SymbolTable::index() {
-  std::stable_sort(syms_.begin(), syms_.end(),
-                   [](const Entry& a, const Entry& b) { return a.link < b.link; });
+  std::stable_sort(syms_.begin(), syms_.end(), [](const Entry& a, const Entry& b) { return a.link < b.link; });
 
   // A symbol extends to the next symbol at a higher address (aliases share an extent), so the
   // last function of .text ends at _etext, which the map lists after it. The symbols at the
@@ -236,9 +245,8 @@ void SymbolTable::index() {
 
   by_name_.resize(syms_.size());
   for (std::size_t k = 0; k < syms_.size(); ++k) by_name_[k] = static_cast<std::uint32_t>(k);
-  std::stable_sort(by_name_.begin(), by_name_.end(), [this](std::uint32_t a, std::uint32_t b) {
-    return syms_[a].name < syms_[b].name;
-  });
+  std::stable_sort(by_name_.begin(), by_name_.end(),
+                   [this](std::uint32_t a, std::uint32_t b) { return syms_[a].name < syms_[b].name; });
 }
 
 std::uint64_t SymbolTable::running(std::uint64_t link) const {
@@ -269,8 +277,8 @@ bool is_section_marker(std::string_view n) {
 }  // namespace
 
 std::size_t SymbolTable::covering(std::uint64_t link) const {
-  auto it = std::upper_bound(syms_.begin(), syms_.end(), link,
-                             [](std::uint64_t v, const Entry& e) { return v < e.link; });
+  auto it =
+      std::upper_bound(syms_.begin(), syms_.end(), link, [](std::uint64_t v, const Entry& e) { return v < e.link; });
   if (it == syms_.begin()) return npos;
   const std::uint64_t start = std::prev(it)->link;
   // Several names at one address (_text, _stext, startup_64; __noinstr_text_end with the local
@@ -319,8 +327,7 @@ Result<std::vector<Symbol>> SymbolTable::lookup(std::string_view name) const {
   }
   std::vector<Symbol> out;
   for (auto it = lo; it != hi; ++it) out.push_back(to_symbol(syms_[*it]));
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Symbol& a, const Symbol& b) { return a.address < b.address; });
+  std::stable_sort(out.begin(), out.end(), [](const Symbol& a, const Symbol& b) { return a.address < b.address; });
   return out;
 }
 
@@ -328,11 +335,11 @@ Result<std::uint64_t> SymbolTable::check_offset(const Entry& e, std::uint64_t of
   if (off == 0) return off;
   const char* what = e.kind == SymbolKind::Text ? "function" : "symbol";
   if (e.size == 0)
-    return fail(Errc::Range, std::string(what) + " '" + e.name + "' has unknown size (last symbol in " +
-                                 source_ + ", no _etext after it); cannot apply offset " + hex(off));
+    return fail(Errc::Range, std::string(what) + " '" + e.name + "' has unknown size (last symbol in " + source_ +
+                                 ", no _etext after it); cannot apply offset " + hex(off));
   if (off >= e.size)
-    return fail(Errc::Range, "offset " + hex(off) + " is beyond the end of " + what + " '" + e.name +
-                                 "' (size " + hex(e.size) + ")");
+    return fail(Errc::Range, "offset " + hex(off) + " is beyond the end of " + what + " '" + e.name + "' (size " +
+                                 hex(e.size) + ")");
   return off;
 }
 
@@ -345,8 +352,7 @@ Result<Gva> SymbolTable::resolve(std::string_view expr) const {
   const std::string_view target = expr.substr(0, plus);
   std::uint64_t off = 0;
   if (plus != std::string_view::npos && !parse_offset(expr.substr(plus + 1), &off))
-    return fail(Errc::InvalidArgument, "bad offset in " + quoted(expr) +
-                                           ": expected name+0x<hex> or name+<decimal>");
+    return fail(Errc::InvalidArgument, "bad offset in " + quoted(expr) + ": expected name+0x<hex> or name+<decimal>");
 
   if (target.size() >= 2 && target[0] == '0' && (target[1] == 'x' || target[1] == 'X')) {
     std::uint64_t addr = 0;
@@ -393,19 +399,18 @@ Result<Function> SymbolTable::function_containing(Gva addr) const {
     return Function{f->name + " [" + f->module + "]", Gva{f->start}, f->size};
   std::uint64_t link = 0;
   const std::size_t k = is_link_in_table(addr.value, &link) ? covering(link) : npos;
-  if (k == npos)
-    return fail(Errc::NotFound, hex(addr.value) + " is below every symbol in " + source_);
+  if (k == npos) return fail(Errc::NotFound, hex(addr.value) + " is below every symbol in " + source_);
   const Entry& e = syms_[k];
   const std::uint64_t off = link - e.link;
   if (e.kind != SymbolKind::Text || e.end_marker)
-    return fail(Errc::NotFound, hex(addr.value) + " is not in a function (" + e.name + "+" + hex(off) +
-                                    " is " + (e.end_marker ? "past the end of a text section" : "data") + ")");
+    return fail(Errc::NotFound, hex(addr.value) + " is not in a function (" + e.name + "+" + hex(off) + " is " +
+                                    (e.end_marker ? "past the end of a text section" : "data") + ")");
   if (e.size == 0)
     return fail(Errc::NotFound, hex(addr.value) + " is " + e.name + "+" + hex(off) + " but '" + e.name +
-                                    "' is the last symbol in " + source_ + " (no _etext after it): its "
+                                    "' is the last symbol in " + source_ +
+                                    " (no _etext after it): its "
                                     "size is unknown");
-  if (off >= e.size)
-    return fail(Errc::NotFound, hex(addr.value) + " is past the end of '" + e.name + "'");
+  if (off >= e.size) return fail(Errc::NotFound, hex(addr.value) + " is past the end of '" + e.name + "'");
   return Function{e.name, Gva{running(e.link)}, e.size};
 }
 
@@ -423,15 +428,15 @@ std::string SymbolTable::symbolize(Gva addr) const {
 
 Result<void> SymbolTable::set_slide(std::int64_t slide) {
   if (slide % static_cast<std::int64_t>(kSlideAlign) != 0)
-    return fail(Errc::InvalidArgument, "KASLR slide " + signed_hex(slide) +
-                                           " is not a multiple of 2 MiB (CONFIG_PHYSICAL_ALIGN)");
+    return fail(Errc::InvalidArgument,
+                "KASLR slide " + signed_hex(slide) + " is not a multiple of 2 MiB (CONFIG_PHYSICAL_ALIGN)");
   if (slide != 0 && !syms_.empty()) {
     const __int128 lo = static_cast<__int128>(syms_.front().link) + slide;
     const __int128 hi = static_cast<__int128>(syms_.back().link) + syms_.back().size + slide;
     if (lo < static_cast<__int128>(kKernelHalfStart) ||
         hi > static_cast<__int128>(std::numeric_limits<std::uint64_t>::max()))
-      return fail(Errc::InvalidArgument, "KASLR slide " + signed_hex(slide) + " moves the symbols of " +
-                                             source_ + " out of the canonical kernel half");
+      return fail(Errc::InvalidArgument, "KASLR slide " + signed_hex(slide) + " moves the symbols of " + source_ +
+                                             " out of the canonical kernel half");
   }
   slide_ = slide;
   return {};
@@ -439,20 +444,23 @@ Result<void> SymbolTable::set_slide(std::int64_t slide) {
 
 Result<std::int64_t> SymbolTable::slide_from_text(Gva running_text) {
   if (running_text.value < kKernelHalfStart)
-    return fail(Errc::InvalidArgument, "running _text " + hex(running_text.value) +
-                                           " is not a canonical upper-half kernel address");
+    return fail(Errc::InvalidArgument,
+                "running _text " + hex(running_text.value) + " is not a canonical upper-half kernel address");
   const Entry* anchor = nullptr;
   for (const char* name : {"_text", "_stext"}) {
     for (const Entry& e : syms_)
-      if (e.name == name) { anchor = &e; break; }
+      if (e.name == name) {
+        anchor = &e;
+        break;
+      }
     if (anchor) break;
   }
   if (!anchor) return fail(Errc::NotFound, "no _text or _stext in " + source_ + " to compute the KASLR slide from");
   auto in_image = [](std::uint64_t a) { return a >= kKernelImageStart && a < kKernelImageEnd; };
   if (in_image(anchor->link) && !in_image(running_text.value))
     return fail(Errc::InvalidArgument, "running _text " + hex(running_text.value) +
-                                           " is outside the x86-64 kernel image window [" +
-                                           hex(kKernelImageStart) + ", " + hex(kKernelImageEnd) + ")");
+                                           " is outside the x86-64 kernel image window [" + hex(kKernelImageStart) +
+                                           ", " + hex(kKernelImageEnd) + ")");
   const __int128 d = static_cast<__int128>(running_text.value) - anchor->link;
   if (d < std::numeric_limits<std::int64_t>::min() || d > std::numeric_limits<std::int64_t>::max())
     return fail(Errc::InvalidArgument, "running _text " + hex(running_text.value) + " is implausibly far from " +

@@ -21,8 +21,8 @@
 
 namespace xenprobes::symbols {
 
-inline constexpr std::size_t kMaxLineLen = 1024;       // longer lines are counted as malformed
-inline constexpr std::size_t kMaxNameLen = 512;        // Linux KSYM_NAME_LEN (6.1+)
+inline constexpr std::size_t kMaxLineLen = 1024;              // longer lines are counted as malformed
+inline constexpr std::size_t kMaxNameLen = 512;               // Linux KSYM_NAME_LEN (6.1+)
 inline constexpr std::uint64_t kMaxFileBytes = 256ull << 20;  // a distro kallsyms is ~20 MiB
 // Linux aligns the x86-64 kernel to CONFIG_PHYSICAL_ALIGN (2 MiB by default), so every KASLR
 // slide is a multiple of it.
@@ -41,10 +41,10 @@ enum class SymbolKind { Text, Data };
 struct Symbol {
   std::string name;
   Gva address;
-  char type = '?';          // nm type letter: T t W w (text), D d B b R r G g S s V v (data)
+  char type = '?';  // nm type letter: T t W w (text), D d B b R r G g S s V v (data)
   SymbolKind kind = SymbolKind::Text;
-  std::uint64_t size = 0;   // to the next symbol (see function_containing); 0 = unknown
-  std::string module{};     // a loaded module's function: its module ("" for the core kernel)
+  std::uint64_t size = 0;  // to the next symbol (see function_containing); 0 = unknown
+  std::string module{};    // a loaded module's function: its module ("" for the core kernel)
 };
 
 // A loaded module's function, as read from the guest (kernel/module_symbols.hpp): a running
@@ -66,12 +66,12 @@ struct Function {
 
 // What load/parse saw. Lines that were skipped are counted, never silently dropped.
 struct LoadStats {
-  std::size_t lines = 0;            // non-empty lines
-  std::size_t text = 0;             // kept as functions
-  std::size_t data = 0;             // kept as data
-  std::size_t other_types = 0;      // well-formed but not kept (A a N U ? i …)
-  std::size_t module_symbols = 0;   // kallsyms "\t[module]" lines: not kept (not slid with the kernel)
-  std::size_t malformed = 0;        // too long, bad address, bad type, bad name, extra columns
+  std::size_t lines = 0;                 // non-empty lines
+  std::size_t text = 0;                  // kept as functions
+  std::size_t data = 0;                  // kept as data
+  std::size_t other_types = 0;           // well-formed but not kept (A a N U ? i …)
+  std::size_t module_symbols = 0;        // kallsyms "\t[module]" lines: not kept (not slid with the kernel)
+  std::size_t malformed = 0;             // too long, bad address, bad type, bad name, extra columns
   std::size_t first_malformed_line = 0;  // 1-based, 0 if none
 };
 
@@ -138,8 +138,8 @@ class SymbolTable {
  private:
   struct Entry {
     std::string name;
-    std::uint64_t link = 0;   // link-time address
-    std::uint64_t size = 0;   // 0 = unknown
+    std::uint64_t link = 0;  // link-time address
+    std::uint64_t size = 0;  // 0 = unknown
     char type = '?';
     SymbolKind kind = SymbolKind::Text;
     bool end_marker = false;  // _etext / _einittext: ends a range, starts no function
@@ -154,9 +154,9 @@ class SymbolTable {
   Result<std::uint64_t> check_offset(const Entry& e, std::uint64_t off) const;
 
   std::string source_;
-  std::vector<Entry> syms_;             // sorted by link address, file order among equals
-  std::vector<std::uint32_t> by_name_;  // indices into syms_, sorted by name then address
-  std::vector<ModuleFunction> mods_;    // sorted by start, not overlapping
+  std::vector<Entry> syms_;                  // sorted by link address, file order among equals
+  std::vector<std::uint32_t> by_name_;       // indices into syms_, sorted by name then address
+  std::vector<ModuleFunction> mods_;         // sorted by start, not overlapping
   std::vector<std::uint32_t> mods_by_name_;  // indices into mods_, by name, module, start
   // Module functions named `name` ("func" or "module:func"), by address.
   std::vector<Symbol> module_lookup(std::string_view name) const;

@@ -25,8 +25,8 @@ Result<void> SymbolTable::set_module_functions(std::vector<ModuleFunction> fns) 
   for (const ModuleFunction& f : fns) {
     if (!valid_part(f.module, true) || !valid_part(f.name, false) || f.size == 0 || f.start < kKernelHalfStart ||
         f.start + f.size < f.start)
-      return fail(Errc::InvalidArgument, "module function " + f.module + ":" + f.name.substr(0, 64) + " at " +
-                                             hex(f.start) + " is malformed");
+      return fail(Errc::InvalidArgument,
+                  "module function " + f.module + ":" + f.name.substr(0, 64) + " at " + hex(f.start) + " is malformed");
   }
   std::sort(fns.begin(), fns.end(), [](const ModuleFunction& a, const ModuleFunction& b) {
     return a.start != b.start ? a.start < b.start : a.name < b.name;

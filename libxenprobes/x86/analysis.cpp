@@ -22,8 +22,7 @@ bool is_context_return(const Insn& i) {
   return i.kind == Kind::Iret || i.kind == Kind::Sysret || i.kind == Kind::Sysexit;
 }
 bool is_software_interrupt(const Insn& i) {
-  return i.kind == Kind::IntN || i.kind == Kind::Into || i.kind == Kind::Syscall ||
-         i.kind == Kind::Sysenter;
+  return i.kind == Kind::IntN || i.kind == Kind::Into || i.kind == Kind::Syscall || i.kind == Kind::Sysenter;
 }
 bool is_halt(const Insn& i) { return i.kind == Kind::Hlt; }
 bool is_deliberate_ud(const Insn& i) { return i.kind == Kind::Ud; }
@@ -70,27 +69,22 @@ struct Rule {
 // The gate's list: the first rule that trips refuses the probe. Each reason says why running
 // the instruction out of line (or emulating it) would be wrong.
 constexpr Rule kRules[] = {
-    {is_trap_byte, Errc::Busy,
-     "foreign breakpoint: an int3/ICEBP is already there (a debugger, kprobes or text_poke)"},
+    {is_trap_byte, Errc::Busy, "foreign breakpoint: an int3/ICEBP is already there (a debugger, kprobes or text_poke)"},
     {is_context_return, Errc::InvalidArgument,
      "returns to another context (iret/sysret/sysexit): the probe would hijack a mode switch"},
     {is_software_interrupt, Errc::InvalidArgument,
      "software interrupt or system call: the entry path would see the slot as the return address"},
-    {is_halt, Errc::InvalidArgument,
-     "hlt parks the vCPU inside the slot until the next interrupt, pinning the slot"},
+    {is_halt, Errc::InvalidArgument, "hlt parks the vCPU inside the slot until the next interrupt, pinning the slot"},
     {is_deliberate_ud, Errc::InvalidArgument,
      "deliberate #UD (BUG/WARN): the kernel's bug table knows the original address, not the slot"},
-    {is_gs_swap, Errc::InvalidArgument,
-     "swapgs: the trap would enter the guest's handler with the other GS base"},
-    {is_ss_load, Errc::InvalidArgument,
-     "loads SS: its interrupt shadow would cover the slot's tail"},
+    {is_gs_swap, Errc::InvalidArgument, "swapgs: the trap would enter the guest's handler with the other GS base"},
+    {is_ss_load, Errc::InvalidArgument, "loads SS: its interrupt shadow would cover the slot's tail"},
     {is_far_transfer, Errc::InvalidArgument, "far jump/call/return: changes CS"},
     {is_transaction_begin, Errc::InvalidArgument,
      "xbegin: relative abort address inside a transaction cannot be relocated or emulated"},
     {is_opsize_relative_branch, Errc::InvalidArgument,
      "operand-size prefix on a relative branch: Intel and AMD disagree on its length and target"},
-    {is_addr32_rip_relative, Errc::InvalidArgument,
-     "EIP-relative (addr32) operand: wraps at 4 GiB, not relocated"},
+    {is_addr32_rip_relative, Errc::InvalidArgument, "EIP-relative (addr32) operand: wraps at 4 GiB, not relocated"},
     {is_interrupt_enable, Errc::InvalidArgument,
      "sti: its one-instruction interrupt shadow would cover the slot's jump back instead of the next "
      "instruction (in `sti; hlt` a wakeup between the two is lost)"},
@@ -108,17 +102,20 @@ Result<Plan> analyze(const Insn& i) {
   for (const Rule& r : kRules)
     if (r.trips(i)) return fail(r.code, i.describe() + ": " + r.why);
   switch (i.branch) {
-    case BranchKind::None:
-      break;
-    case BranchKind::Jmp: case BranchKind::Jcc: case BranchKind::Call: case BranchKind::Loop:
-    case BranchKind::Loope: case BranchKind::Loopne: case BranchKind::Jrcxz:
-      return Plan::EmulateBranch;
-    case BranchKind::JmpIndirect: case BranchKind::CallIndirect:
+    case BranchKind::None: break;
+    case BranchKind::Jmp:
+    case BranchKind::Jcc:
+    case BranchKind::Call:
+    case BranchKind::Loop:
+    case BranchKind::Loope:
+    case BranchKind::Loopne:
+    case BranchKind::Jrcxz: return Plan::EmulateBranch;
+    case BranchKind::JmpIndirect:
+    case BranchKind::CallIndirect:
       if (i.indirect_reg != Reg::None) return Plan::EmulateBranch;
       if (i.mem.present) return Plan::EmulateLoaded;
       return fail(Errc::InvalidArgument, i.describe() + ": indirect branch with no operand");
-    case BranchKind::Ret:
-      return Plan::EmulateLoaded;
+    case BranchKind::Ret: return Plan::EmulateLoaded;
     case BranchKind::Far:  // refused by is_far_transfer
       break;
   }
@@ -127,25 +124,23 @@ Result<Plan> analyze(const Insn& i) {
 }
 
 Gva adjust_probe_address(std::span<const Insn> function, Gva requested) {
-  if (function.size() >= 2 && function[0].address == requested && is_endbr(function[0]))
-    return function[1].address;
+  if (function.size() >= 2 && function[0].address == requested && is_endbr(function[0])) return function[1].address;
   return requested;
 }
 
 bool cond_holds(Cond cc, std::uint64_t f) {
-  const bool cf = f & kFlagCf, pf = f & kFlagPf, zf = f & kFlagZf, sf = f & kFlagSf,
-             of = f & kFlagOf;
+  const bool cf = f & kFlagCf, pf = f & kFlagPf, zf = f & kFlagZf, sf = f & kFlagSf, of = f & kFlagOf;
   // Even condition codes test a flag combination; odd ones are its negation (SDM Vol. 1 B.1).
   bool base = false;
   switch (static_cast<unsigned>(cc) >> 1) {
-    case 0: base = of; break;               // O / NO
-    case 1: base = cf; break;               // B / AE
-    case 2: base = zf; break;               // E / NE
-    case 3: base = cf || zf; break;         // BE / A
-    case 4: base = sf; break;               // S / NS
-    case 5: base = pf; break;               // P / NP
-    case 6: base = sf != of; break;         // L / GE
-    case 7: base = zf || (sf != of); break; // LE / G
+    case 0: base = of; break;                // O / NO
+    case 1: base = cf; break;                // B / AE
+    case 2: base = zf; break;                // E / NE
+    case 3: base = cf || zf; break;          // BE / A
+    case 4: base = sf; break;                // S / NS
+    case 5: base = pf; break;                // P / NP
+    case 6: base = sf != of; break;          // L / GE
+    case 7: base = zf || (sf != of); break;  // LE / G
   }
   return (static_cast<unsigned>(cc) & 1) ? !base : base;
 }
@@ -157,9 +152,7 @@ Result<BranchOutcome> branch_outcome(const Insn& i, const CpuState& s) {
   const std::uint64_t mask = i.has_addr32() ? 0xffffffffull : ~0ull;
   const std::uint64_t rcx = s.gpr[static_cast<unsigned>(Reg::Rcx)];
   switch (i.branch) {
-    case BranchKind::Jmp:
-      o.next_rip = i.branch_target;
-      return o;
+    case BranchKind::Jmp: o.next_rip = i.branch_target; return o;
     case BranchKind::Jcc:
       if (cond_holds(i.cc, s.rflags)) o.next_rip = i.branch_target;
       return o;
@@ -168,7 +161,9 @@ Result<BranchOutcome> branch_outcome(const Insn& i, const CpuState& s) {
       o.return_addr = i.next();
       o.next_rip = i.branch_target;
       return o;
-    case BranchKind::Loop: case BranchKind::Loope: case BranchKind::Loopne: {
+    case BranchKind::Loop:
+    case BranchKind::Loope:
+    case BranchKind::Loopne: {
       // loop* decrement the counter (without touching flags) before testing it.
       const std::uint64_t count = (rcx - 1) & mask;
       o.writes_rcx = true;
@@ -182,7 +177,8 @@ Result<BranchOutcome> branch_outcome(const Insn& i, const CpuState& s) {
     case BranchKind::Jrcxz:
       if ((rcx & mask) == 0) o.next_rip = i.branch_target;
       return o;
-    case BranchKind::JmpIndirect: case BranchKind::CallIndirect:
+    case BranchKind::JmpIndirect:
+    case BranchKind::CallIndirect:
       if (i.indirect_reg == Reg::None || i.indirect_reg == Reg::Rip) break;
       o.next_rip = Gva{s.gpr[static_cast<unsigned>(i.indirect_reg)]};
       if (i.branch == BranchKind::CallIndirect) {
@@ -190,8 +186,7 @@ Result<BranchOutcome> branch_outcome(const Insn& i, const CpuState& s) {
         o.return_addr = i.next();
       }
       return o;
-    default:
-      break;
+    default: break;
   }
   return fail(Errc::InvalidArgument, i.describe() + ": not a branch emulated from registers");
 }
@@ -203,8 +198,7 @@ Result<Gva> effective_address(const Insn& i, const CpuState& s) {
     if (r == Reg::Rip) return i.next().value;  // RIP-relative: relative to the next instruction
     return s.gpr[static_cast<unsigned>(r)];
   };
-  std::uint64_t ea = reg(i.mem.base) + reg(i.mem.index) * i.mem.scale +
-                     static_cast<std::uint64_t>(i.mem.disp);
+  std::uint64_t ea = reg(i.mem.base) + reg(i.mem.index) * i.mem.scale + static_cast<std::uint64_t>(i.mem.disp);
   if (i.mem.addr32) ea &= 0xffffffffull;
   // In 64-bit mode only FS and GS have a base; the others are flat.
   if (i.mem.seg == Seg::Fs) ea += s.fs_base;
@@ -216,9 +210,7 @@ Result<BranchOutcome> loaded_branch_outcome(const Insn& i, std::uint64_t loaded)
   BranchOutcome o;
   o.next_rip = Gva{loaded};
   switch (i.branch) {
-    case BranchKind::Ret:
-      o.release_bytes = 8u + i.ret_imm;
-      return o;
+    case BranchKind::Ret: o.release_bytes = 8u + i.ret_imm; return o;
     case BranchKind::JmpIndirect:
       if (!i.mem.present) break;
       return o;
@@ -227,8 +219,7 @@ Result<BranchOutcome> loaded_branch_outcome(const Insn& i, std::uint64_t loaded)
       o.push_return = true;
       o.return_addr = i.next();
       return o;
-    default:
-      break;
+    default: break;
   }
   return fail(Errc::InvalidArgument, i.describe() + ": not a ret or a branch through memory");
 }
@@ -238,11 +229,18 @@ std::optional<std::string> xen_emulator_refusal(const Insn& i) {
   std::size_t k = 0;
   auto is_legacy = [](std::uint8_t b) {
     switch (b) {
-      case 0xf0: case 0xf2: case 0xf3: case 0x2e: case 0x36: case 0x3e: case 0x26: case 0x64: case 0x65:
-      case 0x66: case 0x67:
-        return true;
-      default:
-        return false;
+      case 0xf0:
+      case 0xf2:
+      case 0xf3:
+      case 0x2e:
+      case 0x36:
+      case 0x3e:
+      case 0x26:
+      case 0x64:
+      case 0x65:
+      case 0x66:
+      case 0x67: return true;
+      default: return false;
     }
   };
   while (k < i.length && is_legacy(i.bytes[k])) ++k;

@@ -35,25 +35,25 @@ enum class Plan : std::uint8_t { Boost, BoostRipRel, Skip, EmulateBranch, Emulat
 std::string_view plan_name(Plan p);
 
 // ---- Safety predicates: each is one rule; the reason and errno live in analysis.cpp's table.
-bool is_trap_byte(const Insn& i);             // int3 / ICEBP already at the address → EBUSY
-bool is_context_return(const Insn& i);        // iret*, sysret, sysexit → EINVAL
-bool is_software_interrupt(const Insn& i);    // int n, into, syscall, sysenter → EINVAL
-bool is_halt(const Insn& i);                  // hlt → EINVAL
-bool is_deliberate_ud(const Insn& i);         // ud0/ud1/ud2 (BUG/WARN) → EINVAL
-bool is_gs_swap(const Insn& i);               // swapgs → EINVAL
-bool is_ss_load(const Insn& i);               // mov ss / pop ss → EINVAL
-bool is_far_transfer(const Insn& i);          // ljmp, lcall, retf → EINVAL
-bool is_transaction_begin(const Insn& i);     // xbegin → EINVAL
+bool is_trap_byte(const Insn& i);               // int3 / ICEBP already at the address → EBUSY
+bool is_context_return(const Insn& i);          // iret*, sysret, sysexit → EINVAL
+bool is_software_interrupt(const Insn& i);      // int n, into, syscall, sysenter → EINVAL
+bool is_halt(const Insn& i);                    // hlt → EINVAL
+bool is_deliberate_ud(const Insn& i);           // ud0/ud1/ud2 (BUG/WARN) → EINVAL
+bool is_gs_swap(const Insn& i);                 // swapgs → EINVAL
+bool is_ss_load(const Insn& i);                 // mov ss / pop ss → EINVAL
+bool is_far_transfer(const Insn& i);            // ljmp, lcall, retf → EINVAL
+bool is_transaction_begin(const Insn& i);       // xbegin → EINVAL
 bool is_opsize_relative_branch(const Insn& i);  // 66 + jmp/jcc/call rel → EINVAL
-bool is_addr32_rip_relative(const Insn& i);   // 67 + [eip+disp] → EINVAL
-bool is_interrupt_enable(const Insn& i);      // sti → EINVAL
+bool is_addr32_rip_relative(const Insn& i);     // 67 + [eip+disp] → EINVAL
+bool is_interrupt_enable(const Insn& i);        // sti → EINVAL
 
 // ---- Shape predicates (not refusals).
 bool is_relative_branch(const Insn& i);
 bool is_rip_relative(const Insn& i);
-bool is_ftrace_nop(const Insn& i);            // exactly 0f 1f 44 00 00
+bool is_ftrace_nop(const Insn& i);  // exactly 0f 1f 44 00 00
 bool is_endbr(const Insn& i);
-bool is_skippable(const Insn& i);             // nop of any length, endbr
+bool is_skippable(const Insn& i);  // nop of any length, endbr
 // True when function[k] is a trap byte (int3/ICEBP) that is padding, which no path runs, so a
 // walk from the function's start may step over it. Padding is a run of trap bytes that starts
 // right after an instruction execution never goes past:
@@ -98,15 +98,15 @@ struct CpuState {
   std::uint64_t gs_base = 0;
 };
 
-inline constexpr std::uint64_t kFlagCf = 1u << 0, kFlagPf = 1u << 2, kFlagZf = 1u << 6,
-                               kFlagSf = 1u << 7, kFlagOf = 1u << 11;
+inline constexpr std::uint64_t kFlagCf = 1u << 0, kFlagPf = 1u << 2, kFlagZf = 1u << 6, kFlagSf = 1u << 7,
+                               kFlagOf = 1u << 11;
 
 struct BranchOutcome {
   Gva next_rip{};
-  bool push_return = false;      // call: RSP -= 8, then store return_addr at [RSP]
+  bool push_return = false;  // call: RSP -= 8, then store return_addr at [RSP]
   Gva return_addr{};
   std::uint32_t release_bytes = 0;  // ret: RSP += release_bytes (8 + imm16)
-  bool writes_rcx = false;       // loop*: RCX (ECX with 67) becomes `rcx`
+  bool writes_rcx = false;          // loop*: RCX (ECX with 67) becomes `rcx`
   std::uint64_t rcx = 0;
 };
 

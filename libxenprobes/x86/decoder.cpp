@@ -13,8 +13,7 @@ namespace {
 class Handle {
  public:
   Handle() {
-    ok_ = cs_open(CS_ARCH_X86, CS_MODE_64, &h_) == CS_ERR_OK &&
-          cs_option(h_, CS_OPT_DETAIL, CS_OPT_ON) == CS_ERR_OK;
+    ok_ = cs_open(CS_ARCH_X86, CS_MODE_64, &h_) == CS_ERR_OK && cs_option(h_, CS_OPT_DETAIL, CS_OPT_ON) == CS_ERR_OK;
   }
   ~Handle() {
     if (h_ != 0) cs_close(&h_);
@@ -45,23 +44,40 @@ struct InsnGuard {
 
 Reg reg_of(unsigned r) {
   switch (r) {
-    case X86_REG_RAX: case X86_REG_EAX: return Reg::Rax;
-    case X86_REG_RCX: case X86_REG_ECX: return Reg::Rcx;
-    case X86_REG_RDX: case X86_REG_EDX: return Reg::Rdx;
-    case X86_REG_RBX: case X86_REG_EBX: return Reg::Rbx;
-    case X86_REG_RSP: case X86_REG_ESP: return Reg::Rsp;
-    case X86_REG_RBP: case X86_REG_EBP: return Reg::Rbp;
-    case X86_REG_RSI: case X86_REG_ESI: return Reg::Rsi;
-    case X86_REG_RDI: case X86_REG_EDI: return Reg::Rdi;
-    case X86_REG_R8: case X86_REG_R8D: return Reg::R8;
-    case X86_REG_R9: case X86_REG_R9D: return Reg::R9;
-    case X86_REG_R10: case X86_REG_R10D: return Reg::R10;
-    case X86_REG_R11: case X86_REG_R11D: return Reg::R11;
-    case X86_REG_R12: case X86_REG_R12D: return Reg::R12;
-    case X86_REG_R13: case X86_REG_R13D: return Reg::R13;
-    case X86_REG_R14: case X86_REG_R14D: return Reg::R14;
-    case X86_REG_R15: case X86_REG_R15D: return Reg::R15;
-    case X86_REG_RIP: case X86_REG_EIP: return Reg::Rip;
+    case X86_REG_RAX:
+    case X86_REG_EAX: return Reg::Rax;
+    case X86_REG_RCX:
+    case X86_REG_ECX: return Reg::Rcx;
+    case X86_REG_RDX:
+    case X86_REG_EDX: return Reg::Rdx;
+    case X86_REG_RBX:
+    case X86_REG_EBX: return Reg::Rbx;
+    case X86_REG_RSP:
+    case X86_REG_ESP: return Reg::Rsp;
+    case X86_REG_RBP:
+    case X86_REG_EBP: return Reg::Rbp;
+    case X86_REG_RSI:
+    case X86_REG_ESI: return Reg::Rsi;
+    case X86_REG_RDI:
+    case X86_REG_EDI: return Reg::Rdi;
+    case X86_REG_R8:
+    case X86_REG_R8D: return Reg::R8;
+    case X86_REG_R9:
+    case X86_REG_R9D: return Reg::R9;
+    case X86_REG_R10:
+    case X86_REG_R10D: return Reg::R10;
+    case X86_REG_R11:
+    case X86_REG_R11D: return Reg::R11;
+    case X86_REG_R12:
+    case X86_REG_R12D: return Reg::R12;
+    case X86_REG_R13:
+    case X86_REG_R13D: return Reg::R13;
+    case X86_REG_R14:
+    case X86_REG_R14D: return Reg::R14;
+    case X86_REG_R15:
+    case X86_REG_R15D: return Reg::R15;
+    case X86_REG_RIP:
+    case X86_REG_EIP: return Reg::Rip;
     default: return Reg::None;
   }
 }
@@ -112,13 +128,16 @@ void classify(const cs_insn& ci, Insn& out) {
   };
   switch (ci.id) {
     case X86_INS_NOP: out.kind = Kind::Nop; return;
-    case X86_INS_ENDBR64: case X86_INS_ENDBR32: out.kind = Kind::Endbr; return;
+    case X86_INS_ENDBR64:
+    case X86_INS_ENDBR32: out.kind = Kind::Endbr; return;
     case X86_INS_INT3: out.kind = Kind::Int3; return;
     case X86_INS_INT1: out.kind = Kind::Int1; return;
     case X86_INS_INT: out.kind = Kind::IntN; return;
     case X86_INS_INTO: out.kind = Kind::Into; return;
     case X86_INS_HLT: out.kind = Kind::Hlt; return;
-    case X86_INS_IRET: case X86_INS_IRETD: case X86_INS_IRETQ: out.kind = Kind::Iret; return;
+    case X86_INS_IRET:
+    case X86_INS_IRETD:
+    case X86_INS_IRETQ: out.kind = Kind::Iret; return;
     case X86_INS_SYSRET: out.kind = Kind::Sysret; return;
 #if CS_API_MAJOR >= 5
     case X86_INS_SYSRETQ: out.kind = Kind::Sysret; return;  // 48 0f 07: its own id in Capstone 5
@@ -126,18 +145,24 @@ void classify(const cs_insn& ci, Insn& out) {
     case X86_INS_SYSEXIT: out.kind = Kind::Sysexit; return;
     case X86_INS_SYSCALL: out.kind = Kind::Syscall; return;
     case X86_INS_SYSENTER: out.kind = Kind::Sysenter; return;
-    case X86_INS_UD0: case X86_INS_UD2: out.kind = Kind::Ud; return;
+    case X86_INS_UD0:
+    case X86_INS_UD2: out.kind = Kind::Ud; return;
 #if CS_API_MAJOR >= 5
     case X86_INS_UD1: out.kind = Kind::Ud; return;  // 0f b9: Capstone 5's name
 #else
     case X86_INS_UD2B: out.kind = Kind::Ud; return;  // 0f b9 (UD1): Capstone 4's name
 #endif
     case X86_INS_SWAPGS: out.kind = Kind::Swapgs; return;
-    case X86_INS_PUSHF: case X86_INS_PUSHFD: case X86_INS_PUSHFQ: out.kind = Kind::Pushf; return;
-    case X86_INS_POPF: case X86_INS_POPFD: case X86_INS_POPFQ: out.kind = Kind::Popf; return;
+    case X86_INS_PUSHF:
+    case X86_INS_PUSHFD:
+    case X86_INS_PUSHFQ: out.kind = Kind::Pushf; return;
+    case X86_INS_POPF:
+    case X86_INS_POPFD:
+    case X86_INS_POPFQ: out.kind = Kind::Popf; return;
     case X86_INS_CLI: out.kind = Kind::Cli; return;
     case X86_INS_STI: out.kind = Kind::Sti; return;
-    case X86_INS_MOV: case X86_INS_POP:
+    case X86_INS_MOV:
+    case X86_INS_POP:
       if (op0_reg && x.operands[0].reg == X86_REG_SS) out.kind = Kind::LoadSs;
       return;
     case X86_INS_XBEGIN:
@@ -174,13 +199,18 @@ void classify(const cs_insn& ci, Insn& out) {
     case X86_INS_LOOP: relative(BranchKind::Loop); return;
     case X86_INS_LOOPE: relative(BranchKind::Loope); return;
     case X86_INS_LOOPNE: relative(BranchKind::Loopne); return;
-    case X86_INS_JRCXZ: case X86_INS_JECXZ: case X86_INS_JCXZ: relative(BranchKind::Jrcxz); return;
+    case X86_INS_JRCXZ:
+    case X86_INS_JECXZ:
+    case X86_INS_JCXZ: relative(BranchKind::Jrcxz); return;
     case X86_INS_RET:
       out.kind = Kind::Branch;
       out.branch = BranchKind::Ret;
       if (op0_imm) out.ret_imm = static_cast<std::uint16_t>(x.operands[0].imm);
       return;
-    case X86_INS_LJMP: case X86_INS_LCALL: case X86_INS_RETF: case X86_INS_RETFQ:
+    case X86_INS_LJMP:
+    case X86_INS_LCALL:
+    case X86_INS_RETF:
+    case X86_INS_RETFQ:
       out.kind = Kind::Branch;
       out.branch = BranchKind::Far;
       return;
@@ -214,8 +244,8 @@ std::string hex_bytes(std::span<const std::uint8_t> bytes) {
 }
 
 std::string Insn::describe() const {
-  return hex_addr(address.value) + ": " + hex_bytes(code()) + " (" + mnemonic +
-         (op_str.empty() ? "" : " " + op_str) + ")";
+  return hex_addr(address.value) + ": " + hex_bytes(code()) + " (" + mnemonic + (op_str.empty() ? "" : " " + op_str) +
+         ")";
 }
 
 Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
@@ -227,10 +257,9 @@ Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
   if (g.n == 0) {
     // Capstone reports truncated and invalid input the same way (cs_errno stays CS_ERR_OK).
     return fail(Errc::IllegalSequence,
-                "no valid x86-64 instruction at " + hex_addr(addr.value) + ": bytes [" +
-                    hex_bytes(bytes.first(avail)) + "]" +
-                    (avail < kMaxInsnLen ? " (invalid, or truncated: only " +
-                                               std::to_string(avail) + " byte(s) given)"
+                "no valid x86-64 instruction at " + hex_addr(addr.value) + ": bytes [" + hex_bytes(bytes.first(avail)) +
+                    "]" +
+                    (avail < kMaxInsnLen ? " (invalid, or truncated: only " + std::to_string(avail) + " byte(s) given)"
                                          : " (invalid)"));
   }
   const cs_insn& ci = g.p[0];
@@ -277,8 +306,7 @@ Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
     }
     if (x.encoding.modrm_offset == 0 || at + 4u > out.length || d != out.mem.disp) {
       return fail(Errc::IllegalSequence, "RIP-relative operand without a disp32 after ModRM at " +
-                                             hex_addr(addr.value) + ": bytes [" +
-                                             hex_bytes(out.code()) + "]");
+                                             hex_addr(addr.value) + ": bytes [" + hex_bytes(out.code()) + "]");
     }
     out.disp_offset = static_cast<std::uint8_t>(at);
     out.disp_size = 4;
@@ -293,8 +321,8 @@ Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes, G
   while (off < bytes.size()) {
     auto r = decode(bytes.subspan(off), start + off);
     if (!r) {
-      return fail(Errc::IllegalSequence, "function at " + hex_addr(start.value) + ", offset " +
-                                             hex_addr(off) + ": " + r.error().what);
+      return fail(Errc::IllegalSequence,
+                  "function at " + hex_addr(start.value) + ", offset " + hex_addr(off) + ": " + r.error().what);
     }
     off += r->length;
     out.push_back(std::move(*r));
@@ -305,24 +333,22 @@ Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes, G
 Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_start, Gva target) {
   if (target.value < func_start.value || target.value - func_start.value >= function_bytes.size()) {
     return fail(Errc::InvalidArgument, hex_addr(target.value) + " is outside the function at " +
-                                           hex_addr(func_start.value) + " (" +
-                                           std::to_string(function_bytes.size()) + " bytes)");
+                                           hex_addr(func_start.value) + " (" + std::to_string(function_bytes.size()) +
+                                           " bytes)");
   }
   const std::uint64_t want = target.value - func_start.value;
   std::size_t off = 0;
   while (off < function_bytes.size()) {
     auto r = decode(function_bytes.subspan(off), func_start + off);
     if (!r) {
-      return fail(Errc::IllegalSequence,
-                  "cannot reach " + hex_addr(target.value) + " from the function start " +
-                      hex_addr(func_start.value) + ": " + r.error().what);
+      return fail(Errc::IllegalSequence, "cannot reach " + hex_addr(target.value) + " from the function start " +
+                                             hex_addr(func_start.value) + ": " + r.error().what);
     }
     if (off == want) return std::move(*r);
     if (want < off + r->length) {
-      return fail(Errc::IllegalSequence,
-                  hex_addr(target.value) + " is not an instruction boundary: it is byte " +
-                      std::to_string(want - off) + " of the instruction starting at " +
-                      r->describe());
+      return fail(Errc::IllegalSequence, hex_addr(target.value) + " is not an instruction boundary: it is byte " +
+                                             std::to_string(want - off) + " of the instruction starting at " +
+                                             r->describe());
     }
     off += r->length;
   }

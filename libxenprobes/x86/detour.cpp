@@ -19,7 +19,8 @@ class Writer {
   const std::uint8_t* data() const { return buf_.data(); }
 
   Result<void> bytes(std::span<const std::uint8_t> b) {
-    if (n_ + b.size() > buf_.size()) return fail(Errc::NoSpace, "the detour outgrew " + std::to_string(buf_.size()) + " bytes");
+    if (n_ + b.size() > buf_.size())
+      return fail(Errc::NoSpace, "the detour outgrew " + std::to_string(buf_.size()) + " bytes");
     for (std::uint8_t x : b) buf_[n_++] = x;
     return {};
   }
@@ -59,11 +60,18 @@ class Writer {
 
 bool is_legacy_prefix(std::uint8_t b) {
   switch (b) {
-    case 0xf0: case 0xf2: case 0xf3: case 0x2e: case 0x36: case 0x3e: case 0x26: case 0x64: case 0x65:
-    case 0x66: case 0x67:
-      return true;
-    default:
-      return false;
+    case 0xf0:
+    case 0xf2:
+    case 0xf3:
+    case 0x2e:
+    case 0x36:
+    case 0x3e:
+    case 0x26:
+    case 0x64:
+    case 0x65:
+    case 0x66:
+    case 0x67: return true;
+    default: return false;
   }
 }
 
@@ -87,8 +95,7 @@ Result<void> fix_rip_relative(std::span<std::uint8_t> b, const Insn& i, Gva copy
 // One instruction of the region, relocated to the writer's position.
 Result<void> relocate(Writer& w, const Insn& i) {
   switch (i.branch) {
-    case BranchKind::Jmp:
-      return w.rel32(std::array<std::uint8_t, 1>{0xe9}, i.branch_target, "the jmp's copy");
+    case BranchKind::Jmp: return w.rel32(std::array<std::uint8_t, 1>{0xe9}, i.branch_target, "the jmp's copy");
     case BranchKind::Jcc:
       return w.rel32(std::array<std::uint8_t, 2>{0x0f, static_cast<std::uint8_t>(0x80 + static_cast<unsigned>(i.cc))},
                      i.branch_target, "the jcc's copy");
@@ -111,12 +118,10 @@ Result<void> relocate(Writer& w, const Insn& i) {
     case BranchKind::Loope:
     case BranchKind::Loopne:
     case BranchKind::Jrcxz:
-    case BranchKind::Far:
-      return fail(Errc::InvalidArgument, i.describe() + ": cannot be relocated into a detour");
+    case BranchKind::Far: return fail(Errc::InvalidArgument, i.describe() + ": cannot be relocated into a detour");
     case BranchKind::None:
     case BranchKind::Ret:
-    case BranchKind::JmpIndirect:
-      break;
+    case BranchKind::JmpIndirect: break;
   }
   if (i.kind == Kind::Xbegin)
     return fail(Errc::InvalidArgument, i.describe() + ": its relative abort address cannot be relocated");
@@ -135,8 +140,7 @@ bool falls_through(const Insn& i) {
     case BranchKind::Call:          // relocated as push + jmp: the callee returns to the region's end
     case BranchKind::CallIndirect:  // likewise
       return false;
-    default:
-      return i.kind != Kind::Int3 && i.kind != Kind::Ud;
+    default: return i.kind != Kind::Int3 && i.kind != Kind::Ud;
   }
 }
 
@@ -172,11 +176,10 @@ Result<DetourLayout> emit_detour(std::span<std::uint8_t> dest, Gva runs_at, std:
   if (!called)
     return fail(Errc::InvalidArgument, "the probed address " + hex_addr(point.value) +
                                            " is no instruction of the region at " + hex_addr(start.value));
-  if (falls_through(region.back()))
-    XP_TRY(w.rel32(std::array<std::uint8_t, 1>{0xe9}, end, "the detour's jump back"));
+  if (falls_through(region.back())) XP_TRY(w.rel32(std::array<std::uint8_t, 1>{0xe9}, end, "the detour's jump back"));
   if (dest.size() < w.size())
-    return fail(Errc::NoSpace, "the detour needs " + std::to_string(w.size()) + " bytes, the slot has " +
-                                   std::to_string(dest.size()));
+    return fail(Errc::NoSpace,
+                "the detour needs " + std::to_string(w.size()) + " bytes, the slot has " + std::to_string(dest.size()));
   std::copy_n(w.data(), w.size(), dest.begin());
   l.size = w.size();
   return l;

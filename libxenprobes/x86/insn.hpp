@@ -18,28 +18,28 @@ inline constexpr std::size_t kMaxInsnLen = 15;
 
 // Coarse identity of an instruction, only as fine as analysis.cpp needs.
 enum class Kind : std::uint8_t {
-  Other,     // everything not listed below
-  Nop,       // 90, 0f 1f /0 (incl. the ftrace nop5 0f 1f 44 00 00), 66 90
-  Endbr,     // endbr64 / endbr32 (f3 0f 1e fa / fb)
-  Int3,      // cc
-  Int1,      // f1 (ICEBP)
-  IntN,      // cd ib
-  Into,      // ce (invalid in 64-bit mode, listed for completeness)
+  Other,  // everything not listed below
+  Nop,    // 90, 0f 1f /0 (incl. the ftrace nop5 0f 1f 44 00 00), 66 90
+  Endbr,  // endbr64 / endbr32 (f3 0f 1e fa / fb)
+  Int3,   // cc
+  Int1,   // f1 (ICEBP)
+  IntN,   // cd ib
+  Into,   // ce (invalid in 64-bit mode, listed for completeness)
   Hlt,
-  Iret,      // iret / iretd / iretq
+  Iret,  // iret / iretd / iretq
   Sysret,
   Sysexit,
   Syscall,
   Sysenter,
-  Ud,        // ud0 / ud1 / ud2
+  Ud,  // ud0 / ud1 / ud2
   Swapgs,
-  LoadSs,    // mov ss, r/m and pop ss: open an interrupt shadow
+  LoadSs,  // mov ss, r/m and pop ss: open an interrupt shadow
   Pushf,
   Popf,
   Cli,
   Sti,
-  Xbegin,    // RTM: relative abort address
-  Branch,    // see BranchKind
+  Xbegin,  // RTM: relative abort address
+  Branch,  // see BranchKind
 };
 
 enum class BranchKind : std::uint8_t {
@@ -59,13 +59,44 @@ enum class BranchKind : std::uint8_t {
 
 // Condition codes in the SDM's tttn order (the low nibble of 7x / 0f 8x).
 enum class Cond : std::uint8_t {
-  O = 0, NO, B, AE, E, NE, BE, A, S, NS, P, NP, L, GE, LE, G,
+  O = 0,
+  NO,
+  B,
+  AE,
+  E,
+  NE,
+  BE,
+  A,
+  S,
+  NS,
+  P,
+  NP,
+  L,
+  GE,
+  LE,
+  G,
 };
 
 // Registers our fields can name: the 16 GPRs (index = SDM encoding: rax=0 … r15=15), RIP, none.
 enum class Reg : std::uint8_t {
-  Rax, Rcx, Rdx, Rbx, Rsp, Rbp, Rsi, Rdi, R8, R9, R10, R11, R12, R13, R14, R15,
-  Rip, None,
+  Rax,
+  Rcx,
+  Rdx,
+  Rbx,
+  Rsp,
+  Rbp,
+  Rsi,
+  Rdi,
+  R8,
+  R9,
+  R10,
+  R11,
+  R12,
+  R13,
+  R14,
+  R15,
+  Rip,
+  None,
 };
 
 enum class Seg : std::uint8_t { None, Es, Cs, Ss, Ds, Fs, Gs };
@@ -75,32 +106,32 @@ enum class Seg : std::uint8_t { None, Es, Cs, Ss, Ds, Fs, Gs };
 struct MemOperand {
   bool present = false;
   Seg seg = Seg::None;
-  Reg base = Reg::None;   // Reg::Rip for RIP-relative
+  Reg base = Reg::None;  // Reg::Rip for RIP-relative
   Reg index = Reg::None;
   std::uint8_t scale = 1;
   std::int64_t disp = 0;
-  bool addr32 = false;    // 67 prefix: address computed in 32 bits
+  bool addr32 = false;  // 67 prefix: address computed in 32 bits
 };
 
 struct Insn {
   Gva address{};
   std::uint8_t length = 0;
   std::array<std::uint8_t, kMaxInsnLen> bytes{};
-  std::string mnemonic;   // for messages only
-  std::string op_str;     // for messages only
+  std::string mnemonic;  // for messages only
+  std::string op_str;    // for messages only
 
   Kind kind = Kind::Other;
   BranchKind branch = BranchKind::None;
-  Cond cc = Cond::O;          // valid when branch == Jcc
-  Gva branch_target{};        // valid for relative branches (Jmp/Jcc/Call/Loop*/Jrcxz) and xbegin
-  std::uint16_t ret_imm = 0;  // ret imm16: bytes released after the pop
+  Cond cc = Cond::O;             // valid when branch == Jcc
+  Gva branch_target{};           // valid for relative branches (Jmp/Jcc/Call/Loop*/Jrcxz) and xbegin
+  std::uint16_t ret_imm = 0;     // ret imm16: bytes released after the pop
   Reg indirect_reg = Reg::None;  // jmp/call through a register
 
   bool has_modrm = false;
   bool is_rip_relative = false;  // a memory operand based on RIP (or EIP with 67)
   std::uint8_t disp_offset = 0;  // displacement field (0 = none)
   std::uint8_t disp_size = 0;
-  std::uint8_t imm_offset = 0;   // immediate field; for relative branches this is the rel8/rel32
+  std::uint8_t imm_offset = 0;  // immediate field; for relative branches this is the rel8/rel32
   std::uint8_t imm_size = 0;
   MemOperand mem;
 
@@ -116,11 +147,14 @@ struct Insn {
   bool has_addr32() const { return prefixes[3] == 0x67; }
   bool is_relative_branch() const {
     switch (branch) {
-      case BranchKind::Jmp: case BranchKind::Jcc: case BranchKind::Call: case BranchKind::Loop:
-      case BranchKind::Loope: case BranchKind::Loopne: case BranchKind::Jrcxz:
-        return true;
-      default:
-        return false;
+      case BranchKind::Jmp:
+      case BranchKind::Jcc:
+      case BranchKind::Call:
+      case BranchKind::Loop:
+      case BranchKind::Loope:
+      case BranchKind::Loopne:
+      case BranchKind::Jrcxz: return true;
+      default: return false;
     }
   }
   // "0xffffffff81000010: 48 8b 05 e9 0f 00 00 (mov rax, qword ptr [rip + 0xfe9])"
@@ -133,14 +167,12 @@ struct Insn {
 
 // Decodes linearly from a known function start to the end of `bytes` (the function's extent);
 // any undecodable byte → EILSEQ naming the offset.
-[[nodiscard]] Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes,
-                                                        Gva start);
+[[nodiscard]] Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes, Gva start);
 
 // Decodes the function from its start and returns the instruction starting at `target`.
 // `target` outside the function → EINVAL; inside an instruction → EILSEQ naming the enclosing
 // instruction and its start.
-[[nodiscard]] Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_start,
-                                     Gva target);
+[[nodiscard]] Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_start, Gva target);
 
 // "48 8b 05" for messages.
 std::string hex_bytes(std::span<const std::uint8_t> bytes);

@@ -28,8 +28,8 @@ const SiteIndex::Site* SiteIndex::overlapping(std::uint64_t lo, std::uint64_t hi
   // A site [addr, addr + len) overlaps [lo, hi) when addr < hi and addr + len > lo; no site
   // is longer than max_len_, so the first candidate starts at lo - max_len_ + 1.
   const std::uint64_t from = lo >= max_len_ ? lo - max_len_ + 1 : 0;
-  auto it = std::lower_bound(sites_.begin(), sites_.end(), from,
-                             [](const Site& s, std::uint64_t a) { return s.addr < a; });
+  auto it =
+      std::lower_bound(sites_.begin(), sites_.end(), from, [](const Site& s, std::uint64_t a) { return s.addr < a; });
   for (; it != sites_.end() && it->addr < hi; ++it)
     if (it->addr + it->len > lo) return &*it;
   return nullptr;
@@ -134,8 +134,8 @@ std::size_t JumpFunction::index_of(Gva a) const {
 
 std::optional<std::string> JumpFunction::target_inside(std::uint64_t lo, std::uint64_t hi) const {
   if (hi <= lo + 1) return std::nullopt;
-  auto it = std::upper_bound(targets_.begin(), targets_.end(), lo,
-                             [](std::uint64_t v, const Target& t) { return v < t.to; });
+  auto it =
+      std::upper_bound(targets_.begin(), targets_.end(), lo, [](std::uint64_t v, const Target& t) { return v < t.to; });
   if (it != targets_.end() && it->to < hi) {
     auto from = index_of(Gva{it->from});
     return "the branch " + (from != npos ? insns_[from].describe() : hex_addr(it->from)) + " targets " +
@@ -151,13 +151,12 @@ std::optional<std::string> JumpFunction::target_inside(std::uint64_t lo, std::ui
 
 std::optional<JumpRefusal> region_in_function(const JumpFunction& f, Gva start) {
   if (start.value < f.start().value || start.value >= f.end().value)
-    return refusal(JumpRule::RegionInFunction,
-                   hex_addr(start.value) + " is outside the function [" + hex_addr(f.start().value) + ", " +
-                       hex_addr(f.end().value) + ")");
+    return refusal(JumpRule::RegionInFunction, hex_addr(start.value) + " is outside the function [" +
+                                                   hex_addr(f.start().value) + ", " + hex_addr(f.end().value) + ")");
   if (f.index_of(start) == JumpFunction::npos)
-    return refusal(JumpRule::RegionInFunction,
-                   hex_addr(start.value) + " is not an instruction boundary of the function decoded from " +
-                       hex_addr(f.start().value));
+    return refusal(JumpRule::RegionInFunction, hex_addr(start.value) +
+                                                   " is not an instruction boundary of the function decoded from " +
+                                                   hex_addr(f.start().value));
   return std::nullopt;
 }
 
@@ -165,12 +164,11 @@ std::optional<JumpRefusal> fits_in_function(const JumpFunction& f, Gva start, st
   const std::size_t k = f.index_of(start);
   if (k == JumpFunction::npos) return region_in_function(f, start);
   std::uint64_t end = start.value;
-  for (std::size_t j = k; j < f.insns().size() && end - start.value < patch; ++j)
-    end = f.insns()[j].next().value;
+  for (std::size_t j = k; j < f.insns().size() && end - start.value < patch; ++j) end = f.insns()[j].next().value;
   if (end - start.value < patch || end > f.end().value)
-    return refusal(JumpRule::FitsInFunction,
-                   "the " + std::to_string(patch) + "-byte jump at " + hex_addr(start.value) +
-                       " would cross the function's end " + hex_addr(f.end().value) + " into the next one");
+    return refusal(JumpRule::FitsInFunction, "the " + std::to_string(patch) + "-byte jump at " + hex_addr(start.value) +
+                                                 " would cross the function's end " + hex_addr(f.end().value) +
+                                                 " into the next one");
   return std::nullopt;
 }
 
@@ -180,9 +178,7 @@ std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpR
   const JumpContext& c = f.context();
   for (std::size_t j = r.first; j < r.first + r.count; ++j) {
     const Insn& i = f.insns()[j];
-    auto no = [&](const std::string& why) {
-      return refusal(JumpRule::WholeInstructions, i.describe() + ": " + why);
-    };
+    auto no = [&](const std::string& why) { return refusal(JumpRule::WholeInstructions, i.describe() + ": " + why); };
     // int3 padding after a ret or jmp (straight-line-speculation hardening) is never executed:
     // the copy stops mattering at the transfer, and a branch to the padding would be caught by
     // no-branch-into-region. (Padding after a BUG()'s ud2 never gets here: the ud2 before it
@@ -218,8 +214,7 @@ std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpR
       case BranchKind::Loop:
       case BranchKind::Loope:
       case BranchKind::Loopne:
-      case BranchKind::Jrcxz:
-        return no("loop/jrcxz have only a rel8 form: the copy could not reach its target");
+      case BranchKind::Jrcxz: return no("loop/jrcxz have only a rel8 form: the copy could not reach its target");
       case BranchKind::CallIndirect:
         // As a relative call: push <original return address>; jmp <the same operand>. The
         // push moves RSP, so an operand that reads RSP would name another slot; and the
@@ -231,8 +226,7 @@ std::optional<JumpRefusal> whole_instructions(const JumpFunction& f, const JumpR
         if (!fits_rel32(static_cast<std::int64_t>(i.next().value)))
           return no("its return address does not fit a sign-extended push imm32");
         break;
-      case BranchKind::Far:
-        return no("far transfer");
+      case BranchKind::Far: return no("far transfer");
     }
   }
   return std::nullopt;
@@ -254,9 +248,9 @@ std::optional<JumpRefusal> no_reserved_address(const JumpFunction& f, const Jump
   const JumpContext& c = f.context();
   if (!c.reserved) return std::nullopt;
   if (const SiteIndex::Site* s = c.reserved->overlapping(r.start.value, r.end().value))
-    return refusal(JumpRule::NoReservedAddress,
-                   s->what + " at " + hex_addr(s->addr) + " lies in the region [" + hex_addr(r.start.value) + ", " +
-                       hex_addr(r.end().value) + "): its owner rewrites or looks up those bytes");
+    return refusal(JumpRule::NoReservedAddress, s->what + " at " + hex_addr(s->addr) + " lies in the region [" +
+                                                    hex_addr(r.start.value) + ", " + hex_addr(r.end().value) +
+                                                    "): its owner rewrites or looks up those bytes");
   return std::nullopt;
 }
 
@@ -330,7 +324,7 @@ bool find_region(const JumpFunction& f, Gva point, std::uint8_t patch, JumpVerdi
   for (std::size_t j = k; j-- > 0;) {
     const Insn& i = f.insns()[j];
     if (point.value - i.address.value >= patch) break;
-    if (i.branch != BranchKind::None) break;  // the point starts a basic block of its own
+    if (i.branch != BranchKind::None) break;     // the point starts a basic block of its own
     if (passes(i.address)) return accept(true);  // (its region covers the point: len >= patch > point - start)
   }
   return false;

@@ -65,8 +65,8 @@
 
 namespace xenprobes::x86 {
 
-inline constexpr std::uint8_t kJumpPatchLen = 5;  // e9 + rel32
-inline constexpr std::uint8_t kShortJumpLen = 2;  // eb + rel8: reaches [start + 2 - 128, start + 2 + 127]
+inline constexpr std::uint8_t kJumpPatchLen = 5;           // e9 + rel32
+inline constexpr std::uint8_t kShortJumpLen = 2;           // eb + rel8: reaches [start + 2 - 128, start + 2 + 127]
 inline constexpr std::uint8_t kIslandLen = kJumpPatchLen;  // an island is one jmp rel32
 
 // Sites by address: [addr, addr + len) with what they are, for O(log n) overlap queries.
@@ -188,8 +188,8 @@ class JumpFunction {
 struct JumpRegion {
   Gva start{};
   std::uint8_t length = 0;
-  std::size_t first = 0;  // index of its first instruction in JumpFunction::insns()
-  std::size_t count = 0;  // its instructions
+  std::size_t first = 0;               // index of its first instruction in JumpFunction::insns()
+  std::size_t count = 0;               // its instructions
   std::uint8_t patch = kJumpPatchLen;  // the jump written at its start: 5 (rel32) or 2 (rel8)
   Gva end() const { return start + length; }
 };
@@ -232,7 +232,7 @@ std::optional<std::string> interior_address_taken(const JumpFunction& f);
 struct JumpVerdict {
   bool optimizable = false;
   Gva point{};
-  JumpRegion region;          // when optimizable
+  JumpRegion region;            // when optimizable
   bool starts_earlier = false;  // region.start < point: the handler is called before the copy of
                                 // the probed instruction, after the copies before it
   // Why the point's own region was refused (set when !optimizable, and when starts_earlier).

@@ -32,15 +32,13 @@ constexpr bool fits_rel32(std::int64_t d) { return static_cast<std::int64_t>(sta
 
 // Writes `jmp rel32` (e9) at dest[0..5) for code running at `runs_at`, jumping to `target`.
 // ENOSPC if dest is too small, ERANGE if target is beyond rel32 reach.
-[[nodiscard]] Result<std::size_t> emit_jmp_rel32(std::span<std::uint8_t> dest, Gva runs_at,
-                                                 Gva target);
+[[nodiscard]] Result<std::size_t> emit_jmp_rel32(std::span<std::uint8_t> dest, Gva runs_at, Gva target);
 
 // Writes the slot for `i` (see the diagram above) and returns its length. A RIP-relative disp32
 // is rewritten so the operand addresses the same byte from `runs_at`. EINVAL if `i` cannot be
 // boosted (can_boost), ERANGE if the operand or resume_at is out of rel32 reach from the slot,
 // ENOSPC if dest is too small. Nothing is written on failure.
-[[nodiscard]] Result<std::size_t> emit_slot(std::span<std::uint8_t> dest, Gva runs_at,
-                                            const Insn& i, Gva resume_at, SlotTail tail,
-                                            std::uint8_t trap_byte);
+[[nodiscard]] Result<std::size_t> emit_slot(std::span<std::uint8_t> dest, Gva runs_at, const Insn& i, Gva resume_at,
+                                            SlotTail tail, std::uint8_t trap_byte);
 
 }  // namespace xenprobes::x86

@@ -17,8 +17,8 @@ static const char *const paths[] = {"/etc/hostname", "/etc/passwd",   "/tmp",   
 
 static struct {
   int records, stop_at;
-  int kernel_ok;   /* by address at rdi: a known path */
-  int user_ok;     /* by address at rdi + user_offset: the same path */
+  int kernel_ok; /* by address at rdi: a known path */
+  int user_ok;   /* by address at rdi + user_offset: the same path */
   int kernel_read_of_user_faults, user_read_of_kernel_faults;
   char first_kernel[64], first_user[64];
 } by;

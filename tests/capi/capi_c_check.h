@@ -19,23 +19,23 @@ static inline void capi_c_report(char *msg, size_t n, const char *file, int line
   va_end(ap);
 }
 
-#define CHECK(cond, ...)                                         \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      capi_c_report(msg, n, __FILE__, __LINE__, __VA_ARGS__);    \
-      return __LINE__;                                           \
-    }                                                            \
+#define CHECK(cond, ...)                                      \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      capi_c_report(msg, n, __FILE__, __LINE__, __VA_ARGS__); \
+      return __LINE__;                                        \
+    }                                                         \
   } while (0)
 
 /* A call that must fail with errno `err` and a xenprobes_last_error() holding `needle`. */
-#define EXPECT_ERR(call, err, needle)                                                                     \
-  do {                                                                                                    \
-    errno = 0;                                                                                            \
-    CHECK((call) == -1, "%s succeeded", #call);                                                           \
-    CHECK(errno == (err), "%s: errno %d (%s), wanted %s; last error '%s'", #call, errno, strerror(errno),  \
-          #err, xenprobes_last_error());                                                                  \
-    CHECK(strstr(xenprobes_last_error(), needle) != NULL, "%s: last error '%s' does not mention '%s'",   \
-          #call, xenprobes_last_error(), needle);                                                         \
+#define EXPECT_ERR(call, err, needle)                                                                           \
+  do {                                                                                                          \
+    errno = 0;                                                                                                  \
+    CHECK((call) == -1, "%s succeeded", #call);                                                                 \
+    CHECK(errno == (err), "%s: errno %d (%s), wanted %s; last error '%s'", #call, errno, strerror(errno), #err, \
+          xenprobes_last_error());                                                                              \
+    CHECK(strstr(xenprobes_last_error(), needle) != NULL, "%s: last error '%s' does not mention '%s'", #call,   \
+          xenprobes_last_error(), needle);                                                                      \
   } while (0)
 
 #endif

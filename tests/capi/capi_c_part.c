@@ -227,7 +227,8 @@ int capi_c_retprobe(int target, char *msg, size_t n) {
   CHECK(st.returns == (uint64_t)rp.returns, "stats.returns %llu", (unsigned long long)st.returns);
   CHECK(st.declined == (uint64_t)rp.declined_seen, "stats.declined %llu", (unsigned long long)st.declined);
   CHECK(st.maxactive == 32, "maxactive %u", st.maxactive);
-  CHECK(st.untracked_calls == 0 && xenretprobe_untracked_calls(rp.handle) == 0, "untracked_calls %llu", (unsigned long long)st.untracked_calls);
+  CHECK(st.untracked_calls == 0 && xenretprobe_untracked_calls(rp.handle) == 0, "untracked_calls %llu",
+        (unsigned long long)st.untracked_calls);
   /* Only the current version is known: an older one is refused, nothing written. */
   {
     struct xenprobe_stats old;

@@ -276,14 +276,14 @@ int capi_c_async_refusals(char *msg, size_t n) {
 
 static struct {
   xenprobes_handle_t self;
-  int nth;          /* the record of `self` on which its handler acts */
-  int more;         /* records of the other probe after that, then the loop stops */
-  int acted;        /* the handler has acted */
-  int records;      /* calls of self's handler */
-  int after;        /* of those, calls after it acted */
+  int nth;     /* the record of `self` on which its handler acts */
+  int more;    /* records of the other probe after that, then the loop stops */
+  int acted;   /* the handler has acted */
+  int records; /* calls of self's handler */
+  int after;   /* of those, calls after it acted */
   int rc, again_rc, again_errno;
-  int other_after;  /* the other probe's records since self's handler acted */
-  int close_now;    /* close: at the next record, not at record nth */
+  int other_after; /* the other probe's records since self's handler acted */
+  int close_now;   /* close: at the next record, not at record nth */
 } rm;
 
 static void rm_unregister(const struct xenprobe_async_hit *hit, void *arg) {

@@ -76,9 +76,8 @@ TEST_F(CApiProbes, AJumpProbeSeesEveryCallAndSaysWhatItBecame) {
 
 TEST_F(CApiProbes, FastestByAddressBecomesAJumpWhereThePointAllowsOne) {
   open("guest");
-  xenprobes_handle_t h =
-      register_xenprobe_method(1, "sys_getppid", 0, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr,
-                               XENPROBE_METHOD_TRAP);
+  xenprobes_handle_t h = register_xenprobe_method(
+      1, "sys_getppid", 0, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr, XENPROBE_METHOD_TRAP);
   ASSERT_GT(h, 0) << xenprobes_last_error();
   xenprobe_info info{};
   info.version = XENPROBE_INFO_VERSION;
@@ -88,8 +87,8 @@ TEST_F(CApiProbes, FastestByAddressBecomesAJumpWhereThePointAllowsOne) {
   const unsigned long at = static_cast<unsigned long>(info.address);
   ASSERT_EQ(unregister_xenprobe(h), 0) << xenprobes_last_error();
 
-  h = register_xenprobe_method(1, nullptr, at, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr,
-                               XENPROBE_METHOD_FASTEST);
+  h = register_xenprobe_method(
+      1, nullptr, at, [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr, XENPROBE_METHOD_FASTEST);
   ASSERT_GT(h, 0) << xenprobes_last_error();
   info = xenprobe_info{};
   info.version = XENPROBE_INFO_VERSION;
@@ -113,7 +112,8 @@ TEST_F(CApiProbes, OtherChannelsRefuseJumpAndAsyncProbesSayingWhy) {
   open("debugger");
   EXPECT_EQ(capi_c_jump_refusals("guest channel", msg, sizeof msg), 0) << msg;
   errno = 0;
-  EXPECT_EQ(register_xenprobe_async(1, "sys_getppid", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {}, nullptr),
+  EXPECT_EQ(register_xenprobe_async(
+                1, "sys_getppid", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {}, nullptr),
             XENPROBES_HANDLE_ERROR);
   EXPECT_EQ(errno, EOPNOTSUPP);
   EXPECT_NE(std::string(xenprobes_last_error()).find("guest channel"), std::string::npos) << xenprobes_last_error();
@@ -180,8 +180,8 @@ void pre(xenprobes_handle_t, cpu_user_regs*) {
 TEST_F(CApiProbes, RingStatsVersion2CountsTheHitsTheModuleDidNotNotify) {
   open("guest");
   skipped::hits = 0;
-  xenprobes_handle_t wake = register_xenprobe_async(1, "sys_open", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {},
-                                                    nullptr);
+  xenprobes_handle_t wake = register_xenprobe_async(
+      1, "sys_open", 0, nullptr, 0, [](const xenprobe_async_hit*, void*) {}, nullptr);
   ASSERT_GT(wake, 0) << xenprobes_last_error();
   xenprobe_ring_stats rs{};
   rs.version = XENPROBE_RING_STATS_VERSION;
@@ -229,7 +229,8 @@ TEST_F(CApiProbes, RingStatsVersion2CountsTheHitsTheModuleDidNotNotify) {
     errno = 0;
     EXPECT_EQ(xenprobes_ring_stats(1, &rs), -1);
     EXPECT_EQ(errno, EINVAL);
-    EXPECT_NE(std::string(xenprobes_last_error()).find("versions 1 and 2"), std::string::npos) << xenprobes_last_error();
+    EXPECT_NE(std::string(xenprobes_last_error()).find("versions 1 and 2"), std::string::npos)
+        << xenprobes_last_error();
   }
   EXPECT_EQ(unregister_xenprobe(wake), 0) << xenprobes_last_error();
   EXPECT_EQ(host->crash_reason(DomId{1}), "");

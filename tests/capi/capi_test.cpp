@@ -109,13 +109,15 @@ TEST_F(CApi, ChannelFromTheEnvironment) {
   // The simulated domain is PV: the vm_event channel refuses it, saying why.
   setenv("XENPROBES_CHANNEL", "vmevent", 1);
   ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
-  EXPECT_EQ(register_xenprobe_symbol(1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr),
+  EXPECT_EQ(register_xenprobe_symbol(
+                1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr),
             XENPROBES_HANDLE_ERROR);
   EXPECT_NE(std::string(xenprobes_last_error()).find("PV"), std::string::npos) << xenprobes_last_error();
   xenprobes_close();
   setenv("XENPROBES_CHANNEL", "debugger", 1);
   ASSERT_EQ(xenprobes_open("sim"), 0) << xenprobes_last_error();
-  xenprobes_handle_t h = register_xenprobe_symbol(1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr);
+  xenprobes_handle_t h = register_xenprobe_symbol(
+      1, "sys_read", [](xenprobes_handle_t, cpu_user_regs*) {}, nullptr);
   EXPECT_GT(h, 0) << xenprobes_last_error();
   ASSERT_TRUE(host());
   EXPECT_EQ(peek(*host(), sym("sys_read") + 5, 1)[0], 0xf1) << "the debugger channel's ICEBP, past the ftrace nop";
@@ -148,7 +150,7 @@ TEST_F(CApi, ByAddressWithAPostHandlerThatSeesTheEffect) {
   };
   auto post = [](xenprobes_handle_t, cpu_user_regs* r) {
     if (r->rip != g.addr + 3 || r->rax != r->rsp) ++g.bad;  // the mov has run
-    if (++g.posts == g.target) xenprobes_stop();  // (the post-handler is a hit of its own)
+    if (++g.posts == g.target) xenprobes_stop();            // (the post-handler is a hit of its own)
   };
   xenprobes_handle_t h = register_xenprobe(1, g.addr, pre, post);
   ASSERT_GT(h, 0) << xenprobes_last_error();

@@ -32,10 +32,10 @@ using Clock = std::chrono::steady_clock;
 
 // What differs between the commands' helpers: xpe2e-probe's values, which its sweep replaces.
 struct Program {
-  const char* fatal_check = "fatal";  // the check fatal() fails
-  const char* fatal_prog = "-";       // the command on fatal()'s XPE2E-PROG line
-  std::size_t fmt_buffer = 1024;      // fmt() gives at most fmt_buffer - 1 characters (at most 2048)
-  bool describe_magic = true;         // describe() starts with the control area's magic
+  const char* fatal_check = "fatal";        // the check fatal() fails
+  const char* fatal_prog = "-";             // the command on fatal()'s XPE2E-PROG line
+  std::size_t fmt_buffer = 1024;            // fmt() gives at most fmt_buffer - 1 characters (at most 2048)
+  bool describe_magic = true;               // describe() starts with the control area's magic
   std::chrono::milliseconds key_poll{100};  // how often wait_key() reads the key
 };
 inline Program g_program;

@@ -99,7 +99,7 @@ std::string hexbytes(const std::vector<std::byte>& b, std::size_t n) {
 struct Args {
   std::string cmd;
   DomId dom{0};
-  DomId dom2{0};  // pair: the domain destroyed while probed
+  DomId dom2{0};                // pair: the domain destroyed while probed
   unsigned destroy_after = 20;  // pair: B's getppid hits before `xl destroy B`
   std::string channel = "auto";
   int timeout_s = 240;
@@ -109,15 +109,15 @@ struct Args {
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
   std::string skip;  // comma-separated: xrp, branch, boosted, openat, openat2, filp, skipped (to bisect a failure)
   std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
-  double round_s = 1.0;                                     // bench: seconds per measured round
-  int rounds = 3;                                           // bench: rounds per syscall
-  int untar = 3;                                            // bench: tar extractions per config
-  int wait_ms = 100;                                        // bench: run_once's timeout
+  double round_s = 1.0;                                    // bench: seconds per measured round
+  int rounds = 3;                                          // bench: rounds per syscall
+  int untar = 3;                                           // bench: tar extractions per config
+  int wait_ms = 100;                                       // bench: run_once's timeout
   unsigned spin_us = 0;  // SessionOptions::spin_us (protocol.h "Spinning"): every command
   // safety: the classes, in order. Without the rules, statickey's BUG() leaves text_mutex
   // held (ftrace would then hang) and hookpath kills the guest: each goes after the others.
   std::string hazards = "extable,ftrace,statickey,hookpath";
-  std::string points;                                         // safety: hookpath points (default all)
+  std::string points;  // safety: hookpath points (default all)
   // probe, kill: how the probes without a post-handler go in (trap, or fastest: jump probes
   // where the point allows, issue 14).
   std::string method = "trap";
@@ -126,11 +126,14 @@ struct Args {
 Args g_args;
 // The options of the probes that have no post-handler (--method).
 ProbeOptions pre_only() { return ProbeOptions{g_args.method == "fastest" ? ProbeMethod::Fastest : ProbeMethod::Trap}; }
-bool skipped(const char* what) { return ("," + g_args.skip + ",").find(std::string(",") + what + ",") != std::string::npos; }
+bool skipped(const char* what) {
+  return ("," + g_args.skip + ",").find(std::string(",") + what + ",") != std::string::npos;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fatal("usage: xpe2e-probe probe|jump|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep --domid D ...");
+  if (argc < 2)
+    fatal("usage: xpe2e-probe probe|jump|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep --domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -140,44 +143,25 @@ Args parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) fatal("option " + k + " needs a value");
     std::string v = argv[++i];
-    if (k == "--domid")
-      a.dom = DomId{static_cast<std::uint32_t>(std::stoul(v))};
-    else if (k == "--domid2")
-      a.dom2 = DomId{static_cast<std::uint32_t>(std::stoul(v))};
-    else if (k == "--destroy-after-hits")
-      a.destroy_after = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--channel")
-      a.channel = v;
-    else if (k == "--timeout")
-      a.timeout_s = std::stoi(v);
-    else if (k == "--snapshot")
-      a.snapshot = v;
-    else if (k == "--skip")
-      a.skip = v;
-    else if (k == "--die-after-hits")
-      a.die_after = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--die-in")
-      a.die_in = v;
-    else if (k == "--configs")
-      a.configs = v;
-    else if (k == "--round")
-      a.round_s = std::stod(v);
-    else if (k == "--rounds")
-      a.rounds = std::stoi(v);
-    else if (k == "--untar")
-      a.untar = std::stoi(v);
-    else if (k == "--wait-ms")
-      a.wait_ms = std::stoi(v);
-    else if (k == "--spin-us")
-      a.spin_us = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--hazards")
-      a.hazards = v;
-    else if (k == "--method")
-      a.method = v;
-    else if (k == "--points")
-      a.points = v;
-    else
-      fatal("unknown option " + k);
+    if (k == "--domid") a.dom = DomId{static_cast<std::uint32_t>(std::stoul(v))};
+    else if (k == "--domid2") a.dom2 = DomId{static_cast<std::uint32_t>(std::stoul(v))};
+    else if (k == "--destroy-after-hits") a.destroy_after = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--channel") a.channel = v;
+    else if (k == "--timeout") a.timeout_s = std::stoi(v);
+    else if (k == "--snapshot") a.snapshot = v;
+    else if (k == "--skip") a.skip = v;
+    else if (k == "--die-after-hits") a.die_after = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--die-in") a.die_in = v;
+    else if (k == "--configs") a.configs = v;
+    else if (k == "--round") a.round_s = std::stod(v);
+    else if (k == "--rounds") a.rounds = std::stoi(v);
+    else if (k == "--untar") a.untar = std::stoi(v);
+    else if (k == "--wait-ms") a.wait_ms = std::stoi(v);
+    else if (k == "--spin-us") a.spin_us = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--hazards") a.hazards = v;
+    else if (k == "--method") a.method = v;
+    else if (k == "--points") a.points = v;
+    else fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
   if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
@@ -264,7 +248,8 @@ std::vector<Insn> disasm(hv::Hypervisor& hv, DomId dom, const char* name, Gva fn
   cs_insn* insn = nullptr;
   std::size_t n = cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), fn.value, max, &insn);
   for (std::size_t i = 0; i < n; ++i) {
-    out.push_back(Insn{Gva{insn[i].address}, insn[i].size, insn[i].bytes[0], fmt("%s %s", insn[i].mnemonic, insn[i].op_str)});
+    out.push_back(
+        Insn{Gva{insn[i].address}, insn[i].size, insn[i].bytes[0], fmt("%s %s", insn[i].mnemonic, insn[i].op_str)});
     say("XPE2E-INFO: %s+0x%02" PRIx64 ": %s", name, insn[i].address - fn.value, out.back().text.c_str());
     if (insn[i].id == X86_INS_RET || insn[i].id == X86_INS_INT3 || insn[i].id == X86_INS_JMP) break;
   }
@@ -318,10 +303,9 @@ struct Counters {
 struct ProbeSet {
   std::vector<Probe> probes;
   std::vector<std::pair<std::string, Gva>> functions;  // for the text snapshot
-  std::vector<Gva> points;                            // every probe address
+  std::vector<Gva> points;                             // every probe address
   Probe *getppid = nullptr, *boosted = nullptr, *branch = nullptr, *openat = nullptr, *openat2 = nullptr,
-        *filp = nullptr, *ret_getppid = nullptr, *ret_unlink = nullptr, *ret_openat = nullptr,
-        *skipped = nullptr;
+        *filp = nullptr, *ret_getppid = nullptr, *ret_unlink = nullptr, *ret_openat = nullptr, *skipped = nullptr;
 };
 
 // Kept separate from ProbeSet so handlers can capture it by pointer before the set exists.
@@ -337,9 +321,8 @@ void maybe_die(const char* where, std::uint64_t hits) {
     const bool in_handler = g_die_in != "register" && g_die_in != "unregister";
     say("XPE2E-KILL: SIGKILL to myself %s %s %u %s%s; XrP calls in flight: %" PRIu64 " (__x64_sys_getppid %" PRIu64
         ", __x64_sys_openat %" PRIu64 ")",
-        in_handler ? "inside the" : "right after", where, g_die_after,
-        in_handler ? "handler's hits" : "probes", in_handler ? " (a vCPU waits for this answer)" : "",
-        getppid + openat, getppid, openat);
+        in_handler ? "inside the" : "right after", where, g_die_after, in_handler ? "handler's hits" : "probes",
+        in_handler ? " (a vCPU waits for this answer)" : "", getppid + openat, getppid, openat);
     std::fflush(nullptr);
     ::kill(::getpid(), SIGKILL);
   }
@@ -351,8 +334,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   Gva openat = resolve("__x64_sys_openat");
   Gva filp = resolve("do_filp_open");
   Gva unlink = resolve("do_unlinkat");
-  ps.functions = {{"__x64_sys_getppid", getppid}, {"__x64_sys_openat", openat}, {"do_filp_open", filp},
-                  {"do_unlinkat", unlink}};
+  ps.functions = {
+      {"__x64_sys_getppid", getppid}, {"__x64_sys_openat", openat}, {"do_filp_open", filp}, {"do_unlinkat", unlink}};
   auto keep = [&](Probe p) -> Probe* {
     ps.probes.push_back(std::move(p));
     maybe_die("register", ps.probes.size());  // kill --die-in register
@@ -388,11 +371,12 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
     if (i.addr.value == *placed) *post_rip = i.addr.value + i.size;
   check("xp.getppid.next", *post_rip != 0,
         fmt("the instruction after the placed probe: %#" PRIx64 " (0: the placed address is not an instruction "
-            "boundary of the test's own decoding)", *post_rip));
-  check("xp.getppid.placed", *placed != getppid.value && ps.getppid->info()->requested == getppid,
-        fmt("asked for at 0x%" PRIx64 ", placed at __x64_sys_getppid+0x%" PRIx64 " (%s): %s", getppid.value,
-            *placed - getppid.value, ps.getppid->info()->instruction.c_str(),
-            ps.getppid->info()->moved_because.c_str()));
+            "boundary of the test's own decoding)",
+            *post_rip));
+  check(
+      "xp.getppid.placed", *placed != getppid.value && ps.getppid->info()->requested == getppid,
+      fmt("asked for at 0x%" PRIx64 ", placed at __x64_sys_getppid+0x%" PRIx64 " (%s): %s", getppid.value,
+          *placed - getppid.value, ps.getppid->info()->instruction.c_str(), ps.getppid->info()->moved_because.c_str()));
   ps.points.push_back(Gva{*placed});
 
   // XP on the function's first relative call (Dom0 emulates it: pushes the return address
@@ -414,26 +398,29 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
       break;
     }
   if (!after_call && !skipped("boosted"))
-    check("boosted.found", false, "no instruction after a call rel32 in __x64_sys_getppid: the boosted probe is missing");
+    check("boosted.found", false,
+          "no instruction after a call rel32 in __x64_sys_getppid: the boosted probe is missing");
   if (after_call && !skipped("boosted")) {
-    ps.boosted = keep(must(s.probe(dom, after_call->addr,
-                                   [](HitContext&) {
-                                     ++g_c.boosted;
-                                     return 0;
-                                   },
-                                   {}, pre_only()),
+    ps.boosted = keep(must(s.probe(
+                               dom, after_call->addr,
+                               [](HitContext&) {
+                                 ++g_c.boosted;
+                                 return 0;
+                               },
+                               {}, pre_only()),
                            "XP on the return site of __x64_sys_getppid's first call (" + after_call->text + ")"));
     ps.points.push_back(after_call->addr);
   }
   if (skipped("branch")) {
   } else if (call) {
-    ps.branch = keep(must(s.probe(dom, call->addr,
-                                  [](HitContext&) {
-                                    ++g_c.branch;
-                                    maybe_die("call", g_c.branch);
-                                    return 0;
-                                  },
-                                  {}, pre_only()),
+    ps.branch = keep(must(s.probe(
+                              dom, call->addr,
+                              [](HitContext&) {
+                                ++g_c.branch;
+                                maybe_die("call", g_c.branch);
+                                return 0;
+                              },
+                              {}, pre_only()),
                           "XP on the call in __x64_sys_getppid (" + call->text + ")"));
     ps.points.push_back(call->addr);
   } else {
@@ -442,25 +429,25 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
 
   // XP on openat: the wrapper gets struct pt_regs * in rdi; the user's filename is regs->si.
   if (!skipped("openat")) {
-  ps.openat = keep(must(s.probe(dom, openat,
-                                [](HitContext& c) {
-                                  ++g_c.openat_hits;
-                                  auto p = c.read_u64(Gva{c.regs().rdi + kPtRegsSi});
-                                  Result<std::string> name =
-                                      p ? c.read_string(Gva{*p}, 256) : Result<std::string>(std::unexpected(p.error()));
-                                  if (!name) {
-                                    ++g_c.openat_read_errors;
-                                    if (g_c.first_read_error.empty())
-                                      g_c.first_read_error = "openat user filename: " + name.error().what;
-                                  } else if (*name == kTarget) {
-                                    ++g_c.openat_target;
-                                  } else {
-                                    ++g_c.openat_other;
-                                  }
-                                  return 0;
-                                }),  // a trap: openat2's post-handler shares its point
-                         "XP on __x64_sys_openat"));
-  ps.points.push_back(openat);
+    ps.openat = keep(must(s.probe(dom, openat,
+                                  [](HitContext& c) {
+                                    ++g_c.openat_hits;
+                                    auto p = c.read_u64(Gva{c.regs().rdi + kPtRegsSi});
+                                    Result<std::string> name = p ? c.read_string(Gva{*p}, 256)
+                                                                 : Result<std::string>(std::unexpected(p.error()));
+                                    if (!name) {
+                                      ++g_c.openat_read_errors;
+                                      if (g_c.first_read_error.empty())
+                                        g_c.first_read_error = "openat user filename: " + name.error().what;
+                                    } else if (*name == kTarget) {
+                                      ++g_c.openat_target;
+                                    } else {
+                                      ++g_c.openat_other;
+                                    }
+                                    return 0;
+                                  }),  // a trap: openat2's post-handler shares its point
+                          "XP on __x64_sys_openat"));
+    ps.points.push_back(openat);
   }
 
   // A pre- and post-handler on a plain instruction: openat's first one past its entry, where
@@ -472,82 +459,84 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   if (!skipped("openat2")) {
     if (o2 > 0 && o2 < oi.size()) {
       const std::uint64_t next = oi[o2].addr.value + oi[o2].size;
-      ps.openat2 = keep(must(s.probe(
-                                 dom, oi[o2].addr,
-                                 [](HitContext&) {
-                                   ++g_c.openat2_pre;
-                                   return 0;
-                                 },
-                                 [next](HitContext& c) {
-                                   ++g_c.openat2_post;
-                                   if (c.regs().rip != next && ++g_c.openat2_post_rip_wrong == 1 &&
-                                       g_c.first_post_rip.empty())
-                                     g_c.first_post_rip = fmt("openat post-handler rip %#" PRIx64 ", expected %#" PRIx64,
-                                                              c.regs().rip, next);
-                                 }),
-                             "XP with a post-handler on __x64_sys_openat's first instruction past its entry"));
+      ps.openat2 =
+          keep(must(s.probe(
+                        dom, oi[o2].addr,
+                        [](HitContext&) {
+                          ++g_c.openat2_pre;
+                          return 0;
+                        },
+                        [next](HitContext& c) {
+                          ++g_c.openat2_post;
+                          if (c.regs().rip != next && ++g_c.openat2_post_rip_wrong == 1 && g_c.first_post_rip.empty())
+                            g_c.first_post_rip =
+                                fmt("openat post-handler rip %#" PRIx64 ", expected %#" PRIx64, c.regs().rip, next);
+                        }),
+                    "XP with a post-handler on __x64_sys_openat's first instruction past its entry"));
       ps.points.push_back(oi[o2].addr);
     } else {
-      check("openat2.found", false, "__x64_sys_openat: no instruction past an ftrace site at its entry: the trap-after probe is missing");
+      check("openat2.found", false,
+            "__x64_sys_openat: no instruction past an ftrace site at its entry: the trap-after probe is missing");
     }
   }
 
   // XP on do_filp_open(dfd, struct filename *, op): the kernel's copy of the name.
   if (!skipped("filp")) {
-  ps.filp = keep(must(s.probe(dom, filp,
-                              [](HitContext& c) {
-                                auto p = c.read_u64(Gva{c.regs().rsi});
-                                Result<std::string> name =
-                                    p ? c.read_string(Gva{*p}, 256) : Result<std::string>(std::unexpected(p.error()));
-                                if (!name) {
-                                  ++g_c.filp_read_errors;
-                                  if (g_c.first_read_error.empty())
-                                    g_c.first_read_error = "do_filp_open kernel filename: " + name.error().what;
-                                } else if (*name == kTarget) {
-                                  ++g_c.filp_target;
-                                  maybe_die("filp", g_c.filp_target);
-                                } else {
-                                  ++g_c.filp_other;
-                                }
-                                return 0;
-                              },
-                              {}, pre_only()),
-                       "XP on do_filp_open"));
-  ps.points.push_back(filp);
+    ps.filp = keep(must(s.probe(
+                            dom, filp,
+                            [](HitContext& c) {
+                              auto p = c.read_u64(Gva{c.regs().rsi});
+                              Result<std::string> name =
+                                  p ? c.read_string(Gva{*p}, 256) : Result<std::string>(std::unexpected(p.error()));
+                              if (!name) {
+                                ++g_c.filp_read_errors;
+                                if (g_c.first_read_error.empty())
+                                  g_c.first_read_error = "do_filp_open kernel filename: " + name.error().what;
+                              } else if (*name == kTarget) {
+                                ++g_c.filp_target;
+                                maybe_die("filp", g_c.filp_target);
+                              } else {
+                                ++g_c.filp_other;
+                              }
+                              return 0;
+                            },
+                            {}, pre_only()),
+                        "XP on do_filp_open"));
+    ps.points.push_back(filp);
   }
 
   // XrP on getppid (coexists with the XP there) and on do_unlinkat.
   if (!skipped("xrp")) {
-  ps.ret_getppid = keep(must(s.ret_probe(
-                                 dom, getppid,
-                                 [](HitContext&, std::span<std::byte>) {
-                                   ++g_c.ret_getppid_entries;
-                                   return 0;
-                                 },
-                                 [](HitContext& c, std::span<std::byte>) {
-                                   ++g_c.ret_getppid_returns;
-                                   ++g_c.getppid_rax[c.regs().rax];
-                                 }),
-                             "XrP on __x64_sys_getppid"));
-  ps.ret_unlink = keep(must(s.ret_probe(dom, unlink, {},
-                                        [](HitContext& c, std::span<std::byte>) {
-                                          ++g_c.ret_unlink_returns;
-                                          ++g_c.unlink_rax[c.regs().rax];
-                                        }),
-                            "XrP on do_unlinkat"));
-  ps.points.push_back(unlink);
-  // The outer call of do_filp_open: in flight while that handler runs (kill --die-in filp).
-  ps.ret_openat = keep(must(s.ret_probe(
-                                dom, openat,
-                                [](HitContext&, std::span<std::byte>) {
-                                  ++g_c.ret_openat_entries;
-                                  return 0;
-                                },
-                                [](HitContext& c, std::span<std::byte>) {
-                                  ++g_c.ret_openat_returns;
-                                  if (static_cast<std::int32_t>(c.regs().rax) < 0) ++g_c.ret_openat_failed;
-                                }),
-                            "XrP on __x64_sys_openat"));
+    ps.ret_getppid = keep(must(s.ret_probe(
+                                   dom, getppid,
+                                   [](HitContext&, std::span<std::byte>) {
+                                     ++g_c.ret_getppid_entries;
+                                     return 0;
+                                   },
+                                   [](HitContext& c, std::span<std::byte>) {
+                                     ++g_c.ret_getppid_returns;
+                                     ++g_c.getppid_rax[c.regs().rax];
+                                   }),
+                               "XrP on __x64_sys_getppid"));
+    ps.ret_unlink = keep(must(s.ret_probe(dom, unlink, {},
+                                          [](HitContext& c, std::span<std::byte>) {
+                                            ++g_c.ret_unlink_returns;
+                                            ++g_c.unlink_rax[c.regs().rax];
+                                          }),
+                              "XrP on do_unlinkat"));
+    ps.points.push_back(unlink);
+    // The outer call of do_filp_open: in flight while that handler runs (kill --die-in filp).
+    ps.ret_openat = keep(must(s.ret_probe(
+                                  dom, openat,
+                                  [](HitContext&, std::span<std::byte>) {
+                                    ++g_c.ret_openat_entries;
+                                    return 0;
+                                  },
+                                  [](HitContext& c, std::span<std::byte>) {
+                                    ++g_c.ret_openat_returns;
+                                    if (static_cast<std::int32_t>(c.regs().rax) < 0) ++g_c.ret_openat_failed;
+                                  }),
+                              "XrP on __x64_sys_openat"));
   }
 
   // XP on a nop: the alignment padding after __x64_sys_getppid's ret (the kernel's straight-line
@@ -602,7 +591,8 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps) {
   mode_is("skipped", ps.skipped, ExecMode::Skipped, "a nop");
   if (ps.openat && ps.openat2 && ps.openat->info() && ps.openat2->info() &&
       ps.openat->info()->address == ps.openat2->info()->address)
-    mode_is("openat", ps.openat, ExecMode::TrapAfter, "placed on the first instruction past the entry, with its post-handler");
+    mode_is("openat", ps.openat, ExecMode::TrapAfter,
+            "placed on the first instruction past the entry, with its post-handler");
 }
 
 // Everything before the probes: the module's keys, the session, the symbols.
@@ -617,10 +607,12 @@ std::unique_ptr<Session> open_session(const Args& a, SessionOptions o) {
   std::string dom0_rel;
   if (std::ifstream f("/proc/sys/kernel/osrelease"); f) std::getline(f, dom0_rel);
   check("module.release", rel && *rel == dom0_rel,
-        "guest " + (rel ? *rel : std::string("?")) + ", Dom0 " + dom0_rel + " (Dom0's kallsyms serve only the same build)");
+        "guest " + (rel ? *rel : std::string("?")) + ", Dom0 " + dom0_rel +
+            " (Dom0's kallsyms serve only the same build)");
   say("XPE2E-INFO: module kernel-text=%s; %s", ktext ? ktext->c_str() : "?", describe(ctl_header(*hvp, a.dom)).c_str());
   o.spin_us = a.spin_us;
-  if (a.spin_us) say("XPE2E-INFO: Dom0 polls the mailboxes for %u us after each hit (SessionOptions::spin_us)", a.spin_us);
+  if (a.spin_us)
+    say("XPE2E-INFO: Dom0 polls the mailboxes for %u us after each hit (SessionOptions::spin_us)", a.spin_us);
   auto s = must(Session::open(std::move(hvp), o), "Session::open");
   must(s->load_symbols(a.dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
   auto ch = s->channel_name(a.dom);
@@ -669,7 +661,8 @@ bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>
   for (Gva p : points) {
     auto b = (*view)->read_u64(p);
     if (!b || (*b & 0xff) != trap) {
-      *detail = fmt("%#" PRIx64 " holds %s", p.value, b ? fmt("%02" PRIx64, *b & 0xff).c_str() : b.error().what.c_str());
+      *detail =
+          fmt("%#" PRIx64 " holds %s", p.value, b ? fmt("%02" PRIx64, *b & 0xff).c_str() : b.error().what.c_str());
       return false;
     }
   }
@@ -705,7 +698,8 @@ std::vector<Gva> trap_points(ProbeSet& ps) {
     if (auto i = p.info(); i && i->method == ProbeMethod::Jump) jumps.push_back(i->address);
   for (Gva g : ps.points)
     if (std::find(jumps.begin(), jumps.end(), g) == jumps.end()) out.push_back(g);
-  if (!jumps.empty()) say("XPE2E-INFO: %zu probe points are jump probes (--method %s)", jumps.size(), g_args.method.c_str());
+  if (!jumps.empty())
+    say("XPE2E-INFO: %zu probe points are jump probes (--method %s)", jumps.size(), g_args.method.c_str());
   return out;
 }
 
@@ -722,7 +716,10 @@ int cmd_probe(const Args& a) {
   auto before = snapshot(hv, a.dom, fns);
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(hv, a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check(
+      "text.armed",
+      first_bytes_are_traps(hv, a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d),
+      d);
 
   auto done = run_workload(*s, a.dom, a.timeout_s);
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
@@ -744,37 +741,49 @@ int cmd_probe(const Args& a) {
     check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
   }
 
-  check("xp.getppid.pre", (long)g_c.getppid_pre == n_getppid, fmt("pre-handler %" PRIu64 ", guest made %ld calls", g_c.getppid_pre, n_getppid));
-  check("xp.getppid.post", (long)g_c.getppid_post == n_getppid && g_c.post_rip_wrong == 0,
-        fmt("post-handler %" PRIu64 ", guest %ld; post rip not at the next instruction: %" PRIu64 "%s", g_c.getppid_post,
-            n_getppid, g_c.post_rip_wrong, g_c.first_post_rip.empty() ? "" : (" (" + g_c.first_post_rip + ")").c_str()));
+  check("xp.getppid.pre", (long)g_c.getppid_pre == n_getppid,
+        fmt("pre-handler %" PRIu64 ", guest made %ld calls", g_c.getppid_pre, n_getppid));
+  check(
+      "xp.getppid.post", (long)g_c.getppid_post == n_getppid && g_c.post_rip_wrong == 0,
+      fmt("post-handler %" PRIu64 ", guest %ld; post rip not at the next instruction: %" PRIu64 "%s", g_c.getppid_post,
+          n_getppid, g_c.post_rip_wrong, g_c.first_post_rip.empty() ? "" : (" (" + g_c.first_post_rip + ")").c_str()));
   check("xp.getppid.stats", (long)stt_of(ps.getppid).hits == n_getppid && stt_of(ps.getppid).unhandled == 0,
         fmt("stats hits=%" PRIu64 " unhandled=%" PRIu64, stt_of(ps.getppid).hits, stt_of(ps.getppid).unhandled));
   if (ps.boosted)
-    check("xp.boosted", (long)g_c.boosted == n_getppid, fmt("boosted probe hits %" PRIu64 ", guest %ld", g_c.boosted, n_getppid));
+    check("xp.boosted", (long)g_c.boosted == n_getppid,
+          fmt("boosted probe hits %" PRIu64 ", guest %ld", g_c.boosted, n_getppid));
   if (ps.branch)
-    check("xp.call", (long)g_c.branch == n_getppid, fmt("emulated call hits %" PRIu64 ", guest %ld", g_c.branch, n_getppid));
+    check("xp.call", (long)g_c.branch == n_getppid,
+          fmt("emulated call hits %" PRIu64 ", guest %ld", g_c.branch, n_getppid));
   // The workload's openat calls: n_openat on the target, n_unlink creating the files it unlinks.
   if (ps.openat2)
-    check("xp.openat.post", g_c.openat2_pre == g_c.openat_hits && g_c.openat2_post == g_c.openat_hits &&
-                                (long)g_c.openat_hits == n_openat + n_unlink && g_c.openat2_post_rip_wrong == 0,
-          fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64 "; the guest made %ld openat "
+    check("xp.openat.post",
+          g_c.openat2_pre == g_c.openat_hits && g_c.openat2_post == g_c.openat_hits &&
+              (long)g_c.openat_hits == n_openat + n_unlink && g_c.openat2_post_rip_wrong == 0,
+          fmt("second instruction pre %" PRIu64 " post %" PRIu64 ", first instruction %" PRIu64
+              "; the guest made %ld openat "
               "calls; post rip not at the next instruction: %" PRIu64,
               g_c.openat2_pre, g_c.openat2_post, g_c.openat_hits, n_openat + n_unlink, g_c.openat2_post_rip_wrong));
-  if (ps.openat) check("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
-        fmt("user filename %s read %" PRIu64 " times, guest opened it %ld times; other names %" PRIu64 ", read errors %" PRIu64 "%s",
-            kTarget, g_c.openat_target, n_openat, g_c.openat_other, g_c.openat_read_errors,
-            g_c.first_read_error.empty() ? "" : ("; first error: " + g_c.first_read_error).c_str()));
-  if (ps.filp) check("xp.filp_open.filename", (long)g_c.filp_target == n_openat && (long)g_c.filp_other == n_unlink &&
-                                               g_c.filp_read_errors == 0,
-        fmt("kernel copy of the name %" PRIu64 " times, guest %ld; other names %" PRIu64 " (guest %ld); read errors %" PRIu64,
-            g_c.filp_target, n_openat, g_c.filp_other, n_unlink, g_c.filp_read_errors));
+  if (ps.openat)
+    check("xp.openat.filename", (long)g_c.openat_target == n_openat && g_c.openat_read_errors == 0,
+          fmt("user filename %s read %" PRIu64 " times, guest opened it %ld times; other names %" PRIu64
+              ", read errors %" PRIu64 "%s",
+              kTarget, g_c.openat_target, n_openat, g_c.openat_other, g_c.openat_read_errors,
+              g_c.first_read_error.empty() ? "" : ("; first error: " + g_c.first_read_error).c_str()));
+  if (ps.filp)
+    check("xp.filp_open.filename",
+          (long)g_c.filp_target == n_openat && (long)g_c.filp_other == n_unlink && g_c.filp_read_errors == 0,
+          fmt("kernel copy of the name %" PRIu64 " times, guest %ld; other names %" PRIu64
+              " (guest %ld); read errors %" PRIu64,
+              g_c.filp_target, n_openat, g_c.filp_other, n_unlink, g_c.filp_read_errors));
   std::string rax;
   for (auto& [v, n] : g_c.getppid_rax) rax += fmt(" 0x%" PRIx64 " (x%" PRIu64 ")", v, n);
-  if (ps.ret_getppid) check("xrp.getppid", (long)g_c.ret_getppid_entries == n_getppid && (long)g_c.ret_getppid_returns == n_getppid &&
-                           g_c.getppid_rax.size() == 1 && (long)g_c.getppid_rax.begin()->first == ppid,
-        fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s", g_c.ret_getppid_entries,
-            g_c.ret_getppid_returns, n_getppid, ppid, rax.c_str()));
+  if (ps.ret_getppid)
+    check("xrp.getppid",
+          (long)g_c.ret_getppid_entries == n_getppid && (long)g_c.ret_getppid_returns == n_getppid &&
+              g_c.getppid_rax.size() == 1 && (long)g_c.getppid_rax.begin()->first == ppid,
+          fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s",
+              g_c.ret_getppid_entries, g_c.ret_getppid_returns, n_getppid, ppid, rax.c_str()));
   rax.clear();
   for (auto& [v, n] : g_c.unlink_rax) rax += fmt(" 0x%" PRIx64 " (x%" PRIu64 ")", v, n);
   // do_unlinkat returns int: only eax is defined (the upper half of rax is not sign-extended).
@@ -783,15 +792,18 @@ int cmd_probe(const Args& a) {
     if (static_cast<std::int32_t>(v) == 0) zero += n;
     if (static_cast<std::int32_t>(v) == -ENOENT) enoent += n;
   }
-  if (ps.ret_unlink) check("xrp.unlinkat", (long)zero == n_unlink && (long)enoent == n_enoent && g_c.ret_unlink_returns == zero + enoent,
-        fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s",
-            g_c.ret_unlink_returns, zero, enoent, n_unlink, n_enoent, rax.c_str()));
+  if (ps.ret_unlink)
+    check("xrp.unlinkat", (long)zero == n_unlink && (long)enoent == n_enoent && g_c.ret_unlink_returns == zero + enoent,
+          fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s",
+              g_c.ret_unlink_returns, zero, enoent, n_unlink, n_enoent, rax.c_str()));
   if (ps.ret_openat)
-    check("xrp.openat", (long)g_c.ret_openat_entries == n_openat + n_unlink && g_c.ret_openat_returns == g_c.ret_openat_entries &&
-                            g_c.ret_openat_failed == 0 && stt_of(ps.ret_openat).untracked_calls == 0,
-          fmt("entries %" PRIu64 " returns %" PRIu64 " (failed %" PRIu64 "), untracked calls %" PRIu64 "; the guest made %ld openat calls",
-              g_c.ret_openat_entries, g_c.ret_openat_returns, g_c.ret_openat_failed, stt_of(ps.ret_openat).untracked_calls,
-              n_openat + n_unlink));
+    check("xrp.openat",
+          (long)g_c.ret_openat_entries == n_openat + n_unlink && g_c.ret_openat_returns == g_c.ret_openat_entries &&
+              g_c.ret_openat_failed == 0 && stt_of(ps.ret_openat).untracked_calls == 0,
+          fmt("entries %" PRIu64 " returns %" PRIu64 " (failed %" PRIu64 "), untracked calls %" PRIu64
+              "; the guest made %ld openat calls",
+              g_c.ret_openat_entries, g_c.ret_openat_returns, g_c.ret_openat_failed,
+              stt_of(ps.ret_openat).untracked_calls, n_openat + n_unlink));
   if (ps.skipped)
     check("xp.skipped.hits", g_c.skipped_hits == 0 && stt_of(ps.skipped).hits == 0,
           fmt("handler %" PRIu64 ", stats hits %" PRIu64 " on padding the guest never runs", g_c.skipped_hits,
@@ -799,12 +811,14 @@ int cmd_probe(const Args& a) {
   for (Probe* p : {ps.ret_getppid, ps.ret_unlink, ps.ret_openat}) {
     if (!p) continue;
     auto t = stt_of(p);
-    say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " untracked_calls=%" PRIu64 " reclaimed=%" PRIu64
-        " active=%u", p->id(), t.hits, t.returns, t.untracked_calls, t.reclaimed, t.active);
+    say("XPE2E-INFO: return probe %" PRIu64 ": hits=%" PRIu64 " returns=%" PRIu64 " untracked_calls=%" PRIu64
+        " reclaimed=%" PRIu64 " active=%u",
+        p->id(), t.hits, t.returns, t.untracked_calls, t.reclaimed, t.active);
   }
 
   std::string diff = compare(hv, a.dom, before);
-  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  check("text.restored", diff.empty(),
+        diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
   h = ctl_header(hv, a.dom);
   say("XPE2E-INFO: module after unregistering every probe: %s", describe(h).c_str());
   if (a.exercise_attached) {
@@ -825,7 +839,8 @@ int cmd_probe(const Args& a) {
   // The module unloads the documented way (detach, rmmod) once Dom0 is gone.
   must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
   auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), unload_wait);
-  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : fmt("no data/xpe2e/unloaded within %d s", unload_wait));
+  check("module.unload", un && *un == "ok",
+        un ? "detach + rmmod: " + *un : fmt("no data/xpe2e/unloaded within %d s", unload_wait));
   auto stt = hvp->xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE));
   check("module.keys_removed", !stt, stt ? "state still " + *stt : "data/xenprobes/state removed");
   say("XPE2E-PROG probe %s %d", g_failed ? "FAIL" : "PASS", g_failed);
@@ -853,15 +868,22 @@ int cmd_jump(const Args& a) {
     std::uint64_t* count;
   };
   std::vector<Probe> probes;
-  for (const Want& w : {Want{"__x64_sys_getppid", ProbeMethod::Jump, &n_getppid},
-                        Want{"do_unlinkat", ProbeMethod::Jump, &n_unlink},
-                        Want{"__x64_sys_openat", ProbeMethod::Fastest, &n_openat}}) {
+  for (const Want& w :
+       {Want{"__x64_sys_getppid", ProbeMethod::Jump, &n_getppid}, Want{"do_unlinkat", ProbeMethod::Jump, &n_unlink},
+        Want{"__x64_sys_openat", ProbeMethod::Fastest, &n_openat}}) {
     std::uint64_t* c = w.count;
-    auto p = s->probe(a.dom, w.fn, [c](HitContext&) { ++*c; return 0; }, {}, ProbeOptions{w.method});
+    auto p = s->probe(
+        a.dom, w.fn,
+        [c](HitContext&) {
+          ++*c;
+          return 0;
+        },
+        {}, ProbeOptions{w.method});
     if (!check(fmt("jump.register.%s", w.fn), p.has_value(), p ? "registered" : p.error().what)) continue;
     auto i = must(p->info(), "info");
     say("XPE2E-INFO: %s: %s at 0x%" PRIx64 ", detour 0x%" PRIx64 ", %s%s", w.fn, probe_method_name(i.method),
-        i.address.value, i.slot.value, i.instruction.c_str(), i.not_jump_because.empty() ? "" : ("; not a jump: " + i.not_jump_because).c_str());
+        i.address.value, i.slot.value, i.instruction.c_str(),
+        i.not_jump_because.empty() ? "" : ("; not a jump: " + i.not_jump_because).c_str());
     check(fmt("jump.method.%s", w.fn), i.method == ProbeMethod::Jump && i.mode == ExecMode::Detour,
           i.not_jump_because.empty() ? probe_method_name(i.method) : i.not_jump_because);
     probes.push_back(std::move(*p));
@@ -890,9 +912,12 @@ int cmd_jump(const Args& a) {
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
   auto w = kv(done.value_or(""));
   check("workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
-  const long getppid = num(w, "getppid"), openat = num(w, "openat"), unl = num(w, "unlink_ok") + num(w, "unlink_enoent");
-  check("jump.getppid", (long)n_getppid == getppid, fmt("jump probe %" PRIu64 ", guest made %ld calls", n_getppid, getppid));
-  check("jump.unlinkat", (long)n_unlink == unl, fmt("jump probe %" PRIu64 ", guest made %ld unlink calls", n_unlink, unl));
+  const long getppid = num(w, "getppid"), openat = num(w, "openat"),
+             unl = num(w, "unlink_ok") + num(w, "unlink_enoent");
+  check("jump.getppid", (long)n_getppid == getppid,
+        fmt("jump probe %" PRIu64 ", guest made %ld calls", n_getppid, getppid));
+  check("jump.unlinkat", (long)n_unlink == unl,
+        fmt("jump probe %" PRIu64 ", guest made %ld unlink calls", n_unlink, unl));
   check("jump.openat", (long)n_openat == openat + num(w, "unlink_ok"),
         fmt("probe %" PRIu64 ", guest made %ld openat calls", n_openat, openat + num(w, "unlink_ok")));
   auto h = ctl_header(hv, a.dom);
@@ -903,7 +928,8 @@ int cmd_jump(const Args& a) {
     check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
   }
   std::string diff = compare(hv, a.dom, before);
-  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  check("text.restored", diff.empty(),
+        diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
   probes.clear();
   s.reset();
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
@@ -948,41 +974,49 @@ int cmd_async(const Args& a) {
     z.next_seq[v] = h.seq + 1;
     z.last_time[v] = h.time_ns;
   };
-  std::vector<std::pair<std::string, Gva>> fns{{"__x64_sys_getppid", must(s->resolve(a.dom, "__x64_sys_getppid"), "resolve")}};
+  std::vector<std::pair<std::string, Gva>> fns{
+      {"__x64_sys_getppid", must(s->resolve(a.dom, "__x64_sys_getppid"), "resolve")}};
   for (const char* fn : {"do_sys_openat2", "getname_flags"})
     if (auto at = s->resolve(a.dom, fn)) fns.emplace_back(fn, *at);
   auto before = snapshot(hv, a.dom, fns);  // the text as the guest has it, before any probe
   std::vector<Probe> probes;
   auto p1 = s->probe_async(a.dom, "__x64_sys_getppid", [&](const AsyncHit& h) { order(getppid, h); });
-  if (check("async.register.getppid", p1.has_value(), p1 ? "registered" : p1.error().what)) probes.push_back(std::move(*p1));
+  if (check("async.register.getppid", p1.has_value(), p1 ? "registered" : p1.error().what))
+    probes.push_back(std::move(*p1));
   AsyncOptions o;
   std::string open_fn;
   for (const char* fn : {"do_sys_openat2", "getname_flags"}) {
-    o.captures = {Capture::string(std::string(fn) == "do_sys_openat2" ? CaptureBase::Rsi : CaptureBase::Rdi, 0, 64, true),
-                  Capture::bytes(CaptureBase::Rsp, 0, 8), Capture::bytes(CaptureBase::Rip, -0x40000000, 8)};
-    auto p = s->probe_async(a.dom, fn, [&](const AsyncHit& h) {
-      order(open, h);
-      if (h.captures.size() != 3) return;
-      if (h.captures[0].status != CaptureStatus::Ok) ++open.not_ok;
-      else ++(h.captures[0].text() == kTarget ? open.target : open.other);
-      std::uint64_t ret = 0;
-      if (h.captures[1].bytes.size() == 8) std::memcpy(&ret, h.captures[1].bytes.data(), 8);
-      if (ret < text.value || ret >= etext.value) ++open.ret_outside;
-      if (h.captures[2].status != CaptureStatus::Fault) ++open.no_fault;
-    }, o);
+    o.captures = {
+        Capture::string(std::string(fn) == "do_sys_openat2" ? CaptureBase::Rsi : CaptureBase::Rdi, 0, 64, true),
+        Capture::bytes(CaptureBase::Rsp, 0, 8), Capture::bytes(CaptureBase::Rip, -0x40000000, 8)};
+    auto p = s->probe_async(
+        a.dom, fn,
+        [&](const AsyncHit& h) {
+          order(open, h);
+          if (h.captures.size() != 3) return;
+          if (h.captures[0].status != CaptureStatus::Ok) ++open.not_ok;
+          else ++(h.captures[0].text() == kTarget ? open.target : open.other);
+          std::uint64_t ret = 0;
+          if (h.captures[1].bytes.size() == 8) std::memcpy(&ret, h.captures[1].bytes.data(), 8);
+          if (ret < text.value || ret >= etext.value) ++open.ret_outside;
+          if (h.captures[2].status != CaptureStatus::Fault) ++open.no_fault;
+        },
+        o);
     say("XPE2E-INFO: async probe on %s: %s", fn, p ? "registered" : p.error().what.c_str());
     if (!p) continue;
     open_fn = fn;
     probes.push_back(std::move(*p));
     break;
   }
-  check("async.register.open", !open_fn.empty(), open_fn.empty() ? "neither do_sys_openat2 nor getname_flags" : open_fn);
+  check("async.register.open", !open_fn.empty(),
+        open_fn.empty() ? "neither do_sys_openat2 nor getname_flags" : open_fn);
   for (Probe& p : probes)
     if (auto i = p.info())
       say("XPE2E-INFO: async probe %" PRIu64 ": %s, detour 0x%" PRIx64 ", async=%d", p.id(), i->instruction.c_str(),
           i->slot.value, i->async);
   const JumpsWritten jw = wait_for_jumps(*s, probes);
-  check("async.written", jw.waiting == 0, fmt("%ld of %zu jumps still wait after %.1f s", jw.waiting, probes.size(), jw.seconds));
+  check("async.written", jw.waiting == 0,
+        fmt("%ld of %zu jumps still wait after %.1f s", jw.waiting, probes.size(), jw.seconds));
   // Counted from here: the workload starts now.
   getppid = Seen{};
   open = Seen{};
@@ -993,20 +1027,22 @@ int cmd_async(const Args& a) {
   auto rs = s->ring_stats(a.dom);  // reads what is left in the rings
   check("async.ring_stats", rs.has_value(), rs ? "read" : rs.error().what);
   const RingStats st = rs.value_or(RingStats{});
-  say("XPE2E-INFO: rings: %u, records %" PRIu64 ", orphans %" PRIu64 ", missed %" PRIu64 ", resyncs %" PRIu64 ", drops %" PRIu64
-      ", nested %" PRIu64 ", bad keys %" PRIu64, st.rings, st.records, st.orphans, st.missed, st.resyncs, st.drops, st.nested, st.bad_keys);
+  say("XPE2E-INFO: rings: %u, records %" PRIu64 ", orphans %" PRIu64 ", missed %" PRIu64 ", resyncs %" PRIu64
+      ", drops %" PRIu64 ", nested %" PRIu64 ", bad keys %" PRIu64,
+      st.rings, st.records, st.orphans, st.missed, st.resyncs, st.drops, st.nested, st.bad_keys);
   const long n_getppid = num(w, "getppid"), n_openat = num(w, "openat");
   check("async.getppid", (long)getppid.records == n_getppid && getppid.bad == 0,
-        fmt("records %" PRIu64 ", guest made %ld calls; out of order %" PRIu64 "%s", getppid.records, n_getppid, getppid.bad,
-            getppid.first_bad.empty() ? "" : (" (" + getppid.first_bad + ")").c_str()));
+        fmt("records %" PRIu64 ", guest made %ld calls; out of order %" PRIu64 "%s", getppid.records, n_getppid,
+            getppid.bad, getppid.first_bad.empty() ? "" : (" (" + getppid.first_bad + ")").c_str()));
   if (!open_fn.empty())
-    check("async.open", (long)open.target == n_openat && open.not_ok == 0 && open.ret_outside == 0 && open.no_fault == 0 &&
-                            open.bad == 0,
-          fmt("%s: %s captured %" PRIu64 " times (guest opened it %ld times), other names %" PRIu64 ", unreadable %" PRIu64
-              ", return addresses outside the kernel's text %" PRIu64 ", unmapped reads that did not fault %" PRIu64
-              ", out of order %" PRIu64 "%s",
-              open_fn.c_str(), kTarget, open.target, n_openat, open.other, open.not_ok, open.ret_outside, open.no_fault, open.bad,
-              open.first_bad.empty() ? "" : (" (" + open.first_bad + ")").c_str()));
+    check("async.open",
+          (long)open.target == n_openat && open.not_ok == 0 && open.ret_outside == 0 && open.no_fault == 0 &&
+              open.bad == 0,
+          fmt("%s: %s captured %" PRIu64 " times (guest opened it %ld times), other names %" PRIu64
+              ", unreadable %" PRIu64 ", return addresses outside the kernel's text %" PRIu64
+              ", unmapped reads that did not fault %" PRIu64 ", out of order %" PRIu64 "%s",
+              open_fn.c_str(), kTarget, open.target, n_openat, open.other, open.not_ok, open.ret_outside, open.no_fault,
+              open.bad, open.first_bad.empty() ? "" : (" (" + open.first_bad + ")").c_str()));
   check("async.rings", st.drops == 0 && st.missed == 0 && st.resyncs == 0 && st.bad_keys == 0 && st.rings > 0,
         "no drop, no record missing, no resync, no key refused");
   auto h = ctl_header(hv, a.dom);
@@ -1017,7 +1053,8 @@ int cmd_async(const Args& a) {
     check(fmt("unregister.%" PRIu64, p.id()), r.has_value(), r ? "ok" : r.error().what);
   }
   std::string diff = compare(hv, a.dom, before);
-  check("text.restored", diff.empty(), diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
+  check("text.restored", diff.empty(),
+        diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
   probes.clear();
   s.reset();
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
@@ -1041,7 +1078,10 @@ int cmd_kill(const Args& a) {
   g_die_in = a.die_in;
   register_probes(*s, a.dom, ps);
   std::string d;
-  check("text.armed", first_bytes_are_traps(s->hypervisor(), a.dom, trap_points(ps), trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d), d);
+  check("text.armed",
+        first_bytes_are_traps(s->hypervisor(), a.dom, trap_points(ps),
+                              trap_byte_of(must(s->channel_name(a.dom), "channel_name")), &d),
+        d);
   if (a.method == "fastest") {
     // The kill must find the jumps written (not their redirecting trap bytes): wait for them.
     const JumpsWritten jw = wait_for_jumps(*s, ps.probes);
@@ -1058,8 +1098,9 @@ int cmd_kill(const Args& a) {
   }
   // Only reached when the workload made fewer calls than --die-after-hits (or there were
   // fewer probes).
-  check("killed", false, fmt("the workload finished (%s) before %u %s", done.value_or("no done").c_str(), a.die_after,
-                             a.die_in == "register" || a.die_in == "unregister" ? "probes" : "hits"));
+  check("killed", false,
+        fmt("the workload finished (%s) before %u %s", done.value_or("no done").c_str(), a.die_after,
+            a.die_in == "register" || a.die_in == "unregister" ? "probes" : "hits"));
   say("XPE2E-PROG kill FAIL %d", g_failed);
   return 1;
 }
@@ -1078,7 +1119,8 @@ int cmd_verify_text(const Args& a) {
   auto h = ctl_header(*hv, a.dom);
   if (a.channel == "debugger" || a.channel == "vmevent") {
     // No module fail-safe on these channels: the session's guardian restored the guest.
-    check("text.restored_by_guardian", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
+    check("text.restored_by_guardian", diff.empty(),
+          diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
     auto info = hv->domain_info(a.dom);
     check("guardian.domain_released", info && !info->paused && !info->debugged,
           info ? fmt("paused=%d debugged=%d", info->paused, info->debugged) : info.error().what);
@@ -1098,7 +1140,8 @@ int cmd_verify_text(const Args& a) {
       check("guardian.monitor_torn_down", ok, detail);
     }
   } else {
-    check("text.restored_by_module", diff.empty(), diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
+    check("text.restored_by_module", diff.empty(),
+          diff.empty() ? "kernel text byte-identical to the snapshot" : "still different: " + diff);
     check("module.dom0_gone", h && h->dom0_gone == 1, describe(h));
     check("module.timeouts", h && h->timeouts >= XENPROBES_DEAD_AFTER, describe(h));
     // Every call that was in flight returned through the return table (the module clears an
@@ -1144,10 +1187,11 @@ int cmd_refuse_debugger(const Args& a) {
   auto before = snapshot(*hv, a.dom, {{"__x64_sys_getppid", fn}});
   auto info0 = must(hv->domain_info(a.dom), "domain_info");
   auto s = Session::open(std::move(hv), SessionOptions{ChannelKind::Debugger});
-  check("debugger.refused", !s.has_value(), s ? "Session::open(Debugger) succeeded on a hypervisor without GDBSX" : "refused: " + s.error().what);
+  check("debugger.refused", !s.has_value(),
+        s ? "Session::open(Debugger) succeeded on a hypervisor without GDBSX" : "refused: " + s.error().what);
   if (!s) {
-    check("debugger.message", s.error().what.find("CONFIG_GDBSX") != std::string::npos &&
-                                  s.error().code == Errc::NotSupported,
+    check("debugger.message",
+          s.error().what.find("CONFIG_GDBSX") != std::string::npos && s.error().code == Errc::NotSupported,
           fmt("errc=%s, names CONFIG_GDBSX and what to use instead", errc_name(s.error().code)));
   }
   s = std::unexpected(Error{});  // closes the session if one was opened
@@ -1273,9 +1317,9 @@ void dump_stall(hv::Hypervisor& hv, DomId dom, const char* why) {
     auto r = hv.get_vcpu_regs(dom, VcpuId{v});
     if (r)
       say("XPE2E-INFO: vcpu %u: rip=%#" PRIx64 " rsp=%#" PRIx64 " rflags=%#" PRIx64 " rax=%#" PRIx64 " cr3=%#" PRIx64
-          " kernel_mode=%d", v, r->rip, r->rsp, r->rflags, r->rax, r->cr3, r->kernel_mode);
-    else
-      say("XPE2E-INFO: vcpu %u: %s", v, r.error().what.c_str());
+          " kernel_mode=%d",
+          v, r->rip, r->rsp, r->rflags, r->rax, r->cr3, r->kernel_mode);
+    else say("XPE2E-INFO: vcpu %u: %s", v, r.error().what.c_str());
   }
   auto h = ctl_header(hv, dom);
   say("XPE2E-INFO: module: %s", describe(h).c_str());
@@ -1290,7 +1334,8 @@ void dump_stall(hv::Hypervisor& hv, DomId dom, const char* why) {
       say("XPE2E-INFO: mailbox %u: %s", v, r.error().what.c_str());
       continue;
     }
-    say("XPE2E-INFO: mailbox %u: state=%u seq=%u answer_seq=%u trap=%#" PRIx64 " regs.rip=%#" PRIx64 " regs.rsp=%#" PRIx64,
+    say("XPE2E-INFO: mailbox %u: state=%u seq=%u answer_seq=%u trap=%#" PRIx64 " regs.rip=%#" PRIx64
+        " regs.rsp=%#" PRIx64,
         v, mb.state, mb.seq, mb.answer_seq, mb.trap, mb.regs.rip, mb.regs.rsp);
   }
 }
@@ -1315,7 +1360,8 @@ int cmd_pair(const Args& a) {
   // host) has written `done` already: say so plainly, before anything is armed.
   for (PairSide* p : {&A, &B})
     if (auto d = hv.xs_read(dom_path(p->dom, "data/xpe2e/done")))
-      fatal(fmt("domain %u (%s): the workload stopped waiting before the go (done: %s)", p->dom.value, p->tag, d->c_str()));
+      fatal(fmt("domain %u (%s): the workload stopped waiting before the go (done: %s)", p->dom.value, p->tag,
+                d->c_str()));
   std::vector<std::pair<std::string, Gva>> fns;
   for (const char* n : {"__x64_sys_getppid", "do_unlinkat"})
     fns.emplace_back(n, must(s->resolve(A.dom, n), std::string("resolve ") + n));
@@ -1354,13 +1400,16 @@ int cmd_pair(const Args& a) {
       a_last_t = Clock::now();
     } else if (!done && stall_dumps < 3 && secs(a_last_t) > 20.0 * (stall_dumps + 1)) {
       ++stall_dumps;
-      dump_stall(hv, A.dom, fmt("no hit for %.0f s, workload not done (pre %" PRIu64 ", returns %" PRIu64 ")", secs(a_last_t),
-                                ca.pre, ca.ret_returns).c_str());
+      dump_stall(hv, A.dom,
+                 fmt("no hit for %.0f s, workload not done (pre %" PRIu64 ", returns %" PRIu64 ")", secs(a_last_t),
+                     ca.pre, ca.ret_returns)
+                     .c_str());
     }
     auto r = s->run_once(100);
     if (!r) {
       if (++run_errors <= 5)
-        say("XPE2E-INFO: run_once failed (%s after the go): %s", fmt("%.1f s", secs(t0)).c_str(), r.error().what.c_str());
+        say("XPE2E-INFO: run_once failed (%s after the go): %s", fmt("%.1f s", secs(t0)).c_str(),
+            r.error().what.c_str());
       if (first_run_error.empty()) first_run_error = r.error().what;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -1368,8 +1417,8 @@ int cmd_pair(const Args& a) {
       t_destroy = Clock::now();
       a_at_destroy = ca.pre;
       b_at_destroy = cb.pre;
-      say("XPE2E-INFO: domain %u (b) had %" PRIu64 " getppid hits, domain %u (a) %" PRIu64 ": xl destroy %u", B.dom.value,
-          cb.pre, A.dom.value, ca.pre, B.dom.value);
+      say("XPE2E-INFO: domain %u (b) had %" PRIu64 " getppid hits, domain %u (a) %" PRIu64 ": xl destroy %u",
+          B.dom.value, cb.pre, A.dom.value, ca.pre, B.dom.value);
       xl = spawn_xl_destroy(B.dom);
       if (xl < 0) break;
     }
@@ -1380,7 +1429,8 @@ int cmd_pair(const Args& a) {
         xl = -1;
         xl_status = st;
         t_xl_done = Clock::now();
-        say("XPE2E-INFO: xl destroy returned after %.1f s (status %d); domain %u (a) had %" PRIu64 " more getppid hits meanwhile",
+        say("XPE2E-INFO: xl destroy returned after %.1f s (status %d); domain %u (a) had %" PRIu64
+            " more getppid hits meanwhile",
             secs(*t_destroy), st, A.dom.value, ca.pre - a_at_destroy);
       } else if (secs(*t_destroy) > 120) {
         say("XPE2E-INFO: xl destroy still running after 120 s: killing it");
@@ -1416,7 +1466,8 @@ int cmd_pair(const Args& a) {
   // The destroyed domain.
   check("b.hits_before_destroy", t_destroy.has_value(),
         t_destroy ? fmt("domain %u had %" PRIu64 " getppid hits when xl destroy started", B.dom.value, b_at_destroy)
-                  : fmt("domain %u had only %" PRIu64 " getppid hits (want %u) by the end", B.dom.value, cb.pre, a.destroy_after));
+                  : fmt("domain %u had only %" PRIu64 " getppid hits (want %u) by the end", B.dom.value, cb.pre,
+                        a.destroy_after));
   check("b.xl_destroy", t_xl_done && WIFEXITED(xl_status) && WEXITSTATUS(xl_status) == 0,
         t_xl_done ? fmt("xl destroy %u: status %d, %.1f s", B.dom.value, xl_status,
                         std::chrono::duration<double>(*t_xl_done - *t_destroy).count())
@@ -1427,22 +1478,25 @@ int cmd_pair(const Args& a) {
                         errc_name(b_info_error->code))
                   : "Probe::info() still succeeds: the session never dropped the destroyed domain");
   check("pair.run_once", run_errors == 0,
-        run_errors ? fmt("%u failures; first: %s", run_errors, first_run_error.c_str()) : "no failure while serving both domains");
-  say("XPE2E-INFO: domain %u (b) before it died: pre %" PRIu64 " post %" PRIu64 " xrp entries %" PRIu64 " returns %" PRIu64
-      " (%" PRIu64 " pre hits after xl destroy started, %" PRIu64 " by the drop)", B.dom.value, cb.pre, cb.post, cb.ret_entries,
-      cb.ret_returns, cb.pre - b_at_destroy, b_at_noticed - b_at_destroy);
+        run_errors ? fmt("%u failures; first: %s", run_errors, first_run_error.c_str())
+                   : "no failure while serving both domains");
+  say("XPE2E-INFO: domain %u (b) before it died: pre %" PRIu64 " post %" PRIu64 " xrp entries %" PRIu64
+      " returns %" PRIu64 " (%" PRIu64 " pre hits after xl destroy started, %" PRIu64 " by the drop)",
+      B.dom.value, cb.pre, cb.post, cb.ret_entries, cb.ret_returns, cb.pre - b_at_destroy, b_at_noticed - b_at_destroy);
   for (Probe* p : {&B.xp, &B.xrp, &B.xrp_unlink}) {
     auto st = p->stats();
     auto i = p->info();
     check(fmt("b.info.%" PRIu64, p->id()), !i && i.error().code == Errc::NotFound,
-          i ? "info() still succeeds" : fmt("%s (%s); stats() hits=%" PRIu64 " returns=%" PRIu64, i.error().what.c_str(),
-                                            errc_name(i.error().code), st.hits, st.returns));
+          i ? "info() still succeeds"
+            : fmt("%s (%s); stats() hits=%" PRIu64 " returns=%" PRIu64, i.error().what.c_str(),
+                  errc_name(i.error().code), st.hits, st.returns));
   }
   if (t_noticed) {
     // Not registered any more: a new probe in the dead domain is refused, not attached.
     auto np = s->probe(B.dom, B.getppid, [](HitContext&) { return 0; });
     check("b.new_probe_refused", !np && np.error().code == Errc::NoSuchDomain,
-          np ? "a new probe in the destroyed domain was registered" : fmt("%s (%s)", np.error().what.c_str(), errc_name(np.error().code)));
+          np ? "a new probe in the destroyed domain was registered"
+             : fmt("%s (%s)", np.error().what.c_str(), errc_name(np.error().code)));
     for (Probe* p : {&B.xp, &B.xrp, &B.xrp_unlink}) {
       auto id = p->id();
       auto r = p->unregister();
@@ -1469,11 +1523,13 @@ int cmd_pair(const Args& a) {
 
   // The domain kept.
   check("a.kept_probing", t_noticed && ca.pre > a_at_noticed,
-        fmt("domain %u getppid hits: %" PRIu64 " when xl destroy started, %" PRIu64 " when the session dropped domain %u, %" PRIu64
-            " at the end", A.dom.value, a_at_destroy, a_at_noticed, B.dom.value, ca.pre));
+        fmt("domain %u getppid hits: %" PRIu64 " when xl destroy started, %" PRIu64
+            " when the session dropped domain %u, %" PRIu64 " at the end",
+            A.dom.value, a_at_destroy, a_at_noticed, B.dom.value, ca.pre));
   check("a.workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
   auto w = kv(done.value_or(""));
-  long n_getppid = num(w, "getppid"), ppid = num(w, "ppid"), n_unlink = num(w, "unlink_ok"), n_enoent = num(w, "unlink_enoent");
+  long n_getppid = num(w, "getppid"), ppid = num(w, "ppid"), n_unlink = num(w, "unlink_ok"),
+       n_enoent = num(w, "unlink_enoent");
   check("a.workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
   auto h = ctl_header(hv, A.dom);
   check("a.module.no_timeouts", h && h->timeouts == 0, describe(h));
@@ -1484,26 +1540,30 @@ int cmd_pair(const Args& a) {
     unreg.emplace_back(id, p->unregister());
   }
   for (auto& [id, r] : unreg) check(fmt("a.unregister.%" PRIu64, id), r.has_value(), r ? "ok" : r.error().what);
-  check("a.xp.getppid.pre", (long)ca.pre == n_getppid, fmt("pre-handler %" PRIu64 ", guest made %ld calls", ca.pre, n_getppid));
+  check("a.xp.getppid.pre", (long)ca.pre == n_getppid,
+        fmt("pre-handler %" PRIu64 ", guest made %ld calls", ca.pre, n_getppid));
   check("a.xp.getppid.post", (long)ca.post == n_getppid,
-        fmt("post-handler %" PRIu64 ", guest %ld; post rip still at the probe: %" PRIu64, ca.post, n_getppid, ca.post_rip_wrong));
+        fmt("post-handler %" PRIu64 ", guest %ld; post rip still at the probe: %" PRIu64, ca.post, n_getppid,
+            ca.post_rip_wrong));
   check("a.xp.getppid.stats", (long)st_xp.hits == n_getppid && st_xp.unhandled == 0,
         fmt("stats hits=%" PRIu64 " unhandled=%" PRIu64, st_xp.hits, st_xp.unhandled));
   check("a.xrp.getppid",
         (long)ca.ret_entries == n_getppid && (long)ca.ret_returns == n_getppid && ca.getppid_rax.size() == 1 &&
             (long)ca.getppid_rax.begin()->first == ppid && st_xrp.untracked_calls == 0,
-        fmt("entries %" PRIu64 " returns %" PRIu64 ", guest %ld calls returning %ld; rax seen:%s; untracked calls %" PRIu64, ca.ret_entries,
-            ca.ret_returns, n_getppid, ppid, rax_list(ca.getppid_rax).c_str(), st_xrp.untracked_calls));
+        fmt("entries %" PRIu64 " returns %" PRIu64
+            ", guest %ld calls returning %ld; rax seen:%s; untracked calls %" PRIu64,
+            ca.ret_entries, ca.ret_returns, n_getppid, ppid, rax_list(ca.getppid_rax).c_str(), st_xrp.untracked_calls));
   std::uint64_t zero = 0, enoent = 0;
   for (auto& [v, n] : ca.unlink_rax) {
     if (static_cast<std::int32_t>(v) == 0) zero += n;
     if (static_cast<std::int32_t>(v) == -ENOENT) enoent += n;
   }
   check("a.xrp.unlinkat", (long)zero == n_unlink && (long)enoent == n_enoent && ca.unlink_returns == zero + enoent,
-        fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s", ca.unlink_returns,
-            zero, enoent, n_unlink, n_enoent, rax_list(ca.unlink_rax).c_str()));
+        fmt("returns %" PRIu64 " (0 x%" PRIu64 ", -ENOENT x%" PRIu64 "), guest %ld ok + %ld ENOENT; rax seen:%s",
+            ca.unlink_returns, zero, enoent, n_unlink, n_enoent, rax_list(ca.unlink_rax).c_str()));
   check("pair.hit_domains", ca.wrong_domain == 0 && cb.wrong_domain == 0,
-        fmt("hits reported for another domain than the probe's: a %" PRIu64 ", b %" PRIu64, ca.wrong_domain, cb.wrong_domain));
+        fmt("hits reported for another domain than the probe's: a %" PRIu64 ", b %" PRIu64, ca.wrong_domain,
+            cb.wrong_domain));
   std::string diff = compare(hv, A.dom, before);
   check("a.text.restored", diff.empty(),
         diff.empty() ? fmt("%zu functions x %zu bytes byte-identical", before.size(), kSnapBytes) : diff);
@@ -1518,7 +1578,6 @@ int cmd_pair(const Args& a) {
   say("XPE2E-PROG pair %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
 }
-
 
 // ---- bench: the paper's Table 1 side by side ---------------------------------------------
 
@@ -1575,12 +1634,12 @@ int cmd_bench(const Args& a) {
     fatal("the guest's benchmark loop did not start");
 
   std::vector<std::string> configs;
-  for (std::istringstream in(a.configs); ;) {
+  for (std::istringstream in(a.configs);;) {
     std::string c;
     if (!std::getline(in, c, ',')) break;
     std::string base = c.substr(0, c.find('/'));
-    if (base != "native" && base != "kprobe" && base != "kretprobe" && base != "xp" && base != "xrp" && base != "jump" &&
-        base != "async")
+    if (base != "native" && base != "kprobe" && base != "kretprobe" && base != "xp" && base != "xrp" &&
+        base != "jump" && base != "async")
       fatal("unknown bench config " + c);
     for (std::size_t at = c.find('/'); at != std::string::npos; at = c.find('/', at + 1)) {
       std::string opt = c.substr(at + 1, c.find('/', at + 1) - at - 1);
@@ -1646,13 +1705,14 @@ int cmd_bench(const Args& a) {
       const JumpsWritten jw = wait_for_jumps(*s, probes);
       check("bench.jump.written", jw.waiting == 0, fmt("%ld jumps still wait", jw.waiting));
       std::fill(std::begin(g_bench_entries), std::end(g_bench_entries), 0);  // hits while waiting: not measured
-      points.clear();  // no trap bytes to check
+      points.clear();                                                        // no trap bytes to check
     }
     if (!points.empty()) {
       std::string d;
       check("bench." + config + ".armed", first_bytes_are_traps(hv, a.dom, points, trap_byte_of(channel), &d), d);
       for (auto& p : probes)
-        if (auto inf = p.info()) say("XPE2E-INFO: bench %s: probe %" PRIu64 " mode=%s", config.c_str(), p.id(), mode_name(inf->mode));
+        if (auto inf = p.info())
+          say("XPE2E-INFO: bench %s: probe %" PRIu64 " mode=%s", config.c_str(), p.id(), mode_name(inf->mode));
     }
     auto go = fmt("%s %.3f %d %d", config.c_str(), a.round_s, a.rounds, a.untar);  // the guest needs no suffix
     must(hv.xs_write(dom_path(a.dom, fmt("data/xpe2e/bench/go-%d", i)), go), "write go");
@@ -1686,13 +1746,15 @@ int cmd_bench(const Args& a) {
     say("XPE2E-INFO: bench %s: Dom0 CPU %.2f s (user + system) in a %.1f s window (%.0f %%)", spec.c_str(), cpu, window,
         window > 0 ? 100 * cpu / window : 0.0);
     if (!probes.empty())
-      say("XPE2E-INFO: bench %s: %" PRIu64 " run_once calls, %" PRIu64 " handled nothing, %" PRIu64 " handled hits only at their timeout; gaps between hits <1ms %" PRIu64
-          ", <10ms %" PRIu64 ", <100ms %" PRIu64 ", >=100ms %" PRIu64, spec.c_str(), loops, idle_loops, late_loops, g_gap[0], g_gap[1], g_gap[2], g_gap[3]);
+      say("XPE2E-INFO: bench %s: %" PRIu64 " run_once calls, %" PRIu64 " handled nothing, %" PRIu64
+          " handled hits only at their timeout; gaps between hits <1ms %" PRIu64 ", <10ms %" PRIu64 ", <100ms %" PRIu64
+          ", >=100ms %" PRIu64,
+          spec.c_str(), loops, idle_loops, late_loops, g_gap[0], g_gap[1], g_gap[2], g_gap[3]);
     if (config == "async") {  // the records still in the rings
       auto rs = s->ring_stats(a.dom);
       check("bench.async.rings", rs && rs->drops == 0 && rs->missed == 0 && rs->resyncs == 0,
-            rs ? fmt("records %" PRIu64 ", drops %" PRIu64 ", missed %" PRIu64 ", resyncs %" PRIu64, rs->records, rs->drops,
-                     rs->missed, rs->resyncs)
+            rs ? fmt("records %" PRIu64 ", drops %" PRIu64 ", missed %" PRIu64 ", resyncs %" PRIu64, rs->records,
+                     rs->drops, rs->missed, rs->resyncs)
                : rs.error().what);
     }
     std::vector<ProbeStats> stats;
@@ -1716,25 +1778,29 @@ int cmd_bench(const Args& a) {
       // Every measured call must have been seen by the config's probes (more is fine: the
       // guest's xenstore and console I/O read and write too).
       long seen = config == "xp" || config == "xrp" || config == "jump" || config == "async" ? (long)g_bench_entries[k]
-                  : config == "native"            ? calls
-                                                  : num(m, "kp_" + kind);
+                  : config == "native"                                                       ? calls
+                                                                                             : num(m, "kp_" + kind);
       if (config == "xrp") seen = std::min(seen, (long)g_bench_returns[k]);
       check(fmt("bench.%s.%s.seen", config.c_str(), kind.c_str()), calls > 0 && seen >= calls,
             fmt("%ld calls measured, %ld seen by the probe", calls, seen));
-      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", label.c_str(), spec.c_str(), kind.c_str(),
-          dnum(m, kind + "_us"), dnum(m, kind + "_min"), dnum(m, kind + "_max"), calls, config == "native" ? 0 : seen);
+      say("XPE2E-BENCH %s %s %s us=%.3f min=%.3f max=%.3f calls=%ld hits=%ld", label.c_str(), spec.c_str(),
+          kind.c_str(), dnum(m, kind + "_us"), dnum(m, kind + "_min"), dnum(m, kind + "_max"), calls,
+          config == "native" ? 0 : seen);
     }
     if (a.untar > 0) {
       std::string hits;
       for (std::size_t k = 0; k < kBenchFnCount; ++k) {
-        long h = config == "xp" || config == "xrp" || config == "jump" || config == "async" ? (long)g_bench_entries[k] : config == "native" ? 0 : num(m, std::string("kp_") + kBenchFns[k].role);
+        long h = config == "xp" || config == "xrp" || config == "jump" || config == "async" ? (long)g_bench_entries[k]
+                 : config == "native"                                                       ? 0
+                                      : num(m, std::string("kp_") + kBenchFns[k].role);
         hits += fmt("%s%s:%ld", hits.empty() ? "" : ",", kBenchFns[k].role, h);
       }
-      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", label.c_str(), spec.c_str(), dnum(m, "untar_s"),
-          dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
+      say("XPE2E-BENCH %s %s untar s=%.3f min=%.3f max=%.3f rounds=%ld hits=%s", label.c_str(), spec.c_str(),
+          dnum(m, "untar_s"), dnum(m, "untar_min"), dnum(m, "untar_max"), num(m, "untar_rounds"), hits.c_str());
     }
     for (std::size_t k = 0; k < stats.size(); ++k)
-      if (stats[k].unhandled) say("XPE2E-INFO: bench %s: probe %zu: %" PRIu64 " hits unhandled", config.c_str(), k, stats[k].unhandled);
+      if (stats[k].unhandled)
+        say("XPE2E-INFO: bench %s: probe %zu: %" PRIu64 " hits unhandled", config.c_str(), k, stats[k].unhandled);
   }
   must(hv.xs_write(dom_path(a.dom, "data/xpe2e/bench/end"), "1"), "write data/xpe2e/bench/end");
   s.reset();
@@ -1820,16 +1886,17 @@ struct SymSource {
 };
 
 // The bytes of a linker-bounded table (__start_X .. __stop_X) in guest memory.
-std::optional<std::vector<std::byte>> read_table(hv::Hypervisor& hv, DomId dom, const SymSource& syms, const char* start_sym,
-                                                 const char* stop_sym, std::uint64_t* start, std::string* why) {
+std::optional<std::vector<std::byte>> read_table(hv::Hypervisor& hv, DomId dom, const SymSource& syms,
+                                                 const char* start_sym, const char* stop_sym, std::uint64_t* start,
+                                                 std::string* why) {
   std::string f1, f2;
   auto b = syms.addr(start_sym, &f1), e = syms.addr(stop_sym, &f2);
   if (!b || !e || *e < *b || *e - *b > (64u << 20)) {
     *why = fmt("no usable %s/%s in %s or the System.map", start_sym, stop_sym, syms.kallsyms->source.c_str());
     return std::nullopt;
   }
-  say("XPE2E-INFO: %s = %#" PRIx64 " (%s), %s = %#" PRIx64 " (%s): %" PRIu64 " bytes", start_sym, *b, f1.c_str(), stop_sym,
-      *e, f2.c_str(), *e - *b);
+  say("XPE2E-INFO: %s = %#" PRIx64 " (%s), %s = %#" PRIx64 " (%s): %" PRIu64 " bytes", start_sym, *b, f1.c_str(),
+      stop_sym, *e, f2.c_str(), *e - *b);
   auto view = GuestView::open(hv, dom);
   if (!view) {
     *why = "GuestView::open: " + view.error().what;
@@ -1891,7 +1958,8 @@ bool expect_refused(const std::string& name, Result<Probe> r, const std::string&
                     std::vector<Armed>& armed) {
   if (r) {
     std::string d = "registered";
-    if (auto i = r->info()) d += fmt(" at %#" PRIx64 " (%s, mode=%s)", i->address.value, i->instruction.c_str(), mode_name(i->mode));
+    if (auto i = r->info())
+      d += fmt(" at %#" PRIx64 " (%s, mode=%s)", i->address.value, i->instruction.c_str(), mode_name(i->mode));
     armed.push_back(Armed{what, at, std::move(*r)});
     return check(name, false, what + ": " + d + "; expected a refusal by rule '" + rule + "'");
   }
@@ -1950,7 +2018,8 @@ std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std:
     if (cap) cap();
     if (auto v = hv.xs_read(key)) {
       (void)s.run_once(0);
-      say("XPE2E-INFO: phase %s: %.1f s: %s", phase.c_str(), std::chrono::duration<double>(Clock::now() - t0).count(), v->c_str());
+      say("XPE2E-INFO: phase %s: %.1f s: %s", phase.c_str(), std::chrono::duration<double>(Clock::now() - t0).count(),
+          v->c_str());
       // The guest gave up on a phase child stuck in its kernel: where it stands, while it does.
       if (v->find("child=stuck") != std::string::npos) guest_diag(s, dom, "safety phase " + phase + ": " + *v);
       return *v;
@@ -1971,7 +2040,8 @@ std::optional<std::string> safety_phase(Session& s, DomId dom, int i, const std:
 
 // After a phase: its result ok=1 and the guest still running.
 bool phase_checks(hv::Hypervisor& hv, DomId dom, const std::string& tag, const std::optional<std::string>& res) {
-  check("safety." + tag + ".guest", res && num(kv(*res), "ok") == 1, res ? "guest: " + *res : "no result from the guest's phase");
+  check("safety." + tag + ".guest", res && num(kv(*res), "ok") == 1,
+        res ? "guest: " + *res : "no result from the guest's phase");
   std::string st;
   bool alive = domain_alive(hv, dom, &st);
   check("safety." + tag + ".alive", alive, st);
@@ -1983,7 +2053,8 @@ void unregister_all(std::vector<Armed>& armed, const std::string& tag) {
     auto st = a.probe.stats();
     say("XPE2E-INFO: %s: probe at %s: %" PRIu64 " hits (handler %" PRIu64 ")", tag.c_str(), a.what.c_str(), st.hits,
         g_safety_hits[a.at.value]);
-    if (auto r = a.probe.unregister(); !r) say("XPE2E-INFO: %s: unregister %s: %s", tag.c_str(), a.what.c_str(), r.error().what.c_str());
+    if (auto r = a.probe.unregister(); !r)
+      say("XPE2E-INFO: %s: unregister %s: %s", tag.c_str(), a.what.c_str(), r.error().what.c_str());
   }
   armed.clear();
 }
@@ -2037,9 +2108,11 @@ void hazard_extable(SafetyCtx& x) {
   for (auto& f : fns) {
     std::sort(f.sites.begin(), f.sites.end());
     found += fmt("%s%s: %s", found.empty() ? "" : "; ", f.name,
-                 !f.start ? "not in this kernel" : fmt("%zu in [%#" PRIx64 ", %#" PRIx64 ")", f.sites.size(), f.start, f.end).c_str());
+                 !f.start ? "not in this kernel"
+                          : fmt("%zu in [%#" PRIx64 ", %#" PRIx64 ")", f.sites.size(), f.start, f.end).c_str());
     for (auto& [i, fx] : f.sites)
-      say("XPE2E-INFO: __ex_table: %s (%#" PRIx64 ") -> fixup %s", x.ks.describe(i).c_str(), i, x.ks.describe(fx).c_str());
+      say("XPE2E-INFO: __ex_table: %s (%#" PRIx64 ") -> fixup %s", x.ks.describe(i).c_str(), i,
+          x.ks.describe(fx).c_str());
     total += f.sites.size();
   }
   if (!check("safety.extable.sites", total > 0, fmt("%zu covered instructions: ", total) + found)) return;
@@ -2069,15 +2142,16 @@ void hazard_extable(SafetyCtx& x) {
         continue;
       }
       auto inf = r->info();
-      if (inf && inf->mode == ExecMode::Boosted && inf->slot.value >= fx_lo && inf->slot.value < fx_hi)
-        ++in_fixup;
+      if (inf && inf->mode == ExecMode::Boosted && inf->slot.value >= fx_lo && inf->slot.value < fx_hi) ++in_fixup;
       else
-        bad += fmt(" %s: mode=%s slot=%#" PRIx64 ";", what.c_str(), inf ? mode_name(inf->mode) : "?", inf ? inf->slot.value : 0);
+        bad += fmt(" %s: mode=%s slot=%#" PRIx64 ";", what.c_str(), inf ? mode_name(inf->mode) : "?",
+                   inf ? inf->slot.value : 0);
       by_fn[f.name].push_back(armed.size());
       armed.push_back(Armed{what, Gva{i}, std::move(*r)});
     }
     check(fmt("safety.extable.fixup_slot.%s", f.name), in_fixup == f.sites.size(),
-          fmt("%zu of %zu registered, boosted, in a fixup slot", in_fixup, f.sites.size()) + (bad.empty() ? "" : ";" + bad));
+          fmt("%zu of %zu registered, boosted, in a fixup slot", in_fixup, f.sites.size()) +
+              (bad.empty() ? "" : ";" + bad));
   }
   must(x.s.end_batch(), "end_batch");
   // openat((char *)16) -> EFAULT, a read() cut short at a PROT_NONE page, open() and execve() of
@@ -2112,8 +2186,8 @@ void hazard_statickey(SafetyCtx& x) {
   auto sck = x.syms.addr("__SCK__tp_func_sched_process_fork");
   auto sct = x.syms.addr("__SCT__tp_func_sched_process_fork");
   if (!check("safety.statickey.symbols", fn && tp && sck && sct,
-             fmt("kernel_clone %#" PRIx64 ", __tracepoint_sched_process_fork %#" PRIx64 ", __SCK__tp_func_sched_process_fork %#" PRIx64
-                 ", __SCT__tp_func_sched_process_fork %#" PRIx64,
+             fmt("kernel_clone %#" PRIx64 ", __tracepoint_sched_process_fork %#" PRIx64
+                 ", __SCK__tp_func_sched_process_fork %#" PRIx64 ", __SCT__tp_func_sched_process_fork %#" PRIx64,
                  fn.value_or(0), tp.value_or(0), sck.value_or(0), sct.value_or(0))))
     return;
   const std::uint64_t fn_end = x.ks.end_of(*fn);
@@ -2158,7 +2232,8 @@ void hazard_statickey(SafetyCtx& x) {
       if (site >= *fn && site < fn_end) call_sites.push_back(site);
     }
     check("safety.statickey.call_sites", !call_sites.empty(),
-          fmt("%zu of the table's %zu entries for this key, %zu in kernel_clone", n_key, t->size() / 8, call_sites.size()));
+          fmt("%zu of the table's %zu entries for this key, %zu in kernel_clone", n_key, t->size() / 8,
+              call_sites.size()));
   } else {
     check("safety.statickey.call_sites", false, why);
   }
@@ -2166,11 +2241,11 @@ void hazard_statickey(SafetyCtx& x) {
   std::vector<Armed> armed;
   must(x.s.begin_batch(), "begin_batch");
   for (auto a : jump_sites)
-    expect_refused(fmt("safety.statickey.refused.jump-label.%s", x.ks.describe(a).c_str()), x.s.probe(x.dom, Gva{a}, safety_counter()),
-                   "jump-label", x.ks.describe(a), Gva{a}, armed);
+    expect_refused(fmt("safety.statickey.refused.jump-label.%s", x.ks.describe(a).c_str()),
+                   x.s.probe(x.dom, Gva{a}, safety_counter()), "jump-label", x.ks.describe(a), Gva{a}, armed);
   for (auto a : call_sites)
-    expect_refused(fmt("safety.statickey.refused.static-call.%s", x.ks.describe(a).c_str()), x.s.probe(x.dom, Gva{a}, safety_counter()),
-                   "static-call", x.ks.describe(a), Gva{a}, armed);
+    expect_refused(fmt("safety.statickey.refused.static-call.%s", x.ks.describe(a).c_str()),
+                   x.s.probe(x.dom, Gva{a}, safety_counter()), "static-call", x.ks.describe(a), Gva{a}, armed);
   expect_refused("safety.statickey.refused.static-call-trampoline", x.s.probe(x.dom, Gva{*sct}, safety_counter()),
                  "static-call-trampoline", "__SCT__tp_func_sched_process_fork", Gva{*sct}, armed);
   must(x.s.end_batch(), "end_batch");
@@ -2189,7 +2264,8 @@ void hazard_ftrace(SafetyCtx& x) {
   auto start = x.ks.addr(name);
   if (!check("safety.ftrace.symbol", start.has_value(), fmt("%s at %#" PRIx64, name, start.value_or(0)))) return;
   auto before = snapshot(hv, x.dom, {{name, Gva{*start}}});
-  say("XPE2E-INFO: %s starts with %s (the ftrace site: 0f1f440000 is its NOP5)", name, hexbytes(before[0].bytes, 8).c_str());
+  say("XPE2E-INFO: %s starts with %s (the ftrace site: 0f1f440000 is its NOP5)", name,
+      hexbytes(before[0].bytes, 8).c_str());
 
   std::uint64_t by_name_hits = 0, by_addr_hits = 0;
   auto count_into = [](std::uint64_t* n) -> PreHandler {
@@ -2217,8 +2293,8 @@ void hazard_ftrace(SafetyCtx& x) {
     }
     auto i = r->info();
     check("safety.ftrace." + tag + ".moved", i && i->address.value == past,
-          i ? fmt("%s: ProbeInfo.address %#" PRIx64 " = %s (the function starts at %#" PRIx64 "; past its ftrace site: %#" PRIx64
-                  "), %s, mode=%s",
+          i ? fmt("%s: ProbeInfo.address %#" PRIx64 " = %s (the function starts at %#" PRIx64
+                  "; past its ftrace site: %#" PRIx64 "), %s, mode=%s",
                   asked.c_str(), i->address.value, x.ks.describe(i->address.value).c_str(), *start, past,
                   i->instruction.c_str(), mode_name(i->mode))
             : "info(): " + i.error().what);
@@ -2286,15 +2362,19 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
               modfn ? "data/xpe2e/modfn: " + *modfn : "no data/xpe2e/modfn from the guest")) {
       std::uint64_t v = std::strtoull(a.c_str(), nullptr, 16);
       if (mt_start && mt_end) {
-        std::uint64_t b = std::strtoull(mt_start->c_str(), nullptr, 16), e = std::strtoull(mt_end->c_str(), nullptr, 16);
+        std::uint64_t b = std::strtoull(mt_start->c_str(), nullptr, 16),
+                      e = std::strtoull(mt_end->c_str(), nullptr, 16);
         check("safety.hookpath.module_text_keys", v >= b && v < e,
-              fmt("%s at %#" PRIx64 " within the published module text [%#" PRIx64 ", %#" PRIx64 ")", n.c_str(), v, b, e));
+              fmt("%s at %#" PRIx64 " within the published module text [%#" PRIx64 ", %#" PRIx64 ")", n.c_str(), v, b,
+                  e));
       }
       pts.push_back(Point{n + " [xenprobes]", Gva{v}, "module-text", 0});
     }
   }
   if (!only.empty())
-    std::erase_if(pts, [&](const Point& p) { return ("," + only + ",").find("," + p.name.substr(0, p.name.find(' ')) + ",") == std::string::npos; });
+    std::erase_if(pts, [&](const Point& p) {
+      return ("," + only + ",").find("," + p.name.substr(0, p.name.find(' ')) + ",") == std::string::npos;
+    });
 
   bool activity_ran = false;
   for (auto& p : pts) {
@@ -2327,7 +2407,8 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
       frozen_handler = g_safety_hits[p.at.value];
       frozen_hits = armed[0].probe.stats().hits;
       (void)armed[0].probe.unregister();
-      say("XPE2E-INFO: hookpath: %s: %" PRIu64 " hits: unregistered early (a hot point)", p.name.c_str(), frozen_handler);
+      say("XPE2E-INFO: hookpath: %s: %" PRIu64 " hits: unregistered early (a hot point)", p.name.c_str(),
+          frozen_handler);
     };
     auto res = safety_phase(x.s, x.dom, ++x.phase, "activity", x.timeout_s, cap);
     activity_ran = true;
@@ -2338,9 +2419,11 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
     auto st = armed[0].probe.stats();
     unregister_all(armed, "hookpath");
     if (!guest)
-      check("safety.hookpath.hits." + p.name, frozen_hits == frozen_handler && frozen_hits >= p.min_hits && st.unhandled == 0,
-            fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", unhandled %" PRIu64 " (at least %" PRIu64 " expected)", frozen_handler,
-                frozen_hits, st.unhandled, p.min_hits));
+      check(
+          "safety.hookpath.hits." + p.name,
+          frozen_hits == frozen_handler && frozen_hits >= p.min_hits && st.unhandled == 0,
+          fmt("handler %" PRIu64 ", ProbeStats.hits %" PRIu64 ", unhandled %" PRIu64 " (at least %" PRIu64 " expected)",
+              frozen_handler, frozen_hits, st.unhandled, p.min_hits));
     x.dead = !phase_checks(hv, x.dom, "hookpath." + p.name.substr(0, p.name.find(' ')), res);
     if (x.dead) {
       say("XPE2E-INFO: hookpath: the guest is dead after %s: the remaining points are not tried", p.name.c_str());
@@ -2369,22 +2452,18 @@ int cmd_safety(const Args& a) {
       map.all.empty() ? "(no System.map)" : map.source.c_str());
   SafetyCtx x{*s, a.dom, ks, SymSource{&ks, &map}, channel, a.timeout_s};
   auto ready = wait_key(hv, dom_path(a.dom, "data/xpe2e/safety/ready"), 120);
-  if (!check("safety.ready", ready && *ready == "1", ready ? "guest: " + *ready : "no data/xpe2e/safety/ready within 120 s"))
+  if (!check("safety.ready", ready && *ready == "1",
+             ready ? "guest: " + *ready : "no data/xpe2e/safety/ready within 120 s"))
     fatal("the guest's safety loop did not start");
 
   std::istringstream in(a.hazards);
   for (std::string h; !x.dead && std::getline(in, h, ',');) {
     say("XPE2E-STAGE safety hazard %s (%s channel)", h.c_str(), channel.c_str());
-    if (h == "extable")
-      hazard_extable(x);
-    else if (h == "statickey")
-      hazard_statickey(x);
-    else if (h == "ftrace")
-      hazard_ftrace(x);
-    else if (h == "hookpath")
-      hazard_hookpath(x, a.points);
-    else
-      fatal("unknown hazard " + h);
+    if (h == "extable") hazard_extable(x);
+    else if (h == "statickey") hazard_statickey(x);
+    else if (h == "ftrace") hazard_ftrace(x);
+    else if (h == "hookpath") hazard_hookpath(x, a.points);
+    else fatal("unknown hazard " + h);
   }
   if (x.dead) {
     check("safety.guest_survived", false, "the guest stopped running; see its console");

@@ -71,139 +71,602 @@ struct Area {
 const std::vector<Area> kAreas = {
     {"mm",
      {
-     "handle_mm_fault", "__handle_mm_fault", "do_wp_page", "wp_page_copy", "do_fault", "filemap_map_pages",
-     "filemap_fault", "filemap_get_pages", "filemap_read", "__filemap_get_folio", "folio_mark_accessed",
-     "folio_add_lru", "lru_add_fn", "lru_cache_add_inactive_or_unevictable", "__alloc_pages",
-     "get_page_from_freelist", "rmqueue_bulk", "free_unref_page", "free_unref_page_list", "__free_pages",
-     "__folio_put", "release_pages", "kmem_cache_alloc", "kmem_cache_free", "__kmalloc", "kfree",
-     "kmalloc_trace", "__kmem_cache_alloc_node", "__kmem_cache_free", "___slab_alloc", "__slab_free",
-     "vma_merge", "vma_expand", "__vma_adjust", "find_vma", "vma_link", "do_mmap", "mmap_region",
-     "unmap_region", "unmap_vmas", "unmap_page_range", "free_pgtables", "copy_page_range", "dup_mmap",
-     "exit_mmap", "mmput", "__mmput", "do_brk_flags", "__x64_sys_brk", "__x64_sys_mmap", "ksys_mmap_pgoff",
-     "__x64_sys_munmap", "__x64_sys_mprotect", "mprotect_fixup", "change_protection", "page_add_new_anon_rmap",
-     "page_remove_rmap", "page_add_file_rmap", "anon_vma_fork", "anon_vma_clone", "unlink_anon_vmas",
-     "__anon_vma_prepare", "shmem_get_folio_gfp", "shmem_write_begin", "shmem_write_end",
-     "shmem_file_read_iter", "shmem_add_to_page_cache", "shmem_undo_range", "generic_perform_write",
-     "vm_area_alloc", "vm_area_free", "vm_area_dup", "pte_alloc_one", "__pte_alloc", "__pmd_alloc",
-     "set_pte_vaddr", "follow_page_mask", "__get_user_pages", "get_user_pages_remote", "vmalloc",
-     "__vmalloc_node_range", "vfree", "__vunmap", "alloc_vmap_area", "mark_page_accessed",
-     "truncate_inode_pages_range", "delete_from_page_cache_batch", "filemap_add_folio", "__filemap_add_folio",
-     "balance_dirty_pages_ratelimited_flags", "__folio_mark_dirty", "mm_init", "mm_alloc", "__mm_populate",
-     "populate_vma_page_range",
+         "handle_mm_fault",
+         "__handle_mm_fault",
+         "do_wp_page",
+         "wp_page_copy",
+         "do_fault",
+         "filemap_map_pages",
+         "filemap_fault",
+         "filemap_get_pages",
+         "filemap_read",
+         "__filemap_get_folio",
+         "folio_mark_accessed",
+         "folio_add_lru",
+         "lru_add_fn",
+         "lru_cache_add_inactive_or_unevictable",
+         "__alloc_pages",
+         "get_page_from_freelist",
+         "rmqueue_bulk",
+         "free_unref_page",
+         "free_unref_page_list",
+         "__free_pages",
+         "__folio_put",
+         "release_pages",
+         "kmem_cache_alloc",
+         "kmem_cache_free",
+         "__kmalloc",
+         "kfree",
+         "kmalloc_trace",
+         "__kmem_cache_alloc_node",
+         "__kmem_cache_free",
+         "___slab_alloc",
+         "__slab_free",
+         "vma_merge",
+         "vma_expand",
+         "__vma_adjust",
+         "find_vma",
+         "vma_link",
+         "do_mmap",
+         "mmap_region",
+         "unmap_region",
+         "unmap_vmas",
+         "unmap_page_range",
+         "free_pgtables",
+         "copy_page_range",
+         "dup_mmap",
+         "exit_mmap",
+         "mmput",
+         "__mmput",
+         "do_brk_flags",
+         "__x64_sys_brk",
+         "__x64_sys_mmap",
+         "ksys_mmap_pgoff",
+         "__x64_sys_munmap",
+         "__x64_sys_mprotect",
+         "mprotect_fixup",
+         "change_protection",
+         "page_add_new_anon_rmap",
+         "page_remove_rmap",
+         "page_add_file_rmap",
+         "anon_vma_fork",
+         "anon_vma_clone",
+         "unlink_anon_vmas",
+         "__anon_vma_prepare",
+         "shmem_get_folio_gfp",
+         "shmem_write_begin",
+         "shmem_write_end",
+         "shmem_file_read_iter",
+         "shmem_add_to_page_cache",
+         "shmem_undo_range",
+         "generic_perform_write",
+         "vm_area_alloc",
+         "vm_area_free",
+         "vm_area_dup",
+         "pte_alloc_one",
+         "__pte_alloc",
+         "__pmd_alloc",
+         "set_pte_vaddr",
+         "follow_page_mask",
+         "__get_user_pages",
+         "get_user_pages_remote",
+         "vmalloc",
+         "__vmalloc_node_range",
+         "vfree",
+         "__vunmap",
+         "alloc_vmap_area",
+         "mark_page_accessed",
+         "truncate_inode_pages_range",
+         "delete_from_page_cache_batch",
+         "filemap_add_folio",
+         "__filemap_add_folio",
+         "balance_dirty_pages_ratelimited_flags",
+         "__folio_mark_dirty",
+         "mm_init",
+         "mm_alloc",
+         "__mm_populate",
+         "populate_vma_page_range",
      }},
     {"fs",
      {
-     "vfs_read", "vfs_write", "ksys_read", "ksys_write", "__x64_sys_read", "__x64_sys_write", "do_sys_openat2",
-     "do_filp_open", "path_openat", "walk_component", "lookup_fast", "__lookup_slow", "d_alloc_parallel",
-     "__d_lookup_rcu", "__d_lookup", "d_alloc", "__d_alloc", "dput", "dget_parent", "step_into",
-     "terminate_walk", "path_init", "complete_walk", "vfs_open", "do_dentry_open", "alloc_empty_file",
-     "__alloc_file", "fput", "__fput", "____fput", "filp_close", "__close_fd_get_file", "close_fd",
-     "__x64_sys_close", "alloc_fd", "fd_install", "__fget_light", "__fdget_pos", "__f_unlock_pos", "getname",
-     "getname_flags", "putname", "do_unlinkat", "vfs_unlink", "do_renameat2", "vfs_rename", "vfs_create",
-     "do_mkdirat", "vfs_mkdir", "vfs_fsync_range", "__x64_sys_fsync", "vfs_fstat", "vfs_statx", "do_statx",
-     "cp_new_stat", "__do_sys_newfstat", "__do_sys_newstat", "__x64_sys_newfstatat", "vfs_getattr",
-     "generic_fillattr", "iput", "evict", "new_inode", "alloc_inode", "inode_init_always", "touch_atime",
-     "atime_needs_update", "file_update_time", "generic_file_write_iter", "__generic_file_write_iter",
-     "generic_write_checks", "file_remove_privs", "simple_lookup", "simple_unlink", "dcache_readdir",
-     "iterate_dir", "__x64_sys_getdents64", "filldir64", "seq_read", "seq_read_iter", "seq_printf",
-     "single_open", "proc_reg_read_iter", "__x64_sys_lseek", "ksys_lseek", "default_llseek", "pipe_read",
-     "pipe_write", "do_pipe2", "create_pipe_files", "__x64_sys_pipe2", "do_sys_poll", "__x64_sys_poll",
-     "do_select", "core_sys_select", "__x64_sys_pselect6", "do_epoll_wait", "do_epoll_ctl", "__x64_sys_dup2",
-     "ksys_dup3", "do_dup2", "do_fcntl", "__x64_sys_fcntl",
+         "vfs_read",
+         "vfs_write",
+         "ksys_read",
+         "ksys_write",
+         "__x64_sys_read",
+         "__x64_sys_write",
+         "do_sys_openat2",
+         "do_filp_open",
+         "path_openat",
+         "walk_component",
+         "lookup_fast",
+         "__lookup_slow",
+         "d_alloc_parallel",
+         "__d_lookup_rcu",
+         "__d_lookup",
+         "d_alloc",
+         "__d_alloc",
+         "dput",
+         "dget_parent",
+         "step_into",
+         "terminate_walk",
+         "path_init",
+         "complete_walk",
+         "vfs_open",
+         "do_dentry_open",
+         "alloc_empty_file",
+         "__alloc_file",
+         "fput",
+         "__fput",
+         "____fput",
+         "filp_close",
+         "__close_fd_get_file",
+         "close_fd",
+         "__x64_sys_close",
+         "alloc_fd",
+         "fd_install",
+         "__fget_light",
+         "__fdget_pos",
+         "__f_unlock_pos",
+         "getname",
+         "getname_flags",
+         "putname",
+         "do_unlinkat",
+         "vfs_unlink",
+         "do_renameat2",
+         "vfs_rename",
+         "vfs_create",
+         "do_mkdirat",
+         "vfs_mkdir",
+         "vfs_fsync_range",
+         "__x64_sys_fsync",
+         "vfs_fstat",
+         "vfs_statx",
+         "do_statx",
+         "cp_new_stat",
+         "__do_sys_newfstat",
+         "__do_sys_newstat",
+         "__x64_sys_newfstatat",
+         "vfs_getattr",
+         "generic_fillattr",
+         "iput",
+         "evict",
+         "new_inode",
+         "alloc_inode",
+         "inode_init_always",
+         "touch_atime",
+         "atime_needs_update",
+         "file_update_time",
+         "generic_file_write_iter",
+         "__generic_file_write_iter",
+         "generic_write_checks",
+         "file_remove_privs",
+         "simple_lookup",
+         "simple_unlink",
+         "dcache_readdir",
+         "iterate_dir",
+         "__x64_sys_getdents64",
+         "filldir64",
+         "seq_read",
+         "seq_read_iter",
+         "seq_printf",
+         "single_open",
+         "proc_reg_read_iter",
+         "__x64_sys_lseek",
+         "ksys_lseek",
+         "default_llseek",
+         "pipe_read",
+         "pipe_write",
+         "do_pipe2",
+         "create_pipe_files",
+         "__x64_sys_pipe2",
+         "do_sys_poll",
+         "__x64_sys_poll",
+         "do_select",
+         "core_sys_select",
+         "__x64_sys_pselect6",
+         "do_epoll_wait",
+         "do_epoll_ctl",
+         "__x64_sys_dup2",
+         "ksys_dup3",
+         "do_dup2",
+         "do_fcntl",
+         "__x64_sys_fcntl",
      }},
     {"sched",
      {
-     "schedule", "__schedule", "pick_next_task_fair", "put_prev_task_fair", "enqueue_task_fair",
-     "dequeue_task_fair", "update_curr", "update_load_avg", "__update_load_avg_se", "__update_load_avg_cfs_rq",
-     "enqueue_entity", "dequeue_entity", "set_next_entity", "pick_next_entity", "check_preempt_wakeup",
-     "try_to_wake_up", "wake_up_process", "ttwu_do_activate", "activate_task", "deactivate_task",
-     "select_task_rq_fair", "wake_up_new_task", "sched_fork", "sched_post_fork", "sched_cgroup_fork",
-     "scheduler_tick", "task_tick_fair", "resched_curr", "schedule_timeout", "schedule_hrtimeout_range_clock",
-     "do_nanosleep", "hrtimer_nanosleep", "__x64_sys_nanosleep", "__x64_sys_clock_nanosleep",
-     "__x64_sys_sched_yield", "do_sched_yield", "yield_task_fair", "__wake_up", "__wake_up_common",
-     "__wake_up_common_lock", "prepare_to_wait", "prepare_to_wait_event", "finish_wait",
-     "autoremove_wake_function", "default_wake_function", "wait_woken", "woken_wake_function", "complete",
-     "wait_for_completion", "do_wait", "kernel_wait4", "__x64_sys_wait4", "wait_consider_task", "release_task",
-     "do_exit", "do_group_exit", "__x64_sys_exit_group", "kernel_clone", "copy_process", "__x64_sys_clone",
-     "__x64_sys_vfork", "sched_exec", "set_task_cpu", "migrate_task_rq_fair", "update_rq_clock",
-     "hrtick_update", "idle_cpu", "available_idle_cpu", "cpuacct_charge", "account_user_time",
-     "account_system_time", "__sched_setscheduler", "sched_setaffinity", "__x64_sys_sched_setaffinity",
-     "__x64_sys_sched_getaffinity", "task_fork_fair", "place_entity", "reweight_entity", "update_cfs_group",
-     "attach_entity_load_avg", "detach_entity_load_avg", "load_balance", "find_busiest_group",
+         "schedule",
+         "__schedule",
+         "pick_next_task_fair",
+         "put_prev_task_fair",
+         "enqueue_task_fair",
+         "dequeue_task_fair",
+         "update_curr",
+         "update_load_avg",
+         "__update_load_avg_se",
+         "__update_load_avg_cfs_rq",
+         "enqueue_entity",
+         "dequeue_entity",
+         "set_next_entity",
+         "pick_next_entity",
+         "check_preempt_wakeup",
+         "try_to_wake_up",
+         "wake_up_process",
+         "ttwu_do_activate",
+         "activate_task",
+         "deactivate_task",
+         "select_task_rq_fair",
+         "wake_up_new_task",
+         "sched_fork",
+         "sched_post_fork",
+         "sched_cgroup_fork",
+         "scheduler_tick",
+         "task_tick_fair",
+         "resched_curr",
+         "schedule_timeout",
+         "schedule_hrtimeout_range_clock",
+         "do_nanosleep",
+         "hrtimer_nanosleep",
+         "__x64_sys_nanosleep",
+         "__x64_sys_clock_nanosleep",
+         "__x64_sys_sched_yield",
+         "do_sched_yield",
+         "yield_task_fair",
+         "__wake_up",
+         "__wake_up_common",
+         "__wake_up_common_lock",
+         "prepare_to_wait",
+         "prepare_to_wait_event",
+         "finish_wait",
+         "autoremove_wake_function",
+         "default_wake_function",
+         "wait_woken",
+         "woken_wake_function",
+         "complete",
+         "wait_for_completion",
+         "do_wait",
+         "kernel_wait4",
+         "__x64_sys_wait4",
+         "wait_consider_task",
+         "release_task",
+         "do_exit",
+         "do_group_exit",
+         "__x64_sys_exit_group",
+         "kernel_clone",
+         "copy_process",
+         "__x64_sys_clone",
+         "__x64_sys_vfork",
+         "sched_exec",
+         "set_task_cpu",
+         "migrate_task_rq_fair",
+         "update_rq_clock",
+         "hrtick_update",
+         "idle_cpu",
+         "available_idle_cpu",
+         "cpuacct_charge",
+         "account_user_time",
+         "account_system_time",
+         "__sched_setscheduler",
+         "sched_setaffinity",
+         "__x64_sys_sched_setaffinity",
+         "__x64_sys_sched_getaffinity",
+         "task_fork_fair",
+         "place_entity",
+         "reweight_entity",
+         "update_cfs_group",
+         "attach_entity_load_avg",
+         "detach_entity_load_avg",
+         "load_balance",
+         "find_busiest_group",
      }},
     {"net",
      {
-     "sock_sendmsg", "sock_recvmsg", "__sys_sendto", "__sys_recvfrom", "__x64_sys_sendto",
-     "__x64_sys_recvfrom", "__sys_socket", "__x64_sys_socket", "sock_create", "__sock_create", "inet_create",
-     "__sys_bind", "__x64_sys_bind", "inet_bind", "__inet_bind", "__sys_listen", "__x64_sys_listen",
-     "inet_listen", "inet_csk_listen_start", "__sys_accept4", "do_accept", "__x64_sys_accept4", "inet_accept",
-     "inet_csk_accept", "__sys_connect", "__x64_sys_connect", "inet_stream_connect", "__inet_stream_connect",
-     "tcp_v4_connect", "tcp_connect", "tcp_sendmsg", "tcp_sendmsg_locked", "tcp_recvmsg", "tcp_recvmsg_locked",
-     "tcp_push", "__tcp_push_pending_frames", "tcp_write_xmit", "__tcp_transmit_skb", "tcp_v4_rcv",
-     "tcp_v4_do_rcv", "tcp_rcv_established", "tcp_rcv_state_process", "tcp_ack", "tcp_data_queue",
-     "tcp_event_data_recv", "tcp_close", "__tcp_close", "tcp_fin", "tcp_set_state", "tcp_time_wait",
-     "inet_release", "sock_close", "__sock_release", "ip_queue_xmit", "__ip_queue_xmit", "ip_local_out",
-     "__ip_local_out", "ip_output", "ip_finish_output", "ip_finish_output2", "ip_rcv", "ip_rcv_finish",
-     "ip_local_deliver", "ip_local_deliver_finish", "ip_protocol_deliver_rcu", "__netif_receive_skb_one_core",
-     "netif_rx", "__netif_rx", "process_backlog", "net_rx_action", "__dev_queue_xmit", "dev_hard_start_xmit",
-     "loopback_xmit", "__alloc_skb", "kfree_skb_reason", "consume_skb", "skb_release_data", "__kfree_skb",
-     "skb_clone", "tcp_stream_alloc_skb", "sock_def_readable", "sk_wait_data", "lock_sock_nested",
-     "release_sock", "__release_sock", "sk_reset_timer", "tcp_rcv_space_adjust", "tcp_cleanup_rbuf",
-     "udp_sendmsg", "udp_recvmsg", "__udp4_lib_rcv", "udp_rcv", "inet_sendmsg", "inet_recvmsg",
+         "sock_sendmsg",
+         "sock_recvmsg",
+         "__sys_sendto",
+         "__sys_recvfrom",
+         "__x64_sys_sendto",
+         "__x64_sys_recvfrom",
+         "__sys_socket",
+         "__x64_sys_socket",
+         "sock_create",
+         "__sock_create",
+         "inet_create",
+         "__sys_bind",
+         "__x64_sys_bind",
+         "inet_bind",
+         "__inet_bind",
+         "__sys_listen",
+         "__x64_sys_listen",
+         "inet_listen",
+         "inet_csk_listen_start",
+         "__sys_accept4",
+         "do_accept",
+         "__x64_sys_accept4",
+         "inet_accept",
+         "inet_csk_accept",
+         "__sys_connect",
+         "__x64_sys_connect",
+         "inet_stream_connect",
+         "__inet_stream_connect",
+         "tcp_v4_connect",
+         "tcp_connect",
+         "tcp_sendmsg",
+         "tcp_sendmsg_locked",
+         "tcp_recvmsg",
+         "tcp_recvmsg_locked",
+         "tcp_push",
+         "__tcp_push_pending_frames",
+         "tcp_write_xmit",
+         "__tcp_transmit_skb",
+         "tcp_v4_rcv",
+         "tcp_v4_do_rcv",
+         "tcp_rcv_established",
+         "tcp_rcv_state_process",
+         "tcp_ack",
+         "tcp_data_queue",
+         "tcp_event_data_recv",
+         "tcp_close",
+         "__tcp_close",
+         "tcp_fin",
+         "tcp_set_state",
+         "tcp_time_wait",
+         "inet_release",
+         "sock_close",
+         "__sock_release",
+         "ip_queue_xmit",
+         "__ip_queue_xmit",
+         "ip_local_out",
+         "__ip_local_out",
+         "ip_output",
+         "ip_finish_output",
+         "ip_finish_output2",
+         "ip_rcv",
+         "ip_rcv_finish",
+         "ip_local_deliver",
+         "ip_local_deliver_finish",
+         "ip_protocol_deliver_rcu",
+         "__netif_receive_skb_one_core",
+         "netif_rx",
+         "__netif_rx",
+         "process_backlog",
+         "net_rx_action",
+         "__dev_queue_xmit",
+         "dev_hard_start_xmit",
+         "loopback_xmit",
+         "__alloc_skb",
+         "kfree_skb_reason",
+         "consume_skb",
+         "skb_release_data",
+         "__kfree_skb",
+         "skb_clone",
+         "tcp_stream_alloc_skb",
+         "sock_def_readable",
+         "sk_wait_data",
+         "lock_sock_nested",
+         "release_sock",
+         "__release_sock",
+         "sk_reset_timer",
+         "tcp_rcv_space_adjust",
+         "tcp_cleanup_rbuf",
+         "udp_sendmsg",
+         "udp_recvmsg",
+         "__udp4_lib_rcv",
+         "udp_rcv",
+         "inet_sendmsg",
+         "inet_recvmsg",
      }},
     {"locking",
      {
-     "mutex_lock", "mutex_unlock", "mutex_trylock", "__mutex_lock_slowpath", "mutex_lock_interruptible",
-     "down_read", "down_write", "up_read", "up_write", "down_read_trylock", "down_write_trylock",
-     "rwsem_down_read_slowpath", "rwsem_down_write_slowpath", "_raw_spin_lock", "_raw_spin_unlock",
-     "_raw_spin_lock_irqsave", "_raw_spin_unlock_irqrestore", "_raw_spin_lock_irq", "_raw_spin_unlock_irq",
-     "_raw_spin_lock_bh", "_raw_spin_unlock_bh", "_raw_spin_trylock", "_raw_read_lock", "_raw_read_unlock",
-     "_raw_write_lock", "_raw_write_unlock", "_raw_write_lock_irq", "native_queued_spin_lock_slowpath",
-     "queued_read_lock_slowpath", "queued_write_lock_slowpath", "__pv_queued_spin_lock_slowpath",
-     "__pv_queued_spin_unlock_slowpath", "down", "up", "down_interruptible", "down_trylock", "__down",
-     "percpu_down_write", "percpu_up_write", "__percpu_down_read", "osq_lock", "osq_unlock",
-     "mutex_spin_on_owner", "rt_mutex_lock", "rt_mutex_unlock", "ww_mutex_lock", "ww_mutex_unlock",
-     "lockref_get", "lockref_get_not_zero", "lockref_put_return", "lockref_get_not_dead",
-     "lockref_put_or_lock", "lockref_mark_dead", "_atomic_dec_and_lock", "refcount_dec_and_lock",
-     "refcount_dec_and_mutex_lock", "refcount_dec_not_one", "refcount_warn_saturate", "__init_rwsem",
-     "__mutex_init", "__init_waitqueue_head",
+         "mutex_lock",
+         "mutex_unlock",
+         "mutex_trylock",
+         "__mutex_lock_slowpath",
+         "mutex_lock_interruptible",
+         "down_read",
+         "down_write",
+         "up_read",
+         "up_write",
+         "down_read_trylock",
+         "down_write_trylock",
+         "rwsem_down_read_slowpath",
+         "rwsem_down_write_slowpath",
+         "_raw_spin_lock",
+         "_raw_spin_unlock",
+         "_raw_spin_lock_irqsave",
+         "_raw_spin_unlock_irqrestore",
+         "_raw_spin_lock_irq",
+         "_raw_spin_unlock_irq",
+         "_raw_spin_lock_bh",
+         "_raw_spin_unlock_bh",
+         "_raw_spin_trylock",
+         "_raw_read_lock",
+         "_raw_read_unlock",
+         "_raw_write_lock",
+         "_raw_write_unlock",
+         "_raw_write_lock_irq",
+         "native_queued_spin_lock_slowpath",
+         "queued_read_lock_slowpath",
+         "queued_write_lock_slowpath",
+         "__pv_queued_spin_lock_slowpath",
+         "__pv_queued_spin_unlock_slowpath",
+         "down",
+         "up",
+         "down_interruptible",
+         "down_trylock",
+         "__down",
+         "percpu_down_write",
+         "percpu_up_write",
+         "__percpu_down_read",
+         "osq_lock",
+         "osq_unlock",
+         "mutex_spin_on_owner",
+         "rt_mutex_lock",
+         "rt_mutex_unlock",
+         "ww_mutex_lock",
+         "ww_mutex_unlock",
+         "lockref_get",
+         "lockref_get_not_zero",
+         "lockref_put_return",
+         "lockref_get_not_dead",
+         "lockref_put_or_lock",
+         "lockref_mark_dead",
+         "_atomic_dec_and_lock",
+         "refcount_dec_and_lock",
+         "refcount_dec_and_mutex_lock",
+         "refcount_dec_not_one",
+         "refcount_warn_saturate",
+         "__init_rwsem",
+         "__mutex_init",
+         "__init_waitqueue_head",
      }},
     {"rcu",
      {
-     "__rcu_read_lock", "__rcu_read_unlock", "rcu_read_unlock_special", "synchronize_rcu",
-     "synchronize_rcu_expedited", "call_rcu", "kfree_rcu_monitor", "kvfree_call_rcu",
-     "rcu_note_context_switch", "rcu_sched_clock_irq", "rcu_core", "rcu_core_si", "rcu_gp_kthread",
-     "rcu_gp_init", "rcu_gp_cleanup", "rcu_gp_fqs_loop", "rcu_report_qs_rnp", "rcu_accelerate_cbs",
-     "rcu_do_batch", "rcu_segcblist_enqueue", "rcu_segcblist_accelerate", "rcu_segcblist_advance",
-     "rcu_segcblist_extract_done_cbs", "rcu_segcblist_insert_done_cbs", "rcu_cblist_dequeue",
-     "note_gp_changes", "__note_gp_changes", "rcu_needs_cpu", "rcu_nocb_flush_deferred_wakeup", "rcu_barrier",
-     "rcu_exp_wait_wake", "rcu_momentary_dyntick_idle", "rcu_is_watching", "rcu_preempt_deferred_qs",
-     "rcu_softirq_qs", "rcu_gp_is_expedited", "rcu_start_this_gp", "kfree_rcu_work", "synchronize_rcu_tasks",
-     "call_rcu_tasks", "rcu_tasks_kthread", "rcu_tasks_wait_gp", "rcu_tasks_pregp_step", "rcu_tasks_postgp",
-     "rcu_spawn_tasks_kthread_generic", "rcu_sync_enter", "rcu_sync_exit", "rcu_sync_func", "call_srcu",
-     "synchronize_srcu", "__srcu_read_lock", "__srcu_read_unlock", "srcu_gp_start", "process_srcu",
-     "srcu_invoke_callbacks", "rcu_cpu_kthread", "get_state_synchronize_rcu", "poll_state_synchronize_rcu",
-     "start_poll_synchronize_rcu", "cond_synchronize_rcu",
+         "__rcu_read_lock",
+         "__rcu_read_unlock",
+         "rcu_read_unlock_special",
+         "synchronize_rcu",
+         "synchronize_rcu_expedited",
+         "call_rcu",
+         "kfree_rcu_monitor",
+         "kvfree_call_rcu",
+         "rcu_note_context_switch",
+         "rcu_sched_clock_irq",
+         "rcu_core",
+         "rcu_core_si",
+         "rcu_gp_kthread",
+         "rcu_gp_init",
+         "rcu_gp_cleanup",
+         "rcu_gp_fqs_loop",
+         "rcu_report_qs_rnp",
+         "rcu_accelerate_cbs",
+         "rcu_do_batch",
+         "rcu_segcblist_enqueue",
+         "rcu_segcblist_accelerate",
+         "rcu_segcblist_advance",
+         "rcu_segcblist_extract_done_cbs",
+         "rcu_segcblist_insert_done_cbs",
+         "rcu_cblist_dequeue",
+         "note_gp_changes",
+         "__note_gp_changes",
+         "rcu_needs_cpu",
+         "rcu_nocb_flush_deferred_wakeup",
+         "rcu_barrier",
+         "rcu_exp_wait_wake",
+         "rcu_momentary_dyntick_idle",
+         "rcu_is_watching",
+         "rcu_preempt_deferred_qs",
+         "rcu_softirq_qs",
+         "rcu_gp_is_expedited",
+         "rcu_start_this_gp",
+         "kfree_rcu_work",
+         "synchronize_rcu_tasks",
+         "call_rcu_tasks",
+         "rcu_tasks_kthread",
+         "rcu_tasks_wait_gp",
+         "rcu_tasks_pregp_step",
+         "rcu_tasks_postgp",
+         "rcu_spawn_tasks_kthread_generic",
+         "rcu_sync_enter",
+         "rcu_sync_exit",
+         "rcu_sync_func",
+         "call_srcu",
+         "synchronize_srcu",
+         "__srcu_read_lock",
+         "__srcu_read_unlock",
+         "srcu_gp_start",
+         "process_srcu",
+         "srcu_invoke_callbacks",
+         "rcu_cpu_kthread",
+         "get_state_synchronize_rcu",
+         "poll_state_synchronize_rcu",
+         "start_poll_synchronize_rcu",
+         "cond_synchronize_rcu",
      }},
     {"syscall",
      {
-     "__x64_sys_getppid", "__x64_sys_getpid", "__x64_sys_gettid", "__x64_sys_getuid", "__x64_sys_geteuid",
-     "__x64_sys_getgid", "__x64_sys_getegid", "__x64_sys_getsid", "__x64_sys_getpgid", "__x64_sys_setpgid",
-     "__x64_sys_umask", "__x64_sys_uname", "__x64_sys_newuname", "__x64_sys_sysinfo", "__x64_sys_getrusage",
-     "getrusage", "__x64_sys_times", "do_sys_times", "__x64_sys_gettimeofday", "__x64_sys_time",
-     "__x64_sys_clock_gettime", "posix_get_monotonic_timespec", "__x64_sys_getcwd", "__x64_sys_chdir",
-     "__x64_sys_fchdir", "__x64_sys_kill", "kill_something_info", "__x64_sys_rt_sigaction", "do_sigaction",
-     "__x64_sys_rt_sigprocmask", "sigprocmask", "__x64_sys_rt_sigreturn", "__x64_sys_prctl",
-     "__x64_sys_arch_prctl", "__x64_sys_set_tid_address", "__x64_sys_getrandom", "__x64_sys_ioctl",
-     "do_vfs_ioctl", "__x64_sys_access", "do_faccessat", "__x64_sys_readlink", "do_readlinkat",
-     "__x64_sys_execve", "bprm_execve", "load_elf_binary", "begin_new_exec", "setup_arg_pages",
-     "__x64_sys_exit", "__x64_sys_getrlimit", "__x64_sys_prlimit64", "do_prlimit", "__x64_sys_setrlimit",
-     "__x64_sys_getpriority", "__x64_sys_setpriority", "__x64_sys_getcpu", "__x64_sys_sched_getparam",
-     "__x64_sys_getgroups", "__x64_sys_capget", "syscall_exit_to_user_mode", "do_syscall_64",
-     "exit_to_user_mode_prepare", "__x64_sys_futex", "do_futex", "futex_wait", "futex_wake", "__x64_sys_alarm",
-     "__x64_sys_pause", "__x64_sys_dup", "__x64_sys_sync", "ksys_sync", "__x64_sys_mkdir", "__x64_sys_rmdir",
-     "__x64_sys_unlink", "__x64_sys_rename", "__x64_sys_openat", "__x64_sys_open", "__x64_sys_pread64",
-     "__x64_sys_pwrite64", "__x64_sys_readv", "__x64_sys_writev", "do_readv", "do_writev",
+         "__x64_sys_getppid",
+         "__x64_sys_getpid",
+         "__x64_sys_gettid",
+         "__x64_sys_getuid",
+         "__x64_sys_geteuid",
+         "__x64_sys_getgid",
+         "__x64_sys_getegid",
+         "__x64_sys_getsid",
+         "__x64_sys_getpgid",
+         "__x64_sys_setpgid",
+         "__x64_sys_umask",
+         "__x64_sys_uname",
+         "__x64_sys_newuname",
+         "__x64_sys_sysinfo",
+         "__x64_sys_getrusage",
+         "getrusage",
+         "__x64_sys_times",
+         "do_sys_times",
+         "__x64_sys_gettimeofday",
+         "__x64_sys_time",
+         "__x64_sys_clock_gettime",
+         "posix_get_monotonic_timespec",
+         "__x64_sys_getcwd",
+         "__x64_sys_chdir",
+         "__x64_sys_fchdir",
+         "__x64_sys_kill",
+         "kill_something_info",
+         "__x64_sys_rt_sigaction",
+         "do_sigaction",
+         "__x64_sys_rt_sigprocmask",
+         "sigprocmask",
+         "__x64_sys_rt_sigreturn",
+         "__x64_sys_prctl",
+         "__x64_sys_arch_prctl",
+         "__x64_sys_set_tid_address",
+         "__x64_sys_getrandom",
+         "__x64_sys_ioctl",
+         "do_vfs_ioctl",
+         "__x64_sys_access",
+         "do_faccessat",
+         "__x64_sys_readlink",
+         "do_readlinkat",
+         "__x64_sys_execve",
+         "bprm_execve",
+         "load_elf_binary",
+         "begin_new_exec",
+         "setup_arg_pages",
+         "__x64_sys_exit",
+         "__x64_sys_getrlimit",
+         "__x64_sys_prlimit64",
+         "do_prlimit",
+         "__x64_sys_setrlimit",
+         "__x64_sys_getpriority",
+         "__x64_sys_setpriority",
+         "__x64_sys_getcpu",
+         "__x64_sys_sched_getparam",
+         "__x64_sys_getgroups",
+         "__x64_sys_capget",
+         "syscall_exit_to_user_mode",
+         "do_syscall_64",
+         "exit_to_user_mode_prepare",
+         "__x64_sys_futex",
+         "do_futex",
+         "futex_wait",
+         "futex_wake",
+         "__x64_sys_alarm",
+         "__x64_sys_pause",
+         "__x64_sys_dup",
+         "__x64_sys_sync",
+         "ksys_sync",
+         "__x64_sys_mkdir",
+         "__x64_sys_rmdir",
+         "__x64_sys_unlink",
+         "__x64_sys_rename",
+         "__x64_sys_openat",
+         "__x64_sys_open",
+         "__x64_sys_pread64",
+         "__x64_sys_pwrite64",
+         "__x64_sys_readv",
+         "__x64_sys_writev",
+         "do_readv",
+         "do_writev",
      }},
 };
 
@@ -222,15 +685,15 @@ constexpr Counted kCounted[] = {
 struct Args {
   DomId dom{0};
   std::string channel = "guest";
-  unsigned batch = 1000;        // instructions asked for per batch (the module's trap table: 2048)
-  unsigned cap = 5;             // handler calls before a probe is unregistered
-  unsigned per_area = 0;        // 0: every function of the list
+  unsigned batch = 1000;             // instructions asked for per batch (the module's trap table: 2048)
+  unsigned cap = 5;                  // handler calls before a probe is unregistered
+  unsigned per_area = 0;             // 0: every function of the list
   std::uint64_t max_fn_bytes = 256;  // bounds the sweep's time: see docs/e2e.md
   unsigned min_functions = 300;
-  int round_limit = 240;        // the guest's limit for one round
-  int hot_limit = 60;           // seconds into a round before the batch's probes go
-  std::string console;          // the DomU's console log (xenconsoled)
-  std::string only;             // comma-separated names: only these functions (to bisect a failure)
+  int round_limit = 240;  // the guest's limit for one round
+  int hot_limit = 60;     // seconds into a round before the batch's probes go
+  std::string console;    // the DomU's console log (xenconsoled)
+  std::string only;       // comma-separated names: only these functions (to bisect a failure)
 };
 
 Args parse(int argc, char** argv) {
@@ -239,32 +702,20 @@ Args parse(int argc, char** argv) {
     std::string k = argv[i];
     if (i + 1 >= argc) fatal("option " + k + " needs a value");
     std::string v = argv[++i];
-    if (k == "--domid")
-      a.dom = DomId{static_cast<std::uint32_t>(std::stoul(v))};
-    else if (k == "--channel")
-      a.channel = v;
-    else if (k == "--batch")
-      a.batch = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--cap")
-      a.cap = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--per-area")
-      a.per_area = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--max-fn-bytes")
-      a.max_fn_bytes = std::stoull(v);
-    else if (k == "--min-functions")
-      a.min_functions = static_cast<unsigned>(std::stoul(v));
-    else if (k == "--round-limit")
-      a.round_limit = std::stoi(v);
-    else if (k == "--hot-limit")
-      a.hot_limit = std::stoi(v);
-    else if (k == "--console")
-      a.console = v;
-    else if (k == "--only")
-      a.only = "," + v + ",";
+    if (k == "--domid") a.dom = DomId{static_cast<std::uint32_t>(std::stoul(v))};
+    else if (k == "--channel") a.channel = v;
+    else if (k == "--batch") a.batch = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--cap") a.cap = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--per-area") a.per_area = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--max-fn-bytes") a.max_fn_bytes = std::stoull(v);
+    else if (k == "--min-functions") a.min_functions = static_cast<unsigned>(std::stoul(v));
+    else if (k == "--round-limit") a.round_limit = std::stoi(v);
+    else if (k == "--hot-limit") a.hot_limit = std::stoi(v);
+    else if (k == "--console") a.console = v;
+    else if (k == "--only") a.only = "," + v + ",";
     else if (k == "--timeout")
       ;  // accepted for the harness's common options; --round-limit bounds a round
-    else
-      fatal("unknown option " + k);
+    else fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
   if (a.batch == 0 || a.cap == 0) fatal("--batch and --cap must be at least 1");
@@ -360,7 +811,8 @@ class Sweep {
   std::optional<std::string> round(int phase, const std::string& tag, std::deque<Point>* batch, double* hot_at);
   void cap_pending();
   void unregister(std::deque<Point>& pts, const std::string& tag);
-  bool after_batch(const std::string& tag, const std::optional<std::string>& res, std::size_t fn_from, std::size_t fn_to);
+  bool after_batch(const std::string& tag, const std::optional<std::string>& res, std::size_t fn_from,
+                   std::size_t fn_to);
   void serve(int ms);
 
   const Args& a_;
@@ -438,7 +890,8 @@ bool Sweep::select_functions() {
         off += k;
       }
       cs_insn* insn = nullptr;
-      std::size_t cnt = cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), y.address.value, 0, &insn);
+      std::size_t cnt =
+          cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), y.address.value, 0, &insn);
       std::uint64_t end = y.address.value;
       for (std::size_t i = 0; i < cnt; ++i) {
         f.insns.push_back(insn[i].address);
@@ -447,8 +900,8 @@ bool Sweep::select_functions() {
       if (cnt) cs_free(insn, cnt);
       f.undecodable_tail = end != y.address.value + y.size;
       if (f.undecodable_tail)
-        say("XPE2E-INFO: %s: Capstone stopped at +%#" PRIx64 " of %" PRIu64 " bytes", f.name.c_str(), end - y.address.value,
-            y.size);
+        say("XPE2E-INFO: %s: Capstone stopped at +%#" PRIx64 " of %" PRIu64 " bytes", f.name.c_str(),
+            end - y.address.value, y.size);
       t_.area_functions[ar.name]++;
       t_.area_insns[ar.name] += f.insns.size();
       fns_.push_back(std::move(f));
@@ -457,8 +910,8 @@ bool Sweep::select_functions() {
     std::string ab, lg;
     for (auto& x : absent) ab += " " + x;
     for (auto& x : large) lg += " " + x;
-    say("XPE2E-SWEEP area %s functions=%u absent=%zu%s%s large=%zu%s", ar.name, taken, absent.size(), absent.empty() ? "" : ":",
-        ab.c_str(), large.size(), lg.c_str());
+    say("XPE2E-SWEEP area %s functions=%u absent=%zu%s%s large=%zu%s", ar.name, taken, absent.size(),
+        absent.empty() ? "" : ":", ab.c_str(), large.size(), lg.c_str());
   }
   cs_close(&h);
   std::uint64_t insns = 0;
@@ -470,8 +923,8 @@ bool Sweep::select_functions() {
     spread &= t_.area_functions[ar.name] >= 20;
   }
   return check("sweep.functions", fns_.size() >= a_.min_functions && (spread || a_.min_functions == 0),
-               fmt("%zu functions, %" PRIu64 " instructions (at least %u functions, 20 per area):%s", fns_.size(), insns,
-                   a_.min_functions, per.c_str()));
+               fmt("%zu functions, %" PRIu64 " instructions (at least %u functions, 20 per area):%s", fns_.size(),
+                   insns, a_.min_functions, per.c_str()));
 }
 
 // The counted syscalls' entries (asked for by name: the library places them past the ftrace
@@ -512,7 +965,8 @@ std::optional<std::string> Sweep::round(int phase, const std::string& tag, std::
       *hot_at = since(t0);
       std::size_t armed = 0;
       for (auto& p : *batch) armed += bool(p.probe);
-      say("XPE2E-INFO: %s: the round is still running after %.0f s: its %zu armed sweep probes go", tag.c_str(), *hot_at, armed);
+      say("XPE2E-INFO: %s: the round is still running after %.0f s: its %zu armed sweep probes go", tag.c_str(),
+          *hot_at, armed);
       t_.hot_dropped += armed;
       unregister(*batch, tag);
     }
@@ -531,7 +985,8 @@ std::optional<std::string> Sweep::round(int phase, const std::string& tag, std::
     }
     for (auto& l : console_bad(a_.console, &console_off_)) pending_bad_.push_back(l);
   }
-  say("XPE2E-INFO: %s: no result within %d s; %s", tag.c_str(), a_.round_limit + 30, describe(ctl_header(hv_, a_.dom)).c_str());
+  say("XPE2E-INFO: %s: no result within %d s; %s", tag.c_str(), a_.round_limit + 30,
+      describe(ctl_header(hv_, a_.dom)).c_str());
   return std::nullopt;
 }
 
@@ -553,13 +1008,16 @@ void Sweep::unregister(std::deque<Point>& pts, const std::string& tag) {
     (void)s_.end_batch();
   }
   serve(0);
-  if (failed) check("sweep." + tag + ".unregister", false, fmt("%zu of %zu failed; first: %s", failed, n, first.c_str()));
+  if (failed)
+    check("sweep." + tag + ".unregister", false, fmt("%zu of %zu failed; first: %s", failed, n, first.c_str()));
 }
 
-bool Sweep::after_batch(const std::string& tag, const std::optional<std::string>& res, std::size_t fn_from, std::size_t fn_to) {
+bool Sweep::after_batch(const std::string& tag, const std::optional<std::string>& res, std::size_t fn_from,
+                        std::size_t fn_to) {
   bool ok = true;
   auto m = res ? kv(*res) : std::map<std::string, std::string>{};
-  ok &= check("sweep." + tag + ".guest", res && num(m, "ok") == 1, res ? "guest: " + *res : "no result from the guest's round");
+  ok &= check("sweep." + tag + ".guest", res && num(m, "ok") == 1,
+              res ? "guest: " + *res : "no result from the guest's round");
   // Counts: every counted entry's hits in this round equal the guest's calls.
   std::string cs;
   bool exact = true;
@@ -592,7 +1050,8 @@ bool Sweep::after_batch(const std::string& tag, const std::optional<std::string>
     }
     for (std::size_t k = 0; k < now.size(); ++k)
       if (now[k] != f.text[k]) {
-        diff = fmt("%s+0x%zx: %02x, was %02x", f.name.c_str(), k, static_cast<unsigned>(now[k]), static_cast<unsigned>(f.text[k]));
+        diff = fmt("%s+0x%zx: %02x, was %02x", f.name.c_str(), k, static_cast<unsigned>(now[k]),
+                   static_cast<unsigned>(f.text[k]));
         break;
       }
     if (diff.empty()) ++same;
@@ -615,7 +1074,8 @@ bool Sweep::after_batch(const std::string& tag, const std::optional<std::string>
 
 int Sweep::run() {
   auto ready = wait_key(hv_, dom_path(a_.dom, "data/xpe2e/safety/ready"), 120);
-  if (!check("sweep.ready", ready && *ready == "1", ready ? "guest: " + *ready : "no data/xpe2e/safety/ready within 120 s"))
+  if (!check("sweep.ready", ready && *ready == "1",
+             ready ? "guest: " + *ready : "no data/xpe2e/safety/ready within 120 s"))
     fatal("the guest's round loop did not start");
   if (!a_.console.empty()) (void)console_bad(a_.console, &console_off_);  // only what comes from now on
 
@@ -723,16 +1183,20 @@ int Sweep::run() {
     double un = since(t_un);
     unreg_s += un;
     say("XPE2E-SWEEP batch %zu/%zu functions %s..%s (%zu) asked=%zu accepted=%zu refused=%zu hits=%" PRIu64
-        " points_hit=%" PRIu64 " capped=%" PRIu64 "%s register=%.1fs round=%.1fs unregister=%.1fs max_cap=%.2fs max_run_once=%.2fs",
-        b + 1, nbatches, fns_[fn_from].name.c_str(), fns_[fn_to - 1].name.c_str(), fn_to - fn_from, to - from, acc, ref, hits,
-        hit_points, capped, hot >= 0 ? fmt(" dropped-at=%.0fs", hot).c_str() : "", reg, rnd, un, cap_max_s_, run_max_s_);
+        " points_hit=%" PRIu64 " capped=%" PRIu64
+        "%s register=%.1fs round=%.1fs unregister=%.1fs max_cap=%.2fs max_run_once=%.2fs",
+        b + 1, nbatches, fns_[fn_from].name.c_str(), fns_[fn_to - 1].name.c_str(), fn_to - fn_from, to - from, acc, ref,
+        hits, hit_points, capped, hot >= 0 ? fmt(" dropped-at=%.0fs", hot).c_str() : "", reg, rnd, un, cap_max_s_,
+        run_max_s_);
     cap_max_s_ = run_max_s_ = 0;
     if (!after_batch(tag, res, fn_from, fn_to)) {
-      say("XPE2E-INFO: %s failed: functions %s..%s", tag.c_str(), fns_[fn_from].name.c_str(), fns_[fn_to - 1].name.c_str());
+      say("XPE2E-INFO: %s failed: functions %s..%s", tag.c_str(), fns_[fn_from].name.c_str(),
+          fns_[fn_to - 1].name.c_str());
       if (dead_) break;
     }
   }
-  say("XPE2E-INFO: batches: %.1f s (register %.1f s, rounds %.1f s, unregister %.1f s)", since(t_all), reg_s, round_s, unreg_s);
+  say("XPE2E-INFO: batches: %.1f s (register %.1f s, rounds %.1f s, unregister %.1f s)", since(t_all), reg_s, round_s,
+      unreg_s);
 
   // The tally.
   std::uint64_t acc = 0, ref = 0;
@@ -745,7 +1209,8 @@ int Sweep::run() {
     ref += n;
   }
   for (const auto& ar : kAreas)
-    say("XPE2E-SWEEP area-total %s functions=%" PRIu64 " instructions=%" PRIu64 " accepted=%" PRIu64 " points_hit=%" PRIu64,
+    say("XPE2E-SWEEP area-total %s functions=%" PRIu64 " instructions=%" PRIu64 " accepted=%" PRIu64
+        " points_hit=%" PRIu64,
         ar.name, t_.area_functions[ar.name], t_.area_insns[ar.name], t_.area_accepted[ar.name], t_.area_hit[ar.name]);
   say("XPE2E-SWEEP total functions=%zu asked=%" PRIu64 " accepted=%" PRIu64 " refused=%" PRIu64 " hits=%" PRIu64
       " capped=%" PRIu64 " dropped_hot=%" PRIu64,
@@ -771,7 +1236,8 @@ int xpe2e_sweep_main(int argc, char** argv) {
   auto opt = must(parse_channel_kind(a.channel), "--channel");
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
   auto state = wait_key(*hvp, dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE), 120);
-  if (!check("module.state", state && *state == XENPROBES_XS_STATE_READY, state ? "state=" + *state : "no state within 120 s"))
+  if (!check("module.state", state && *state == XENPROBES_XS_STATE_READY,
+             state ? "state=" + *state : "no state within 120 s"))
     fatal("the guest module never published its keys");
   std::string rel;
   if (std::ifstream f("/proc/sys/kernel/osrelease"); f) std::getline(f, rel);

@@ -53,7 +53,12 @@ std::uint64_t allocations(Rig& rig, Gva trap, const hv::VcpuRegs& regs) {
 TEST(Allocations, ABoostedHitAllocatesNothing) {
   Rig rig;
   int calls = 0;
-  auto id = rig.engine->add(rig.dom, Gva{rig.sym("sys_getppid") + 5}, [&](HitContext&) { ++calls; return 0; }, {});
+  auto id = rig.engine->add(rig.dom, Gva{rig.sym("sys_getppid") + 5},
+                            [&](HitContext&) {
+                              ++calls;
+                              return 0;
+                            },
+                            {});
   ASSERT_TRUE(id) << id.error().what;
   ASSERT_EQ(rig.engine->info(*id)->mode, ExecMode::Boosted);
   EXPECT_EQ(allocations(rig, rig.engine->info(*id)->address, *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0})), 0u);
@@ -63,8 +68,8 @@ TEST(Allocations, ABoostedHitAllocatesNothing) {
 TEST(Allocations, APostHandlerStopAllocatesNothing) {
   Rig rig;
   int posts = 0;
-  auto id = rig.engine->add(rig.dom, Gva{rig.sym("sys_getppid") + 5}, [](HitContext&) { return 0; },
-                            [&](HitContext&) { ++posts; });
+  auto id = rig.engine->add(
+      rig.dom, Gva{rig.sym("sys_getppid") + 5}, [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
   ASSERT_TRUE(id) << id.error().what;
   // The second stop of such a hit: the trap byte after the slot's 3-byte copy.
   const Gva after{rig.engine->info(*id)->slot.value + 3};

@@ -51,25 +51,28 @@ TEST(AsyncProbe, EveryCallIsOneRecordWithItsRegistersAndCapturesInOrder) {
     AsyncOptions o;
     o.captures = {Capture::string(CaptureBase::Rdi, 0, 64), Capture::bytes(CaptureBase::Rsp, 0, 8),
                   Capture::bytes(CaptureBase::Rip, -0x40000000, 8)};  // 1 GiB below the kernel: not mapped
-    auto p = g.session->probe_async(g.dom, "sys_open", [&](const AsyncHit& h) {
-      ++seen.records;
-      const unsigned v = h.vcpu.value;
-      if (h.address.value != at || h.regs.rip != at || h.captures.size() != 3) ++seen.bad;
-      if (seen.next_seq.contains(v) && h.seq != seen.next_seq[v]) ++seen.bad;
-      seen.next_seq[v] = h.seq + 1;
-      if (seen.last_time.contains(v) && h.time_ns < seen.last_time[v]) ++seen.bad;
-      seen.last_time[v] = h.time_ns;
-      if (h.captures.size() == 3) {
-        EXPECT_EQ(h.captures[0].status, CaptureStatus::Ok);
-        ++seen.paths[std::string(h.captures[0].text())];
-        // The return address the call pushed: into the demo guest's text.
-        std::uint64_t ret = 0;
-        if (h.captures[1].bytes.size() == 8) std::memcpy(&ret, h.captures[1].bytes.data(), 8);
-        if (ret < layout->text_start || ret >= layout->text_end) ++seen.bad;
-        EXPECT_EQ(h.captures[2].status, CaptureStatus::Fault);
-        EXPECT_TRUE(h.captures[2].bytes.empty());
-      }
-    }, o);
+    auto p = g.session->probe_async(
+        g.dom, "sys_open",
+        [&](const AsyncHit& h) {
+          ++seen.records;
+          const unsigned v = h.vcpu.value;
+          if (h.address.value != at || h.regs.rip != at || h.captures.size() != 3) ++seen.bad;
+          if (seen.next_seq.contains(v) && h.seq != seen.next_seq[v]) ++seen.bad;
+          seen.next_seq[v] = h.seq + 1;
+          if (seen.last_time.contains(v) && h.time_ns < seen.last_time[v]) ++seen.bad;
+          seen.last_time[v] = h.time_ns;
+          if (h.captures.size() == 3) {
+            EXPECT_EQ(h.captures[0].status, CaptureStatus::Ok);
+            ++seen.paths[std::string(h.captures[0].text())];
+            // The return address the call pushed: into the demo guest's text.
+            std::uint64_t ret = 0;
+            if (h.captures[1].bytes.size() == 8) std::memcpy(&ret, h.captures[1].bytes.data(), 8);
+            if (ret < layout->text_start || ret >= layout->text_end) ++seen.bad;
+            EXPECT_EQ(h.captures[2].status, CaptureStatus::Fault);
+            EXPECT_TRUE(h.captures[2].bytes.empty());
+          }
+        },
+        o);
     ASSERT_TRUE(p) << p.error().what;
     auto info = p->info();
     ASSERT_TRUE(info);
@@ -212,7 +215,7 @@ TEST(AsyncProbe, ADrainIsBoundedWhileTheGuestKeepsItsRingNonEmpty) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
   constexpr std::uint64_t kBound = probe::kMaxRecordsPerDrain;
   constexpr std::uint64_t kHostile = 2 * kBound + 1000;  // records the producer writes in all
-  constexpr unsigned kOrder = 14;                         // 16 KiB: the producer wraps many times
+  constexpr unsigned kOrder = 14;                        // 16 KiB: the producer wraps many times
   auto cfg = demo_config(1, 2);
   cfg.module_ring_order = kOrder;
   ProbedGuest g(cfg);
@@ -347,11 +350,11 @@ TEST(AsyncProbe, RecordsWhoseCapturesBreakTheirProbesSpecsAreCountedNotHandedOut
   const std::string sixteen("fifteen chars..\0", 16), seventeen("sixteen chars...\0", 17);
   record({{0, XENPROBES_CAP_OK, std::string("fits\0", 5)}});
   record({{0, XENPROBES_CAP_OK, "no nul"}});
-  record({{0, XENPROBES_CAP_TRUNCATED, seventeen}});               // more than max
-  record({{0, XENPROBES_CAP_TRUNCATED, std::string("short\0", 6)}});  // truncated below max
-  record({});                                                      // no capture
+  record({{0, XENPROBES_CAP_TRUNCATED, seventeen}});                       // more than max
+  record({{0, XENPROBES_CAP_TRUNCATED, std::string("short\0", 6)}});       // truncated below max
+  record({});                                                              // no capture
   record({{0, XENPROBES_CAP_OK, sixteen}, {1, XENPROBES_CAP_FAULT, ""}});  // one too many
-  record({{1, XENPROBES_CAP_OK, sixteen}});                         // numbered 1
+  record({{1, XENPROBES_CAP_OK, sixteen}});                                // numbered 1
   rs = g.session->ring_stats(g.dom);
   ASSERT_TRUE(rs) << rs.error().what;
   EXPECT_EQ(records, guest_records + 1) << "only the record that fits reaches the handler";
@@ -448,9 +451,9 @@ TEST(AsyncProbe, MaxMinusOneCharactersRightBeforeAnUnmappedPageAreTruncatedNotAF
   // 15 characters and no NUL before the unmapped page: str() of 15 characters (max 16) reads
   // them; the byte that would say whether the string ends there is not mapped.
   string_captures_at_the_image_end("0123456789abcde", {{15, 16, CaptureStatus::Truncated, "0123456789abcde"},
-                                                      {15, 17, CaptureStatus::Fault, ""},  // the 16th character
-                                                      {15, 8, CaptureStatus::Truncated, "0123456"},
-                                                      {0, 8, CaptureStatus::Fault, ""}});  // the unmapped page
+                                                       {15, 17, CaptureStatus::Fault, ""},  // the 16th character
+                                                       {15, 8, CaptureStatus::Truncated, "0123456"},
+                                                       {0, 8, CaptureStatus::Fault, ""}});  // the unmapped page
 }
 
 TEST(AsyncProbe, RefusalsSayWhy) {
@@ -471,19 +474,22 @@ TEST(AsyncProbe, RefusalsSayWhy) {
 
   AsyncOptions many;
   many.captures.assign(9, Capture::bytes(CaptureBase::Rdi, 0, 8));
-  auto nine = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, many);
+  auto nine = g.session->probe_async(
+      g.dom, "sys_getppid", [](const AsyncHit&) {}, many);
   ASSERT_FALSE(nine);
   EXPECT_NE(nine.error().what.find("at most 8"), std::string::npos) << nine.error().what;
 
   AsyncOptions big;
   big.captures.assign(4, Capture::bytes(CaptureBase::Rdi, 0, 1024));
-  auto huge = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, big);
+  auto huge = g.session->probe_async(
+      g.dom, "sys_getppid", [](const AsyncHit&) {}, big);
   ASSERT_FALSE(huge);
   EXPECT_NE(huge.error().what.find("capture fewer bytes"), std::string::npos) << huge.error().what;
 
   AsyncOptions zero;
   zero.captures = {Capture::bytes(CaptureBase::Rdi, 0, 0)};
-  auto none = g.session->probe_async(g.dom, "sys_getppid", [](const AsyncHit&) {}, zero);
+  auto none = g.session->probe_async(
+      g.dom, "sys_getppid", [](const AsyncHit&) {}, zero);
   ASSERT_FALSE(none);
   EXPECT_NE(none.error().what.find("capture 0: max 0 bytes"), std::string::npos) << none.error().what;
 
@@ -499,7 +505,6 @@ TEST(AsyncProbe, RefusalsSayWhy) {
   auto c = g.session->probe_async(g.dom, "sys_read", [](const AsyncHit&) {});
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error().code, Errc::Busy);
-
 }
 
 // Capture::by_address (XENPROBES_CAP_AUTO): the module picks user or kernel memory by the
@@ -512,12 +517,13 @@ TEST(AsyncProbe, ByAddressCapturesNeedAModuleThatPublishesThem) {
     auto cfg = demo_config(1, 1);
     cfg.module_cap_auto = false;
     ProbedGuest g(cfg);
-    auto p = g.session->probe_async(g.dom, "sys_open", [](const AsyncHit&) {}, AsyncOptions{{path}});
+    auto p = g.session->probe_async(
+        g.dom, "sys_open", [](const AsyncHit&) {}, AsyncOptions{{path}});
     ASSERT_FALSE(p);
     EXPECT_EQ(p.error().code, Errc::NotSupported);
     EXPECT_NE(p.error().what.find("rings/cap-flags"), std::string::npos) << p.error().what;
-    auto plain = g.session->probe_async(g.dom, "sys_open", [](const AsyncHit&) {},
-                                        AsyncOptions{{Capture::string(CaptureBase::Rdi, 0, 64)}});
+    auto plain = g.session->probe_async(
+        g.dom, "sys_open", [](const AsyncHit&) {}, AsyncOptions{{Capture::string(CaptureBase::Rdi, 0, 64)}});
     EXPECT_TRUE(plain) << plain.error().what;
   }
   constexpr std::uint64_t K = 4;
@@ -551,13 +557,12 @@ TEST(AsyncProbe, MalformedRingKeysRefuseAsyncProbesOnly) {
     const char* value;
     const char* says;
   };
-  for (const Case& c : {Case{XENPROBES_XS_RINGS_ORDER, "11", "rings/order"},
-                        Case{XENPROBES_XS_RINGS_ORDER, "25", "rings/order"},
-                        Case{XENPROBES_XS_RINGS_COUNT, "0", "rings/count"},
-                        Case{XENPROBES_XS_RINGS_COUNT, "99", "rings/count"},
-                        Case{XENPROBES_XS_RINGS_ADDR, "0xffffc90001000800", "page-aligned"},
-                        Case{XENPROBES_XS_RINGS_ADDR, "0x1000", "upper-half"},
-                        Case{XENPROBES_XS_RINGS_ADDR, "banana", "hex address"}}) {
+  for (const Case& c :
+       {Case{XENPROBES_XS_RINGS_ORDER, "11", "rings/order"}, Case{XENPROBES_XS_RINGS_ORDER, "25", "rings/order"},
+        Case{XENPROBES_XS_RINGS_COUNT, "0", "rings/count"}, Case{XENPROBES_XS_RINGS_COUNT, "99", "rings/count"},
+        Case{XENPROBES_XS_RINGS_ADDR, "0xffffc90001000800", "page-aligned"},
+        Case{XENPROBES_XS_RINGS_ADDR, "0x1000", "upper-half"},
+        Case{XENPROBES_XS_RINGS_ADDR, "banana", "hex address"}}) {
     SCOPED_TRACE(std::string(c.key) + " = " + c.value);
     auto cfg = demo_config(1, 1);
     cfg.start_paused = true;
@@ -575,7 +580,8 @@ TEST(AsyncProbe, MalformedRingKeysRefuseAsyncProbesOnly) {
     auto p = (*s)->probe_async(*id, "sys_getppid", [](const AsyncHit&) {});
     ASSERT_FALSE(p);
     EXPECT_NE(p.error().what.find(c.says), std::string::npos) << p.error().what;
-    auto t = (*s)->probe(*id, "sys_getppid", [](HitContext&) { return 0; }, {}, ProbeOptions{ProbeMethod::Jump});
+    auto t = (*s)->probe(
+        *id, "sys_getppid", [](HitContext&) { return 0; }, {}, ProbeOptions{ProbeMethod::Jump});
     EXPECT_TRUE(t) << "a synchronous jump probe is not the rings' business: " << t.error().what;
   }
 }

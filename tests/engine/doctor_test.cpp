@@ -90,11 +90,10 @@ TEST(Doctor, GdbsxHostAndTheVirqInUse) {
 // debugging mode, which the vmevent channel refuses.
 TEST(Doctor, WhatItSaysAutoPicksIsWhatASessionPicks) {
   auto host = hv::sim::SimHost::create();
-  std::vector<DomId> doms = {*host->create_domain(guest(hv::GuestType::Pv, true)),
-                             *host->create_domain(guest(hv::GuestType::Pv, false)),
-                             *host->create_domain(guest(hv::GuestType::Hvm, true)),
-                             *host->create_domain(guest(hv::GuestType::Hvm, false)),
-                             *host->create_domain(guest(hv::GuestType::Hvm, false))};
+  std::vector<DomId> doms = {
+      *host->create_domain(guest(hv::GuestType::Pv, true)), *host->create_domain(guest(hv::GuestType::Pv, false)),
+      *host->create_domain(guest(hv::GuestType::Hvm, true)), *host->create_domain(guest(hv::GuestType::Hvm, false)),
+      *host->create_domain(guest(hv::GuestType::Hvm, false))};
   auto hv = host->open();
   ASSERT_TRUE(hv->set_debugging(doms[4], true)) << "an HVM guest in debugging mode (gdbsx)";
   auto rep = doctor(*hv);
@@ -151,9 +150,7 @@ TEST(Doctor, EachChannelsVerdictIsWhatASessionAskingForItGets) {
     auto hv = host->open();
     for (const Case& c : cases) {
       doms.push_back(*host->create_domain(guest(c.type, c.module)));
-      if (c.debugged) {
-        ASSERT_TRUE(hv->set_debugging(doms.back(), true));
-      }
+      if (c.debugged) { ASSERT_TRUE(hv->set_debugging(doms.back(), true)); }
     }
     auto rep = doctor(*hv);
     ASSERT_TRUE(rep) << rep.error().what;

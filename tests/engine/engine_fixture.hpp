@@ -35,9 +35,9 @@ inline ChannelKind test_channel() {
 inline std::uint8_t trap_byte() { return test_channel() == ChannelKind::Guest ? 0xcc : 0xf1; }
 
 // For tests of one channel's own behaviour.
-#define XP_ONLY_ON_CHANNEL(kind)                                                          \
-  do {                                                                                    \
-    if (::xenprobes::testing::test_channel() != (kind))                                   \
+#define XP_ONLY_ON_CHANNEL(kind)                                                              \
+  do {                                                                                        \
+    if (::xenprobes::testing::test_channel() != (kind))                                       \
       GTEST_SKIP() << "a test of the " << ::xenprobes::channel_kind_name(kind) << " channel"; \
   } while (0)
 

@@ -49,7 +49,10 @@ TEST(Probe, HvmGuestThroughTheDebuggerChannel) {
   c.type = hv::GuestType::Hvm;
   ProbedGuest g(c);
   std::uint64_t hits = 0, posts = 0;
-  auto p = g.session->probe(g.dom, "demo_recurse", [&](HitContext&) { ++hits; return 0; });
+  auto p = g.session->probe(g.dom, "demo_recurse", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
   auto q = g.session->probe(g.dom, "sys_getppid+0x38", {}, [&](HitContext& x) {
     EXPECT_EQ(x.regs().rax, 1u);
     ++posts;
@@ -84,7 +87,11 @@ TEST(Probe, PostHandlerSeesTheInstructionsEffect) {
   std::uint64_t load = g.sym("sys_getppid") + 0x38;
   std::uint64_t posts = 0;
   auto p = g.session->probe(
-      g.dom, Gva{load}, [&](HitContext& c) { c.regs().rax = 0xdead; return 0; },
+      g.dom, Gva{load},
+      [&](HitContext& c) {
+        c.regs().rax = 0xdead;
+        return 0;
+      },
       [&](HitContext& c) {
         EXPECT_EQ(c.regs().rax, 1u) << "demo_ppid is 1";
         EXPECT_EQ(c.regs().rip, load + 7) << "post-handlers see the next instruction";
@@ -154,8 +161,14 @@ TEST(Probe, PreHandlerCanRedirect) {
 TEST(Probe, ANonzeroReturnWithoutMovingRipRunsTheInstructionAndTheOtherHandlers) {
   ProbedGuest g;
   std::uint64_t first = 0, second = 0;
-  auto a = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++first; return 1; });
-  auto b = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++second; return 0; });
+  auto a = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
+    ++first;
+    return 1;
+  });
+  auto b = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
+    ++second;
+    return 0;
+  });
   ASSERT_TRUE(a && b);
   g.start();
   ASSERT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
@@ -204,9 +217,19 @@ TEST(Probe, AggregatesRunInRegistrationOrderAndLeaveEachOtherAlone) {
   ProbedGuest g(demo_config(1, 6));
   std::vector<int> order;
   std::uint64_t a = 0, b = 0, post_b = 0;
-  auto pa = g.session->probe(g.dom, "sys_write", [&](HitContext&) { order.push_back(1); ++a; return 0; });
-  auto pb = g.session->probe(g.dom, "sys_write", [&](HitContext&) { order.push_back(2); ++b; return 0; },
-                             [&](HitContext&) { ++post_b; });
+  auto pa = g.session->probe(g.dom, "sys_write", [&](HitContext&) {
+    order.push_back(1);
+    ++a;
+    return 0;
+  });
+  auto pb = g.session->probe(
+      g.dom, "sys_write",
+      [&](HitContext&) {
+        order.push_back(2);
+        ++b;
+        return 0;
+      },
+      [&](HitContext&) { ++post_b; });
   ASSERT_TRUE(pa && pb);
   g.start();
   // Run until a few hits, drop the first probe, run on: the second keeps counting exactly.
@@ -227,7 +250,10 @@ TEST(Probe, DisableRestoresTheByteAndEnableRearms) {
   std::uint64_t fn = g.entry("sys_unlink");
   auto original = g.peek(fn, 16);
   std::uint64_t hits = 0;
-  auto p = g.session->probe(g.dom, "sys_unlink", [&](HitContext&) { ++hits; return 0; });
+  auto p = g.session->probe(g.dom, "sys_unlink", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
   ASSERT_TRUE(p);
   EXPECT_EQ(g.peek(fn, 1)[0], trap_byte()) << "armed";
   g.start();
@@ -250,7 +276,8 @@ TEST(Probe, UnregisterRestoresTextAndSlotExactly) {
   auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
   {
     auto p1 = g.session->probe(g.dom, "demo_classify", [](HitContext&) { return 0; });
-    auto p2 = g.session->probe(g.dom, Gva{fn + 5}, [](HitContext&) { return 0; }, [](HitContext&) {});
+    auto p2 = g.session->probe(
+        g.dom, Gva{fn + 5}, [](HitContext&) { return 0; }, [](HitContext&) {});
     ASSERT_TRUE(p1 && p2);
     g.start();
     for (int i = 0; i < 50; ++i) ASSERT_TRUE(g.session->run_once(2));
@@ -294,8 +321,16 @@ TEST(Probe, TwoDomainsAtOnce) {
   ASSERT_TRUE((*s)->load_symbols(d1, demo_map()));
   ASSERT_TRUE((*s)->load_symbols(d2, demo_map()));
   std::uint64_t h1 = 0, h2 = 0;
-  auto p1 = (*s)->probe(d1, "sys_read", [&](HitContext& x) { EXPECT_EQ(x.domain(), d1); ++h1; return 0; });
-  auto p2 = (*s)->probe(d2, "demo_recurse", [&](HitContext& x) { EXPECT_EQ(x.domain(), d2); ++h2; return 0; });
+  auto p1 = (*s)->probe(d1, "sys_read", [&](HitContext& x) {
+    EXPECT_EQ(x.domain(), d1);
+    ++h1;
+    return 0;
+  });
+  auto p2 = (*s)->probe(d2, "demo_recurse", [&](HitContext& x) {
+    EXPECT_EQ(x.domain(), d2);
+    ++h2;
+    return 0;
+  });
   ASSERT_TRUE(p1 && p2);
   ASSERT_TRUE((*s)->hypervisor().unpause(d1));
   ASSERT_TRUE((*s)->hypervisor().unpause(d2));
@@ -304,14 +339,17 @@ TEST(Probe, TwoDomainsAtOnce) {
     ASSERT_TRUE((*s)->run_once(2));
   EXPECT_EQ(h1, 2 * expected_calls(DEMO_FN_READ, 4));
   EXPECT_EQ(h2, 2 * expected_calls(DEMO_FN_RECURSE, 4));
-  for (auto [d, fn, idx] : {std::tuple{d1, "sys_read", DEMO_FN_READ}, std::tuple{d2, "demo_recurse", DEMO_FN_RECURSE}}) {
+  for (auto [d, fn, idx] :
+       {std::tuple{d1, "sys_read", DEMO_FN_READ}, std::tuple{d2, "demo_recurse", DEMO_FN_RECURSE}}) {
     EXPECT_EQ(host->crash_reason(d), "");
     std::uint8_t b = 0;
-    ASSERT_TRUE(host->peek(d, *host->symbol(d, fn) + 5, std::as_writable_bytes(std::span(&b, 1))));  // past the ftrace nop
+    ASSERT_TRUE(
+        host->peek(d, *host->symbol(d, fn) + 5, std::as_writable_bytes(std::span(&b, 1))));  // past the ftrace nop
     EXPECT_EQ(b, trap_byte()) << "domain " << d.value << ": still armed";
     for (unsigned v = 0; v < 2; ++v) {
       demo_stats st{};
-      ASSERT_TRUE(host->peek(d, *host->symbol(d, DEMO_SYM_STATS) + v * sizeof st, std::as_writable_bytes(std::span(&st, 1))));
+      ASSERT_TRUE(
+          host->peek(d, *host->symbol(d, DEMO_SYM_STATS) + v * sizeof st, std::as_writable_bytes(std::span(&st, 1))));
       EXPECT_EQ(st.calls[idx], expected_calls(idx, 4)) << "domain " << d.value << " vcpu " << v;
       EXPECT_EQ(st.done, 1u);
     }
@@ -389,7 +427,7 @@ TEST(Probe, SecondSessionOnTheHostIsToldTheVirqIsTaken) {
 
 TEST(Probe, ExhaustedSlotsGiveEnospcAndChangeNothing) {
   hv::sim::DomainConfig c = demo_config(1, 2);
-  c.oea_size = 4096;  // 128 slots of 32 bytes
+  c.oea_size = 4096;        // 128 slots of 32 bytes
   c.oea_reserve_areas = 0;  // and a guest module that cannot grow the area
   ProbedGuest g(c);
   // Instructions of the demo guest that run from a slot, one probe each, until the area is full.
@@ -494,7 +532,8 @@ TEST(Probe, FaultAtEveryHypervisorCallDuringRegistration) {
   unsigned failures = 0;
   for (std::uint64_t n = 0; n < 200; ++n) {
     g.host->fail_nth_call(n, Errc::Io);
-    auto p = g.session->probe(g.dom, Gva{at}, [](HitContext&) { return 0; }, [](HitContext&) {});
+    auto p = g.session->probe(
+        g.dom, Gva{at}, [](HitContext&) { return 0; }, [](HitContext&) {});
     g.host->clear_faults();
     if (p) {
       // The fault was past the last call: registration is done. Check it works, then stop.
@@ -515,7 +554,8 @@ TEST(Probe, FaultAtEveryHypervisorCallDuringRegistration) {
 // round finishes the job; the guest never notices.
 TEST(Probe, FaultsWhileHandlingHitsDoNotHurtTheGuest) {
   ProbedGuest g(demo_config(2, 6));
-  auto p = g.session->probe(g.dom, "demo_classify", [](HitContext&) { return 0; }, [](HitContext&) {});
+  auto p = g.session->probe(
+      g.dom, "demo_classify", [](HitContext&) { return 0; }, [](HitContext&) {});
   ASSERT_TRUE(p);
   g.start();
   unsigned errors = 0;
@@ -537,7 +577,8 @@ TEST(Probe, SessionEndRestoresEverything) {
   auto layout = g.host->layout(g.dom);
   auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
   for (const char* fn : {"sys_open", "sys_read", "demo_dispatch", "demo_recurse"}) {
-    auto p = g.session->probe(g.dom, fn, [](HitContext&) { return 0; }, [](HitContext&) {});
+    auto p = g.session->probe(
+        g.dom, fn, [](HitContext&) { return 0; }, [](HitContext&) {});
     ASSERT_TRUE(p);
     p->release();  // owned by the session from now on
   }
@@ -567,7 +608,10 @@ TEST(ForeignInt3, RewoundAndRetriedUntilTheGuestRemovesIt) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Debugger);
   ProbedGuest g(demo_config(2, 8));
   std::uint64_t hits = 0;
-  auto p = g.session->probe(g.dom, "sys_read", [&](HitContext&) { ++hits; return 0; });
+  auto p = g.session->probe(g.dom, "sys_read", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
   ASSERT_TRUE(p);
   auto gv = GuestView::open(g.session->hypervisor(), g.dom);
   std::uint64_t at = g.sym("demo_classify");  // the guest "patches" here: int3 over the nop5
@@ -639,7 +683,6 @@ TEST(Probe, UnregisterWithStopsPendingRewindsThem) {
     EXPECT_TRUE(g.host->crash_reason(g.dom).empty()) << g.host->crash_reason(g.dom);
   }
 }
-
 
 // A vCPU that Xen pauses inside the guest module's int3 hook, after its trap-table lookup and
 // before its mailbox write, publishes its hit after the pause: when that pause was the one in
@@ -758,7 +801,8 @@ TEST(Probe, SessionEndWhileVcpusRunThroughPostHandlerSlots) {
     SCOPED_TRACE(round);
     ProbedGuest g(demo_config(2, 400));
     std::uint64_t posts = 0;
-    auto p = g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
+    auto p = g.session->probe(
+        g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
     ASSERT_TRUE(p) << p.error().what;
     g.start();
     while (posts < 50u * (round + 1)) ASSERT_TRUE(g.session->run_once(5));
@@ -773,7 +817,10 @@ TEST(Probe, GuestModuleWithdrawingDropsTheDomainWithoutWritingToIt) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
   ProbedGuest g(demo_config(1, 0));
   std::uint64_t hits = 0;
-  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { ++hits; return 0; });
+  auto p = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
   ASSERT_TRUE(p);
   g.start();
   while (hits < 5) ASSERT_TRUE(g.session->run_once(5));

@@ -28,7 +28,10 @@ TEST(EventLoop, AHitWhoseNotificationWasLostIsFoundOnTheTimeoutsWakeUp) {
   Session& session = **s;
   ASSERT_TRUE(session.load_symbols(dom, demo_map()));
   std::uint64_t hits = 0;
-  auto p = session.probe(dom, "sys_open", [&](HitContext&) { ++hits; return 0; });
+  auto p = session.probe(dom, "sys_open", [&](HitContext&) {
+    ++hits;
+    return 0;
+  });
   ASSERT_TRUE(p) << p.error().what;
   hv::Hypervisor& hv = session.hypervisor();
   ASSERT_TRUE(hv.unpause(dom));
@@ -106,7 +109,10 @@ struct FourGuests {
     session = std::move(*s);
     for (DomId d : domains()) {
       if (auto l = session->load_symbols(d, demo_map()); !l) throw std::runtime_error(l.error().what);
-      auto p = session->probe(d, "sys_open", [this, d](HitContext&) { ++hits[d]; return 0; });
+      auto p = session->probe(d, "sys_open", [this, d](HitContext&) {
+        ++hits[d];
+        return 0;
+      });
       if (!p) throw std::runtime_error(p.error().what);
       probes.push_back(std::move(*p));
     }
@@ -207,8 +213,8 @@ TEST(EventLoop, GuestsOnDifferentChannelsInOneSessionAreAllServed) {
   }
   ASSERT_TRUE(all_halted());
   for (DomId d : g.domains())
-    EXPECT_EQ(g.hits[d], expected_calls(DEMO_FN_OPEN, kIterations)) << "domain " << d.value << " on the "
-                                                                     << *g.session->channel_name(d) << " channel";
+    EXPECT_EQ(g.hits[d], expected_calls(DEMO_FN_OPEN, kIterations))
+        << "domain " << d.value << " on the " << *g.session->channel_name(d) << " channel";
   for (DomId d : {g.guest_a, g.guest_b}) EXPECT_EQ(g.host->module_notifications(d)->skipped, 0u);
 }
 

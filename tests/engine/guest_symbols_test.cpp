@@ -132,9 +132,10 @@ std::vector<std::uint8_t> kallsyms_segment(std::vector<Sym>& syms, std::size_t* 
 
 // The demo guest's ELF with `extra` as one more read-only PT_LOAD at kTablesVa.
 std::string image_with(const std::vector<std::uint8_t>& extra) {
-  const std::vector<char> f = demo_image_with_segment(hv::sim::default_guest_dir() + "/vmlinux", kTablesVa, extra, PF_R);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("xp-kallsyms-guest-" + std::to_string(::getpid()))).string();
+  const std::vector<char> f =
+      demo_image_with_segment(hv::sim::default_guest_dir() + "/vmlinux", kTablesVa, extra, PF_R);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("xp-kallsyms-guest-" + std::to_string(::getpid()))).string();
   std::ofstream(path, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
   return path;
 }

@@ -124,14 +124,16 @@ TEST(JumpProbe, PostHandlersAndOtherChannelsAreRefusedWithTheReasonAndFastestFal
   auto layout = g.host->layout(g.dom);
   const auto text = g.peek(layout->text_start, layout->text_end - layout->text_start);
   auto pre = [](HitContext&) { return 0; };
-  auto post = g.session->probe(g.dom, "sys_open", pre, [](HitContext&) {}, jump());
+  auto post = g.session->probe(
+      g.dom, "sys_open", pre, [](HitContext&) {}, jump());
   ASSERT_FALSE(post);
   EXPECT_EQ(post.error().code, Errc::NotSupported);
   const bool guest = test_channel() == ChannelKind::Guest;
   EXPECT_NE(post.error().what.find(guest ? "post-handler" : "guest channel"), std::string::npos) << post.error().what;
   EXPECT_EQ(g.peek(layout->text_start, text.size()), text) << "nothing written";
 
-  auto fastest = g.session->probe(g.dom, "sys_open", pre, [](HitContext&) {}, ProbeOptions{ProbeMethod::Fastest});
+  auto fastest = g.session->probe(
+      g.dom, "sys_open", pre, [](HitContext&) {}, ProbeOptions{ProbeMethod::Fastest});
   ASSERT_TRUE(fastest) << fastest.error().what;
   EXPECT_EQ(fastest->info()->method, ProbeMethod::Trap);
   EXPECT_NE(fastest->info()->not_jump_because.find(guest ? "post-handler" : "guest channel"), std::string::npos)
@@ -147,7 +149,8 @@ TEST(JumpProbe, AnOlderModuleWithoutAJumpEntryIsRefused) {
   hv::sim::DomainConfig c = demo_config(1, 5);
   c.module_jump_entry = false;
   ProbedGuest g(c);
-  auto p = g.session->probe(g.dom, "sys_getppid", [](HitContext&) { return 0; }, {}, jump());
+  auto p = g.session->probe(
+      g.dom, "sys_getppid", [](HitContext&) { return 0; }, {}, jump());
   ASSERT_FALSE(p);
   EXPECT_EQ(p.error().code, Errc::NotSupported);
   EXPECT_NE(p.error().what.find("jump entry"), std::string::npos) << p.error().what;
@@ -226,7 +229,8 @@ TEST(JumpProbe, PreparedBeforeABatchThatBeginsWithATrapProbe) {
   std::uint64_t traps = 0, jumps = 0;
   ASSERT_TRUE(g.session->begin_batch());
   auto t = g.session->probe(g.dom, "sys_getppid", [&](HitContext&) { return ++traps, 0; });
-  auto j = g.session->probe(g.dom, "sys_write", [&](HitContext&) { return ++jumps, 0; }, {}, jump());
+  auto j = g.session->probe(
+      g.dom, "sys_write", [&](HitContext&) { return ++jumps, 0; }, {}, jump());
   ASSERT_TRUE(g.session->end_batch());
   ASSERT_TRUE(t) << t.error().what;
   ASSERT_TRUE(j) << j.error().what;

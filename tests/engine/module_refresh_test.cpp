@@ -70,10 +70,8 @@ TEST(ModuleRefresh, AModuleLoadedAfterTheSymbolsIsResolvedProbedAndUnwoundThroug
   std::vector<std::string> errors;
   auto p = s.probe(pg.dom, "kmod:demo_kstack_leaf", [&](HitContext& c) {
     auto st = s.kernel_stack(c);
-    if (st)
-      stacks.push_back(*st);
-    else
-      errors.push_back(st.error().what);
+    if (st) stacks.push_back(*st);
+    else errors.push_back(st.error().what);
     return 0;
   });
   ASSERT_TRUE(p) << p.error().what;
@@ -159,10 +157,8 @@ TEST(ModuleRefresh, AHitsWalkLooksAtTheModuleListAtABoundedRate) {
     if (hit == 2) *now += std::chrono::milliseconds(150);   // a miss may look again
     if (hit == 4) *now += std::chrono::milliseconds(1100);  // the periodic look is due
     auto st = s.kernel_stack(c);
-    if (st)
-      stacks.push_back(*st);
-    else
-      errors.push_back(st.error().what);
+    if (st) stacks.push_back(*st);
+    else errors.push_back(st.error().what);
     gens.push_back(s.symbols_generation(pg.dom));
     if (hit == 0) w.load();  // insmod between two hits
     if (hit == 3) w.unload();
@@ -266,8 +262,14 @@ void dom0_dies_then_the_module_goes(bool another_comes) {
   const std::uint64_t getppid = pg.sym("sys_getppid");
   const auto leaf_before = pg.peek(leaf, 1), getppid_before = pg.peek(getppid, 16);
   std::uint64_t in_module = 0, in_kernel = 0;
-  auto a = s.probe(pg.dom, "kmod:demo_kstack_leaf", [&](HitContext&) { ++in_module; return 0; });
-  auto k = s.probe(pg.dom, "sys_getppid", [&](HitContext&) { ++in_kernel; return 0; });
+  auto a = s.probe(pg.dom, "kmod:demo_kstack_leaf", [&](HitContext&) {
+    ++in_module;
+    return 0;
+  });
+  auto k = s.probe(pg.dom, "sys_getppid", [&](HitContext&) {
+    ++in_kernel;
+    return 0;
+  });
   ASSERT_TRUE(a) << a.error().what;
   ASSERT_TRUE(k) << k.error().what;
   pg.start();

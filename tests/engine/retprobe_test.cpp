@@ -283,9 +283,16 @@ TEST(RetProbe, SessionEndWithCallsInFlightLeavesTheGuestCorrect) {
 TEST(RetProbe, CoexistsWithAnXpProbeOnTheSameAddress) {
   ProbedGuest g(demo_config(1, 3));
   std::uint64_t xp_hits = 0, entries = 0, returns = 0;
-  auto xp = g.session->probe(g.dom, "demo_recurse", [&](HitContext&) { ++xp_hits; return 0; });
+  auto xp = g.session->probe(g.dom, "demo_recurse", [&](HitContext&) {
+    ++xp_hits;
+    return 0;
+  });
   auto rp = g.session->ret_probe(
-      g.dom, "demo_recurse", [&](HitContext&, std::span<std::byte>) { ++entries; return 0; },
+      g.dom, "demo_recurse",
+      [&](HitContext&, std::span<std::byte>) {
+        ++entries;
+        return 0;
+      },
       [&](HitContext&, std::span<std::byte>) { ++returns; }, RetProbeOptions{16, 0});
   ASSERT_TRUE(xp && rp);
   g.start();
@@ -325,7 +332,8 @@ TEST(RetProbe, FaultAtEveryHypervisorCallDuringRegistrationChangesNothing) {
   const Gva fn{g.sym("demo_recurse")};
   for (std::uint64_t n = 0; n < 200; ++n) {
     g.host->fail_nth_call(n, Errc::Io);
-    auto p = g.session->ret_probe(g.dom, fn, {}, [](HitContext&, std::span<std::byte>) {}, RetProbeOptions{16, 0});
+    auto p = g.session->ret_probe(
+        g.dom, fn, {}, [](HitContext&, std::span<std::byte>) {}, RetProbeOptions{16, 0});
     g.host->clear_faults();
     if (p) {  // the fault was past the last call: the probe must work
       g.start();

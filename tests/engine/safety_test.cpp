@@ -26,16 +26,16 @@ struct Case {
 
 // Offsets from guest/safety.S (each function starts with the 5-byte ftrace nop unless noted).
 const Case kCases[] = {
-    {"demo_load_zeropad+0x5", "exception-table", false},   // a fixup that needs the faulting address
-    {"demo_static_branch+0x5", "jump-label", false},       // the static-key nop5
-    {"demo_static_call+0x5", "static-call", false},        // call __SCT__demo_hook
-    {"__SCT__demo_hook", "static-call-trampoline", false}, // the trampoline's jmp
-    {"demo_locked_inc+0xc", "smp-lock", false},            // lock incq (%rax)
-    {"demo_entry_stub", "entry-text", false},              // .entry.text
-    {"demo_noinstr_fn", "noinstr", true},                  // .noinstr.text
-    {"demo_kprobes_fn", "kprobes-text", true},             // .kprobes.text
-    {"demo_nokprobe_fn+0x5", "kprobe-blacklist", true},    // on kprobe_blacklist
-    {"__rcu_read_lock+0x5", "guest-hook-path", true},      // the module's int3 path
+    {"demo_load_zeropad+0x5", "exception-table", false},    // a fixup that needs the faulting address
+    {"demo_static_branch+0x5", "jump-label", false},        // the static-key nop5
+    {"demo_static_call+0x5", "static-call", false},         // call __SCT__demo_hook
+    {"__SCT__demo_hook", "static-call-trampoline", false},  // the trampoline's jmp
+    {"demo_locked_inc+0xc", "smp-lock", false},             // lock incq (%rax)
+    {"demo_entry_stub", "entry-text", false},               // .entry.text
+    {"demo_noinstr_fn", "noinstr", true},                   // .noinstr.text
+    {"demo_kprobes_fn", "kprobes-text", true},              // .kprobes.text
+    {"demo_nokprobe_fn+0x5", "kprobe-blacklist", true},     // on kprobe_blacklist
+    {"__rcu_read_lock+0x5", "guest-hook-path", true},       // the module's int3 path
     {"lookup_address+0x5", "guest-hook-path", true},
 };
 
@@ -80,7 +80,8 @@ FixupEntry fixup_entry(ProbedGuest& g, unsigned k) {
   auto b = g.peek(at, 12);
   std::int32_t f[3];
   std::memcpy(f, b.data(), sizeof f);
-  return {at + static_cast<std::uint64_t>(std::int64_t{f[0]}), at + 4 + static_cast<std::uint64_t>(std::int64_t{f[1]}), f[2]};
+  return {at + static_cast<std::uint64_t>(std::int64_t{f[0]}), at + 4 + static_cast<std::uint64_t>(std::int64_t{f[1]}),
+          f[2]};
 }
 
 TEST(ExceptionTable, TheCopyGoesToAFixupSlotWhoseEntryHasTheOriginalFixup) {
@@ -285,7 +286,8 @@ TEST(AddressRules, AnOptimizedKprobesJumpEarlierInTheFunctionMakesItsBoundariesU
   // module area, over the instructions there (leaving the rest of their bytes).
   const std::uint64_t fn = g.sym("demo_classify"), foreign = fn + 0x8, buffer = 0xffffffffc0201000ull;
   const auto orig = g.peek(foreign, 5);
-  const auto rel = static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int64_t>(buffer - (foreign + 5))));
+  const auto rel =
+      static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<std::int64_t>(buffer - (foreign + 5))));
   const std::uint8_t jmp[5] = {0xe9, static_cast<std::uint8_t>(rel), static_cast<std::uint8_t>(rel >> 8),
                                static_cast<std::uint8_t>(rel >> 16), static_cast<std::uint8_t>(rel >> 24)};
   ASSERT_TRUE((*gv)->write(Gva{foreign}, std::as_bytes(std::span(jmp))));
@@ -306,8 +308,7 @@ TEST(AddressRules, AnOptimizedKprobesJumpEarlierInTheFunctionMakesItsBoundariesU
 // guest/safety.S's demo_bug_end (never run): +0x0a ud2 (a WARN: the kernel goes on) · +0x0c
 // test %rdi · +0x11 mov $1,%eax · +0x16 ret · +0x17 int3 · +0x18 ud2 (a BUG) · +0x1a..+0x1f
 // int3 to the function's end.
-constexpr std::uint64_t kWarnNext = 0x0c, kMov = 0x11, kAfterRet = 0x17, kBug = 0x18, kPadding = 0x1a,
-                        kEnd = 0x20;
+constexpr std::uint64_t kWarnNext = 0x0c, kMov = 0x11, kAfterRet = 0x17, kBug = 0x18, kPadding = 0x1a, kEnd = 0x20;
 
 // The part of a refusal after the instruction it names: the rule's reason.
 std::string reason(const Error& e) {

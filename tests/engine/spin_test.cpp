@@ -22,8 +22,8 @@ constexpr std::uint64_t kIterations = 40;
 struct SpinRun {
   std::uint64_t hits = 0;
   hv::sim::SimHost::ModuleNotifications module;  // the module's notifications to Dom0
-  std::uint64_t to_guest = 0;                     // Dom0's notifications to the module
-  std::uint64_t notify_skipped = 0;               // header.notify_skipped, as Dom0 reads it
+  std::uint64_t to_guest = 0;                    // Dom0's notifications to the module
+  std::uint64_t notify_skipped = 0;              // header.notify_skipped, as Dom0 reads it
 };
 
 // `dom0_says_polling`: the test, not Dom0, sets header.dom0_polling once the probe is in (Dom0
@@ -47,7 +47,8 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, bool after_the_
   if (dom0_time_per_hit.count()) {
     using Clock = std::chrono::steady_clock;
     SessionTesting::set_spin_clock(*g.session, [virtual_now, host = g.host, dom = g.dom] {
-      if (host->wait_halted(dom, 0ms) || !host->crash_reason(dom).empty()) return Clock::time_point(Clock::duration::max() / 2);
+      if (host->wait_halted(dom, 0ms) || !host->crash_reason(dom).empty())
+        return Clock::time_point(Clock::duration::max() / 2);
       return Clock::time_point(std::chrono::microseconds(virtual_now->load()));
     });
   }
@@ -80,10 +81,12 @@ SpinRun spin_run(unsigned module_spin_us, unsigned dom0_spin_us, bool after_the_
   EXPECT_TRUE(g.run_to_completion()) << g.host->crash_reason(g.dom);
   EXPECT_EQ(g.stats(0).calls[DEMO_FN_GETPPID], expected_calls(DEMO_FN_GETPPID, kIterations));
   if (auto m = g.host->module_notifications(g.dom)) r.module = *m;
-  auto port = g.session->hypervisor().xs_read("/local/domain/" + std::to_string(g.dom.value) + "/data/xenprobes/evtchn");
+  auto port =
+      g.session->hypervisor().xs_read("/local/domain/" + std::to_string(g.dom.value) + "/data/xenprobes/evtchn");
   EXPECT_TRUE(port);
   if (port)
-    if (auto n = g.host->guest_evtchn_notifications(g.dom, static_cast<std::uint32_t>(std::stoul(*port)))) r.to_guest = *n;
+    if (auto n = g.host->guest_evtchn_notifications(g.dom, static_cast<std::uint32_t>(std::stoul(*port))))
+      r.to_guest = *n;
   auto c = SessionTesting::module_counters(*g.session, g.dom);
   EXPECT_TRUE(c) << c.error().what;
   if (c) r.notify_skipped = c->notify_skipped;
@@ -139,8 +142,8 @@ TEST(Spin, Dom0PollingSparesTheModulesNotificationsAndASpinningModuleDom0s) {
   EXPECT_LE(r.module.sent, 4 * turns) << "a hit is notified only outside Dom0's turns of polling";
   EXPECT_GT(r.module.skipped, r.hits / 2) << "most hits came while Dom0 polled: no notification";
   EXPECT_LT(r.to_guest, r.hits / 2) << "most answers went to a spinning module: no notification";
-  std::cout << "spin: " << r.hits << " hits, " << r.module.sent << " notified, " << r.module.skipped
-            << " skipped; " << r.to_guest << " answers notified\n";
+  std::cout << "spin: " << r.hits << " hits, " << r.module.sent << " notified, " << r.module.skipped << " skipped; "
+            << r.to_guest << " answers notified\n";
 }
 
 // The module's spin (20 µs) runs out before Dom0 answers (each handler waits until the module

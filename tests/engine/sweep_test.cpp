@@ -17,10 +17,10 @@ constexpr std::uint64_t kIterations = 2;
 // is refused, in part or whole, by an address rule. demo_bug_end (never run) carries the
 // traps a BUG() leaves: its ud2s and int3s are refused by the instruction rules.
 const std::set<std::string> kTableFunctions = {
-    "demo_uaccess_copy", "demo_static_branch", "demo_static_call", "__SCT__demo_hook", "demo_locked_inc",
-    "__rcu_read_lock",   "lookup_address",     "demo_nokprobe_fn", "demo_entry_stub",  "demo_noinstr_fn",
-    "demo_kprobes_fn",   "demo_hook_target",   "demo_uaccess_neighbour", "demo_get_user",
-    "demo_load_zeropad", "demo_bug_end"};
+    "demo_uaccess_copy",      "demo_static_branch", "demo_static_call",  "__SCT__demo_hook",
+    "demo_locked_inc",        "__rcu_read_lock",    "lookup_address",    "demo_nokprobe_fn",
+    "demo_entry_stub",        "demo_noinstr_fn",    "demo_kprobes_fn",   "demo_hook_target",
+    "demo_uaccess_neighbour", "demo_get_user",      "demo_load_zeropad", "demo_bug_end"};
 
 class Sweep : public ::testing::TestWithParam<bool> {};
 
@@ -38,16 +38,20 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
     std::uint64_t pre = 0, post = 0;
     PostHandler ph;
     if (with_post) ph = [&](HitContext&) { ++post; };
-    auto p = g.session->probe(g.dom, Gva{site.address}, [&](HitContext& c) {
-      EXPECT_EQ(c.regs().rip, site.address);
-      ++pre;
-      return 0;
-    }, ph);
+    auto p = g.session->probe(
+        g.dom, Gva{site.address},
+        [&](HitContext& c) {
+          EXPECT_EQ(c.regs().rip, site.address);
+          ++pre;
+          return 0;
+        },
+        ph);
     if (!p) {
       // Refusals must say why, and only instructions that cannot be probed are refused.
       const std::string& what = p.error().what;
       // The guest module's own fallback must be able to run what it is given (guest channel).
-      const bool module_fallback = test_channel() == ChannelKind::Guest && what.find("memory-indirect") != std::string::npos;
+      const bool module_fallback =
+          test_channel() == ChannelKind::Guest && what.find("memory-indirect") != std::string::npos;
       // An exception-table instruction runs in a fixup slot (or in place): no post-handlers there.
       const bool fixup_post = with_post && what.find("post-handlers cannot run") != std::string::npos;
       EXPECT_TRUE(p.error().code == Errc::InvalidArgument || p.error().code == Errc::Busy || module_fallback ||
@@ -56,7 +60,8 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
       if (kTableFunctions.contains(site.function)) {
         // The functions that carry the kernel's tables: refused by an address rule, or (their
         // other instructions) for the same reasons as any other instruction.
-        if (auto r = what.find("rule '"); r != std::string::npos) rules[what.substr(r, what.find('\'', r + 6) + 1 - r)]++;
+        if (auto r = what.find("rule '"); r != std::string::npos)
+          rules[what.substr(r, what.find('\'', r + 6) + 1 - r)]++;
         continue;
       }
       // Rules of an instruction's place in any function: the ftrace site asked for by address
@@ -85,21 +90,11 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
       continue;
     }
     switch (p->info()->mode) {
-      case ExecMode::Boosted:
-        modes["boosted"]++;
-        break;
-      case ExecMode::TrapAfter:
-        modes["trap-after"]++;
-        break;
-      case ExecMode::Emulated:
-        modes["emulated"]++;
-        break;
-      case ExecMode::Skipped:
-        modes["skipped"]++;
-        break;
-      case ExecMode::Detour:
-        modes["detour"]++;
-        break;
+      case ExecMode::Boosted: modes["boosted"]++; break;
+      case ExecMode::TrapAfter: modes["trap-after"]++; break;
+      case ExecMode::Emulated: modes["emulated"]++; break;
+      case ExecMode::Skipped: modes["skipped"]++; break;
+      case ExecMode::Detour: modes["detour"]++; break;
     }
     g.start();
     ASSERT_TRUE(g.run_to_completion()) << site.function << ": " << g.host->crash_reason(g.dom);
@@ -107,9 +102,7 @@ TEST_P(Sweep, EveryInstructionIsTransparent) {
     EXPECT_EQ(st.checksum, ref.stats.checksum);
     for (unsigned f = 0; f < DEMO_NFUNCS; ++f) EXPECT_EQ(st.calls[f], ref.stats.calls[f]) << "fn " << f;
     EXPECT_EQ(pre, ref.executions[site.address]) << "hits must equal real executions";
-    if (with_post) {
-      EXPECT_EQ(post, pre);
-    }
+    if (with_post) { EXPECT_EQ(post, pre); }
     EXPECT_EQ(p->stats().unhandled, 0u);
     total_hits += pre;
   }

@@ -38,8 +38,8 @@ namespace xenprobes::fuzz {
 }
 
 // FUZZ_CHECK(cond) or FUZZ_CHECK(cond, "detail " + x): aborts with the detail when cond fails.
-#define FUZZ_CHECK(cond, ...)                                                                           \
-  do {                                                                                                  \
+#define FUZZ_CHECK(cond, ...)                                                                              \
+  do {                                                                                                     \
     if (!(cond)) ::xenprobes::fuzz::invariant_failed(__FILE__, __LINE__, #cond, std::string{__VA_ARGS__}); \
   } while (0)
 
@@ -62,12 +62,12 @@ inline bool tracing() {
   static const bool on = std::getenv("XP_FUZZ_TRACE") != nullptr;
   return on;
 }
-#define FUZZ_TRACE(...)                                 \
-  do {                                                  \
-    if (::xenprobes::fuzz::tracing()) {                 \
-      std::fprintf(stderr, "trace: " __VA_ARGS__);      \
-      std::fputc('\n', stderr);                         \
-    }                                                   \
+#define FUZZ_TRACE(...)                            \
+  do {                                             \
+    if (::xenprobes::fuzz::tracing()) {            \
+      std::fprintf(stderr, "trace: " __VA_ARGS__); \
+      std::fputc('\n', stderr);                    \
+    }                                              \
   } while (0)
 
 inline std::string hexs(std::uint64_t v) {
@@ -189,18 +189,18 @@ class FakeHv final : public hv::Hypervisor {
   }
   hv::VcpuRegs& regs(DomId d, unsigned vcpu) { return regs_[{d.value, vcpu}]; }
 
-  std::map<std::string, std::string> xs;            // xenstore
-  std::map<std::string, Errc> xs_read_fails;        // xs_read of these paths fails
-  std::set<std::uint64_t> map_fails;                // maps touching these frames fail
-  std::size_t fail_maps_after = ~std::size_t{0};    // every map after this many fails (Io)
+  std::map<std::string, std::string> xs;          // xenstore
+  std::map<std::string, Errc> xs_read_fails;      // xs_read of these paths fails
+  std::set<std::uint64_t> map_fails;              // maps touching these frames fail
+  std::size_t fail_maps_after = ~std::size_t{0};  // every map after this many fails (Io)
   std::size_t maps = 0;
   hv::Capabilities caps{};
   std::optional<Errc> bind_fails;
   std::optional<Errc> notify_fails;
   std::optional<Errc> inject_fails;
-  std::deque<hv::EvtchnPort> pending;               // what evtchn_pending hands out
+  std::deque<hv::EvtchnPort> pending;  // what evtchn_pending hands out
   std::function<Result<std::unique_ptr<hv::VmEventRing>>(DomId)> ring_factory;
-  std::deque<hv::GdbsxStatus> gdbsx;                // gdbsx_domstatus answers (then NoSys)
+  std::deque<hv::GdbsxStatus> gdbsx;  // gdbsx_domstatus answers (then NoSys)
 
   // ---- what happened ----
   std::map<std::uint32_t, int> pause_count;
@@ -290,7 +290,8 @@ class FakeHv final : public hv::Hypervisor {
   }
 
   Result<std::string> xs_read(const std::string& path) override {
-    if (auto f = xs_read_fails.find(path); f != xs_read_fails.end()) return fake_error(f->second, "injected xs_read failure");
+    if (auto f = xs_read_fails.find(path); f != xs_read_fails.end())
+      return fake_error(f->second, "injected xs_read failure");
     auto it = xs.find(path);
     if (it == xs.end()) return fake_error(Errc::NotFound, "no such key");
     return it->second;
@@ -391,7 +392,8 @@ class FakeHv final : public hv::Hypervisor {
 class PageTables {
  public:
   static constexpr std::uint64_t kP = 1, kRw = 2, kNx = 1ull << 63;
-  PageTables(FakeHv& hv, std::uint64_t first_frame, std::size_t max_tables) : hv_(hv), first_(first_frame), max_(max_tables) {
+  PageTables(FakeHv& hv, std::uint64_t first_frame, std::size_t max_tables)
+      : hv_(hv), first_(first_frame), max_(max_tables) {
     hv_.add_region(first_frame, max_tables);
     next_ = first_ + 1;  // the root
   }

@@ -71,7 +71,7 @@ struct Harness {
   std::unique_ptr<GuestChannel> ch;
   Sink sink;
   bool attached = false;
-  Layout lay;                                 // the attached layout
+  Layout lay;                                     // the attached layout
   std::map<std::uint64_t, xenprobes_trap> traps;  // what Dom0 should have in its table
   std::map<std::uint64_t, std::uint64_t> rets;    // slot -> ret
   bool guest_touched_tables = false;
@@ -102,10 +102,13 @@ struct Harness {
     TrapEntry e;
     e.addr = Gva{pick_addr()};
     const std::uint8_t k = in.u8();
-    e.fallback = k % 3 == 0 ? TrapEntry::Fallback::ResumeAt : k % 3 == 1 ? TrapEntry::Fallback::Emulate : TrapEntry::Fallback::Return;
+    e.fallback = k % 3 == 0   ? TrapEntry::Fallback::ResumeAt
+                 : k % 3 == 1 ? TrapEntry::Fallback::Emulate
+                              : TrapEntry::Fallback::Return;
     e.resume_at = Gva{k & 0x80 ? 0 : kOea + in.range(0, kOeaPages * kPageSize - 1)};
     e.len = static_cast<std::uint8_t>(in.range(0, 16));
-    static const std::uint8_t forms[][5] = {{0xc3}, {0xeb, 0x10}, {0xe8, 1, 2, 3, 4}, {0xff, 0xe0}, {0xff, 0x24, 0x25}, {0x0f, 0x1f, 0x44, 0, 0}};
+    static const std::uint8_t forms[][5] = {{0xc3},       {0xeb, 0x10},       {0xe8, 1, 2, 3, 4},
+                                            {0xff, 0xe0}, {0xff, 0x24, 0x25}, {0x0f, 0x1f, 0x44, 0, 0}};
     const auto& f = forms[in.range(0, std::size(forms) - 1)];
     std::memcpy(e.insn, f, sizeof f);
     auto b = in.bytes(in.range(0, 15));
@@ -131,12 +134,13 @@ struct Harness {
     for (std::size_t i = 0; i < ctl_size; ++i) {
       if (now[i] == before[i]) continue;
       FUZZ_CHECK(!none_allowed, std::string(op) + ": Dom0 wrote byte " + std::to_string(i) + " of the area");
-      const bool ok = (i >= offsetof(xenprobes_ctl_header, nr_traps) && i < offsetof(xenprobes_ctl_header, nr_traps) + 4) ||
-                      // dom0_polling: Dom0's (protocol.h "Spinning"; cleared at attach and detach)
-                      (i >= offsetof(xenprobes_ctl_header, dom0_polling) && i < offsetof(xenprobes_ctl_header, dom0_polling) + 4) ||
-                      (i >= lay.mb_off && i < lay.mb_off + std::size_t{lay.nr_mb} * sizeof(xenprobes_mailbox)) ||
-                      (i >= lay.trap_off && i < lay.trap_off + std::size_t{lay.trap_cap} * sizeof(xenprobes_trap)) ||
-                      (i >= lay.ret_off && i < lay.ret_off + std::size_t{lay.ret_cap} * sizeof(xenprobes_ret));
+      const bool ok =
+          (i >= offsetof(xenprobes_ctl_header, nr_traps) && i < offsetof(xenprobes_ctl_header, nr_traps) + 4) ||
+          // dom0_polling: Dom0's (protocol.h "Spinning"; cleared at attach and detach)
+          (i >= offsetof(xenprobes_ctl_header, dom0_polling) && i < offsetof(xenprobes_ctl_header, dom0_polling) + 4) ||
+          (i >= lay.mb_off && i < lay.mb_off + std::size_t{lay.nr_mb} * sizeof(xenprobes_mailbox)) ||
+          (i >= lay.trap_off && i < lay.trap_off + std::size_t{lay.trap_cap} * sizeof(xenprobes_trap)) ||
+          (i >= lay.ret_off && i < lay.ret_off + std::size_t{lay.ret_cap} * sizeof(xenprobes_ret));
       FUZZ_CHECK(ok, std::string(op) + ": Dom0 wrote byte " + std::to_string(i) + " outside its fields");
     }
   }
@@ -248,7 +252,7 @@ struct Harness {
       FUZZ_CHECK(a.state == XENPROBES_MBOX_DONE, "an answered hit is not DONE");
       FUZZ_CHECK(a.answer_seq == a.seq && a.seq == b.seq, "answer_seq is not the hit's seq");
       FUZZ_CHECK(a.trap == b.trap && a.regs.cs == b.regs.cs && a.regs.ss == b.regs.ss && a.spinning == b.spinning &&
-                 std::memcmp(a.reserved, b.reserved, sizeof a.reserved) == 0,
+                     std::memcmp(a.reserved, b.reserved, sizeof a.reserved) == 0,
                  "Dom0 changed a field of the mailbox that is the module's");
       FUZZ_CHECK(a.regs.rip == s.rip, "the answer's rip is not the handler's");
     }
@@ -286,7 +290,7 @@ struct Harness {
       FUZZ_CHECK(e.fallback != TrapEntry::Fallback::Emulate, "an entry without bytes armed for emulation");
     xenprobes_trap t{};
     t.addr = e.addr.value;
-    t.flags = e.fallback == TrapEntry::Fallback::ResumeAt ? XENPROBES_TRAP_FALLBACK
+    t.flags = e.fallback == TrapEntry::Fallback::ResumeAt  ? XENPROBES_TRAP_FALLBACK
               : e.fallback == TrapEntry::Fallback::Emulate ? XENPROBES_TRAP_EMULATE
                                                            : XENPROBES_TRAP_RETURN;
     if (e.fallback == TrapEntry::Fallback::ResumeAt) {
@@ -398,8 +402,8 @@ void Harness::run() {
     auto* w = reinterpret_cast<std::uint32_t*>(&hdr);
     for (unsigned k = 1 + in.u8() % 3; k-- > 0;) {
       const unsigned f = in.u8() % 12;
-      const std::uint32_t vals[] = {0, 1, 7, 8, 136, 192, 4095, 4096, 0x7fffffff, 0x80000000, 0xfffffff8, 0xffffffff,
-                                    w[f] + 8, w[f] - 8};
+      const std::uint32_t vals[] = {0,    1,          7,          8,          136,        192,      4095,
+                                    4096, 0x7fffffff, 0x80000000, 0xfffffff8, 0xffffffff, w[f] + 8, w[f] - 8};
       const unsigned c = in.u8() % (std::size(vals) + 1);
       w[f] = c < std::size(vals) ? vals[c] : in.u32();
     }
@@ -408,14 +412,16 @@ void Harness::run() {
     std::memcpy(&hdr, raw.data(), raw.size());
   }
   std::memcpy(ctl, &hdr, sizeof hdr);
-  lay = Layout{hdr.mailbox_offset, hdr.nr_mailboxes, hdr.trap_offset, hdr.trap_capacity, hdr.ret_offset, hdr.ret_capacity};
+  lay = Layout{hdr.mailbox_offset, hdr.nr_mailboxes, hdr.trap_offset,
+               hdr.trap_capacity,  hdr.ret_offset,   hdr.ret_capacity};
 
   // Every frame but the control area's, to compare at the end.
   std::vector<std::uint64_t> others;
   for (std::uint64_t f = kTablesFrame; f < kTablesFrame + kTables; ++f) others.push_back(f);
   for (std::uint64_t f = kOeaFrame; f < kOeaFrame + kOeaPages; ++f) others.push_back(f);
   std::vector<std::byte> before_all(others.size() * kPageSize);
-  for (std::size_t i = 0; i < others.size(); ++i) std::memcpy(&before_all[i * kPageSize], hv.frame_ptr(others[i]), kPageSize);
+  for (std::size_t i = 0; i < others.size(); ++i)
+    std::memcpy(&before_all[i * kPageSize], hv.frame_ptr(others[i]), kPageSize);
 
   ch = std::make_unique<GuestChannel>(hv);
   auto attach = [&] {
@@ -452,11 +458,16 @@ void Harness::run() {
 
   for (unsigned ops = 0; ops < 200 && !in.empty(); ++ops) {
     switch (in.u8() % 14) {
-      case 0: case 1: plausible_hit(); break;
+      case 0:
+      case 1: plausible_hit(); break;
       case 2: noise(); break;
-      case 3: case 4: run_stops(false); break;
+      case 3:
+      case 4: run_stops(false); break;
       case 5: run_stops(true); break;
-      case 6: trap_added(entry()); check_tables(); break;
+      case 6:
+        trap_added(entry());
+        check_tables();
+        break;
       case 7: {
         const std::uint64_t a = pick_addr();
         const auto before = area();

@@ -116,8 +116,12 @@ void reader(Input& in) {
       const auto& rs = snap->returns;
       switch (c % 5) {
         case 0: r.rip = e.u64(); break;
-        case 1: if (!ps.empty()) r.rip = ps[c / 5 % ps.size()].gva.value; break;
-        case 2: if (!ps.empty()) r.rip = ps[c / 5 % ps.size()].gva.value + 1; break;
+        case 1:
+          if (!ps.empty()) r.rip = ps[c / 5 % ps.size()].gva.value;
+          break;
+        case 2:
+          if (!ps.empty()) r.rip = ps[c / 5 % ps.size()].gva.value + 1;
+          break;
         case 3:
           if (!ps.empty() && !rs.empty()) {
             r.rip = ps[c / 5 % ps.size()].gva.value;
@@ -170,10 +174,11 @@ void reader(Input& in) {
   std::vector<std::string> lines;
   const RecoveryReport rep = recover(hv, *snap, [&](log::Level, const std::string& l) { lines.push_back(l); });
   for (const auto& l : lines) FUZZ_CHECK(!l.empty());
-  FUZZ_TRACE("recover: %u domains, %u reused, %u restored, %u already, %u left alone, %u moved, %u returns, %u unpaused, "
-             "%u failures",
-             rep.domains, rep.reused, rep.restored, rep.already, rep.left_alone, rep.vcpus_moved, rep.returns_restored, rep.unpaused,
-             rep.failures);
+  FUZZ_TRACE(
+      "recover: %u domains, %u reused, %u restored, %u already, %u left alone, %u moved, %u returns, %u unpaused, "
+      "%u failures",
+      rep.domains, rep.reused, rep.restored, rep.already, rep.left_alone, rep.vcpus_moved, rep.returns_restored,
+      rep.unpaused, rep.failures);
   const auto after = hv.all_frames();
   if (snap->clean) {
     FUZZ_CHECK(rep.domains == 0 && rep.restored == 0 && rep.vcpus_moved == 0, "a clean journal was acted on");
@@ -219,15 +224,14 @@ void reader(Input& in) {
     // A record alone on its bytes (no other patch or return slot of its domain within reach)
     // changes only from its `written` bytes to its `restore` bytes.
     const bool alone =
-        std::count_if(snap->patches.begin(), snap->patches.end(), [&](const auto& q) {
-          return q.domid == p.domid && q.gva.value - p.gva.value + 8 < 16;
-        }) == 1 &&
-        std::none_of(snap->returns.begin(), snap->returns.end(), [&](const auto& r) {
-          return r.domid == p.domid && r.slot.value - p.gva.value + 8 < 16;
-        });
+        std::count_if(snap->patches.begin(), snap->patches.end(),
+                      [&](const auto& q) { return q.domid == p.domid && q.gva.value - p.gva.value + 8 < 16; }) == 1 &&
+        std::none_of(snap->returns.begin(), snap->returns.end(),
+                     [&](const auto& r) { return r.domid == p.domid && r.slot.value - p.gva.value + 8 < 16; });
     if (alone && !std::equal(b, b + n, a))
-      FUZZ_CHECK(std::equal(p.written.begin(), p.written.end(), b) && std::equal(p.restore.begin(), p.restore.end(), a),
-                 "recovery changed " + fuzz::hexs(p.gva.value) + " from other than `written` or to other than `restore`");
+      FUZZ_CHECK(
+          std::equal(p.written.begin(), p.written.end(), b) && std::equal(p.restore.begin(), p.restore.end(), a),
+          "recovery changed " + fuzz::hexs(p.gva.value) + " from other than `written` or to other than `restore`");
   }
 
   // vCPUs: moved only to a journaled destination (a gdbsx rewind may follow: one byte back).
@@ -273,7 +277,8 @@ void writer(Input& in) {
   };
   std::map<std::uint32_t, Dom> doms;
   std::map<std::pair<std::uint32_t, std::uint64_t>, ModelPatch> patches;
-  std::map<std::uint32_t, std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t>> rets;  // index -> dom, slot, ret, tramp
+  std::map<std::uint32_t, std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t>>
+      rets;  // index -> dom, slot, ret, tramp
   bool clean = false;
   const std::uint32_t domids[] = {1, 2, 3, 0x7fef};
   const std::uint64_t gvas[] = {kText, kText + 0x10, kOea, kOea + 0x20};
@@ -387,16 +392,19 @@ void writer(Input& in) {
                      it->second.kind == sp.kind && it->second.resume == sp.resume.value,
                  "a patch the writer does not have");
     }
-    FUZZ_CHECK(s->patches.size() == static_cast<std::size_t>(std::count_if(patches.begin(), patches.end(), [&](const auto& p) {
-                 auto d2 = doms.find(p.first.first);
-                 return d2 != doms.end() && d2->second.owed <= 255;
-               })),
+    FUZZ_CHECK(s->patches.size() == static_cast<std::size_t>(std::count_if(patches.begin(), patches.end(),
+                                                                           [&](const auto& p) {
+                                                                             auto d2 = doms.find(p.first.first);
+                                                                             return d2 != doms.end() &&
+                                                                                    d2->second.owed <= 255;
+                                                                           })),
                "patches read " + std::to_string(s->patches.size()) + ", model " + std::to_string(patches.size()));
     const auto expected_rets = std::count_if(rets.begin(), rets.end(), [&](const auto& r) {
       auto d2 = doms.find(std::get<0>(r.second));
       return d2 != doms.end() && d2->second.owed <= 255 && std::get<2>(r.second) != std::get<3>(r.second);
     });
-    FUZZ_CHECK(s->returns.size() == static_cast<std::size_t>(expected_rets), "returns read " + std::to_string(s->returns.size()));
+    FUZZ_CHECK(s->returns.size() == static_cast<std::size_t>(expected_rets),
+               "returns read " + std::to_string(s->returns.size()));
     FUZZ_CHECK(j.empty() == (doms.empty() && patches.empty() && rets.empty()));
   }
 }
@@ -407,9 +415,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::quiet_logs();
   if (size > 16384) return 0;
   Input in(data, size);
-  if (in.u8() & 1)
-    writer(in);
-  else
-    reader(in);
+  if (in.u8() & 1) writer(in);
+  else reader(in);
   return 0;
 }

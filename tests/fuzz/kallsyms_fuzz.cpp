@@ -43,8 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (auto r = kernel::validate_btf(btf)) FUZZ_CHECK(*r >= 1, "an accepted BTF with no type");
 
   auto read = [&](std::uint64_t a, std::span<std::byte> out) -> Result<void> {
-    if (a < kBase || a - kBase > mem_len || mem_len - (a - kBase) < out.size())
-      return fail(Errc::Fault, "unmapped");
+    if (a < kBase || a - kBase > mem_len || mem_len - (a - kBase) < out.size()) return fail(Errc::Fault, "unmapped");
     std::memcpy(out.data(), mem + (a - kBase), out.size());
     return {};
   };

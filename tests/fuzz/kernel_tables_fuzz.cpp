@@ -78,7 +78,7 @@ struct Memory {
       const std::uint64_t first_i = r.base - a.value;
       for (std::uint64_t k = 0; k < r.bytes.size();) {
         const std::uint64_t i = first_i + k;
-        if (i >= out.size()) {  // skip to where the region meets `out` again (wrapping)
+        if (i >= out.size()) {                  // skip to where the region meets `out` again (wrapping)
           const std::uint64_t to_zero = 0 - i;  // distance to index 0, mod 2^64
           if (to_zero >= r.bytes.size() - k) break;
           k += to_zero;
@@ -110,9 +110,10 @@ struct RefTable {
   std::vector<std::uint64_t> kept;  // addresses
 };
 
-RefTable ref_table(const symbols::SymbolTable& syms, Memory& mem, const Limits& lim, std::string_view start,
-                   std::string_view stop, std::size_t esize, Range text, Range init,
-                   const std::function<std::optional<std::uint64_t>(std::uint64_t base, const std::uint8_t* e)>& addr_of) {
+RefTable ref_table(
+    const symbols::SymbolTable& syms, Memory& mem, const Limits& lim, std::string_view start, std::string_view stop,
+    std::size_t esize, Range text, Range init,
+    const std::function<std::optional<std::uint64_t>(std::uint64_t base, const std::uint8_t* e)>& addr_of) {
   RefTable t;
   auto a = sym(syms, start), b = sym(syms, stop);
   if (!a || !b || *b < *a || (*b - *a) % esize || (*b - *a) / esize > lim.max_entries) return t;
@@ -126,12 +127,9 @@ RefTable ref_table(const symbols::SymbolTable& syms, Memory& mem, const Limits& 
   for (std::size_t off = 0; off < raw.size(); off += esize) {
     auto x = addr_of(*a + off, raw.data() + off);
     if (!x) continue;
-    if (text.contains(*x))
-      t.kept.push_back(*x);
-    else if (init.contains(*x))
-      ++t.init;
-    else
-      ++t.invalid;
+    if (text.contains(*x)) t.kept.push_back(*x);
+    else if (init.contains(*x)) ++t.init;
+    else ++t.invalid;
   }
   return t;
 }
@@ -150,7 +148,8 @@ void check_table(const char* what, const TableStatus& st, const RefTable& ref, b
     FUZZ_CHECK(st.found && st.entries == 0, w + "an unmapped table is not taken as freed");
     return;
   }
-  FUZZ_CHECK(st.found == (ref.found && have_text), w + "found " + std::to_string(st.found) + ", reference " + std::to_string(ref.found));
+  FUZZ_CHECK(st.found == (ref.found && have_text),
+             w + "found " + std::to_string(st.found) + ", reference " + std::to_string(ref.found));
   if (!st.found) {
     FUZZ_CHECK(!st.why.empty() && fuzz::printable(st.why), w + st.why);
     return;
@@ -161,9 +160,10 @@ void check_table(const char* what, const TableStatus& st, const RefTable& ref, b
                  std::to_string(ref.init) + "/" + std::to_string(ref.invalid));
 }
 
-const char* const kRules[] = {"not-kernel-text", "module-text", "no-function", "entry-text", "static-call-trampoline",
-                              "jump-label", "static-call", "smp-lock", "exception-table", "guest-hook-path",
-                              "noinstr", "kprobes-text", "kprobe-blacklist"};
+const char* const kRules[] = {"not-kernel-text",        "module-text",     "no-function", "entry-text",
+                              "static-call-trampoline", "jump-label",      "static-call", "smp-lock",
+                              "exception-table",        "guest-hook-path", "noinstr",     "kprobes-text",
+                              "kprobe-blacklist"};
 
 // ---- loaded modules
 
@@ -243,8 +243,13 @@ FuzzModules read_modules(Input& in, Memory& mem) {
     put(structs, s + l.kprobes_text_start->offset, text + in.u16(), 8);
     put(structs, s + l.kprobes_text_size->offset, in.u8(), 4);
     // Tables: entries relative to their fields, pointing at the text start plus a fuzzed offset.
-    struct T { Field ptr, num; std::size_t esize; std::uint64_t at; };
-    const T ts[] = {{l.extable, l.num_exentries, 12, tab}, {l.jump_entries, l.num_jump_entries, 16, tab + 0x400},
+    struct T {
+      Field ptr, num;
+      std::size_t esize;
+      std::uint64_t at;
+    };
+    const T ts[] = {{l.extable, l.num_exentries, 12, tab},
+                    {l.jump_entries, l.num_jump_entries, 16, tab + 0x400},
                     {l.static_call_sites, l.num_static_call_sites, 8, tab + 0x800}};
     for (const T& t : ts) {
       const unsigned n = in.u8() % 8;
@@ -364,10 +369,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       mods = read_modules(in, mem);
     }
   }
-  KernelTables t = KernelTables::read(syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); }, lim);
+  KernelTables t = KernelTables::read(
+      syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); }, lim);
   if (mods) {
-    t.set_modules(ModuleTables::read(*mod_syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); },
-                                     mods->layout, t.core_text(), lim));
+    t.set_modules(ModuleTables::read(
+        *mod_syms, [&](Gva a, std::span<std::byte> o) { return mem.read(a, o); }, mods->layout, t.core_text(), lim));
     check_modules(t, *mods, lim);
     FUZZ_TRACE("%s", t.modules()->summary().c_str());
   }
@@ -377,12 +383,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // ---- the tables against the reference.
   const bool have_text = !text.empty();
-  auto ex = ref_table(syms, mem, lim, "__start___ex_table", "__stop___ex_table", 12, text, init,
-                      [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
-  auto jumps = ref_table(syms, mem, lim, "__start___jump_table", "__stop___jump_table", 16, text, init,
-                         [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
-  auto calls = ref_table(syms, mem, lim, "__start_static_call_sites", "__stop_static_call_sites", 8, text, init,
-                         [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
+  auto ex =
+      ref_table(syms, mem, lim, "__start___ex_table", "__stop___ex_table", 12, text, init,
+                [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
+  auto jumps =
+      ref_table(syms, mem, lim, "__start___jump_table", "__stop___jump_table", 16, text, init,
+                [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
+  auto calls =
+      ref_table(syms, mem, lim, "__start_static_call_sites", "__stop_static_call_sites", 8, text, init,
+                [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> { return e + s32(p); });
   auto locks = ref_table(syms, mem, lim, "__smp_locks", "__smp_locks_end", 4, text, init,
                          [](std::uint64_t e, const std::uint8_t* p) -> std::optional<std::uint64_t> {
                            if (s32(p) == 0) return std::nullopt;  // padding
@@ -435,8 +444,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     bl_ok = u64_at(*head, &node);
     while (bl_ok && node != *head) {
       if (node < symbols::kKernelHalfStart || !seen.insert(node).second || seen.size() > lim.max_blacklist ||
-          !u64_at(node + 16, &s0) || !u64_at(node + 24, &s1) || !u64_at(node + 32, &dummy) || !u64_at(node + 8, &dummy) ||
-          !u64_at(node, &dummy)) {
+          !u64_at(node + 16, &s0) || !u64_at(node + 24, &s1) || !u64_at(node + 32, &dummy) ||
+          !u64_at(node + 8, &dummy) || !u64_at(node, &dummy)) {
         bl_ok = false;
         break;
       }
@@ -444,11 +453,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       node = dummy;
     }
     FUZZ_CHECK(t.blacklist_status().found == bl_ok, "blacklist found " + std::to_string(t.blacklist_status().found) +
-                                                        ", reference " + std::to_string(bl_ok) + ": " + t.blacklist_status().why);
+                                                        ", reference " + std::to_string(bl_ok) + ": " +
+                                                        t.blacklist_status().why);
   } else {
     FUZZ_CHECK(!t.blacklist_status().found);
   }
-  auto in_bl = [&](std::uint64_t a) { return std::any_of(bl.begin(), bl.end(), [&](const Range& r) { return r.contains(a); }); };
+  auto in_bl = [&](std::uint64_t a) {
+    return std::any_of(bl.begin(), bl.end(), [&](const Range& r) { return r.contains(a); });
+  };
   if (bl_ok)
     for (const Range& r : bl)
       for (std::uint64_t a : {r.start, r.end - 1, r.start + (r.end - r.start) / 2}) {
@@ -474,21 +486,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto ro = check_address(other, *insn, f);
     FUZZ_TRACE("%s: guest %s, others %s", insn->describe().c_str(), rg ? rg->rule : "ok", ro ? ro->rule : "ok");
     if (rg) {
-      FUZZ_CHECK(std::any_of(std::begin(kRules), std::end(kRules), [&](const char* r) { return std::string_view(r) == rg->rule; }),
+      FUZZ_CHECK(std::any_of(std::begin(kRules), std::end(kRules),
+                             [&](const char* r) { return std::string_view(r) == rg->rule; }),
                  rg->rule);
       FUZZ_CHECK(rg->code == Errc::Busy || rg->code == Errc::InvalidArgument);
       const std::string m = rg->message(insn->describe());
       FUZZ_CHECK(fuzz::printable(m), m);
       if (rg->guest_channel_only)
-        FUZZ_CHECK(!ro, std::string("a guest-channel-only refusal (") + rg->rule + ") on the other channels: " + ro->rule);
+        FUZZ_CHECK(!ro,
+                   std::string("a guest-channel-only refusal (") + rg->rule + ") on the other channels: " + ro->rule);
       else
         FUZZ_CHECK(ro && std::string_view(ro->rule) == rg->rule, std::string("the channels disagree on ") + rg->rule);
     } else {
       FUZZ_CHECK(!ro, std::string("refused on the other channels only: ") + ro->rule);
       const std::uint64_t end = insn->next().value;
       const Module* in_mod = t.live_module_at(a);
-      FUZZ_CHECK(have_text && ((text.contains(a) && text.contains(end - 1)) || (in_mod && in_mod->text.contains(end - 1))),
-                 "accepted outside the text and every live module's: " + fuzz::hexs(a));
+      FUZZ_CHECK(
+          have_text && ((text.contains(a) && text.contains(end - 1)) || (in_mod && in_mod->text.contains(end - 1))),
+          "accepted outside the text and every live module's: " + fuzz::hexs(a));
       FUZZ_CHECK(f != nullptr, "accepted without a function");
       FUZZ_CHECK(module_text.empty() || !module_text.overlaps(a, end), "accepted in the module's text");
       FUZZ_CHECK(!t.ex_status().found || !t.exception_entry(a), "accepted on an exception-table entry");

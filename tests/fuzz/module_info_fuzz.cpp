@@ -98,10 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (key == "@moved") {
       moved = true;
     } else if (eq != std::string_view::npos) {
-      if (key.starts_with("/"))
-        hv.xs[std::string(key)] = std::string(value);
-      else
-        hv.xs[module_key(dom, key)] = std::string(value);
+      if (key.starts_with("/")) hv.xs[std::string(key)] = std::string(value);
+      else hv.xs[module_key(dom, key)] = std::string(value);
     }
   }
 
@@ -113,7 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   auto r = read_module_info(hv, dom, cm, opts);
   if (!r) {
-    check_error(r.error(), {Errc::NotFound, Errc::NotSupported, Errc::Again, Errc::InvalidArgument, Errc::Fault, Errc::Io});
+    check_error(r.error(),
+                {Errc::NotFound, Errc::NotSupported, Errc::Again, Errc::InvalidArgument, Errc::Fault, Errc::Io});
   } else {
     const ModuleInfo& m = *r;
     const std::uint64_t text0 = m.kernel_text.value;
@@ -201,7 +200,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(added.has_value() == prefix, "added_areas accepts exactly a known prefix");
       if (added) {
         FUZZ_CHECK(added->size() == m.areas.size() - known.size());
-        FUZZ_CHECK(std::equal(added->begin(), added->end(), m.areas.begin() + static_cast<std::ptrdiff_t>(known.size())));
+        FUZZ_CHECK(
+            std::equal(added->begin(), added->end(), m.areas.begin() + static_cast<std::ptrdiff_t>(known.size())));
       } else {
         check_error(added.error(), {Errc::Io});
       }

@@ -52,7 +52,8 @@ inline int one_input(const std::uint8_t* data, std::size_t size) {
   std::vector<std::byte> base(base_b.size()), split(split_b.size());
   if (!base.empty()) std::memcpy(base.data(), base_b.data(), base.size());
   if (!split.empty()) std::memcpy(split.data(), split_b.data(), split.size());
-  mem.push_back(Region{kBtf, split_b.empty() ? std::vector<std::uint8_t>{} : std::vector<std::uint8_t>(split_b.begin(), split_b.end())});
+  mem.push_back(Region{
+      kBtf, split_b.empty() ? std::vector<std::uint8_t>{} : std::vector<std::uint8_t>(split_b.begin(), split_b.end())});
 
   std::uint64_t bytes_read = 0;
   kernel::ReadFn read = [&](Gva a, std::span<std::byte> out) -> Result<void> {

@@ -36,7 +36,8 @@ struct Stack {
     return [this](Gva a, std::span<std::byte> out) -> Result<void> {
       ++reads;
       FUZZ_CHECK(out.size() == 8, "a stack read of " + std::to_string(out.size()) + " bytes");
-      FUZZ_CHECK(a.value % 8 == 0 && a.value >= symbols::kKernelHalfStart, "a stack read at " + std::to_string(a.value));
+      FUZZ_CHECK(a.value % 8 == 0 && a.value >= symbols::kKernelHalfStart,
+                 "a stack read at " + std::to_string(a.value));
       auto it = words.find(a.value);
       if (it == words.end() && !zeros) return fail(Errc::Fault, "unmapped");
       const std::uint64_t v = it == words.end() ? 0 : it->second;
@@ -69,7 +70,7 @@ void check_table(const Result<Table>& t, const Parsed& p, std::uint64_t lo, std:
   const bool format_known = asked != Format::Auto || detect_format(p.orc_raw) != Format::Auto;
   const bool should = n > 0 && n <= limit && sorted && !kept.empty() && format_known;
   FUZZ_CHECK(t.has_value() == should, "parse " + std::string(t ? "accepted" : t.error().what) + " with " +
-                                           std::to_string(n) + " entries, sorted " + std::to_string(sorted));
+                                          std::to_string(n) + " entries, sorted " + std::to_string(sorted));
   if (!t) return;
   FUZZ_CHECK(t->size() == kept.size() && t->dropped() == n - kept.size());
   for (char c : t->summary()) FUZZ_CHECK(c >= 0x20 && c < 0x7f, "summary not printable");

@@ -130,7 +130,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
               std::vector<std::uint8_t> b(s.max);
               std::uint64_t base;
               std::memcpy(&base, reinterpret_cast<const std::uint8_t*>(&regs) + 8 * s.reg, 8);
-              const std::uint64_t addr = base + static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(s.offset)));
+              const std::uint64_t addr =
+                  base + static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(s.offset)));
               if ((s.kind & 0x7f) == XENPROBES_CAP_BYTES) {
                 const bool ok = read_mem(&page, b.data(), addr, s.max, false) == 0;
                 if (!ok) b.clear();

@@ -42,9 +42,8 @@ void check_address(const SymbolTable& t, std::uint64_t a) {
   if (f) {
     FUZZ_CHECK(f->size > 0 && a - f->start.value < f->size, "function_containing(" + fuzz::hexs(a) + ") = " + f->name);
     auto l = t.lookup(f->name);
-    FUZZ_CHECK(l && std::any_of(l->begin(), l->end(), [&](const Symbol& s) {
-                 return s.address == f->start && s.kind == SymbolKind::Text;
-               }),
+    FUZZ_CHECK(l && std::any_of(l->begin(), l->end(),
+                                [&](const Symbol& s) { return s.address == f->start && s.kind == SymbolKind::Text; }),
                "the function found is not listed under its name: " + f->name);
   } else {
     FUZZ_CHECK(f.error().code == Errc::NotFound, f.error().what);
@@ -72,8 +71,9 @@ void check_address(const SymbolTable& t, std::uint64_t a) {
 void check_resolve(const SymbolTable& t, std::string_view expr) {
   auto r = t.resolve(expr);
   if (!r) {
-    FUZZ_CHECK(r.error().code == Errc::InvalidArgument || r.error().code == Errc::NotFound || r.error().code == Errc::Range,
-               r.error().what);
+    FUZZ_CHECK(
+        r.error().code == Errc::InvalidArgument || r.error().code == Errc::NotFound || r.error().code == Errc::Range,
+        r.error().what);
     check_error(r.error());
     return;
   }
@@ -112,7 +112,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   auto parsed = SymbolTable::parse(file, "fuzz.map");
   if (!parsed) {
-    FUZZ_CHECK(parsed.error().code == Errc::InvalidArgument || parsed.error().code == Errc::Permission, parsed.error().what);
+    FUZZ_CHECK(parsed.error().code == Errc::InvalidArgument || parsed.error().code == Errc::Permission,
+               parsed.error().what);
     check_error(parsed.error());
     return 0;
   }
@@ -175,8 +176,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(*s % static_cast<std::int64_t>(kSlideAlign) == 0 && t.slide() == *s);
       auto anchor = t.lookup("_text");
       if (!anchor) anchor = t.lookup("_stext");
-      FUZZ_CHECK(anchor && std::any_of(anchor->begin(), anchor->end(), [&](const Symbol& x) { return x.address.value == *a; }),
-                 "the running _text is not where the slide puts _text");
+      FUZZ_CHECK(
+          anchor && std::any_of(anchor->begin(), anchor->end(), [&](const Symbol& x) { return x.address.value == *a; }),
+          "the running _text is not where the slide puts _text");
       check_names();
     } else if (line[0] == '%') {
       std::int64_t v = 0;

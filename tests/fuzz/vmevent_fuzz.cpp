@@ -174,7 +174,7 @@ class RingHandle final : public hv::VmEventRing {
 // encoding with the Xen ring), and whether the ring accepts it at all.
 struct Pushed {
   std::uint32_t vcpu, reason, flags;
-  bool valid;           // the back ring hands it to the channel (or answers it itself)
+  bool valid;  // the back ring hands it to the channel (or answers it itself)
   bool paused;
   std::uint64_t rip;
   hv::VcpuRegs regs;
@@ -244,9 +244,9 @@ struct Harness {
       q.version = kind == 0xfe ? in.u32() : VM_EVENT_INTERFACE_VERSION;
       q.vcpu_id = p.vcpu;
       q.flags = (p.paused ? VM_EVENT_FLAG_VCPU_PAUSED : 0) | (kind & 0x40 ? in.u32() & ~1u : 0);
-      const std::uint32_t reasons[] = {VM_EVENT_REASON_SOFTWARE_BREAKPOINT, VM_EVENT_REASON_DEBUG_EXCEPTION,
-                                       VM_EVENT_REASON_DEBUG_EXCEPTION, VM_EVENT_REASON_SINGLESTEP,
-                                       VM_EVENT_REASON_CPUID, VM_EVENT_REASON_MEM_ACCESS};
+      const std::uint32_t reasons[] = {
+          VM_EVENT_REASON_SOFTWARE_BREAKPOINT, VM_EVENT_REASON_DEBUG_EXCEPTION, VM_EVENT_REASON_DEBUG_EXCEPTION,
+          VM_EVENT_REASON_SINGLESTEP,          VM_EVENT_REASON_CPUID,           VM_EVENT_REASON_MEM_ACCESS};
       q.reason = kind & 0x20 ? in.u32() : in.pick(reasons);
       auto& dbg = q.reason == VM_EVENT_REASON_DEBUG_EXCEPTION ? q.u.debug_exception : q.u.software_breakpoint;
       const std::uint64_t gfns[] = {kGfn, ~0ull, 0x123456};
@@ -303,8 +303,10 @@ struct Harness {
       while (next_answer < pushed.size() && !pushed[next_answer].valid) ++next_answer;
       FUZZ_CHECK(next_answer < pushed.size(), "an answer without a request");
       const Pushed& p = pushed[next_answer++];
-      FUZZ_TRACE("answer vcpu %u reason %u flags %x for pushed #%zu vcpu %u reason %u", a.vcpu, a.reason, a.flags, next_answer - 1, p.vcpu, p.reason);
-      FUZZ_CHECK(a.vcpu == p.vcpu, "answer for vCPU " + std::to_string(a.vcpu) + ", request of " + std::to_string(p.vcpu));
+      FUZZ_TRACE("answer vcpu %u reason %u flags %x for pushed #%zu vcpu %u reason %u", a.vcpu, a.reason, a.flags,
+                 next_answer - 1, p.vcpu, p.reason);
+      FUZZ_CHECK(a.vcpu == p.vcpu,
+                 "answer for vCPU " + std::to_string(a.vcpu) + ", request of " + std::to_string(p.vcpu));
       FUZZ_CHECK(a.reason == p.reason, "an answer with another reason");
 #if XP_FUZZ_XEN_RING
       const std::uint32_t kPaused = VM_EVENT_FLAG_VCPU_PAUSED, kEmulate = VM_EVENT_FLAG_EMULATE,
@@ -357,9 +359,11 @@ struct Harness {
       for (const auto& d : snap->domains) FUZZ_CHECK(d.held_pauses == 0, "the journal still holds a pause");
     }
     if (!ring_broken) {
-      const auto valid = static_cast<std::size_t>(std::count_if(pushed.begin(), pushed.end(), [](const Pushed& p) { return p.valid; }));
-      FUZZ_CHECK(ring->answered() == valid || ring->full, "detach left a request unanswered: " +
-                                                              std::to_string(ring->answered()) + " of " + std::to_string(valid));
+      const auto valid = static_cast<std::size_t>(
+          std::count_if(pushed.begin(), pushed.end(), [](const Pushed& p) { return p.valid; }));
+      FUZZ_CHECK(
+          ring->answered() == valid || ring->full,
+          "detach left a request unanswered: " + std::to_string(ring->answered()) + " of " + std::to_string(valid));
     }
     attached = false;
     ring = nullptr;
@@ -409,8 +413,11 @@ struct Harness {
       const std::uint8_t op = in.u8() % 12;
       if (!attached && op != 10) continue;
       switch (op) {
-        case 0: case 1: case 2: push_request(); break;
-        case 3: case 4: run_stops(false); break;
+        case 0:
+        case 1:
+        case 2: push_request(); break;
+        case 3:
+        case 4: run_stops(false); break;
         case 5: run_stops(true); break;
         case 6: {  // the vCPU sent back onto its int3 with the registers it was given traps again
           if (!last_set_regs) break;
@@ -439,10 +446,8 @@ struct Harness {
           break;
         }
         case 8:
-          if (in.flag())
-            sink.owned.insert(pick_rip());
-          else if (!sink.owned.empty())
-            sink.owned.erase(sink.owned.begin());
+          if (in.flag()) sink.owned.insert(pick_rip());
+          else if (!sink.owned.empty()) sink.owned.erase(sink.owned.begin());
           break;
         case 9: {
           const std::uint64_t a = pick_rip();

@@ -187,7 +187,9 @@ void check_walk(const PagingContext& c, std::uint64_t va, Pages& ram, MapCache& 
   auto t = walk(c, Gva{va}, cache);
   const Ref ref = ref_walk(c, va, ram);
   const std::string at = describe(c, va);
-  FUZZ_TRACE("%s: %s", at.c_str(), t ? ("-> " + fuzz::hexs(t->address.value) + " size " + fuzz::hexs(t->page_size)).c_str() : t.error().what.c_str());
+  FUZZ_TRACE("%s: %s", at.c_str(),
+             t ? ("-> " + fuzz::hexs(t->address.value) + " size " + fuzz::hexs(t->page_size)).c_str()
+               : t.error().what.c_str());
   FUZZ_CHECK(t.has_value() == ref.ok, at + ": walker " + (t ? "succeeded" : "failed: " + t.error().what));
   if (!t) {
     FUZZ_CHECK(t.error().code == ref.code, at + ": " + t.error().what);
@@ -196,7 +198,8 @@ void check_walk(const PagingContext& c, std::uint64_t va, Pages& ram, MapCache& 
     FUZZ_CHECK(!g && g.error().code == t.error().code, at + ": GuestMemory disagrees with the walker");
     return;
   }
-  FUZZ_CHECK(t->address.value == ref.addr, at + ": address " + fuzz::hexs(t->address.value) + ", reference " + fuzz::hexs(ref.addr));
+  FUZZ_CHECK(t->address.value == ref.addr,
+             at + ": address " + fuzz::hexs(t->address.value) + ", reference " + fuzz::hexs(ref.addr));
   FUZZ_CHECK(t->page_size == ref.size && t->writable == ref.w && t->user == ref.u && t->nx == ref.nx, at);
   FUZZ_CHECK(t->depth == ref.depth, at + ": depth " + std::to_string(t->depth));
   // The translation page-aligns: same offset in the page, a base aligned to the page size.
@@ -204,13 +207,12 @@ void check_walk(const PagingContext& c, std::uint64_t va, Pages& ram, MapCache& 
   FUZZ_CHECK(t->page_size == kPageSize || t->page_size == (2ull << 20) || t->page_size == (4ull << 20) ||
              t->page_size == (1ull << 30));
   const unsigned maxphys = std::clamp(c.max_phys_bits, 32u, 52u);
-  if (c.mode == PagingMode::Legacy32)
-    FUZZ_CHECK(t->address.value >> std::min(40u, maxphys) == 0, at);
-  else if (c.mode != PagingMode::None)
-    FUZZ_CHECK(t->address.value >> maxphys == 0, at + ": above MAXPHYADDR");
+  if (c.mode == PagingMode::Legacy32) FUZZ_CHECK(t->address.value >> std::min(40u, maxphys) == 0, at);
+  else if (c.mode != PagingMode::None) FUZZ_CHECK(t->address.value >> maxphys == 0, at + ": above MAXPHYADDR");
   for (unsigned i = 0; i < t->depth; ++i) FUZZ_CHECK(t->entries[i] & 1, at + ": a walk through a non-present entry");
   auto g = gm.translate(Gva{va});
-  FUZZ_CHECK(g && g->address == t->address && g->nx == t->nx && g->writable == t->writable, at + ": GuestMemory disagrees");
+  FUZZ_CHECK(g && g->address == t->address && g->nx == t->nx && g->writable == t->writable,
+             at + ": GuestMemory disagrees");
 }
 
 }  // namespace
@@ -219,7 +221,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::quiet_logs();
   if (size > 8192) return 0;
   Input in(data, size);
-  const PagingMode modes[] = {PagingMode::None, PagingMode::Legacy32, PagingMode::Pae, PagingMode::Long4, PagingMode::Long5};
+  const PagingMode modes[] = {PagingMode::None, PagingMode::Legacy32, PagingMode::Pae, PagingMode::Long4,
+                              PagingMode::Long5};
   PagingContext c;
   const std::uint8_t b0 = in.u8();
   c.mode = modes[(b0 & 7) % 5];
@@ -283,7 +286,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto r = gm.read(Gva{va}, std::span(buf.data(), n));
     std::size_t done = 0;
     bool ok = true;
-    for (std::uint64_t a = va; done < n; ) {
+    for (std::uint64_t a = va; done < n;) {
       const Ref t = ref_walk(c, a, ram);
       const std::size_t chunk = std::min<std::size_t>(n - done, kPageSize - (a & 0xfff));
       Errc code = Errc::Io;
@@ -292,15 +295,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         ok = false;
         break;
       }
-      if (r) FUZZ_CHECK(std::memcmp(buf.data() + done, p + (t.addr & 0xfff), chunk) == 0, describe(c, a) + ": read() bytes differ");
+      if (r)
+        FUZZ_CHECK(std::memcmp(buf.data() + done, p + (t.addr & 0xfff), chunk) == 0,
+                   describe(c, a) + ": read() bytes differ");
       done += chunk;
       a += chunk;
     }
-    FUZZ_CHECK(r.has_value() == ok, describe(c, va) + ": read() " + (r ? "succeeded" : "failed") + " against the reference");
+    FUZZ_CHECK(r.has_value() == ok,
+               describe(c, va) + ": read() " + (r ? "succeeded" : "failed") + " against the reference");
     auto s = gm.read_string(Gva{va}, n % 300);
     if (s) {
       FUZZ_CHECK(s->size() <= n % 300 && s->find('\0') == std::string::npos);
-      if (r && s->size() < n) FUZZ_CHECK(std::memcmp(s->data(), buf.data(), s->size()) == 0, "read_string() bytes differ");
+      if (r && s->size() < n)
+        FUZZ_CHECK(std::memcmp(s->data(), buf.data(), s->size()) == 0, "read_string() bytes differ");
     }
   }
   return 0;

@@ -39,9 +39,11 @@ void check_insn(const Insn& i, std::span<const std::uint8_t> bytes, Gva addr) {
   const std::string at = i.describe();
   FUZZ_CHECK(fuzz::printable(at), at);
   FUZZ_CHECK(i.length >= 1 && i.length <= kMaxInsnLen && i.length <= bytes.size(), at);
-  FUZZ_CHECK(std::equal(i.bytes.begin(), i.bytes.begin() + i.length, bytes.begin()), at + ": bytes differ from the input");
+  FUZZ_CHECK(std::equal(i.bytes.begin(), i.bytes.begin() + i.length, bytes.begin()),
+             at + ": bytes differ from the input");
   FUZZ_CHECK(i.address == addr && i.next().value == addr.value + i.length);
-  if (i.disp_size) FUZZ_CHECK(i.disp_offset > 0 && i.disp_offset + i.disp_size <= i.length, at + ": displacement outside");
+  if (i.disp_size)
+    FUZZ_CHECK(i.disp_offset > 0 && i.disp_offset + i.disp_size <= i.length, at + ": displacement outside");
   // imm_offset/imm_size come from Capstone 4.0.2, which gets some sizes wrong (`in eax, imm8`
   // reports 4); insn.hpp documents them for relative branches only, where they must be right.
   if (i.imm_size && i.is_relative_branch())
@@ -49,7 +51,8 @@ void check_insn(const Insn& i, std::span<const std::uint8_t> bytes, Gva addr) {
   if (i.is_rip_relative)
     FUZZ_CHECK(i.mem.present && i.mem.base == Reg::Rip && i.disp_size == 4 && sext(i, i.disp_offset, 4) == i.mem.disp,
                at + ": RIP-relative without its disp32");
-  if (i.mem.present) FUZZ_CHECK(i.mem.scale == 1 || i.mem.scale == 2 || i.mem.scale == 4 || i.mem.scale == 8 || i.mem.scale == 0, at);
+  if (i.mem.present)
+    FUZZ_CHECK(i.mem.scale == 1 || i.mem.scale == 2 || i.mem.scale == 4 || i.mem.scale == 8 || i.mem.scale == 0, at);
   if (i.is_relative_branch() && !i.has_opsize() && (i.imm_size == 1 || i.imm_size == 4)) {
     const std::uint64_t want = i.next().value + static_cast<std::uint64_t>(sext(i, i.imm_offset, i.imm_size));
     FUZZ_CHECK(i.branch_target.value == (i.has_addr32() ? want & 0xffffffffull : want) || i.branch_target.value == want,
@@ -75,9 +78,7 @@ void check_plan(const Insn& i, Gva runs_at, Gva resume, SlotTail tail, std::uint
   }
   const std::string at = i.describe() + " (" + std::string(plan_name(*plan)) + ")";
   switch (*plan) {
-    case Plan::Skip:
-      FUZZ_CHECK(is_skippable(i) && i.branch == BranchKind::None, at);
-      break;
+    case Plan::Skip: FUZZ_CHECK(is_skippable(i) && i.branch == BranchKind::None, at); break;
     case Plan::Boost:
     case Plan::BoostRipRel: {
       FUZZ_CHECK(can_boost(i) && (*plan == Plan::BoostRipRel) == i.is_rip_relative, at);
@@ -86,7 +87,8 @@ void check_plan(const Insn& i, Gva runs_at, Gva resume, SlotTail tail, std::uint
       std::vector<std::uint8_t> small(need - 1, 0x5a);
       auto r0 = emit_slot(small, runs_at, i, resume, tail, trap);
       FUZZ_CHECK(!r0 && r0.error().code == Errc::NoSpace, at);
-      FUZZ_CHECK(std::all_of(small.begin(), small.end(), [](std::uint8_t b) { return b == 0x5a; }), at + ": wrote on failure");
+      FUZZ_CHECK(std::all_of(small.begin(), small.end(), [](std::uint8_t b) { return b == 0x5a; }),
+                 at + ": wrote on failure");
       std::unique_ptr<std::uint8_t[]> dest(new std::uint8_t[need]);  // exactly: ASan sees any overrun
       std::memset(dest.get(), 0x5a, need);
       auto r = emit_slot(std::span(dest.get(), need), runs_at, i, resume, tail, trap);
@@ -105,7 +107,8 @@ void check_plan(const Insn& i, Gva runs_at, Gva resume, SlotTail tail, std::uint
         const std::uint64_t ea2 = copy->next().value + static_cast<std::uint64_t>(copy->mem.disp);
         FUZZ_CHECK(ea == ea2, at + ": the slot addresses " + fuzz::hexs(ea2) + " instead of " + fuzz::hexs(ea));
       } else {
-        FUZZ_CHECK(std::equal(dest.get(), dest.get() + i.length, i.bytes.begin()), at + ": the copy is not the original");
+        FUZZ_CHECK(std::equal(dest.get(), dest.get() + i.length, i.bytes.begin()),
+                   at + ": the copy is not the original");
       }
       if (tail == SlotTail::Trap) {
         FUZZ_CHECK(dest[i.length] == trap, at);
@@ -118,8 +121,7 @@ void check_plan(const Insn& i, Gva runs_at, Gva resume, SlotTail tail, std::uint
     case Plan::EmulateBranch: {
       auto o = branch_outcome(i, s);
       FUZZ_CHECK(o.has_value(), at + ": " + o.error().what);
-      if (i.is_relative_branch())
-        FUZZ_CHECK(o->next_rip == i.next() || o->next_rip == i.branch_target, at);
+      if (i.is_relative_branch()) FUZZ_CHECK(o->next_rip == i.next() || o->next_rip == i.branch_target, at);
       else
         FUZZ_CHECK(i.indirect_reg != Reg::None && i.indirect_reg != Reg::Rip &&
                        o->next_rip.value == s.gpr[static_cast<unsigned>(i.indirect_reg)],
@@ -151,25 +153,40 @@ void check_module_decoder(std::span<const std::uint8_t> bytes, Gva addr) {
     auto i = decode(bytes.first(len), addr);
     const std::string at = "module decoder accepts [" + hex_bytes(bytes.first(len)) + "]";
     FUZZ_CHECK(i.has_value(), at + " which Capstone does not decode");
-    FUZZ_CHECK(br.len == len && i->length == len, at + ": lengths " + std::to_string(br.len) + "/" + std::to_string(i->length));
+    FUZZ_CHECK(br.len == len && i->length == len,
+               at + ": lengths " + std::to_string(br.len) + "/" + std::to_string(i->length));
     FUZZ_CHECK(!xp_is_mem_indirect_branch(bytes.data(), len), at);
     const std::uint64_t target = i->next().value + static_cast<std::uint64_t>(br.disp);
     switch (br.kind) {
-      case XP_BR_JMP: FUZZ_CHECK(i->branch == BranchKind::Jmp && i->branch_target.value == target, at + ": " + i->describe()); break;
-      case XP_BR_JCC:
-        FUZZ_CHECK(i->branch == BranchKind::Jcc && static_cast<unsigned>(i->cc) == br.cc && i->branch_target.value == target,
-                   at + ": " + i->describe());
+      case XP_BR_JMP:
+        FUZZ_CHECK(i->branch == BranchKind::Jmp && i->branch_target.value == target, at + ": " + i->describe());
         break;
-      case XP_BR_CALL: FUZZ_CHECK(i->branch == BranchKind::Call && i->branch_target.value == target, at + ": " + i->describe()); break;
-      case XP_BR_LOOP: FUZZ_CHECK(i->branch == BranchKind::Loop && i->branch_target.value == target, at + ": " + i->describe()); break;
-      case XP_BR_LOOPE: FUZZ_CHECK(i->branch == BranchKind::Loope && i->branch_target.value == target, at + ": " + i->describe()); break;
-      case XP_BR_LOOPNE: FUZZ_CHECK(i->branch == BranchKind::Loopne && i->branch_target.value == target, at + ": " + i->describe()); break;
+      case XP_BR_JCC:
+        FUZZ_CHECK(
+            i->branch == BranchKind::Jcc && static_cast<unsigned>(i->cc) == br.cc && i->branch_target.value == target,
+            at + ": " + i->describe());
+        break;
+      case XP_BR_CALL:
+        FUZZ_CHECK(i->branch == BranchKind::Call && i->branch_target.value == target, at + ": " + i->describe());
+        break;
+      case XP_BR_LOOP:
+        FUZZ_CHECK(i->branch == BranchKind::Loop && i->branch_target.value == target, at + ": " + i->describe());
+        break;
+      case XP_BR_LOOPE:
+        FUZZ_CHECK(i->branch == BranchKind::Loope && i->branch_target.value == target, at + ": " + i->describe());
+        break;
+      case XP_BR_LOOPNE:
+        FUZZ_CHECK(i->branch == BranchKind::Loopne && i->branch_target.value == target, at + ": " + i->describe());
+        break;
       case XP_BR_JRCXZ:
         FUZZ_CHECK(i->branch == BranchKind::Jrcxz && br.ecx == i->has_addr32(), at + ": " + i->describe());
-        FUZZ_CHECK((i->branch_target.value & (br.ecx ? 0xffffffffull : ~0ull)) == (target & (br.ecx ? 0xffffffffull : ~0ull)),
-                   at + ": " + i->describe());
+        FUZZ_CHECK(
+            (i->branch_target.value & (br.ecx ? 0xffffffffull : ~0ull)) == (target & (br.ecx ? 0xffffffffull : ~0ull)),
+            at + ": " + i->describe());
         break;
-      case XP_BR_RET: FUZZ_CHECK(i->branch == BranchKind::Ret && i->ret_imm == br.imm16, at + ": " + i->describe()); break;
+      case XP_BR_RET:
+        FUZZ_CHECK(i->branch == BranchKind::Ret && i->ret_imm == br.imm16, at + ": " + i->describe());
+        break;
       case XP_BR_CALL_REG:
       case XP_BR_JMP_REG:
         FUZZ_CHECK(i->branch == (br.kind == XP_BR_CALL_REG ? BranchKind::CallIndirect : BranchKind::JmpIndirect) &&
@@ -180,8 +197,8 @@ void check_module_decoder(std::span<const std::uint8_t> bytes, Gva addr) {
     }
     // The channel arms EMULATE entries the module accepts: Dom0's analysis must agree it is a branch.
     auto plan = analyze(*i);
-    FUZZ_CHECK(!plan || *plan == Plan::EmulateBranch || *plan == Plan::EmulateLoaded, at + ": planned " +
-               (plan ? std::string(plan_name(*plan)) : plan.error().what));
+    FUZZ_CHECK(!plan || *plan == Plan::EmulateBranch || *plan == Plan::EmulateLoaded,
+               at + ": planned " + (plan ? std::string(plan_name(*plan)) : plan.error().what));
   }
 }
 

@@ -55,9 +55,7 @@ TEST(NoSilentSimulation, EveryEntryPointOpensTheRealXenByDefault) {
   ::unsetenv("XENPROBES_BACKEND");
   expect_not_sim(hv::open_hypervisor());
   auto s = Session::open();
-  if (s) {
-    EXPECT_EQ((*s)->hypervisor().name(), "xen");
-  }
+  if (s) { EXPECT_EQ((*s)->hypervisor().name(), "xen"); }
   if (xenprobes_open(nullptr) == 0) {
     ADD_FAILURE() << "the C API opened a session with no Xen here (or this is a Dom0: then it must be Xen)";
   } else {

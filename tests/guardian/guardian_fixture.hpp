@@ -58,7 +58,8 @@ struct Guest {
 
   std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) {
     std::vector<std::uint8_t> b(n);
-    if (auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b))); !r) throw std::runtime_error(r.error().what);
+    if (auto r = host->peek(dom, va, std::as_writable_bytes(std::span(b))); !r)
+      throw std::runtime_error(r.error().what);
     return b;
   }
   std::vector<std::uint8_t> text() { return peek(layout.text_start, layout.text_end - layout.text_start); }

@@ -115,8 +115,8 @@ TEST(GuardianJournal, ImpossibleRecordsAreIgnored) {
   const JournalHeader& h = header_of(img);
   for (std::uint32_t i = 0; i < h.max_patches; ++i) {
     auto* r = reinterpret_cast<JournalPatchRec*>(img.data() + h.patches_off) + i;
-    if (r->used && r->gva == 0x2000) r->len = 200;    // beyond its 8 bytes
-    if (r->used && r->gva == 0x3000) r->domid = 77;   // a domain the journal does not have
+    if (r->used && r->gva == 0x2000) r->len = 200;   // beyond its 8 bytes
+    if (r->used && r->gva == 0x3000) r->domid = 77;  // a domain the journal does not have
   }
   auto s = read_journal(img);
   ASSERT_TRUE(s);
@@ -187,9 +187,7 @@ TEST(GuardianJournal, GarbageIsRefused) {
     mutate(img);
     auto s = read_journal(img);
     EXPECT_FALSE(s) << why;
-    if (!s) {
-      EXPECT_EQ(s.error().code, Errc::Io) << why;
-    }
+    if (!s) { EXPECT_EQ(s.error().code, Errc::Io) << why; }
   };
   refused([](auto& img) { header_of(img).magic ^= 1; }, "bad magic");
   refused([](auto& img) { header_of(img).version = 99; }, "unknown version");

@@ -35,7 +35,8 @@ bool live(Guest& g, Gva branch) {
     if (p) probes.push_back(std::move(*p));
   };
   keep(g.session->probe(g.dom, "sys_read", [](HitContext&) { return 0; }));
-  keep(g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {}));
+  keep(g.session->probe(
+      g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {}));
   keep(g.session->probe(g.dom, branch, [](HitContext&) { return 0; }));
   keep(g.session->ret_probe(
       g.dom, "demo_recurse", [](HitContext&, std::span<std::byte>) { return 0; },

@@ -50,7 +50,7 @@ std::string slurp(const std::string& p) {
 }
 
 bool exists(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
 }
 
@@ -167,8 +167,7 @@ Owner start_owner(const std::function<pid_t()>& body, bool stay) {
     pid_t g = -1;
     try {
       g = body();
-    } catch (...) {
-    }
+    } catch (...) {}
     (void)!::write(p[1], &g, sizeof g);
     ::close(p[1]);
     if (!stay) ::_exit(0);
@@ -188,7 +187,8 @@ pid_t probe_and_hand_over(SessionOptions o = required(), bool abandon = false) {
   static std::unique_ptr<Guest> g;  // lives as long as the child
   g = std::make_unique<Guest>(ChannelKind::VmEvent, 2, 5, o);
   auto a = g->session->probe(g->dom, "sys_read", [](HitContext&) { return 0; });
-  auto b = g->session->probe(g->dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {});
+  auto b = g->session->probe(
+      g->dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {});
   if (!a || !b) return -1;
   a->release();
   b->release();
@@ -236,8 +236,8 @@ Launched launch(int journal, int pipe_r, bool ready, pid_t owner, int err_w = -1
   if (j >= 0) posix_spawn_file_actions_adddup2(&fa, j, 3);
   if (p >= 0) posix_spawn_file_actions_adddup2(&fa, p, 4);
   if (ready_hi >= 0) posix_spawn_file_actions_adddup2(&fa, ready_hi, 5);
-  std::vector<std::string> args{bin,       "--journal-fd", "3",   "--pipe-fd", "4", "--owner", std::to_string(owner),
-                                "--backend", "sim"};
+  std::vector<std::string> args{bin,       "--journal-fd",        "3",         "--pipe-fd", "4",
+                                "--owner", std::to_string(owner), "--backend", "sim"};
   if (ready) args.insert(args.end(), {"--ready-fd", "5"});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -494,8 +494,7 @@ TEST(GuardianProcess, ARelativePathIsRefused) {
   auto a = g.session->load_symbols(g.dom, demo_map());
   ::unsetenv("XENPROBES_GUARDIAN");
   ASSERT_FALSE(a);
-  EXPECT_NE(a.error().what.find("'xenprobes-guardian' is not an absolute path"), std::string::npos)
-      << a.error().what;
+  EXPECT_NE(a.error().what.find("'xenprobes-guardian' is not an absolute path"), std::string::npos) << a.error().what;
   EXPECT_EQ(g.text(), g.text_before);
 }
 

@@ -51,9 +51,16 @@ TEST_P(Abandoned, RecoveryFromTheJournalRestoresTheGuest) {
   constexpr std::uint64_t kIters = 30;
   Guest g(GetParam(), kVcpus, kIters);
   std::uint64_t boosted = 0, emulated = 0, posts = 0, entries = 0, returns = 0;
-  auto p1 = std::optional<Probe>(g.boosted_probe("sys_read", [&](HitContext&) { ++boosted; return 0; }));
-  auto p2 = g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
-  auto p3 = g.session->probe(g.dom, g.branch_in("demo_recurse"), [&](HitContext&) { ++emulated; return 0; });
+  auto p1 = std::optional<Probe>(g.boosted_probe("sys_read", [&](HitContext&) {
+    ++boosted;
+    return 0;
+  }));
+  auto p2 = g.session->probe(
+      g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext&) { ++posts; });
+  auto p3 = g.session->probe(g.dom, g.branch_in("demo_recurse"), [&](HitContext&) {
+    ++emulated;
+    return 0;
+  });
   auto p4 = g.session->ret_probe(
       g.dom, "demo_recurse",
       [&](HitContext& c, std::span<std::byte>) {
@@ -113,10 +120,10 @@ TEST_P(Abandoned, RecoveryFromTheJournalRestoresTheGuest) {
     for (auto n : v) r += (r.empty() ? "" : " ") + std::to_string(n);
     return r + "\n";
   };
-  EXPECT_EQ(read_by_script(XP_GUARDIAN_ACCOUNT_SH, account),
-            fields({snap->domains.size(), snap->patches.size(), snap->returns.size(), rep.domains, rep.gone,
-                    rep.restored, rep.left_alone, rep.vcpus_moved, rep.returns_restored, rep.unpaused, rep.failures,
-                    rep.reused}))
+  EXPECT_EQ(
+      read_by_script(XP_GUARDIAN_ACCOUNT_SH, account),
+      fields({snap->domains.size(), snap->patches.size(), snap->returns.size(), rep.domains, rep.gone, rep.restored,
+              rep.left_alone, rep.vcpus_moved, rep.returns_restored, rep.unpaused, rep.failures, rep.reused}))
       << account;
 
   EXPECT_EQ(g.text(), g.text_before) << "kernel text byte-identical";
@@ -139,9 +146,11 @@ TEST_P(Abandoned, VcpusInsidePostHandlerSlotsGoOn) {
   constexpr std::uint64_t kIters = 200;
   Guest g(GetParam(), 2, kIters);
   std::uint64_t posts = 0;
-  auto p = g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [&](HitContext& c) {
-    if (++posts == 40) c.stop();
-  });
+  auto p = g.session->probe(
+      g.dom, "sys_getppid+5", [](HitContext&) { return 0; },
+      [&](HitContext& c) {
+        if (++posts == 40) c.stop();
+      });
   ASSERT_TRUE(p);
   p->release();
   ASSERT_TRUE(g.session->hypervisor().unpause(g.dom));
@@ -356,9 +365,7 @@ TEST_P(Abandoned, ADomidReusedByAnotherDomainIsRefused) {
   auto regs = *hv->get_vcpu_regs(g.dom, VcpuId{0});
   regs.rip = text->gva.value + 1;
   ASSERT_TRUE(hv->set_vcpu_regs(g.dom, VcpuId{0}, regs));
-  if (GetParam() == ChannelKind::Debugger) {
-    ASSERT_TRUE(hv->set_debugging(g.dom, true));
-  }
+  if (GetParam() == ChannelKind::Debugger) { ASSERT_TRUE(hv->set_debugging(g.dom, true)); }
   const auto text_now = g.text();
 
   std::vector<std::string> lines;
@@ -381,7 +388,8 @@ TEST_P(Abandoned, ADomidReusedByAnotherDomainIsRefused) {
 TEST_P(Abandoned, TheCleanPathLeavesNothingToDo) {
   Guest g(GetParam(), 2, 20);
   std::uint64_t entries = 0;
-  auto a = g.session->probe(g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {});
+  auto a = g.session->probe(
+      g.dom, "sys_getppid+5", [](HitContext&) { return 0; }, [](HitContext&) {});
   auto r = g.session->ret_probe(
       g.dom, "demo_recurse",
       [&](HitContext& c, std::span<std::byte>) {

@@ -52,19 +52,31 @@ void pre_post_hits_equal_calls(hv::GuestType type, unsigned vcpus) {
   const auto text = e.g.peek(e.g.layout.text_start, e.g.layout.text_end - e.g.layout.text_start);
   std::uint64_t open = 0, recurse = 0, posts = 0, classify_pre = 0, classify_post = 0;
   const Gva load = e.resolve("sys_getppid+0x38");  // movslq demo_ppid(%rip), %rax: boosted, trap after
-  auto p1 = e.engine.add(e.g.dom, e.resolve("sys_open"), [&](HitContext& c) {
-    EXPECT_EQ(c.regs().rip, c.address().value);
-    ++open;
-    return 0;
-  }, {});
-  auto p2 = e.engine.add(e.g.dom, e.resolve("demo_recurse"), [&](HitContext&) { ++recurse; return 0; }, {});
+  auto p1 = e.engine.add(e.g.dom, e.resolve("sys_open"),
+                         [&](HitContext& c) {
+                           EXPECT_EQ(c.regs().rip, c.address().value);
+                           ++open;
+                           return 0;
+                         },
+                         {});
+  auto p2 = e.engine.add(e.g.dom, e.resolve("demo_recurse"),
+                         [&](HitContext&) {
+                           ++recurse;
+                           return 0;
+                         },
+                         {});
   auto p3 = e.engine.add(e.g.dom, load, {}, [&](HitContext& c) {
     EXPECT_EQ(c.regs().rax, 1u) << "demo_ppid is 1";
     EXPECT_EQ(c.regs().rip, load.value + 7) << "post-handlers see the next instruction";
     ++posts;
   });
-  auto p4 = e.engine.add(e.g.dom, e.resolve("demo_classify+0x5"), [&](HitContext&) { ++classify_pre; return 0; },
-                         [&](HitContext&) { ++classify_post; });
+  auto p4 = e.engine.add(
+      e.g.dom, e.resolve("demo_classify+0x5"),
+      [&](HitContext&) {
+        ++classify_pre;
+        return 0;
+      },
+      [&](HitContext&) { ++classify_post; });
   ASSERT_TRUE(p1) << p1.error().what;
   ASSERT_TRUE(p2) << p2.error().what;
   ASSERT_TRUE(p3) << p3.error().what;
@@ -106,7 +118,11 @@ TEST(GuestChannelEngine, ReturnProbesThroughTheReturnTable) {
   EngineGuest e(guest_config(1, kIters));
   std::uint64_t entries = 0, returns = 0;
   auto p = e.engine.add_ret(
-      e.g.dom, e.resolve("demo_recurse"), [&](HitContext&, std::span<std::byte>) { ++entries; return 0; },
+      e.g.dom, e.resolve("demo_recurse"),
+      [&](HitContext&, std::span<std::byte>) {
+        ++entries;
+        return 0;
+      },
       [&](HitContext&, std::span<std::byte>) { ++returns; }, RetProbeOptions{});
   ASSERT_TRUE(p) << p.error().what;
   e.g.start();
@@ -132,12 +148,20 @@ TEST(GuestChannelEngine, Dom0KilledTheGuestFinishesOnItsOwn) {
   ASSERT_TRUE(engine->set_symbols(g.dom, g.syms));
   auto at = [&](const char* expr) { return *engine->symbols(g.dom)->resolve(expr); };
   std::uint64_t hits = 0;
-  auto count = [&](HitContext&) { ++hits; return 0; };
+  auto count = [&](HitContext&) {
+    ++hits;
+    return 0;
+  };
   ASSERT_TRUE(engine->add(g.dom, at("sys_open"), count, {}));
   ASSERT_TRUE(engine->add(g.dom, at("sys_getppid+0x38"), {}, [&](HitContext&) { ++hits; }));
   ASSERT_TRUE(engine->add(g.dom, at("demo_classify+0x5"), count, [&](HitContext&) { ++hits; }));
-  ASSERT_TRUE(engine->add_ret(g.dom, at("demo_recurse"), [&](HitContext&, std::span<std::byte>) { ++hits; return 0; },
-                              [&](HitContext&, std::span<std::byte>) { ++hits; }, RetProbeOptions{}));
+  ASSERT_TRUE(engine->add_ret(
+      g.dom, at("demo_recurse"),
+      [&](HitContext&, std::span<std::byte>) {
+        ++hits;
+        return 0;
+      },
+      [&](HitContext&, std::span<std::byte>) { ++hits; }, RetProbeOptions{}));
   g.start();
   auto end = std::chrono::steady_clock::now() + 30s;
   while (hits < 200 && std::chrono::steady_clock::now() < end) {

@@ -55,9 +55,8 @@ inline hv::sim::SimOptions manual_clock() {
 
 // protocol.h, "The claim bound": how long the module waits for a hit Dom0 claimed.
 inline std::chrono::milliseconds claim_bound(unsigned timeout_ms) {
-  return std::chrono::milliseconds(
-      std::max<std::uint64_t>(timeout_ms, std::min<std::uint64_t>(XENPROBES_CLAIM_FACTOR * std::uint64_t{timeout_ms},
-                                                                   XENPROBES_CLAIM_MAX_MS)));
+  return std::chrono::milliseconds(std::max<std::uint64_t>(
+      timeout_ms, std::min<std::uint64_t>(XENPROBES_CLAIM_FACTOR * std::uint64_t{timeout_ms}, XENPROBES_CLAIM_MAX_MS)));
 }
 
 inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
@@ -308,7 +307,8 @@ struct ChannelGuest {
     return pred();
   }
   bool run_to_completion(channel::StopSink& sink, std::chrono::milliseconds timeout = 60s) {
-    return pump_until(sink, [&] { return host->wait_halted(dom, 0ms); }, timeout);
+    return pump_until(
+        sink, [&] { return host->wait_halted(dom, 0ms); }, timeout);
   }
 
   // Dom0 goes away without a word: the channel (unbinding its ports) and the handle close.

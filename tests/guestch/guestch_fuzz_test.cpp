@@ -18,7 +18,8 @@ using channel::GuestChannel;
 std::vector<std::uint8_t> ram_outside(ChannelGuest& g, std::uint64_t ram_bytes, std::uint64_t skip_first,
                                       std::uint64_t skip_end) {
   auto all = g.peek(g.layout.physmap_base, ram_bytes);
-  std::fill(all.begin() + static_cast<std::ptrdiff_t>(skip_first), all.begin() + static_cast<std::ptrdiff_t>(skip_end), 0);
+  std::fill(all.begin() + static_cast<std::ptrdiff_t>(skip_first), all.begin() + static_cast<std::ptrdiff_t>(skip_end),
+            0);
   return all;
 }
 
@@ -38,7 +39,9 @@ struct FuzzGuest : ChannelGuest {
     area_gpa = t->address.value;
     good = header();
   }
-  std::vector<std::uint8_t> snapshot() { return ram_outside(*this, kRamMb << 20, area_gpa, area_gpa + layout.control_size); }
+  std::vector<std::uint8_t> snapshot() {
+    return ram_outside(*this, kRamMb << 20, area_gpa, area_gpa + layout.control_size);
+  }
   void write_area(std::uint64_t off, std::span<const std::uint8_t> b) {
     ASSERT_TRUE(memory->write(Gva{layout.control_addr + off}, std::as_bytes(b)));
   }
@@ -51,7 +54,8 @@ struct FuzzGuest : ChannelGuest {
 };
 
 std::uint32_t interesting(std::mt19937_64& rng, std::uint32_t orig, std::uint32_t size) {
-  const std::uint32_t vals[] = {0, 1, 7, 8, 135, 136, 224, 256, 4095, 4096, size - 8, size - 1, size, size + 8,
+  const std::uint32_t vals[] = {0,          1,          7,          8,          135,      136,      224,
+                                256,        4095,       4096,       size - 8,   size - 1, size,     size + 8,
                                 0x7fffffff, 0x80000000, 0xfffffff8, 0xffffffff, orig - 8, orig + 8, orig - 1};
   if (rng() % 4 == 0) return static_cast<std::uint32_t>(rng());
   return vals[rng() % std::size(vals)];
@@ -182,7 +186,8 @@ TEST(GuestChannelFuzz, HostileMailboxesAndTables) {
         break;
       default: {  // a mailbox: mostly plausible hits, sometimes garbage
         xenprobes_mailbox m{};
-        for (unsigned b = 0; b < sizeof m; ++b) reinterpret_cast<std::uint8_t*>(&m)[b] = static_cast<std::uint8_t>(rng());
+        for (unsigned b = 0; b < sizeof m; ++b)
+          reinterpret_cast<std::uint8_t*>(&m)[b] = static_cast<std::uint8_t>(rng());
         m.state = rng() % 4 ? XENPROBES_MBOX_HIT : static_cast<std::uint32_t>(rng() % 6);
         m.trap = pick_trap();
         if (rng() % 4) m.regs.rip = m.trap;
@@ -290,8 +295,12 @@ TEST(GuestChannelFuzz, TheGuestFlipsStatesAtRandom) {
                     sizeof m - offsetof(xenprobes_mailbox, seq));
         state.store(XENPROBES_MBOX_HIT, std::memory_order_release);
       } else {
-        const std::uint32_t vals[] = {XENPROBES_MBOX_IDLE,      XENPROBES_MBOX_HIT,     XENPROBES_MBOX_DONE,
-                                      XENPROBES_MBOX_ABANDONED, XENPROBES_MBOX_CLAIMED, 5,
+        const std::uint32_t vals[] = {XENPROBES_MBOX_IDLE,
+                                      XENPROBES_MBOX_HIT,
+                                      XENPROBES_MBOX_DONE,
+                                      XENPROBES_MBOX_ABANDONED,
+                                      XENPROBES_MBOX_CLAIMED,
+                                      5,
                                       static_cast<std::uint32_t>(rng())};
         state.store(vals[rng() % std::size(vals)]);
       }
@@ -353,7 +362,7 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   std::set<std::uint32_t> handled;
   std::uint64_t foreign_regs = 0, held_claims = 0;
   constexpr std::uint64_t kHeld = 0x4e4c44;  // rcx of a held hit
-  std::atomic<std::uint64_t> looks{0};        // process() calls Dom0 finished
+  std::atomic<std::uint64_t> looks{0};       // process() calls Dom0 finished
   std::mt19937_64 dom0_rng(23);
   sink.observer = [&](channel::Stop& s) {
     if (s.regs.rax != hit_sum(s.regs.rbx)) ++foreign_regs;
@@ -363,16 +372,14 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
     s.regs.rip = s.trap.value;
     if (held) {  // until the module gives the claim up, however long that takes
       ++held_claims;
-      while (dom0_state.load() == XENPROBES_MBOX_CLAIMED) {
-      }
+      while (dom0_state.load() == XENPROBES_MBOX_CLAIMED) {}
       return;
     }
     // A slow handler (until the module gives up on it, 1 ms at most), or a quick one.
     const bool slow = dom0_rng() % 2;
     const auto until = std::chrono::steady_clock::now() +
                        (slow ? std::chrono::microseconds(1000) : std::chrono::microseconds(dom0_rng() % 50));
-    while (std::chrono::steady_clock::now() < until && (!slow || dom0_state.load() == XENPROBES_MBOX_CLAIMED)) {
-    }
+    while (std::chrono::steady_clock::now() < until && (!slow || dom0_state.load() == XENPROBES_MBOX_CLAIMED)) {}
   };
 
   std::atomic<bool> stop{false};
@@ -421,8 +428,7 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
         if (st == XENPROBES_MBOX_CLAIMED && !claimed) claimed = now;
         // A look begun after the publication (two finished since) saw this HIT.
         const bool timed_out = mode == 0 ? now - t0 >= timeout : looks.load() >= looks_at_publish + 2;
-        if ((st == XENPROBES_MBOX_HIT && timed_out) ||
-            (st == XENPROBES_MBOX_CLAIMED && now - *claimed >= bound)) {
+        if ((st == XENPROBES_MBOX_HIT && timed_out) || (st == XENPROBES_MBOX_CLAIMED && now - *claimed >= bound)) {
           std::uint32_t expected = st;
           if (state.compare_exchange_strong(expected, XENPROBES_MBOX_ABANDONED, std::memory_order_acq_rel)) {
             if (st == XENPROBES_MBOX_HIT) {
@@ -466,8 +472,8 @@ TEST(GuestChannelFuzz, AModuleRacingDom0) {
   EXPECT_GT(held_claims, 0u) << "Dom0 claimed no held hit";
   EXPECT_GE(claims_expired, held_claims) << "every claim Dom0 held until the module gave it up expired";
   std::cout << "racing module: " << taken << " answers taken, " << unclaimed << " hits abandoned unclaimed, "
-            << claims_expired << " claims expired (" << held_claims << " held); Dom0: " << st.answered
-            << " answered, " << st.late << " late, " << st.abandoned << " claims lost, " << st.rejected << " refused\n";
+            << claims_expired << " claims expired (" << held_claims << " held); Dom0: " << st.answered << " answered, "
+            << st.late << " late, " << st.abandoned << " claims lost, " << st.rejected << " refused\n";
   EXPECT_TRUE(g.snapshot() == before) << "Dom0 wrote outside the control area";
 }
 

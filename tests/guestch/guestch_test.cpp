@@ -170,7 +170,8 @@ void expect_refused(ChannelGuest& g, Errc code, std::initializer_list<std::strin
   auto r = ch.attach(g.dom);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, code) << r.error().what;
-  for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+  for (const auto& p : parts)
+    EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
 }
 
 std::string key(ChannelGuest& g, const char* k) {
@@ -481,7 +482,7 @@ TEST(GuestChannelTables, EmulateOnlyWhatTheModuleCanRun) {
   // Through memory: refused, saying why and what works instead.
   for (auto e : {entry(a, {0xff, 0x24, 0xfd, 0x00, 0x10, 0x00, 0x81}),  // jmp *table(,%rdi,8)
                  entry(a, {0xff, 0x15, 0x10, 0x00, 0x00, 0x00}),        // call *0x10(%rip)
-                 entry(a, {0x41, 0xff, 0x13})}) {                      // call *(%r11)
+                 entry(a, {0x41, 0xff, 0x13})}) {                       // call *(%r11)
     auto r = g.ch->trap_added(g.dom, e);
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error().code, Errc::NotSupported);
@@ -580,8 +581,8 @@ TEST(GuestChannelTables, EveryBranchDom0EmulatesIsArmedUnlessThroughMemory) {
   EXPECT_GT(armed, 20u);
   EXPECT_GE(refused, 1u) << "demo_dispatch's jump table";
   const std::uint64_t at = g.sym("demo_main");
-  for (std::vector<std::uint8_t> b : {std::vector<std::uint8_t>{0xff, 0xd0}, {0x41, 0xff, 0xd3}, {0xff, 0xe0},
-                                      {0x41, 0xff, 0xe3}}) {
+  for (std::vector<std::uint8_t> b :
+       {std::vector<std::uint8_t>{0xff, 0xd0}, {0x41, 0xff, 0xd3}, {0xff, 0xe0}, {0x41, 0xff, 0xe3}}) {
     auto i = x86::decode(b, Gva{at});
     ASSERT_TRUE(i);
     ASSERT_EQ(i->indirect_reg == x86::Reg::None, false) << i->describe();
@@ -607,8 +608,8 @@ struct ViaRegister {
 
 // kind: 0xd0 `call *%reg`, 0xe0 `jmp *%reg` (a jmp stub ends the call there: the callee returns
 // to the call site); r11: through %r11 (REX.B), else %rax.
-ViaRegister via_register(ChannelGuest& g, const char* caller, const char* callee, std::uint64_t stub,
-                         std::uint8_t kind, bool r11) {
+ViaRegister via_register(ChannelGuest& g, const char* caller, const char* callee, std::uint64_t stub, std::uint8_t kind,
+                         bool r11) {
   ViaRegister v;
   v.callee = g.sym(callee);
   for (const auto& i : g.function(caller))
@@ -780,15 +781,14 @@ TEST_P(GuestChannelNoAnswer, TheGuestFinishesOnItsOwn) {
   EXPECT_EQ(r.error().code, Errc::Busy) << r.error().what;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fallbacks, GuestChannelNoAnswer,
-    ::testing::Values(FallbackCase{"ResumeAt", "sys_open", x86::BranchKind::None},
-                      FallbackCase{"EmulateRet", "sys_getppid", x86::BranchKind::Ret},
-                      FallbackCase{"EmulateCall", "demo_recurse", x86::BranchKind::Call},
-                      FallbackCase{"EmulateJcc", "demo_recurse", x86::BranchKind::Jcc},
-                      FallbackCase{"EmulateJcc2", "demo_classify", x86::BranchKind::Jcc},
-                      FallbackCase{"EmulateJmp", "demo_dispatch", x86::BranchKind::Jmp}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Fallbacks, GuestChannelNoAnswer,
+                         ::testing::Values(FallbackCase{"ResumeAt", "sys_open", x86::BranchKind::None},
+                                           FallbackCase{"EmulateRet", "sys_getppid", x86::BranchKind::Ret},
+                                           FallbackCase{"EmulateCall", "demo_recurse", x86::BranchKind::Call},
+                                           FallbackCase{"EmulateJcc", "demo_recurse", x86::BranchKind::Jcc},
+                                           FallbackCase{"EmulateJcc2", "demo_classify", x86::BranchKind::Jcc},
+                                           FallbackCase{"EmulateJmp", "demo_dispatch", x86::BranchKind::Jmp}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(GuestChannelDom0Gone, KilledWhileVcpusWait) {
   constexpr unsigned kVcpus = 2;
@@ -1005,10 +1005,12 @@ TEST(GuestChannelClaim, ADom0ThatDiesHoldingAClaimLeavesTheGuestRunning) {
   g.kill_dom0();  // the channel never answers anything
   ASSERT_TRUE(other->unpause(g.dom));
   // Claim the first hit (the module's clock stands still: it cannot give up on it first).
-  ASSERT_TRUE(eventually([&] {
-    std::uint32_t expected = XENPROBES_MBOX_HIT;
-    return state.compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED);
-  }, 20s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::uint32_t expected = XENPROBES_MBOX_HIT;
+        return state.compare_exchange_strong(expected, XENPROBES_MBOX_CLAIMED);
+      },
+      20s));
   g.advance(claim_bound(kTimeoutMs) - 1ms);
   EXPECT_EQ(state.load(), XENPROBES_MBOX_CLAIMED) << "the claim is honoured up to the bound";
   EXPECT_EQ(g.header().timeouts, 0u);
@@ -1071,7 +1073,8 @@ TEST(GuestChannelClaim, DetachFromAHandlerGivesTheClaimBack) {
   };
   g.arm_skip("sys_open");
   g.start();
-  ASSERT_TRUE(g.pump_until(sink, [&] { return sink.total == 1; }, 10s));
+  ASSERT_TRUE(g.pump_until(
+      sink, [&] { return sink.total == 1; }, 10s));
   EXPECT_EQ(g.mailbox(0).state, XENPROBES_MBOX_HIT) << "the claim was given back";
   // Resumed by the module's timeout, not after the claim bound (2 s).
   g.advance(std::chrono::milliseconds(kTimeoutMs) - 1ms);
@@ -1238,14 +1241,16 @@ TEST(GuestChannelQuiesce, DoneOnlyOnceNoVcpuIsInTheHook) {
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(g.hv->xs_read(done).error().code, Errc::NotFound) << "a vCPU is still in the hook";
   // Answered, the vCPU leaves the hook (and comes back: Dom0 keeps answering).
-  ASSERT_TRUE(g.pump_until(sink, [&] { return g.hv->xs_read(done).value_or("") == "17"; }, 10s));
+  ASSERT_TRUE(g.pump_until(
+      sink, [&] { return g.hv->xs_read(done).value_or("") == "17"; }, 10s));
   // A paused guest cannot quiesce (nothing runs); it answers once it runs again.
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(g.hv->xs_write(req, "18"));
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(*g.hv->xs_read(done), "17");
   ASSERT_TRUE(g.hv->unpause(g.dom));
-  ASSERT_TRUE(g.pump_until(sink, [&] { return g.hv->xs_read(done).value_or("") == "18"; }, 10s));
+  ASSERT_TRUE(g.pump_until(
+      sink, [&] { return g.hv->xs_read(done).value_or("") == "18"; }, 10s));
   auto ev = g.hv->xs_read_watches();
   ASSERT_TRUE(ev);
   EXPECT_TRUE(std::any_of(ev->begin(), ev->end(), [&](const auto& e) { return e.path == done; }));

@@ -69,12 +69,10 @@ std::vector<std::uint8_t> jmp(std::uint64_t at, std::uint64_t to) {
 // ---- the int3 hook and the two new kinds ----
 
 TEST_F(Jump, Int3AtAJumpKeyIsForeignAtARegionARedirect) {
-  EXPECT_EQ(xp_int3_action(ptr_of(entry(kOea + 0x40, XENPROBES_TRAP_JUMP, kText + 0x10))),
-            XP_INT3_FOREIGN);
-  EXPECT_EQ(xp_int3_action(ptr_of(entry(kText + 0x10, XENPROBES_TRAP_REDIRECT, kOea))),
-            XP_INT3_REDIRECT);
-  for (std::uint32_t f : {XENPROBES_TRAP_FALLBACK, XENPROBES_TRAP_EMULATE, XENPROBES_TRAP_RETURN,
-                          0u, XENPROBES_TRAP_REDIRECT | XENPROBES_TRAP_JUMP})
+  EXPECT_EQ(xp_int3_action(ptr_of(entry(kOea + 0x40, XENPROBES_TRAP_JUMP, kText + 0x10))), XP_INT3_FOREIGN);
+  EXPECT_EQ(xp_int3_action(ptr_of(entry(kText + 0x10, XENPROBES_TRAP_REDIRECT, kOea))), XP_INT3_REDIRECT);
+  for (std::uint32_t f : {XENPROBES_TRAP_FALLBACK, XENPROBES_TRAP_EMULATE, XENPROBES_TRAP_RETURN, 0u,
+                          XENPROBES_TRAP_REDIRECT | XENPROBES_TRAP_JUMP})
     EXPECT_EQ(xp_int3_action(ptr_of(entry(kText + 0x10, f, kOea))), XP_INT3_HIT) << f;
 }
 
@@ -82,8 +80,7 @@ TEST_F(Jump, RedirectResumesAtTheDetourValidatedAndJumpIsNoTrap) {
   xenprobes_regs r{};
   r.rip = kText + 0x10;
   r.rsp = kStack;
-  auto red = entry(kText + 0x10, XENPROBES_TRAP_REDIRECT, kOea + 0x100,
-                   {0x55, 0x48, 0x89, 0xe5, 0x53});
+  auto red = entry(kText + 0x10, XENPROBES_TRAP_REDIRECT, kOea + 0x100, {0x55, 0x48, 0x89, 0xe5, 0x53});
   ASSERT_EQ(xp_take_fallback(&red, &r, nullptr, 0, &b, nullptr), XP_FB_OK);
   EXPECT_EQ(r.rip, kOea + 0x100);
   EXPECT_EQ(r.rsp, kStack);
@@ -107,11 +104,11 @@ TEST_F(Jump, LookupNeedsTheJumpEntryOfThisCallInsideTheOea) {
   auto e = entry(call, XENPROBES_TRAP_JUMP, kText + 0x10);
   EXPECT_EQ(xp_jump_call_addr(ret), call);
   EXPECT_EQ(xp_jump_lookup(&b, &e, ret), XP_JUMP_HIT);
-  EXPECT_EQ(xp_jump_lookup(&b, nullptr, ret), XP_JUMP_FOREIGN);   // none in the table
-  EXPECT_EQ(xp_jump_lookup(&b, &e, ret + 1), XP_JUMP_FOREIGN);    // another call
-  EXPECT_EQ(xp_jump_lookup(&b, &e, 3), XP_JUMP_FOREIGN);          // no wrap below 0
-  for (std::uint32_t f : {XENPROBES_TRAP_REDIRECT, XENPROBES_TRAP_FALLBACK, 0u,
-                          XENPROBES_TRAP_JUMP | XENPROBES_TRAP_FALLBACK}) {
+  EXPECT_EQ(xp_jump_lookup(&b, nullptr, ret), XP_JUMP_FOREIGN);  // none in the table
+  EXPECT_EQ(xp_jump_lookup(&b, &e, ret + 1), XP_JUMP_FOREIGN);   // another call
+  EXPECT_EQ(xp_jump_lookup(&b, &e, 3), XP_JUMP_FOREIGN);         // no wrap below 0
+  for (std::uint32_t f :
+       {XENPROBES_TRAP_REDIRECT, XENPROBES_TRAP_FALLBACK, 0u, XENPROBES_TRAP_JUMP | XENPROBES_TRAP_FALLBACK}) {
     auto other = entry(call, f, kText + 0x10);
     EXPECT_EQ(xp_jump_lookup(&b, &other, ret), XP_JUMP_FOREIGN) << f;
   }
@@ -268,8 +265,8 @@ TEST_F(Jump, RspMayOnlyRiseByAtMostAPageInWords) {
     EXPECT_EQ(out.rsp, kStack + up);
   }
   out = {};
-  for (std::uint64_t rsp : std::initializer_list<std::uint64_t>{kStack - 8, kStack - 1, kStack + 4104, kStack + 4, kStack + 4097,
-                            0ull, ~0ull}) {
+  for (std::uint64_t rsp : std::initializer_list<std::uint64_t>{kStack - 8, kStack - 1, kStack + 4104, kStack + 4,
+                                                                kStack + 4097, 0ull, ~0ull}) {
     a.rsp = rsp;
     EXPECT_EQ(xp_jump_answer_apply(&b, &h.regs, &a, Hit::kRet, &out), XP_ANSWER_BAD_RSP) << rsp;
   }
@@ -318,8 +315,7 @@ TEST_F(Jump, RegionBytesOursOnlyForTheInt3OrTheJumpToThisDetour) {
 
 TEST_F(Jump, RegionJumpBackwardsAcrossTheAddressSpace) {
   // A detour below the region (module text above the OEA): a negative rel32.
-  auto e = entry(kModules + 0x400000, XENPROBES_TRAP_REDIRECT, kOea + 0x10,
-                 {0x0f, 0x1f, 0x44, 0x00, 0x00});
+  auto e = entry(kModules + 0x400000, XENPROBES_TRAP_REDIRECT, kOea + 0x10, {0x0f, 0x1f, 0x44, 0x00, 0x00});
   auto j = jmp(e.addr, e.fallback);
   EXPECT_GE(j[4], 0x80u);
   EXPECT_TRUE(xp_region_bytes_ours(&e, j.data(), 5));
@@ -335,8 +331,8 @@ TEST_F(Jump, RegionRestoreWholeOrNothing) {
   EXPECT_FALSE(xp_region_restore_ok(&b, &r.e, other.data(), 6));
 
   // Only REDIRECT entries, only 5..15 bytes.
-  for (std::uint32_t f : {XENPROBES_TRAP_FALLBACK, XENPROBES_TRAP_JUMP,
-                          XENPROBES_TRAP_REDIRECT | XENPROBES_TRAP_FALLBACK}) {
+  for (std::uint32_t f :
+       {XENPROBES_TRAP_FALLBACK, XENPROBES_TRAP_JUMP, XENPROBES_TRAP_REDIRECT | XENPROBES_TRAP_FALLBACK}) {
     auto e = r.e;
     e.flags = f;
     EXPECT_FALSE(xp_region_restore_ok(&b, &e, j.data(), 6)) << f;
@@ -379,7 +375,8 @@ TEST_F(Jump, RegionRestoreOnlyInTextOutsideTheOeaAndExecutable) {
     auto e = at(a);
     EXPECT_TRUE(xp_region_restore_ok(&b, &e, bytes_for(e).data(), 6)) << std::hex << a;
   }
-  for (std::uint64_t a : std::initializer_list<std::uint64_t>{kOea + 0x10, kStack, 0x1000ull, kTextEnd - 3, kOea - 3, ~0ull - 2}) {
+  for (std::uint64_t a :
+       std::initializer_list<std::uint64_t>{kOea + 0x10, kStack, 0x1000ull, kTextEnd - 3, kOea - 3, ~0ull - 2}) {
     auto e = at(a);
     EXPECT_FALSE(xp_region_restore_ok(&b, &e, bytes_for(e).data(), 6)) << std::hex << a;
   }

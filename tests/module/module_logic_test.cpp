@@ -27,13 +27,13 @@ constexpr std::uint64_t kModulesEnd = 0xffffffffff000000ull;
 constexpr std::uint64_t kOea = 0xffffffffc0200000ull;
 constexpr std::uint64_t kOeaEnd = kOea + 0x200000;
 constexpr std::uint64_t kStack = 0xffffc90000013f00ull;  // a vmap'd kernel stack
-constexpr std::uint64_t kRflagsIf = 0x200;                 // IF: never taken from Dom0
+constexpr std::uint64_t kRflagsIf = 0x200;               // IF: never taken from Dom0
 constexpr std::uint64_t kRflagsDf = 0x400;
 
 struct Guest {
-  std::set<std::uint64_t> nx_pages;      // mapped but not executable
+  std::set<std::uint64_t> nx_pages;              // mapped but not executable
   std::map<std::uint64_t, std::uint64_t> stack;  // 8-byte words
-  std::set<std::uint64_t> faulting;      // reads/writes there fault
+  std::set<std::uint64_t> faulting;              // reads/writes there fault
   int writes = 0;
 
   static bool is_exec(void* ctx, std::uint64_t addr) {
@@ -348,8 +348,8 @@ TEST(ModuleAddresses, ClassifyByRangeOeaFirst) {
   EXPECT_EQ(xp_addr_classify(&b, kOea), XP_ADDR_OEA);
   EXPECT_EQ(xp_addr_classify(&b, kOeaEnd - 1), XP_ADDR_OEA);
   EXPECT_EQ(xp_addr_classify(&b, kOeaEnd), XP_ADDR_MODULE);
-  EXPECT_EQ(xp_addr_classify(&b, kModulesEnd), XP_ADDR_BAD);  // fixmap etc.
-  EXPECT_EQ(xp_addr_classify(&b, 0x400000), XP_ADDR_BAD);    // user space
+  EXPECT_EQ(xp_addr_classify(&b, kModulesEnd), XP_ADDR_BAD);            // fixmap etc.
+  EXPECT_EQ(xp_addr_classify(&b, 0x400000), XP_ADDR_BAD);               // user space
   EXPECT_EQ(xp_addr_classify(&b, 0xffff888000001000ull), XP_ADDR_BAD);  // direct map
   EXPECT_EQ(xp_addr_classify(&b, kStack), XP_ADDR_BAD);
 }
@@ -384,9 +384,7 @@ TEST(ModuleAddresses, ResumeNeedsAnExecutablePage) {
 TEST(ModuleAddresses, RestoreOnlyInt3sOutsideTheOeaInText) {
   Guest g;
   auto b = g.bounds();
-  auto at = [](std::uint64_t addr, std::uint8_t orig) {
-    return trap(addr, XENPROBES_TRAP_FALLBACK, {orig}, kOea);
-  };
+  auto at = [](std::uint64_t addr, std::uint8_t orig) { return trap(addr, XENPROBES_TRAP_FALLBACK, {orig}, kOea); };
   EXPECT_TRUE(xp_restore_ok(&b, ptr(at(kText + 0x10, 0x55)), 0xcc));
   EXPECT_TRUE(xp_restore_ok(&b, ptr(at(kModules + 0x10, 0x0f)), 0xcc));
   EXPECT_FALSE(xp_restore_ok(&b, ptr(at(kOea + 0x10, 0x55)), 0xcc));   // slot traps stay
@@ -417,7 +415,7 @@ TEST(ModuleAnswer, TakesGprsRipAndOnlyArithmeticFlags) {
   ans.rsp = hit.rsp - 8;
   ans.rip = kOea + 0x80;
   ans.rflags = XP_RFLAGS_CF | XP_RFLAGS_TF | XP_RFLAGS_OF | 0x3000 /* IOPL */;  // IF/DF/ZF clear
-  ans.cs = 0x33;  // user cs: must be ignored
+  ans.cs = 0x33;                                                                // user cs: must be ignored
   ans.ss = 0x2b;
   xenprobes_regs out{};
   ASSERT_EQ(xp_answer_apply(&b, &hit, &ans, &out), XP_ANSWER_OK);
@@ -455,7 +453,8 @@ TEST(ModuleAnswer, RefusesRipOutsideTextAndWildStacks) {
   auto hit = regs_at(kText + 0x100);
   xenprobes_regs out = regs_at(0x42);
   const xenprobes_regs untouched = out;
-  for (std::uint64_t rip : std::initializer_list<std::uint64_t>{0x0, 0x400000, kStack, kModulesEnd, 0xffff888000000000}) {
+  for (std::uint64_t rip :
+       std::initializer_list<std::uint64_t>{0x0, 0x400000, kStack, kModulesEnd, 0xffff888000000000}) {
     auto ans = hit;
     ans.rip = rip;
     EXPECT_EQ(xp_answer_apply(&b, &hit, &ans, &out), XP_ANSWER_BAD_RIP) << std::hex << rip;
@@ -542,10 +541,10 @@ TEST(ModuleMailbox, ClaimBound) {
   EXPECT_EQ(XENPROBES_CLAIM_MAX_MS, 10000u);
   EXPECT_EQ(xp_claim_bound_ms(1), 20u);
   EXPECT_EQ(xp_claim_bound_ms(20), 400u);
-  EXPECT_EQ(xp_claim_bound_ms(500), 10000u);   // the module's default timeout
+  EXPECT_EQ(xp_claim_bound_ms(500), 10000u);  // the module's default timeout
   EXPECT_EQ(xp_claim_bound_ms(499), 9980u);
-  EXPECT_EQ(xp_claim_bound_ms(5000), 10000u);  // the module's largest timeout
-  EXPECT_EQ(xp_claim_bound_ms(20000), 20000u);  // never below the timeout itself
+  EXPECT_EQ(xp_claim_bound_ms(5000), 10000u);                // the module's largest timeout
+  EXPECT_EQ(xp_claim_bound_ms(20000), 20000u);               // never below the timeout itself
   EXPECT_EQ(xp_claim_bound_ms(0xffffffffu), 0xffffffffull);  // no overflow
   EXPECT_EQ(xp_claim_bound_ms(0), 0u);
 }
@@ -612,7 +611,10 @@ Exchange run_exchange(std::uint64_t timeout, std::uint64_t claim_bound, bool det
     }
     switch (xp_give_up_step(seen, answer_seq, seq, now >= claim_deadline, tries++)) {
       case XP_GIVE_UP_ANSWERED: w = XP_WAIT_DONE; break;
-      case XP_GIVE_UP_WAIT: w = wait(); expected = XENPROBES_MBOX_HIT; break;
+      case XP_GIVE_UP_WAIT:
+        w = wait();
+        expected = XENPROBES_MBOX_HIT;
+        break;
       case XP_GIVE_UP_SWAP: expected = seen; break;
       case XP_GIVE_UP_FORCE:
         state = XENPROBES_MBOX_ABANDONED;
@@ -768,8 +770,8 @@ struct SpinWait {
   unsigned polls = 0;        // blocks in Xen (SCHEDOP_poll)
 };
 constexpr std::uint64_t kUs = 1000, kMs = 1000 * 1000;
-SpinWait run_spin_wait(std::uint32_t spin_us, std::uint64_t deadline, std::uint64_t claim_deadline,
-                       bool detaching, const Dom0Script& dom0) {
+SpinWait run_spin_wait(std::uint32_t spin_us, std::uint64_t deadline, std::uint64_t claim_deadline, bool detaching,
+                       const Dom0Script& dom0) {
   const std::uint32_t seq = 5;
   std::uint32_t state = XENPROBES_MBOX_HIT, answer_seq = 0;
   std::uint64_t now = 0;
@@ -924,9 +926,9 @@ TEST(ModuleMailbox, Dom0IsGoneAfterDeadAfterTimeoutsInARow) {
 }
 
 TEST(ModuleMailbox, FlagsMergeKeepsEverythingButArithmetic) {
-  EXPECT_EQ(XP_RFLAGS_FROM_DOM0, 0x8d5ull);          // CF PF AF ZF SF OF
+  EXPECT_EQ(XP_RFLAGS_FROM_DOM0, 0x8d5ull);           // CF PF AF ZF SF OF
   EXPECT_EQ(XP_RFLAGS_FROM_DOM0 & XP_RFLAGS_TF, 0u);  // never TF
-  EXPECT_EQ(xp_merge_flags(0x246, 0), 0x202ull);     // ZF, PF dropped; IF kept
+  EXPECT_EQ(xp_merge_flags(0x246, 0), 0x202ull);      // ZF, PF dropped; IF kept
   EXPECT_EQ(xp_merge_flags(0x2, ~0ull), 0x2ull | 0x8d5ull);
   EXPECT_EQ(xp_merge_flags(0x202, 0x302), 0x202ull);  // Dom0's TF ignored
   EXPECT_EQ(xp_merge_flags(0x302, 0x202), 0x302ull);  // the guest's own TF kept
@@ -942,33 +944,33 @@ struct Decoded {
 
 TEST(ModuleBranch, DecodesEveryForm) {
   const Decoded cases[] = {
-      {{0xeb, 0xfe}, XP_BR_JMP, -2},                           // jmp .
-      {{0xe9, 0x00, 0x01, 0x00, 0x00}, XP_BR_JMP, 0x100},      // jmp +0x100
-      {{0xe8, 0xfb, 0xff, 0xff, 0xff}, XP_BR_CALL, -5},        // call .
-      {{0x74, 0x10}, XP_BR_JCC, 0x10},                         // je +0x10
-      {{0x0f, 0x8f, 0x80, 0x00, 0x00, 0x00}, XP_BR_JCC, 0x80}, // jg +0x80
-      {{0xe2, 0xf0}, XP_BR_LOOP, -16},                         // loop
-      {{0xe1, 0x02}, XP_BR_LOOPE, 2},                          // loope
-      {{0xe0, 0x7f}, XP_BR_LOOPNE, 127},                       // loopne
-      {{0xe3, 0x80}, XP_BR_JRCXZ, -128},                       // jrcxz
-      {{0xc3}, XP_BR_RET, 0},                                  // ret
-      {{0xc2, 0x10, 0x00}, XP_BR_RET, 0},                      // ret $0x10
-      {{0x3e, 0x74, 0x10}, XP_BR_JCC, 0x10},                   // ds je (branch hint)
-      {{0x2e, 0x0f, 0x85, 1, 0, 0, 0}, XP_BR_JCC, 1},          // cs jne
-      {{0xf2, 0xe9, 1, 0, 0, 0}, XP_BR_JMP, 1},                // bnd jmp
-      {{0xf2, 0xe8, 1, 0, 0, 0}, XP_BR_CALL, 1},               // bnd call
-      {{0xf2, 0xc3}, XP_BR_RET, 0},                            // bnd ret
-      {{0xf3, 0xc3}, XP_BR_RET, 0},                            // rep ret
-      {{0x48, 0xe9, 1, 0, 0, 0}, XP_BR_JMP, 1},                // rex.W jmp
-      {{0x67, 0xe3, 0x05}, XP_BR_JRCXZ, 5},                    // jecxz
-      {{0xff, 0xd0}, XP_BR_CALL_REG, 0},                       // call *%rax
-      {{0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},                 // call *%r11
-      {{0xff, 0xe0}, XP_BR_JMP_REG, 0},                        // jmp *%rax
-      {{0x41, 0xff, 0xe3}, XP_BR_JMP_REG, 0},                  // jmp *%r11
-      {{0x3e, 0xff, 0xe2}, XP_BR_JMP_REG, 0},                  // notrack jmp *%rdx
-      {{0x2e, 0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},           // cs call *%r11 (retpoline padding)
-      {{0xf2, 0xff, 0xd1}, XP_BR_CALL_REG, 0},                 // bnd call *%rcx
-      {{0x48, 0xff, 0xe7}, XP_BR_JMP_REG, 0},                  // rex.W jmp *%rdi (W changes nothing)
+      {{0xeb, 0xfe}, XP_BR_JMP, -2},                            // jmp .
+      {{0xe9, 0x00, 0x01, 0x00, 0x00}, XP_BR_JMP, 0x100},       // jmp +0x100
+      {{0xe8, 0xfb, 0xff, 0xff, 0xff}, XP_BR_CALL, -5},         // call .
+      {{0x74, 0x10}, XP_BR_JCC, 0x10},                          // je +0x10
+      {{0x0f, 0x8f, 0x80, 0x00, 0x00, 0x00}, XP_BR_JCC, 0x80},  // jg +0x80
+      {{0xe2, 0xf0}, XP_BR_LOOP, -16},                          // loop
+      {{0xe1, 0x02}, XP_BR_LOOPE, 2},                           // loope
+      {{0xe0, 0x7f}, XP_BR_LOOPNE, 127},                        // loopne
+      {{0xe3, 0x80}, XP_BR_JRCXZ, -128},                        // jrcxz
+      {{0xc3}, XP_BR_RET, 0},                                   // ret
+      {{0xc2, 0x10, 0x00}, XP_BR_RET, 0},                       // ret $0x10
+      {{0x3e, 0x74, 0x10}, XP_BR_JCC, 0x10},                    // ds je (branch hint)
+      {{0x2e, 0x0f, 0x85, 1, 0, 0, 0}, XP_BR_JCC, 1},           // cs jne
+      {{0xf2, 0xe9, 1, 0, 0, 0}, XP_BR_JMP, 1},                 // bnd jmp
+      {{0xf2, 0xe8, 1, 0, 0, 0}, XP_BR_CALL, 1},                // bnd call
+      {{0xf2, 0xc3}, XP_BR_RET, 0},                             // bnd ret
+      {{0xf3, 0xc3}, XP_BR_RET, 0},                             // rep ret
+      {{0x48, 0xe9, 1, 0, 0, 0}, XP_BR_JMP, 1},                 // rex.W jmp
+      {{0x67, 0xe3, 0x05}, XP_BR_JRCXZ, 5},                     // jecxz
+      {{0xff, 0xd0}, XP_BR_CALL_REG, 0},                        // call *%rax
+      {{0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},                  // call *%r11
+      {{0xff, 0xe0}, XP_BR_JMP_REG, 0},                         // jmp *%rax
+      {{0x41, 0xff, 0xe3}, XP_BR_JMP_REG, 0},                   // jmp *%r11
+      {{0x3e, 0xff, 0xe2}, XP_BR_JMP_REG, 0},                   // notrack jmp *%rdx
+      {{0x2e, 0x41, 0xff, 0xd3}, XP_BR_CALL_REG, 0},            // cs call *%r11 (retpoline padding)
+      {{0xf2, 0xff, 0xd1}, XP_BR_CALL_REG, 0},                  // bnd call *%rcx
+      {{0x48, 0xff, 0xe7}, XP_BR_JMP_REG, 0},                   // rex.W jmp *%rdi (W changes nothing)
   };
   for (const auto& c : cases) {
     xp_branch br{};
@@ -1034,50 +1036,55 @@ TEST(ModuleBranch, BranchesThroughMemoryAreRefusedAndNamed) {
     EXPECT_TRUE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size()))) << std::hex << int(b[1]);
   }
   // Not a branch through memory: register forms, other ff forms, other instructions.
-  const std::vector<std::vector<std::uint8_t>> other = {
-      {0xff, 0xd0}, {0x41, 0xff, 0xe3}, {0xff, 0x30} /* push (%rax) */, {0xff, 0x00} /* inc (%rax) */,
-      {0xff, 0x18} /* lcall *(%rax) */, {0xe8, 0, 0, 0, 0}, {0xc3}, {0xff}, {}};
-  for (const auto& b : other)
-    EXPECT_FALSE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size())));
+  const std::vector<std::vector<std::uint8_t>> other = {{0xff, 0xd0},
+                                                        {0x41, 0xff, 0xe3},
+                                                        {0xff, 0x30} /* push (%rax) */,
+                                                        {0xff, 0x00} /* inc (%rax) */,
+                                                        {0xff, 0x18} /* lcall *(%rax) */,
+                                                        {0xe8, 0, 0, 0, 0},
+                                                        {0xc3},
+                                                        {0xff},
+                                                        {}};
+  for (const auto& b : other) EXPECT_FALSE(xp_is_mem_indirect_branch(b.data(), static_cast<std::uint32_t>(b.size())));
   EXPECT_FALSE(xp_is_mem_indirect_branch(nullptr, 2));
 }
 
 TEST(ModuleBranch, RefusesEverythingElse) {
   const std::vector<std::vector<std::uint8_t>> bad = {
-      {},                                   // nothing
-      {0x90},                               // nop
-      {0x55},                               // push %rbp
-      {0xff, 0x15, 0, 0, 0, 0},             // call *0(%rip)
-      {0xff, 0x24, 0xfd, 0, 0x10, 0, 0x81}, // jmp *table(,%rdi,8)
-      {0xff},                               // ff without ModRM
-      {0xff, 0xd0, 0x90},                   // call *%rax, length longer than the instruction
-      {0xff, 0xc0},                         // inc %eax
-      {0xff, 0xc8},                         // dec %eax
-      {0xff, 0xf0},                         // push %rax
-      {0xff, 0xd8},                         // lcall with a register: invalid
-      {0xff, 0xe8},                         // ljmp with a register: invalid
-      {0x66, 0xff, 0xd0},                   // data16 call *%ax
-      {0x67, 0xff, 0xd0},                   // addr32 call *%rax
-      {0xf3, 0xff, 0xe0},                   // rep jmp *%rax
-      {0x41, 0x3e, 0xff, 0xe3},             // REX not right before the opcode
-      {0xea, 0, 0, 0, 0, 0, 0},             // far jmp (invalid in 64-bit)
-      {0xcb},                               // lret
-      {0xca, 0, 0},                         // lret $0
-      {0xcc},                               // int3
-      {0x66, 0xe9, 1, 0},                   // data16 jmp: truncates rip on AMD
-      {0x66, 0xc3},                         // data16 ret
-      {0x67, 0xe2, 0},                      // addr32 loop: would write ecx
-      {0x67, 0xe9, 1, 0, 0, 0},             // addr32 jmp
-      {0xf3, 0xe9, 1, 0, 0, 0},             // rep jmp
-      {0xeb},                               // truncated
-      {0xe9, 1, 0, 0},                      // truncated rel32
-      {0xeb, 1, 0x90},                      // length longer than the instruction
+      {},                                    // nothing
+      {0x90},                                // nop
+      {0x55},                                // push %rbp
+      {0xff, 0x15, 0, 0, 0, 0},              // call *0(%rip)
+      {0xff, 0x24, 0xfd, 0, 0x10, 0, 0x81},  // jmp *table(,%rdi,8)
+      {0xff},                                // ff without ModRM
+      {0xff, 0xd0, 0x90},                    // call *%rax, length longer than the instruction
+      {0xff, 0xc0},                          // inc %eax
+      {0xff, 0xc8},                          // dec %eax
+      {0xff, 0xf0},                          // push %rax
+      {0xff, 0xd8},                          // lcall with a register: invalid
+      {0xff, 0xe8},                          // ljmp with a register: invalid
+      {0x66, 0xff, 0xd0},                    // data16 call *%ax
+      {0x67, 0xff, 0xd0},                    // addr32 call *%rax
+      {0xf3, 0xff, 0xe0},                    // rep jmp *%rax
+      {0x41, 0x3e, 0xff, 0xe3},              // REX not right before the opcode
+      {0xea, 0, 0, 0, 0, 0, 0},              // far jmp (invalid in 64-bit)
+      {0xcb},                                // lret
+      {0xca, 0, 0},                          // lret $0
+      {0xcc},                                // int3
+      {0x66, 0xe9, 1, 0},                    // data16 jmp: truncates rip on AMD
+      {0x66, 0xc3},                          // data16 ret
+      {0x67, 0xe2, 0},                       // addr32 loop: would write ecx
+      {0x67, 0xe9, 1, 0, 0, 0},              // addr32 jmp
+      {0xf3, 0xe9, 1, 0, 0, 0},              // rep jmp
+      {0xeb},                                // truncated
+      {0xe9, 1, 0, 0},                       // truncated rel32
+      {0xeb, 1, 0x90},                       // length longer than the instruction
       {0xc3, 0x90},
-      {0x0f, 0x05},                         // syscall
-      {0x0f, 0x90, 0, 0, 0, 0},             // seto, not jcc
-      {0x48},                               // REX alone
-      {0x3e, 0x3e, 0x3e},                   // prefixes alone
-      {0x48, 0x3e, 0xeb, 0},                // REX must come right before the opcode
+      {0x0f, 0x05},              // syscall
+      {0x0f, 0x90, 0, 0, 0, 0},  // seto, not jcc
+      {0x48},                    // REX alone
+      {0x3e, 0x3e, 0x3e},        // prefixes alone
+      {0x48, 0x3e, 0xeb, 0},     // REX must come right before the opcode
   };
   for (const auto& b : bad) {
     xp_branch br{};
@@ -1088,7 +1095,7 @@ TEST(ModuleBranch, RefusesEverythingElse) {
   std::memset(sixteen, 0x3e, sizeof sixteen);
   sixteen[14] = 0xeb;
   xp_branch br{};
-  EXPECT_FALSE(xp_decode_branch(sixteen, 16, &br));  // longer than any x86 instruction
+  EXPECT_FALSE(xp_decode_branch(sixteen, 16, &br));     // longer than any x86 instruction
   ASSERT_TRUE(xp_decode_branch(sixteen + 1, 15, &br));  // 13 prefixes, eb, rel8: 15 bytes
   EXPECT_EQ(br.len, 15u);
   EXPECT_EQ(br.disp, 0x3e);
@@ -1099,25 +1106,25 @@ TEST(ModuleBranch, ConditionCodesFollowTheSdm) {
   // Every combination of OF SF ZF PF CF against the SDM's definitions (Jcc, Table 7-4).
   for (int bits = 0; bits < 32; ++bits) {
     const bool of = bits & 1, sf = bits & 2, zf = bits & 4, pf = bits & 8, cf = bits & 16;
-    const std::uint64_t fl = (of ? XP_RFLAGS_OF : 0) | (sf ? XP_RFLAGS_SF : 0) |
-                             (zf ? XP_RFLAGS_ZF : 0) | (pf ? XP_RFLAGS_PF : 0) | (cf ? XP_RFLAGS_CF : 0);
+    const std::uint64_t fl = (of ? XP_RFLAGS_OF : 0) | (sf ? XP_RFLAGS_SF : 0) | (zf ? XP_RFLAGS_ZF : 0) |
+                             (pf ? XP_RFLAGS_PF : 0) | (cf ? XP_RFLAGS_CF : 0);
     const bool expect[16] = {
-        of,                 // jo
-        !of,                // jno
-        cf,                 // jb / jc / jnae
-        !cf,                // jae / jnb / jnc
-        zf,                 // je / jz
-        !zf,                // jne / jnz
-        cf || zf,           // jbe / jna
-        !cf && !zf,         // ja / jnbe
-        sf,                 // js
-        !sf,                // jns
-        pf,                 // jp / jpe
-        !pf,                // jnp / jpo
-        sf != of,           // jl / jnge
-        sf == of,           // jge / jnl
-        zf || sf != of,     // jle / jng
-        !zf && sf == of,    // jg / jnle
+        of,               // jo
+        !of,              // jno
+        cf,               // jb / jc / jnae
+        !cf,              // jae / jnb / jnc
+        zf,               // je / jz
+        !zf,              // jne / jnz
+        cf || zf,         // jbe / jna
+        !cf && !zf,       // ja / jnbe
+        sf,               // js
+        !sf,              // jns
+        pf,               // jp / jpe
+        !pf,              // jnp / jpo
+        sf != of,         // jl / jnge
+        sf == of,         // jge / jnl
+        zf || sf != of,   // jle / jng
+        !zf && sf == of,  // jg / jnle
     };
     for (std::uint32_t cc = 0; cc < 16; ++cc)
       EXPECT_EQ(xp_condition(cc, fl), expect[cc]) << "cc " << cc << " flags 0x" << std::hex << fl;
@@ -1170,7 +1177,7 @@ TEST_F(ModuleEmulate, JccTakenAndNotTaken) {
   ASSERT_EQ(run({0x74, 0x20}, r), XP_EMUL_OK);  // ZF=0: falls through
   EXPECT_EQ(r.rip, kAt + 2);
   r = regs_at(kAt);
-  r.rflags |= XP_RFLAGS_SF;  // SF != OF
+  r.rflags |= XP_RFLAGS_SF;                                             // SF != OF
   ASSERT_EQ(run({0x0f, 0x8c, 0x00, 0x01, 0x00, 0x00}, r), XP_EMUL_OK);  // jl +0x100
   EXPECT_EQ(r.rip, kAt + 6 + 0x100);
   r = regs_at(kAt);
@@ -1204,7 +1211,7 @@ TEST_F(ModuleEmulate, CallThroughARegisterPushesTheAddressAfterIt) {
   EXPECT_EQ(g.stack.at(kStack - 8), kAt + 2);
   EXPECT_EQ(r.rax, kText + 0x5000);
   r = regs_at(kAt);
-  r.r11 = kOea + 0x100;  // into the OEA
+  r.r11 = kOea + 0x100;                               // into the OEA
   ASSERT_EQ(run({0x41, 0xff, 0xd3}, r), XP_EMUL_OK);  // call *%r11
   EXPECT_EQ(r.rip, kOea + 0x100);
   EXPECT_EQ(r.rsp, kStack - 8);
@@ -1252,8 +1259,8 @@ TEST_F(ModuleEmulate, EveryRegisterIsReadFromItsOwnField) {
 }
 
 TEST_F(ModuleEmulate, RegisterTargetsOutsideCodeAreRefusedWithoutSideEffects) {
-  for (std::uint64_t to : std::initializer_list<std::uint64_t>{0x0, 0x400000, kStack, kTextEnd, kModulesEnd,
-                                                              0xffff888000000000ull}) {
+  for (std::uint64_t to :
+       std::initializer_list<std::uint64_t>{0x0, 0x400000, kStack, kTextEnd, kModulesEnd, 0xffff888000000000ull}) {
     auto r = regs_at(kAt);
     r.rbx = to;
     const auto before = r;
@@ -1425,7 +1432,7 @@ TEST(ModuleReturnTable, FindsTheSlotAndNeverAFreeEntry) {
   EXPECT_EQ(xp_ret_find(t.data(), 4, kStack - 0x200), 3);
   EXPECT_EQ(xp_ret_find(t.data(), 3, kStack - 0x200), -1);  // beyond the capacity
   EXPECT_EQ(xp_ret_find(t.data(), 4, kStack - 0x300), -1);
-  EXPECT_EQ(xp_ret_find(t.data(), 4, 0), -1);               // slot 0 means free
+  EXPECT_EQ(xp_ret_find(t.data(), 4, 0), -1);  // slot 0 means free
   EXPECT_EQ(xp_ret_find(t.data(), 0, kStack - 0x100), -1);
 }
 
@@ -1525,8 +1532,7 @@ TEST_F(ModuleFallback, HostileEntriesAreRefused) {
   auto r = regs_at(kAt);
   const auto before = r;
   EXPECT_EQ(take(trap(kAt, 0, {0x55}, kOea), r), XP_FB_BAD_ENTRY);
-  EXPECT_EQ(take(trap(kAt, XENPROBES_TRAP_FALLBACK | XENPROBES_TRAP_EMULATE, {0xeb, 0}, kOea), r),
-            XP_FB_BAD_ENTRY);
+  EXPECT_EQ(take(trap(kAt, XENPROBES_TRAP_FALLBACK | XENPROBES_TRAP_EMULATE, {0xeb, 0}, kOea), r), XP_FB_BAD_ENTRY);
   EXPECT_EQ(take(trap(kAt, 8, {0x55}, kOea), r), XP_FB_BAD_ENTRY);
   EXPECT_EQ(take(trap(kAt, 0xffffffffu, {0x55}, kOea), r), XP_FB_BAD_ENTRY);
   auto e = trap(kAt, XENPROBES_TRAP_FALLBACK, {0x55}, kOea);
@@ -1570,8 +1576,8 @@ TEST(ModuleDecimal, StrictDigitsOnly) {
   EXPECT_EQ(v, 4096u);
   EXPECT_TRUE(parse("18446744073709551615", ~0ull, &v));
   EXPECT_EQ(v, ~0ull);
-  for (const char* bad : {"", "007", "00", "+1", "-1", " 1", "1 ", "1\n", "0x10", "1e3", "12a",
-                          "18446744073709551616", "99999999999999999999", "123456789012345678901"})
+  for (const char* bad : {"", "007", "00", "+1", "-1", " 1", "1 ", "1\n", "0x10", "1e3", "12a", "18446744073709551616",
+                          "99999999999999999999", "123456789012345678901"})
     EXPECT_FALSE(parse(bad, ~0ull, &v)) << '"' << bad << '"';
   EXPECT_TRUE(parse("16777216", XENPROBES_OEA_MAX_SIZE, &v));
   EXPECT_FALSE(parse("16777217", XENPROBES_OEA_MAX_SIZE, &v));

@@ -304,8 +304,8 @@ struct RingAsyncHit : ::testing::Test {
     t.insn[XENPROBES_ASYNC_KEY_NCAPS] = ncaps;
     return t;
   }
-  xp_async_result hit(const xenprobes_trap& e, unsigned vcpu, std::uint64_t time = 1234,
-                      xp_ring* rs = nullptr, unsigned n = kRings) {
+  xp_async_result hit(const xenprobes_trap& e, unsigned vcpu, std::uint64_t time = 1234, xp_ring* rs = nullptr,
+                      unsigned n = kRings) {
     return xp_async_hit(&b, &e, rs ? rs : rings, n, vcpu, time, &regs, &ops_);
   }
   bool nothing_written() {
@@ -383,14 +383,14 @@ TEST_F(RingAsyncHit, AKeyOrSpecThatBreaksARuleWritesNoRecord) {
   EXPECT_EQ(XP_ASYNC_BAD, hit(dirty, 0));
   EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, XENPROBES_RING_CAPS_MAX + 1, base() + kSpecsOff), 0));
   EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 1, base() + kSpecsOff + 4), 0));  // unaligned
-  EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 1, base() - 8), 0));                // below the OEA
-  EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 2, base() + kPage - 8), 0));        // past its end
+  EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 1, base() - 8), 0));              // below the OEA
+  EXPECT_EQ(XP_ASYNC_BAD, hit(entry(1, 2, base() + kPage - 8), 0));      // past its end
   const std::vector<std::vector<xenprobes_capture_spec>> bad{
-      {{0, 0, 8, 0}},                                                  // no kind
-      {{XENPROBES_CAP_BYTES | 0x20, 0, 8, 0}},                         // unknown bits
-      {{XENPROBES_CAP_BYTES, XENPROBES_CAP_REG_MAX + 1, 8, 0}},        // no such register
-      {{XENPROBES_CAP_BYTES, 0, 0, 0}},                                // nothing to read
-      {{XENPROBES_CAP_STRING, 0, XENPROBES_CAP_MAX_BYTES + 1, 0}},     // too long
+      {{0, 0, 8, 0}},                                                    // no kind
+      {{XENPROBES_CAP_BYTES | 0x20, 0, 8, 0}},                           // unknown bits
+      {{XENPROBES_CAP_BYTES, XENPROBES_CAP_REG_MAX + 1, 8, 0}},          // no such register
+      {{XENPROBES_CAP_BYTES, 0, 0, 0}},                                  // nothing to read
+      {{XENPROBES_CAP_STRING, 0, XENPROBES_CAP_MAX_BYTES + 1, 0}},       // too long
       {{XENPROBES_CAP_BYTES, 5, 8, 0}, {XENPROBES_CAP_BYTES, 0, 0, 0}},  // the second one
   };
   for (const auto& specs : bad) {

@@ -47,7 +47,8 @@ struct FakeMemory {
 
   const char* find(std::uint64_t addr, std::uint32_t len) const {
     for (const auto& [start, b] : ranges)
-      if (addr >= start && addr - start <= b.size() && len <= b.size() - (addr - start)) return b.data() + (addr - start);
+      if (addr >= start && addr - start <= b.size() && len <= b.size() - (addr - start))
+        return b.data() + (addr - start);
     return nullptr;
   }
   static int read(void* ctx, void* dst, std::uint64_t addr, std::uint32_t len, bool) {
@@ -99,7 +100,8 @@ struct Fixture {
     EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().what);
     reader.emplace(std::move(*r));
   }
-  xp_ring_result hit(std::uint64_t n, const std::vector<xenprobes_capture_spec>& specs = {}, FakeMemory* mem = nullptr) {
+  xp_ring_result hit(std::uint64_t n, const std::vector<xenprobes_capture_spec>& specs = {},
+                     FakeMemory* mem = nullptr) {
     xenprobes_regs r = regs_for(n);
     xp_read_ops ops{};
     if (mem) ops = mem->ops();
@@ -146,11 +148,11 @@ TEST(Ring, CapturesBytesStringsTruncationAndFaultsInOrder) {
   mem.ranges[r.rdx] = std::string("a long path name\0", 17);
   mem.ranges[r.rsp + 8] = std::string("\x11\x22\x33\x44\x55\x66\x77\x88", 8);
   std::vector<xenprobes_capture_spec> specs{
-      {XENPROBES_CAP_BYTES, 5, 10, 0},                        // 10 bytes at [rdi]
-      {XENPROBES_CAP_STRING | XENPROBES_CAP_USER, 4, 64, 0},  // a user string at rsi
-      {XENPROBES_CAP_STRING, 3, 7, 0},                        // a string at rdx, longer than 7
-      {XENPROBES_CAP_BYTES, 7, 8, 8},                         // the u64 at [rsp+8]
-      {XENPROBES_CAP_BYTES, 1, 4, 0},                         // [rbx]: not mapped
+      {XENPROBES_CAP_BYTES, 5, 10, 0},                                // 10 bytes at [rdi]
+      {XENPROBES_CAP_STRING | XENPROBES_CAP_USER, 4, 64, 0},          // a user string at rsi
+      {XENPROBES_CAP_STRING, 3, 7, 0},                                // a string at rdx, longer than 7
+      {XENPROBES_CAP_BYTES, 7, 8, 8},                                 // the u64 at [rsp+8]
+      {XENPROBES_CAP_BYTES, 1, 4, 0},                                 // [rbx]: not mapped
       {XENPROBES_CAP_STRING, 5, 16, static_cast<std::uint32_t>(-4)},  // rdi - 4: not mapped
   };
   ASSERT_EQ(0, xp_ring_specs_check(specs.data(), static_cast<unsigned>(specs.size())));
@@ -197,8 +199,8 @@ TEST(Ring, AutoCapturesReadTheLowerHalfAsUserAndTheUpperAsKernel) {
   const std::vector<xenprobes_capture_spec> specs{
       {XENPROBES_CAP_STRING | XENPROBES_CAP_AUTO, 5, 64, 0},
       {XENPROBES_CAP_STRING | XENPROBES_CAP_AUTO | XENPROBES_CAP_USER, 4, 64, 0},  // USER ignored
-      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 8},  // rdx + 8: still user
-      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 16},  // rdx + 16 = 2^63: kernel
+      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 8},                         // rdx + 8: still user
+      {XENPROBES_CAP_BYTES | XENPROBES_CAP_AUTO, 3, 8, 16},                        // rdx + 16 = 2^63: kernel
   };
   ASSERT_EQ(0, xp_ring_specs_check(specs.data(), static_cast<unsigned>(specs.size())));
   const xp_read_ops ops{&Spaces::read, &Spaces::read_str, &spaces};
@@ -218,17 +220,19 @@ TEST(Ring, SpecsOutsideTheProtocolAreRefusedAtRegistration) {
   EXPECT_EQ(0, xp_ring_specs_check(nullptr, 0));
   EXPECT_NE(0, xp_ring_specs_check(nullptr, 1));
   const xenprobes_capture_spec bad[] = {
-      {0, 0, 8, 0},                                       // no kind
-      {7, 0, 8, 0},                                       // unknown kind
+      {0, 0, 8, 0},                                            // no kind
+      {7, 0, 8, 0},                                            // unknown kind
       {XENPROBES_CAP_BYTES, XENPROBES_CAP_REG_MAX + 1, 8, 0},  // past rip
-      {XENPROBES_CAP_BYTES, 0, 0, 0},                     // nothing to read
+      {XENPROBES_CAP_BYTES, 0, 0, 0},                          // nothing to read
       {XENPROBES_CAP_STRING, 0, XENPROBES_CAP_MAX_BYTES + 1, 0},
   };
-  for (const auto& s : bad) EXPECT_NE(0, xp_ring_specs_check(&s, 1)) << int(s.kind) << " " << int(s.reg) << " " << s.max;
+  for (const auto& s : bad)
+    EXPECT_NE(0, xp_ring_specs_check(&s, 1)) << int(s.kind) << " " << int(s.reg) << " " << s.max;
   std::vector<xenprobes_capture_spec> many(XENPROBES_RING_CAPS_MAX + 1, ok);
   EXPECT_NE(0, xp_ring_specs_check(many.data(), static_cast<unsigned>(many.size())));
   // Four of 1024 bytes: the record could pass XENPROBES_RING_REC_MAX.
-  std::vector<xenprobes_capture_spec> big(4, xenprobes_capture_spec{XENPROBES_CAP_BYTES, 0, XENPROBES_CAP_MAX_BYTES, 0});
+  std::vector<xenprobes_capture_spec> big(4,
+                                          xenprobes_capture_spec{XENPROBES_CAP_BYTES, 0, XENPROBES_CAP_MAX_BYTES, 0});
   EXPECT_GT(xp_ring_record_max(big.data(), 4), XENPROBES_RING_REC_MAX);
   EXPECT_NE(0, xp_ring_specs_check(big.data(), 4));
   EXPECT_EQ(0, xp_ring_specs_check(big.data(), 3));
@@ -574,8 +578,8 @@ TEST(RingHostile, ScribblingWhileDrainingIsSurvived) {
   // At least 20000 drains, and on until the scribbles broke the ring at least once (the guest
   // thread may be scheduled late on a loaded machine); a bound of 60 s against a hang.
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (int round = 0; round < 20000 || (f.reader->counters().resyncs == 0 && std::chrono::steady_clock::now() < give_up);
-       ++round) {
+  for (int round = 0;
+       round < 20000 || (f.reader->counters().resyncs == 0 && std::chrono::steady_clock::now() < give_up); ++round) {
     f.reader->drain([&](const RingRecord& r) {
       ASSERT_LE(r.captures.size(), XENPROBES_RING_CAPS_MAX);
       ++delivered;

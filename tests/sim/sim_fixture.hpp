@@ -50,8 +50,8 @@ struct SimGuest {
   // Oracle read of the guest's per-vCPU statistics (through the sim, not the library).
   demo_stats stats(unsigned vcpu) {
     demo_stats st{};
-    auto r = host->peek(dom, sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats),
-                        std::as_writable_bytes(std::span(&st, 1)));
+    auto r =
+        host->peek(dom, sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
     if (!r) throw std::runtime_error(r.error().what);
     return st;
   }

@@ -14,10 +14,10 @@
 namespace xenprobes::testing {
 namespace {
 
+using hv::GuestType;
 using hv::sim::DomainConfig;
 using hv::sim::Op;
 using hv::sim::SimOptions;
-using hv::GuestType;
 
 DomainConfig finite(unsigned vcpus, std::uint64_t iterations, GuestType type = GuestType::Pv) {
   DomainConfig c;
@@ -210,8 +210,7 @@ TEST(SimMemory, CodePatchedThroughMappingIsSeenByEveryVcpu) {
       seen.insert(v);
       ++found;
     }
-    while (g.hv->gdbsx_domstatus(g.dom)->vcpu) {
-    }
+    while (g.hv->gdbsx_domstatus(g.dom)->vcpu) {}
     for (unsigned i = 0; i < found; ++i) ASSERT_TRUE(g.hv->unpause(g.dom));
     if (!found) std::this_thread::sleep_for(1ms);
   }

@@ -41,8 +41,7 @@ VmEventResponse emulate_original(const VmEventRequest& req, std::span<const std:
   VmEventResponse rsp;
   rsp.vcpu = req.vcpu;
   rsp.reason = req.reason;
-  rsp.flags = (req.flags & hv::kVmEventFlagVcpuPaused) | hv::kVmEventFlagEmulate |
-              hv::kVmEventFlagSetEmulInsnData;
+  rsp.flags = (req.flags & hv::kVmEventFlagVcpuPaused) | hv::kVmEventFlagEmulate | hv::kVmEventFlagSetEmulInsnData;
   std::copy(orig.begin(), orig.end(), rsp.emul_insn);
   return rsp;
 }
@@ -61,10 +60,8 @@ Monitored monitor(SimGuest& g, const char* fn, std::uint8_t trap_byte) {
   EXPECT_TRUE(ring) << ring.error().what;
   if (!ring) return m;
   m.ring = std::move(*ring);
-  if (trap_byte == 0xcc)
-    EXPECT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
-  else
-    EXPECT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
+  if (trap_byte == 0xcc) EXPECT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
+  else EXPECT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
   m.fn = g.sym(fn);
   auto gm = g.memory();
   EXPECT_TRUE(gm->read(Gva{m.fn}, std::as_writable_bytes(std::span(m.orig))));

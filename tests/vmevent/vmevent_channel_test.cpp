@@ -328,7 +328,7 @@ TEST(VmEventChannel, NotOursResumesAtTheTrapUnchanged) {
   sink.owned = {fn};
   sink.handler = [&](Stop& s) {
     EXPECT_TRUE(r.gm->write_u8(Gva{fn}, orig));  // disarmed while the vCPU was stopped on it
-    s.regs.rax = 0xbad;  // must not be applied
+    s.regs.rax = 0xbad;                          // must not be applied
     return Verdict::NotOurs;
   };
   r.start();
@@ -422,7 +422,9 @@ TEST(VmEventChannel, ForeignInt3IsHandedBackToTheGuest) {
   r.patch(fn, 0xcc);
   FakeSink sink;  // owns nothing
   r.start();
-  ASSERT_FALSE(r.run(sink, [] { return false; }, 10s)) << "the guest took its #BP";
+  ASSERT_FALSE(r.run(
+      sink, [] { return false; }, 10s))
+      << "the guest took its #BP";
   EXPECT_TRUE(sink.stops.empty());
   ASSERT_EQ(r.rec.injected.size(), 1u);
   const Injected& i = r.rec.injected[0];
@@ -445,7 +447,8 @@ TEST(VmEventChannel, ForeignIcebpIsHandedBackToTheGuest) {
   FakeSink sink;
   sink.owned = {r.g.sym("sys_read")};  // ours are elsewhere
   r.start();
-  ASSERT_FALSE(r.run(sink, [] { return false; }, 10s));
+  ASSERT_FALSE(r.run(
+      sink, [] { return false; }, 10s));
   EXPECT_TRUE(sink.stops.empty());
   ASSERT_EQ(r.rec.injected.size(), 1u);
   EXPECT_EQ(r.rec.injected[0].vector, 1);
@@ -465,7 +468,8 @@ TEST(VmEventChannel, GuestSingleStepIsHandedBack) {
   FakeSink sink;
   sink.own_everything = true;  // a #DB after a step is no stop, whatever the sink claims
   r.start();
-  ASSERT_FALSE(r.run(sink, [] { return false; }, 10s));
+  ASSERT_FALSE(r.run(
+      sink, [] { return false; }, 10s));
   EXPECT_TRUE(sink.stops.empty());
   ASSERT_EQ(r.rec.injected.size(), 1u);
   EXPECT_EQ(r.rec.injected[0].vector, 1);

@@ -191,7 +191,8 @@ TEST_P(VmEventEngine, DetachWhileTheGuestRunsLeavesItIntact) {
   EngineRig r(hvm_demo(vcpus, iters), GetParam());
   std::uint64_t hits = 0;
   const std::uint64_t read = r.g.sym("sys_read"), write = r.g.sym("sys_write");
-  r.add(read, [&](HitContext&) { return ++hits, 0; }, [](HitContext&) {});
+  r.add(
+      read, [&](HitContext&) { return ++hits, 0; }, [](HitContext&) {});
   r.add(write, [&](HitContext&) { return ++hits, 0; });
   r.start();
   auto end = std::chrono::steady_clock::now() + 60s;

@@ -122,8 +122,8 @@ TEST(XenprobeModuleBtf, ModuleStructsAreFoundWithTheirFieldsAndTheKernelsTypesWi
 TEST(XenprobeModuleBtf, AProgramCastsToAModulesStruct) {
   Btfs b = make();
   auto t = open_btf_bytes(b.kernel, "test kernel BTF", b.modules);
-  Compiled c = compile(parse("kprobe:xfs:xfs_iget { @[((struct xfs_inode *)arg0)->i_mount->m_blocks] = count(); }"),
-                       t.get());
+  Compiled c =
+      compile(parse("kprobe:xfs:xfs_iget { @[((struct xfs_inode *)arg0)->i_mount->m_blocks] = count(); }"), t.get());
   ASSERT_EQ(c.program.blocks.size(), 1u);
   ASSERT_EQ(c.program.blocks[0].specs.size(), 1u);
   EXPECT_EQ(c.program.blocks[0].specs[0].function, "xfs:xfs_iget");

@@ -54,8 +54,7 @@ TEST(XenprobeModuleStack, AFrameInAModuleLoadedAfterTheStartIsNamedUntilItGoes) 
   });
   ASSERT_TRUE(p) << p.error().what;
   ASSERT_TRUE(s.hypervisor().unpause(*dom));
-  for (int i = 0; i < 20000 && !host->wait_halted(*dom, std::chrono::milliseconds(0)); ++i)
-    ASSERT_TRUE(s.run_once(2));
+  for (int i = 0; i < 20000 && !host->wait_halted(*dom, std::chrono::milliseconds(0)); ++i) ASSERT_TRUE(s.run_once(2));
   ASSERT_EQ(texts.size(), 3u);
   // The kernel's frames named as before (demo_kstack_middle shares its address with the moved
   // _stext, which names it), the module's with their module.

@@ -56,9 +56,10 @@ std::vector<std::pair<fs::path, fs::path>> golden_cases(const fs::path& dir) {
 
 // Runs the tool with `args`; `during(pid, stdout_path)` runs while it does (for signals).
 ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
-        const std::function<void(pid_t, const fs::path&)>& during = {}) {
+            const std::function<void(pid_t, const fs::path&)>& during = {}) {
   static int serial = 0;
-  fs::path dir = fs::temp_directory_path() / ("xenprobe_test." + std::to_string(getpid()) + "." + std::to_string(serial++));
+  fs::path dir =
+      fs::temp_directory_path() / ("xenprobe_test." + std::to_string(getpid()) + "." + std::to_string(serial++));
   fs::create_directories(dir);
   const fs::path out = dir / "out", err = dir / "err";
   pid_t pid = fork();
@@ -110,7 +111,7 @@ json map_data(const std::vector<json>& recs, const std::string& map, const std::
 
 // ---- the workload's oracle (guest/demo.c demo_iteration and demo_dispatch) ----
 
-const char* const kPaths[8] = {"/etc/hostname", "/etc/passwd", "/tmp",          "/nonexistent",
+const char* const kPaths[8] = {"/etc/hostname", "/etc/passwd",   "/tmp",          "/nonexistent",
                                "/proc/version", "/tmp/demo.log", "relative/path", "/etc"};
 
 // sys_read's third argument, in call order, for `iters` iterations of vCPU v.
@@ -150,7 +151,8 @@ std::vector<json> hist_oracle(const std::vector<std::int64_t>& xs) {
   return v;
 }
 
-std::vector<json> lhist_oracle(const std::vector<std::int64_t>& xs, std::int64_t lo, std::int64_t hi, std::int64_t step) {
+std::vector<json> lhist_oracle(const std::vector<std::int64_t>& xs, std::int64_t lo, std::int64_t hi,
+                               std::int64_t step) {
   const std::size_t n = static_cast<std::size_t>((hi - lo) / step + 2);
   std::vector<std::uint64_t> b(n, 0);
   for (auto x : xs) ++b[x < lo ? 0 : x >= hi ? n - 1 : static_cast<std::size_t>(1 + (x - lo) / step)];
@@ -190,10 +192,11 @@ std::vector<std::string> args(std::vector<std::string> base, std::initializer_li
 
 TEST(Xenprobe, EveryAggregationHasTheWorkloadsExactValues) {
   constexpr std::uint64_t kIters = 20;
-  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(kIters), "-f", "json", "-e",
-                           "kprobe:sys_read { @count = count(); @sum = sum(arg2); @avg = avg(arg2); "
-                           "@min = min(arg2); @max = max(arg2); @hist = hist(arg2); @lhist = lhist(arg2, 0, 48, 8); "
-                           "@neg = min(0 - arg2); @h2 = hist(0 - 1); }"}));
+  ToolRun r =
+      run(args(kSim1, {"--sim-iterations", std::to_string(kIters), "-f", "json", "-e",
+                       "kprobe:sys_read { @count = count(); @sum = sum(arg2); @avg = avg(arg2); "
+                       "@min = min(arg2); @max = max(arg2); @hist = hist(arg2); @lhist = lhist(arg2, 0, 48, 8); "
+                       "@neg = min(0 - arg2); @h2 = hist(0 - 1); }"}));
   ASSERT_EQ(r.status, 0) << r.err;
   auto recs = records(r.out);
   ASSERT_FALSE(recs.empty());
@@ -213,9 +216,7 @@ TEST(Xenprobe, EveryAggregationHasTheWorkloadsExactValues) {
   EXPECT_EQ(map_data(recs, "@h2"), json(hist_oracle(std::vector<std::int64_t>(xs.size(), -1))));
   // Record types: hist for hist/lhist, map for the rest.
   for (const json& rec : recs) {
-    if (rec["data"].contains("@hist") || rec["data"].contains("@lhist")) {
-      EXPECT_EQ(rec["type"], "hist");
-    }
+    if (rec["data"].contains("@hist") || rec["data"].contains("@lhist")) { EXPECT_EQ(rec["type"], "hist"); }
   }
 }
 
@@ -323,9 +324,9 @@ TEST(Xenprobe, AFullMapDropsNewKeysCountsThemAndKeepsCounting) {
 TEST(Xenprobe, ExactCountsOnEveryChannel) {
   constexpr std::uint64_t K = 6;
   for (const char* ch : {"guest", "debugger", "vmevent"}) {
-    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel",
-                     ch, "-f", "json", "-e",
-                     "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
+    ToolRun r =
+        run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel", ch,
+             "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
     ASSERT_EQ(r.status, 0) << ch << ": " << r.err;
     auto recs = records(r.out);
     EXPECT_EQ(map_data(recs, "@c"), 2 * K * 2) << ch;
@@ -338,8 +339,9 @@ TEST(Xenprobe, ExactCountsOnEveryChannel) {
 TEST(Xenprobe, JumpProbesCountTheSameAndRefusalsSayWhy) {
   constexpr std::uint64_t K = 6;
   for (const char* method : {"jump", "fastest"}) {
-    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "--channel", "guest", "--method",
-                     method, "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
+    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "--channel", "guest",
+                     "--method", method, "-f", "json", "-e",
+                     "kprobe:sys_getppid { @c = count(); } kretprobe:demo_recurse { @r = count(); }"});
     ASSERT_EQ(r.status, 0) << method << ": " << r.err;
     auto recs = records(r.out);
     EXPECT_EQ(map_data(recs, "@c"), 2 * K * 2) << method;
@@ -384,8 +386,8 @@ TEST(XenprobeAsync, StrAndMapsAreTheSameAsWithTrapProbes) {
   std::map<std::string, std::vector<json>> maps;
   std::map<std::string, std::string> text;
   for (const char* method : {"trap", "async"}) {
-    const std::vector<std::string> base = {"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K),
-                                           "--channel", "guest", "--method", method};
+    const std::vector<std::string> base = {
+        "--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K), "--channel", "guest", "--method", method};
     ToolRun r = run(args(base, {"-f", "json", "-e", prog}));
     ASSERT_EQ(r.status, 0) << method << ": " << r.err;
     auto recs = records(r.out);
@@ -434,8 +436,8 @@ TEST(XenprobeAsync, AFieldOfACastArgumentIsCaptured) {
 // -c and exit() stop at the next record: the records still in the rings are dropped, so the
 // counts are exact.
 TEST(XenprobeAsync, HitLimitAndExitStopAtTheNextRecord) {
-  const std::vector<std::string> base = {"--sim", "--sim-vcpus", "2", "--sim-iterations", "50", "--channel", "guest",
-                                         "--method", "async", "-f", "json"};
+  const std::vector<std::string> base = {
+      "--sim", "--sim-vcpus", "2", "--sim-iterations", "50", "--channel", "guest", "--method", "async", "-f", "json"};
   ToolRun c = run(args(base, {"-c", "7", "-e", "kprobe:sys_read { @n = count(); }"}));
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_EQ(map_data(records(c.out), "@n"), 7);
@@ -451,11 +453,13 @@ TEST(XenprobeAsync, HitLimitAndExitStopAtTheNextRecord) {
 // record has the same time; Dom0's clock moves.
 TEST(XenprobeAsync, NsecsIsTheGuestsClockAtTheHit) {
   const std::string prog = "kprobe:sys_read { @lo = min(nsecs); @hi = max(nsecs); }";
-  ToolRun a = run({"--sim", "--sim-iterations", "20", "--channel", "guest", "--method", "async", "-f", "json", "-e", prog});
+  ToolRun a =
+      run({"--sim", "--sim-iterations", "20", "--channel", "guest", "--method", "async", "-f", "json", "-e", prog});
   ASSERT_EQ(a.status, 0) << a.err;
   auto recs = records(a.out);
   EXPECT_EQ(map_data(recs, "@lo"), map_data(recs, "@hi"));
-  ToolRun t = run({"--sim", "--sim-iterations", "20", "--channel", "guest", "--method", "trap", "-f", "json", "-e", prog});
+  ToolRun t =
+      run({"--sim", "--sim-iterations", "20", "--channel", "guest", "--method", "trap", "-f", "json", "-e", prog});
   ASSERT_EQ(t.status, 0) << t.err;
   auto trecs = records(t.out);
   EXPECT_LT(map_data(trecs, "@lo").get<std::int64_t>(), map_data(trecs, "@hi").get<std::int64_t>());
@@ -470,8 +474,9 @@ TEST(XenprobeAsync, HitsTheRingsHadNoRoomForAreLostEvents) {
   constexpr std::uint64_t K = 400;
   const std::uint64_t calls = read_counts(K, 0).size() * 2;
   const std::string prog = "kprobe:sys_read { @n = count(); @s[str(arg1, 1000)] = count(); }";
-  const std::vector<std::string> base = {"--sim", "--sim-vcpus", "2", "--sim-iterations", std::to_string(K),
-                                         "--channel", "guest", "--method", "async", "--sim-ring-order", "12"};
+  const std::vector<std::string> base = {"--sim",           "--sim-vcpus",      "2",     "--sim-iterations",
+                                         std::to_string(K), "--channel",        "guest", "--method",
+                                         "async",           "--sim-ring-order", "12"};
   ToolRun r = run(args(base, {"-f", "json", "-e", prog}));
   ASSERT_EQ(r.status, 0) << r.err;
   auto recs = records(r.out);
@@ -486,8 +491,9 @@ TEST(XenprobeAsync, HitsTheRingsHadNoRoomForAreLostEvents) {
   ASSERT_NE(at, std::string::npos) << t.out;
   const std::uint64_t counted = std::stoull(t.out.substr(at + 4));
   std::uint64_t said = 0;
-  const std::regex line("xenprobe: sim-1: [Ll]ost ([0-9]+) events \\((async hits its rings had no room for|hits the "
-                        "guest went through without a handler)\\)");
+  const std::regex line(
+      "xenprobe: sim-1: [Ll]ost ([0-9]+) events \\((async hits its rings had no room for|hits the "
+      "guest went through without a handler)\\)");
   for (std::sregex_iterator i(t.err.begin(), t.err.end(), line), e; i != e; ++i) said += std::stoull((*i)[1].str());
   EXPECT_EQ(counted + said, calls) << t.out << t.err;
   ToolRun bad = run(args(kSim1, {"--sim-ring-order", "11", "-e", "BEGIN { }"}));
@@ -529,8 +535,10 @@ TEST(XenprobeAsync, RefusalsMatchTheirGoldenFiles) {
 
 TEST(Xenprobe, PrintfFormatsLikeC) {
   constexpr std::uint64_t K = 6;
-  ToolRun r = run(args(kSim1, {"--sim-iterations", std::to_string(K), "-f", "json", "-e",
-                           R"(kprobe:demo_dispatch /arg0 == 7/ { printf("%s nr=%d a=%x b=%5d|%-4s|%c%%\n", func, arg0, arg1, arg2, "ab", 65); })"}));
+  ToolRun r = run(args(
+      kSim1,
+      {"--sim-iterations", std::to_string(K), "-f", "json", "-e",
+       R"(kprobe:demo_dispatch /arg0 == 7/ { printf("%s nr=%d a=%x b=%5d|%-4s|%c%%\n", func, arg0, arg1, arg2, "ab", 65); })"}));
   ASSERT_EQ(r.status, 0) << r.err;
   std::vector<std::string> got;
   for (const json& rec : records(r.out))
@@ -538,8 +546,8 @@ TEST(Xenprobe, PrintfFormatsLikeC) {
   std::vector<std::string> want;
   for (std::uint64_t i = 0; i < K; ++i) {
     char b[128];
-    std::snprintf(b, sizeof b, "demo_dispatch nr=7 a=%llx b=%5llu|ab  |A%%\n", static_cast<unsigned long long>(i * 7 + 7),
-                  static_cast<unsigned long long>(i));
+    std::snprintf(b, sizeof b, "demo_dispatch nr=7 a=%llx b=%5llu|ab  |A%%\n",
+                  static_cast<unsigned long long>(i * 7 + 7), static_cast<unsigned long long>(i));
     want.push_back(b);
   }
   EXPECT_EQ(got, want);
@@ -689,7 +697,7 @@ TEST(Xenprobe, SigtermDetachesAndPrintsTheMaps) {
 TEST(Xenprobe, SeveralDomainsEachLineSaysWhich) {
   constexpr std::uint64_t K = 10;
   ToolRun r = run({"--sim", "--sim-guests", "3", "--sim-vcpus", "1", "--sim-iterations", std::to_string(K), "-d", "1",
-               "-d", "sim-[3]", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:sys_read { @r = count(); }"});
+                   "-d", "sim-[3]", "-e", "kprobe:sys_getppid { @c = count(); } kretprobe:sys_read { @r = count(); }"});
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* dom : {"sim-1", "sim-3"}) {
     const std::string p = std::string("[") + dom + "] ";
@@ -705,11 +713,13 @@ TEST(Xenprobe, SeveralDomainsEachLineSaysWhich) {
 
 TEST(Xenprobe, ADomainDestroyedMidRunLeavesTheOthersRunning) {
   constexpr std::uint64_t K = 30;
-  ToolRun r = run({"--sim", "--sim-guests", "2", "--sim-vcpus", "1", "--sim-iterations", std::to_string(K),
-               "--sim-destroy", "sim-2@20", "-d", "sim-*", "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); }"});
+  ToolRun r =
+      run({"--sim", "--sim-guests", "2", "--sim-vcpus", "1", "--sim-iterations", std::to_string(K), "--sim-destroy",
+           "sim-2@20", "-d", "sim-*", "-f", "json", "-e", "kprobe:sys_getppid { @c = count(); }"});
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("domain sim-2 (2) is gone (it was destroyed); its probes went with it, going on with 1 other domain"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("domain sim-2 (2) is gone (it was destroyed); its probes went with it, going on with 1 other domain"),
+      std::string::npos)
       << r.err;
   auto recs = records(r.out);
   EXPECT_EQ(map_data(recs, "@c", "sim-1"), 2 * K);
@@ -732,7 +742,9 @@ TEST(Xenprobe, GuestStringsCannotBreakTheOutput) {
   ToolRun j = run(args(kSim1, {"--sim-iterations", "1", "-f", "json", "-e", prog}));
   ASSERT_EQ(j.status, 0) << j.err;
   auto recs = records(j.out);
-  EXPECT_EQ(map_data(recs, "@ctl"), "\x0f\x1f" "D");
+  EXPECT_EQ(map_data(recs, "@ctl"),
+            "\x0f\x1f"
+            "D");
   EXPECT_EQ(map_data(recs, "@bin"), "\xef\xbf\xbd");  // U+FFFD in place of the lone 0xcc
 }
 
@@ -741,9 +753,10 @@ TEST(Xenprobe, GuestStringsCannotBreakTheOutput) {
 // bpftrace's layout of hist and lhist, checked against a golden file whose numbers the
 // aggregation test above checks through JSON.
 TEST(Xenprobe, TextOutputMatchesTheGoldenFile) {
-  ToolRun r = run(args(kSim1, {"--sim-iterations", "20", "-e",
-                           "kprobe:sys_read { @h = hist(arg2); @l = lhist(arg2, 0, 40, 10); @c[func, arg2 % 3] = count(); "
-                           "@s[\"x\"] = \"str\"; }"}));
+  ToolRun r =
+      run(args(kSim1, {"--sim-iterations", "20", "-e",
+                       "kprobe:sys_read { @h = hist(arg2); @l = lhist(arg2, 0, 40, 10); @c[func, arg2 % 3] = count(); "
+                       "@s[\"x\"] = \"str\"; }"}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, slurp(fs::path(XENPROBE_TEST_DIR) / "golden" / "hist.txt"));
 }
@@ -875,9 +888,10 @@ TEST(XenprobeBtf, FieldsOfTheGuestsOwnStructures) {
 TEST(XenprobeBtf, TheIssuesOneLinerChecksAgainstBtf) {
   const std::string btf = test_btf();
   if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
-  ToolRun r = run({"--check", "--btf", btf, "-e",
-               "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid, tid] = count(); "
-               "@len = hist(((struct file *)arg1)->f_path.dentry->d_name.len); }"});
+  ToolRun r =
+      run({"--check", "--btf", btf, "-e",
+           "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid, tid] = count(); "
+           "@len = hist(((struct file *)arg1)->f_path.dentry->d_name.len); }"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "");
 }
@@ -886,8 +900,9 @@ TEST(XenprobeBtf, TheHostsKernelBtfWhenThereIsOne) {
   // The same path as the test above with a real kernel's BTF (6.2+ keeps the task pointer in
   // pcpu_hot, older ones in current_task: either is found).
   if (!fs::exists("/sys/kernel/btf/vmlinux")) GTEST_SKIP() << "this kernel has no /sys/kernel/btf/vmlinux";
-  ToolRun r = run({"--check", "--btf", "/sys/kernel/btf/vmlinux", "-e",
-               "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid] = count(); }"});
+  ToolRun r =
+      run({"--check", "--btf", "/sys/kernel/btf/vmlinux", "-e",
+           "kprobe:vfs_open { @[str(((struct file *)arg1)->f_path.dentry->d_name.name), comm, pid] = count(); }"});
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
@@ -897,7 +912,7 @@ TEST(XenprobeBtf, CommPidTidRunAndCountUnreadableMemory) {
   const std::string btf = test_btf();
   if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
   ToolRun r = run(args(kSim1, {"--sim-iterations", "3", "--btf", btf, "-f", "json", "-e",
-                           "kprobe:sys_getppid { @[comm, pid, tid] = count(); }"}));
+                               "kprobe:sys_getppid { @[comm, pid, tid] = count(); }"}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(map_data(records(r.out), "@"), json({{",0,0", 6}}));
   EXPECT_NE(r.err.find("sim-1: 18 guest memory reads failed"), std::string::npos) << r.err;
@@ -920,7 +935,8 @@ TEST(XenprobeBtf, FieldErrorsNameTheFieldsThereAre) {
   // A file that is not BTF at all.
   ToolRun nb = run({"--check", "--btf", XENPROBES_DEMO_GUEST_SYSTEM_MAP, "-e", "BEGIN { }"});
   EXPECT_EQ(nb.status, 1);
-  EXPECT_NE(nb.err.find(std::string("xenprobe: cannot read BTF from ") + XENPROBES_DEMO_GUEST_SYSTEM_MAP), std::string::npos)
+  EXPECT_NE(nb.err.find(std::string("xenprobe: cannot read BTF from ") + XENPROBES_DEMO_GUEST_SYSTEM_MAP),
+            std::string::npos)
       << nb.err;
 }
 
@@ -937,7 +953,8 @@ ModuleGuest module_guest() { return module_btf_guest(); }
 
 TEST(XenprobeModules, AModulesFunctionsAreListedAndResolvedFromItsMemory) {
   ModuleGuest g = module_guest();
-  const std::vector<std::string> base = {"--sim", "--sim-vcpus", "1", "--sim-image", g.image, "--symbols", "sim-1=" + g.map};
+  const std::vector<std::string> base = {"--sim",     "--sim-vcpus",   "1", "--sim-image", g.image,
+                                         "--symbols", "sim-1=" + g.map};
   ToolRun l = run(args(base, {"list", "xfs*"}));
   ASSERT_EQ(l.status, 0) << l.err;
   EXPECT_EQ(l.out, "kprobe:xfs_file_read_iter [xfs]\n");  // its data symbol is not a function
@@ -949,12 +966,14 @@ TEST(XenprobeModules, AModulesFunctionsAreListedAndResolvedFromItsMemory) {
 
 TEST(XenprobeModules, AProgramReadsThroughAModulesStructAndFunctionAddress) {
   ModuleGuest g = module_guest();
-  const std::vector<std::string> base = {"--sim", "--sim-vcpus", "1", "--sim-image", g.image, "--symbols", "sim-1=" + g.map};
+  const std::vector<std::string> base = {"--sim",     "--sim-vcpus",   "1", "--sim-image", g.image,
+                                         "--symbols", "sim-1=" + g.map};
   // No --btf: the kernel's BTF and the module's split BTF, both read from the guest.
-  ToolRun r = run(args(base, {"--sim-iterations", "2", "-f", "json", "-e",
-                              "kprobe:sys_getppid { @ino = max(((struct xfs_inode *)kaddr(\"xfs_file_read_iter\"))->i_ino); "
-                              "@flags = max(((struct xfs_inode *)kaddr(\"xfs:xfs_file_read_iter\"))->i_flags); "
-                              "@calls = count(); }"}));
+  ToolRun r =
+      run(args(base, {"--sim-iterations", "2", "-f", "json", "-e",
+                      "kprobe:sys_getppid { @ino = max(((struct xfs_inode *)kaddr(\"xfs_file_read_iter\"))->i_ino); "
+                      "@flags = max(((struct xfs_inode *)kaddr(\"xfs:xfs_file_read_iter\"))->i_flags); "
+                      "@calls = count(); }"}));
   ASSERT_EQ(r.status, 0) << r.err;
   auto recs = records(r.out);
   EXPECT_EQ(map_data(recs, "@ino"), static_cast<std::int64_t>(kIno));
@@ -992,9 +1011,9 @@ std::string demo_stack(std::size_t frames) {
 TEST(XenprobeKstack, TheDemoChainsExactFramesOnEveryChannel) {
   constexpr std::uint64_t K = 5;
   for (const char* ch : {"guest", "debugger", "vmevent"}) {
-    ToolRun r = run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel",
-                     ch, "-f", "json", "-e",
-                     "kprobe:demo_kstack_leaf { @[kstack] = count(); @two[kstack(2), cpu] = count(); }"});
+    ToolRun r =
+        run({"--sim", "--sim-vcpus", "2", "--sim-type", "pvh", "--sim-iterations", std::to_string(K), "--channel", ch,
+             "-f", "json", "-e", "kprobe:demo_kstack_leaf { @[kstack] = count(); @two[kstack(2), cpu] = count(); }"});
     ASSERT_EQ(r.status, 0) << ch << ": " << r.err;
     EXPECT_EQ(r.err.find("failed"), std::string::npos) << ch << ": " << r.err;
     auto recs = records(r.out);
@@ -1019,12 +1038,14 @@ TEST(XenprobeKstack, TextOneFrameALineAndPrintf) {
   // At demo_kstack_middle's first instruction the return address is at the stack pointer.
   char off[32];
   std::snprintf(off, sizeof off, "%x", DEMO_KSTACK_OUTER_OFF);
-  const std::string middle = std::string("middle:\n        demo_kstack_middle+0x0\n        demo_kstack_outer+0x") + off +
-                             "\n        demo_kstack_entry+0x" + [] {
+  const std::string middle = std::string("middle:\n        demo_kstack_middle+0x0\n        demo_kstack_outer+0x") +
+                             off + "\n        demo_kstack_entry+0x" +
+                             [] {
                                char b[16];
                                std::snprintf(b, sizeof b, "%x", DEMO_KSTACK_ENTRY_RET_OFF);
                                return std::string(b);
-                             }() + "\n|\n";
+                             }() +
+                             "\n|\n";
   std::size_t n = 0;
   for (std::size_t at = r.out.find(middle); at != std::string::npos; at = r.out.find(middle, at + 1)) ++n;
   EXPECT_EQ(n, K) << r.out;

@@ -157,8 +157,10 @@ class Daemon {
       taken_.push_back(matches(rec));
       if (taken_.back()) return rec;
     }
-    ADD_FAILURE() << (timed_out_ ? "no " + kind + " record within 60 s" : "the event log ended before a " + kind + " record")
-                  << "; stderr:\n" << err();
+    ADD_FAILURE() << (timed_out_ ? "no " + kind + " record within 60 s"
+                                 : "the event log ended before a " + kind + " record")
+                  << "; stderr:\n"
+                  << err();
     return json();
   }
 
@@ -184,10 +186,8 @@ class Daemon {
       char chunk[4096];
       const ssize_t n = ::read(out_, chunk, sizeof chunk);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        eof_ = true;
-      else
-        buf_.append(chunk, static_cast<std::size_t>(n));
+      if (n <= 0) eof_ = true;
+      else buf_.append(chunk, static_cast<std::size_t>(n));
     }
   }
 
@@ -730,8 +730,8 @@ domains = [{ glob = "*" }]
 )");
   std::vector<std::string> args;
   for (const auto& [name, g] : {std::pair{"sim-1", &with}, std::pair{"sim-2", &none}, std::pair{"sim-3", &no_btf}})
-    for (const std::string& a : {std::string("--sim-image"), std::string(name) + "=" + g->image, std::string("--sim-symbols"),
-                                 std::string(name) + "=" + g->map})
+    for (const std::string& a : {std::string("--sim-image"), std::string(name) + "=" + g->image,
+                                 std::string("--sim-symbols"), std::string(name) + "=" + g->map})
       args.push_back(a);
   Daemon d(cfg, sim(3, args), t.path);
   const int port = d.next("metrics_listening")["port"];
@@ -748,8 +748,9 @@ domains = [{ glob = "*" }]
   EXPECT_EQ(f3["program"], "xfs");
   const std::string b3 = f3["body"];
   EXPECT_NE(b3.find(no_type + "sim-3's kernel (read from its memory)\n"), std::string::npos) << b3;
-  EXPECT_TRUE(b3.ends_with("types left out:\n  module xfs: it has no BTF (built without "
-                           "CONFIG_DEBUG_INFO_BTF_MODULES)\n"))
+  EXPECT_TRUE(
+      b3.ends_with("types left out:\n  module xfs: it has no BTF (built without "
+                   "CONFIG_DEBUG_INFO_BTF_MODULES)\n"))
       << b3;
   ASSERT_FALSE(d.next("sim_idle").is_null());
   const std::string m = metrics(port);
@@ -842,8 +843,7 @@ domains = [{ glob = "*" }]
   EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@n\",key=\"\"}"), 2 * K) << m;
   EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@flood\",key=\"10\"}"), 1) << m;
   EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"flood\",map=\"@flood\",key=\"11\"}"), -1) << m;
-  EXPECT_EQ(sample(m, "xenprobesd_map_updates_dropped_total{domain=\"sim-1\",program=\"flood\",map=\"@n\"}"), -1)
-      << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_updates_dropped_total{domain=\"sim-1\",program=\"flood\",map=\"@n\"}"), -1) << m;
   expect_promtool_clean(m, t.path);
   int warnings = 0;
   for (const json& r : d.all()) warnings += r["kind"] == "map_full";
@@ -949,9 +949,7 @@ TEST(xenprobesd, AnAsyncProgramCountsWhatTheTrapOneCounts) {
       ++detached;
       EXPECT_EQ(r["hits"], 2 * K) << r;
       EXPECT_EQ(r.contains("lost_events"), r["program"] == "async") << r;
-      if (r["program"] == "async") {
-        EXPECT_EQ(r["lost_events"], 0) << r;
-      }
+      if (r["program"] == "async") { EXPECT_EQ(r["lost_events"], 0) << r; }
     }
   EXPECT_EQ(detached, 2);
 }
@@ -974,8 +972,7 @@ source = 'kprobe:sys_read { @n = count(); @s[str(arg1, 1000)] = count(); }'
 domains = [{ name = "sim-2" }]
 method = "async"
 )");
-  Daemon d(cfg,
-           {"--sim", "--sim-guests", "2", "--sim-vcpus", "2", "--sim-iterations", "400", "--sim-ring-order", "12"},
+  Daemon d(cfg, {"--sim", "--sim-guests", "2", "--sim-vcpus", "2", "--sim-iterations", "400", "--sim-ring-order", "12"},
            t.path);
   const int port = d.next("metrics_listening")["port"];
   ASSERT_FALSE(d.next("sim_idle").is_null());

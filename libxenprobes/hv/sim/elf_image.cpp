@@ -34,8 +34,7 @@ Result<ElfImage> parse_elf(const std::vector<std::uint8_t>& f, const std::string
     if (ph.p_type != PT_LOAD || ph.p_memsz == 0) continue;
     if (ph.p_filesz > ph.p_memsz || !in_bounds(f.size(), ph.p_offset, ph.p_filesz))
       return fail(Errc::InvalidArgument, what + ": PT_LOAD segment out of bounds");
-    if (ph.p_memsz > (1ull << 30))
-      return fail(Errc::InvalidArgument, what + ": PT_LOAD segment larger than 1 GiB");
+    if (ph.p_memsz > (1ull << 30)) return fail(Errc::InvalidArgument, what + ": PT_LOAD segment larger than 1 GiB");
     ElfSegment s;
     s.vaddr = ph.p_vaddr;
     s.memsz = ph.p_memsz;
@@ -57,12 +56,9 @@ Result<ElfImage> parse_elf(const std::vector<std::uint8_t>& f, const std::string
     };
     for (unsigned i = 0; i < eh.e_shnum; ++i) {
       Elf64_Shdr sh = shdr(i);
-      if (sh.sh_type != SHT_SYMTAB || sh.sh_entsize != sizeof(Elf64_Sym) || sh.sh_link >= eh.e_shnum)
-        continue;
+      if (sh.sh_type != SHT_SYMTAB || sh.sh_entsize != sizeof(Elf64_Sym) || sh.sh_link >= eh.e_shnum) continue;
       Elf64_Shdr str = shdr(sh.sh_link);
-      if (!in_bounds(f.size(), sh.sh_offset, sh.sh_size) ||
-          !in_bounds(f.size(), str.sh_offset, str.sh_size))
-        continue;
+      if (!in_bounds(f.size(), sh.sh_offset, sh.sh_size) || !in_bounds(f.size(), str.sh_offset, str.sh_size)) continue;
       for (std::uint64_t off = 0; off + sizeof(Elf64_Sym) <= sh.sh_size; off += sizeof(Elf64_Sym)) {
         Elf64_Sym sym;
         std::memcpy(&sym, f.data() + sh.sh_offset + off, sizeof sym);

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-
 namespace xenprobes::hv::sim {
 namespace {
 constexpr std::uint64_t kAddrMask = 0x000ffffffffff000ull;
@@ -11,8 +10,7 @@ unsigned index_of(std::uint64_t va, unsigned level) {  // level 4..1
 }
 }  // namespace
 
-PageTableBuilder::PageTableBuilder(std::span<std::uint8_t> ram, std::uint64_t table_base,
-                                   std::uint64_t table_limit,
+PageTableBuilder::PageTableBuilder(std::span<std::uint8_t> ram, std::uint64_t table_base, std::uint64_t table_limit,
                                    std::function<std::uint64_t(std::uint64_t)> entry_frame)
     : ram_(ram), next_(table_base), limit_(table_limit), entry_frame_(std::move(entry_frame)) {
   // The root as Linux allocates it with page-table isolation compiled in: an 8 KiB-aligned
@@ -54,8 +52,7 @@ Result<std::uint64_t> PageTableBuilder::next_table(std::uint64_t table_gpa, unsi
   return t;
 }
 
-Result<void> PageTableBuilder::map_4k(std::uint64_t va, std::uint64_t gpa, std::uint64_t len,
-                                      std::uint64_t flags) {
+Result<void> PageTableBuilder::map_4k(std::uint64_t va, std::uint64_t gpa, std::uint64_t len, std::uint64_t flags) {
   if ((va | gpa | len) & 0xfff) return fail(Errc::InvalidArgument, "sim: map_4k needs page alignment");
   for (std::uint64_t off = 0; off < len; off += 4096) {
     std::uint64_t t = root_;
@@ -66,8 +63,7 @@ Result<void> PageTableBuilder::map_4k(std::uint64_t va, std::uint64_t gpa, std::
   return {};
 }
 
-Result<void> PageTableBuilder::map_2m(std::uint64_t va, std::uint64_t gpa, std::uint64_t len,
-                                      std::uint64_t flags) {
+Result<void> PageTableBuilder::map_2m(std::uint64_t va, std::uint64_t gpa, std::uint64_t len, std::uint64_t flags) {
   constexpr std::uint64_t k2m = 2ull << 20;
   if ((va | gpa | len) & (k2m - 1)) return fail(Errc::InvalidArgument, "sim: map_2m needs 2 MiB alignment");
   for (std::uint64_t off = 0; off < len; off += k2m) {

@@ -14,9 +14,8 @@ namespace xenprobes::hv::sim {
 
 class PageTableBuilder {
  public:
-  static constexpr std::uint64_t kPresent = 1, kWrite = 2, kUser = 4, kAccessed = 0x20,
-                                 kDirty = 0x40, kLarge = 0x80, kGlobal = 0x100,
-                                 kNx = 1ull << 63;
+  static constexpr std::uint64_t kPresent = 1, kWrite = 2, kUser = 4, kAccessed = 0x20, kDirty = 0x40, kLarge = 0x80,
+                                 kGlobal = 0x100, kNx = 1ull << 63;
 
   // ram: guest RAM (GPA 0 at ram[0]); tables are allocated in [table_base, table_limit).
   PageTableBuilder(std::span<std::uint8_t> ram, std::uint64_t table_base, std::uint64_t table_limit,

@@ -39,14 +39,39 @@ GuestRam::~GuestRam() {
 }
 
 const char* op_name(Op op) {
-  static const char* names[] = {
-      "version", "capabilities", "list_domains", "domain_info", "pause", "unpause",
-      "get_vcpu_regs", "set_vcpu_regs", "map_frames", "xs_read", "xs_write", "xs_rm",
-      "xs_directory", "xs_grant_read", "xs_watch", "xs_unwatch", "xs_read_watches",
-      "evtchn_bind_virq", "evtchn_bind_interdomain", "evtchn_unbind", "evtchn_notify",
-      "evtchn_pending", "evtchn_unmask", "set_debugging", "gdbsx_domstatus", "monitor_enable",
-      "monitor_disable", "monitor_software_breakpoint", "monitor_debug_exceptions",
-      "inject_event", "ring_get_request", "ring_put_response", "ring_notify"};
+  static const char* names[] = {"version",
+                                "capabilities",
+                                "list_domains",
+                                "domain_info",
+                                "pause",
+                                "unpause",
+                                "get_vcpu_regs",
+                                "set_vcpu_regs",
+                                "map_frames",
+                                "xs_read",
+                                "xs_write",
+                                "xs_rm",
+                                "xs_directory",
+                                "xs_grant_read",
+                                "xs_watch",
+                                "xs_unwatch",
+                                "xs_read_watches",
+                                "evtchn_bind_virq",
+                                "evtchn_bind_interdomain",
+                                "evtchn_unbind",
+                                "evtchn_notify",
+                                "evtchn_pending",
+                                "evtchn_unmask",
+                                "set_debugging",
+                                "gdbsx_domstatus",
+                                "monitor_enable",
+                                "monitor_disable",
+                                "monitor_software_breakpoint",
+                                "monitor_debug_exceptions",
+                                "inject_event",
+                                "ring_get_request",
+                                "ring_put_response",
+                                "ring_notify"};
   static_assert(sizeof names / sizeof names[0] == static_cast<unsigned>(Op::Count_));
   return names[static_cast<unsigned>(op)];
 }
@@ -68,10 +93,8 @@ std::recursive_mutex& emulation_mutex() {
 std::shared_ptr<SimHost> SimHost::create(SimOptions o) { return std::make_shared<SimHostImpl>(o); }
 
 SimHostImpl::SimHostImpl(SimOptions o) : opts_(std::move(o)) {
-  if (opts_.manual_clock)
-    clock_ = std::make_unique<ManualClock>();
-  else
-    clock_ = std::make_unique<RealClock>();
+  if (opts_.manual_clock) clock_ = std::make_unique<ManualClock>();
+  else clock_ = std::make_unique<RealClock>();
   store_["/local/domain/0/name"] = "Domain-0";
   store_["/local/domain/0/domid"] = "0";
 }
@@ -90,7 +113,8 @@ Result<void> SimHostImpl::check(Op op) {
   std::uint64_t n = total_calls_++;
   counts_[static_cast<unsigned>(op)]++;
   if (from_fault_ && n >= from_fault_->first)
-    return fail(from_fault_->second, std::string("sim: injected fault in ") + op_name(op) + " (every call from here on)");
+    return fail(from_fault_->second,
+                std::string("sim: injected fault in ") + op_name(op) + " (every call from here on)");
   if (nth_fault_ && nth_fault_->first == n) {
     Errc c = nth_fault_->second;
     nth_fault_.reset();
@@ -149,8 +173,8 @@ Result<Domain*> SimHostImpl::dom(DomId id) {
 
 Result<Vcpu*> SimHostImpl::vcpu(Domain& d, VcpuId v) {
   if (v.value >= d.vcpus.size())
-    return fail(Errc::InvalidArgument, "domain " + std::to_string(d.id.value) + " has no vCPU " +
-                                           std::to_string(v.value));
+    return fail(Errc::InvalidArgument,
+                "domain " + std::to_string(d.id.value) + " has no vCPU " + std::to_string(v.value));
   return d.vcpus[v.value].get();
 }
 
@@ -196,10 +220,8 @@ Result<void> SimHostImpl::destroy_domain(DomId id) {
   }
   std::string home = "/local/domain/" + std::to_string(id.value);
   for (auto it = store_.begin(); it != store_.end();) {
-    if (it->first == home || it->first.starts_with(home + "/"))
-      it = store_.erase(it);
-    else
-      ++it;
+    if (it->first == home || it->first.starts_with(home + "/")) it = store_.erase(it);
+    else ++it;
   }
   if (d->monitor_owner) d->monitor_owner->ring_signal();
   for (auto& [port, gp] : d->guest_ports)
@@ -256,11 +278,9 @@ bool SimHostImpl::wait_halted(DomId id, std::chrono::milliseconds timeout) {
   for (;;) {
     auto it = domains_.find(id);
     if (it == domains_.end() || it->second->dying || it->second->crashed) return false;
-    bool all = std::all_of(it->second->vcpus.begin(), it->second->vcpus.end(),
-                           [](const auto& v) { return v->halted; });
+    bool all = std::all_of(it->second->vcpus.begin(), it->second->vcpus.end(), [](const auto& v) { return v->halted; });
     if (all) return true;
-    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline)
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && std::chrono::steady_clock::now() >= deadline)
       return false;
   }
 }
@@ -325,11 +345,9 @@ void SimHostImpl::module_oea_request_locked(Domain& d, const std::string& value)
 namespace {
 bool watch_matches(const std::string& watch, const std::string& changed, bool removal) {
   if (watch == changed) return true;
-  if (changed.starts_with(watch) && changed.size() > watch.size() && changed[watch.size()] == '/')
-    return true;
+  if (changed.starts_with(watch) && changed.size() > watch.size() && changed[watch.size()] == '/') return true;
   // Removing a node also removes (and so fires watches on) everything below it.
-  return removal && watch.starts_with(changed) && watch.size() > changed.size() &&
-         watch[changed.size()] == '/';
+  return removal && watch.starts_with(changed) && watch.size() > changed.size() && watch[changed.size()] == '/';
 }
 }  // namespace
 

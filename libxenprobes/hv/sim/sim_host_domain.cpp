@@ -238,8 +238,7 @@ Result<void> SimHostImpl::setup_engine(Domain& d, Vcpu& v) {
   uc_hook h;
   uc_hook_add(v.uc, &h, UC_HOOK_INTR, reinterpret_cast<void*>(&SimHostImpl::hook_intr), &v, 1, 0);
   uc_hook_add(v.uc, &h, UC_HOOK_BLOCK, reinterpret_cast<void*>(&SimHostImpl::hook_block), this, 1, 0);
-  uc_hook_add(v.uc, &h, UC_HOOK_INSN, reinterpret_cast<void*>(&SimHostImpl::hook_out), &v, 1, 0,
-              UC_X86_INS_OUT);
+  uc_hook_add(v.uc, &h, UC_HOOK_INSN, reinterpret_cast<void*>(&SimHostImpl::hook_out), &v, 1, 0, UC_X86_INS_OUT);
   if (!d.cfg.count_executions.empty()) {
     for (std::uint64_t va : d.cfg.count_executions) d.executions.try_emplace(va, 0);
     v.executions = &d.executions;

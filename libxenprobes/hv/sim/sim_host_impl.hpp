@@ -120,7 +120,7 @@ class SimHostImpl final : public SimHost {
   void module_quiesce_request_locked(Domain&, const std::string& value);
   void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED and the fallback, unless claimed
   void module_fallback_locked(Domain&, Vcpu&, const xenprobes_trap&, VcpuRegs);
-  void module_disarm_locked(Domain&);          // Dom0 declared gone
+  void module_disarm_locked(Domain&);  // Dom0 declared gone
   bool module_quiescent_locked(Domain&);
 
   SimOptions opts_;
@@ -181,8 +181,7 @@ class SimXenHandle final : public Hypervisor {
   Result<void> monitor_software_breakpoint(DomId, bool) override;
   Result<void> monitor_debug_exceptions(DomId, bool, bool) override;
   Result<void> monitor_recover(DomId) override;
-  Result<void> inject_event(DomId, VcpuId, std::uint8_t, std::uint8_t, std::uint32_t,
-                            std::uint8_t) override;
+  Result<void> inject_event(DomId, VcpuId, std::uint8_t, std::uint8_t, std::uint32_t, std::uint8_t) override;
 
   // Called by the host with its mutex held.
   void queue_watch(WatchEvent e);
@@ -213,6 +212,5 @@ class SimXenHandle final : public Hypervisor {
   std::deque<EvtchnPort> pending_queue_;
   EvtchnPort next_port_ = 1;
 };
-
 
 }  // namespace xenprobes::hv::sim

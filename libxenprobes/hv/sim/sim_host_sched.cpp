@@ -61,8 +61,7 @@ void SimHostImpl::hook_out(uc_engine*, std::uint32_t port, int, std::uint32_t va
 // Scheduler
 
 bool SimHostImpl::runnable(const Domain& d, const Vcpu& v) const {
-  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait || v.module_wait ||
-      v.module_held)
+  if (d.dying || d.crashed || v.halted || v.vm_pause || v.sync_pause || v.ring_wait || v.module_wait || v.module_held)
     return false;
   return d.pause_count == 0 || v.grace;
 }
@@ -85,11 +84,10 @@ void SimHostImpl::run_domain(Domain& d) {
     }
     if (!next) {
       if (std::any_of(d.vcpus.begin(), d.vcpus.end(), [](const auto& v) { return v->module_spinning; }))
-        cv_.wait_for(lk, std::chrono::microseconds(50));  // spinning: no notification may come
+        cv_.wait_for(lk, std::chrono::microseconds(50));   // spinning: no notification may come
       else if (auto deadline = module_deadline_locked(d))  // a vCPU waits for Dom0, with a timeout
         clock_->wait_until(cv_, lk, *deadline);
-      else
-        cv_.wait(lk);
+      else cv_.wait(lk);
       continue;
     }
     d.rr_next = (next->id + 1) % d.vcpus.size();
@@ -177,7 +175,7 @@ void SimHostImpl::trap(Domain& d, Vcpu& v, TrapKind kind, std::uint64_t rip) {
   char buf[160];
   // Every trap here is taken in guest kernel mode (the demo guest has no user mode).
   if (d.debugging) {
-    if (!opts_.gdbsx) return;  // Xen 4.17 without CONFIG_GDBSX: swallowed, vCPU goes on at rip
+    if (!opts_.gdbsx) return;                           // Xen 4.17 without CONFIG_GDBSX: swallowed, vCPU goes on at rip
     if (kind == TrapKind::SingleStep) v.dr6 |= 0x4000;  // DR6.BS
     if (kind == TrapKind::Int3) v.gdbsx_event = 3;
     bool was_running = d.pause_count == 0;
@@ -227,7 +225,9 @@ inject:
   // Otherwise the demo kernel has no IDT, so this is the oops a real kernel would take on an
   // int3/#DB it does not own.
   std::snprintf(buf, sizeof buf, "vcpu %u: unhandled %s at 0x%" PRIx64, v.id,
-                kind == TrapKind::Int3 ? "#BP (int3)" : kind == TrapKind::Icebp ? "#DB (icebp)" : "#DB (single step)",
+                kind == TrapKind::Int3    ? "#BP (int3)"
+                : kind == TrapKind::Icebp ? "#DB (icebp)"
+                                          : "#DB (single step)",
                 kind == TrapKind::SingleStep ? rip : rip - 1);
   crash(d, buf);
 }
@@ -287,8 +287,8 @@ void SimHostImpl::emulate_one(Domain& d, Vcpu& v) {
     std::uint64_t now;
     uc_reg_read(v.uc, UC_X86_REG_RIP, &now);
     char buf[160];
-    std::snprintf(buf, sizeof buf, "vcpu %u: emulation of the instruction at 0x%" PRIx64 " failed (#UD injected)",
-                  v.id, rip);
+    std::snprintf(buf, sizeof buf, "vcpu %u: emulation of the instruction at 0x%" PRIx64 " failed (#UD injected)", v.id,
+                  rip);
     crash(d, buf);
   }
 }
@@ -306,10 +306,8 @@ void SimHostImpl::sync_code_writes(Domain& d) {
       }
       std::memcpy(it->second.shadow.data(), page, 4096);
     }
-    if (it->second.refs == 0)
-      it = d.wframes.erase(it);
-    else
-      ++it;
+    if (it->second.refs == 0) it = d.wframes.erase(it);
+    else ++it;
   }
 }
 
@@ -332,11 +330,10 @@ void SimHostImpl::resume_vcpu_locked(Vcpu& v) {
 }
 
 VcpuRegs SimHostImpl::read_regs(const Domain& d, const Vcpu& v) const {
-  static const int ids[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX, UC_X86_REG_RDX,
-                            UC_X86_REG_RSI, UC_X86_REG_RDI, UC_X86_REG_RBP, UC_X86_REG_RSP,
-                            UC_X86_REG_R8,  UC_X86_REG_R9,  UC_X86_REG_R10, UC_X86_REG_R11,
-                            UC_X86_REG_R12, UC_X86_REG_R13, UC_X86_REG_R14, UC_X86_REG_R15,
-                            UC_X86_REG_RIP, UC_X86_REG_EFLAGS};
+  static const int ids[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX,   UC_X86_REG_RDX, UC_X86_REG_RSI,
+                            UC_X86_REG_RDI, UC_X86_REG_RBP, UC_X86_REG_RSP,   UC_X86_REG_R8,  UC_X86_REG_R9,
+                            UC_X86_REG_R10, UC_X86_REG_R11, UC_X86_REG_R12,   UC_X86_REG_R13, UC_X86_REG_R14,
+                            UC_X86_REG_R15, UC_X86_REG_RIP, UC_X86_REG_EFLAGS};
   VcpuRegs r;
   std::uint64_t* dst[] = {&r.rax, &r.rbx, &r.rcx, &r.rdx, &r.rsi, &r.rdi, &r.rbp, &r.rsp, &r.r8,
                           &r.r9,  &r.r10, &r.r11, &r.r12, &r.r13, &r.r14, &r.r15, &r.rip, &r.rflags};
@@ -362,11 +359,10 @@ VcpuRegs SimHostImpl::read_regs(const Domain& d, const Vcpu& v) const {
 }
 
 void SimHostImpl::write_regs(Vcpu& v, const VcpuRegs& r, bool debugregs) {
-  static const int ids[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX, UC_X86_REG_RDX,
-                            UC_X86_REG_RSI, UC_X86_REG_RDI, UC_X86_REG_RBP, UC_X86_REG_RSP,
-                            UC_X86_REG_R8,  UC_X86_REG_R9,  UC_X86_REG_R10, UC_X86_REG_R11,
-                            UC_X86_REG_R12, UC_X86_REG_R13, UC_X86_REG_R14, UC_X86_REG_R15,
-                            UC_X86_REG_RIP, UC_X86_REG_EFLAGS};
+  static const int ids[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX,   UC_X86_REG_RDX, UC_X86_REG_RSI,
+                            UC_X86_REG_RDI, UC_X86_REG_RBP, UC_X86_REG_RSP,   UC_X86_REG_R8,  UC_X86_REG_R9,
+                            UC_X86_REG_R10, UC_X86_REG_R11, UC_X86_REG_R12,   UC_X86_REG_R13, UC_X86_REG_R14,
+                            UC_X86_REG_R15, UC_X86_REG_RIP, UC_X86_REG_EFLAGS};
   const std::uint64_t* src[] = {&r.rax, &r.rbx, &r.rcx, &r.rdx, &r.rsi, &r.rdi, &r.rbp, &r.rsp, &r.r8,
                                 &r.r9,  &r.r10, &r.r11, &r.r12, &r.r13, &r.r14, &r.r15, &r.rip, &r.rflags};
   void* ptrs[18];
@@ -415,7 +411,8 @@ Result<void> SimHostImpl::set_module_wait_budget(DomId id, std::chrono::millisec
   std::lock_guard lk(mu_);
   Domain* d = XP_TRY(dom(id));
   if (budget.count() < 0) return fail(Errc::InvalidArgument, "sim: a waiting budget cannot be negative");
-  d->module.budget_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count());
+  d->module.budget_ns =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(budget).count());
   return {};
 }
 

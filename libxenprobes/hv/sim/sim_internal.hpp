@@ -16,8 +16,8 @@
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
 #include "xp_budget.h"  // guest-module/: the module's waiting budget per CPU
-#include "xp_gone.h"  // guest-module/: the module's own set of modules that went
-#include "xp_ring.h"  // guest-module/: the module's own ring producer
+#include "xp_gone.h"    // guest-module/: the module's own set of modules that went
+#include "xp_ring.h"    // guest-module/: the module's own ring producer
 
 namespace xenprobes::hv::sim {
 
@@ -103,14 +103,14 @@ struct Vcpu {
   // always runs on the kernel half (the demo guest has no user mode).
   bool pti_user_half = false;
   bool halted = false;
-  bool done_port = false;       // wrote DEMO_PORT_DONE
-  unsigned vm_pause = 0;        // paused by a vm_event request
-  unsigned sync_pause = 0;      // paused by a Dom0 operation (get/set regs)
-  bool grace = false;           // may run once more before a nosync domain pause lands
-  unsigned gdbsx_event = 0;     // Xen's v->arch.gdbsx_vcpu_event
-  bool ring_wait = false;       // waiting for a free vm_event ring slot
+  bool done_port = false;    // wrote DEMO_PORT_DONE
+  unsigned vm_pause = 0;     // paused by a vm_event request
+  unsigned sync_pause = 0;   // paused by a Dom0 operation (get/set regs)
+  bool grace = false;        // may run once more before a nosync domain pause lands
+  unsigned gdbsx_event = 0;  // Xen's v->arch.gdbsx_vcpu_event
+  bool ring_wait = false;    // waiting for a free vm_event ring slot
   VmEventRequest waiting_req;
-  bool pending_emulate = false; // a vm_event response asked to emulate emul[] at RIP
+  bool pending_emulate = false;  // a vm_event response asked to emulate emul[] at RIP
   std::array<std::uint8_t, 16> emul{};
   // Set by the Unicorn hooks during a quantum (scheduler thread only).
   int exit_intno = -1;
@@ -131,8 +131,8 @@ struct Vcpu {
   // The waiting budget (xp_budget.h): waits since the vCPU's last switch (SimHost::vcpu_switched).
   xp_budget module_budget{};
   std::uint64_t task_switches = 0;
-  bool module_spinning = false;                         // mailbox.spinning is 1 (cfg.module_spin_us)
-  std::chrono::steady_clock::time_point module_spin_end;  // real time: when the spin runs out
+  bool module_spinning = false;                                    // mailbox.spinning is 1 (cfg.module_spin_us)
+  std::chrono::steady_clock::time_point module_spin_end;           // real time: when the spin runs out
   ModuleClock::time_point module_deadline, module_claim_deadline;  // on the host's ModuleClock
   std::uint32_t module_seq = 0;
   xenprobes_trap module_entry{};
@@ -153,8 +153,8 @@ struct ModuleState {
   unsigned ctl_pages = 0;
   std::uint32_t mailbox_offset = 0, trap_offset = 0, trap_capacity = 0, ret_offset = 0, ret_capacity = 0;
   std::uint32_t timeout_ms = 0;
-  std::uint32_t port = 0;            // the unbound port published for Dom0
-  unsigned waiters = 0;              // vCPUs with module_wait
+  std::uint32_t port = 0;  // the unbound port published for Dom0
+  unsigned waiters = 0;    // vCPUs with module_wait
   unsigned consecutive_timeouts = 0;
   bool dom0_gone = false;
   std::uint64_t hits = 0, timeouts = 0, foreign = 0;
@@ -177,9 +177,9 @@ struct ModuleState {
   std::uint64_t nested = 0, async_bad = 0;
   // Hits' notifications sent, and left out because Dom0 polled (the header's notify_skipped).
   std::uint64_t notified = 0, unnotified = 0;
-  std::uint64_t wait_ns = 0, wait_max_ns = 0;  // header.wait_ns and wait_max_ns, on the ModuleClock
+  std::uint64_t wait_ns = 0, wait_max_ns = 0;    // header.wait_ns and wait_max_ns, on the ModuleClock
   std::uint64_t budget_ns = 0, over_budget = 0;  // SimHost::set_module_wait_budget; header.over_budget
-  bool detaching = false;  // SimHost::module_detach: hits no longer go to Dom0
+  bool detaching = false;                        // SimHost::module_detach: hits no longer go to Dom0
   // Modules that went while a trap entry named them (SimHost::module_state, the module
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
   xp_gone gone{};

@@ -29,7 +29,7 @@ namespace {
 // In the module area, past every OEA reserve area (those are 16 MiB apart from 0xffffffffa0000000,
 // see create_domain); mapped writable and NX: Dom0 writes it, nothing executes from it.
 constexpr std::uint64_t kControlVa = 0xffffffffc0000000ull;
-constexpr std::uint32_t kMailboxOffset = 256;      // after the header, cache-line aligned
+constexpr std::uint32_t kMailboxOffset = 256;  // after the header, cache-line aligned
 // The module's code after its static OEA pool, as module-text publishes it (a real xenprobesU
 // is a few dozen KiB of code; nothing of it is mapped here: the sim runs its hook on the host).
 constexpr std::uint64_t kModuleCodeSize = 64ull << 10;
@@ -67,25 +67,19 @@ std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
 // or garbage table only makes the search miss; it never reads past the module's capacity.
 bool lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) {
   const ModuleState& m = d.module;
-  std::uint32_t n = load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)),
-                                        std::memory_order_acquire);
+  std::uint32_t n =
+      load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)), std::memory_order_acquire);
   n = std::min(n, m.trap_capacity);
   std::uint32_t lo = 0, hi = n;
   while (lo < hi) {
     std::uint32_t mid = lo + (hi - lo) / 2;
     std::memcpy(&out, area(d) + m.trap_offset + std::size_t{mid} * sizeof(xenprobes_trap), sizeof out);
-    if (out.addr < addr)
-      lo = mid + 1;
-    else if (out.addr > addr)
-      hi = mid;
-    else
-      return true;
+    if (out.addr < addr) lo = mid + 1;
+    else if (out.addr > addr) hi = mid;
+    else return true;
   }
   return false;
 }
-
-
-
 
 // XENPROBES_TRAP_EMULATE, run by the guest module's own code (xp_emulate): the forms it
 // decodes (relative jmp/jcc/call/loop/jrcxz, jmp/call through a register, near ret), the
@@ -146,8 +140,10 @@ void publish_counters(Domain& d) {
 
 // A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
 static void end_wait(Domain& d, Vcpu& v, ModuleClock::time_point now) {
-  const auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-      now - (v.module_deadline - std::chrono::milliseconds(d.module.timeout_ms))).count());
+  const auto ns =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     now - (v.module_deadline - std::chrono::milliseconds(d.module.timeout_ms)))
+                                     .count());
   d.module.wait_ns += ns, d.module.wait_max_ns = std::max(d.module.wait_max_ns, ns);
   xp_budget_charge(&v.module_budget, ns);
   v.module_wait = false;
@@ -163,8 +159,8 @@ std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
 }
 
 xenprobes_regs to_protocol(const VcpuRegs& r) {
-  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,     r.r9,  r.r10,
-                        r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
+  return xenprobes_regs{r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp,    r.r8, r.r9,
+                        r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rip, r.rflags, r.cs, r.ss};
 }
 
 Result<void> SimHostImpl::module_create_control(Domain& d, PageTableBuilder& pt, std::uint64_t gpa) {
@@ -485,9 +481,8 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
   ++m.timeouts;
   end_wait(d, v, clock_->now());
   if (!m.dom0_gone) ++m.consecutive_timeouts;
-  XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 "%s (%u in a row)",
-         d.id.value, v.id, v.module_regs.rip, claim_expired ? " (its claim outlived the claim bound)" : "",
-         m.consecutive_timeouts);
+  XP_LOG(Debug, "sim: domain %u vcpu %u: no answer from Dom0 for the trap at 0x%" PRIx64 "%s (%u in a row)", d.id.value,
+         v.id, v.module_regs.rip, claim_expired ? " (its claim outlived the claim bound)" : "", m.consecutive_timeouts);
   module_fallback_locked(d, v, v.module_entry, v.module_regs);
   if (!m.dom0_gone && m.consecutive_timeouts >= XENPROBES_DEAD_AFTER) module_disarm_locked(d);
 }
@@ -501,9 +496,7 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
     cv_.notify_all();  // wait_halted() and friends look at crashes
   };
   switch (e.flags) {
-    case XENPROBES_TRAP_FALLBACK:
-      r.rip = e.fallback;
-      break;
+    case XENPROBES_TRAP_FALLBACK: r.rip = e.fallback; break;
     case XENPROBES_TRAP_EMULATE:
       if (!emulate(d, e, r)) return die("cannot emulate the trap entry's instruction");
       break;
@@ -511,9 +504,7 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
       r.rip = v.module_jump_ret;
       v.module_jump_ret = 0;
       break;
-    case XENPROBES_TRAP_REDIRECT:
-      r.rip = e.fallback;
-      break;
+    case XENPROBES_TRAP_REDIRECT: r.rip = e.fallback; break;
     case XENPROBES_TRAP_RETURN: {
       // The trampoline's int3: the return just popped the slot, so it is rsp - 8.
       const std::uint64_t slot = r.rsp - 8;
@@ -529,8 +520,7 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
       if (i == m.ret_capacity) return die("a return reached the trampoline without a return-table entry");
       break;
     }
-    default:
-      return die("trap entry without exactly one fallback flag");
+    default: return die("trap entry without exactly one fallback flag");
   }
   write_regs(v, r, false);
 }
@@ -541,8 +531,10 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
   m.dom0_gone = true;
   store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes, left %u "
-                "in modules unloaded since", m.consecutive_timeouts, restored, m.gone_left);
+  std::snprintf(buf, sizeof buf,
+                "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes, left %u "
+                "in modules unloaded since",
+                m.consecutive_timeouts, restored, m.gone_left);
   d.console += std::string(buf) + "\n";
   XP_LOG(Warn, "sim: domain %u: %s", d.id.value, buf);
 }

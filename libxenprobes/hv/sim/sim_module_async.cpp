@@ -78,8 +78,8 @@ void SimHostImpl::module_async_locked(Domain& d, Vcpu& v, const xenprobes_trap& 
   }
   const xp_read_ops ops{&read_guest, &read_guest_string, &d};
   const xenprobes_regs x = to_protocol(r);
-  const std::uint64_t now =
-      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_->now().time_since_epoch()).count());
+  const std::uint64_t now = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(clock_->now().time_since_epoch()).count());
   const enum xp_ring_result res = xp_ring_write_hit(&m.rings[v.id], k.probe, now, &x, specs, k.ncaps, &ops);
   if (res == XP_RING_NOTIFY)
     if (auto gp = d.guest_ports.find(m.port); gp != d.guest_ports.end() && gp->second.peer)

@@ -35,8 +35,8 @@ Result<void> SimHostImpl::module_create_fixup_slots(Domain& d, PageTableBuilder&
   for (unsigned k = 0; k < kCount; ++k) {
     const std::uint64_t last = va + std::uint64_t{k + 1} * XENPROBES_FIXUP_SLOT_SIZE - 1;
     const std::uint64_t entry = va + kPageSize + std::uint64_t{k} * XENPROBES_FIXUP_ENTRY_SIZE;
-    const std::int32_t fields[3] = {static_cast<std::int32_t>(last - entry), static_cast<std::int32_t>(last - (entry + 4)),
-                                    1 /* EX_TYPE_DEFAULT */};
+    const std::int32_t fields[3] = {static_cast<std::int32_t>(last - entry),
+                                    static_cast<std::int32_t>(last - (entry + 4)), 1 /* EX_TYPE_DEFAULT */};
     std::memcpy(slots + kPageSize + std::size_t{k} * XENPROBES_FIXUP_ENTRY_SIZE, fields, sizeof fields);
   }
   m.fixup_va = va;
@@ -61,8 +61,8 @@ Result<void> SimHostImpl::module_create_jump_entry(Domain& d, PageTableBuilder& 
 // went. Returns how many it restored; m.gone_left: how many it left for that reason.
 unsigned SimHostImpl::module_restore_locked(Domain& d) {
   ModuleState& m = d.module;
-  std::uint32_t n = std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(
-                                                      header_at(d, offsetof(xenprobes_ctl_header, nr_traps))))
+  std::uint32_t n = std::atomic_ref<std::uint32_t>(
+                        *reinterpret_cast<std::uint32_t*>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps))))
                         .load(std::memory_order_acquire);
   n = std::min(n, m.trap_capacity);
   unsigned restored = 0;
@@ -75,7 +75,10 @@ unsigned SimHostImpl::module_restore_locked(Domain& d) {
       xenprobes_trap e;
       std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
       if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
-      if (xp_gone_has(&m.gone, &e)) { ++m.gone_left; continue; }  // its module went (xp_modules.c)
+      if (xp_gone_has(&m.gone, &e)) {
+        ++m.gone_left;
+        continue;
+      }  // its module went (xp_modules.c)
       // A jump's region goes back whole, from the int3 or from the jump to its detour; any
       // other trap its one byte.
       const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
@@ -106,7 +109,8 @@ Result<unsigned> SimHostImpl::module_detach(DomId id) {
   Domain* d = XP_TRY(dom(id));
   ModuleState& m = d->module;
   if (!m.present) return fail(Errc::InvalidArgument, "sim: " + std::to_string(id.value) + " has no guest module");
-  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(header_at(*d, offsetof(xenprobes_ctl_header, closing))))
+  std::atomic_ref<std::uint64_t>(
+      *reinterpret_cast<std::uint64_t*>(header_at(*d, offsetof(xenprobes_ctl_header, closing))))
       .store(1, std::memory_order_seq_cst);
   m.detaching = true;
   const auto now = clock_->now();

@@ -29,12 +29,9 @@ Result<std::unique_ptr<Hypervisor>> open_default_sim() {
   DomainConfig cfg;
   cfg.vcpus = XP_TRY(env_uint("XENPROBES_SIM_VCPUS", 2, 1, 8));
   if (const char* t = ::secure_getenv("XENPROBES_SIM_TYPE"); t && *t) {
-    if (!std::strcmp(t, "pv"))
-      cfg.type = GuestType::Pv;
-    else if (!std::strcmp(t, "hvm") || !std::strcmp(t, "pvh"))
-      cfg.type = GuestType::Hvm;
-    else
-      return fail(Errc::InvalidArgument, std::string("XENPROBES_SIM_TYPE='") + t + "': expected pv, pvh or hvm");
+    if (!std::strcmp(t, "pv")) cfg.type = GuestType::Pv;
+    else if (!std::strcmp(t, "hvm") || !std::strcmp(t, "pvh")) cfg.type = GuestType::Hvm;
+    else return fail(Errc::InvalidArgument, std::string("XENPROBES_SIM_TYPE='") + t + "': expected pv, pvh or hvm");
   }
   if (const char* g = ::secure_getenv("XENPROBES_SIM_GUEST"); g && *g) cfg.image = g;
   auto host = SimHost::create(opts);

@@ -13,7 +13,7 @@ namespace {
 bool valid_path(const std::string& p) {
   if (p.empty() || p.size() > 3072) return false;
   if (p[0] == '@') return p == "@introduceDomain" || p == "@releaseDomain";
-  if (p[0] != '/' ) return false;
+  if (p[0] != '/') return false;
   return p.find("//") == std::string::npos && (p.size() == 1 || p.back() != '/');
 }
 
@@ -149,8 +149,8 @@ Result<ForeignMapping> SimXenHandle::map_frames(DomId id, std::span<const Frame>
   for (Frame f : frames) {
     // PV guests name machine frames; only this domain's own frames can be mapped.
     if (f.value < d->mfn_base || f.value - d->mfn_base >= d->frame_count())
-      return fail(Errc::Fault, "domain " + dstr(id) + ": frame 0x" + std::to_string(f.value) +
-                                   " is not a frame of this domain");
+      return fail(Errc::Fault,
+                  "domain " + dstr(id) + ": frame 0x" + std::to_string(f.value) + " is not a frame of this domain");
     gfns.push_back(f.value - d->mfn_base);
   }
   std::size_t len = frames.size() * kPageSize;
@@ -171,8 +171,7 @@ Result<ForeignMapping> SimXenHandle::map_frames(DomId id, std::span<const Frame>
       auto [it, fresh] = d->wframes.try_emplace(g);
       // A frame still listed (refs 0, not yet checked by the scheduler) keeps its shadow: a
       // fresh snapshot would hide a write made through the mapping just dropped.
-      if (fresh)
-        std::memcpy(it->second.shadow.data(), d->ram->base + g * kPageSize, kPageSize);
+      if (fresh) std::memcpy(it->second.shadow.data(), d->ram->base + g * kPageSize, kPageSize);
       it->second.refs++;
     }
   }
@@ -474,8 +473,7 @@ Result<void> SimHostImpl::hold_module_hits(DomId id, VcpuId vid, bool hold) {
     v->module_held = false;
     if (d->module.dom0_gone || d->module.detaching || module_over_budget_locked(*d, *v))
       module_fallback_locked(*d, *v, v->module_entry, v->module_regs);
-    else
-      module_publish_hit_locked(*d, *v, v->module_entry, v->module_regs, 0);
+    else module_publish_hit_locked(*d, *v, v->module_entry, v->module_regs, 0);
     cv_.notify_all();
   }
   return {};
@@ -497,7 +495,8 @@ Result<unsigned> SimHostImpl::module_state(DomId id, const std::string& name, st
   } else if (m.present) {
     std::uint8_t* ctl = d->ram->base + m.ctl_gpa;
     const std::uint32_t nr = std::atomic_ref<std::uint32_t>(
-        *reinterpret_cast<std::uint32_t*>(ctl + offsetof(xenprobes_ctl_header, nr_traps))).load(std::memory_order_acquire);
+                                 *reinterpret_cast<std::uint32_t*>(ctl + offsetof(xenprobes_ctl_header, nr_traps)))
+                                 .load(std::memory_order_acquire);
     xp_gone_going(&m.gone, mid, reinterpret_cast<const xenprobes_trap*>(ctl + m.trap_offset), nr, m.trap_capacity);
   }
   return std::min<unsigned>(m.gone.n, XP_GONE_MAX);

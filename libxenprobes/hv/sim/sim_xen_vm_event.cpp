@@ -102,8 +102,8 @@ Result<void> SimXenHandle::monitor_debug_exceptions(DomId id, bool on, bool) {
   return {};
 }
 
-Result<void> SimXenHandle::inject_event(DomId id, VcpuId vid, std::uint8_t vector, std::uint8_t,
-                                        std::uint32_t, std::uint8_t) {
+Result<void> SimXenHandle::inject_event(DomId id, VcpuId vid, std::uint8_t vector, std::uint8_t, std::uint32_t,
+                                        std::uint8_t) {
   std::lock_guard lk(host_->mu_);
   XP_TRY(host_->check(Op::InjectEvent));
   Domain* d = XP_TRY(host_->dom(id));

@@ -41,20 +41,18 @@ Result<EvtchnPort> Evtchn::bind_virq(unsigned virq) {
 Result<EvtchnPort> Evtchn::bind_interdomain(DomId dom, std::uint32_t remote_port) {
   xenevtchn_port_or_error_t p = xenevtchn_bind_interdomain(h_, dom.value, remote_port);
   if (p < 0)
-    return fail_errno(errno, "xenevtchn_bind_interdomain(dom" + std::to_string(dom.value) +
-                                 ", port " + std::to_string(remote_port) + ")");
+    return fail_errno(errno, "xenevtchn_bind_interdomain(dom" + std::to_string(dom.value) + ", port " +
+                                 std::to_string(remote_port) + ")");
   return static_cast<EvtchnPort>(p);
 }
 
 Result<void> Evtchn::unbind(EvtchnPort port) {
-  if (xenevtchn_unbind(h_, port) < 0)
-    return fail_errno(errno, "xenevtchn_unbind(port " + std::to_string(port) + ")");
+  if (xenevtchn_unbind(h_, port) < 0) return fail_errno(errno, "xenevtchn_unbind(port " + std::to_string(port) + ")");
   return {};
 }
 
 Result<void> Evtchn::notify(EvtchnPort port) {
-  if (xenevtchn_notify(h_, port) < 0)
-    return fail_errno(errno, "xenevtchn_notify(port " + std::to_string(port) + ")");
+  if (xenevtchn_notify(h_, port) < 0) return fail_errno(errno, "xenevtchn_notify(port " + std::to_string(port) + ")");
   return {};
 }
 
@@ -89,8 +87,7 @@ Result<std::optional<EvtchnPort>> Evtchn::pending() {
 }
 
 Result<void> Evtchn::unmask(EvtchnPort port) {
-  if (xenevtchn_unmask(h_, port) < 0)
-    return fail_errno(errno, "xenevtchn_unmask(port " + std::to_string(port) + ")");
+  if (xenevtchn_unmask(h_, port) < 0) return fail_errno(errno, "xenevtchn_unmask(port " + std::to_string(port) + ")");
   return {};
 }
 

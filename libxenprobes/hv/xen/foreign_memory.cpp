@@ -21,8 +21,7 @@ Result<std::shared_ptr<ForeignMemory>> ForeignMemory::open() {
   if (!h) {
     int e = errno;
     if (e == EACCES || e == EPERM)
-      return fail(Errc::Permission,
-                  "xenforeignmemory_open: permission denied: run as root in Dom0");
+      return fail(Errc::Permission, "xenforeignmemory_open: permission denied: run as root in Dom0");
     return fail_errno(e, "xenforeignmemory_open");
   }
   return std::shared_ptr<ForeignMemory>(new ForeignMemory(h));
@@ -30,8 +29,7 @@ Result<std::shared_ptr<ForeignMemory>> ForeignMemory::open() {
 
 ForeignMemory::~ForeignMemory() { xenforeignmemory_close(h_); }
 
-Result<ForeignMapping> ForeignMemory::map(DomId dom, std::span<const Frame> frames,
-                                          MapAccess access) {
+Result<ForeignMapping> ForeignMemory::map(DomId dom, std::span<const Frame> frames, MapAccess access) {
   const std::string call = "xenforeignmemory_map(dom" + std::to_string(dom.value) + ")";
   if (frames.empty()) return fail(Errc::InvalidArgument, call + ": no frames");
   std::vector<xen_pfn_t> arr(frames.size());
@@ -48,19 +46,18 @@ Result<ForeignMapping> ForeignMemory::map(DomId dom, std::span<const Frame> fram
     int e = err[i] < 0 ? -err[i] : err[i];  // documented as errno values; be liberal
     xenforeignmemory_unmap(h_, p, arr.size());
     char what[96];
-    std::snprintf(what, sizeof what, ": frame 0x%llx (index %zu of %zu) not mapped: ",
-                  static_cast<unsigned long long>(arr[i]), i, arr.size());
+    std::snprintf(what, sizeof what,
+                  ": frame 0x%llx (index %zu of %zu) not mapped: ", static_cast<unsigned long long>(arr[i]), i,
+                  arr.size());
     return fail(Errc::Fault, call + what + std::strerror(e));
   }
 
   // The deleter owns a reference to this handle: unmapping after the Hypervisor is gone works.
   auto self = shared_from_this();
-  return ForeignMapping(static_cast<std::byte*>(p), arr.size(),
-                        [self](std::byte* data, std::size_t pages) {
-                          if (xenforeignmemory_unmap(self->h_, data, pages) < 0)
-                            XP_LOG(Warn, "xenforeignmemory_unmap(%p, %zu pages): %s",
-                                   static_cast<void*>(data), pages, std::strerror(errno));
-                        });
+  return ForeignMapping(static_cast<std::byte*>(p), arr.size(), [self](std::byte* data, std::size_t pages) {
+    if (xenforeignmemory_unmap(self->h_, data, pages) < 0)
+      XP_LOG(Warn, "xenforeignmemory_unmap(%p, %zu pages): %s", static_cast<void*>(data), pages, std::strerror(errno));
+  });
 }
 
 }  // namespace xenprobes::hv::xen

@@ -40,17 +40,16 @@ constexpr const char* kBuiltForXen = XEN_DOMCTL_INTERFACE_VERSION == 0x15 ? "4.1
 
 // ---- the quiet logger ----------------------------------------------------------------------
 
-void quiet_vmessage(xentoollog_logger*, xentoollog_level level, int errnoval, const char* context,
-                    const char* format, va_list al) {
+void quiet_vmessage(xentoollog_logger*, xentoollog_level level, int errnoval, const char* context, const char* format,
+                    va_list al) {
   if (log::level() > log::Level::Debug) return;
   char buf[512];
   std::vsnprintf(buf, sizeof buf, format, al);
-  XP_LOG(Debug, "%s (xtl level %d, errno %d): %s", context ? context : "libxen",
-         static_cast<int>(level), errnoval, buf);
+  XP_LOG(Debug, "%s (xtl level %d, errno %d): %s", context ? context : "libxen", static_cast<int>(level), errnoval,
+         buf);
 }
 
-void quiet_progress(xentoollog_logger*, const char*, const char*, int, unsigned long,
-                    unsigned long) {}
+void quiet_progress(xentoollog_logger*, const char*, const char*, int, unsigned long, unsigned long) {}
 
 void quiet_destroy(xentoollog_logger*) {}  // static storage: nothing to free
 
@@ -98,17 +97,15 @@ Result<void> XcShim::sanity_check() {
   if (xc_domain_getinfolist(xch_, 0, 1, &info) >= 0) return {};
   int e = errno;
   if (e == EPERM)
-    return fail(Errc::Permission,
-                "xc_domain_getinfolist(dom0): domctl refused: not the control domain (a DomU?)");
+    return fail(Errc::Permission, "xc_domain_getinfolist(dom0): domctl refused: not the control domain (a DomU?)");
   if (e == EACCES) {
     // do_domctl answers EACCES to a foreign XEN_DOMCTL_INTERFACE_VERSION (and XSM/FLASK denials).
     auto v = version();
-    return fail(Errc::NotSupported,
-                "the hypervisor (Xen " + (v ? *v : std::string("?")) +
-                    ") refuses domctl interface " + hex(XEN_DOMCTL_INTERFACE_VERSION) +
-                    ": this libxenprobes is built for Xen " + kBuiltForXen +
-                    " (rebuild it against the libxen-dev of the running Xen), or an XSM policy "
-                    "denies us");
+    return fail(Errc::NotSupported, "the hypervisor (Xen " + (v ? *v : std::string("?")) +
+                                        ") refuses domctl interface " + hex(XEN_DOMCTL_INTERFACE_VERSION) +
+                                        ": this libxenprobes is built for Xen " + kBuiltForXen +
+                                        " (rebuild it against the libxen-dev of the running Xen), or an XSM policy "
+                                        "denies us");
   }
   return fail_errno(e, "xc_domain_getinfolist(dom0)");
 }
@@ -117,8 +114,7 @@ Result<std::string> XcShim::version() {
   int v = xc_version(xch_, XENVER_version, nullptr);
   if (v < 0) return fail_errno(errno, "xc_version(XENVER_version)");
   xen_extraversion_t extra{};
-  if (xc_version(xch_, XENVER_extraversion, &extra) < 0)
-    return fail_errno(errno, "xc_version(XENVER_extraversion)");
+  if (xc_version(xch_, XENVER_extraversion, &extra) < 0) return fail_errno(errno, "xc_version(XENVER_extraversion)");
   extra[sizeof extra - 1] = '\0';
   return std::to_string(v >> 16) + "." + std::to_string(v & 0xffff) + extra;
 }
@@ -185,8 +181,7 @@ Result<std::vector<DomainInfo>> XcShim::list_domains() {
 }
 
 Result<void> XcShim::pause(DomId dom) {
-  if (xc_domain_pause(xch_, dom.value) < 0)
-    return fail_errno(errno, on_dom("xc_domain_pause", dom));
+  if (xc_domain_pause(xch_, dom.value) < 0) return fail_errno(errno, on_dom("xc_domain_pause", dom));
   return {};
 }
 
@@ -194,8 +189,7 @@ Result<void> XcShim::unpause(DomId dom) {
   if (xc_domain_unpause(xch_, dom.value) < 0) {
     int e = errno;
     if (e == EINVAL)  // xen-facts §5: unpausing below a zero count
-      return fail(Errc::InvalidArgument,
-                  on_dom("xc_domain_unpause", dom) + ": the pause count is already zero");
+      return fail(Errc::InvalidArgument, on_dom("xc_domain_unpause", dom) + ": the pause count is already zero");
     return fail_errno(e, on_dom("xc_domain_unpause", dom));
   }
   return {};
@@ -218,8 +212,7 @@ Result<ExtStateHost> XcShim::ext_state_host(DomId dom, VcpuId vcpu) {
   dc.cmd = XEN_DOMCTL_getvcpuextstate;
   dc.domain = static_cast<domid_t>(dom.value);
   ext_state_prepare_query(dc.u.vcpuextstate, vcpu.value);
-  if (int e = raw_domctl(xch_, dc))
-    return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate(size query)", dom, vcpu));
+  if (int e = raw_domctl(xch_, dc)) return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate(size query)", dom, vcpu));
   ext_host_ = XP_TRY(ext_state_host_from_query(dc.u.vcpuextstate));
   return *ext_host_;
 }
@@ -296,20 +289,17 @@ Result<void> XcShim::set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r) {
       ext_state_prepare_get(dc.u.vcpuextstate, vcpu.value, host);
       set_xen_guest_handle_raw(dc.u.vcpuextstate.buffer, static_cast<std::uint64_t*>(ext_buf));
       if (int e = raw_domctl(xch_, dc))
-        return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate", dom, vcpu) +
-                                 ": registers not written");
-      img = XP_TRY(ext_state_parse(
-          dc.u.vcpuextstate, vcpu.value, host,
-          std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(ext_buf),
-                                        host.max_size)));
+        return fail_errno(e, on_vcpu("XEN_DOMCTL_getvcpuextstate", dom, vcpu) + ": registers not written");
+      img = XP_TRY(
+          ext_state_parse(dc.u.vcpuextstate, vcpu.value, host,
+                          std::span<const std::uint8_t>(static_cast<const std::uint8_t*>(ext_buf), host.max_size)));
     }
 
     regs_to_pv(r, ctx.x64);
     if (xc_vcpu_setcontext(xch_, dom.value, vcpu.value, &ctx) < 0) {
       int e = errno;
       if (e == EOPNOTSUPP)
-        return fail(Errc::Again, on_vcpu("xc_vcpu_setcontext", dom, vcpu) +
-                                     ": CR3/GDT/LDT changed since read");
+        return fail(Errc::Again, on_vcpu("xc_vcpu_setcontext", dom, vcpu) + ": CR3/GDT/LDT changed since read");
       return fail_errno(e, on_vcpu("xc_vcpu_setcontext", dom, vcpu));
     }
 
@@ -320,10 +310,10 @@ Result<void> XcShim::set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r) {
       ext_state_prepare_set(dc.u.vcpuextstate, vcpu.value, *img);
       set_xen_guest_handle_raw(dc.u.vcpuextstate.buffer, static_cast<std::uint64_t*>(ext_buf));
       if (int e = raw_domctl(xch_, dc))
-        return fail(Errc::Io, on_vcpu("XEN_DOMCTL_setvcpuextstate", dom, vcpu) + ": " +
-                                  std::strerror(e) +
+        return fail(Errc::Io, on_vcpu("XEN_DOMCTL_setvcpuextstate", dom, vcpu) + ": " + std::strerror(e) +
                                   ": registers written, but the extended FPU state "
-                                  "(xcr0_accum " + hex(img->xcr0_accum) + ") was reset");
+                                  "(xcr0_accum " +
+                                  hex(img->xcr0_accum) + ") was reset");
     }
     return {};
   }();
@@ -334,12 +324,10 @@ Result<void> XcShim::set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r) {
 
 Result<VcpuRegs> XcShim::get_hvm_regs(DomId dom, VcpuId vcpu) {
   if (vcpu.value > 0xffff)  // the save-record instance is 16 bits
-    return fail(Errc::InvalidArgument, on_vcpu("xc_domain_hvm_getcontext_partial", dom, vcpu) +
-                                           ": no such vCPU");
+    return fail(Errc::InvalidArgument, on_vcpu("xc_domain_hvm_getcontext_partial", dom, vcpu) + ": no such vCPU");
   hvm_hw_cpu cpu{};
-  if (xc_domain_hvm_getcontext_partial(xch_, dom.value, HVM_SAVE_CODE(CPU),
-                                       static_cast<std::uint16_t>(vcpu.value), &cpu,
-                                       sizeof cpu) < 0)
+  if (xc_domain_hvm_getcontext_partial(xch_, dom.value, HVM_SAVE_CODE(CPU), static_cast<std::uint16_t>(vcpu.value),
+                                       &cpu, sizeof cpu) < 0)
     return fail_errno(errno, on_vcpu("xc_domain_hvm_getcontext_partial(CPU)", dom, vcpu));
   return regs_from_hvm(cpu);
 }
@@ -383,8 +371,7 @@ Result<GdbsxStatus> XcShim::gdbsx_domstatus(DomId dom) {
   dc.domain = static_cast<domid_t>(dom.value);
   int e = raw_domctl(xch_, dc);
   if (e == ENOSYS)
-    return fail(Errc::NoSys, on_dom("XEN_DOMCTL_gdbsx_domstatus", dom) +
-                                 ": hypervisor built without CONFIG_GDBSX");
+    return fail(Errc::NoSys, on_dom("XEN_DOMCTL_gdbsx_domstatus", dom) + ": hypervisor built without CONFIG_GDBSX");
   if (e) return fail_errno(e, on_dom("XEN_DOMCTL_gdbsx_domstatus", dom));
   const auto& s = dc.u.gdbsx_domstatus;
   GdbsxStatus out;
@@ -397,9 +384,8 @@ Result<GdbsxStatus> XcShim::gdbsx_domstatus(DomId dom) {
 Result<void> XcShim::inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector, std::uint8_t type,
                                   std::uint32_t error_code, std::uint8_t insn_len) {
   xendevicemodel_handle* dmod = xc_interface_dmod_handle(xch_);
-  if (xendevicemodel_inject_event(dmod, static_cast<domid_t>(dom.value),
-                                  static_cast<int>(vcpu.value), vector, type, error_code,
-                                  insn_len, 0) < 0)
+  if (xendevicemodel_inject_event(dmod, static_cast<domid_t>(dom.value), static_cast<int>(vcpu.value), vector, type,
+                                  error_code, insn_len, 0) < 0)
     return fail_errno(errno, on_vcpu("xendevicemodel_inject_event", dom, vcpu));
   return {};
 }

@@ -35,8 +35,7 @@ inline std::string on_dom(const char* call, DomId dom) {
 }
 
 inline std::string on_vcpu(const char* call, DomId dom, VcpuId vcpu) {
-  return std::string(call) + "(dom" + std::to_string(dom.value) + ", vcpu " +
-         std::to_string(vcpu.value) + ")";
+  return std::string(call) + "(dom" + std::to_string(dom.value) + ", vcpu " + std::to_string(vcpu.value) + ")";
 }
 
 }  // namespace xenprobes::hv::xen

@@ -93,8 +93,8 @@ Result<std::optional<VmEventRequest>> VmEventBackRing::take_request(bool& answer
     xen_rmb();  // fresh reads of the shared indexes on every round
     RING_IDX prod = back.sring->req_prod;
     if (RING_REQUEST_PROD_OVERFLOW(&back, prod))
-      return fail(Errc::Io, on_dom("vm_event ring", impl_->dom) + ": request producer index " +
-                                std::to_string(prod) + " overruns the ring");
+      return fail(Errc::Io, on_dom("vm_event ring", impl_->dom) + ": request producer index " + std::to_string(prod) +
+                                " overruns the ring");
     int work = 0;
     RING_FINAL_CHECK_FOR_REQUESTS(&back, work);
     if (!work) return std::optional<VmEventRequest>{};
@@ -112,8 +112,7 @@ Result<std::optional<VmEventRequest>> VmEventBackRing::take_request(bool& answer
 
     // A well-formed event of a kind libxenprobes never enables: resume the vCPU unchanged,
     // as xen-access does, and carry on with the next request.
-    XP_LOG(Warn, "dom%u: %s; resuming vCPU %u unchanged", impl_->dom.value,
-           r.error().what.c_str(), req.vcpu_id);
+    XP_LOG(Warn, "dom%u: %s; resuming vCPU %u unchanged", impl_->dom.value, r.error().what.c_str(), req.vcpu_id);
     vm_event_response_t rsp{};
     rsp.version = VM_EVENT_INTERFACE_VERSION;
     rsp.vcpu_id = req.vcpu_id;
@@ -133,8 +132,7 @@ Result<void> VmEventBackRing::push_response(const VmEventResponse& r) {
 Result<void> VmEventBackRing::push_xen_response(const vm_event_st* rsp) {
   auto& back = impl_->back;
   if (back.rsp_prod_pvt == back.req_cons)
-    return fail(Errc::NoSpace, on_dom("vm_event ring", impl_->dom) +
-                                   ": no request is waiting for a response");
+    return fail(Errc::NoSpace, on_dom("vm_event ring", impl_->dom) + ": no request is waiting for a response");
   std::memcpy(RING_GET_RESPONSE(&back, back.rsp_prod_pvt), rsp, sizeof *rsp);
   ++back.rsp_prod_pvt;
   RING_PUSH_RESPONSES(&back);
@@ -149,8 +147,8 @@ Result<std::unique_ptr<VmEventRing>> XcShim::monitor_enable(DomId dom) {
   if (!page) {
     int e = errno;
     if (e == EBUSY)
-      return fail(Errc::Busy, on_dom("xc_monitor_enable", dom) +
-                                  ": a vm_event monitor is already attached (one per domain)");
+      return fail(Errc::Busy,
+                  on_dom("xc_monitor_enable", dom) + ": a vm_event monitor is already attached (one per domain)");
     return fail_errno(e, on_dom("xc_monitor_enable", dom));
   }
   // Transactional: undo the enable if binding fails.
@@ -172,8 +170,7 @@ Result<std::unique_ptr<VmEventRing>> XcShim::monitor_enable(DomId dom) {
 }
 
 Result<void> XcShim::monitor_disable(DomId dom) {
-  if (xc_monitor_disable(xch_, dom.value) < 0)
-    return fail_errno(errno, on_dom("xc_monitor_disable", dom));
+  if (xc_monitor_disable(xch_, dom.value) < 0) return fail_errno(errno, on_dom("xc_monitor_disable", dom));
   return {};
 }
 

@@ -30,8 +30,7 @@ Result<void> check_privcmd() {
       int e = errno;
       if (e == ENOENT || e == ENOTDIR) continue;
       if (e == EACCES)
-        return fail(Errc::Permission,
-                    std::string("permission denied on ") + path + ": run as root in Dom0");
+        return fail(Errc::Permission, std::string("permission denied on ") + path + ": run as root in Dom0");
       return fail_errno(e, std::string("stat ") + path);
     }
     int fd = ::open(path, O_RDWR | O_CLOEXEC);
@@ -41,8 +40,7 @@ Result<void> check_privcmd() {
     }
     int e = errno;
     if (e == EACCES || e == EPERM)
-      return fail(Errc::Permission,
-                  std::string("permission denied on ") + path + ": run as root in Dom0");
+      return fail(Errc::Permission, std::string("permission denied on ") + path + ": run as root in Dom0");
     return fail_errno(e, std::string("open ") + path);
   }
   return fail(Errc::NotSupported, kNoPrivcmdMessage);
@@ -50,8 +48,8 @@ Result<void> check_privcmd() {
 
 class XenHypervisor final : public Hypervisor {
  public:
-  XenHypervisor(std::unique_ptr<XcShim> xc, std::shared_ptr<ForeignMemory> fmem,
-                std::unique_ptr<Evtchn> ev, Result<std::unique_ptr<XsClient>> xs)
+  XenHypervisor(std::unique_ptr<XcShim> xc, std::shared_ptr<ForeignMemory> fmem, std::unique_ptr<Evtchn> ev,
+                Result<std::unique_ptr<XsClient>> xs)
       : xc_(std::move(xc)), fmem_(std::move(fmem)), ev_(std::move(ev)) {
     if (xs) {
       xs_ = std::move(*xs);
@@ -116,16 +114,13 @@ class XenHypervisor final : public Hypervisor {
 
   // ---- memory ----
 
-  Result<ForeignMapping> map_frames(DomId dom, std::span<const Frame> frames,
-                                    MapAccess access) override {
+  Result<ForeignMapping> map_frames(DomId dom, std::span<const Frame> frames, MapAccess access) override {
     return gone_check(dom, fmem_->map(dom, frames, access));
   }
 
   // ---- xenstore ----
 
-  Result<std::string> xs_read(const std::string& path) override {
-    return XP_TRY(xs())->read(path);
-  }
+  Result<std::string> xs_read(const std::string& path) override { return XP_TRY(xs())->read(path); }
   Result<void> xs_write(const std::string& path, const std::string& value) override {
     return XP_TRY(xs())->write(path, value);
   }
@@ -143,9 +138,7 @@ class XenHypervisor final : public Hypervisor {
     return XP_TRY(xs())->unwatch(path, token);
   }
   int xs_fd() override { return xs_ ? xs_->fd() : -1; }
-  Result<std::vector<WatchEvent>> xs_read_watches() override {
-    return XP_TRY(xs())->read_watches();
-  }
+  Result<std::vector<WatchEvent>> xs_read_watches() override { return XP_TRY(xs())->read_watches(); }
 
   // ---- event channels ----
 
@@ -161,12 +154,8 @@ class XenHypervisor final : public Hypervisor {
 
   // ---- debugging mode ----
 
-  Result<void> set_debugging(DomId dom, bool on) override {
-    return gone_check(dom, xc_->set_debugging(dom, on));
-  }
-  Result<GdbsxStatus> gdbsx_domstatus(DomId dom) override {
-    return gone_check(dom, xc_->gdbsx_domstatus(dom));
-  }
+  Result<void> set_debugging(DomId dom, bool on) override { return gone_check(dom, xc_->set_debugging(dom, on)); }
+  Result<GdbsxStatus> gdbsx_domstatus(DomId dom) override { return gone_check(dom, xc_->gdbsx_domstatus(dom)); }
 
   // ---- vm_event monitor ----
 
@@ -191,8 +180,8 @@ class XenHypervisor final : public Hypervisor {
     DomainInfo info = XP_TRY(domain_info(dom));
     return gone_check(dom, xc_->monitor_recover(dom, info.vcpus));
   }
-  Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector, std::uint8_t type,
-                            std::uint32_t error_code, std::uint8_t insn_len) override {
+  Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector, std::uint8_t type, std::uint32_t error_code,
+                            std::uint8_t insn_len) override {
     XP_TRY(require_hvm(dom, "event injection needs an HVM or PVH guest"));
     return gone_check(dom, xc_->inject_event(dom, vcpu, vector, type, error_code, insn_len));
   }
@@ -235,15 +224,14 @@ class XenHypervisor final : public Hypervisor {
   Result<void> require_hvm(DomId dom, const char* why) {
     auto k = XP_TRY(kind_of(dom));
     if (k.type != GuestType::Hvm)
-      return fail(Errc::NotSupported, std::string(why) + " (dom" + std::to_string(dom.value) +
-                                          " is PV)");
+      return fail(Errc::NotSupported, std::string(why) + " (dom" + std::to_string(dom.value) + " is PV)");
     return {};
   }
 
   static Result<void> require_64bit_pv(DomId dom, GuestKind k) {
     if (k.width != 8)  // Debian's Xen 4.17 is built without CONFIG_PV32 anyway (xen-facts §8)
-      return fail(Errc::NotSupported, "dom" + std::to_string(dom.value) +
-                                          " is a 32-bit PV guest: only 64-bit PV is supported");
+      return fail(Errc::NotSupported,
+                  "dom" + std::to_string(dom.value) + " is a 32-bit PV guest: only 64-bit PV is supported");
     return {};
   }
 

@@ -31,15 +31,15 @@
 #include "hv/hypervisor.hpp"
 
 struct xentoollog_logger;
-struct xc_interface_core;           // xc_interface
+struct xc_interface_core;  // xc_interface
 struct xenevtchn_handle;
 struct xenforeignmemory_handle;
 struct xs_handle;
-struct vcpu_guest_context_x86_64;   // xen/foreign/x86_64.h: the 64-bit PV vCPU context
-struct hvm_hw_cpu;                  // xen/arch-x86/hvm/save.h: HVM_SAVE_TYPE(CPU)
-struct vm_event_st;                 // xen/vm_event.h: vm_event_request_t / vm_event_response_t
-struct xen_domctl_getdomaininfo;    // xen/domctl.h: xc_domaininfo_t
-struct xen_domctl_vcpuextstate;     // xen/domctl.h: XEN_DOMCTL_{get,set}vcpuextstate
+struct vcpu_guest_context_x86_64;  // xen/foreign/x86_64.h: the 64-bit PV vCPU context
+struct hvm_hw_cpu;                 // xen/arch-x86/hvm/save.h: HVM_SAVE_TYPE(CPU)
+struct vm_event_st;                // xen/vm_event.h: vm_event_request_t / vm_event_response_t
+struct xen_domctl_getdomaininfo;   // xen/domctl.h: xc_domaininfo_t
+struct xen_domctl_vcpuextstate;    // xen/domctl.h: XEN_DOMCTL_{get,set}vcpuextstate
 
 namespace xenprobes::hv::xen {
 
@@ -74,8 +74,7 @@ void regs_to_hvm(const VcpuRegs& r, hvm_hw_cpu& c);
 // In a full HVM context blob (xc_domain_hvm_getcontext: descriptor + payload records, HEADER
 // first, END last), rewrites the CPU record of `vcpu` with regs_to_hvm. Bounds-checked:
 // a malformed blob is Io; no CPU record for that vCPU (offline) is InvalidArgument.
-[[nodiscard]] Result<void> hvm_context_set_cpu_regs(std::span<std::uint8_t> blob, unsigned vcpu,
-                                                    const VcpuRegs& r);
+[[nodiscard]] Result<void> hvm_context_set_cpu_regs(std::span<std::uint8_t> blob, unsigned vcpu, const VcpuRegs& r);
 
 // Domain info without name (xenstore) and guest_width (a separate domctl for PV).
 DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
@@ -87,8 +86,7 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
 [[nodiscard]] Result<VmEventRequest> vm_event_request_from_xen(const vm_event_st& req);
 // hv -> vm_event response. Unknown hv flags, or SET_REGISTERS together with SET_EMUL_INSN_DATA
 // (data.regs and data.emul are a union in Xen), are InvalidArgument.
-[[nodiscard]] Result<void> vm_event_response_to_xen(const VmEventResponse& rsp,
-                                                    vm_event_st& out);
+[[nodiscard]] Result<void> vm_event_response_to_xen(const VmEventResponse& rsp, vm_event_st& out);
 
 // ---------------------------------------------------------------------------------------------
 // XEN_DOMCTL_{get,set}vcpuextstate (xc_shim_ext_state.cpp), with which set_pv_regs keeps the
@@ -101,8 +99,8 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
 //             | extended components]          (the image is absent when xcr0_accum == 0)
 //   size   = 16 + (CPUID 0xD size of xcr0_accum)  ("PV_XSAVE_SIZE(xcr0_accum)", domctl.c:921)
 
-inline constexpr std::size_t kExtStateHeaderSize = 16;       // xcr0, xcr0_accum
-inline constexpr std::size_t kXsaveAreaMinSize = 512 + 64;   // legacy region + XSAVE header
+inline constexpr std::size_t kExtStateHeaderSize = 16;      // xcr0, xcr0_accum
+inline constexpr std::size_t kXsaveAreaMinSize = 512 + 64;  // legacy region + XSAVE header
 // Sanity bound on what Xen may ask us to allocate (4.17's largest, AVX-512 + PKRU, is 2.7 KiB).
 inline constexpr std::size_t kExtStateMaxSize = 64 * 1024;
 
@@ -119,8 +117,8 @@ struct ExtStateHost {
 struct ExtStateImage {
   std::uint64_t xcr0 = 0;
   std::uint64_t xcr0_accum = 0;
-  std::uint64_t xstate_bv = 0;                // from the XSAVE header (0 without image)
-  std::size_t size = kExtStateHeaderSize;     // bytes written; exactly what set must be given
+  std::uint64_t xstate_bv = 0;             // from the XSAVE header (0 without image)
+  std::size_t size = kExtStateHeaderSize;  // bytes written; exactly what set must be given
   // size 16 (xcr0_accum 0): Xen has no XSAVE image for the vCPU and set would restore nothing.
   bool needs_restore() const { return size > kExtStateHeaderSize; }
 };
@@ -135,9 +133,8 @@ void ext_state_prepare_get(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtS
 // Validates the answer of a data get against what setvcpuextstate will accept (so that a bad
 // answer is refused before setcontext destroys anything): `buf` is the whole buffer handed to
 // Xen. Io on anything Xen would not have produced or would not take back.
-[[nodiscard]] Result<ExtStateImage> ext_state_parse(const xen_domctl_vcpuextstate& answered,
-                                                    unsigned vcpu, const ExtStateHost& h,
-                                                    std::span<const std::uint8_t> buf);
+[[nodiscard]] Result<ExtStateImage> ext_state_parse(const xen_domctl_vcpuextstate& answered, unsigned vcpu,
+                                                    const ExtStateHost& h, std::span<const std::uint8_t> buf);
 // The write-back: vcpu and the size of the image; xfeature_mask is ignored by SET (domctl.h)
 // and zeroed. The buffer handle is the caller's (the one the get filled).
 void ext_state_prepare_set(xen_domctl_vcpuextstate& e, unsigned vcpu, const ExtStateImage& img);
@@ -232,8 +229,7 @@ class ForeignMemory : public std::enable_shared_from_this<ForeignMemory> {
 
   // Per-page errors are checked: any failing frame unmaps everything and is a Fault naming the
   // first failing frame.
-  [[nodiscard]] Result<ForeignMapping> map(DomId dom, std::span<const Frame> frames,
-                                           MapAccess access);
+  [[nodiscard]] Result<ForeignMapping> map(DomId dom, std::span<const Frame> frames, MapAccess access);
 
  private:
   explicit ForeignMemory(xenforeignmemory_handle* h) : h_(h) {}
@@ -260,8 +256,8 @@ class XcShim {
   // Probes XEN_DOMCTL_gdbsx_unpausevcpu(vcpu = ~0u) on domain 0: ENOSYS means no CONFIG_GDBSX.
   [[nodiscard]] Result<bool> has_gdbsx();
 
-  [[nodiscard]] Result<DomainInfo> domain_info(DomId dom);          // without name
-  [[nodiscard]] Result<std::vector<DomainInfo>> list_domains();     // without names
+  [[nodiscard]] Result<DomainInfo> domain_info(DomId dom);       // without name
+  [[nodiscard]] Result<std::vector<DomainInfo>> list_domains();  // without names
   [[nodiscard]] Result<void> pause(DomId dom);
   [[nodiscard]] Result<void> unpause(DomId dom);
 
@@ -282,9 +278,8 @@ class XcShim {
   [[nodiscard]] Result<void> monitor_software_breakpoint(DomId dom, bool on);
   [[nodiscard]] Result<void> monitor_debug_exceptions(DomId dom, bool on, bool sync);
   [[nodiscard]] Result<void> monitor_recover(DomId dom, unsigned vcpus);
-  [[nodiscard]] Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector,
-                                          std::uint8_t type, std::uint32_t error_code,
-                                          std::uint8_t insn_len);
+  [[nodiscard]] Result<void> inject_event(DomId dom, VcpuId vcpu, std::uint8_t vector, std::uint8_t type,
+                                          std::uint32_t error_code, std::uint8_t insn_len);
 
  private:
   explicit XcShim(xc_interface_core* xch) : xch_(xch) {}

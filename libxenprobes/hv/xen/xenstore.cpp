@@ -17,9 +17,7 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-std::string on_path(const char* call, const std::string& path) {
-  return std::string(call) + "(" + path + ")";
-}
+std::string on_path(const char* call, const std::string& path) { return std::string(call) + "(" + path + ")"; }
 
 }  // namespace
 
@@ -65,20 +63,17 @@ Result<void> XsClient::grant_read(const std::string& path, DomId reader) {
   // the node, nobody else has access, then `reader` gets read access.
   xs_permissions perms[2] = {{0, XS_PERM_NONE}, {reader.value, XS_PERM_READ}};
   if (!xs_set_permissions(h_, XBT_NULL, path.c_str(), perms, 2))
-    return fail_errno(errno, on_path("xs_set_permissions", path) + " for dom" +
-                                 std::to_string(reader.value));
+    return fail_errno(errno, on_path("xs_set_permissions", path) + " for dom" + std::to_string(reader.value));
   return {};
 }
 
 Result<void> XsClient::watch(const std::string& path, const std::string& token) {
-  if (!xs_watch(h_, path.c_str(), token.c_str()))
-    return fail_errno(errno, on_path("xs_watch", path));
+  if (!xs_watch(h_, path.c_str(), token.c_str())) return fail_errno(errno, on_path("xs_watch", path));
   return {};
 }
 
 Result<void> XsClient::unwatch(const std::string& path, const std::string& token) {
-  if (!xs_unwatch(h_, path.c_str(), token.c_str()))
-    return fail_errno(errno, on_path("xs_unwatch", path));
+  if (!xs_unwatch(h_, path.c_str(), token.c_str())) return fail_errno(errno, on_path("xs_unwatch", path));
   return {};
 }
 

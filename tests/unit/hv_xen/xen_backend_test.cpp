@@ -33,9 +33,7 @@ namespace {
 
 using namespace xen;
 
-bool has_privcmd() {
-  return ::access("/dev/xen/privcmd", F_OK) == 0 || ::access("/proc/xen/privcmd", F_OK) == 0;
-}
+bool has_privcmd() { return ::access("/dev/xen/privcmd", F_OK) == 0 || ::access("/proc/xen/privcmd", F_OK) == 0; }
 
 // ---- opening ------------------------------------------------------------------------------
 
@@ -45,8 +43,7 @@ TEST(OpenXenHypervisor, FailsWithNotSupportedOutsideDom0) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::NotSupported);
   EXPECT_EQ(r.error().what, kNoPrivcmdMessage);
-  EXPECT_TRUE(r.error().what.starts_with("no /dev/xen/privcmd: not running in a Xen Dom0"))
-      << r.error().what;
+  EXPECT_TRUE(r.error().what.starts_with("no /dev/xen/privcmd: not running in a Xen Dom0")) << r.error().what;
 }
 
 TEST(OpenXenHypervisor, PrintsNothingEvenAtDebugLevel) {
@@ -57,9 +54,7 @@ TEST(OpenXenHypervisor, PrintsNothingEvenAtDebugLevel) {
   for (int i = 0; i < 3; ++i) {  // no hidden state: every attempt fails the same way
     auto r = open_xen_hypervisor();
     EXPECT_FALSE(r);
-    if (!r) {
-      EXPECT_EQ(r.error().code, Errc::NotSupported);
-    }
+    if (!r) { EXPECT_EQ(r.error().code, Errc::NotSupported); }
   }
   std::string err = testing::internal::GetCapturedStderr();
   log::set_level(saved);
@@ -110,10 +105,22 @@ vcpu_guest_context_x86_64 make_pv_context(bool in_kernel) {
   vcpu_guest_context_x86_64 c;
   std::memset(&c, 0, sizeof c);
   auto& u = c.user_regs;
-  u.rax = 0x1000; u.rbx = 0x1001; u.rcx = 0x1002; u.rdx = 0x1003;
-  u.rsi = 0x1004; u.rdi = 0x1005; u.rbp = 0x1006; u.rsp = 0xffffc90000003f00;
-  u.r8 = 0x1008; u.r9 = 0x1009; u.r10 = 0x100a; u.r11 = 0x100b;
-  u.r12 = 0x100c; u.r13 = 0x100d; u.r14 = 0x100e; u.r15 = 0x100f;
+  u.rax = 0x1000;
+  u.rbx = 0x1001;
+  u.rcx = 0x1002;
+  u.rdx = 0x1003;
+  u.rsi = 0x1004;
+  u.rdi = 0x1005;
+  u.rbp = 0x1006;
+  u.rsp = 0xffffc90000003f00;
+  u.r8 = 0x1008;
+  u.r9 = 0x1009;
+  u.r10 = 0x100a;
+  u.r11 = 0x100b;
+  u.r12 = 0x100c;
+  u.r13 = 0x100d;
+  u.r14 = 0x100e;
+  u.r15 = 0x100f;
   u.rip = 0xffffffff81000001;  // int3 at ...000 trapped: RIP = probe + 1
   u.rflags = 0x246;
   u.cs = FLAT_KERNEL_CS64_X86_64;  // 64-bit PV kernels run in ring 3
@@ -139,12 +146,22 @@ vcpu_guest_context_x86_64 make_pv_context(bool in_kernel) {
 TEST(PvRegs, FromContextInKernelMode) {
   auto c = make_pv_context(true);
   VcpuRegs r = regs_from_pv(c);
-  EXPECT_EQ(r.rax, 0x1000u); EXPECT_EQ(r.rbx, 0x1001u); EXPECT_EQ(r.rcx, 0x1002u);
-  EXPECT_EQ(r.rdx, 0x1003u); EXPECT_EQ(r.rsi, 0x1004u); EXPECT_EQ(r.rdi, 0x1005u);
-  EXPECT_EQ(r.rbp, 0x1006u); EXPECT_EQ(r.rsp, 0xffffc90000003f00u);
-  EXPECT_EQ(r.r8, 0x1008u); EXPECT_EQ(r.r9, 0x1009u); EXPECT_EQ(r.r10, 0x100au);
-  EXPECT_EQ(r.r11, 0x100bu); EXPECT_EQ(r.r12, 0x100cu); EXPECT_EQ(r.r13, 0x100du);
-  EXPECT_EQ(r.r14, 0x100eu); EXPECT_EQ(r.r15, 0x100fu);
+  EXPECT_EQ(r.rax, 0x1000u);
+  EXPECT_EQ(r.rbx, 0x1001u);
+  EXPECT_EQ(r.rcx, 0x1002u);
+  EXPECT_EQ(r.rdx, 0x1003u);
+  EXPECT_EQ(r.rsi, 0x1004u);
+  EXPECT_EQ(r.rdi, 0x1005u);
+  EXPECT_EQ(r.rbp, 0x1006u);
+  EXPECT_EQ(r.rsp, 0xffffc90000003f00u);
+  EXPECT_EQ(r.r8, 0x1008u);
+  EXPECT_EQ(r.r9, 0x1009u);
+  EXPECT_EQ(r.r10, 0x100au);
+  EXPECT_EQ(r.r11, 0x100bu);
+  EXPECT_EQ(r.r12, 0x100cu);
+  EXPECT_EQ(r.r13, 0x100du);
+  EXPECT_EQ(r.r14, 0x100eu);
+  EXPECT_EQ(r.r15, 0x100fu);
   EXPECT_EQ(r.rip, 0xffffffff81000001u);
   EXPECT_EQ(r.rflags, 0x246u);
   EXPECT_EQ(r.cr0, 0x80050033u);
@@ -173,9 +190,22 @@ TEST(PvRegs, ToContextChangesOnlyGprsRipRflagsAndDebugRegs) {
   auto before = make_pv_context(true);
   auto c = before;
   VcpuRegs r = regs_from_pv(c);
-  r.rax = 0xa; r.rbx = 0xb; r.rcx = 0xc; r.rdx = 0xd; r.rsi = 0xe; r.rdi = 0xf;
-  r.rbp = 0x10; r.rsp = 0x11; r.r8 = 0x18; r.r9 = 0x19; r.r10 = 0x1a; r.r11 = 0x1b;
-  r.r12 = 0x1c; r.r13 = 0x1d; r.r14 = 0x1e; r.r15 = 0x1f;
+  r.rax = 0xa;
+  r.rbx = 0xb;
+  r.rcx = 0xc;
+  r.rdx = 0xd;
+  r.rsi = 0xe;
+  r.rdi = 0xf;
+  r.rbp = 0x10;
+  r.rsp = 0x11;
+  r.r8 = 0x18;
+  r.r9 = 0x19;
+  r.r10 = 0x1a;
+  r.r11 = 0x1b;
+  r.r12 = 0x1c;
+  r.r13 = 0x1d;
+  r.r14 = 0x1e;
+  r.r15 = 0x1f;
   r.rip = 0xffffffff81000000;  // back to the probe address
   r.rflags = 0x346;            // TF set
   r.dr6 = 0xffff0ff0;          // BS cleared
@@ -188,10 +218,21 @@ TEST(PvRegs, ToContextChangesOnlyGprsRipRflagsAndDebugRegs) {
   regs_to_pv(r, c);
 
   const auto& u = c.user_regs;
-  EXPECT_EQ(u.rax, 0xau); EXPECT_EQ(u.rbx, 0xbu); EXPECT_EQ(u.rcx, 0xcu); EXPECT_EQ(u.rdx, 0xdu);
-  EXPECT_EQ(u.rsi, 0xeu); EXPECT_EQ(u.rdi, 0xfu); EXPECT_EQ(u.rbp, 0x10u); EXPECT_EQ(u.rsp, 0x11u);
-  EXPECT_EQ(u.r8, 0x18u); EXPECT_EQ(u.r9, 0x19u); EXPECT_EQ(u.r10, 0x1au); EXPECT_EQ(u.r11, 0x1bu);
-  EXPECT_EQ(u.r12, 0x1cu); EXPECT_EQ(u.r13, 0x1du); EXPECT_EQ(u.r14, 0x1eu);
+  EXPECT_EQ(u.rax, 0xau);
+  EXPECT_EQ(u.rbx, 0xbu);
+  EXPECT_EQ(u.rcx, 0xcu);
+  EXPECT_EQ(u.rdx, 0xdu);
+  EXPECT_EQ(u.rsi, 0xeu);
+  EXPECT_EQ(u.rdi, 0xfu);
+  EXPECT_EQ(u.rbp, 0x10u);
+  EXPECT_EQ(u.rsp, 0x11u);
+  EXPECT_EQ(u.r8, 0x18u);
+  EXPECT_EQ(u.r9, 0x19u);
+  EXPECT_EQ(u.r10, 0x1au);
+  EXPECT_EQ(u.r11, 0x1bu);
+  EXPECT_EQ(u.r12, 0x1cu);
+  EXPECT_EQ(u.r13, 0x1du);
+  EXPECT_EQ(u.r14, 0x1eu);
   EXPECT_EQ(u.r15, 0x1fu);
   EXPECT_EQ(u.rip, 0xffffffff81000000u);
   EXPECT_EQ(u.rflags, 0x346u);
@@ -229,18 +270,37 @@ constexpr std::uint32_t kArData64Dpl3 = 0xcf3;  // DPL 3 (bits 5-6)
 hvm_hw_cpu make_hvm_cpu(std::uint64_t base) {
   hvm_hw_cpu c;
   std::memset(&c, 0, sizeof c);
-  c.rax = base + 0; c.rbx = base + 1; c.rcx = base + 2; c.rdx = base + 3;
-  c.rbp = base + 4; c.rsi = base + 5; c.rdi = base + 6; c.rsp = base + 7;
-  c.r8 = base + 8; c.r9 = base + 9; c.r10 = base + 10; c.r11 = base + 11;
-  c.r12 = base + 12; c.r13 = base + 13; c.r14 = base + 14; c.r15 = base + 15;
+  c.rax = base + 0;
+  c.rbx = base + 1;
+  c.rcx = base + 2;
+  c.rdx = base + 3;
+  c.rbp = base + 4;
+  c.rsi = base + 5;
+  c.rdi = base + 6;
+  c.rsp = base + 7;
+  c.r8 = base + 8;
+  c.r9 = base + 9;
+  c.r10 = base + 10;
+  c.r11 = base + 11;
+  c.r12 = base + 12;
+  c.r13 = base + 13;
+  c.r14 = base + 14;
+  c.r15 = base + 15;
   c.rip = 0xffffffff81234567;
   c.rflags = 0x202;
-  c.cr0 = 0x80050033; c.cr2 = 0x1000; c.cr3 = 0x10a000; c.cr4 = 0x3706f0;
-  c.dr6 = 0xffff0ff0; c.dr7 = 0x400;
-  c.cs_sel = 0x10; c.ss_sel = 0x18;
+  c.cr0 = 0x80050033;
+  c.cr2 = 0x1000;
+  c.cr3 = 0x10a000;
+  c.cr4 = 0x3706f0;
+  c.dr6 = 0xffff0ff0;
+  c.dr7 = 0x400;
+  c.cs_sel = 0x10;
+  c.ss_sel = 0x18;
   c.cs_arbytes = kArCode64Dpl0;
   c.ss_arbytes = kArData64Dpl0;
-  c.fs_base = 0x7f00aa000000; c.gs_base = 0xffff88807fc00000; c.shadow_gs = 0x7f00bb000000;
+  c.fs_base = 0x7f00aa000000;
+  c.gs_base = 0xffff88807fc00000;
+  c.shadow_gs = 0x7f00bb000000;
   c.msr_efer = 0xd01;  // LMA|LME|NXE|SCE
   c.flags = XEN_X86_FPU_INITIALISED;
   std::memset(c.fpu_regs, 0x3c, sizeof c.fpu_regs);
@@ -249,9 +309,15 @@ hvm_hw_cpu make_hvm_cpu(std::uint64_t base) {
 
 TEST(HvmRegs, FromCpuRecord) {
   VcpuRegs r = regs_from_hvm(make_hvm_cpu(0x2000));
-  EXPECT_EQ(r.rax, 0x2000u); EXPECT_EQ(r.rbx, 0x2001u); EXPECT_EQ(r.rcx, 0x2002u);
-  EXPECT_EQ(r.rdx, 0x2003u); EXPECT_EQ(r.rbp, 0x2004u); EXPECT_EQ(r.rsi, 0x2005u);
-  EXPECT_EQ(r.rdi, 0x2006u); EXPECT_EQ(r.rsp, 0x2007u); EXPECT_EQ(r.r8, 0x2008u);
+  EXPECT_EQ(r.rax, 0x2000u);
+  EXPECT_EQ(r.rbx, 0x2001u);
+  EXPECT_EQ(r.rcx, 0x2002u);
+  EXPECT_EQ(r.rdx, 0x2003u);
+  EXPECT_EQ(r.rbp, 0x2004u);
+  EXPECT_EQ(r.rsi, 0x2005u);
+  EXPECT_EQ(r.rdi, 0x2006u);
+  EXPECT_EQ(r.rsp, 0x2007u);
+  EXPECT_EQ(r.r8, 0x2008u);
   EXPECT_EQ(r.r15, 0x200fu);
   EXPECT_EQ(r.rip, 0xffffffff81234567u);
   EXPECT_EQ(r.rflags, 0x202u);
@@ -280,9 +346,17 @@ TEST(HvmRegs, ToCpuRecordChangesOnlyGprsRipRflagsAndDebugRegs) {
   auto before = make_hvm_cpu(0x3000);
   auto c = before;
   VcpuRegs r = regs_from_hvm(c);
-  r.rax = 0xaa; r.r15 = 0xff; r.rsp = 0x77; r.rip = 0xffffffff81234566; r.rflags = 0x302;
-  r.dr6 = 0; r.dr7 = 0x1;
-  r.cr3 = 0; r.efer = 0; r.cs = 0; r.fs_base = 0;  // not applied
+  r.rax = 0xaa;
+  r.r15 = 0xff;
+  r.rsp = 0x77;
+  r.rip = 0xffffffff81234566;
+  r.rflags = 0x302;
+  r.dr6 = 0;
+  r.dr7 = 0x1;
+  r.cr3 = 0;
+  r.efer = 0;
+  r.cs = 0;
+  r.fs_base = 0;  // not applied
   regs_to_hvm(r, c);
   EXPECT_EQ(c.rax, 0xaau);
   EXPECT_EQ(c.r15, 0xffu);
@@ -304,8 +378,8 @@ TEST(HvmRegs, ToCpuRecordChangesOnlyGprsRipRflagsAndDebugRegs) {
 //   [HEADER][hvm_save_header] [CPU/0][hvm_hw_cpu] [CPU/1][hvm_hw_cpu] [XSAVE/0][64 B]
 //   [XSAVE/1][64 B] [END]
 
-void put_record(std::vector<std::uint8_t>& blob, std::uint16_t type, std::uint16_t inst,
-                const void* data, std::uint32_t len) {
+void put_record(std::vector<std::uint8_t>& blob, std::uint16_t type, std::uint16_t inst, const void* data,
+                std::uint32_t len) {
   hvm_save_descriptor d{type, inst, len};
   auto* p = reinterpret_cast<const std::uint8_t*>(&d);
   blob.insert(blob.end(), p, p + sizeof d);
@@ -418,19 +492,18 @@ struct ExtAnswer {
   std::vector<std::uint8_t> buf;
 };
 
-ExtAnswer answer(unsigned vcpu, std::uint64_t xcr0, std::uint64_t accum, std::uint64_t bv,
-                 std::size_t size = kAvxMax) {
+ExtAnswer answer(unsigned vcpu, std::uint64_t xcr0, std::uint64_t accum, std::uint64_t bv, std::size_t size = kAvxMax) {
   ExtAnswer a;
   ext_state_prepare_get(a.dc, vcpu, avx_host());
   a.buf.assign(kAvxMax, 0);
   put64(a.buf, 0, xcr0);
   put64(a.buf, 8, accum);
   if (size > 16) {
-    a.buf[16] = 0x7f;                  // FCW, just to have some payload
-    put64(a.buf, 16 + 512, bv);        // xstate_bv
-    a.buf[16 + 576] = 0xa5;            // first YMM_Hi128 byte
+    a.buf[16] = 0x7f;            // FCW, just to have some payload
+    put64(a.buf, 16 + 512, bv);  // xstate_bv
+    a.buf[16 + 576] = 0xa5;      // first YMM_Hi128 byte
   }
-  a.dc.size = size;                    // Xen writes back the size it filled
+  a.dc.size = size;  // Xen writes back the size it filled
   return a;
 }
 
@@ -462,14 +535,15 @@ TEST(ExtState, HostFromQuery) {
 }
 
 TEST(ExtState, ImplausibleQueryAnswersAreIo) {
-  struct Case { std::uint64_t mask, size; };
-  for (auto c : {Case{0, 848},                 // no XSAVE, yet a size
-                 Case{0x5, kAvxMax},           // YMM without SSE
-                 Case{0x1, kAvxMax},           // no SSE
-                 Case{0x27, kAvxMax},          // OPMASK without ZMM/HI_ZMM
-                 Case{kAvxMask, 16 + 512},     // smaller than legacy + header
-                 Case{kAvxMask, 16 + 1024 * 1024},
-                 Case{kAvxMask, ~0ull}}) {
+  struct Case {
+    std::uint64_t mask, size;
+  };
+  for (auto c : {Case{0, 848},              // no XSAVE, yet a size
+                 Case{0x5, kAvxMax},        // YMM without SSE
+                 Case{0x1, kAvxMax},        // no SSE
+                 Case{0x27, kAvxMax},       // OPMASK without ZMM/HI_ZMM
+                 Case{kAvxMask, 16 + 512},  // smaller than legacy + header
+                 Case{kAvxMask, 16 + 1024 * 1024}, Case{kAvxMask, ~0ull}}) {
     xen_domctl_vcpuextstate q{};
     q.xfeature_mask = c.mask;
     q.size = c.size;
@@ -601,8 +675,7 @@ TEST(DomainInfo, CrashedIsShutdownWithReasonCrash) {
   xen_domctl_getdomaininfo x;
   std::memset(&x, 0, sizeof x);
   x.domain = 3;
-  x.flags = XEN_DOMINF_shutdown | XEN_DOMINF_dying |
-            (SHUTDOWN_crash << XEN_DOMINF_shutdownshift);
+  x.flags = XEN_DOMINF_shutdown | XEN_DOMINF_dying | (SHUTDOWN_crash << XEN_DOMINF_shutdownshift);
   x.max_vcpu_id = XEN_INVALID_MAX_VCPU_ID;
   DomainInfo d = domain_info_from_xen(x);
   EXPECT_EQ(d.type, GuestType::Pv);
@@ -627,15 +700,29 @@ vm_event_request_t make_request(std::uint32_t reason) {
   q.flags = VM_EVENT_FLAG_VCPU_PAUSED;
   q.reason = reason;
   auto& x = q.data.regs.x86;
-  x.rax = 0x11; x.rbx = 0x12; x.rcx = 0x13; x.rdx = 0x14; x.rsp = 0x15; x.rbp = 0x16;
-  x.rsi = 0x17; x.rdi = 0x18; x.r8 = 0x19; x.r15 = 0x20;
+  x.rax = 0x11;
+  x.rbx = 0x12;
+  x.rcx = 0x13;
+  x.rdx = 0x14;
+  x.rsp = 0x15;
+  x.rbp = 0x16;
+  x.rsi = 0x17;
+  x.rdi = 0x18;
+  x.r8 = 0x19;
+  x.r15 = 0x20;
   x.rip = 0xffffffff81000000;  // vm_event: RIP is the breakpoint address itself
   x.rflags = 0x246;
-  x.cr0 = 0x80050033; x.cr2 = 0x7000; x.cr3 = 0x10a000; x.cr4 = 0x3706f0;
+  x.cr0 = 0x80050033;
+  x.cr2 = 0x7000;
+  x.cr3 = 0x10a000;
+  x.cr4 = 0x3706f0;
   x.msr_efer = 0xd01;
-  x.dr6 = 0xffff0ff0; x.dr7 = 0x400;
-  x.fs_base = 0x7f0000; x.gs_base = 0xffff888000000000;
-  x.cs_sel = 0x10; x.ss_sel = 0x18;
+  x.dr6 = 0xffff0ff0;
+  x.dr7 = 0x400;
+  x.fs_base = 0x7f0000;
+  x.gs_base = 0xffff888000000000;
+  x.cs_sel = 0x10;
+  x.ss_sel = 0x18;
   x.ss.ar = kArData64Dpl0;
   return q;
 }
@@ -657,9 +744,15 @@ TEST(VmEventRequest, DebugExceptionFromIcebp) {
   EXPECT_EQ(r->insn_length, 1);
   EXPECT_EQ(r->pending_dbg, 0x4000u);
   EXPECT_EQ(r->regs.rip, 0xffffffff81000000u);
-  EXPECT_EQ(r->regs.rax, 0x11u); EXPECT_EQ(r->regs.rbx, 0x12u); EXPECT_EQ(r->regs.rcx, 0x13u);
-  EXPECT_EQ(r->regs.rdx, 0x14u); EXPECT_EQ(r->regs.rsp, 0x15u); EXPECT_EQ(r->regs.rbp, 0x16u);
-  EXPECT_EQ(r->regs.rsi, 0x17u); EXPECT_EQ(r->regs.rdi, 0x18u); EXPECT_EQ(r->regs.r8, 0x19u);
+  EXPECT_EQ(r->regs.rax, 0x11u);
+  EXPECT_EQ(r->regs.rbx, 0x12u);
+  EXPECT_EQ(r->regs.rcx, 0x13u);
+  EXPECT_EQ(r->regs.rdx, 0x14u);
+  EXPECT_EQ(r->regs.rsp, 0x15u);
+  EXPECT_EQ(r->regs.rbp, 0x16u);
+  EXPECT_EQ(r->regs.rsi, 0x17u);
+  EXPECT_EQ(r->regs.rdi, 0x18u);
+  EXPECT_EQ(r->regs.r8, 0x19u);
   EXPECT_EQ(r->regs.r15, 0x20u);
   EXPECT_EQ(r->regs.rflags, 0x246u);
   EXPECT_EQ(r->regs.cr3, 0x10a000u);
@@ -712,8 +805,8 @@ TEST(VmEventRequest, ImpossibleInstructionLengthIsHostileInput) {
 
 TEST(VmEventRequest, ReasonsLibxenprobesDoesNotUseAreNotSupported) {
   // CPUID (10) in particular must not be mistaken for a debug exception (9).
-  const std::uint32_t reasons[] = {VM_EVENT_REASON_CPUID, VM_EVENT_REASON_MEM_ACCESS,
-                                   VM_EVENT_REASON_GUEST_REQUEST, 9999};
+  const std::uint32_t reasons[] = {VM_EVENT_REASON_CPUID, VM_EVENT_REASON_MEM_ACCESS, VM_EVENT_REASON_GUEST_REQUEST,
+                                   9999};
   for (std::uint32_t reason : reasons) {
     auto r = vm_event_request_from_xen(make_request(reason));
     ASSERT_FALSE(r) << reason;
@@ -727,15 +820,17 @@ TEST(VmEventResponse, SetRegisters) {
   rsp.reason = VmEventReason::DebugException;
   rsp.flags = kVmEventFlagVcpuPaused | kVmEventFlagSetRegisters;
   rsp.regs.rip = 0xffffffffc0001000;  // the slot
-  rsp.regs.rax = 1; rsp.regs.rsp = 2; rsp.regs.r15 = 3; rsp.regs.rflags = 0x202;
+  rsp.regs.rax = 1;
+  rsp.regs.rsp = 2;
+  rsp.regs.r15 = 3;
+  rsp.regs.rflags = 0x202;
   vm_event_response_t out;
   std::memset(&out, 0xee, sizeof out);
   ASSERT_TRUE(vm_event_response_to_xen(rsp, out));
   EXPECT_EQ(out.version, static_cast<std::uint32_t>(VM_EVENT_INTERFACE_VERSION));
   EXPECT_EQ(out.vcpu_id, 3u);
   EXPECT_EQ(out.reason, static_cast<std::uint32_t>(VM_EVENT_REASON_DEBUG_EXCEPTION));
-  EXPECT_EQ(out.flags,
-            static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_SET_REGISTERS));
+  EXPECT_EQ(out.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_SET_REGISTERS));
   EXPECT_EQ(out.altp2m_idx, 0);
   EXPECT_EQ(out.data.regs.x86.rip, 0xffffffffc0001000u);
   EXPECT_EQ(out.data.regs.x86.rax, 1u);
@@ -756,8 +851,7 @@ TEST(VmEventResponse, EmulateWithInstructionBytes) {
   vm_event_response_t out;
   ASSERT_TRUE(vm_event_response_to_xen(rsp, out));
   EXPECT_EQ(out.reason, static_cast<std::uint32_t>(VM_EVENT_REASON_SOFTWARE_BREAKPOINT));
-  EXPECT_EQ(out.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED |
-                                                  VM_EVENT_FLAG_EMULATE |
+  EXPECT_EQ(out.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_EMULATE |
                                                   VM_EVENT_FLAG_SET_EMUL_INSN_DATA));
   EXPECT_EQ(0, std::memcmp(out.data.emul.insn.data, orig, sizeof orig));
 }
@@ -769,14 +863,12 @@ TEST(VmEventResponse, ToggleSinglestepFlag) {
   vm_event_response_t out;
   ASSERT_TRUE(vm_event_response_to_xen(rsp, out));
   EXPECT_EQ(out.reason, static_cast<std::uint32_t>(VM_EVENT_REASON_SINGLESTEP));
-  EXPECT_EQ(out.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED |
-                                                  VM_EVENT_FLAG_TOGGLE_SINGLESTEP));
+  EXPECT_EQ(out.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_TOGGLE_SINGLESTEP));
 }
 
 TEST(VmEventResponse, RegistersAndInstructionBytesShareAUnion) {
   VmEventResponse rsp;
-  rsp.flags = kVmEventFlagVcpuPaused | kVmEventFlagSetRegisters | kVmEventFlagEmulate |
-              kVmEventFlagSetEmulInsnData;
+  rsp.flags = kVmEventFlagVcpuPaused | kVmEventFlagSetRegisters | kVmEventFlagEmulate | kVmEventFlagSetEmulInsnData;
   vm_event_response_t out;
   auto r = vm_event_response_to_xen(rsp, out);
   ASSERT_FALSE(r);
@@ -807,7 +899,6 @@ TEST(VmEventResponse, RoundTripsThroughTheRequestFlags) {
   EXPECT_EQ(out.reason, q.reason);
   EXPECT_EQ(out.vcpu_id, q.vcpu_id);
 }
-
 
 // ---- the vm_event back ring, with the test playing Xen's part on a plain page -------------
 
@@ -889,8 +980,7 @@ TEST(VmEventBackRing, TakesRequestsInOrderAndAnswersEachOnce) {
   auto r0 = xen.response(0);
   EXPECT_EQ(r0.version, static_cast<std::uint32_t>(VM_EVENT_INTERFACE_VERSION));
   EXPECT_EQ(r0.vcpu_id, 1u);
-  EXPECT_EQ(r0.flags,
-            static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_SET_REGISTERS));
+  EXPECT_EQ(r0.flags, static_cast<std::uint32_t>(VM_EVENT_FLAG_VCPU_PAUSED | VM_EVENT_FLAG_SET_REGISTERS));
   EXPECT_EQ(r0.data.regs.x86.rip, 0xffffffff81000001u);
   auto r1 = xen.response(1);
   EXPECT_EQ(r1.vcpu_id, 0u);

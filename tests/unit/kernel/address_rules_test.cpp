@@ -61,8 +61,8 @@ struct Rules : ::testing::Test {
 };
 
 TEST_F(Rules, OrdinaryInstructionsPass) {
-  EXPECT_EQ(rule(insn(kFn + 4, {0x48, 0x89, 0xe5})), "");                    // mov rbp, rsp
-  EXPECT_EQ(rule(insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08})), "");              // mov rax, [rdi+8]
+  EXPECT_EQ(rule(insn(kFn + 4, {0x48, 0x89, 0xe5})), "");        // mov rbp, rsp
+  EXPECT_EQ(rule(insn(kFn + 8, {0x48, 0x8b, 0x47, 0x08})), "");  // mov rax, [rdi+8]
 }
 
 TEST_F(Rules, ExceptionTableInstructionsAreRefused) {

@@ -12,12 +12,12 @@
 
 namespace xenprobes::testing {
 
-inline constexpr std::uint64_t kText = 0xffffffff81000000ull;      // _stext
-inline constexpr std::uint64_t kTextEnd = 0xffffffff81100000ull;   // _etext
-inline constexpr std::uint64_t kInit = 0xffffffff82000000ull;      // _sinittext
+inline constexpr std::uint64_t kText = 0xffffffff81000000ull;     // _stext
+inline constexpr std::uint64_t kTextEnd = 0xffffffff81100000ull;  // _etext
+inline constexpr std::uint64_t kInit = 0xffffffff82000000ull;     // _sinittext
 inline constexpr std::uint64_t kInitEnd = 0xffffffff82010000ull;
-inline constexpr std::uint64_t kRodata = 0xffffffff81200000ull;    // where the tables live
-inline constexpr std::uint64_t kData = 0xffffffff81300000ull;      // the blacklist's nodes
+inline constexpr std::uint64_t kRodata = 0xffffffff81200000ull;  // where the tables live
+inline constexpr std::uint64_t kData = 0xffffffff81300000ull;    // the blacklist's nodes
 
 struct FakeKernel {
   std::map<std::uint64_t, std::uint8_t> mem;  // byte-wise: hostile layouts are easy to write

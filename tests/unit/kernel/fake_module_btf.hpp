@@ -17,8 +17,8 @@ namespace xenprobes::testing {
 // (offsets in bytes). The hand-made BTF below has exactly these, so the layout the library
 // finds must be these.
 struct Offsets {
-  std::uint32_t size, state, list, name, num_exentries, extable, text, init_text, noinstr, noinstr_size, jump,
-      num_jump, kprobes, kprobes_size, num_sc, sc;
+  std::uint32_t size, state, list, name, num_exentries, extable, text, init_text, noinstr, noinstr_size, jump, num_jump,
+      kprobes, kprobes_size, num_sc, sc;
   bool mem;
   // core_kallsyms (struct mod_kallsyms: symtab +0, num_symtab +8, strtab +16, typetab +24),
   // btf_data_size, btf_data.
@@ -26,10 +26,11 @@ struct Offsets {
   // arch (struct mod_arch_specific: num_orcs +0, orc_unwind_ip +8, orc_unwind +16); 0: none.
   std::uint32_t arch = 0;
 };
-inline constexpr Offsets k61{896, 0, 8, 24, 300, 304, 320, 400, 624, 632, 696, 704, 760, 768, 788, 792, false, 552, 680, 688, 480};
+inline constexpr Offsets k61{896, 0,   8,   24,  300, 304,   320, 400, 624, 632, 696,
+                             704, 760, 768, 788, 792, false, 552, 680, 688, 480};
 // 6.12: mem[7] of struct module_memory (72 bytes) at 320: MOD_TEXT = 0, MOD_INIT_TEXT = 4.
-inline constexpr Offsets k612{1280, 0,    8,    24,   300,  304,  320,  320 + 4 * 72, 968, 976,
-                       1048, 1056, 1112, 1120, 1140, 1144, true, 896,          1024, 1032, 824};
+inline constexpr Offsets k612{1280, 0,    8,    24,   300,  304,  320, 320 + 4 * 72, 968,  976, 1048,
+                              1056, 1112, 1120, 1140, 1144, true, 896, 1024,         1032, 824};
 
 // A BTF holding struct module (and what it needs) with the offsets above; `drop` leaves one
 // member out.
@@ -52,7 +53,7 @@ inline std::vector<std::byte> module_btf(const Offsets& o, const std::string& dr
   int area = 0, areas = 0;
   if (o.mem) {
     btf__add_enum(b, "mod_mem_type", 4);
-    const char* types[] = {"MOD_TEXT",      "MOD_DATA",      "MOD_RODATA",         "MOD_RO_AFTER_INIT",
+    const char* types[] = {"MOD_TEXT",      "MOD_DATA",      "MOD_RODATA",     "MOD_RO_AFTER_INIT",
                            "MOD_INIT_TEXT", "MOD_INIT_DATA", "MOD_INIT_RODATA"};
     for (int i = 0; i < 7; ++i) btf__add_enum_value(b, types[i], i);
     area = btf__add_struct(b, "module_memory", 72);

@@ -109,7 +109,8 @@ class RealKernel : public ::testing::TestWithParam<std::string> {
     if (!loaded.count(GetParam())) loaded.emplace(GetParam(), Image::load(dir_ / "vmlinux"));
     image_ = &loaded.at(GetParam());
     ASSERT_FALSE(image_->segments.empty())
-        << dir_ / "vmlinux" << " is missing or has no kernel segment: run sh tools/fetch-debian-kernels.sh "
+        << dir_ / "vmlinux"
+        << " is missing or has no kernel segment: run sh tools/fetch-debian-kernels.sh "
         << "(or point XENPROBES_KERNEL_CACHE at its cache)";
   }
   symbols::MemoryReadFn reader() {
@@ -184,7 +185,8 @@ TEST_P(RealKernel, SlideFromTheSyscallEntryPoint) {
   auto s = symbols::slide_from_symbol(*map, "entry_SYSCALL_64", link + slide);
   ASSERT_TRUE(s) << s.error().what;
   EXPECT_EQ(*s, slide);
-  EXPECT_EQ(map->resolve("vfs_read")->value, read_system_map(dir_ / "System.map").find("vfs_read")->second.addr + slide);
+  EXPECT_EQ(map->resolve("vfs_read")->value,
+            read_system_map(dir_ / "System.map").find("vfs_read")->second.addr + slide);
   // Not 2 MiB aligned: not a slide.
   EXPECT_FALSE(symbols::slide_from_symbol(*map, "entry_SYSCALL_64", link + 0x1000));
   EXPECT_FALSE(symbols::slide_from_symbol(*map, "no_such_symbol", link));
@@ -197,7 +199,8 @@ TEST_P(RealKernel, BtfThroughKallsymsIsTheImagesBtfSection) {
   ASSERT_TRUE(found) << found.error().what;
   auto table = symbols::to_symbol_table(found->entries, "kallsyms");
   ASSERT_TRUE(table) << table.error().what;
-  auto blob = kernel::read_kernel_btf(*table, [this](Gva a, std::span<std::byte> out) { return image_->read(a.value, out); });
+  auto blob =
+      kernel::read_kernel_btf(*table, [this](Gva a, std::span<std::byte> out) { return image_->read(a.value, out); });
   ASSERT_TRUE(blob) << blob.error().what;
 
   btf* ref = btf__parse_elf((dir_ / "vmlinux").c_str(), nullptr);
@@ -252,13 +255,12 @@ std::vector<std::string> kernels_or_placeholder() {
   return k;
 }
 
-INSTANTIATE_TEST_SUITE_P(Debian, RealKernel, ::testing::ValuesIn(kernels_or_placeholder()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Debian, RealKernel, ::testing::ValuesIn(kernels_or_placeholder()), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+});
 
 // Without a cache the suite above has one case, "none", which fails in SetUp: a test command
 // that forgot to fetch the kernels must not pass silently.

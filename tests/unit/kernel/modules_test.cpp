@@ -145,14 +145,12 @@ TEST(ModuleLayout, FromRealKernelBtf) {
   const bool has_modules = btf__find_by_name_kind(own, "module", BTF_KIND_STRUCT) > 0;
   auto l = kernel::module_layout_from_btf(std::span(raw, n));
   btf__free(own);
-  if (has_modules) {
-    EXPECT_TRUE(l) << "/sys/kernel/btf/vmlinux: " << l.error().what;
-  }
+  if (has_modules) { EXPECT_TRUE(l) << "/sys/kernel/btf/vmlinux: " << l.error().what; }
 }
 
 // ---- the walk
 
-constexpr std::uint64_t kModules = kData + 0x2000;          // the `modules` list head
+constexpr std::uint64_t kModules = kData + 0x2000;           // the `modules` list head
 constexpr std::uint64_t kMod = 0xffffffffc0000000ull;        // module text area
 constexpr std::uint64_t kStructs = 0xffffffffc1000000ull;    // struct modules (0x1000 apart)
 constexpr std::uint64_t kModTables = 0xffffffffc2000000ull;  // their tables (0x1000 apart)
@@ -165,20 +163,20 @@ struct FakeModule {
   std::vector<std::array<std::uint64_t, 3>> jumps{};  // code, target, key
   std::vector<std::array<std::uint64_t, 2>> calls{};  // addr, key
   std::uint64_t kprobes = 0, kprobes_size = 0;
-  std::uint64_t num_ex_override = 0;                // nonzero: the count written instead
+  std::uint64_t num_ex_override = 0;  // nonzero: the count written instead
   // core_kallsyms: entry 0 (ELF's null symbol) is written before these.
   struct Sym {
     std::string name;
     char type = 't';
     std::uint64_t value = 0, size = 0;
-    std::uint16_t shndx = 1;  // 0: SHN_UNDEF
+    std::uint16_t shndx = 1;          // 0: SHN_UNDEF
     std::uint32_t name_override = 0;  // nonzero: st_name written instead
   };
   std::vector<Sym> syms{};
-  std::uint64_t num_symtab_override = 0;  // nonzero: num_symtab written instead
-  std::uint64_t symtab_override = 0;      // nonzero: the symtab pointer written instead
-  std::vector<std::byte> btf{};           // its btf_data
-  std::uint64_t btf_size_override = 0;    // nonzero: btf_data_size written instead
+  std::uint64_t num_symtab_override = 0;                  // nonzero: num_symtab written instead
+  std::uint64_t symtab_override = 0;                      // nonzero: the symtab pointer written instead
+  std::vector<std::byte> btf{};                           // its btf_data
+  std::uint64_t btf_size_override = 0;                    // nonzero: btf_data_size written instead
   std::uint64_t orc_num = 0, orc_ip = 0, orc_unwind = 0;  // arch's ORC members, as written
 };
 
@@ -378,7 +376,7 @@ TEST_F(Walk, EntriesOutsideTheModulesTextAreDroppedAndCounted) {
   const Module* m = t.live_module_at(kMod);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->ex_status.entries, 1u);
-  EXPECT_EQ(m->ex_status.invalid, 2u);  // in the core kernel, and one past its text
+  EXPECT_EQ(m->ex_status.invalid, 2u);    // in the core kernel, and one past its text
   EXPECT_EQ(m->jump_status.invalid, 1u);  // in another module's text
   EXPECT_EQ(m->sc_status.invalid, 1u);
   EXPECT_TRUE(m->jumps.empty());
@@ -402,12 +400,8 @@ TEST_F(Walk, ComingGoingBadNamesAndOverlapsAreKeptOutWithTheReason) {
   EXPECT_NE(why(kMod + 0x32800).find("overlaps module over1"), std::string::npos) << why(kMod + 0x32800);
   for (const Module& m : t.modules()) {
     EXPECT_FALSE(m.usable) << m.name;
-    if (m.name == "?") {
-      EXPECT_NE(m.why.find("name"), std::string::npos);
-    }
-    if (m.name == "core") {
-      EXPECT_NE(m.why.find("core kernel"), std::string::npos);
-    }
+    if (m.name == "?") { EXPECT_NE(m.why.find("name"), std::string::npos); }
+    if (m.name == "core") { EXPECT_NE(m.why.find("core kernel"), std::string::npos); }
   }
 }
 
@@ -462,12 +456,12 @@ x86::Insn insn(std::uint64_t at, std::vector<std::uint8_t> bytes) {
 // A kernel with one live module "ext4" whose tables hold one entry of each kind, a GOING
 // module, and a NOKPROBE range and .kprobes.text inside ext4.
 struct ModuleRules : Walk {
-  static constexpr std::uint64_t kFn = kMod + 0x100;      // ext4_fn, 0x100 bytes
-  static constexpr std::uint64_t kCopy = kFn + 0x20;      // ext4's __ex_table instruction
-  static constexpr std::uint64_t kJump = kFn + 0x40;      // ext4's jump-label site
-  static constexpr std::uint64_t kCall = kFn + 0x60;      // ext4's static-call site
+  static constexpr std::uint64_t kFn = kMod + 0x100;       // ext4_fn, 0x100 bytes
+  static constexpr std::uint64_t kCopy = kFn + 0x20;       // ext4's __ex_table instruction
+  static constexpr std::uint64_t kJump = kFn + 0x40;       // ext4's jump-label site
+  static constexpr std::uint64_t kCall = kFn + 0x60;       // ext4's static-call site
   static constexpr std::uint64_t kKprobes = kMod + 0x800;  // ext4's .kprobes.text, 0x100 bytes
-  static constexpr std::uint64_t kNok = kMod + 0xa00;     // a NOKPROBE function of ext4
+  static constexpr std::uint64_t kNok = kMod + 0xa00;      // a NOKPROBE function of ext4
   kernel::KernelTables tables;
   symbols::SymbolTable syms;
   symbols::Function fn{"ext4_fn", Gva{kFn}, 0x100};
@@ -576,7 +570,6 @@ TEST_F(ModuleRules, GoingInitUnknownAndUnreadableModulesStayRefused) {
   EXPECT_NE(r->reason.find("could not be read"), std::string::npos) << r->reason;
   EXPECT_NE(r->entry.find("BTF"), std::string::npos) << r->entry;
 }
-
 
 // ---- hostile guests, found by review of the walk ----------------------------------------
 
@@ -712,12 +705,15 @@ TEST_F(Walk, ModuleFunctionsAreReadFromCoreKallsymsInBothLayouts) {
     put({{.name = "xfs",
           .text = kMod,
           .text_size = 0x3000,
-          .syms = {{.name = "xfs_file_read_iter", .type = 't', .value = kMod + 0x100, .size = 0x80},
-                   {.name = "xfs_init_fs_context", .type = 'T', .value = kMod + 0x200},  // no size: to the next
-                   {.name = "xfs_stats", .type = 'd', .value = kMod + 0x10},            // data: not a function
-                   {.name = "printk", .type = 'U', .value = 0, .shndx = 0},             // undefined
-                   {.name = "xfs_last", .type = 't', .value = kMod + 0x2f00, .size = 0x1000}}},  // cut at the text's end
-         {.name = "ext4", .text = kMod + 0x10000, .syms = {{.name = "ext4_read", .value = kMod + 0x10040, .size = 0x40}}}});
+          .syms =
+              {{.name = "xfs_file_read_iter", .type = 't', .value = kMod + 0x100, .size = 0x80},
+               {.name = "xfs_init_fs_context", .type = 'T', .value = kMod + 0x200},          // no size: to the next
+               {.name = "xfs_stats", .type = 'd', .value = kMod + 0x10},                     // data: not a function
+               {.name = "printk", .type = 'U', .value = 0, .shndx = 0},                      // undefined
+               {.name = "xfs_last", .type = 't', .value = kMod + 0x2f00, .size = 0x1000}}},  // cut at the text's end
+         {.name = "ext4",
+          .text = kMod + 0x10000,
+          .syms = {{.name = "ext4_read", .value = kMod + 0x10040, .size = 0x40}}}});
     auto t = walk();
     ASSERT_TRUE(t.status().found) << t.status().why;
     auto r = kernel::read_all_module_symbols(k.reader(), t);
@@ -766,7 +762,9 @@ TEST_F(Walk, ModuleFunctionsAreReadFromCoreKallsymsInBothLayouts) {
 
 TEST_F(Walk, ANameInSeveralModulesIsRefusedUntilQualifiedAndTheCoreKernelWins) {
   k.sym(kText + 0x100, 'T', "shared_helper");
-  put({{.name = "a", .text = kMod, .syms = {{.name = "dup", .value = kMod + 0x10}, {.name = "shared_helper", .value = kMod + 0x20}}},
+  put({{.name = "a",
+        .text = kMod,
+        .syms = {{.name = "dup", .value = kMod + 0x10}, {.name = "shared_helper", .value = kMod + 0x20}}},
        {.name = "b", .text = kMod + 0x10000, .syms = {{.name = "dup", .value = kMod + 0x10010}}}});
   auto r = kernel::read_all_module_symbols(k.reader(), walk());
   auto syms = k.symbols();
@@ -789,14 +787,16 @@ TEST_F(Walk, BadModuleSymbolDataIsRefusedAndCountedByReason) {
   l.max_symbols = 8;
   l.max_strtab = 0x100;
   put({{.name = "huge", .text = kMod, .syms = {{.name = "f", .value = kMod}}, .num_symtab_override = 9},
-       {.name = "userptr", .text = kMod + 0x10000, .syms = {{.name = "f", .value = kMod + 0x10000}},
+       {.name = "userptr",
+        .text = kMod + 0x10000,
+        .syms = {{.name = "f", .value = kMod + 0x10000}},
         .symtab_override = 0x400000},
        {.name = "liar",
         .text = kMod + 0x20000,
         .syms = {{.name = "good", .value = kMod + 0x20010},
-                 {.name = "in_core", .value = kText + 0x10},            // outside its text
-                 {.name = "in_other", .value = kMod + 0x10},            // another module's text
-                 {.name = "past_end", .value = kMod + 0x21000},         // one past its text
+                 {.name = "in_core", .value = kText + 0x10},                             // outside its text
+                 {.name = "in_other", .value = kMod + 0x10},                             // another module's text
+                 {.name = "past_end", .value = kMod + 0x21000},                          // one past its text
                  {.name = "far_name", .value = kMod + 0x20020, .name_override = 0x100},  // st_name at the cap
                  {.name = "bad\x01name", .value = kMod + 0x20030},
                  {.name = "with:colon", .value = kMod + 0x20040}}}});

@@ -127,7 +127,8 @@ TEST(OrcRealKernel, TheTableIsFoundSortedAndDescribesFunctionEntries) {
     // The end of the stack: the entry code's first frame of a new task is described as one
     // (ret_from_fork, which 6.12 splits into ret_from_fork_asm and a C part).
     bool end_seen = false;
-    const std::uint64_t rff = addr(*syms, "ret_from_fork_asm") ? addr(*syms, "ret_from_fork_asm") : addr(*syms, "ret_from_fork");
+    const std::uint64_t rff =
+        addr(*syms, "ret_from_fork_asm") ? addr(*syms, "ret_from_fork_asm") : addr(*syms, "ret_from_fork");
     ASSERT_NE(rff, 0u);
     for (std::uint64_t k = 0; k < syms->function_containing(Gva{rff})->size && !end_seen; ++k)
       if (const Entry* e = t->find(rff + k)) end_seen = e->type == Type::EndOfStack;

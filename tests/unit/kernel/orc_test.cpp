@@ -107,16 +107,17 @@ TEST(Orc, DecodesEachFormatsBits) {
 TEST(Orc, TellsTheFormatFromTheEntries) {
   auto t1 = Raw({{kText, 8, 0, v1(kRegSp, 0, kCall1)},
                  {kText + 4, 16, 0, v1(kRegSp, 0, kCall1)},
-                 {kText + 8, 0, 0, v1(kRegUndefined, 0, 0, 1)}}).parse();
+                 {kText + 8, 0, 0, v1(kRegUndefined, 0, 0, 1)}})
+                .parse();
   ASSERT_TRUE(t1) << t1.error().what;
   EXPECT_EQ(t1->format(), Format::V1);
-  auto t2 = Raw({{kText, 8, 0, v2(kRegSp, 0, kCall1, 0, 0)},
-                 {kText + 8, 0, 0, v2(kRegUndefined, 0, 0, 0, 1)}}).parse();
+  auto t2 = Raw({{kText, 8, 0, v2(kRegSp, 0, kCall1, 0, 0)}, {kText + 8, 0, 0, v2(kRegUndefined, 0, 0, 0, 1)}}).parse();
   ASSERT_TRUE(t2);
   EXPECT_EQ(t2->format(), Format::V2);
   auto t3 = Raw({{kText, 8, 0, v3(kRegSp, 0, kCall3)},
                  {kText + 4, 16, 0, v3(kRegSp, 0, kCall3)},
-                 {kText + 8, 0, 0, v3(kRegUndefined, 0, kEnd3)}}).parse();
+                 {kText + 8, 0, 0, v3(kRegUndefined, 0, kEnd3)}})
+                .parse();
   ASSERT_TRUE(t3);
   EXPECT_EQ(t3->format(), Format::V3);
   // Nothing based on SP: no way to tell, refused unless the caller says.
@@ -144,7 +145,7 @@ TEST(Orc, FindsTheLastEntryAtOrBelowAnAddress) {
   EXPECT_EQ(t->find(kText + 0x20)->sp_offset, 24);
   EXPECT_EQ(t->find(kText + 0x2f)->sp_offset, 24);
   EXPECT_EQ(t->find(kText + 0x40)->type, Type::Undefined);
-  EXPECT_EQ(t->find(kTextEnd), nullptr);    // outside the text
+  EXPECT_EQ(t->find(kTextEnd), nullptr);  // outside the text
   EXPECT_EQ(t->find(0x1000), nullptr);
 }
 
@@ -157,8 +158,8 @@ TEST(Orc, AnUnsortedTableIsRefusedAsAWhole) {
   EXPECT_EQ(t.error().code, Errc::InvalidArgument);
   EXPECT_NE(t.error().what.find("not sorted (entry 2 at 0xffffffff81000020"), std::string::npos) << t.error().what;
   // An entry outside the text still counts for the order: refused too, not silently dropped.
-  auto u = Raw({{kText + 0x10, 8, 0, v3(kRegSp, 0, kCall3)}, {0xffffffff80000000ull, 8, 0, v3(kRegSp, 0, kCall3)}})
-               .parse();
+  auto u =
+      Raw({{kText + 0x10, 8, 0, v3(kRegSp, 0, kCall3)}, {0xffffffff80000000ull, 8, 0, v3(kRegSp, 0, kCall3)}}).parse();
   EXPECT_FALSE(u);
 }
 

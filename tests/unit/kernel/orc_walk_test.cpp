@@ -32,22 +32,22 @@ struct Row {
 };
 
 const std::vector<Row> kRows = {
-    {LEAF, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                     // leaf: return address at sp
-    {MID, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                      // push rbp
-    {MID + 1, 16, -16, f3(kRegSp, kRegPrevSp, kCall)},                  // mov rsp, rbp
-    {MID + 4, 16, -16, f3(kRegBp, kRegPrevSp, kCall)},                  // body: a frame-pointer frame
-    {MID + 0x20, 8, 0, f3(kRegSp, kRegUndefined, kCall)},               // after pop rbp
-    {OUT, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                      // sub $32, rsp
-    {OUT + 5, 40, 0, f3(kRegSp, kRegUndefined, kCall)},                 // body
-    {ENTRY, 0, 0, f3(kRegSp, kRegUndefined, kRegs, 1)},                 // a pt_regs at sp
-    {IRQ, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                      // the interrupted function
-    {BOTTOM, 0, 0, f3(kRegUndefined, kRegUndefined, kEnd)},             // a kernel thread's first frame
-    {TERM, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)},             // entry code: undefined
-    {DOWN, -64, 0, f3(kRegSp, kRegUndefined, kCall)},                   // hostile: sp goes down
-    {R10F, 0, 0, f3(kRegR10, kRegUndefined, kCall)},                    // sp from r10 (a pt_regs register)
-    {SW, 8, 0, f3(kRegSpIndirect, kRegUndefined, kCall)},               // a stack switch: sp = [sp] + 8
-    {PART, 16, 0, f3(kRegSp, kRegUndefined, kPartial, 1)},              // an iret frame at sp + 16
-    {PART + 0x10, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)},      // the table's end
+    {LEAF, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                 // leaf: return address at sp
+    {MID, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                  // push rbp
+    {MID + 1, 16, -16, f3(kRegSp, kRegPrevSp, kCall)},              // mov rsp, rbp
+    {MID + 4, 16, -16, f3(kRegBp, kRegPrevSp, kCall)},              // body: a frame-pointer frame
+    {MID + 0x20, 8, 0, f3(kRegSp, kRegUndefined, kCall)},           // after pop rbp
+    {OUT, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                  // sub $32, rsp
+    {OUT + 5, 40, 0, f3(kRegSp, kRegUndefined, kCall)},             // body
+    {ENTRY, 0, 0, f3(kRegSp, kRegUndefined, kRegs, 1)},             // a pt_regs at sp
+    {IRQ, 8, 0, f3(kRegSp, kRegUndefined, kCall)},                  // the interrupted function
+    {BOTTOM, 0, 0, f3(kRegUndefined, kRegUndefined, kEnd)},         // a kernel thread's first frame
+    {TERM, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)},         // entry code: undefined
+    {DOWN, -64, 0, f3(kRegSp, kRegUndefined, kCall)},               // hostile: sp goes down
+    {R10F, 0, 0, f3(kRegR10, kRegUndefined, kCall)},                // sp from r10 (a pt_regs register)
+    {SW, 8, 0, f3(kRegSpIndirect, kRegUndefined, kCall)},           // a stack switch: sp = [sp] + 8
+    {PART, 16, 0, f3(kRegSp, kRegUndefined, kPartial, 1)},          // an iret frame at sp + 16
+    {PART + 0x10, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)},  // the table's end
 };
 
 Table table(const std::vector<Row>& rows, std::vector<Range> text) {
@@ -90,18 +90,18 @@ class OrcWalk : public ::testing::Test {
   OrcWalk() : u_(table(kRows, {{T, kTextEnd}})) {
     // The whole chain: LEAF <- MID (frame pointer) <- OUT (sp-based) <- ENTRY (pt_regs) <- IRQ
     // (on the interrupted stack) <- BOTTOM (end of stack).
-    const std::uint64_t B = S + 8;        // MID's rbp: where it pushed the caller's
-    st_.words[S] = MID + 0x10;            // LEAF's return address
-    st_.words[B] = 0x5a5a;                // the caller's rbp, saved by MID
-    st_.words[B + 8] = OUT + 0x10;        // MID's return address
+    const std::uint64_t B = S + 8;  // MID's rbp: where it pushed the caller's
+    st_.words[S] = MID + 0x10;      // LEAF's return address
+    st_.words[B] = 0x5a5a;          // the caller's rbp, saved by MID
+    st_.words[B + 8] = OUT + 0x10;  // MID's return address
     // OUT: 40 bytes to its caller's sp: S + 24 + 40 = S + 64, return address just below.
     st_.words[S + 56] = ENTRY + 0x10;
     // ENTRY's pt_regs at S + 64.
-    st_.words[S + 64 + 32] = 0xb0b0;     // bp
+    st_.words[S + 64 + 32] = 0xb0b0;       // bp
     st_.words[S + 64 + 128] = IRQ + 0x20;  // ip
-    st_.words[S + 64 + 136] = 0x10;      // cs: kernel
-    st_.words[S + 64 + 152] = S2;        // sp
-    st_.words[S2] = BOTTOM + 4;           // IRQ's return address
+    st_.words[S + 64 + 136] = 0x10;        // cs: kernel
+    st_.words[S + 64 + 152] = S2;          // sp
+    st_.words[S2] = BOTTOM + 4;            // IRQ's return address
   }
   Walk walk(std::uint64_t rip, std::uint64_t rsp, std::uint64_t rbp, std::size_t max = kMaxFrames) {
     StartRegs s;
@@ -170,7 +170,7 @@ TEST_F(OrcWalk, AnUndefinedEntryEndsTheWalk) {
 
 TEST_F(OrcWalk, AFramePointerThatPointsAtItselfIsALoop) {
   const std::uint64_t B = S + 0x100;
-  st_.words[B] = B;             // the saved rbp: itself
+  st_.words[B] = B;               // the saved rbp: itself
   st_.words[B + 8] = MID + 0x10;  // returning into the frame-pointer body again and again
   Walk w = walk(MID + 0x10, S, B);
   EXPECT_EQ(w.ips, (Ips{MID + 0x10, MID + 0x10}));
@@ -215,8 +215,8 @@ TEST_F(OrcWalk, StackPointersOutsideTheKernelsHalfOrMisalignedAreRefused) {
 
 TEST_F(OrcWalk, CodeWithoutAnEntryIsTakenAsAFramePointerFrame) {
   const std::uint64_t B = S + 0x200;
-  st_.words[B] = 0;                // the caller's rbp
-  st_.words[B + 8] = BOTTOM + 4;   // the return address above it
+  st_.words[B] = 0;               // the caller's rbp
+  st_.words[B + 8] = BOTTOM + 4;  // the return address above it
   Walk w = walk(T + 0x10, S, B);  // below the table's first entry
   EXPECT_EQ(w.ips, (Ips{T + 0x10, BOTTOM + 4}));
   EXPECT_EQ(w.stop, Stop::EndOfStack);
@@ -252,8 +252,9 @@ TEST_F(OrcWalk, AnIretFrame) {
 
 TEST_F(OrcWalk, AModulesTableAndBackIntoTheKernel) {
   constexpr std::uint64_t M = 0xffffffffc0001000ull;
-  u_.set_modules({table({{M, 8, 0, f3(kRegSp, kRegUndefined, kCall)}, {M + 0x100, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)}},
-                        {{M, M + 0x1000}})});
+  u_.set_modules(
+      {table({{M, 8, 0, f3(kRegSp, kRegUndefined, kCall)}, {M + 0x100, 0, 0, f3(kRegUndefined, kRegUndefined, kUndef)}},
+             {{M, M + 0x1000}})});
   EXPECT_EQ(u_.module_tables(), 1u);
   st_.words[S] = BOTTOM + 4;
   Walk w = walk(M + 0x10, S, 0);

@@ -106,7 +106,7 @@ TEST(KernelTables, JumpLabelSitesCoverFiveBytesAndKeysLoseTheirFlags) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->addr, kText + 0x200);
   EXPECT_EQ(s->key, key);
-  EXPECT_EQ(s->target, kText + 0x280);  // where the jmp goes while the key is on
+  EXPECT_EQ(s->target, kText + 0x280);                                // where the jmp goes while the key is on
   EXPECT_NE(t.jump_label_in(kText + 0x1fd, kText + 0x201), nullptr);  // an instruction ending on it
   EXPECT_EQ(t.jump_label_in(kText + 0x205, kText + 0x210), nullptr);  // just after
   EXPECT_EQ(t.jump_label_in(kText + 0x1f0, kText + 0x200), nullptr);  // just before
@@ -143,8 +143,11 @@ TEST(KernelTables, AnUnmappedLockTableWasFreedAndListsNothingThatChanges) {
 
 TEST(KernelTables, TheBlacklistIsWalkedAndMerged) {
   FakeKernel k;
-  k.blacklist({{kText + 0x500, kText + 0x540}, {kText + 0x520, kText + 0x560}, {kText + 0x600, kText + 0x610},
-               {kInit, kInit + 0x10}, {kRodata, kRodata + 8}});
+  k.blacklist({{kText + 0x500, kText + 0x540},
+               {kText + 0x520, kText + 0x560},
+               {kText + 0x600, kText + 0x610},
+               {kInit, kInit + 0x10},
+               {kRodata, kRodata + 8}});
   auto t = k.read();
   ASSERT_TRUE(t.blacklist_status().found) << t.blacklist_status().why;
   EXPECT_EQ(t.blacklist_status().entries, 3u);

@@ -122,8 +122,8 @@ TEST_F(GuestMemoryTest, ReadFaultsOnUnmappedPage) {
 
 TEST_F(GuestMemoryTest, ReadStringAcrossPages) {
   const char s[] = "/etc/passwd";
-  ram_.write(Gpa{0x50'0FFA}, std::as_bytes(std::span(s, 6)));           // "/etc/p" at the page end
-  ram_.write(Gpa{0x700'0000}, std::as_bytes(std::span(s + 6, 6)));      // "asswd\0"
+  ram_.write(Gpa{0x50'0FFA}, std::as_bytes(std::span(s, 6)));       // "/etc/p" at the page end
+  ram_.write(Gpa{0x700'0000}, std::as_bytes(std::span(s + 6, 6)));  // "asswd\0"
   auto str = mem_.read_string(Gva{kA + 0xFFA}, 256);
   ASSERT_TRUE(str) << str.error().what;
   EXPECT_EQ(*str, "/etc/passwd");

@@ -65,23 +65,22 @@ void against_the_model(unsigned seed) {
   for (int op = 0; op < 20000; ++op) {
     const std::uint64_t k = rng() % 64;
     switch (rng() % 8) {
-      case 0: case 1: case 2: {
+      case 0:
+      case 1:
+      case 2: {
         const std::string v = std::to_string(rng());
         ASSERT_EQ(m.put(k, v), ref.put(k, v)) << "put " << k << " at op " << op;
         break;
       }
-      case 3: case 4: {
+      case 3:
+      case 4: {
         std::string* a = m.find(k);
         std::string* b = ref.find(k);
         ASSERT_EQ(a == nullptr, b == nullptr) << "find " << k << " at op " << op;
-        if (a) {
-          ASSERT_EQ(*a, *b);
-        }
+        if (a) { ASSERT_EQ(*a, *b); }
         break;
       }
-      case 5:
-        ASSERT_EQ(m.erase(k), ref.erase(k)) << "erase " << k;
-        break;
+      case 5: ASSERT_EQ(m.erase(k), ref.erase(k)) << "erase " << k; break;
       case 6:
         if (rng() % 50 == 0) {
           m.clear();

@@ -45,10 +45,8 @@ class PageTableBuilder {
 
   void set(Frame table, unsigned index, std::uint64_t value) {
     const Gpa at = gpa_of(table) + std::uint64_t{index} * entry_bytes();
-    if (entry_bytes() == 4)
-      ram_.write_u32(at, static_cast<std::uint32_t>(value));
-    else
-      ram_.write_u64(at, value);
+    if (entry_bytes() == 4) ram_.write_u32(at, static_cast<std::uint32_t>(value));
+    else ram_.write_u64(at, value);
   }
   std::uint64_t get(Frame table, unsigned index) const {
     const std::uint64_t v = ram_.read_u64(gpa_of(table) + std::uint64_t{index} * entry_bytes());
@@ -57,8 +55,7 @@ class PageTableBuilder {
 
   // Maps one page of `size` (4 KiB or a large size of this mode) at va → pa, creating missing
   // intermediate tables with P|RW|US so the leaf's flags decide the permissions.
-  void map(std::uint64_t va, std::uint64_t pa, std::uint64_t size = 4 * KiB,
-           std::uint64_t flags = P | RW) {
+  void map(std::uint64_t va, std::uint64_t pa, std::uint64_t size = 4 * KiB, std::uint64_t flags = P | RW) {
     const Shape s = shape();
     Frame table = root_;
     for (unsigned level = s.levels; level >= 1; --level) {

@@ -15,9 +15,7 @@ namespace {
 
 using namespace xenprobes::mem::testing;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Long-mode address from its table indices, sign-extended from bit 47 (or 56 with LA57).
 constexpr std::uint64_t va4(std::uint64_t l4, std::uint64_t l3, std::uint64_t l2, std::uint64_t l1,
@@ -25,8 +23,8 @@ constexpr std::uint64_t va4(std::uint64_t l4, std::uint64_t l3, std::uint64_t l2
   std::uint64_t v = l4 << 39 | l3 << 30 | l2 << 21 | l1 << 12 | off;
   return (v & (1ull << 47)) ? v | 0xFFFF'0000'0000'0000ull : v;
 }
-constexpr std::uint64_t va5(std::uint64_t l5, std::uint64_t l4, std::uint64_t l3, std::uint64_t l2,
-                            std::uint64_t l1, std::uint64_t off = 0) {
+constexpr std::uint64_t va5(std::uint64_t l5, std::uint64_t l4, std::uint64_t l3, std::uint64_t l2, std::uint64_t l1,
+                            std::uint64_t off = 0) {
   std::uint64_t v = l5 << 48 | l4 << 39 | l3 << 30 | l2 << 21 | l1 << 12 | off;
   return (v & (1ull << 56)) ? v | 0xFE00'0000'0000'0000ull : v;
 }
@@ -110,8 +108,7 @@ TEST_F(Legacy32Test, WithoutCr4PsePsIsIgnored) {
 }
 
 TEST_F(Legacy32Test, NotPresentPde) {
-  expect_error(0xC000'0000, Errc::Fault,
-               {"not present", "PDE (level 2) index 0x300", "entry 0x0", "gva 0xc0000000"});
+  expect_error(0xC000'0000, Errc::Fault, {"not present", "PDE (level 2) index 0x300", "entry 0x0", "gva 0xc0000000"});
 }
 
 TEST_F(Legacy32Test, NotPresentPte) {
@@ -127,9 +124,7 @@ TEST_F(Legacy32Test, Pse36BitsAboveMaxPhysAddrAreReserved) {
   expect_error(0x0080'0010, Errc::Io, {"reserved bits 0x20000", "PDE (level 2) index 0x2"});
 }
 
-TEST_F(Legacy32Test, AddressAbove4GiBIsInvalid) {
-  expect_error(0x1'0000'0000, Errc::InvalidArgument, {"above 4 GiB"});
-}
+TEST_F(Legacy32Test, AddressAbove4GiBIsInvalid) { expect_error(0x1'0000'0000, Errc::InvalidArgument, {"above 4 GiB"}); }
 
 // ---------------------------------------------------------------------------------------------
 // PAE: a 4-entry PDPT at a 32-byte aligned cr3, then PD and PT of 512 × 8-byte entries.
@@ -314,12 +309,11 @@ TEST_P(Long4NotPresent, NamesLevelIndexEntryAndAddress) {
   EXPECT_TRUE(contains(t.error().what, "gva 0x")) << t.error().what;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachLevel, Long4NotPresent,
-    ::testing::Values(NotPresentCase{va4(2, 0, 0, 0), "PML4E (level 4) index 0x2 (entry 0x0)"},
-                      NotPresentCase{va4(0, 2, 0, 0), "PDPTE (level 3) index 0x2 (entry 0x0)"},
-                      NotPresentCase{va4(0, 0, 2, 0), "PDE (level 2) index 0x2 (entry 0x0)"},
-                      NotPresentCase{va4(0, 0, 0, 4), "PTE (level 1) index 0x4 (entry 0x0)"}));
+INSTANTIATE_TEST_SUITE_P(EachLevel, Long4NotPresent,
+                         ::testing::Values(NotPresentCase{va4(2, 0, 0, 0), "PML4E (level 4) index 0x2 (entry 0x0)"},
+                                           NotPresentCase{va4(0, 2, 0, 0), "PDPTE (level 3) index 0x2 (entry 0x0)"},
+                                           NotPresentCase{va4(0, 0, 2, 0), "PDE (level 2) index 0x2 (entry 0x0)"},
+                                           NotPresentCase{va4(0, 0, 0, 4), "PTE (level 1) index 0x4 (entry 0x0)"}));
 
 TEST_F(Long4Test, PsInPml4eIsReserved) {
   expect_error(va4(1, 0, 0, 0), Errc::Io, {"reserved bits 0x80", "PML4E (level 4) index 0x1"});
@@ -487,8 +481,7 @@ TEST(WalkerHostile, SelfReferenceTerminatesAfterOneReadPerLevel) {
   PageTableBuilder b(ram, PagingMode::Long4);
   b.set(b.root(), 0x1ed, entry(b.root(), P | RW));
   MapCache cache(ram, 16);
-  auto t = walk({.mode = PagingMode::Long4, .cr3 = b.cr3()}, Gva{va4(0x1ed, 0x1ed, 0x1ed, 0x1ed, 8)},
-                cache);
+  auto t = walk({.mode = PagingMode::Long4, .cr3 = b.cr3()}, Gva{va4(0x1ed, 0x1ed, 0x1ed, 0x1ed, 8)}, cache);
   ASSERT_TRUE(t) << t.error().what;
   EXPECT_EQ(t->address.value, b.cr3() + 8);
   EXPECT_EQ(t->depth, 4u);
@@ -560,16 +553,16 @@ TEST(WalkerHostile, RandomTablesNeverCrash) {
     MapCache cache(ram, 4);
     unsigned ok = 0, errors = 0;
     for (int i = 0; i < 20000; ++i) {
-      PagingContext ctx{.mode = mode, .cr3 = rng() & 0xFFFF, .max_phys_bits = 32 + unsigned(rng() % 21),
-                        .pse = bool(rng() & 1), .nxe = bool(rng() & 1)};
+      PagingContext ctx{.mode = mode,
+                        .cr3 = rng() & 0xFFFF,
+                        .max_phys_bits = 32 + unsigned(rng() % 21),
+                        .pse = bool(rng() & 1),
+                        .nxe = bool(rng() & 1)};
       std::uint64_t va = rng();
       if (i % 2) {  // half the addresses in range for the mode, so walks get going
-        if (mode == PagingMode::Long5)
-          va = va5(0, 0, 0, 0, 0, va & 0x00FF'FFFF'FFFF'FFFFull);
-        else if (mode == PagingMode::Long4)
-          va = va4(0, 0, 0, 0, va & 0xFFFF'FFFF'FFFFull);
-        else
-          va &= 0xFFFF'FFFF;
+        if (mode == PagingMode::Long5) va = va5(0, 0, 0, 0, 0, va & 0x00FF'FFFF'FFFF'FFFFull);
+        else if (mode == PagingMode::Long4) va = va4(0, 0, 0, 0, va & 0xFFFF'FFFF'FFFFull);
+        else va &= 0xFFFF'FFFF;
       }
       auto t = walk(ctx, Gva{va}, cache);
       if (t) {

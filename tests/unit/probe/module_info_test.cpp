@@ -39,15 +39,14 @@ class ModuleInfoTest : public ::testing::Test {
     ASSERT_TRUE(g.hv->xs_write(module_key(g.dom, key), value).has_value());
   }
   void rm(std::string_view key) { ASSERT_TRUE(g.hv->xs_rm(module_key(g.dom, key)).has_value()); }
-  Result<ModuleInfo> read(const CheckMapped& cm = all_mapped()) {
-    return read_module_info(*g.hv, g.dom, cm);
-  }
+  Result<ModuleInfo> read(const CheckMapped& cm = all_mapped()) { return read_module_info(*g.hv, g.dom, cm); }
   // Expects `code` and a message containing every one of `parts`.
   void expect_error(Errc code, std::initializer_list<std::string> parts, const CheckMapped& cm = all_mapped()) {
     auto r = read(cm);
     ASSERT_FALSE(r.has_value());
     EXPECT_EQ(r.error().code, code) << r.error().what;
-    for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+    for (const auto& p : parts)
+      EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
   }
   std::string path(std::string_view key) { return module_key(g.dom, key); }
   // For tests of other keys that move the module's text or grow its area past the slots: the
@@ -127,9 +126,7 @@ TEST_F(ModuleInfoTest, OtherXenstoreErrorsPropagate) {
   expect_error(Errc::Io, {path(XENPROBES_XS_KERNEL_TEXT)});
 }
 
-TEST_F(ModuleInfoTest, MissingCallbackRefused) {
-  expect_error(Errc::InvalidArgument, {"check_mapped"}, CheckMapped{});
-}
+TEST_F(ModuleInfoTest, MissingCallbackRefused) { expect_error(Errc::InvalidArgument, {"check_mapped"}, CheckMapped{}); }
 
 TEST_F(ModuleInfoTest, WrongVersion) {
   put(XENPROBES_XS_VERSION, "2");
@@ -157,23 +154,36 @@ struct Junk {
 
 TEST_F(ModuleInfoTest, JunkNumbersAreRefusedNamingKeyAndValue) {
   const Junk cases[] = {
-      {XENPROBES_XS_OEA_COUNT, ""},       {XENPROBES_XS_OEA_COUNT, "1 "},
-      {XENPROBES_XS_OEA_COUNT, " 1"},     {XENPROBES_XS_OEA_COUNT, "+1"},
-      {XENPROBES_XS_OEA_COUNT, "-1"},     {XENPROBES_XS_OEA_COUNT, "01"},
-      {XENPROBES_XS_OEA_COUNT, "1\n"},    {XENPROBES_XS_OEA_COUNT, "0x1"},
-      {XENPROBES_XS_OEA_COUNT, "0"},      {XENPROBES_XS_OEA_COUNT, "17"},
+      {XENPROBES_XS_OEA_COUNT, ""},
+      {XENPROBES_XS_OEA_COUNT, "1 "},
+      {XENPROBES_XS_OEA_COUNT, " 1"},
+      {XENPROBES_XS_OEA_COUNT, "+1"},
+      {XENPROBES_XS_OEA_COUNT, "-1"},
+      {XENPROBES_XS_OEA_COUNT, "01"},
+      {XENPROBES_XS_OEA_COUNT, "1\n"},
+      {XENPROBES_XS_OEA_COUNT, "0x1"},
+      {XENPROBES_XS_OEA_COUNT, "0"},
+      {XENPROBES_XS_OEA_COUNT, "17"},
       {XENPROBES_XS_OEA_COUNT, "18446744073709551617"},
       {XENPROBES_XS_OEA_COUNT, "99999999999999999999999"},
-      {XENPROBES_XS_NR_CPUS, "0"},        {XENPROBES_XS_NR_CPUS, "two"},
+      {XENPROBES_XS_NR_CPUS, "0"},
+      {XENPROBES_XS_NR_CPUS, "two"},
       {XENPROBES_XS_NR_CPUS, "8193"},
-      {"oea/0/size", "262144x"},          {"oea/0/size", "-4096"},
-      {"oea/0/size", "1e6"},              {"oea/0/size", "18446744073709551616"},
-      {"oea/0/addr", "ffffffffa0000000"}, {"oea/0/addr", "0x"},
-      {"oea/0/addr", "0xffffffffa0000000z"}, {"oea/0/addr", "0x1ffffffffa0000000"},
-      {"oea/0/addr", "-0xffffffffa0000000"}, {"oea/0/addr", "0x ffffffffa0000000"},
-      {XENPROBES_XS_KERNEL_TEXT, "0xg"},  {XENPROBES_XS_KERNEL_TEXT, "0x1000"},
+      {"oea/0/size", "262144x"},
+      {"oea/0/size", "-4096"},
+      {"oea/0/size", "1e6"},
+      {"oea/0/size", "18446744073709551616"},
+      {"oea/0/addr", "ffffffffa0000000"},
+      {"oea/0/addr", "0x"},
+      {"oea/0/addr", "0xffffffffa0000000z"},
+      {"oea/0/addr", "0x1ffffffffa0000000"},
+      {"oea/0/addr", "-0xffffffffa0000000"},
+      {"oea/0/addr", "0x ffffffffa0000000"},
+      {XENPROBES_XS_KERNEL_TEXT, "0xg"},
+      {XENPROBES_XS_KERNEL_TEXT, "0x1000"},
       {XENPROBES_XS_KERNEL_TEXT, "0xffffffff81000800"},
-      {XENPROBES_XS_RELEASE, ""},         {XENPROBES_XS_RELEASE, "6.1 evil"},
+      {XENPROBES_XS_RELEASE, ""},
+      {XENPROBES_XS_RELEASE, "6.1 evil"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.key) + " = '" + c.value + "'");
@@ -222,9 +232,9 @@ TEST_F(ModuleInfoTest, ReadsTheJumpEntryAndRefusesOneOutsideTheModulesText) {
     std::string value;
     const char* why;
   };
-  for (const Case& c : {Case{"12345", "hex"}, Case{hexs(layout.text_start), "not inside the module's published text"},
-                        Case{hexs(layout.oea_addr + 64), "inside oea/0"},
-                        Case{hexs(layout.fixup_slots + 32), "fixup slots"}}) {
+  for (const Case& c :
+       {Case{"12345", "hex"}, Case{hexs(layout.text_start), "not inside the module's published text"},
+        Case{hexs(layout.oea_addr + 64), "inside oea/0"}, Case{hexs(layout.fixup_slots + 32), "fixup slots"}}) {
     put(XENPROBES_XS_JUMP_ENTRY, c.value);
     expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_JUMP_ENTRY), c.why});
   }
@@ -353,7 +363,8 @@ TEST_F(ModuleInfoTest, AreasOverlapEachOther) {
   put("oea/1/addr", hexs(layout.oea_addr - 4096));
   expect_error(Errc::InvalidArgument, {path("oea/1/addr"), "overlaps oea/0"});
   put("oea/1/addr", hexs(layout.oea_addr + layout.oea_size));  // adjacent is fine
-  expect_error(Errc::InvalidArgument, {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/1"});  // the sim's slots are there
+  expect_error(Errc::InvalidArgument,
+               {path(XENPROBES_XS_FIXUP_SLOTS_ADDR), "overlap oea/1"});  // the sim's slots are there
   rm_text_bound_keys();
   auto r = read();
   ASSERT_TRUE(r.has_value()) << r.error().what;
@@ -379,7 +390,10 @@ TEST_F(ModuleInfoTest, UnmappedPageRefused) {
   expect_error(Errc::Fault, {path("oea/0/addr"), hexs(bad), "not present"}, cm);
   EXPECT_EQ(calls, 4u);  // pages 0..2 good, page 3 refused, nothing after
   calls = 0;
-  cm = [&](Gva) -> Result<void> { ++calls; return {}; };
+  cm = [&](Gva) -> Result<void> {
+    ++calls;
+    return {};
+  };
   ASSERT_TRUE(read(cm).has_value());
   EXPECT_EQ(calls, layout.oea_size / 4096 + 1);  // every page, and the fixup slots' page
 }
@@ -447,7 +461,8 @@ class GuestChannelKeysTest : public ModuleInfoTest {
     auto r = read_ch();
     ASSERT_FALSE(r.has_value());
     EXPECT_EQ(r.error().code, code) << r.error().what;
-    for (const auto& p : parts) EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+    for (const auto& p : parts)
+      EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
   }
 };
 
@@ -465,8 +480,8 @@ TEST_F(GuestChannelKeysTest, ReadsWhatTheSimulatedModulePublishes) {
 
 TEST_F(GuestChannelKeysTest, AnOlderModuleIsNamedWithTheAlternatives) {
   rm(XENPROBES_XS_CONTROL_ADDR);
-  expect_ch_error(Errc::NotFound, {path(XENPROBES_XS_CONTROL_ADDR), "predates the guest channel", "debugger",
-                                   "vmevent"});
+  expect_ch_error(Errc::NotFound,
+                  {path(XENPROBES_XS_CONTROL_ADDR), "predates the guest channel", "debugger", "vmevent"});
   // The other keys alone do not make a guest channel either, and the rest still reads.
   EXPECT_TRUE(read().has_value());
 }
@@ -481,19 +496,28 @@ TEST_F(GuestChannelKeysTest, MissingKeysAreNamed) {
 
 TEST_F(GuestChannelKeysTest, JunkIsRefusedNamingKeyAndValue) {
   const Junk cases[] = {
-      {XENPROBES_XS_CONTROL_ADDR, "ffffffffc0000000"},  {XENPROBES_XS_CONTROL_ADDR, "0x"},
-      {XENPROBES_XS_CONTROL_ADDR, "0xffffffffc0000000 "}, {XENPROBES_XS_CONTROL_ADDR, "0x1ffffffffc0000000"},
-      {XENPROBES_XS_CONTROL_ADDR, "-0x1000"},           {XENPROBES_XS_CONTROL_ADDR, ""},
+      {XENPROBES_XS_CONTROL_ADDR, "ffffffffc0000000"},
+      {XENPROBES_XS_CONTROL_ADDR, "0x"},
+      {XENPROBES_XS_CONTROL_ADDR, "0xffffffffc0000000 "},
+      {XENPROBES_XS_CONTROL_ADDR, "0x1ffffffffc0000000"},
+      {XENPROBES_XS_CONTROL_ADDR, "-0x1000"},
+      {XENPROBES_XS_CONTROL_ADDR, ""},
       {XENPROBES_XS_CONTROL_ADDR, "0xffffffffc0000800"},  // unaligned
       {XENPROBES_XS_CONTROL_ADDR, "0x7fffc0000000"},      // user half
       {XENPROBES_XS_CONTROL_ADDR, "0xffff7fffc0000000"},  // non-canonical hole
-      {XENPROBES_XS_CONTROL_PAGES, "0"},   {XENPROBES_XS_CONTROL_PAGES, "65"},
-      {XENPROBES_XS_CONTROL_PAGES, "01"},  {XENPROBES_XS_CONTROL_PAGES, "1 "},
-      {XENPROBES_XS_CONTROL_PAGES, "+1"},  {XENPROBES_XS_CONTROL_PAGES, "0x1"},
+      {XENPROBES_XS_CONTROL_PAGES, "0"},
+      {XENPROBES_XS_CONTROL_PAGES, "65"},
+      {XENPROBES_XS_CONTROL_PAGES, "01"},
+      {XENPROBES_XS_CONTROL_PAGES, "1 "},
+      {XENPROBES_XS_CONTROL_PAGES, "+1"},
+      {XENPROBES_XS_CONTROL_PAGES, "0x1"},
       {XENPROBES_XS_CONTROL_PAGES, "18446744073709551617"},
-      {XENPROBES_XS_EVTCHN, "0"},          {XENPROBES_XS_EVTCHN, "131072"},
-      {XENPROBES_XS_EVTCHN, "-1"},         {XENPROBES_XS_EVTCHN, "1x"},
-      {XENPROBES_XS_EVTCHN, "4294967297"}, {XENPROBES_XS_EVTCHN, ""},
+      {XENPROBES_XS_EVTCHN, "0"},
+      {XENPROBES_XS_EVTCHN, "131072"},
+      {XENPROBES_XS_EVTCHN, "-1"},
+      {XENPROBES_XS_EVTCHN, "1x"},
+      {XENPROBES_XS_EVTCHN, "4294967297"},
+      {XENPROBES_XS_EVTCHN, ""},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.key) + " = '" + c.value + "'");
@@ -599,8 +623,8 @@ TEST_F(ModuleInfoTest, ModuleTextBothKeysOrNeither) {
                                 path(XENPROBES_XS_MODULE_TEXT_START), "both or neither"});
   rm(XENPROBES_XS_MODULE_TEXT_START);
   put(XENPROBES_XS_MODULE_TEXT_END, "0xffffffffa0400000");
-  expect_error(Errc::NotFound, {path(XENPROBES_XS_MODULE_TEXT_START), "is missing although",
-                                path(XENPROBES_XS_MODULE_TEXT_END)});
+  expect_error(Errc::NotFound,
+               {path(XENPROBES_XS_MODULE_TEXT_START), "is missing although", path(XENPROBES_XS_MODULE_TEXT_END)});
   put(XENPROBES_XS_MODULE_TEXT_START, start);
   EXPECT_TRUE(read().has_value());
 }
@@ -609,10 +633,19 @@ TEST_F(ModuleInfoTest, ModuleTextJunkIsRefusedNamingKeyAndValue) {
   const char* s = XENPROBES_XS_MODULE_TEXT_START;
   const char* e = XENPROBES_XS_MODULE_TEXT_END;
   const Junk cases[] = {
-      {s, ""},  {s, "ffffffffa0000000"}, {s, "0x"}, {s, "0xg"}, {s, "0x1ffffffffa0000000"},
-      {s, " 0xffffffffa0000000"}, {s, "0xffffffffa0000000 "}, {s, "-0xffffffffa0000000"},
+      {s, ""},
+      {s, "ffffffffa0000000"},
+      {s, "0x"},
+      {s, "0xg"},
+      {s, "0x1ffffffffa0000000"},
+      {s, " 0xffffffffa0000000"},
+      {s, "0xffffffffa0000000 "},
+      {s, "-0xffffffffa0000000"},
       {s, "18446744072098938880"},  // decimal
-      {e, ""},  {e, "0x"}, {e, "0xffffffffa0400000\n"}, {e, "0xffffffffa04000000000"},
+      {e, ""},
+      {e, "0x"},
+      {e, "0xffffffffa0400000\n"},
+      {e, "0xffffffffa04000000000"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.key) + " = '" + c.value + "'");

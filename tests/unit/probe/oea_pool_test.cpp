@@ -113,8 +113,8 @@ TEST(OeaPool, ReleaseMakesDirtyAndDirtyIsNotReused) {
   ASSERT_FALSE(r.has_value());  // a dirty slot is never handed out
   EXPECT_NE(r.error().what.find("exhausted: 128 slots in use"), std::string::npos) << r.error().what;
 
-  EXPECT_EQ(pool.release(s[5]).error().code, Errc::InvalidArgument);        // twice
-  EXPECT_EQ(pool.release(s[6] + 8).error().code, Errc::InvalidArgument);    // not a slot start
+  EXPECT_EQ(pool.release(s[5]).error().code, Errc::InvalidArgument);               // twice
+  EXPECT_EQ(pool.release(s[6] + 8).error().code, Errc::InvalidArgument);           // not a slot start
   EXPECT_EQ(pool.release(Gva{kBase + 4096}).error().code, Errc::InvalidArgument);  // outside
 }
 
@@ -207,8 +207,8 @@ TEST(OeaPool, LowWaterMark) {
   EXPECT_FALSE(pool.wants_growth());
   s.push_back(*pool.allocate());
   ASSERT_TRUE(pool.add_area({Gva{kBase + 0x100000}, 4096}).has_value());
-  EXPECT_EQ(pool.low_water(), 32u);  // recomputed
-  EXPECT_FALSE(pool.wants_growth());   // 143 clean
+  EXPECT_EQ(pool.low_water(), 32u);   // recomputed
+  EXPECT_FALSE(pool.wants_growth());  // 143 clean
 
   auto fixed = make({{Gva{kBase}, 4096}}, {.low_water = 100});
   EXPECT_FALSE(fixed.wants_growth());
@@ -219,8 +219,7 @@ TEST(OeaPool, LowWaterMark) {
   auto full = make({{Gva{kBase}, 4096}});
   for (unsigned i = 1; i < XENPROBES_OEA_MAX_AREAS; ++i)
     ASSERT_TRUE(full.add_area({Gva{kBase + 0x100000ull * i}, 4096}).has_value());
-  while (full.allocate().has_value()) {
-  }
+  while (full.allocate().has_value()) {}
   EXPECT_EQ(full.clean(), 0u);
   EXPECT_FALSE(full.wants_growth());
 }

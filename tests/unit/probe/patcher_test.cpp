@@ -70,7 +70,8 @@ struct PatcherTest : ::testing::Test {
     auto j = guardian::Journal::create({.domains = 2, .patches = 1, .returns = 1});
     ASSERT_TRUE(j) << j.error().what;
     journal = std::move(*j);
-    ASSERT_TRUE(journal->add_domain(kDom, hv::DomainHandle{}, guardian::JournalChannel::Debugger, 0xcc, guardian::JournalMonitor::None, 1));
+    ASSERT_TRUE(journal->add_domain(kDom, hv::DomainHandle{}, guardian::JournalChannel::Debugger, 0xcc,
+                                    guardian::JournalMonitor::None, 1));
   }
   PatchSpec trap_spec() {
     PatchSpec s;

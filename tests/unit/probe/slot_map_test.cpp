@@ -31,8 +31,7 @@ TEST(SlotMap, BehavesLikeAMap) {
           m.erase(k);
           ref.erase(k);
           break;
-        default:
-          break;
+        default: break;
       }
       ASSERT_EQ(m.size(), ref.size());
       std::uint64_t probe = key();

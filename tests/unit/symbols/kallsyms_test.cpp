@@ -11,7 +11,17 @@ namespace xenprobes::symbols {
 namespace {
 
 constexpr std::uint64_t kBase = 0xffffffff81000000ull;
-constexpr char kDigits[] = "0\0" "1\0" "2\0" "3\0" "4\0" "5\0" "6\0" "7\0" "8\0" "9";
+constexpr char kDigits[] =
+    "0\0"
+    "1\0"
+    "2\0"
+    "3\0"
+    "4\0"
+    "5\0"
+    "6\0"
+    "7\0"
+    "8\0"
+    "9";
 
 struct Memory {
   std::vector<std::byte> bytes;

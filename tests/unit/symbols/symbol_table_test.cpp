@@ -22,15 +22,15 @@ constexpr const char* kMap =
     "ffffffff81000000 T _stext\n"
     "ffffffff81000000 T _text\n"
     "ffffffff81000000 T startup_64\n"
-    "ffffffff81000100 T sys_open\n"       // size 0x80
-    "ffffffff81000180 t helper\n"         // static, size 0x40
-    "ffffffff810001c0 t helper\n"         // another static of the same name, size 0x40
+    "ffffffff81000100 T sys_open\n"  // size 0x80
+    "ffffffff81000180 t helper\n"    // static, size 0x40
+    "ffffffff810001c0 t helper\n"    // another static of the same name, size 0x40
     "ffffffff81000200 W weak_fn\n"
-    "ffffffff81000240 T last_fn\n"        // size 0xc0, ends at _etext
+    "ffffffff81000240 T last_fn\n"  // size 0xc0, ends at _etext
     "ffffffff81000300 T _etext\n"
     "ffffffff81001000 R rodata_thing\n"
     "ffffffff81002000 D data_var\n"
-    "ffffffff81002010 b bss_var\n";       // last: size unknown
+    "ffffffff81002010 b bss_var\n";  // last: size unknown
 
 constexpr std::uint64_t kText = 0xffffffff81000000;
 
@@ -47,7 +47,9 @@ Errc code(const Result<T>& r) {
 }
 
 template <typename T>
-std::string what(const Result<T>& r) { return r ? std::string("<success>") : r.error().what; }
+std::string what(const Result<T>& r) {
+  return r ? std::string("<success>") : r.error().what;
+}
 
 TEST(SymbolTable, ParsesSystemMap) {
   SymbolTable t = map();
@@ -90,9 +92,9 @@ TEST(SymbolTable, ResolveErrors) {
   EXPECT_EQ(code(r), Errc::NotFound);
   EXPECT_EQ(what(r), "no symbol 'nosuch' in test.map");
 
-  for (const char* bad : {"", "sys_open+", "sys_open+0x", "sys_open+0xzz", "sys_open+-1", "sys_open+ 1",
-                          "sys_open+1+1", "sys_open+99999999999999999999999", "sys_open+0x11112222333344445",
-                          "0x", "0xzz", "0x11112222333344445", "+0x10", "sys open"}) {
+  for (const char* bad : {"", "sys_open+", "sys_open+0x", "sys_open+0xzz", "sys_open+-1", "sys_open+ 1", "sys_open+1+1",
+                          "sys_open+99999999999999999999999", "sys_open+0x11112222333344445", "0x", "0xzz",
+                          "0x11112222333344445", "+0x10", "sys open"}) {
     EXPECT_EQ(code(t.resolve(bad)), Errc::InvalidArgument) << bad;
   }
 
@@ -128,8 +130,10 @@ TEST(SymbolTable, AmbiguousNameRefusedUnlessAddressGiven) {
   EXPECT_EQ(code(t.resolve("0xffffffff810001c0+0x40")), Errc::Range);
 
   // The same line twice is not ambiguous.
-  auto dup = SymbolTable::parse("ffffffff81000000 T _text\nffffffff81000010 T f\nffffffff81000010 T f\n"
-                                "ffffffff81000020 T _etext\n", "dup.map");
+  auto dup = SymbolTable::parse(
+      "ffffffff81000000 T _text\nffffffff81000010 T f\nffffffff81000010 T f\n"
+      "ffffffff81000020 T _etext\n",
+      "dup.map");
   ASSERT_TRUE(dup.has_value());
   EXPECT_EQ(dup->resolve("f+0xf"), Gva{kText + 0x1f});
 }
@@ -182,8 +186,8 @@ TEST(SymbolTable, LastTextSymbolWithoutEtextHasUnknownSize) {
   EXPECT_EQ(t->resolve("b"), Gva{kText + 0x10});
   EXPECT_EQ(code(t->resolve("b+1")), Errc::Range);
 
-  auto with = SymbolTable::parse("ffffffff81000000 T a\nffffffff81000010 T b\nffffffff81000030 T _etext\n",
-                                 "etext.map");
+  auto with =
+      SymbolTable::parse("ffffffff81000000 T a\nffffffff81000010 T b\nffffffff81000030 T _etext\n", "etext.map");
   ASSERT_TRUE(with.has_value());
   auto b2 = with->function_containing(Gva{kText + 0x2f});
   ASSERT_TRUE(b2.has_value());
@@ -242,9 +246,9 @@ TEST(SymbolTable, KaslrSlideDown) {
 TEST(SymbolTable, HostileRunningText) {
   SymbolTable t = map();
   ASSERT_TRUE(t.set_slide(0x200000).has_value());
-  for (std::uint64_t bad : std::initializer_list<std::uint64_t>{kText + 0x123, kText + 0x100000, 0x00007fff81000000ull, 0ull,
-                            0xffff7fffffe00000ull, 0xffffffffffe00000ull /* fixmap, not the image */,
-                            0xffffffffc0000000ull}) {
+  for (std::uint64_t bad : std::initializer_list<std::uint64_t>{
+           kText + 0x123, kText + 0x100000, 0x00007fff81000000ull, 0ull, 0xffff7fffffe00000ull,
+           0xffffffffffe00000ull /* fixmap, not the image */, 0xffffffffc0000000ull}) {
     auto r = t.slide_from_text(Gva{bad});
     EXPECT_EQ(code(r), Errc::InvalidArgument) << std::hex << bad;
     EXPECT_EQ(t.slide(), 0x200000) << "a refused slide must leave the old one";
@@ -265,22 +269,22 @@ TEST(SymbolTable, HostileRunningText) {
 }
 
 TEST(SymbolTable, HostileLines) {
-  std::string text = std::string(5000, 'a') + "\n";                   // very long line
-  text += "ffffffff81000000 T " + std::string(600, 'n') + "\n";       // name too long
+  std::string text = std::string(5000, 'a') + "\n";              // very long line
+  text += "ffffffff81000000 T " + std::string(600, 'n') + "\n";  // name too long
   text += "1ffffffff81000000 T seventeen_digits\n";
   text += "ffffffff8100000g T bad_hex\n";
   text += "ffffffff81000000 TT two_letter_type\n";
   text += "ffffffff81000000 5 digit_type\n";
   text += "ffffffff81000000 T name extra columns\n";
   text += "ffffffff81000000 T name [unterminated\n";
-  text += std::string("ffffffff81000000 T na\0me\n", 25);            // NUL inside
+  text += std::string("ffffffff81000000 T na\0me\n", 25);  // NUL inside
   text += "ffffffff81000000 T na\x01me\n";
   text += "                 U undefined_no_address\n";
-  text += "ffffffff81000000 T _text\r\n";                             // CRLF is fine
-  text += "   \t  \n\n";                                                // blank: not counted
+  text += "ffffffff81000000 T _text\r\n";  // CRLF is fine
+  text += "   \t  \n\n";                   // blank: not counted
   text += "ffffffff81000040 T good\n";
-  text += "ffffffff81000080 A absolute\n";                             // well-formed, not kept
-  text += "ffffffff81000100 T _etext";                                 // no final newline
+  text += "ffffffff81000080 A absolute\n";  // well-formed, not kept
+  text += "ffffffff81000100 T _etext";      // no final newline
   auto t = SymbolTable::parse(text, "hostile.map");
   ASSERT_TRUE(t.has_value()) << t.error().what;
   EXPECT_EQ(t->stats().malformed, 11u);
@@ -307,7 +311,10 @@ TEST(SymbolTable, BinaryGarbageNeverCrashes) {
     (void)t->symbolize(Gva{rng()});
     (void)t->slide_from_text(Gva{rng()});
   }
-  auto none = SymbolTable::parse(std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10), "vmlinux");
+  auto none = SymbolTable::parse(std::string("\x7f"
+                                             "ELF\x02\x01\x01\0\0\0",
+                                             10),
+                                 "vmlinux");
   EXPECT_EQ(code(none), Errc::InvalidArgument);
   EXPECT_NE(what(none).find("no usable symbol in vmlinux"), std::string::npos) << what(none);
   EXPECT_EQ(code(SymbolTable::parse("", "empty")), Errc::InvalidArgument);
@@ -341,15 +348,16 @@ TEST(SymbolTable, Kallsyms) {
   EXPECT_EQ(f->name, "do_sys_openat2");
 
   // Read without privilege, kallsyms shows every address as 0.
-  auto hidden = SymbolTable::parse("0000000000000000 T _text\n0000000000000000 t f\t[m]\n"
-                                   "0000000000000000 T g\n", "/proc/kallsyms");
+  auto hidden = SymbolTable::parse(
+      "0000000000000000 T _text\n0000000000000000 t f\t[m]\n"
+      "0000000000000000 T g\n",
+      "/proc/kallsyms");
   EXPECT_EQ(code(hidden), Errc::Permission);
 }
 
 TEST(SymbolTable, LoadFromFile) {
   EXPECT_EQ(code(SymbolTable::load("/nonexistent/System.map")), Errc::NotFound);
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("xp_symbols_test_" + std::to_string(::getpid()) + ".map");
+  const auto path = std::filesystem::temp_directory_path() / ("xp_symbols_test_" + std::to_string(::getpid()) + ".map");
   { std::ofstream(path) << kMap; }
   auto t = SymbolTable::load(path);
   std::filesystem::remove(path);
@@ -430,7 +438,8 @@ TEST(SymbolTable, SectionMarkerNeverHidesTheFunctionAtItsAddress) {
 // Loaded modules' functions (set_module_functions): running addresses, never slid; what is
 // malformed or overlapping is refused as a whole, the core kernel's names still win.
 TEST(SymbolTable, ModuleFunctionsAreCheckedAndNeverSlid) {
-  auto t = SymbolTable::parse("ffffffff81000000 T _text\nffffffff81000100 T vfs_read\nffffffff81000200 T _etext\n", "m");
+  auto t =
+      SymbolTable::parse("ffffffff81000000 T _text\nffffffff81000100 T vfs_read\nffffffff81000200 T _etext\n", "m");
   ASSERT_TRUE(t) << t.error().what;
   constexpr std::uint64_t kMod = 0xffffffffc0001000ull;
   ASSERT_TRUE(t->set_module_functions({{"xfs", "xfs_read", kMod, 0x40, 't'},
@@ -439,7 +448,7 @@ TEST(SymbolTable, ModuleFunctionsAreCheckedAndNeverSlid) {
   EXPECT_EQ(t->module_function_count(), 3u);
   ASSERT_TRUE(t->set_slide(0x200000));
   EXPECT_EQ(t->resolve("vfs_read")->value, 0xffffffff81200100u);  // the core kernel's, slid
-  EXPECT_EQ(t->resolve("xfs:vfs_read")->value, kMod + 0x40);       // the module's, not slid
+  EXPECT_EQ(t->resolve("xfs:vfs_read")->value, kMod + 0x40);      // the module's, not slid
   EXPECT_EQ(t->resolve("xfs_read_alias")->value, kMod);
   EXPECT_EQ(t->symbolize(Gva{kMod + 0x44}), "vfs_read+0x4 [xfs]");
   EXPECT_EQ(t->lookup("xfs_read")->front().module, "xfs");

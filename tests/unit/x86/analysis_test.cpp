@@ -62,44 +62,47 @@ TEST_P(Refusal, TripsOnlyItsRule) {
 
 INSTANTIATE_TEST_SUITE_P(
     X86, Refusal,
-    ::testing::Values(
-        RefusalCase{"is_trap_byte", {0xcc}, Errc::Busy, "foreign breakpoint"},        // int3
-        RefusalCase{"is_trap_byte", {0xf1}, Errc::Busy, "foreign breakpoint"},        // int1
-        RefusalCase{"is_context_return", {0x48, 0xcf}, Errc::InvalidArgument, "iret"},  // iretq
-        RefusalCase{"is_context_return", {0x48, 0x0f, 0x07}, Errc::InvalidArgument, "sysret"},
-        RefusalCase{"is_context_return", {0x0f, 0x35}, Errc::InvalidArgument, "sysexit"},
-        RefusalCase{"is_software_interrupt", {0xcd, 0x80}, Errc::InvalidArgument, "interrupt"},
-        RefusalCase{"is_software_interrupt", {0x0f, 0x05}, Errc::InvalidArgument, "system call"},
-        RefusalCase{"is_software_interrupt", {0x0f, 0x34}, Errc::InvalidArgument, "system call"},
-        RefusalCase{"is_halt", {0xf4}, Errc::InvalidArgument, "hlt"},                  // hlt
-        RefusalCase{"is_deliberate_ud", {0x0f, 0x0b}, Errc::InvalidArgument, "BUG"},   // ud2
-        RefusalCase{"is_gs_swap", {0x0f, 0x01, 0xf8}, Errc::InvalidArgument, "swapgs"},
-        RefusalCase{"is_ss_load", {0x8e, 0xd0}, Errc::InvalidArgument, "SS"},          // mov ss,eax
-        RefusalCase{"is_far_transfer", {0x48, 0xcb}, Errc::InvalidArgument, "far"},    // retfq
-        RefusalCase{"is_far_transfer", {0xff, 0x2f}, Errc::InvalidArgument, "far"},    // ljmp [rdi]
-        RefusalCase{"is_far_transfer", {0xff, 0x1f}, Errc::InvalidArgument, "far"},    // lcall [rdi]
-        RefusalCase{"is_transaction_begin", {0xc7, 0xf8, 0, 0, 0, 0}, Errc::InvalidArgument,
-                    "xbegin"},
+    ::testing::Values(RefusalCase{"is_trap_byte", {0xcc}, Errc::Busy, "foreign breakpoint"},          // int3
+                      RefusalCase{"is_trap_byte", {0xf1}, Errc::Busy, "foreign breakpoint"},          // int1
+                      RefusalCase{"is_context_return", {0x48, 0xcf}, Errc::InvalidArgument, "iret"},  // iretq
+                      RefusalCase{"is_context_return", {0x48, 0x0f, 0x07}, Errc::InvalidArgument, "sysret"},
+                      RefusalCase{"is_context_return", {0x0f, 0x35}, Errc::InvalidArgument, "sysexit"},
+                      RefusalCase{"is_software_interrupt", {0xcd, 0x80}, Errc::InvalidArgument, "interrupt"},
+                      RefusalCase{"is_software_interrupt", {0x0f, 0x05}, Errc::InvalidArgument, "system call"},
+                      RefusalCase{"is_software_interrupt", {0x0f, 0x34}, Errc::InvalidArgument, "system call"},
+                      RefusalCase{"is_halt", {0xf4}, Errc::InvalidArgument, "hlt"},                 // hlt
+                      RefusalCase{"is_deliberate_ud", {0x0f, 0x0b}, Errc::InvalidArgument, "BUG"},  // ud2
+                      RefusalCase{"is_gs_swap", {0x0f, 0x01, 0xf8}, Errc::InvalidArgument, "swapgs"},
+                      RefusalCase{"is_ss_load", {0x8e, 0xd0}, Errc::InvalidArgument, "SS"},        // mov ss,eax
+                      RefusalCase{"is_far_transfer", {0x48, 0xcb}, Errc::InvalidArgument, "far"},  // retfq
+                      RefusalCase{"is_far_transfer", {0xff, 0x2f}, Errc::InvalidArgument, "far"},  // ljmp [rdi]
+                      RefusalCase{"is_far_transfer", {0xff, 0x1f}, Errc::InvalidArgument, "far"},  // lcall [rdi]
+                      RefusalCase{"is_transaction_begin", {0xc7, 0xf8, 0, 0, 0, 0}, Errc::InvalidArgument, "xbegin"},
 #if CS_API_MAJOR >= 5
-        // Capstone 5 reads it as Intel does (66 ignored: rel32, 7 bytes); Capstone 4 as AMD
-        // does (rel16, 5 bytes). Either reading is refused, by the same rule.
-        RefusalCase{"is_opsize_relative_branch", {0x66, 0x0f, 0x84, 0x10, 0x00, 0x00, 0x00},
-                    Errc::InvalidArgument, "operand-size"},  // 66 je rel32 (Intel reading)
+                      // Capstone 5 reads it as Intel does (66 ignored: rel32, 7 bytes); Capstone 4 as AMD
+                      // does (rel16, 5 bytes). Either reading is refused, by the same rule.
+                      RefusalCase{"is_opsize_relative_branch",
+                                  {0x66, 0x0f, 0x84, 0x10, 0x00, 0x00, 0x00},
+                                  Errc::InvalidArgument,
+                                  "operand-size"},  // 66 je rel32 (Intel reading)
 #else
-        RefusalCase{"is_opsize_relative_branch", {0x66, 0x0f, 0x84, 0x10, 0x00},
-                    Errc::InvalidArgument, "operand-size"},  // 66 je rel16 (AMD reading)
+                      RefusalCase{"is_opsize_relative_branch",
+                                  {0x66, 0x0f, 0x84, 0x10, 0x00},
+                                  Errc::InvalidArgument,
+                                  "operand-size"},  // 66 je rel16 (AMD reading)
 #endif
-        RefusalCase{"is_addr32_rip_relative", {0x67, 0x8b, 0x05, 0x10, 0, 0, 0},
-                    Errc::InvalidArgument, "addr32"},  // mov eax, [eip + 0x10]
-        RefusalCase{"is_interrupt_enable", {0xfb}, Errc::InvalidArgument, "shadow"}));  // sti
+                      RefusalCase{"is_addr32_rip_relative",
+                                  {0x67, 0x8b, 0x05, 0x10, 0, 0, 0},
+                                  Errc::InvalidArgument,
+                                  "addr32"},  // mov eax, [eip + 0x10]
+                      RefusalCase{"is_interrupt_enable", {0xfb}, Errc::InvalidArgument, "shadow"}));  // sti
 
 TEST(Analyze, BoostablePlain) {
   // 48 89 e5   mov rbp, rsp ; 55 push rbp ; f0 48 0f b1 0e lock cmpxchg [rsi], rcx
   // 9c pushfq ; 9d popfq ; fa cli ; e6 e9 out 0xe9, al ; f3 a4 rep movsb (sti is refused:
   // see is_interrupt_enable)
   const std::vector<std::vector<std::uint8_t>> boost = {
-      {0x48, 0x89, 0xe5}, {0x55}, {0xf0, 0x48, 0x0f, 0xb1, 0x0e}, {0x9c}, {0x9d},
-      {0xfa}, {0xe6, 0xe9}, {0xf3, 0xa4}};
+      {0x48, 0x89, 0xe5}, {0x55}, {0xf0, 0x48, 0x0f, 0xb1, 0x0e}, {0x9c}, {0x9d}, {0xfa}, {0xe6, 0xe9}, {0xf3, 0xa4}};
   for (const auto& b : boost) {
     const Insn i = dec(b);
     EXPECT_TRUE(can_boost(i)) << i.describe();
@@ -122,19 +125,19 @@ TEST(Analyze, BranchesAreEmulated) {
     std::vector<std::uint8_t> b;
     Plan plan;
   } cases[] = {
-      {{0xeb, 0x10}, Plan::EmulateBranch},                       // jmp $+0x12
-      {{0xe9, 0, 1, 0, 0}, Plan::EmulateBranch},                 // jmp rel32
-      {{0x74, 0x05}, Plan::EmulateBranch},                       // je
-      {{0xe8, 0, 0, 0, 0}, Plan::EmulateBranch},                 // call $+5
-      {{0xe2, 0xfe}, Plan::EmulateBranch},                       // loop
-      {{0xe3, 0xfe}, Plan::EmulateBranch},                       // jrcxz
-      {{0xff, 0xe0}, Plan::EmulateBranch},                       // jmp rax
-      {{0xff, 0xd0}, Plan::EmulateBranch},                       // call rax
-      {{0xc3}, Plan::EmulateLoaded},                             // ret
-      {{0xc2, 0x08, 0x00}, Plan::EmulateLoaded},                 // ret 8
-      {{0xff, 0x25, 0x10, 0, 0, 0}, Plan::EmulateLoaded},        // jmp [rip + 0x10]
+      {{0xeb, 0x10}, Plan::EmulateBranch},                          // jmp $+0x12
+      {{0xe9, 0, 1, 0, 0}, Plan::EmulateBranch},                    // jmp rel32
+      {{0x74, 0x05}, Plan::EmulateBranch},                          // je
+      {{0xe8, 0, 0, 0, 0}, Plan::EmulateBranch},                    // call $+5
+      {{0xe2, 0xfe}, Plan::EmulateBranch},                          // loop
+      {{0xe3, 0xfe}, Plan::EmulateBranch},                          // jrcxz
+      {{0xff, 0xe0}, Plan::EmulateBranch},                          // jmp rax
+      {{0xff, 0xd0}, Plan::EmulateBranch},                          // call rax
+      {{0xc3}, Plan::EmulateLoaded},                                // ret
+      {{0xc2, 0x08, 0x00}, Plan::EmulateLoaded},                    // ret 8
+      {{0xff, 0x25, 0x10, 0, 0, 0}, Plan::EmulateLoaded},           // jmp [rip + 0x10]
       {{0xff, 0x14, 0xc5, 0, 0x10, 0, 0x81}, Plan::EmulateLoaded},  // call [rax*8 + tbl]
-      {{0x3e, 0xff, 0xe0}, Plan::EmulateBranch},                 // notrack jmp rax
+      {{0x3e, 0xff, 0xe0}, Plan::EmulateBranch},                    // notrack jmp rax
   };
   for (const auto& c : cases) {
     const Insn i = dec(c.b);
@@ -164,8 +167,8 @@ TEST(AdjustProbeAddress, MovesPastEntryEndbrOnly) {
   //   +4 0f 1f 44 00 00    nop5 (ftrace)
   //   +9 f3 0f 1e fa       endbr64 (e.g. an indirect-jump target inside the function)
   //   +d c3                ret
-  const std::vector<std::uint8_t> b = {0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44, 0x00,
-                                       0x00, 0xf3, 0x0f, 0x1e, 0xfa, 0xc3};
+  const std::vector<std::uint8_t> b = {0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44,
+                                       0x00, 0x00, 0xf3, 0x0f, 0x1e, 0xfa, 0xc3};
   auto f = decode_function(b, kBase);
   ASSERT_TRUE(f);
   EXPECT_EQ(adjust_probe_address(*f, kBase), kBase + 4);
@@ -246,26 +249,26 @@ std::optional<std::string> refusal(std::vector<std::uint8_t> b) {
 }
 
 TEST(XenEmulator, RefusesWhatItCannotRunAsTheCpuDoes) {
-  EXPECT_TRUE(refusal({0xf3, 0xa4}));                    // rep movsb
-  EXPECT_TRUE(refusal({0xf3, 0x48, 0xab}));              // rep stosq
-  EXPECT_TRUE(refusal({0x0f, 0x21, 0xc0}));              // mov rax, dr0
-  EXPECT_TRUE(refusal({0x0f, 0x23, 0xf8}));              // mov dr7, rax
-  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc8}));              // monitor
-  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc9}));              // mwait
-  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc1}));              // vmcall
+  EXPECT_TRUE(refusal({0xf3, 0xa4}));        // rep movsb
+  EXPECT_TRUE(refusal({0xf3, 0x48, 0xab}));  // rep stosq
+  EXPECT_TRUE(refusal({0x0f, 0x21, 0xc0}));  // mov rax, dr0
+  EXPECT_TRUE(refusal({0x0f, 0x23, 0xf8}));  // mov dr7, rax
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc8}));  // monitor
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc9}));  // mwait
+  EXPECT_TRUE(refusal({0x0f, 0x01, 0xc1}));  // vmcall
   EXPECT_NE(refusal({0xf3, 0xa4})->find("chunks"), std::string::npos);
 }
 
 TEST(XenEmulator, AcceptsWhatItImplements) {
-  EXPECT_FALSE(refusal({0x48, 0x89, 0xe5}));             // mov rbp, rsp
-  EXPECT_FALSE(refusal({0xa4}));                         // movsb without rep
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0xca}));             // clac
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0xcb}));             // stac
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf8}));             // swapgs
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf9}));             // rdtscp
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0xe0}));             // smsw eax
-  EXPECT_FALSE(refusal({0x0f, 0x01, 0x38}));             // invlpg [rax]: a memory form
-  EXPECT_FALSE(refusal({0x8f, 0xc0}));                   // pop rax (8f /0, not XOP)
+  EXPECT_FALSE(refusal({0x48, 0x89, 0xe5}));  // mov rbp, rsp
+  EXPECT_FALSE(refusal({0xa4}));              // movsb without rep
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xca}));  // clac
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xcb}));  // stac
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf8}));  // swapgs
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xf9}));  // rdtscp
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0xe0}));  // smsw eax
+  EXPECT_FALSE(refusal({0x0f, 0x01, 0x38}));  // invlpg [rax]: a memory form
+  EXPECT_FALSE(refusal({0x8f, 0xc0}));        // pop rax (8f /0, not XOP)
 }
 
 }  // namespace

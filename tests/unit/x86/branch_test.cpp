@@ -22,22 +22,22 @@ constexpr std::uint64_t CF = kFlagCf, PF = kFlagPf, ZF = kFlagZf, SF = kFlagSf, 
 bool expected(unsigned cc, std::uint64_t f) {
   const bool cf = f & CF, pf = f & PF, zf = f & ZF, sf = f & SF, of = f & OF;
   switch (cc) {
-    case 0x0: return of;                 // jo
-    case 0x1: return !of;                // jno
-    case 0x2: return cf;                 // jb/jc
-    case 0x3: return !cf;                // jae/jnc
-    case 0x4: return zf;                 // je
-    case 0x5: return !zf;                // jne
-    case 0x6: return cf || zf;           // jbe
-    case 0x7: return !cf && !zf;         // ja
-    case 0x8: return sf;                 // js
-    case 0x9: return !sf;                // jns
-    case 0xa: return pf;                 // jp
-    case 0xb: return !pf;                // jnp
-    case 0xc: return sf != of;           // jl
-    case 0xd: return sf == of;           // jge
-    case 0xe: return zf || sf != of;     // jle
-    case 0xf: return !zf && sf == of;    // jg
+    case 0x0: return of;               // jo
+    case 0x1: return !of;              // jno
+    case 0x2: return cf;               // jb/jc
+    case 0x3: return !cf;              // jae/jnc
+    case 0x4: return zf;               // je
+    case 0x5: return !zf;              // jne
+    case 0x6: return cf || zf;         // jbe
+    case 0x7: return !cf && !zf;       // ja
+    case 0x8: return sf;               // js
+    case 0x9: return !sf;              // jns
+    case 0xa: return pf;               // jp
+    case 0xb: return !pf;              // jnp
+    case 0xc: return sf != of;         // jl
+    case 0xd: return sf == of;         // jge
+    case 0xe: return zf || sf != of;   // jle
+    case 0xf: return !zf && sf == of;  // jg
   }
   return false;
 }
@@ -91,8 +91,7 @@ TEST(BranchOutcome, JmpAndCall) {
 
 TEST(BranchOutcome, LoopFamilyAndJrcxz) {
   // ffffffff81000000: e2 fe  loop   $    e1 fe  loope $    e0 fe  loopne $    e3 fe  jrcxz $
-  const Insn loop = dec({0xe2, 0xfe}), loope = dec({0xe1, 0xfe}), loopne = dec({0xe0, 0xfe}),
-             jrcxz = dec({0xe3, 0xfe});
+  const Insn loop = dec({0xe2, 0xfe}), loope = dec({0xe1, 0xfe}), loopne = dec({0xe0, 0xfe}), jrcxz = dec({0xe3, 0xfe});
   const Gva taken = kBase, fall = kBase + 2;
   struct Row {
     const Insn* i;
@@ -101,17 +100,12 @@ TEST(BranchOutcome, LoopFamilyAndJrcxz) {
     bool writes;
     std::uint64_t rcx_after;
   } rows[] = {
-      {&loop, 5, 0, taken, true, 4},
-      {&loop, 1, 0, fall, true, 0},
+      {&loop, 5, 0, taken, true, 4},           {&loop, 1, 0, fall, true, 0},
       {&loop, 0, 0, taken, true, ~0ull},  // 0 - 1 wraps: 2^64-1 iterations left
-      {&loope, 5, ZF, taken, true, 4},
-      {&loope, 5, 0, fall, true, 4},
-      {&loope, 1, ZF, fall, true, 0},
-      {&loopne, 5, 0, taken, true, 4},
-      {&loopne, 5, ZF, fall, true, 4},
-      {&loopne, 1, 0, fall, true, 0},
-      {&jrcxz, 0, 0, taken, false, 0},
-      {&jrcxz, 1, 0, fall, false, 0},
+      {&loope, 5, ZF, taken, true, 4},         {&loope, 5, 0, fall, true, 4},
+      {&loope, 1, ZF, fall, true, 0},          {&loopne, 5, 0, taken, true, 4},
+      {&loopne, 5, ZF, fall, true, 4},         {&loopne, 1, 0, fall, true, 0},
+      {&jrcxz, 0, 0, taken, false, 0},         {&jrcxz, 1, 0, fall, false, 0},
       {&jrcxz, 1ull << 32, 0, fall, false, 0},
   };
   for (const Row& r : rows) {
@@ -122,9 +116,7 @@ TEST(BranchOutcome, LoopFamilyAndJrcxz) {
     ASSERT_TRUE(o);
     EXPECT_EQ(o->next_rip, r.next) << r.i->describe() << " rcx=" << r.rcx;
     EXPECT_EQ(o->writes_rcx, r.writes) << r.i->describe();
-    if (r.writes) {
-      EXPECT_EQ(o->rcx, r.rcx_after) << r.i->describe();
-    }
+    if (r.writes) { EXPECT_EQ(o->rcx, r.rcx_after) << r.i->describe(); }
   }
 }
 
@@ -183,8 +175,7 @@ TEST(BranchOutcome, ThroughMemoryAndRet) {
   EXPECT_EQ(co->return_addr, kBase + 6);
   // 65 ff 24 25 10 00 00 00   jmp gs:[0x10] → gs_base + 0x10
   s.gs_base = 0xffff888000000000ull;
-  EXPECT_EQ(effective_address(dec({0x65, 0xff, 0x24, 0x25, 0x10, 0, 0, 0}), s).value(),
-            Gva{0xffff888000000010});
+  EXPECT_EQ(effective_address(dec({0x65, 0xff, 0x24, 0x25, 0x10, 0, 0, 0}), s).value(), Gva{0xffff888000000010});
   // c3 ret ; c2 10 00 ret 0x10
   auto r = loaded_branch_outcome(dec({0xc3}), 0xffffffff81000777ull);
   ASSERT_TRUE(r);

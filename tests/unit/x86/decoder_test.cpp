@@ -45,10 +45,9 @@ TEST(Decode, RipRelativeDispFieldUnderOperandSizePrefix) {
   // 66 89 05 10 00 00 00            mov word ptr [rip + 0x10], ax
   // 66 c7 05 10 00 00 00 34 12      mov word ptr [rip + 0x10], 0x1234
   // 66 0f 6f 05 10 00 00 00         movdqa xmm0, xmmword ptr [rip + 0x10]
-  const std::vector<std::vector<std::uint8_t>> cases = {
-      {0x66, 0x89, 0x05, 0x10, 0x00, 0x00, 0x00},
-      {0x66, 0xc7, 0x05, 0x10, 0x00, 0x00, 0x00, 0x34, 0x12},
-      {0x66, 0x0f, 0x6f, 0x05, 0x10, 0x00, 0x00, 0x00}};
+  const std::vector<std::vector<std::uint8_t>> cases = {{0x66, 0x89, 0x05, 0x10, 0x00, 0x00, 0x00},
+                                                        {0x66, 0xc7, 0x05, 0x10, 0x00, 0x00, 0x00, 0x34, 0x12},
+                                                        {0x66, 0x0f, 0x6f, 0x05, 0x10, 0x00, 0x00, 0x00}};
   const unsigned offsets[] = {3, 3, 4};
   for (std::size_t k = 0; k < cases.size(); ++k) {
     auto r = decode(cases[k], kBase);
@@ -79,10 +78,8 @@ TEST(Decode, RelativeBranchTargets) {
   EXPECT_EQ(jl->cc, Cond::L);
   EXPECT_EQ(jl->branch_target, kBase + 0x106);
   // e2 fe loop $ ; e1 fe loope $ ; e0 fe loopne $ ; e3 fe jrcxz $
-  const std::pair<std::uint8_t, BranchKind> loops[] = {{0xe2, BranchKind::Loop},
-                                                       {0xe1, BranchKind::Loope},
-                                                       {0xe0, BranchKind::Loopne},
-                                                       {0xe3, BranchKind::Jrcxz}};
+  const std::pair<std::uint8_t, BranchKind> loops[] = {
+      {0xe2, BranchKind::Loop}, {0xe1, BranchKind::Loope}, {0xe0, BranchKind::Loopne}, {0xe3, BranchKind::Jrcxz}};
   for (auto [op, kind] : loops) {
     auto r = decode(std::vector<std::uint8_t>{op, 0xfe}, kBase);
     ASSERT_TRUE(r);
@@ -124,29 +121,29 @@ TEST(Decode, KindsAndPrefixes) {
     std::vector<std::uint8_t> b;
     Kind kind;
   } cases[] = {
-      {{0x90}, Kind::Nop},                                // nop
-      {{0x66, 0x90}, Kind::Nop},                          // xchg ax, ax (2-byte nop)
-      {{0x0f, 0x1f, 0x44, 0x00, 0x00}, Kind::Nop},        // nop dword ptr [rax + rax] (ftrace)
-      {{0xf3, 0x0f, 0x1e, 0xfa}, Kind::Endbr},            // endbr64
-      {{0xcc}, Kind::Int3},                               // int3
-      {{0xf1}, Kind::Int1},                               // int1 / icebp
-      {{0xcd, 0x80}, Kind::IntN},                         // int 0x80
-      {{0xf4}, Kind::Hlt},                                // hlt
-      {{0x48, 0xcf}, Kind::Iret},                         // iretq
-      {{0x48, 0x0f, 0x07}, Kind::Sysret},                 // sysretq
-      {{0x0f, 0x35}, Kind::Sysexit},                      // sysexit
-      {{0x0f, 0x05}, Kind::Syscall},                      // syscall
-      {{0x0f, 0x34}, Kind::Sysenter},                     // sysenter
-      {{0x0f, 0x0b}, Kind::Ud},                           // ud2
-      {{0x0f, 0xb9}, Kind::Ud},                           // ud1 (Capstone 4: "ud2b")
-      {{0x0f, 0x01, 0xf8}, Kind::Swapgs},                 // swapgs
-      {{0x8e, 0xd0}, Kind::LoadSs},                       // mov ss, eax
-      {{0x9c}, Kind::Pushf},                              // pushfq
-      {{0x9d}, Kind::Popf},                               // popfq
-      {{0xfa}, Kind::Cli},                                // cli
-      {{0xfb}, Kind::Sti},                                // sti
+      {{0x90}, Kind::Nop},                                   // nop
+      {{0x66, 0x90}, Kind::Nop},                             // xchg ax, ax (2-byte nop)
+      {{0x0f, 0x1f, 0x44, 0x00, 0x00}, Kind::Nop},           // nop dword ptr [rax + rax] (ftrace)
+      {{0xf3, 0x0f, 0x1e, 0xfa}, Kind::Endbr},               // endbr64
+      {{0xcc}, Kind::Int3},                                  // int3
+      {{0xf1}, Kind::Int1},                                  // int1 / icebp
+      {{0xcd, 0x80}, Kind::IntN},                            // int 0x80
+      {{0xf4}, Kind::Hlt},                                   // hlt
+      {{0x48, 0xcf}, Kind::Iret},                            // iretq
+      {{0x48, 0x0f, 0x07}, Kind::Sysret},                    // sysretq
+      {{0x0f, 0x35}, Kind::Sysexit},                         // sysexit
+      {{0x0f, 0x05}, Kind::Syscall},                         // syscall
+      {{0x0f, 0x34}, Kind::Sysenter},                        // sysenter
+      {{0x0f, 0x0b}, Kind::Ud},                              // ud2
+      {{0x0f, 0xb9}, Kind::Ud},                              // ud1 (Capstone 4: "ud2b")
+      {{0x0f, 0x01, 0xf8}, Kind::Swapgs},                    // swapgs
+      {{0x8e, 0xd0}, Kind::LoadSs},                          // mov ss, eax
+      {{0x9c}, Kind::Pushf},                                 // pushfq
+      {{0x9d}, Kind::Popf},                                  // popfq
+      {{0xfa}, Kind::Cli},                                   // cli
+      {{0xfb}, Kind::Sti},                                   // sti
       {{0xc7, 0xf8, 0x00, 0x00, 0x00, 0x00}, Kind::Xbegin},  // xbegin $+6
-      {{0x48, 0x89, 0xe5}, Kind::Other},                  // mov rbp, rsp
+      {{0x48, 0x89, 0xe5}, Kind::Other},                     // mov rbp, rsp
   };
   for (const auto& c : cases) {
     auto r = decode(c.b, kBase);
@@ -189,9 +186,8 @@ TEST(Decode, TruncatedAndInvalidAreEilseqWithBytes) {
 //   +d  48 8b 05 00 10 00 00    mov rax, qword ptr [rip + 0x1000]
 //   +14 5d                      pop rbp
 //   +15 c3                      ret
-const std::vector<std::uint8_t> kFunc = {0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44, 0x00,
-                                         0x00, 0x55, 0x48, 0x89, 0xe5, 0x48, 0x8b, 0x05,
-                                         0x00, 0x10, 0x00, 0x00, 0x5d, 0xc3};
+const std::vector<std::uint8_t> kFunc = {0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55, 0x48,
+                                         0x89, 0xe5, 0x48, 0x8b, 0x05, 0x00, 0x10, 0x00, 0x00, 0x5d, 0xc3};
 
 TEST(DecodeFunction, LinearFromStart) {
   auto f = decode_function(kFunc, kBase);

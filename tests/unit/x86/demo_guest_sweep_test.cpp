@@ -30,8 +30,7 @@ bool load_text(const char* path, Text& out) {
   if (img.size() < sizeof(Elf64_Ehdr)) return false;
   Elf64_Ehdr eh;
   std::memcpy(&eh, img.data(), sizeof eh);
-  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64)
-    return false;
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) return false;
   auto shdr = [&](unsigned k) {
     Elf64_Shdr sh;
     std::memcpy(&sh, img.data() + eh.e_shoff + k * sizeof(Elf64_Shdr), sizeof sh);
@@ -70,8 +69,7 @@ TEST(DemoGuestSweep, EveryFunctionDecodesAndClassifies) {
   for (auto it = starts.begin(); it != starts.end(); ++it) {
     const auto next = std::next(it);
     const std::uint64_t stop = next == starts.end() ? end : next->first;
-    const std::span<const std::uint8_t> fn(text.bytes.data() + (it->first - text.addr),
-                                           stop - it->first);
+    const std::span<const std::uint8_t> fn(text.bytes.data() + (it->first - text.addr), stop - it->first);
     auto insns = decode_function(fn, Gva{it->first});
     ASSERT_TRUE(insns) << it->second << ": " << insns.error().what;
     for (const Insn& i : *insns) {
@@ -100,8 +98,7 @@ TEST(DemoGuestSweep, EveryFunctionDecodesAndClassifies) {
         if (i.is_rip_relative) {
           auto moved = decode(std::span(buf, *n), slot);
           ASSERT_TRUE(moved);
-          EXPECT_EQ(effective_address(*moved, CpuState{}).value(),
-                    effective_address(i, CpuState{}).value())
+          EXPECT_EQ(effective_address(*moved, CpuState{}).value(), effective_address(i, CpuState{}).value())
               << i.describe();
         }
       }
@@ -114,8 +111,7 @@ TEST(DemoGuestSweep, EveryFunctionDecodesAndClassifies) {
   }
   std::string summary;
   for (auto& [k, n] : tally) summary += k + "=" + std::to_string(n) + " ";
-  std::printf("demo guest: %zu instructions in %zu functions: %s\n", total, starts.size(),
-              summary.c_str());
+  std::printf("demo guest: %zu instructions in %zu functions: %s\n", total, starts.size(), summary.c_str());
   EXPECT_GT(tally["boost"], 0);
   EXPECT_GT(tally["emulate-branch"], 0);
   EXPECT_GT(tally["emulate-loaded"], 0);
@@ -133,8 +129,7 @@ namespace {
 TEST(DemoGuestSweep, BoundariesMatchObjdump) {
   Text text;
   ASSERT_TRUE(load_text(XENPROBES_DEMO_GUEST_VMLINUX, text));
-  const std::string cmd =
-      std::string(XP_OBJDUMP) + " -d -j .text --no-show-raw-insn " + XENPROBES_DEMO_GUEST_VMLINUX;
+  const std::string cmd = std::string(XP_OBJDUMP) + " -d -j .text --no-show-raw-insn " + XENPROBES_DEMO_GUEST_VMLINUX;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) GTEST_SKIP() << "cannot run " << cmd;
   std::vector<std::uint64_t> theirs;

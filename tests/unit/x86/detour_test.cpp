@@ -101,8 +101,8 @@ TEST(Detour, RipRelativeOperandsAddressTheSameByte) {
   JumpContext ctx;
   JumpFunction f = fn({0x48, 0x8b, 0x05, 0x10, 0x00, 0x00, 0x00, 0xc3}, ctx);
   Built b = build(f, F);
-  EXPECT_EQ(b.bytes, cat({{0xe8}, rel(D, 5, E), {0x48, 0x8b, 0x05}, rel(D + 5, 7, F + 0x17), {0xe9},
-                          rel(D + 12, 5, F + 7)}));
+  EXPECT_EQ(b.bytes,
+            cat({{0xe8}, rel(D, 5, E), {0x48, 0x8b, 0x05}, rel(D + 5, 7, F + 0x17), {0xe9}, rel(D + 12, 5, F + 7)}));
 }
 
 TEST(Detour, ShortBranchesBecomeRel32FormsToTheSameTargets) {
@@ -115,8 +115,15 @@ TEST(Detour, ShortBranchesBecomeRel32FormsToTheSameTargets) {
   JumpFunction f = fn({0x74, 0x07, 0x75, 0x05, 0x48, 0x89, 0xe5, 0x90, 0x90, 0xc3}, ctx);
   Built b = build(f, F);
   EXPECT_EQ(b.region.length, 7);
-  EXPECT_EQ(b.bytes, cat({{0xe8}, rel(D, 5, E), {0x0f, 0x84}, rel(D + 5, 6, F + 9), {0x0f, 0x85},
-                          rel(D + 11, 6, F + 9), {0x48, 0x89, 0xe5}, {0xe9}, rel(D + 20, 5, F + 7)}));
+  EXPECT_EQ(b.bytes, cat({{0xe8},
+                          rel(D, 5, E),
+                          {0x0f, 0x84},
+                          rel(D + 5, 6, F + 9),
+                          {0x0f, 0x85},
+                          rel(D + 11, 6, F + 9),
+                          {0x48, 0x89, 0xe5},
+                          {0xe9},
+                          rel(D + 20, 5, F + 7)}));
 }
 
 TEST(Detour, ACallPushesTheOriginalReturnAddressAndNeedsNoJumpBack) {
@@ -192,16 +199,15 @@ struct Machine {
   void set(int r, std::uint64_t v) { uc_reg_write(uc, r, &v); }
 };
 
-constexpr int kGprs[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX, UC_X86_REG_RDX, UC_X86_REG_RSI,
-                         UC_X86_REG_RDI, UC_X86_REG_RBP, UC_X86_REG_RSP, UC_X86_REG_R8,  UC_X86_REG_R9,
-                         UC_X86_REG_R10, UC_X86_REG_R11, UC_X86_REG_R12, UC_X86_REG_R13, UC_X86_REG_R14,
-                         UC_X86_REG_R15};
+constexpr int kGprs[] = {UC_X86_REG_RAX, UC_X86_REG_RBX, UC_X86_REG_RCX, UC_X86_REG_RDX, UC_X86_REG_RSI, UC_X86_REG_RDI,
+                         UC_X86_REG_RBP, UC_X86_REG_RSP, UC_X86_REG_R8,  UC_X86_REG_R9,  UC_X86_REG_R10, UC_X86_REG_R11,
+                         UC_X86_REG_R12, UC_X86_REG_R13, UC_X86_REG_R14, UC_X86_REG_R15};
 
 struct Run {
   std::vector<std::uint64_t> regs;
   std::uint64_t rip = 0, flags = 0;
-  std::vector<std::uint8_t> data;   // 0x800000.. (what the code writes)
-  std::uint64_t entry_rsp = 0;      // rsp when the entry ran (0: never)
+  std::vector<std::uint8_t> data;  // 0x800000.. (what the code writes)
+  std::uint64_t entry_rsp = 0;     // rsp when the entry ran (0: never)
   unsigned entry_calls = 0;
 };
 
@@ -224,16 +230,15 @@ Run run(const std::vector<std::uint8_t>& code, const std::vector<std::uint8_t>& 
   struct Seen {
     Run* out;
   } seen{&out};
-  uc_hook_add(
-      m.uc, &h, UC_HOOK_CODE,
-      reinterpret_cast<void*>(+[](uc_engine* uc, std::uint64_t, std::uint32_t, void* ud) {
-        auto* s = static_cast<Seen*>(ud);
-        std::uint64_t rsp = 0;
-        uc_reg_read(uc, UC_X86_REG_RSP, &rsp);
-        s->out->entry_rsp = rsp;
-        ++s->out->entry_calls;
-      }),
-      &seen, E, E);
+  uc_hook_add(m.uc, &h, UC_HOOK_CODE,
+              reinterpret_cast<void*>(+[](uc_engine* uc, std::uint64_t, std::uint32_t, void* ud) {
+                auto* s = static_cast<Seen*>(ud);
+                std::uint64_t rsp = 0;
+                uc_reg_read(uc, UC_X86_REG_RSP, &rsp);
+                s->out->entry_rsp = rsp;
+                ++s->out->entry_calls;
+              }),
+              &seen, E, E);
   EXPECT_EQ(uc_emu_start(m.uc, F, stop, 0, 200), UC_ERR_OK);
   for (int r : kGprs) out.regs.push_back(m.reg(r));
   out.rip = m.reg(UC_X86_REG_RIP);

@@ -128,14 +128,14 @@ TEST(JumpIsland, TheShortRegionPassesTheSameRules) {
   EXPECT_EQ(r.length, 2);
   EXPECT_EQ(check_region(f, Gva{F + 1}, &r, kShortJumpLen)->rule, JumpRule::RegionInFunction);
   // xor eax,eax; then a 1-byte push rbp as the jne's target: [F, F+7) holds the target F+2.
-  const std::vector<std::uint8_t> b = {0x31, 0xc0, 0x55, 0x48, 0x83, 0xf8, 0x0a, 0x75, 0xf9, 0xc3,
-                                       0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc};
+  const std::vector<std::uint8_t> b = {0x31, 0xc0, 0x55, 0x48, 0x83, 0xf8, 0x0a, 0x75, 0xf9,
+                                       0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc};
   SiteIndex pad2;
   pad2.add(F + 0xa, 8, "b");
   JumpContext ctx2;
   ctx2.island_padding = &pad2;
   const JumpFunction g = fn(b, ctx2);
-  EXPECT_TRUE(check_jump(g, Gva{F}).optimizable);  // [F, F+2): the xor alone
+  EXPECT_TRUE(check_jump(g, Gva{F}).optimizable);      // [F, F+2): the xor alone
   const JumpVerdict push = check_jump(g, Gva{F + 2});  // the push (1 byte) + cmp: [F+2, F+6)
   ASSERT_TRUE(push.optimizable);
   EXPECT_EQ(push.region.start, Gva{F + 2});
@@ -182,12 +182,12 @@ TEST(JumpIsland, MaterializedAddresses) {
   };
   using V = std::vector<std::uint64_t>;
   EXPECT_EQ(at({0x48, 0x8d, 0x05, 0x10, 0x00, 0x00, 0x00}), V{F + 7 + 0x10});  // lea rax, [rip + 0x10]
-  EXPECT_EQ(at({0x48, 0xc7, 0xc0, 0x00, 0x10, 0x00, 0x81}), V{F + 0x1000});   // mov rax, imm32 (sign-extended)
+  EXPECT_EQ(at({0x48, 0xc7, 0xc0, 0x00, 0x10, 0x00, 0x81}), V{F + 0x1000});    // mov rax, imm32 (sign-extended)
   EXPECT_EQ(at({0x48, 0xb8, 0x00, 0x20, 0x00, 0x81, 0xff, 0xff, 0xff, 0xff}), V{F + 0x2000});  // movabs
-  EXPECT_EQ(at({0xff, 0x24, 0xc5, 0x00, 0x20, 0x00, 0x81}), V{F + 0x2000});  // jmp [rax*8 + table]
-  EXPECT_EQ(at({0xe8, 0x00, 0x10, 0x00, 0x00}), V{});                        // call rel32: a branch
-  EXPECT_EQ(at({0x75, 0xf7}), V{});                                          // jne rel8
-  EXPECT_EQ(at({0x48, 0x83, 0xf8, 0x0a}), V{});                             // cmp rax, 10: an imm8 is no address
+  EXPECT_EQ(at({0xff, 0x24, 0xc5, 0x00, 0x20, 0x00, 0x81}), V{F + 0x2000});                    // jmp [rax*8 + table]
+  EXPECT_EQ(at({0xe8, 0x00, 0x10, 0x00, 0x00}), V{});                                          // call rel32: a branch
+  EXPECT_EQ(at({0x75, 0xf7}), V{});                                                            // jne rel8
+  EXPECT_EQ(at({0x48, 0x83, 0xf8, 0x0a}), V{});  // cmp rax, 10: an imm8 is no address
 }
 
 //   F+0   48 89 c7             mov rdi, rax
@@ -225,7 +225,7 @@ TEST(JumpIsland, IndirectJumpsOnlyLeaveAFunctionNobodyFormsAnAddressIn) {
   // The function forms its own start (a base for arithmetic on its labels): the taint stays.
   SiteIndex none;
   ctx.addresses_taken = &none;
-  const std::vector<std::uint8_t> self = {0x48, 0x8d, 0x05, 0xf9, 0xff, 0xff, 0xff,  // lea rax, [rip - 7] = F
+  const std::vector<std::uint8_t> self = {0x48, 0x8d, 0x05, 0xf9, 0xff, 0xff, 0xff,   // lea rax, [rip - 7] = F
                                           0x31, 0xc0, 0xe9, 0xf2, 0x0f, 0x00, 0x00};  // xor; jmp F+0x1000
   f = fn(self, ctx);
   ASSERT_TRUE(f.unknown_targets());

@@ -33,8 +33,7 @@ bool has(const std::string& s, const char* word) { return s.find(word) != std::s
 //   F+5   48 83 c0 01       add rax, 1
 //   F+9   48 89 c7          mov rdi, rax
 //   F+c   c3                ret
-const std::vector<std::uint8_t> kPlain = {0x48, 0x89, 0xe5, 0x31, 0xc0, 0x48, 0x83, 0xc0,
-                                          0x01, 0x48, 0x89, 0xc7, 0xc3};
+const std::vector<std::uint8_t> kPlain = {0x48, 0x89, 0xe5, 0x31, 0xc0, 0x48, 0x83, 0xc0, 0x01, 0x48, 0x89, 0xc7, 0xc3};
 
 TEST(JumpSafety, PlainRegionsAreWholeInstructions) {
   JumpContext ctx;
@@ -196,8 +195,7 @@ TEST(JumpSafety, NoBranchIntoBytesOneToFour) {
   //   F+7   75 f9             jne F+2
   //   F+9   48 89 f8          mov rax, rdi
   //   F+c   c3                ret
-  const std::vector<std::uint8_t> b = {0x31, 0xc0, 0x48, 0x89, 0xc7, 0x85, 0xc0,
-                                       0x75, 0xf9, 0x48, 0x89, 0xf8, 0xc3};
+  const std::vector<std::uint8_t> b = {0x31, 0xc0, 0x48, 0x89, 0xc7, 0x85, 0xc0, 0x75, 0xf9, 0x48, 0x89, 0xf8, 0xc3};
   JumpContext ctx;
   JumpFunction f = fn(b, ctx);
   std::string why;
@@ -234,9 +232,9 @@ TEST(JumpSafety, NoBranchIntoRegionEntryPoints) {
 //   F+15  48 89 c7                mov rdi, rax      case 2, and the ja
 //   F+18  31 c0                   xor eax, eax
 //   F+1a  c3                      ret
-const std::vector<std::uint8_t> kSwitch = {0x48, 0x83, 0xf8, 0x02, 0x77, 0x0f, 0xff, 0x24, 0xc5, 0x00, 0x20,
-                                           0x00, 0x81, 0x31, 0xc0, 0xc3, 0xb8, 0x01, 0x00, 0x00, 0x00, 0x48,
-                                           0x89, 0xc7, 0x31, 0xc0, 0xc3};
+const std::vector<std::uint8_t> kSwitch = {0x48, 0x83, 0xf8, 0x02, 0x77, 0x0f, 0xff, 0x24, 0xc5,
+                                           0x00, 0x20, 0x00, 0x81, 0x31, 0xc0, 0xc3, 0xb8, 0x01,
+                                           0x00, 0x00, 0x00, 0x48, 0x89, 0xc7, 0x31, 0xc0, 0xc3};
 
 TEST(JumpSafety, JumpTableUnknownMakesTheFunctionUnsafe) {
   JumpContext ctx;
@@ -306,7 +304,7 @@ TEST(JumpSafety, NoReservedAddress) {
   reserved.add(F + 5, 1, "__ex_table entry");
   JumpFunction f = fn(kPlain, ctx);
   std::string why;
-  EXPECT_EQ(refused_by(f, F, &why), JumpRule::None);  // [F, F+5): F+5 is just past it
+  EXPECT_EQ(refused_by(f, F, &why), JumpRule::None);                   // [F, F+5): F+5 is just past it
   EXPECT_EQ(refused_by(f, F + 3, &why), JumpRule::NoReservedAddress);  // [F+3, F+9)
   EXPECT_TRUE(has(why, "__ex_table entry at 0xffffffff81000005")) << why;
   // A site that starts before the region and reaches into it.

@@ -79,14 +79,14 @@ Gva ea_of(std::span<const std::uint8_t> code, Gva at) {
 
 TEST(EmitSlot, RipRelativeKeepsEffectiveAddress) {
   const std::vector<std::vector<std::uint8_t>> cases = {
-      {0x48, 0x8b, 0x05, 0xf9, 0x0f, 0x00, 0x00},        // mov rax, [rip + 0xff9]
-      {0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x05},        // cmp byte [rip + 0x10], 5  (imm after)
-      {0x48, 0x8d, 0x3d, 0x00, 0xf0, 0xff, 0xff},        // lea rdi, [rip - 0x1000]
+      {0x48, 0x8b, 0x05, 0xf9, 0x0f, 0x00, 0x00},                    // mov rax, [rip + 0xff9]
+      {0x80, 0x3d, 0x10, 0x00, 0x00, 0x00, 0x05},                    // cmp byte [rip + 0x10], 5  (imm after)
+      {0x48, 0x8d, 0x3d, 0x00, 0xf0, 0xff, 0xff},                    // lea rdi, [rip - 0x1000]
       {0xc7, 0x05, 0x08, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00},  // mov dword [rip+8], 1
-      {0xc5, 0xfa, 0x6f, 0x05, 0x00, 0x10, 0x00, 0x00},  // vmovdqu xmm0, [rip + 0x1000] (VEX)
-      {0xf0, 0x48, 0x0f, 0xb1, 0x0d, 0x20, 0, 0, 0},     // lock cmpxchg [rip + 0x20], rcx
-      {0x66, 0xc7, 0x05, 0x10, 0, 0, 0, 0x34, 0x12},     // mov word [rip + 0x10], 0x1234
-      {0x66, 0x89, 0x05, 0xf0, 0xff, 0xff, 0xff},        // mov word [rip - 0x10], ax
+      {0xc5, 0xfa, 0x6f, 0x05, 0x00, 0x10, 0x00, 0x00},              // vmovdqu xmm0, [rip + 0x1000] (VEX)
+      {0xf0, 0x48, 0x0f, 0xb1, 0x0d, 0x20, 0, 0, 0},                 // lock cmpxchg [rip + 0x20], rcx
+      {0x66, 0xc7, 0x05, 0x10, 0, 0, 0, 0x34, 0x12},                 // mov word [rip + 0x10], 0x1234
+      {0x66, 0x89, 0x05, 0xf0, 0xff, 0xff, 0xff},                    // mov word [rip - 0x10], ax
   };
   for (const auto& b : cases) {
     const Insn i = dec(b);
@@ -135,16 +135,12 @@ TEST(EmitSlot, RefusesBranchesAndSmallBuffers) {
   ASSERT_FALSE(br);
   EXPECT_EQ(br.error().code, Errc::InvalidArgument);
   // c3 ret
-  EXPECT_EQ(emit_slot(buf, kSlot, dec({0xc3}), kProbe + 1, SlotTail::Trap, kTrap).error().code,
-            Errc::InvalidArgument);
+  EXPECT_EQ(emit_slot(buf, kSlot, dec({0xc3}), kProbe + 1, SlotTail::Trap, kTrap).error().code, Errc::InvalidArgument);
   // cc int3: refused by the gate's rules
-  EXPECT_EQ(emit_slot(buf, kSlot, dec({0xcc}), kProbe + 1, SlotTail::Trap, kTrap).error().code,
-            Errc::InvalidArgument);
+  EXPECT_EQ(emit_slot(buf, kSlot, dec({0xcc}), kProbe + 1, SlotTail::Trap, kTrap).error().code, Errc::InvalidArgument);
   // 48 89 e5 needs 8 bytes boosted
   const Insn mov = dec({0x48, 0x89, 0xe5});
-  EXPECT_EQ(emit_slot(std::span(buf).first(7), kSlot, mov, mov.next(), SlotTail::JmpBack, kTrap)
-                .error()
-                .code,
+  EXPECT_EQ(emit_slot(std::span(buf).first(7), kSlot, mov, mov.next(), SlotTail::JmpBack, kTrap).error().code,
             Errc::NoSpace);
   EXPECT_TRUE(emit_slot(std::span(buf).first(4), kSlot, mov, mov.next(), SlotTail::Trap, kTrap));
 }

@@ -29,8 +29,7 @@ TEST(Robustness, RandomBytes) {
     ASSERT_LE(i->length, len);
     auto plan = analyze(*i);
     if (!plan) {
-      ASSERT_TRUE(plan.error().code == Errc::Busy || plan.error().code == Errc::InvalidArgument)
-          << plan.error().what;
+      ASSERT_TRUE(plan.error().code == Errc::Busy || plan.error().code == Errc::InvalidArgument) << plan.error().what;
       continue;
     }
     if (*plan == Plan::Boost || *plan == Plan::BoostRipRel) {
@@ -42,8 +41,7 @@ TEST(Robustness, RandomBytes) {
       ASSERT_TRUE(again) << i->describe();
       EXPECT_EQ(again->length, i->length) << i->describe();
       if (i->is_rip_relative) {
-        EXPECT_EQ(effective_address(*again, CpuState{}).value(),
-                  effective_address(*i, CpuState{}).value())
+        EXPECT_EQ(effective_address(*again, CpuState{}).value(), effective_address(*i, CpuState{}).value())
             << i->describe();
       }
     }
