@@ -78,6 +78,7 @@ chmod coreutils
 chroot coreutils
 clang-14 clang-14
 clang-format-14 clang-format-14
+clang-tidy-19 clang-tidy-19
 cmake cmake
 cp coreutils
 cpio cpio
@@ -114,6 +115,7 @@ promtool prometheus
 qemu-system-x86_64 qemu-system-x86
 readelf binutils
 readlink coreutils
+realpath coreutils
 rm coreutils
 sed sed
 sh dash

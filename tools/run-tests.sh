@@ -34,6 +34,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXENPROBES_WERROR=ON $XP_
 cmake --build build -j"$jobs"
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs"
+echo "== clang-tidy (.clang-tidy) over the library, xenprobe and xenprobesd"
+sh tools/check-tidy.sh build
 
 echo "== build (ASan + UBSan)"
 # shellcheck disable=SC2086
