@@ -695,9 +695,7 @@ class Compiler {
     Type base = expression(*e.kids[0]);
     want_int(*e.kids[1], "the index");
     std::uint32_t elem = 0;
-    if (base.kind == Type::Kind::Ptr && base.btf && types_) {
-      elem = base.btf;
-    } else if (base.kind == Type::Kind::Array) {
+    if ((base.kind == Type::Kind::Ptr && base.btf && types_) || base.kind == Type::Kind::Array) {
       elem = base.btf;
     } else {
       error(e, "indexing needs a typed pointer or an array, not " + describe(base),

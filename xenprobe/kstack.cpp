@@ -65,8 +65,15 @@ xenprobes::Result<void> StackNamer::prepare() {
 bool StackNamer::stack(xenprobes::HitContext& c, unsigned frames, std::string& out) {
   auto st = s_.kernel_stack(c, frames);
   if (!st || st->frames.empty()) return false;
-  // A failed fetch keeps the names there were (and tries again at the next stack).
-  if (s_.symbols_generation(dom_) != generation_) (void)fetch_names();
+  // A failed fetch keeps the names there were (and tries again at the next stack); said once.
+  if (s_.symbols_generation(dom_) != generation_)
+    if (auto f = fetch_names(); !f && !told_stale_) {
+      std::fprintf(stderr,
+                   "xenprobe: domain %u: the modules changed but their names could not be read again (%s); "
+                   "kstack names frames with the names read before\n",
+                   dom_.value, f.error().what.c_str());
+      told_stale_ = true;
+    }
   out = names_.format(st->frames);
   return true;
 }

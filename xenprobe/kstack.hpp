@@ -49,6 +49,7 @@ class StackNamer {
   xenprobes::DomId dom_;
   StackSymbols names_;
   std::uint64_t generation_ = 0;
+  bool told_stale_ = false;  // a failed fetch was reported (once per domain)
 };
 
 }  // namespace xenprobe

@@ -585,8 +585,10 @@ class Tool {
   }
 
   [[noreturn]] void fail_attach(const Target& t, const std::string& what) {
-    (void)session_->end_batch();
-    die("domain " + t.name + ": " + what);
+    std::string also;
+    if (auto e = session_->end_batch(); !e)
+      also = " (ending the registration batch failed too: " + e.error().what + ")";
+    die("domain " + t.name + ": " + what + also);
   }
 
   void on_hit(Instance& inst, int block, const ProbeSite& site, xenprobes::HitContext& c) {
@@ -834,7 +836,7 @@ class Tool {
 }  // namespace
 }  // namespace xenprobe
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   using xenprobe::Options;
   Options o;
   CLI::App app{"xenprobe: bpftrace-style probes in running Xen guest kernels, handled in Dom0"};
@@ -923,4 +925,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   return tool.run_program();
+}
+
+// An exception that escapes (no memory, a library's own) ends the program with its message and
+// status 1, not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) { std::fprintf(stderr, "xenprobe: %s\n", e.what()); } catch (...) {
+    std::fprintf(stderr, "xenprobe: an unknown exception\n");
+  }
+  return 1;
 }

@@ -175,9 +175,9 @@ std::optional<PositionRef> find_position_ref(const std::string& s) {
     return i > from;
   };
   PositionRef r{b, 0, 0, 0};
-  if (!number(r.line) || i >= s.size() || s[i++] != ':' || !number(r.col) || i >= s.size() || s[i] != ')' ||
-      r.line == 0 || r.col == 0)
-    return std::nullopt;
+  if (!number(r.line) || i >= s.size() || s[i] != ':') return std::nullopt;
+  ++i;
+  if (!number(r.col) || i >= s.size() || s[i] != ')' || r.line == 0 || r.col == 0) return std::nullopt;
   r.end = i + 1;
   return r;
 }

@@ -133,7 +133,10 @@ int Daemon::run(const volatile std::sig_atomic_t& stop, volatile std::sig_atomic
   config_.programs.clear();
   log_.write("started", "INFO", ordered_json{{"path", config_.path}, {"programs", programs_.size()}});
   scan("start");
-  if (watcher_) (void)watcher_->xs_read_watches();  // the watches' first firing: the scan above covered it
+  // The watches' first firing: the scan above covered it. Were they unreadable, the loop says so.
+  if (watcher_)
+    if (auto w = watcher_->xs_read_watches(); !w)
+      log_.write("error", "WARN", ordered_json{{"body", "xenstore watches: " + w.error().what}});
   start_paused_guests();
   notify("READY=1\nSTATUS=serving");
   int status = 0;

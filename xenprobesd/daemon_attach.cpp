@@ -155,7 +155,8 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   std::size_t skipped = 0;
   // Jump and async probes need every kernel function decoded once per domain: done now, with
   // the guest running, not inside the batch. A failure here is the first jump probe's to report.
-  if (failure.empty() && cfg.method != Method::Trap) (void)session_->prepare_jump_probes(d.domid);
+  if (failure.empty() && cfg.method != Method::Trap)
+    static_cast<void>(session_->prepare_jump_probes(d.domid));  // NOLINT(bugprone-unused-return-value)
   if (failure.empty()) {
     if (auto r = session_->begin_batch(); !r) failure = "cannot begin registering: " + r.error().what;
   }
@@ -230,7 +231,10 @@ void Daemon::attach(ProgramState& prog, const xenprobes::hv::DomainInfo& d, cons
   if (failure.empty() && a->probes.empty()) failure = "no probe could be placed";
   if (!failure.empty()) {
     for (ProbeEntry& pe : a->probes)
-      if (pe.probe) (void)pe.probe.unregister();
+      if (pe.probe)
+        if (auto u = pe.probe.unregister(); !u)
+          log_.write("error", "WARN",
+                     ordered_json{{"domain", name}, {"body", "undoing an attachment: " + u.error().what}});
     // The same reason again: logged once, tried again later and later.
     ProgramState::Failure& f0 = prog.failed[a->key];
     const bool repeat = f0.tries > 0 && f0.why == failure;

@@ -54,7 +54,7 @@ SIMULATED XEN
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   std::string config_path = "/etc/xenprobesd/xenprobesd.toml";
   bool check_only = false;
   xenprobesd::SimPlan sim;
@@ -209,4 +209,15 @@ int main(int argc, char** argv) {
     server_thread.join();
   }
   return status;
+}
+
+// An exception that escapes (no memory, a library's own) ends the program with its message and
+// status 1, not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) { std::fprintf(stderr, "xenprobesd: %s\n", e.what()); } catch (...) {
+    std::fprintf(stderr, "xenprobesd: an unknown exception\n");
+  }
+  return 1;
 }

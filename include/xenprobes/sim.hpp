@@ -102,13 +102,13 @@ struct DomainConfig {
   GuestType type = GuestType::Pv;
   unsigned vcpus = 1;
   std::size_t ram_mb = 64;
-  std::string image;                  // guest ELF; "" = the demo guest
-  std::uint64_t iterations = 0;       // passed to the demo guest entry (0 = run forever)
-  bool start_paused = false;          // created with one controller pause (like `xl create -p`)
-  std::size_t oea_size = 256 * 1024;  // bytes of the published out-of-line execution area
-  bool publish_module = true;         // publish the guest module's xenstore keys
-  bool module_fixup_slots = true;     // with them its fixup slots (protocol.h, fixup-slots)
-  bool module_jump_entry = true;      // and its jump entry (protocol.h, jump-entry): jump probes
+  std::string image;                               // guest ELF; "" = the demo guest
+  std::uint64_t iterations = 0;                    // passed to the demo guest entry (0 = run forever)
+  bool start_paused = false;                       // created with one controller pause (like `xl create -p`)
+  std::size_t oea_size = std::size_t{256} * 1024;  // bytes of the published out-of-line execution area
+  bool publish_module = true;                      // publish the guest module's xenstore keys
+  bool module_fixup_slots = true;                  // with them its fixup slots (protocol.h, fixup-slots)
+  bool module_jump_entry = true;                   // and its jump entry (protocol.h, jump-entry): jump probes
   // Its async rings (protocol.h, rings/*): one per vCPU with 2^module_ring_order bytes of data
   // (12..24; 0: none, so no async probes). Needs the jump entry.
   unsigned module_ring_order = 14;

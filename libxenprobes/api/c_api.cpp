@@ -110,7 +110,10 @@ void handler_threw(int handle) noexcept {
     if (t_handler_exception.empty())
       t_handler_exception = "the handler of probe " + std::to_string(handle) + " threw a C++ exception";
     request_stop(state());
-  } catch (...) {}
+  } catch (...) {
+    // No memory for the message, or the stop failed: say so the one way left (no allocation).
+    std::fputs("xenprobes: a probe handler threw, and the loop could not record it\n", stderr);
+  }
 }
 
 // Takes State::mu, unless the loop holds it in another thread (EBUSY). The loop's own thread

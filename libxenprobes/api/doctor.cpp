@@ -117,7 +117,8 @@ Result<DoctorReport> doctor(hv::Hypervisor& hv, std::optional<DomId> only) {
   if (caps.gdbsx) {
     // One binder per host: find out whether it is free by binding it for a moment.
     if (auto port = hv.evtchn_bind_virq(hv::kVirqDebugger)) {
-      (void)hv.evtchn_unbind(*port);
+      best_effort(hv.evtchn_unbind(*port), "doctor: unbinding the VIRQ_DEBUGGER port it bound for a moment",
+                  log::Level::Warn);
       rep.virq_debugger = "free";
     } else {
       rep.virq_debugger = port.error().code == Errc::Exists

@@ -40,9 +40,10 @@ Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::open(SessionOptions o) {
   auto hv = XP_TRY(hv::open_hypervisor());
-  return open(std::move(hv), o);
+  return open(std::move(hv), std::move(o));
 }
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the public signature (and ABI) takes it by value.
 Result<std::unique_ptr<Session>> Session::open(std::unique_ptr<hv::Hypervisor> hv, SessionOptions o) {
   if (!hv) return fail(Errc::InvalidArgument, "Session::open: no hypervisor");
   const SessionLimits& lim = o.limits;
@@ -198,7 +199,8 @@ inline constexpr std::chrono::milliseconds kStackModulesEvery{1000}, kStackModul
 
 Result<KernelStack> Session::kernel_stack(HitContext& hit, unsigned max_frames) {
   const DomId dom = hit.domain();
-  if (!impl_->stacks.tried(dom)) (void)load_unwind_tables(dom);
+  // Without its tables the walk below says why, frame by frame.
+  if (!impl_->stacks.tried(dom)) best_effort(load_unwind_tables(dom), "kernel_stack: loading the unwind tables");
   // The modules' unwind tables follow the module list the symbols follow.
   auto sync = [&](std::chrono::milliseconds every) {
     const std::uint64_t gen = modules_now(*impl_, dom, every);

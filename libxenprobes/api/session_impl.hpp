@@ -113,7 +113,7 @@ struct Session::Impl {
     vmevent.reset();
     vmevent_int3.reset();
     debugger.reset();
-    if (watching) (void)hv->xs_unwatch("@releaseDomain", kReleaseToken);
+    if (watching) best_effort(hv->xs_unwatch("@releaseDomain", kReleaseToken), "removing the @releaseDomain watch");
     if (wake_fd >= 0) close(wake_fd);
     *alive = false;
     if (journal) {
@@ -220,7 +220,9 @@ struct Session::Impl {
   void unwatch_module(DomId id) {
     auto it = chosen.find(id);
     if (it == chosen.end()) return;
-    if (it->second == guest.get()) (void)hv->xs_unwatch(guestmod::module_key(id, XENPROBES_XS_STATE), kModuleToken);
+    if (it->second == guest.get())
+      best_effort(hv->xs_unwatch(guestmod::module_key(id, XENPROBES_XS_STATE), kModuleToken),
+                  "removing the guest module's xenstore watch");
     chosen.erase(it);
   }
 

@@ -24,8 +24,8 @@ Result<std::unique_ptr<DebuggerChannel>> DebuggerChannel::open(hv::Hypervisor& h
 }
 
 DebuggerChannel::~DebuggerChannel() {
-  for (auto& [dom, a] : domains_) (void)hv_.set_debugging(dom, false);
-  (void)hv_.evtchn_unbind(port_);
+  for (auto& [dom, a] : domains_) best_effort(hv_.set_debugging(dom, false), "debugger channel: clearing debugging");
+  best_effort(hv_.evtchn_unbind(port_), "debugger channel: unbinding VIRQ_DEBUGGER");
 }
 
 Result<void> DebuggerChannel::attach(DomId dom) {
@@ -40,7 +40,9 @@ Result<void> DebuggerChannel::attach(DomId dom) {
 Result<void> DebuggerChannel::detach(DomId dom) {
   auto it = domains_.find(dom);
   if (it == domains_.end()) return {};
-  for (int attempt = 0; attempt < 3 && it->second.owed > 0; ++attempt) (void)pay(dom, it->second);
+  // What still fails after three tries is reported below, with the count.
+  for (int attempt = 0; attempt < 3 && it->second.owed > 0; ++attempt)
+    best_effort(pay(dom, it->second), "debugger channel: releasing pause references");
   if (it->second.owed > 0)
     XP_LOG(Error, "domain %u: %u pause references could not be released", dom.value, it->second.owed);
   domains_.erase(it);

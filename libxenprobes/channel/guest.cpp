@@ -72,7 +72,7 @@ Result<void> module_can_emulate(DomId dom, const TrapEntry& t, bool register_bra
 }  // namespace
 
 GuestChannel::~GuestChannel() {
-  for (auto& [dom, a] : domains_) (void)hv_.evtchn_unbind(a.port);
+  for (auto& [dom, a] : domains_) best_effort(hv_.evtchn_unbind(a.port), "guest channel: unbinding a port");
 }
 
 GuestChannel::Attached* GuestChannel::find(DomId dom) {
@@ -225,7 +225,8 @@ Result<void> GuestChannel::detach(DomId dom) {
         gave_back |= state_of(mb).compare_exchange_strong(expected, XENPROBES_MBOX_HIT, std::memory_order_release,
                                                           std::memory_order_relaxed);
     }
-    if (gave_back) (void)hv_.evtchn_notify(a.port);
+    // Without the event the module finds the hits at its next poll slice.
+    if (gave_back) best_effort(hv_.evtchn_notify(a.port), "guest channel: notifying the hits given back");
   }
   auto r = hv_.evtchn_unbind(a.port);
   domains_.erase(it);

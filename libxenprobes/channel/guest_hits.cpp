@@ -55,7 +55,7 @@ Result<unsigned> GuestChannel::process_domain(DomId dom, StopSink& sink) {
   if (n || n.error().code != Errc::NoSuchDomain) return n;
   // Died under us: nothing left to resume. The engine forgets it on @releaseDomain.
   if (auto gone = domains_.find(dom); gone != domains_.end()) {
-    (void)hv_.evtchn_unbind(gone->second.port);
+    best_effort(hv_.evtchn_unbind(gone->second.port), "guest channel: unbinding a dead domain's port");
     domains_.erase(gone);
   }
   return 0u;

@@ -108,12 +108,12 @@ Result<void> VmEventChannel::attach(DomId dom) {
   a.ring = std::move(*ring);
   a.fd = a.ring->fd();
   if (auto w = watch_fd(a.fd); !w) {
-    (void)hv_.monitor_disable(dom);
+    best_effort(hv_.monitor_disable(dom), "vmevent channel: undoing monitor_enable", log::Level::Warn);
     return w;
   }
   if (auto m = set_monitoring(dom, true); !m) {
     unwatch_fd(a.fd);
-    (void)hv_.monitor_disable(dom);
+    best_effort(hv_.monitor_disable(dom), "vmevent channel: undoing monitor_enable", log::Level::Warn);
     return m;
   }
   domains_.emplace(dom, std::move(a));

@@ -1,6 +1,7 @@
 // Internal helpers around the public Result<T> (include/xenprobes/result.hpp).
 #pragma once
 
+#include "common/log.hpp"
 #include "xenprobes/result.hpp"
 
 namespace xenprobes {
@@ -15,6 +16,15 @@ Errc errc_from_errno(int e);
 
 // "what: strerror(e)" helper for wrapping failed system calls.
 std::unexpected<Error> fail_errno(int e, std::string what);
+
+// A step whose failure the caller can do nothing about and that must not stop what follows
+// (tearing down what a domain that may be gone already had, a refresh the next call tries
+// again): its error is logged at `level` with `what` was tried, never dropped unseen. Debug by
+// default: tearing down a destroyed domain fails at every step, as expected.
+template <typename T>
+void best_effort(const std::expected<T, Error>& r, const char* what, log::Level level = log::Level::Debug) {
+  if (!r && level >= log::level()) log::write(level, "%s: %s", what, r.error().what.c_str());
+}
 
 namespace detail {
 template <typename T>

@@ -42,8 +42,8 @@ namespace xenprobes::guardian {
 
 inline constexpr std::uint64_t kJournalMagic = 0x314c4e524a505830ull;  // "0XPJRNL1" little-endian
 inline constexpr std::uint32_t kJournalVersion = 2;
-inline constexpr std::size_t kJournalMaxBytes = 8 * 4096;      // bytes of one patch (written / restore)
-inline constexpr std::uint32_t kJournalMaxRecords = 1u << 20;  // per table, for the reader's checks
+inline constexpr std::size_t kJournalMaxBytes = std::size_t{8} * 4096;  // bytes of one patch (written / restore)
+inline constexpr std::uint32_t kJournalMaxRecords = 1u << 20;           // per table, for the reader's checks
 
 enum class JournalChannel : std::uint8_t { Debugger = 1, VmEvent = 2 };
 enum class JournalMonitor : std::uint8_t { None = 0, DebugExceptions = 1, SoftwareBreakpoints = 2 };

@@ -217,11 +217,10 @@ Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob, std::s
   if (blob.size() < sizeof(btf_header) || base.size() < sizeof(btf_header))
     return fail(Errc::Io, "the module's BTF is " + std::to_string(blob.size()) + " bytes, shorter than its header");
   errno = 0;
-  BtfPtr b(btf__new(base.data(), static_cast<__u32>(base.size())));
-  if (!b || libbpf_get_error(b.get())) {
-    (void)b.release();
-    return fail(Errc::Io, "libbpf rejects the kernel's BTF the module's builds on");
-  }
+  btf* raw = btf__new(base.data(), static_cast<__u32>(base.size()));
+  // NULL, or (libbpf's old mode) an error pointer: not an object to free either way.
+  if (!raw || libbpf_get_error(raw)) return fail(Errc::Io, "libbpf rejects the kernel's BTF the module's builds on");
+  BtfPtr b(raw);
   BtfPtr s(new_split(blob, b.get()));
   if (!s)
     return fail(Errc::Io, std::string("libbpf rejects the module's BTF as split BTF over the kernel's: ") +

@@ -156,11 +156,11 @@ Result<ModuleLayout> module_layout_from_btf(std::span<const std::byte> blob) {
   if (blob.size() < sizeof(btf_header) || blob.size() > kMaxKernelBtfBytes)
     return fail(Errc::Io, "the BTF is " + std::to_string(blob.size()) + " bytes: no header, or beyond the limit");
   errno = 0;
-  BtfPtr b(btf__new(blob.data(), static_cast<__u32>(blob.size())));
-  if (int err = static_cast<int>(libbpf_get_error(b.get())); err != 0 || !b) {
-    (void)b.release();  // an error pointer, not an object
+  btf* raw = btf__new(blob.data(), static_cast<__u32>(blob.size()));
+  // NULL, or (libbpf's old mode) an error pointer: not an object to free either way.
+  if (int err = static_cast<int>(libbpf_get_error(raw)); err != 0 || !raw)
     return fail(Errc::Io, std::string("libbpf rejects the guest kernel's BTF: ") + std::strerror(err ? -err : errno));
-  }
+  BtfPtr b(raw);
   const btf* bt = b.get();
   const int mid = btf__find_by_name_kind(bt, "module", BTF_KIND_STRUCT);
   if (mid <= 0) return fail(Errc::NotFound, "the guest's BTF has no struct module (a kernel without modules?)");

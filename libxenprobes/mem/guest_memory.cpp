@@ -118,10 +118,12 @@ Result<void> GuestMemory::write_transient(Gva va, std::span<const std::byte> dat
   Result<void> r = write(va, data);
   if (!transient_data_writes_) return r;
   // Whether or not it completed: every frame it may have mapped writable is let go.
-  (void)for_each_virtual_chunk(va, data.size(), [&](const Chunk& c) -> Result<void> {
-    maps_.invalidate(c.frame);
-    return {};
-  });
+  best_effort(for_each_virtual_chunk(va, data.size(),
+                                     [&](const Chunk& c) -> Result<void> {
+                                       maps_.invalidate(c.frame);
+                                       return {};
+                                     }),
+              "write_transient: letting go of the frames it mapped writable");
   return r;
 }
 

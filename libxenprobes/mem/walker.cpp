@@ -107,7 +107,7 @@ const ModeFormat* format_of(PagingMode m) {
 
 // Every index fits its frame: a hostile entry can choose which frame, never an offset.
 static_assert(kPae.levels[0].index_bits == 2);  // 0xFE0 + 3 * 8 < 4096 for the PDPT
-static_assert((1u << 10) * 4 == kPageSize && (1u << 9) * 8 == kPageSize);
+static_assert((std::uint64_t{1} << 10) * 4 == kPageSize && (std::uint64_t{1} << 9) * 8 == kPageSize);
 
 std::string where(const PagingContext& ctx, Gva va) {
   return "translating gva " + detail::hex(va.value) + " (" + std::string(to_string(ctx.mode)) + ", cr3 " +

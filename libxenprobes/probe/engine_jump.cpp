@@ -14,7 +14,7 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as engine_prepare.cpp
+constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as engine_prepare.cpp
 
 bool overlaps(std::uint64_t a_lo, std::uint64_t a_hi, std::uint64_t b_lo, std::uint64_t b_hi) {
   return a_lo < b_hi && b_lo < a_hi;
@@ -28,7 +28,7 @@ Result<void> Engine::prepare_jumps(DomId id) {
   if (d->jump_index) return {};
   // Read as a registration reads text before its pause: through vCPU 0's page tables now.
   if (d->pause_depth == 0) XP_TRY(refresh_context(*d));
-  (void)jump_fixups(*d);
+  jump_fixups(*d);  // builds d->jump_index
   return {};
 }
 

@@ -9,7 +9,7 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // larger "functions" are symbol gaps
+constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // larger "functions" are symbol gaps
 
 }  // namespace
 

@@ -280,7 +280,7 @@ void Engine::advance_quiescence(Domain& d) {
     // Hostile input: only the exact token we asked for counts.
     if (done && *done == std::to_string(*d.quiesce_asked)) {
       std::erase_if(d.quiesce_wait, [&](const auto& e) { return e.second <= *d.quiesce_asked; });
-      d.quiesce_done = *d.quiesce_asked;
+      d.quiesce_done = d.quiesce_asked;
       d.quiesce_asked.reset();
     }
   }

@@ -117,7 +117,7 @@ Result<Tokens> read_tokens(const MemoryReadFn& read, std::uint64_t digits) {
     if (pos + pad + 2 * kTokens > after.size()) break;
     const std::byte* idx = after.data() + pos + pad;
     if (load<std::uint16_t>(idx) != 0) continue;
-    const std::uint64_t digits_off = load<std::uint16_t>(idx + 2 * 0x30);
+    const std::uint64_t digits_off = load<std::uint16_t>(idx + std::ptrdiff_t{2} * 0x30);
     if (digits_off > digits || digits_off > 0x30 * (kMaxTokenLen + 1)) continue;
     const std::uint64_t table = digits - digits_off;
     const std::uint64_t table_len = table_end - table;
@@ -288,10 +288,10 @@ std::optional<std::vector<std::uint64_t>> decode_offsets(const std::vector<std::
                                                          std::uint64_t base, bool* absolute) {
   *absolute = false;
   for (std::uint32_t i = 0; i < n; ++i)
-    if (static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * i)) < 0) *absolute = true;
+    if (static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * std::size_t{i})) < 0) *absolute = true;
   std::vector<std::uint64_t> out(n);
   for (std::uint32_t i = 0; i < n; ++i) {
-    const std::int32_t v = static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * i));
+    const std::int32_t v = static_cast<std::int32_t>(load<std::uint32_t>(raw.data() + 4 * std::size_t{i}));
     if (!*absolute) out[i] = base + static_cast<std::uint32_t>(v);
     else if (v >= 0) out[i] = static_cast<std::uint64_t>(v);
     else out[i] = base - 1 - static_cast<std::uint64_t>(static_cast<std::int64_t>(v));

@@ -290,8 +290,8 @@ std::size_t SymbolTable::covering(std::uint64_t link) const {
                       e.name.starts_with('_')};
   };
   std::size_t best = npos;
-  for (auto k = static_cast<std::size_t>(it - syms_.begin()); k-- > 0 && syms_[k].link == start;)
-    if (best == npos || !(rank(syms_[best]) < rank(syms_[k]))) best = k;  // ties: earliest wins
+  for (auto k = static_cast<std::size_t>(it - syms_.begin()); k > 0 && syms_[k - 1].link == start; --k)
+    if (best == npos || !(rank(syms_[best]) < rank(syms_[k - 1]))) best = k - 1;  // ties: earliest wins
   return best;
 }
 

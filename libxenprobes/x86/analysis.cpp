@@ -141,6 +141,7 @@ bool cond_holds(Cond cc, std::uint64_t f) {
     case 5: base = pf; break;                // P / NP
     case 6: base = sf != of; break;          // L / GE
     case 7: base = zf || (sf != of); break;  // LE / G
+    default: break;                          // none: cc has four bits
   }
   return (static_cast<unsigned>(cc) & 1) ? !base : base;
 }

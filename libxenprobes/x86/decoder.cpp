@@ -146,12 +146,14 @@ void classify(const cs_insn& ci, Insn& out) {
     case X86_INS_SYSCALL: out.kind = Kind::Syscall; return;
     case X86_INS_SYSENTER: out.kind = Kind::Sysenter; return;
     case X86_INS_UD0:
-    case X86_INS_UD2: out.kind = Kind::Ud; return;
+    case X86_INS_UD2:
 #if CS_API_MAJOR >= 5
-    case X86_INS_UD1: out.kind = Kind::Ud; return;  // 0f b9: Capstone 5's name
+    case X86_INS_UD1:  // 0f b9: Capstone 5's name
 #else
-    case X86_INS_UD2B: out.kind = Kind::Ud; return;  // 0f b9 (UD1): Capstone 4's name
+    case X86_INS_UD2B:  // 0f b9 (UD1): Capstone 4's name
 #endif
+      out.kind = Kind::Ud;
+      return;
     case X86_INS_SWAPGS: out.kind = Kind::Swapgs; return;
     case X86_INS_PUSHF:
     case X86_INS_PUSHFD:

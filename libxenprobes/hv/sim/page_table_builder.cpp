@@ -20,7 +20,7 @@ PageTableBuilder::PageTableBuilder(std::span<std::uint8_t> ram, std::uint64_t ta
   next_ = (next_ + 0x1fff) & ~0x1fffull;
   auto root = alloc_table();
   root_ = root ? *root : 0;
-  (void)alloc_table();
+  best_effort(alloc_table(), "sim: the user half of the root pair");
 }
 
 Result<std::uint64_t> PageTableBuilder::alloc_table() {
@@ -33,7 +33,7 @@ Result<std::uint64_t> PageTableBuilder::alloc_table() {
 }
 
 std::uint64_t& PageTableBuilder::entry(std::uint64_t table_gpa, unsigned index) {
-  return *reinterpret_cast<std::uint64_t*>(ram_.data() + table_gpa + index * 8);
+  return *reinterpret_cast<std::uint64_t*>(ram_.data() + table_gpa + std::size_t{index} * 8);
 }
 
 Result<std::uint64_t> PageTableBuilder::next_table(std::uint64_t table_gpa, unsigned index) {

@@ -90,6 +90,7 @@ std::recursive_mutex& emulation_mutex() {
 // ---------------------------------------------------------------------------------------
 // Host
 
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the public signature takes it by value.
 std::shared_ptr<SimHost> SimHost::create(SimOptions o) { return std::make_shared<SimHostImpl>(o); }
 
 SimHostImpl::SimHostImpl(SimOptions o) : opts_(std::move(o)) {
@@ -105,7 +106,7 @@ SimHostImpl::~SimHostImpl() {
     std::lock_guard lk(mu_);
     for (auto& [id, d] : domains_) ids.push_back(id);
   }
-  for (DomId id : ids) (void)destroy_domain(id);
+  for (DomId id : ids) best_effort(destroy_domain(id), "sim: destroying a domain at exit");
 }
 
 Result<void> SimHostImpl::check(Op op) {

@@ -65,9 +65,12 @@ void SimHostImpl::module_async_locked(Domain& d, Vcpu& v, const xenprobes_trap& 
   const xp_bounds b = module_bounds(d);
   xp_async_key k{};
   xenprobes_capture_spec specs[XENPROBES_RING_CAPS_MAX];
-  const std::uint8_t* at = nullptr;
-  if (m.rings.empty() || v.id >= m.rings.size() || xp_jump_async_key(&b, &e, &k) != 0 ||
-      (k.ncaps && !(at = guest_ptr(d, k.specs, k.ncaps * sizeof(xenprobes_capture_spec))))) {
+  if (m.rings.empty() || v.id >= m.rings.size() || xp_jump_async_key(&b, &e, &k) != 0) {
+    ++m.async_bad;
+    return publish_counters(d);
+  }
+  const std::uint8_t* at = k.ncaps ? guest_ptr(d, k.specs, k.ncaps * sizeof(xenprobes_capture_spec)) : nullptr;
+  if (k.ncaps && !at) {
     ++m.async_bad;
     return publish_counters(d);
   }

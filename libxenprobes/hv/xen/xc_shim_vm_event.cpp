@@ -25,7 +25,7 @@ class XenVmEventRing final : public VmEventRing {
   // Hypervisor::monitor_disable, which the owner calls.
   ~XenVmEventRing() override {
     munmap(page_, XC_PAGE_SIZE);
-    (void)ev_->unbind(port_);
+    best_effort(ev_->unbind(port_), "vm_event: unbinding the ring's port");
   }
 
   int fd() const override { return ev_->fd(); }
@@ -107,7 +107,7 @@ Result<std::optional<VmEventRequest>> VmEventBackRing::take_request(bool& answer
     back.sring->req_event = back.req_cons + 1;
 
     auto r = vm_event_request_from_xen(req);
-    if (r) return std::optional<VmEventRequest>{std::move(*r)};
+    if (r) return std::optional<VmEventRequest>{*r};
     if (r.error().code != Errc::NotSupported) return std::unexpected(r.error());
 
     // A well-formed event of a kind libxenprobes never enables: resume the vCPU unchanged,

@@ -102,7 +102,7 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
 inline constexpr std::size_t kExtStateHeaderSize = 16;      // xcr0, xcr0_accum
 inline constexpr std::size_t kXsaveAreaMinSize = 512 + 64;  // legacy region + XSAVE header
 // Sanity bound on what Xen may ask us to allocate (4.17's largest, AVX-512 + PKRU, is 2.7 KiB).
-inline constexpr std::size_t kExtStateMaxSize = 64 * 1024;
+inline constexpr std::size_t kExtStateMaxSize = std::size_t{64} * 1024;
 
 // What the size query reveals about the host: its XSAVE feature mask and the largest buffer a
 // get may fill. xfeature_mask == 0: the host has no XSAVE, so the vCPU's FPU state is just the
