@@ -9,7 +9,8 @@
 # BUILD_DIR must be built (the compilers' dependency files say which headers each unit read) and
 # configured with CMAKE_EXPORT_COMPILE_COMMANDS (the top CMakeLists.txt turns it on). clang-tidy
 # takes seconds per unit, so a unit found clean is remembered: its key is the hash of its source,
-# every header it read, its compile flags, .clang-tidy and the clang-tidy version, kept in
+# every header it read, its compile flags (paths of the clone and the build left out, so a clean
+# clone elsewhere finds them), .clang-tidy and the clang-tidy version, kept in
 # $XENPROBES_TIDY_CACHE (default /var/cache/xenprobes-tidy as root, else ~/.cache/xenprobes-tidy).
 # Only a unit whose key is new runs again.
 set -eu
@@ -33,6 +34,7 @@ mkdir -p "$cache"
 # What every key starts with: the checks and the tool.
 salt=$({ cat .clang-tidy; clang-tidy-19 --version; } | sha256sum | cut -d' ' -f1)
 
+abs_build=$(realpath "$build")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -52,7 +54,8 @@ find "$build" -name '*.o.d' -path '*/CMakeFiles/*' | sort | while IFS= read -r d
     "$root"/libxenprobes/*.cpp | "$root"/xenprobe/*.cpp | "$root"/xenprobesd/*.cpp) ;;
     *) continue ;;
   esac
-  key=$({ echo "$salt $src"; cat "$tdir/flags.make" 2>/dev/null
+  # Paths out of the key: a clone elsewhere, or another build directory, finds the same units.
+  key=$({ echo "$salt ${src#"$root"/}"; sed -e "s|$abs_build|@BUILD@|g" -e "s|$root|@ROOT@|g" "$tdir/flags.make" 2>/dev/null
           echo "$files" | while IFS= read -r f; do
             case "$f" in /*) ;; *) f="$cwd/$f" ;; esac
             cat "$f"
