@@ -14,7 +14,10 @@
 #   probe
 #   api
 #
-# The public headers include only each other (and the C++ library). A folder under
+# Below its own line a layer may include only what docs/architecture.md's table says it may
+# (ALLOWED below: x86 and symbols use common alone, guestmod and guardian common, hv and mem,
+# ...; probe and api everything below them). The public headers include only each other (and
+# the C++ library). A folder under
 # libxenprobes/ that is not in the list fails the check too: a new layer gets its place here
 # and in docs/architecture.md first. The test command (tools/run-tests.sh) runs this.
 #
@@ -23,6 +26,18 @@ set -eu
 cd "$(dirname "$0")/.."
 
 LAYERS="common:0 hv:1 mem:2 x86:3 symbols:3 kernel:4 guestmod:5 guardian:6 channel:7 probe:8 api:9"
+# layer=what it may include (docs/architecture.md, "may include"); "below": every lower rank.
+ALLOWED="common= hv=common mem=common,hv x86=common symbols=common kernel=common,x86,symbols
+  guestmod=common,hv,mem guardian=common,hv,mem channel=common,hv,mem,guestmod,guardian probe=below api=below"
+
+allowed_of() {
+  for a in $ALLOWED; do
+    if [ "${a%%=*}" = "$1" ]; then
+      echo "${a#*=}"
+      return
+    fi
+  done
+}
 
 rank_of() {
   for l in $LAYERS; do
@@ -72,6 +87,14 @@ echo "$includes" | {
     elif [ "$theirs" -ge "$own" ]; then
       echo "$file:$line: layer '$layer' includes \"$target/...\", a layer at or above its own (layers, bottom up: $(echo "$LAYERS" | sed 's/:[0-9]*//g'))" >&2
       status=1
+    else
+      may=$(allowed_of "$layer")
+      case ",$may," in
+        ,below, | *",$target,"*) ;;
+        *)
+          echo "$file:$line: layer '$layer' includes \"$target/...\", which it may not use (it may include: ${may:-nothing but itself}; docs/architecture.md)" >&2
+          status=1 ;;
+      esac
     fi
   done
   exit $status

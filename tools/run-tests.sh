@@ -52,7 +52,7 @@ echo "== fuzzing (libFuzzer, ${XENPROBES_FUZZ_SECONDS:-20} s per target)"
 sh tools/fuzz.sh "${XENPROBES_FUZZ_SECONDS:-20}"
 
 # End to end on a real Xen under QEMU (TCG): docs/e2e.md. Needs root (debootstrap, chroot,
-# mkfs) and Debian's mirror; caches ~4.5 GB in /var/cache/xenprobes-e2e. XENPROBES_E2E=0
+# mkfs) and Debian's mirror; caches ~11 GB in /var/cache/xenprobes-e2e. XENPROBES_E2E=0
 # leaves it out (e.g. a quick local run).
 if [ "${XENPROBES_E2E:-1}" = 0 ]; then
   echo "== end-to-end suite left out (XENPROBES_E2E=0)"

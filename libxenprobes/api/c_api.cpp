@@ -2,7 +2,7 @@
 // session, integer handles mapped to probe ids, C handlers wrapped in C++ handlers that hand
 // them Xen's struct cpu_user_regs and write the changes back.
 //
-// Error policy (docs/style.md): every entry point is noexcept and runs its body through
+// Error policy: every entry point is noexcept and runs its body through
 // entry(), the one try/catch that turns an Error or an exception into -1 + errno + a
 // thread-local message. No C++ exception leaves this file. Jump and async probes, probe info
 // and ring statistics are in c_api_probes.cpp; what both files share, in c_api_internal.hpp.

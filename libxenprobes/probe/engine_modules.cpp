@@ -61,7 +61,7 @@ void Engine::update_modules(Domain& d) {
   }
   if (auto s = d.syms->set_module_functions(std::move(fns)); !s) {
     XP_LOG(Warn, "domain %u: the loaded modules' functions are not used: %s", d.id.value, s.error().what.c_str());
-    best_effort(d.syms->set_module_functions({}), "clearing the module functions", log::Level::Warn);
+    d.syms->clear_module_functions();
     read_what = "no module functions";
   }
   if (d.generation_ready)

@@ -129,6 +129,11 @@ class SymbolTable {
   // function_containing() and symbolize() ("func+0x10 [module]", as /proc/kallsyms names
   // them) answer for them too. InvalidArgument when one overlaps another or is malformed.
   [[nodiscard]] Result<void> set_module_functions(std::vector<ModuleFunction> fns);
+  // Drops the module functions: only the core kernel's symbols answer from then on.
+  void clear_module_functions() noexcept {
+    mods_.clear();
+    mods_by_name_.clear();
+  }
   std::size_t module_function_count() const { return mods_.size(); }
 
   const LoadStats& stats() const { return stats_; }

@@ -291,7 +291,7 @@ Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
     out.mem.scale = static_cast<std::uint8_t>(op.mem.scale);
     out.mem.disp = op.mem.disp;
     out.mem.addr32 = x.prefix[3] == 0x67;
-    // addr32 RIP-relative shows as EIP (unicorn-capstone.md §6); reg_of maps both to Rip.
+    // Capstone names the base of an addr32 (0x67) RIP-relative operand EIP; reg_of maps both to Rip.
     out.is_rip_relative = out.mem.base == Reg::Rip;
     break;
   }

@@ -1,5 +1,5 @@
 // Our own decoded-instruction type. decoder.cpp is the only file that includes Capstone; every
-// other layer reads these fields and never looks at opcode bytes itself (style.md habit 3).
+// other layer reads these fields and never looks at opcode bytes itself.
 #pragma once
 
 #include <array>

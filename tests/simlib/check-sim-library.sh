@@ -12,6 +12,7 @@
 #   check-sim-library.sh xenprobesd <xenprobesd>               `xenprobesd --sim` too
 #   check-sim-library.sh installed <xp-sim-open> <cmake> <build dir>
 #                                  cmake --install into a scratch DESTDIR: the installed pair
+#                                  (their exports, Unicorn's place, the .pc and CMake files)
 set -u
 case_=$1
 prog=$2
@@ -106,6 +107,11 @@ case $case_ in
     echo "installed: $lib ($soname), $sim"
     [ -f "$sim" ] || bad "$sim is not installed beside $lib"
     if needed "$lib" | grep -q unicorn; then bad "the installed $lib needs Unicorn"; fi
+    # The installed files export exactly their lists (tests/abi/check-abi.sh), as the built ones.
+    src=$(cd "$(dirname "$0")/../.." && pwd)
+    sh "$src/tests/abi/check-abi.sh" "$lib" "$src/libxenprobes/xenprobes.abi" || bad "the installed $lib's exports"
+    [ ! -f "$sim" ] || sh "$src/tests/abi/check-abi.sh" "$sim" "$src/libxenprobes/xenprobes-sim.abi" ||
+      bad "the installed $sim's exports"
     needed "$sim" | grep -q unicorn || bad "the installed $sim does not need Unicorn"
     pc=$(find "$tmp/stage" -name xenprobes.pc | head -n 1)
     has "$pc" "simlibrary=\${libdir}/$(basename "$sim")"

@@ -14,9 +14,9 @@ E2E_MIRROR=${E2E_MIRROR:-http://deb.debian.org/debian}
 # e2e_buildroot) against its own libxen-dev, Capstone 5 and kernel headers.
 # Dom0 root file system: the Xen toolstack, the kernel (also the DomU kernel), and the
 # runtime libraries libxenprobes.so needs (ldd: libcapstone, libxen*, libbpf, libstdc++).
-# libunicorn2 is for libxenprobes-sim.so alone, which the staged install carries and which
-# libxenprobes.so loads only for XENPROBES_BACKEND=sim (docs/simulated-xen.md): no scenario
-# needs it.
+# No Unicorn: it is libxenprobes-sim.so's alone, which libxenprobes.so loads only for
+# XENPROBES_BACKEND=sim (docs/simulated-xen.md) and which run.sh leaves out of the payload.
+# run.sh's build_payload fails when a staged program or library needs a library not here.
 e2e_platform() {
   E2E_PLATFORM=$1
   case "$1" in
@@ -29,7 +29,7 @@ e2e_platform() {
       # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp);
       # libtomlplusplus3, libcpp-httplib0.11, libsystemd0: xenprobesd's (its scenario runs it).
       # systemd: stock_pv_xenprobesd_service boots Dom0 with systemd as PID 1 to run the unit.
-      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libunicorn2,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0,systemd"
+      E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0,systemd"
       ;;
     trixie)
       # trixie main as the mirror serves it (Debian 13.8): its point releases moved Xen and
@@ -39,10 +39,9 @@ e2e_platform() {
       E2E_XEN_VERSION=4.20.4+63-g7abfd2bce2-0+deb13u1
       E2E_KERNEL_ABI=6.12.117+deb13-amd64
       E2E_KERNEL_VERSION=6.12.117-1
-      # Unicorn's runtime is libunicorn2t64 there (the 64-bit time_t transition renamed it);
       # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp);
       # libtomlplusplus3t64, libcpp-httplib0.18, libsystemd0: xenprobesd's.
-      E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libunicorn2t64,libbpf1,libstdc++6,libtomlplusplus3t64,libcpp-httplib0.18,libsystemd0"
+      E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libbpf1,libstdc++6,libtomlplusplus3t64,libcpp-httplib0.18,libsystemd0"
       ;;
     *) echo "e2e_platform: unknown platform '$1' (bookworm, trixie)" >&2; return 1 ;;
   esac

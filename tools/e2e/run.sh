@@ -4,9 +4,9 @@
 #   tools/e2e/run.sh [--group] [scenario...]   default: every scenario of the default list
 #   tools/e2e/run.sh --list
 #
-# Each scenario gets its own boot (~25 s of Dom0 boot on an idle host). --group runs the
-# scenarios that need the same hypervisor in one boot instead (faster, less isolated; Debian's
-# xl has been seen to abort after 3-4 long-lived DomUs in one boot, see docs/e2e.md).
+# Each scenario gets its own boot (Dom0's toolstack is up ~13 s into its uptime on an idle host).
+# --group runs consecutive scenarios that need the same platform and hypervisor in one boot
+# instead (faster, less isolated). See docs/e2e.md.
 #
 # Builds and caches everything outside the source tree (XENPROBES_E2E_CACHE, default
 # /var/cache/xenprobes-e2e), keyed by the inputs: the Dom0 root file system (debootstrap of
@@ -47,13 +47,14 @@ declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
 BENCH_SCENARIOS="bench_table1_guest bench_table1_guest_spin bench_table1_debugger bench_table1_vmevent"
-# The safety scenarios run four guest phases (or five activities on PVH) in one boot: 476-500 s
-# per boot at a host load of 6-10, against 170 s idle (docs/e2e.md "Probe safety").
+# The safety scenarios run four guest phases (or five activities on PVH) in one boot: up to 500 s
+# per boot at a host load of 6-10 (2026-11-25), ~60 s on a quiet host under QEMU 10 (docs/e2e.md
+# "Probe safety", "Timings").
 declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500}
   [diag_tracepoint_toggle]=${XPE2E_DIAG_LIMIT:-1500} [diag_tracepoint_toggle_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_guest_spin]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
   [stock_pv_safety]=600 [stock_pvh_safety_control]=600 [stock_pv_sweep]=900 [stock_kill9_rounds]=2400 [stock_pvh_kill9_rounds]=2400 [gdbsx_kill9_rounds]=2400)
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
-# benchmark's, 150-260 s per boot warm on a loaded host (docs/e2e.md "Debian 13", "Time").
+# benchmark's and trixie_kill9_jump (docs/e2e.md "Debian 13", "Timings").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
   stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone stock_pv_budget gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control
   trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pv_xenprobe_async trixie_pv_jump trixie_pv_async trixie_pv_spin trixie_pv_module_gone trixie_pvh_vmevent trixie_pvh_kill9"
@@ -79,7 +80,7 @@ declare -A SCEN_XFAIL=()
 usage() {
   sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   echo "scenarios: $SCEN_ORDER"
-  echo "Debian 13 (trixie_*; the default list has all but trixie_bench_table1_guest): ${!SCEN_PLATFORM[*]}"
+  echo "Debian 13 (trixie_*; those in the default list are named above): ${!SCEN_PLATFORM[*]}"
 }
 
 SCENARIOS=""
@@ -294,17 +295,22 @@ build_payload() {
   esac
   R=$P/xpe2e/root
   cp -a "$STAGE/." "$R/"
+  # The simulated Xen stays out of Dom0: libxenprobes.so loads libxenprobes-sim.so only for
+  # XENPROBES_BACKEND=sim (docs/simulated-xen.md), which no scenario asks for, and the root file
+  # system has no Unicorn for it. Its CMake targets file is optional (xenprobesConfig.cmake).
+  find "$R" \( -name 'libxenprobes-sim.so*' -o -name 'xenprobes-simTargets*.cmake' \) -exec rm -f {} +
   (cd "$P/domu" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) >"$R/usr/lib/xenprobes-e2e/domu-initramfs.cpio.gz"
   install -m 755 "$E2E_TOOLS/dom0/dom0-init" "$R/usr/lib/xenprobes-e2e/dom0-init"
   install -m 755 "$P/domu/bin/fpucheck" "$R/usr/lib/xenprobes-e2e/fpucheck"
   install -m 644 "$E2E_TOOLS"/scenarios/*.sh "$R/usr/lib/xenprobes-e2e/scenarios/"
   install -m 755 "$E2E_TOOLS/guardian-account.sh" "$R/usr/lib/xenprobes-e2e/guardian-account.sh"
-  # Every shared library a staged program needs is in the Dom0 root file system or staged with
-  # it: a missing one fails here, not as "cannot open shared object file" inside a boot.
+  # Every shared library a staged program or library needs (libxenprobes.so, the tools,
+  # xenprobes-guardian, the test programs) is in the Dom0 root file system or staged with it: a
+  # missing one fails here, not as "cannot open shared object file" inside a boot.
   local have=$RUN_DIR/libs-$E2E_PLATFORM.txt f lib miss=""
   find "$ROOTFS_DIR/tree/usr/lib" "$R/usr/lib" -name '*.so*' -printf '%f\n' 2>/dev/null | sort -u >"$have"
-  for f in "$R"/usr/bin/* "$R"/usr/sbin/* "$R"/usr/lib/xenprobes-e2e/*; do
-    [ -f "$f" ] && [ "$(head -c 4 "$f" | tr -d '\177')" = ELF ] || continue
+  for f in $(find "$R" -type f | LC_ALL=C sort); do
+    [ "$(head -c 4 "$f" | tr -d '\177')" = ELF ] || continue
     for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
       grep -qxF "$lib" "$have" || miss="$miss ${f#"$R"}:$lib"
     done

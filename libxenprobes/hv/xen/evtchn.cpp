@@ -29,7 +29,9 @@ Result<EvtchnPort> Evtchn::bind_virq(unsigned virq) {
   xenevtchn_port_or_error_t p = xenevtchn_bind_virq(h_, virq);
   if (p < 0) {
     int e = errno;
-    if (e == EEXIST)  // xen-facts §5: a global VIRQ has one binding per host
+    // A domain binds a VIRQ once per vCPU, and a global one (VIRQ_DEBUGGER) on vCPU 0 only, so a
+    // second binder in Dom0 gets EEXIST (evtchn_bind_virq, xen/common/event_channel.c).
+    if (e == EEXIST)
       return fail(Errc::Exists, "xenevtchn_bind_virq(" + std::to_string(virq) +
                                     "): another process already binds this global VIRQ "
                                     "(one binder per host)");

@@ -57,8 +57,9 @@ xentoollog_logger g_quiet_logger = {quiet_vmessage, quiet_progress, quiet_destro
 
 // ---- small helpers -------------------------------------------------------------------------
 
-// Issues one domctl through libxencall. libxenctrl has no wrapper for the gdbsx domctls
-// (xen-facts §5), so these go raw; `dc` is copied into a hypercall-safe buffer and back.
+// Issues one domctl through libxencall. libxenctrl has no wrapper for the gdbsx domctls (Xen's
+// own gdbsx issues them raw as well: _domctl_hcall, tools/debugger/gdbsx/xg/xg_main.c), so
+// these go raw; `dc` is copied into a hypercall-safe buffer and back.
 // Returns 0 or the errno of the failure.
 int raw_domctl(xc_interface* xch, xen_domctl& dc) {
   xencall_handle* xcall = xc_interface_xcall_handle(xch);
@@ -120,8 +121,11 @@ Result<std::string> XcShim::version() {
 }
 
 Result<bool> XcShim::has_gdbsx() {
-  // xen-facts §2.2: without CONFIG_GDBSX the gdbsx domctls fall to `default: -ENOSYS`. With it,
-  // vcpu ~0u on an unpaused domain (our own Dom0) answers EBUSY (or EINVAL) and changes nothing.
+  // Without CONFIG_GDBSX the gdbsx domctls answer ENOSYS: in Xen 4.17 their cases of
+  // arch_do_domctl (xen/arch/x86/domctl.c) are compiled out and they reach `default: -ENOSYS`; in
+  // 4.20 they call gdbsx_domctl(), whose stub (xen/arch/x86/include/asm/gdbsx.h) returns -ENOSYS.
+  // With it, vcpu ~0u on an unpaused domain (our own Dom0) answers EBUSY (no controller pause;
+  // EINVAL for a vCPU that does not exist) and changes nothing.
   xen_domctl dc{};
   dc.cmd = XEN_DOMCTL_gdbsx_unpausevcpu;
   dc.domain = 0;
@@ -188,7 +192,8 @@ Result<void> XcShim::pause(DomId dom) {
 Result<void> XcShim::unpause(DomId dom) {
   if (xc_domain_unpause(xch_, dom.value) < 0) {
     int e = errno;
-    if (e == EINVAL)  // xen-facts §5: unpausing below a zero count
+    // Below a zero pause count: domain_unpause_by_systemcontroller (xen/common/domain.c).
+    if (e == EINVAL)
       return fail(Errc::InvalidArgument, on_dom("xc_domain_unpause", dom) + ": the pause count is already zero");
     return fail_errno(e, on_dom("xc_domain_unpause", dom));
   }
@@ -217,7 +222,7 @@ Result<ExtStateHost> XcShim::ext_state_host(DomId dom, VcpuId vcpu) {
   return *ext_host_;
 }
 
-// 64-bit PV register write that keeps the extended FPU state (xen-facts §3.3).
+// 64-bit PV register write that keeps the extended FPU state.
 //
 // Why: XEN_DOMCTL_setvcpucontext -> arch_set_info_guest -> vcpu_setup_fpu (xen/arch/x86/
 // domain.c:1125-1127, RELEASE-4.17.7) copies only the 512-byte FXSAVE image and sets
@@ -239,10 +244,12 @@ Result<ExtStateHost> XcShim::ext_state_host(DomId dom, VcpuId vcpu) {
 // The domain is paused (reference counted, harmless if the caller holds a pause) across the
 // sequence: otherwise the vCPU could run between the get and the set (its new state then lost
 // when the stale image is written back) and between setcontext and the write-back (running
-// with AVX state wiped). It also keeps the CR3/GDT/LDT echo exact (xen-facts §3.3).
+// with AVX state wiped). It also keeps the CR3/GDT/LDT echo exact: arch_set_info_guest
+// (xen/arch/x86/domain.c) refuses with EOPNOTSUPP an initialised PV vCPU's context whose CR3,
+// user CR3, GDT frames or LDT differ from the vCPU's own.
 //
 // Cost: pause, getcontext, getvcpuextstate, setcontext, setvcpuextstate, unpause = 6
-// hypercalls (was 2), +1 size query on this XcShim's first call. Fewer when there is nothing to
+// hypercalls, +1 size query on this XcShim's first call. Fewer when there is nothing to
 // keep: 5 if the vCPU has no XSAVE image yet (xcr0_accum 0), 4 on a host without XSAVE (the
 // FXSAVE image echoed through setcontext is then the whole FPU state).
 //
@@ -274,7 +281,7 @@ Result<void> XcShim::set_pv_regs(DomId dom, VcpuId vcpu, const VcpuRegs& r) {
   XP_TRY(pause(dom));
   auto done = [&]() -> Result<void> {
     // Get -> modify -> set: an initialised PV vCPU must echo its current CR3 (ctrlreg[3] and
-    // [1]), GDT frames and LDT, or Xen answers EOPNOTSUPP (xen-facts §3.3). Debug registers
+    // [1]), GDT frames and LDT, or Xen answers EOPNOTSUPP (arch_set_info_guest). Debug registers
     // are reloaded from the struct (clear DR6.BS here after a step).
     vcpu_guest_context_any_t ctx{};
     if (xc_vcpu_getcontext(xch_, dom.value, vcpu.value, &ctx) < 0)

@@ -229,7 +229,9 @@ class XenHypervisor final : public Hypervisor {
   }
 
   static Result<void> require_64bit_pv(DomId dom, GuestKind k) {
-    if (k.width != 8)  // Debian's Xen 4.17 is built without CONFIG_PV32 anyway (xen-facts §8)
+    // Debian's Xen 4.17 is built without CONFIG_PV32 anyway (the build configuration it carries,
+    // xen-hypervisor-4.17-amd64 4.17.5+72-g01140da4e8-1: "# CONFIG_PV32 is not set").
+    if (k.width != 8)
       return fail(Errc::NotSupported,
                   "dom" + std::to_string(dom.value) + " is a 32-bit PV guest: only 64-bit PV is supported");
     return {};

@@ -63,7 +63,8 @@ std::uint64_t maddr_to_pv_cr3(std::uint64_t maddr);
 // one in guest kernel mode (VGCF_in_kernel), the user one otherwise.
 VcpuRegs regs_from_pv(const vcpu_guest_context_x86_64& c);
 // Writes GPRs, rip, rflags, debugreg[6], debugreg[7]; everything else (CR3, GDT, LDT, flags,
-// FPU image) is left as read, which XEN_DOMCTL_setvcpucontext requires (xen-facts §3.3).
+// FPU image) is left as read, which XEN_DOMCTL_setvcpucontext requires (arch_set_info_guest,
+// xen/arch/x86/domain.c: EOPNOTSUPP when an initialised PV vCPU's CR3, GDT or LDT differ).
 void regs_to_pv(const VcpuRegs& r, vcpu_guest_context_x86_64& c);
 
 // HVM/PVH: HVM_SAVE_TYPE(CPU). kernel_mode = (SS.DPL == 0), SS.DPL being the CPL on VMX and SVM.
@@ -90,7 +91,7 @@ DomainInfo domain_info_from_xen(const xen_domctl_getdomaininfo& d);
 
 // ---------------------------------------------------------------------------------------------
 // XEN_DOMCTL_{get,set}vcpuextstate (xc_shim_ext_state.cpp), with which set_pv_regs keeps the
-// XSAVE state that XEN_DOMCTL_setvcpucontext would reset (xen-facts §3.3). Pure, so that tests
+// XSAVE state that XEN_DOMCTL_setvcpucontext would reset (vcpu_setup_fpu). Pure, so that tests
 // can play Xen's part with hand-built buffers. Xen 4.17.7 refs: xen/arch/x86/domctl.c:913-1075
 // (the domctl), xen/arch/x86/xstate.c:583-609 (valid_xcr0), :689-711 (validate_xstate).
 //

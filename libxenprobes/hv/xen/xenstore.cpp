@@ -59,8 +59,9 @@ Result<std::vector<std::string>> XsClient::directory(const std::string& path) {
 }
 
 Result<void> XsClient::grant_read(const std::string& path, DomId reader) {
-  // The first entry is the owner and the default for everyone else (xen-facts §9): Dom0 owns
-  // the node, nobody else has access, then `reader` gets read access.
+  // The first entry is the owner and the default for everyone else (docs/misc/xenstore.txt in
+  // Xen's tree; perm_for_conn in tools/xenstore/xenstored_core.c, `other` in oxenstored's
+  // perms.ml): Dom0 owns the node, nobody else has access, then `reader` gets read access.
   xs_permissions perms[2] = {{0, XS_PERM_NONE}, {reader.value, XS_PERM_READ}};
   if (!xs_set_permissions(h_, XBT_NULL, path.c_str(), perms, 2))
     return fail_errno(errno, on_path("xs_set_permissions", path) + " for dom" + std::to_string(reader.value));

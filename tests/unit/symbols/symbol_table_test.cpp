@@ -462,6 +462,13 @@ TEST(SymbolTable, ModuleFunctionsAreCheckedAndNeverSlid) {
     EXPECT_FALSE(t->set_module_functions({bad})) << bad.module << ":" << bad.name;
   EXPECT_EQ(t->module_function_count(), 3u);
   EXPECT_EQ(t->resolve("xfs_read")->value, kMod);
+  // Cleared (the engine's answer to a refused set): the core kernel's names alone answer.
+  t->clear_module_functions();
+  EXPECT_EQ(t->module_function_count(), 0u);
+  EXPECT_FALSE(t->resolve("xfs_read"));
+  EXPECT_FALSE(t->resolve("xfs:vfs_read"));
+  EXPECT_EQ(t->symbolize(Gva{kMod + 0x44}), "0xffffffffc0001044");
+  EXPECT_EQ(t->resolve("vfs_read")->value, 0xffffffff81200100u);
 }
 
 }  // namespace

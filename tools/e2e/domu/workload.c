@@ -956,7 +956,7 @@ static int sweep_net(long *listens, int *tcp_ok, int *udp_ok)
 /* The function tracer on a few functions of the fs and syscall paths, and two tracepoints
  * (static keys and static calls flip under text_mutex while Dom0's probes are armed). The
  * filter is checked before the tracer goes on: an empty one would patch every function of
- * the kernel (minutes under TCG; docs/e2e.md "With the rules"). */
+ * the kernel (minutes under TCG; docs/e2e.md "The ftrace filter"). */
 static int sweep_tracing_on(long *filter_lines)
 {
 	static const char *const fns[] = { "vfs_read", "vfs_write", "do_sys_openat2", "ksys_read", "ksys_write" };

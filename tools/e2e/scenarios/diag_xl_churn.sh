@@ -1,5 +1,6 @@
 # Diagnostic (not in the default list): creates and destroys DomUs in a row to find how many
-# `xl create` calls one Dom0 boot survives (xl's heap corrupts after a few; see docs/e2e.md).
+# `xl create` calls one Dom0 boot survives (xl's heap got corrupted under Xen's lazy FPU
+# switching: docs/e2e.md "The environment").
 # XL_CREATE_FLAGS (run.conf) adds flags to xl create, e.g. -e.
 S=diag_xl_churn
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh

@@ -58,8 +58,9 @@ vcpus = 2
 on_crash = "preserve"
 on_reboot = "destroy"
 EOF
-  # Debian's xl aborts now and then under this setup (heap corruption, seen on the first
-  # create of a fresh boot too; docs/e2e.md): retry, and keep its verbose log as evidence.
+  # xl create has failed under this setup for the toolstack's own reasons (a corrupted heap
+  # under Xen's lazy FPU switching; a second DomU on a loaded host: docs/e2e.md "The
+  # environment"): retry, and keep its verbose log as evidence.
   for try in 1 2 3; do
     # shellcheck disable=SC2086
     timeout 60 xl -vvv create ${XL_CREATE_FLAGS:-} "/tmp/$1.cfg" >"/tmp/$1.create.log" 2>&1
