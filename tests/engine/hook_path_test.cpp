@@ -10,6 +10,7 @@
 //    counted in header.nested), once per outer hit, never recursing.
 #include "api/session_testing.hpp"
 #include "engine/engine_fixture.hpp"
+#include "xenprobes/protocol.h"
 
 namespace xenprobes::testing {
 namespace {
@@ -58,6 +59,26 @@ TEST(HookPath, WithoutTheKeysTheProbeIsAcceptedAsBefore) {
   auto p = g.session->probe(g.dom, "sys_getppid", [](HitContext&) { return 0; });
   ASSERT_TRUE(p) << p.error().what;
   EXPECT_EQ(g.peek(g.entry("sys_getppid"), 1)[0], trap_byte());
+}
+
+// Keys Dom0 cannot read (here a count without its entries): it cannot tell the module's hit
+// path from other code, so the guest channel refuses every point, saying why; the other
+// channels do not use them.
+TEST(HookPath, KeysThatCannotBeReadRefuseEveryPointOnTheGuestChannel) {
+  ProbedGuest g(demo_config(1, kIterations), {}, {}, 0, [](hv::sim::SimHost& h, DomId d) {
+    auto hv = h.open();
+    const std::string key =
+        "/local/domain/" + std::to_string(d.value) + "/" XENPROBES_XS_DIR "/" XENPROBES_XS_HOOK_PATH_COUNT;
+    if (auto r = hv->xs_write(key, "2"); !r) throw std::runtime_error(r.error().what);
+  });
+  auto p = g.session->probe(g.dom, "demo_classify", [](HitContext&) { return 0; });
+  if (test_channel() != ChannelKind::Guest) {
+    EXPECT_TRUE(p) << p.error().what;
+    return;
+  }
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what.find("refused by rule 'guest-hook-path'"), std::string::npos) << p.error().what;
+  EXPECT_NE(p.error().what.find("hook-path/0 is missing although"), std::string::npos) << p.error().what;
 }
 
 // The nested hit, int3 or jump: the workload's own calls of sys_getppid reach Dom0 exactly;
