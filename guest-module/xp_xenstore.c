@@ -14,7 +14,13 @@
 #include <linux/rcupdate_wait.h>
 #include <linux/slab.h>
 #include <linux/utsname.h>
+#include <linux/timekeeping.h>
+#include <linux/uaccess.h>
 #include <asm/cpufeature.h>
+#include <asm/nospec-branch.h>
+#include <asm/paravirt.h>
+#include <asm/pgtable_types.h>
+#include <xen/events.h>
 #include <xen/xenbus.h>
 
 #include "xp_internal.h"
@@ -275,6 +281,58 @@ static int xp_publish_module_text(void)
 	return err;
 }
 
+/*
+ * hook-path (protocol.h): the kernel functions this module's hit path calls out to (the int3
+ * hook, the exchange and its wait, the fallback, the jump hit), so that Dom0 refuses probes in
+ * them on the guest channel: a trap there is hit again inside the hook, a nested hit Dom0
+ * never sees. Each address is taken here, of what a module may name: the exported functions
+ * it calls, the return thunk every one of its rets jumps to, and the paravirt irq operations
+ * local_irq_save() and local_irq_restore() call through (on a PV guest, Xen's). What no module
+ * can name -- the kernel's int3 path up to the die notifiers, the static event-channel helpers
+ * xen_poll_irq_timeout() and xen_clear_irq_pending() call, the hypercall page -- Dom0 knows
+ * by name. Inline helpers (the pvclock read, per-CPU and atomic operations, xen_vcpu_nr())
+ * call nothing out of line.
+ */
+static int xp_publish_hook_path(void)
+{
+	const unsigned long fns[] = {
+		(unsigned long)ktime_get_mono_fast_ns,	/* the waits' and async hits' clock */
+		(unsigned long)xen_clear_irq_pending,	/* xp_wait() */
+		(unsigned long)xen_poll_irq_timeout,	/* xp_poll_for() */
+		(unsigned long)lookup_address,	/* a fallback's target in another module */
+		(unsigned long)copy_from_kernel_nofault,	/* async captures */
+		(unsigned long)copy_from_user_nofault,	/* async captures */
+		(unsigned long)irq_work_queue,	/* xp_declare_dom0_gone() */
+#ifdef CONFIG_DEBUG_PREEMPT
+		(unsigned long)debug_smp_processor_id,	/* smp_processor_id() */
+#endif
+#if defined(CONFIG_RETHUNK) || defined(CONFIG_MITIGATION_RETHUNK)
+		(unsigned long)__x86_return_thunk,
+#endif
+#ifdef CONFIG_PARAVIRT_XXL
+		(unsigned long)pv_ops.irq.save_fl.func,	/* xp_jump_hit() */
+		(unsigned long)pv_ops.irq.irq_disable.func,
+		(unsigned long)pv_ops.irq.irq_enable.func,
+#endif
+	};
+	unsigned int i, n = 0;
+	char node[32];
+	int err;
+
+	BUILD_BUG_ON(ARRAY_SIZE(fns) > XENPROBES_HOOK_PATH_MAX);
+	for (i = 0; i < ARRAY_SIZE(fns); i++) {
+		if (!fns[i])
+			continue;
+		snprintf(node, sizeof(node), XENPROBES_XS_HOOK_PATH_FMT, n);
+		err = xp_xs_printf(node, "0x%lx", fns[i]);
+		if (err)
+			return err;
+		n++;
+	}
+	/* After its entries: a count is never there without them. */
+	return xp_xs_printf(XENPROBES_XS_HOOK_PATH_COUNT, "%u", n);
+}
+
 int xp_publish(void)
 {
 	const struct xp_range *a0 = &xp.oea.areas[0];
@@ -292,6 +350,8 @@ int xp_publish(void)
 		err = xp_xs_printf(XENPROBES_XS_NR_CPUS, "%u", num_possible_cpus());
 	if (!err)
 		err = xp_publish_module_text();
+	if (!err)
+		err = xp_publish_hook_path();
 	if (!err)
 		err = xp_publish_area(0, a0->start, a0->end - a0->start);
 	if (!err)

@@ -53,6 +53,25 @@
  *                 jump probe's detour calls (see "Jump probes" below). Dom0 makes jump probes
  *                 only on a module that publishes it; a module publishing it handles the
  *                 XENPROBES_TRAP_JUMP and XENPROBES_TRAP_REDIRECT trap entries.
+ *   hook-path/count, hook-path/<i>
+ *                 optional: the kernel functions the module's own hit path calls out to (the
+ *                 int3 hook, the mailbox exchange and its wait, the fallback, the jump hit):
+ *                 its clock, the event-channel poll and clear, lookup_address(), the no-fault
+ *                 copies, irq_work_queue(), the paravirt irq operations, the return thunk.
+ *                 count: decimal, 0..XENPROBES_HOOK_PATH_MAX; <i> for i in [0, count): hex,
+ *                 an address the module took of such a function itself (`&function`, or the
+ *                 function pointer it calls through), so each is the running kernel's, KASLR
+ *                 and all. A trap in such a function on the guest channel is hit again inside
+ *                 the hook (a nested hit: its fallback, or for a jump, header.nested; Dom0
+ *                 never sees it) or, before the hook's depth guard, recurses; Dom0 refuses a
+ *                 probe on the guest channel whose function contains a published address.
+ *                 What the module cannot name (the kernel's int3 entry and its notifier chain,
+ *                 static helpers of the event-channel code) Dom0 knows by name. Dom0 checks:
+ *                 count strict decimal within the bound, every entry strict hex in the
+ *                 canonical upper half, duplicates allowed; a count without every entry, or
+ *                 any value malformed, and Dom0 refuses every probe on the guest channel (it
+ *                 cannot tell the hook's path from other code), as for an unreadable kprobe
+ *                 blacklist. Absent (an older module): Dom0's names alone.
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -396,6 +415,8 @@
 #define XENPROBES_XS_RINGS_COUNT "rings/count"
 #define XENPROBES_XS_RINGS_ORDER "rings/order"
 #define XENPROBES_XS_RINGS_CAP_FLAGS "rings/cap-flags"
+#define XENPROBES_XS_HOOK_PATH_COUNT "hook-path/count"
+#define XENPROBES_XS_HOOK_PATH_FMT "hook-path/%u"
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -405,6 +426,7 @@
 #define XENPROBES_FIXUP_SLOT_SIZE 32
 #define XENPROBES_FIXUP_SLOTS_MAX 4096
 #define XENPROBES_FIXUP_ENTRY_SIZE 12
+#define XENPROBES_HOOK_PATH_MAX 64
 
 #ifdef __KERNEL__
 #include <linux/types.h>

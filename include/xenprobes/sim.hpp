@@ -254,6 +254,18 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // restore pass. Returns how many trap bytes and jump regions that pass restored. The
   // simulated module then stays detached: it never publishes again.
   [[nodiscard]] virtual Result<unsigned> module_detach(DomId) = 0;
+  // The guest module's hit path calls these guest functions (their addresses) on every hit it
+  // hands to Dom0, as a real module calls its clock and the event-channel code: real guest
+  // code, run on the hitting vCPU before the hit is published, its registers saved and
+  // restored. A hit inside them is a nested one, handled as the real module's depth guard
+  // handles it (guest-module/xp_hook.c, "Nesting"): an int3 takes its entry's fallback at once
+  // (counted in header.timeouts, as xp_fallback() counts it), a jump hit counts header.nested
+  // and runs its detour's copies; neither reaches Dom0, and neither runs the calls again. The
+  // module publishes the addresses as hook-path/* (protocol.h) unless `publish` is false (a
+  // module from before the keys: none published). Call before Dom0 attaches. By default the
+  // simulated hook calls no guest code and publishes hook-path/count = 0.
+  [[nodiscard]] virtual Result<void> set_module_hook_calls(DomId, std::vector<std::uint64_t> functions,
+                                                           bool publish) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

@@ -168,6 +168,15 @@ inline constexpr std::uint64_t kMaxRingsBytes = 256ull << 20;
 [[nodiscard]] Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
                                                                const ModuleInfoOptions& options = {});
 
+// hook-path/* (protocol.h): the kernel functions the module's own hit path calls out to, as
+// addresses the module took itself. nullopt: the module publishes no hook-path/count (an older
+// one; an entry without the count is InvalidArgument). Otherwise the addresses, sorted, without
+// duplicates: count 0..XENPROBES_HOOK_PATH_MAX, each entry strict hex in the upper half.
+// Errors: InvalidArgument (a malformed value, an entry missing; key and sanitised value named),
+// or whatever xs_read fails with. The caller refuses every guest-channel probe on an error: it
+// cannot tell the hook's path from other code (address_rules.hpp, RuleContext::hook_path).
+[[nodiscard]] Result<std::optional<std::vector<std::uint64_t>>> read_hook_path(hv::Hypervisor& hv, DomId dom);
+
 // The areas of `fresh` (a re-read after growth) that `known` does not have yet. A known area
 // that moved or vanished is refused with Io: Dom0 may have slot code in it.
 [[nodiscard]] Result<std::vector<OeaArea>> added_areas(const ModuleInfo& fresh, std::span<const OeaArea> known);

@@ -204,6 +204,13 @@ bool on_guest_hook_path(std::string_view name) {
   return std::any_of(kGuestHookPathPrefixes.begin(), kGuestHookPathPrefixes.end(),
                      [&](std::string_view p) { return name.starts_with(p); });
 }
+std::optional<std::uint64_t> published_hook_path_entry(const RuleContext& c, const symbols::Function& fn) {
+  if (!c.hook_path) return std::nullopt;
+  const std::uint64_t start = fn.start.value, size = std::max<std::uint64_t>(fn.size, 1);
+  auto it = std::lower_bound(c.hook_path->begin(), c.hook_path->end(), start);
+  if (it != c.hook_path->end() && *it - start < size) return *it;
+  return std::nullopt;
+}
 bool is_static_call_trampoline(std::string_view name) { return name.starts_with("__SCT__"); }
 
 bool is_ftrace_site(const RuleContext& c, std::span<const Insn> fn, const Insn& i) {
@@ -381,6 +388,16 @@ std::optional<Refusal> check_address(const RuleContext& c, const Insn& i, const 
   }
   // The guest's own int3 path (guest channel only).
   if (c.guest_channel) {
+    if (!c.hook_path_error.empty())
+      return refuse("guest-hook-path", Errc::InvalidArgument,
+                    "the guest module's list of the functions its hit path calls could not be read, so that "
+                    "path cannot be told from other code",
+                    "hook-path: " + c.hook_path_error, true);
+    if (auto e = published_hook_path_entry(c, *fn))
+      return refuse("guest-hook-path", Errc::InvalidArgument,
+                    "the guest module's hit path calls it (it publishes the function): a trap there is hit "
+                    "again inside the module's hook, where Dom0 never sees it, or recurses",
+                    fn->name + ", published as " + hex(*e) + " in hook-path", true);
     if (on_guest_hook_path(fn->name))
       return refuse("guest-hook-path", Errc::InvalidArgument,
                     "runs on every kernel int3 before the guest module can tell a nested hit: a trap there "

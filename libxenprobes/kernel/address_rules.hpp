@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/result.hpp"
 #include "kernel/tables.hpp"
@@ -37,6 +38,14 @@ struct RuleContext {
   // protocol.h): an instruction with a known entry runs there and its fault reaches the
   // original fixup, on every channel.
   bool fixup_slots = false;
+  // The kernel functions the guest module's own hit path calls out to, as it publishes them
+  // (hook-path/*, protocol.h): addresses, sorted. On the guest channel a probe whose function
+  // contains one is refused ('guest-hook-path', naming the entry), besides the names Dom0 knows
+  // (on_guest_hook_path). Null: the module publishes none (an older one): the names alone.
+  const std::vector<std::uint64_t>* hook_path = nullptr;
+  // Why the module's hook-path keys could not be read (malformed, an entry missing): then the
+  // guest channel refuses every probe, as it cannot tell the hook's path from other code.
+  std::string hook_path_error{};
 };
 
 struct Refusal {
@@ -95,6 +104,9 @@ bool in_entry_text(const RuleContext&, std::uint64_t addr);
 bool in_noinstr_text(const RuleContext&, std::uint64_t addr);
 bool in_kprobes_text(const RuleContext&, std::uint64_t addr);
 bool on_guest_hook_path(std::string_view function_name);
+// The address the guest module published (RuleContext::hook_path) that lies in `fn`
+// ([start, start + size), or its first byte when the symbols give no size), if any.
+std::optional<std::uint64_t> published_hook_path_entry(const RuleContext&, const symbols::Function& fn);
 bool is_static_call_trampoline(std::string_view function_name);
 
 // Where a probe asked for at a function's first byte goes: past an endbr64 (IBT), then past

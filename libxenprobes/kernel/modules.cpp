@@ -359,6 +359,11 @@ bool ModuleTables::changed(const symbols::SymbolTable& syms, const ReadFn& read)
     if (load_field(buf, layout_.core_base) != m.text.start ||
         load_field(buf, layout_.core_text_size) != m.text.end - m.text.start)
       return true;
+    // Or even at the same text: another name says another module (its code is not ours).
+    const Field nf = layout_.name;
+    if (!read(Gva{m.address + nf.offset}, std::span(buf.data() + nf.offset, nf.size))) return true;
+    const char* raw = reinterpret_cast<const char*>(buf.data() + nf.offset);
+    if (std::string_view(raw, strnlen(raw, nf.size)) != m.name) return true;
   }
   return false;
 }

@@ -279,7 +279,11 @@ class Engine final : public channel::StopSink {
     bool generation_ready = false;  // module_set is what `syms` holds
     std::uint64_t symbols_generation = 0;
     std::optional<std::chrono::steady_clock::time_point> modules_checked;
-    kernel::Range module_text;       // the guest module's own text, as it publishes it (guest channel)
+    kernel::Range module_text;  // the guest module's own text, as it publishes it (guest channel)
+    // The kernel functions its hit path calls out to (hook-path/*), or why they could not be
+    // read (every guest-channel probe is refused then); none from an older module.
+    std::optional<std::vector<std::uint64_t>> hook_path;
+    std::string hook_path_error;
     std::uint64_t text_changed = 0;  // disarms that found the guest's own byte, not ours
     std::uint64_t lost_returns = 0;  // trampoline stops with no known return address
     Gva kernel_text;

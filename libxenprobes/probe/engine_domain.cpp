@@ -103,6 +103,15 @@ Result<void> Engine::attach(DomId id) {
       d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
       d->fixup = mi->fixup_slots;
       d->jump_entry = mi->jump_entry;
+      // The functions the module's hit path calls: malformed, and the guest channel refuses
+      // every probe (address_rules.hpp); the other channels do not need them.
+      if (auto hp = guestmod::read_hook_path(hv_, id)) {
+        d->hook_path = std::move(*hp);
+      } else {
+        d->hook_path_error = hp.error().what;
+        if (d->traits.guest_int3)
+          XP_LOG(Warn, "domain %u: every probe is refused on the guest channel: %s", id.value, hp.error().what.c_str());
+      }
       // The rings only serve async probes: malformed ones refuse those, nothing else.
       if (auto ri = guestmod::read_rings_info(hv_, id, *mi)) {
         d->rings_info = *ri;

@@ -18,6 +18,8 @@ kernel::RuleContext Engine::rule_context(const Domain& d) const {
   c.tables = d.tables ? &*d.tables : nullptr;
   c.syms = d.syms ? &*d.syms : nullptr;
   c.module_text = d.module_text;
+  c.hook_path = d.hook_path ? &*d.hook_path : nullptr;
+  c.hook_path_error = d.hook_path_error;
   c.guest_channel = d.traits.guest_int3;
   c.emulates_in_place = d.traits.can_emulate;
   c.fixup_slots = d.fixup.has_value();

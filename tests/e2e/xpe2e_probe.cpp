@@ -2332,6 +2332,7 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
     Gva at;
     std::string rule;
     std::uint64_t min_hits;  // vmevent: hits the phase guarantees (its user int3s reach notify_die)
+    bool published = false;  // refused for the module's hook-path keys, not for a name Dom0 knows
   };
   std::vector<Point> pts;
   // notify_die too: on 6.1.0-50 it inlines the die chain's walk (atomic_notifier_call_chain
@@ -2347,6 +2348,14 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
     // out-of-line notifier_call_chain on a PVH guest.
     std::string sn = n;
     pts.push_back(Point{sn, Gva{*a}, "guest-hook-path", sn == "notify_die" ? 3u : sn == "__rcu_read_lock" ? 1u : 0u});
+  }
+  // A function the guest module publishes as its hit path (protocol.h "hook-path") and that Dom0
+  // knows by no name: copy_from_user_nofault, which its async captures call. Only with a module
+  // that publishes the keys.
+  if (auto hp = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_HOOK_PATH_COUNT)); hp && *hp != "0") {
+    if (auto a = x.ks.addr("copy_from_user_nofault"))
+      pts.push_back(Point{"copy_from_user_nofault", Gva{*a}, "guest-hook-path", 0, true});
+    else check("safety.hookpath.symbol.copy_from_user_nofault", false, "not in " + x.ks.source);
   }
   // The module's die notifier, as the guest's own kallsyms name it (Dom0's do not hold the
   // guest module's symbols): data/xpe2e/modfn = "0x<addr> <name>".
@@ -2380,6 +2389,9 @@ void hazard_hookpath(SafetyCtx& x, const std::string& only) {
   for (auto& p : pts) {
     std::vector<Armed> armed;
     auto r = x.s.probe(x.dom, p.at, safety_counter());
+    if (guest && p.published && !r)
+      check("safety.hookpath.published." + p.name, r.error().what.find(" in hook-path") != std::string::npos,
+            p.name + ": refused naming the published entry? " + r.error().what);
     if (guest) {
       // Registered anyway (a library without the rule): armed while the guest runs its
       // activity, which is where the recursion shows.

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -59,14 +60,18 @@ struct ProbedGuest {
   DomId dom;
   std::unique_ptr<Session> session;
 
+  // `before_attach`: what the guest does before the session sees it (e.g. what its module
+  // publishes).
   explicit ProbedGuest(hv::sim::DomainConfig cfg = demo_config(), hv::sim::SimOptions opts = {},
-                       SessionLimits limits = {}, unsigned spin_us = 0) {
+                       SessionLimits limits = {}, unsigned spin_us = 0,
+                       const std::function<void(hv::sim::SimHost&, DomId)>& before_attach = {}) {
     if (test_channel() == ChannelKind::Guest) opts.manual_clock = true;
     host = hv::sim::SimHost::create(opts);
     cfg.start_paused = true;
     auto id = host->create_domain(cfg);
     if (!id) throw std::runtime_error(id.error().what);
     dom = *id;
+    if (before_attach) before_attach(*host, dom);
     SessionOptions so{test_channel()};
     so.limits = limits;
     so.spin_us = spin_us;

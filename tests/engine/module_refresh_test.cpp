@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "api/session_testing.hpp"
+#include "common/log.hpp"
 #include "engine/engine_fixture.hpp"
 #include "engine/module_guest.hpp"
 
@@ -312,6 +313,85 @@ TEST(ModuleRefresh, TheGuestModulesRestoreLeavesAModuleThatWentAlone) {
 TEST(ModuleRefresh, TheGuestModulesRestoreRestoresAModuleThatCameBack) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
   dom0_dies_then_the_module_goes(false);
+}
+
+// Dom0's own `module-gone` path (probe/engine_patch.cpp), on every channel: probes in a module's
+// text, the module unloaded (and, in (b), another module loaded over the same text, whose own
+// code may hold the trap byte's value there) while one probe is armed and one disabled.
+// Unregistering the armed probe writes nothing at its address: the trap byte stays as it is
+// (writing the saved byte back would change the other module's code); the user is told why in
+// the log; enabling the disabled one is refused with the rule and writes nothing either. A
+// probe in the kernel's text in the same session is restored as usual.
+void dom0_unregisters_after_the_module_went(bool another_comes) {
+  ModuleGuest g;
+  make_module_guest(g, Split::Callee);
+  ProbedGuest pg(module_config(g, 3));
+  Session& s = *pg.session;
+  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  w.load();
+  const std::uint64_t leaf = pg.entry("demo_kstack_leaf"), middle = pg.entry("demo_kstack_middle");
+  const std::uint64_t getppid = pg.entry("sys_getppid");
+  const auto leaf_before = pg.peek(leaf, 1), middle_before = pg.peek(middle, 1), getppid_before = pg.peek(getppid, 16);
+  std::uint64_t in_leaf = 0, in_middle = 0, in_kernel = 0;
+  auto a = s.probe(pg.dom, Gva{leaf}, [&](HitContext&) {
+    ++in_leaf;
+    return 0;
+  });
+  auto b = s.probe(pg.dom, Gva{middle}, [&](HitContext&) {
+    ++in_middle;
+    return 0;
+  });
+  auto k = s.probe(pg.dom, Gva{getppid}, [&](HitContext&) {
+    ++in_kernel;
+    return 0;
+  });
+  ASSERT_TRUE(a) << a.error().what;
+  ASSERT_TRUE(b) << b.error().what;
+  ASSERT_TRUE(k) << k.error().what;
+  pg.start();
+  ASSERT_TRUE(pg.run_to_completion()) << pg.host->crash_reason(pg.dom);
+  EXPECT_EQ(in_leaf, 3u);
+  EXPECT_EQ(in_middle, 3u);
+  EXPECT_EQ(in_kernel, expected_calls(DEMO_FN_GETPPID, 3));
+  ASSERT_TRUE(b->disable());
+  EXPECT_EQ(pg.peek(middle, 1), middle_before);
+  const std::vector<std::uint8_t> trapped = pg.peek(leaf, 1);
+  ASSERT_EQ(trapped[0], trap_byte());
+
+  // The guest has halted: nothing runs the module's text any more.
+  w.unload();
+  if (another_comes) w.load("other");
+  const std::string why =
+      another_comes ? "module kmod was unloaded and other loaded over its text" : "module kmod was unloaded";
+  ::testing::internal::CaptureStderr();
+  auto unreg = a->unregister();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(unreg) << unreg.error().what;
+  EXPECT_EQ(pg.peek(leaf, 1), trapped) << "Dom0 wrote into the text of a module that went";
+  EXPECT_NE(trapped, leaf_before);
+  if (log::level() <= log::Level::Warn) {
+    EXPECT_NE(log.find(why), std::string::npos) << log;
+    EXPECT_NE(log.find("nothing written"), std::string::npos) << log;
+  }
+
+  auto on = b->enable();
+  ASSERT_FALSE(on);
+  EXPECT_EQ(on.error().code, Errc::NotFound);
+  EXPECT_NE(on.error().what.find("refused by rule 'module-gone': " + why), std::string::npos) << on.error().what;
+  EXPECT_EQ(pg.peek(middle, 1), middle_before) << "enable wrote into the text of a module that went";
+  ASSERT_TRUE(b->unregister());
+  EXPECT_EQ(pg.peek(middle, 1), middle_before);
+
+  ASSERT_TRUE(k->unregister());
+  EXPECT_EQ(pg.peek(getppid, 16), getppid_before) << "the kernel's probe was not restored";
+  EXPECT_TRUE(pg.host->crash_reason(pg.dom).empty()) << pg.host->crash_reason(pg.dom);
+}
+
+TEST(ModuleRefresh, Dom0WritesNothingIntoTheTextOfAModuleThatWent) { dom0_unregisters_after_the_module_went(false); }
+
+TEST(ModuleRefresh, Dom0WritesNothingIntoAnotherModuleLoadedOverTheText) {
+  dom0_unregisters_after_the_module_went(true);
 }
 
 }  // namespace

@@ -208,6 +208,31 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
+  // hook-path/*: read whatever the rest says (Dom0 reads it with a valid module only, but the
+  // parser stands alone). Absent only without a count and a first entry; else every value
+  // came from an entry below the count, in the upper half, sorted, no duplicates.
+  auto hook = read_hook_path(hv, dom);
+  const std::string hcount = module_key(dom, XENPROBES_XS_HOOK_PATH_COUNT);
+  if (!hook) {
+    check_error(hook.error(), {Errc::InvalidArgument, Errc::Io});
+  } else if (!*hook) {
+    FUZZ_CHECK(!hv.xs.contains(hcount) && !hv.xs.contains(module_key(dom, "hook-path/0")),
+               "no hook path only when neither the count nor a first entry is there");
+  } else {
+    const std::vector<std::uint64_t>& h = **hook;
+    const auto n = ref_decimal(hv.xs[hcount], XENPROBES_HOOK_PATH_MAX);
+    FUZZ_CHECK(n.has_value(), "a count the reference parser refuses was accepted");
+    FUZZ_CHECK(h.size() <= *n && h.size() <= XENPROBES_HOOK_PATH_MAX);
+    FUZZ_CHECK(std::is_sorted(h.begin(), h.end()) && std::adjacent_find(h.begin(), h.end()) == h.end());
+    std::set<std::uint64_t> published;
+    for (unsigned i = 0; i < *n; ++i) {
+      const auto v = ref_hex(hv.xs[module_key(dom, "hook-path/" + std::to_string(i))]);
+      FUZZ_CHECK(v && *v >= kUpperHalfStart, "an entry the rules refuse was accepted");
+      published.insert(*v);
+    }
+    FUZZ_CHECK(std::equal(h.begin(), h.end(), published.begin(), published.end()), "exactly the published entries");
+  }
+
   if (grow) {
     hv.xs[module_key(dom, XENPROBES_XS_OEA_ERROR)] = "old";
     auto g = request_growth(hv, dom, *grow);

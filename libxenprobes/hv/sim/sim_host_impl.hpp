@@ -47,6 +47,10 @@ class SimHostImpl final : public SimHost {
   Result<void> vcpu_switched(DomId, VcpuId) override;
   Result<std::uint64_t> module_over_budget(DomId) override;
   Result<unsigned> module_detach(DomId) override;
+  Result<void> set_module_hook_calls(DomId, std::vector<std::uint64_t> functions, bool publish) override;
+  // The calls of the module's hit path (sim_module_nested.cpp), with nested hits in them
+  // handled: false once the domain crashed.
+  bool module_hook_calls_locked(Domain&, Vcpu&);
   // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
   unsigned module_restore_locked(Domain&);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;

@@ -184,6 +184,10 @@ struct ModuleState {
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
   xp_gone gone{};
   unsigned gone_left = 0;  // entries the last restore left alone for that reason
+  // SimHost::set_module_hook_calls: the guest functions its hit path calls, and whether it
+  // publishes them (hook-path/*).
+  std::vector<std::uint64_t> hook_calls;
+  bool hook_path_published = true;
 };
 
 struct WritableFrame {
@@ -269,5 +273,7 @@ bool in_oea(const Domain& d, std::uint64_t va);
 // What the module's own code (xp_logic.c) is told about the guest.
 xp_bounds module_bounds(Domain& d);
 xenprobes_regs to_protocol(const VcpuRegs& r);
+// Its search of the Dom0-written trap table.
+bool module_lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out);
 
 }  // namespace xenprobes::hv::sim

@@ -114,6 +114,8 @@ std::string dir_of(const Domain& d) { return "/local/domain/" + std::to_string(d
 
 }  // namespace
 
+bool module_lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) { return lookup(d, addr, out); }
+
 std::uint8_t* area(Domain& d) { return d.ram->base + d.module.ctl_gpa; }
 std::uint8_t* header_at(Domain& d, std::size_t field) { return area(d) + field; }
 
@@ -241,6 +243,8 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_table_va);
     store_[dir + XENPROBES_XS_FIXUP_SLOTS_TABLE] = text;
   }
+  // hook-path (protocol.h): the guest functions its hit path calls; none until a test says so.
+  store_[dir + XENPROBES_XS_HOOK_PATH_COUNT] = "0";
   // EVTCHNOP_alloc_unbound for remote domain 0, as guest_evtchn_alloc_unbound does.
   m.port = d.next_guest_port++;
   d.guest_ports[m.port] = GuestPort{};
@@ -303,6 +307,9 @@ bool SimHostImpl::module_int3_locked(Domain& d, Vcpu& v, std::uint64_t rip) {
 void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_trap& e, const VcpuRegs& r,
                                             std::uint64_t jump_ret) {
   ModuleState& m = d.module;
+  // The kernel functions the real module's exchange calls (its clock, the poll), here guest
+  // code a test names (SimHost::set_module_hook_calls); a hit in them is nested.
+  if (!module_hook_calls_locked(d, v)) return;
   // Step 1 of a hit: regs and trap, then state = HIT (release), then the notification.
   std::uint8_t* mb = mailbox(d, v.id);
   ++v.module_seq;

@@ -208,6 +208,63 @@ TEST_F(Rules, TheGuestModulesOwnPathIsRefusedOnTheGuestChannel) {
   }
 }
 
+// The functions the guest module publishes as its hit path (hook-path/*, protocol.h): a
+// function that contains a published address is refused on the guest channel, naming the
+// entry, though no name Dom0 knows matches it; the other channels accept it. Without the
+// list (an older module) the names alone decide, as before; an unreadable list refuses all.
+TEST_F(Rules, FunctionsTheGuestModulePublishesAreRefusedOnTheGuestChannel) {
+  symbols::Function clock{"kvm_clock_read", Gva{kText + 0x5200}, 0x40};
+  const x86::Insn mov = insn(kText + 0x5210, {0x48, 0x89, 0xe5});
+  ASSERT_FALSE(kernel::on_guest_hook_path(clock.name));
+  EXPECT_EQ(rule(mov, true, &clock), "") << "not a name Dom0 knows";
+  const std::vector<std::uint64_t> published = {kText + 0x100, kText + 0x5200, kText + 0x9000};
+  RuleContext c = ctx(true);
+  c.hook_path = &published;
+  auto r = check_address(c, mov, &clock);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "guest-hook-path");
+  EXPECT_TRUE(r->guest_channel_only);
+  EXPECT_NE(r->entry.find("kvm_clock_read, published as 0xffffffff81005200 in hook-path"), std::string::npos)
+      << r->entry;
+  EXPECT_NE(r->message("x").find("refused by rule 'guest-hook-path'"), std::string::npos) << r->message("x");
+  // Every instruction of the function, not only its first.
+  EXPECT_EQ(kernel::published_hook_path_entry(c, clock), kText + 0x5200);
+  EXPECT_TRUE(check_address(c, insn(kText + 0x523f, {0x90}), &clock));
+  // A published address anywhere inside it (a pointer into the function) counts too; one
+  // past its end does not.
+  const std::vector<std::uint64_t> inside = {kText + 0x523f};
+  c.hook_path = &inside;
+  EXPECT_EQ(kernel::published_hook_path_entry(c, clock), kText + 0x523f);
+  const std::vector<std::uint64_t> after = {kText + 0x5240, kText + 0x51ff};
+  c.hook_path = &after;
+  EXPECT_EQ(kernel::published_hook_path_entry(c, clock), std::nullopt);
+  EXPECT_FALSE(check_address(c, mov, &clock));
+  // Without a size (symbols that give none), its first byte only.
+  symbols::Function sizeless{"kvm_clock_read", Gva{kText + 0x5200}, 0};
+  c.hook_path = &published;
+  EXPECT_EQ(kernel::published_hook_path_entry(c, sizeless), kText + 0x5200);
+  // The other channels: accepted.
+  RuleContext other = ctx(false);
+  other.hook_path = &published;
+  EXPECT_FALSE(check_address(other, mov, &clock));
+  // An empty list, or none: the names alone.
+  const std::vector<std::uint64_t> none;
+  c.hook_path = &none;
+  EXPECT_FALSE(check_address(c, mov, &clock));
+  symbols::Function rcu{"__rcu_read_lock", Gva{kText + 0x5000}, 0x20};
+  EXPECT_STREQ(check_address(c, insn(kText + 0x5004, {0x48, 0x89, 0xe5}), &rcu)->rule, "guest-hook-path");
+  c.hook_path = nullptr;
+  EXPECT_FALSE(check_address(c, mov, &clock));
+  // A list that could not be read: every point on the guest channel, none elsewhere.
+  c.hook_path_error = "xenstore key hook-path/0 = 'junk': not a 0x-prefixed 64-bit hex address";
+  r = check_address(c, mov, &clock);
+  ASSERT_TRUE(r);
+  EXPECT_STREQ(r->rule, "guest-hook-path");
+  EXPECT_NE(r->entry.find("hook-path: xenstore key hook-path/0"), std::string::npos) << r->entry;
+  other.hook_path_error = c.hook_path_error;
+  EXPECT_FALSE(check_address(other, mov, &clock));
+}
+
 TEST_F(Rules, AddressesOutsideTheTextOrWithoutAFunctionAreRefused) {
   symbols::Function data{"jiffies_64", Gva{kRodata}, 8};
   EXPECT_EQ(rule(insn(kRodata, {0x90}), false, &data), "not-kernel-text");

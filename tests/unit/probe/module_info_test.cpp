@@ -717,5 +717,96 @@ TEST_F(ModuleInfoTest, ModuleTextReadErrorsPropagate) {
   expect_error(Errc::Io, {path(XENPROBES_XS_MODULE_TEXT_START)});
 }
 
+// hook-path/* (protocol.h): the kernel functions the module's hit path calls.
+class HookPathTest : public ModuleInfoTest {
+ protected:
+  Result<std::optional<std::vector<std::uint64_t>>> hook() { return read_hook_path(*g.hv, g.dom); }
+  std::string entry(unsigned i) { return "hook-path/" + std::to_string(i); }
+  void expect_bad(std::initializer_list<std::string> parts) {
+    auto r = hook();
+    ASSERT_FALSE(r.has_value()) << "accepted";
+    EXPECT_EQ(r.error().code, Errc::InvalidArgument) << r.error().what;
+    for (const auto& p : parts)
+      EXPECT_NE(r.error().what.find(p), std::string::npos) << "'" << p << "' not in: " << r.error().what;
+  }
+};
+
+TEST_F(HookPathTest, TheSimulatedModulePublishesAnEmptyListByDefault) {
+  auto r = hook();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  ASSERT_TRUE(r->has_value());
+  EXPECT_TRUE((*r)->empty());
+}
+
+TEST_F(HookPathTest, ReadsTheAddressesSortedWithoutDuplicates) {
+  put(XENPROBES_XS_HOOK_PATH_COUNT, "4");
+  put(entry(0), "0xffffffff81000100");
+  put(entry(1), "0xFFFFFFFF81000010");
+  put(entry(2), "0xffffffff81000100");
+  put(entry(3), "0xffff800000000000");  // the lowest upper-half address
+  auto r = hook();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ(**r, (std::vector<std::uint64_t>{0xffff800000000000ull, 0xffffffff81000010ull, 0xffffffff81000100ull}));
+  // Entries past the count are not read.
+  put(entry(4), "junk");
+  EXPECT_TRUE(hook().has_value());
+}
+
+TEST_F(HookPathTest, AnOlderModulePublishesNone) {
+  rm(XENPROBES_XS_HOOK_PATH_COUNT);
+  auto r = hook();
+  ASSERT_TRUE(r.has_value()) << r.error().what;
+  EXPECT_FALSE(r->has_value());
+  // The module's other keys do not depend on it.
+  EXPECT_TRUE(read().has_value());
+}
+
+TEST_F(HookPathTest, HostileValuesAreRefusedNamingKeyAndValue) {
+  // The count: strict decimal, bounded.
+  for (const char* bad : {"", "-1", "+1", "01", "0x2", "1 ", " 1", "65", "99999999999999999999999", "1\n"}) {
+    put(XENPROBES_XS_HOOK_PATH_COUNT, bad);
+    SCOPED_TRACE(bad);
+    expect_bad({path(XENPROBES_XS_HOOK_PATH_COUNT)});
+  }
+  put(XENPROBES_XS_HOOK_PATH_COUNT, "64");
+  expect_bad({path(entry(0)), "is missing although"});  // the bound itself is fine, the entries are not
+  // An entry: strict hex, upper half.
+  put(XENPROBES_XS_HOOK_PATH_COUNT, "1");
+  for (const char* bad : {"", "0x", "ffffffff81000000", "0xffffffff8100000g", "0x1ffffffff81000000",
+                          " 0xffffffff81000000", "0xffffffff81000000 ", "0xffffffff81000000\x01", "-0x1"}) {
+    put(entry(0), bad);
+    SCOPED_TRACE(bad);
+    expect_bad({path(entry(0))});
+  }
+  for (const char* low : {"0x0", "0x7fffffffffff", "0xffff7fffffffffff"}) {
+    put(entry(0), low);
+    expect_bad({path(entry(0)), "not a kernel (upper-half) address"});
+  }
+  // Hostile bytes never reach the message.
+  put(entry(0), std::string("0x\x1b[2J\xff") + std::string(100, 'A'));
+  auto r = hook();
+  ASSERT_FALSE(r.has_value());
+  for (char c : r.error().what) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << r.error().what;
+  // An entry without the count.
+  rm(XENPROBES_XS_HOOK_PATH_COUNT);
+  put(entry(0), "0xffffffff81000000");
+  expect_bad({path(entry(0)), "without"});
+}
+
+TEST_F(HookPathTest, ReadErrorsPropagate) {
+  put(XENPROBES_XS_HOOK_PATH_COUNT, "2");
+  put(entry(0), "0xffffffff81000000");
+  put(entry(1), "0xffffffff81000040");
+  for (unsigned k = 0; k < 3; ++k) {  // the count, then each entry
+    g.host->fail_op(hv::sim::Op::XsRead, Errc::Io, k);
+    auto r = hook();
+    g.host->clear_faults();
+    ASSERT_FALSE(r.has_value()) << k;
+    EXPECT_EQ(r.error().code, Errc::Io) << r.error().what;
+  }
+  EXPECT_TRUE(hook().has_value());
+}
+
 }  // namespace
 }  // namespace xenprobes::guestmod

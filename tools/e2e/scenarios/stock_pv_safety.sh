@@ -14,7 +14,9 @@
 #              static call's trampoline: refused ('jump-label', 'static-call',
 #              'static-call-trampoline'); the tracepoint toggles in the guest;
 #   hookpath   __rcu_read_lock, lookup_address, notifier_call_chain ('guest-hook-path') and the
-#              module's die notifier ('module-text'): refused; the guest's activity is fine.
+#              module's die notifier ('module-text'): refused; copy_from_user_nofault, which
+#              Dom0 knows by no name, refused for the module's published hook-path keys (the
+#              refusal names the published entry); the guest's activity is fine.
 # No oops, BUG, WARN, panic, lockup or stall in either kernel's log.
 S=${XPE2E_SCENARIO:-stock_pv_safety}  # trixie_* runs this body under its own name (run.sh SCEN_BODY)
 . /usr/lib/xenprobes-e2e/scenarios/lib.sh
