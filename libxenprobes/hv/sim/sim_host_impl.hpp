@@ -47,6 +47,11 @@ class SimHostImpl final : public SimHost {
   Result<void> vcpu_switched(DomId, VcpuId) override;
   Result<std::uint64_t> module_over_budget(DomId) override;
   Result<unsigned> module_detach(DomId) override;
+  Result<void> set_module_release_wait(DomId, std::chrono::milliseconds) override;
+  Result<ModuleRelease> module_unload(DomId) override;
+  Result<std::uint64_t> module_freed_bytes_written(DomId) override;
+  // One look of the detach at Dom0's hold (sim_module_release.cpp): decides when it can.
+  void module_release_look_locked(Domain&);
   // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
   unsigned module_restore_locked(Domain&);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;

@@ -121,6 +121,9 @@ Result<unsigned> SimHostImpl::module_detach(DomId id) {
   fire_watches_locked(state, true);
   const unsigned restored = module_restore_locked(*d);
   d->console += "xenprobesU: detached: restored " + std::to_string(restored) + " trap bytes and jump regions\n";
+  // protocol.h "Letting go": the first look at Dom0's hold; module_unload looks again.
+  m.release_deadline = clock_->now() + m.release_wait;
+  module_release_look_locked(*d);
   cv_.notify_all();  // the scheduler gives the waiting vCPUs up
   return restored;
 }
