@@ -167,6 +167,8 @@
  *     return address, so the module can finish a return on its own.
  *   - mailbox v (one per vCPU, written by both under the state protocol below).
  *   - the header's counters (the module writes, Dom0 only reports them).
+ *   - the header's nr_traps, dom0_polling and dom0_hold (Dom0 writes; see "Spinning" and
+ *     "Letting go" for the last two).
  *
  * A hit on vCPU v (module side, int3 hook, address found in the trap table):
  *   1. mailbox.seq += 1; copy pt_regs into mailbox.regs (regs.rip = the address of the trap
@@ -274,7 +276,8 @@
  * abandons unclaimed hits after timeout_ms as before.
  *
  * Dom0 never trusts the control area: every index, count, offset and address in it is
- * bounds-checked, and Dom0 writes only into the mailboxes and tables inside control/pages.
+ * bounds-checked, and Dom0 writes only into the mailboxes, the tables and its own header
+ * words above, inside control/pages.
  *
  * Quiescence (before Dom0 reuses a slot or removes a trap entry a vCPU may still be using):
  *   quiesce-request  written by Dom0: a decimal token. The module watches it, waits until
