@@ -188,6 +188,7 @@ void xp_clock_init(void);
 void xp_clock_exit(void);
 const char *xp_clock_name(void);
 void xp_poll_for(u64 ns);
+bool xp_evtchn_bound(void);
 void xp_notify_dom0(void);
 int xp_resume_watch_register(void);
 void xp_resume_watch_unregister(void);

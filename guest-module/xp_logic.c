@@ -80,6 +80,7 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->wait_max_ns = 0;
 	h->over_budget = 0;
 	h->closing = 0;
+	h->dom0_hold = 0;
 	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
 		h->reserved[i] = 0;
 }

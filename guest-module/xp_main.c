@@ -16,6 +16,8 @@
  * task out of every slot and detour), then drops the reference; `rmmod` then succeeds. See
  * README.md.
  */
+#include <linux/delay.h>
+#include <linux/jiffies.h>
 #include <linux/kernel.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -28,6 +30,7 @@
 #include <xen/xenbus.h>
 
 #include "xp_internal.h"
+#include "xp_release.h"
 
 struct xp_state xp;
 
@@ -82,6 +85,16 @@ module_param(ring_order, uint, 0444);
 MODULE_PARM_DESC(ring_order, "Async ring of each vCPU: 2^ring_order bytes of records (12..24, "
 		 "default 16 = 64 KiB), or 0: no rings and no async jump probes");
 
+/*
+ * How long the detach waits for a Dom0 that holds the control area and the rings to let go
+ * (protocol.h "Letting go", xp_release.h); without its word by then they are kept, not freed.
+ */
+static unsigned int release_wait_ms = XP_RELEASE_WAIT_DEFAULT_MS;
+module_param(release_wait_ms, uint, 0444);
+MODULE_PARM_DESC(release_wait_ms, "How long detaching waits for a Dom0 that maps the control area and the "
+		 "rings to release them (0 .. " __stringify(XP_RELEASE_WAIT_MAX_MS) " ms, default "
+		 __stringify(XP_RELEASE_WAIT_DEFAULT_MS) "); without its release they are kept, never freed");
+
 static unsigned long kernel_text;
 module_param(kernel_text, ulong, 0444);
 MODULE_PARM_DESC(kernel_text, "The kernel's _text (0 = find it, else it is checked)");
@@ -89,6 +102,9 @@ MODULE_PARM_DESC(kernel_text, "The kernel's _text (0 = find it, else it is check
 static DEFINE_MUTEX(xp_detach_lock);
 static bool xp_detached;	/* the self reference was dropped */
 static bool xp_loaded;		/* module_init completed */
+/* What detaching found of Dom0's hold on the control area and the rings (xp_release.h). */
+static enum xp_release xp_released = XP_RELEASE_NONE;
+static unsigned int xp_release_waited_ms;
 
 static int xp_detach(void);
 
@@ -145,9 +161,10 @@ static int xp_ctl_alloc(void)
 	return 0;
 }
 
+/* Kept (not freed) when a Dom0 may still write it (protocol.h "Letting go"). */
 static void xp_ctl_free(void)
 {
-	if (xp.ctl)
+	if (xp.ctl && xp_release_frees(xp_released))
 		free_pages_exact(xp.ctl, xp.ctl_bytes);
 	xp.ctl = NULL;
 	xp.hdr = NULL;
@@ -185,11 +202,15 @@ static int xp_rings_alloc(void)
 	return 0;
 }
 
-/* Only once no CPU can be in the jump entry any more (the end of xp_teardown()). */
+/*
+ * Only once no CPU can be in the jump entry any more (the end of xp_teardown()). The ring
+ * block is kept (not freed) when a Dom0 may still write it; the private copies always go.
+ */
 static void xp_rings_free(void)
 {
 	WRITE_ONCE(xp.ring_count, 0);
-	vfree(xp.ring_mem);
+	if (xp_release_frees(xp_released))
+		vfree(xp.ring_mem);
 	xp.ring_mem = NULL;
 	kfree(xp.rings);
 	xp.rings = NULL;
@@ -225,6 +246,30 @@ static int xp_oea_init(void)
 
 /* ---- detach and unload ---- */
 
+/*
+ * protocol.h "Letting go": after the restore pass, may the control area and the rings be
+ * freed? Waits up to release_wait_ms for a Dom0 that holds them; process context.
+ */
+static enum xp_release xp_release_wait(void)
+{
+	struct xp_release_state st = { .held = false };
+	unsigned long start = jiffies;
+	unsigned long deadline = start + msecs_to_jiffies(min(release_wait_ms, XP_RELEASE_WAIT_MAX_MS));
+	enum xp_release r;
+	bool bound;
+
+	for (;;) {
+		bound = xp_evtchn_bound();	/* first: Dom0 stores RELEASED before it unbinds */
+		smp_mb();
+		r = xp_release_look(&st, bound, READ_ONCE(xp.hdr->dom0_hold), time_after_eq(jiffies, deadline));
+		if (r != XP_RELEASE_WAIT)
+			break;
+		msleep(XP_RELEASE_POLL_MS);
+	}
+	xp_release_waited_ms = jiffies_to_msecs(jiffies - start);
+	return r;
+}
+
 /* Steps 1-5 of detaching (see the top of this file); idempotent, process context. */
 static void xp_disarm_all(void)
 {
@@ -244,8 +289,13 @@ static void xp_disarm_all(void)
 	restored = xp_restore_traps();
 	repaired = xp_repair_return_slots();
 	xp_quiesce();
-	pr_info(XP_NAME ": detached: restored %u trap bytes and jump regions, repaired %u return slots\n",
-		restored, repaired);
+	/* closing and its barrier came first: a Dom0 attaching after them stores no MAPPED. */
+	xp_released = xp_release_wait();
+	pr_info(XP_NAME ": detached: restored %u trap bytes and jump regions, repaired %u return slots; control area and rings: %s (after %u ms)\n",
+		restored, repaired, xp_release_name(xp_released), xp_release_waited_ms);
+	if (!xp_release_frees(xp_released))
+		pr_warn(XP_NAME ": keeping the control area (%u pages at 0x%lx) and the rings (%u of them at 0x%lx) for good: a Dom0 that mapped them did not say it stopped writing (protocol.h \"Letting go\"); they are never freed, so no late write of Dom0 can land in reused memory\n",
+			xp.layout.pages, (unsigned long)xp.ctl, xp.ring_count, (unsigned long)xp.ring_mem);
 }
 
 static int xp_detach(void)
@@ -293,6 +343,10 @@ static int __init xenprobes_init(void)
 	if (!xp_spin_us_ok(spin_us)) {
 		pr_err(XP_NAME ": spin_us must be 0 (never spin) .. %u microseconds (the vCPU spins with interrupts off)\n",
 		       (unsigned int)XP_SPIN_MAX_US);
+		return -EINVAL;
+	}
+	if (release_wait_ms > XP_RELEASE_WAIT_MAX_MS) {
+		pr_err(XP_NAME ": release_wait_ms must be 0 (never wait) .. %u\n", XP_RELEASE_WAIT_MAX_MS);
 		return -EINVAL;
 	}
 	if (ring_order && (ring_order < XENPROBES_RING_MIN_ORDER || ring_order > XENPROBES_RING_MAX_ORDER)) {
@@ -364,7 +418,7 @@ static void __exit xenprobes_exit(void)
 	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
 	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget; Dom0's areas: %s)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
@@ -376,7 +430,7 @@ static void __exit xenprobes_exit(void)
 		(long long)atomic64_read(&xp.spin_answered),
 		(long long)atomic64_read(&xp.spin_blocked),
 		(long long)atomic64_read(&xp.wait_ns) / 1000, (long long)atomic64_read(&xp.wait_max_ns) / 1000,
-		(long long)atomic64_read(&xp.over_budget));
+		(long long)atomic64_read(&xp.over_budget), xp_release_name(xp_released));
 }
 
 module_init(xenprobes_init);

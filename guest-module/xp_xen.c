@@ -69,6 +69,19 @@ void xp_evtchn_close(void)
 	xp.port = 0;
 }
 
+/*
+ * Whether a Dom0 process has the port bound (protocol.h "Letting go"): EVTCHNOP_status says
+ * interdomain. A failed look counts as bound: the pages are then kept rather than freed.
+ */
+bool xp_evtchn_bound(void)
+{
+	struct evtchn_status status = { .dom = DOMID_SELF, .port = xp.port };
+
+	if (HYPERVISOR_event_channel_op(EVTCHNOP_status, &status))
+		return true;
+	return status.status == EVTCHNSTAT_interdomain;
+}
+
 void xp_notify_dom0(void)
 {
 	notify_remote_via_evtchn(xp.port);

@@ -76,7 +76,8 @@
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
  * module detaches or unloads: from then on Dom0 must not write the control area or the OEA
- * (the module writes the trap bytes back itself and then frees both).
+ * (the module writes the trap bytes back itself, and frees both only as "Letting go"
+ * below says).
  *
  * Detaching. Dom0 learns of the removal through its xenstore watch, some time later; a
  * registration under way meanwhile could add a trap the module's restore pass never sees, an
@@ -87,6 +88,53 @@
  * set; the trap byte (or jump) is written in the same pause. Either Dom0's pause came first,
  * and the restore pass sees the entry and restores the byte, or the module's store did (a
  * paused vCPU's stores are visible to Dom0), and Dom0 refuses. `closing` is never cleared.
+ *
+ * Letting go (header.dom0_hold). Dom0 maps the control area and the async rings, and writes
+ * the OEA (the module's text, beside its fixup slots); the module frees the control area and
+ * the rings at rmmod, and the kernel frees its text. A write of Dom0 landing after that lands
+ * in a page the guest may have reused. So the module frees them only once Dom0 said it will
+ * never write them again:
+ *   Dom0, attaching (after it bound `evtchn`, before its first write to any of the areas):
+ *     with the domain paused, reads `state` (must be "ready"), control/addr (must be the
+ *     address it mapped) and header.closing (must be 0), then stores dom0_hold = MAPPED and
+ *     unpauses. Anything else: it writes nothing, unbinds and gives up.
+ *   Dom0, letting go (the module removed `state`, Dom0 detaches the domain, or its session
+ *     ends): it first drops its mappings of the rings and the OEA and every write it had
+ *     planned there (the engine forgets the domain), then writes what it still has to into
+ *     the control area (a clean detach empties the tables; nothing once `state` is gone or
+ *     closing is set), then, last, stores dom0_hold = RELEASED with a full barrier, and only
+ *     then unbinds `evtchn` and unmaps the control area. Every other write comes before that
+ *     store in program order, and no mapping is left after it to write with.
+ *   A Dom0 killed (or an older Dom0) never stores RELEASED.
+ *   Module, detaching, after its restore pass and its quiescence: it reads whether `evtchn` is
+ *     bound to a Dom0 process (EVTCHNOP_status says interdomain: an older Dom0 binds it too,
+ *     and never writes dom0_hold), then, after a full barrier, dom0_hold
+ *     (guest-module/xp_release.h decides):
+ *       RELEASED: Dom0 let go: free.
+ *       0 and the port not bound: no Dom0 holds the areas: free.
+ *       otherwise a Dom0 holds them (MAPPED, or an older Dom0's bound port): the module waits,
+ *         reading both again every few milliseconds, up to the module parameter
+ *         release_wait_ms. RELEASED meanwhile: free. The port found unbound without
+ *         RELEASED (the process was killed, or an older Dom0 let go the only way it knows), or
+ *         the time up: keep.
+ *     Keep: the control area and the rings are never freed (they stay the guest's own memory,
+ *     unused from then on), and the unload line says so. The order of the two reads matters:
+ *     Dom0 stores RELEASED before it unbinds, so a port read unbound and dom0_hold read after
+ *     it not RELEASED means no RELEASED came before the unbind, nor will after it.
+ *   Why no write of Dom0 can follow a free: the module frees only once it read RELEASED
+ *   (Dom0's last write, after every other) or found no Dom0 holding the areas. Dom0's MAPPED
+ *   store is made with the domain paused and after it read closing == 0: either its pause
+ *   came before the module's store of closing, and the module, reading dom0_hold after
+ *   closing and a full barrier, sees MAPPED and waits; or the store of closing came first,
+ *   and Dom0 sees it and writes nothing. A Dom0 that attaches again later stores MAPPED
+ *   again, so one session's RELEASED never speaks for the next (one Dom0 process at a time
+ *   binds the port, and a session writes nothing before its MAPPED).
+ *   What stays open: the OEA and the fixup slots are in the module's text, which the kernel
+ *   frees at rmmod whatever the module decided. Dom0 writes there only while it registers,
+ *   removes or moves a probe, with the domain paused, so only a Dom0 stopped in such a step
+ *   for longer than release_wait_ms and continued after the rmmod writes freed text. A Dom0
+ *   that uses the OEA without the guest channel (the vmevent channel's slots, and the guardian
+ *   restoring their trap bytes) maps no control area and takes no part in this.
  *
  * What Dom0 checks (libxenprobes/probe/module_info.hpp): numbers are strict (decimal without
  * sign, blanks or leading zeros; hex with a 0x prefix; no trailing junk, no overflow); at
@@ -138,6 +186,8 @@
  *     return address, so the module can finish a return on its own.
  *   - mailbox v (one per vCPU, written by both under the state protocol below).
  *   - the header's counters (the module writes, Dom0 only reports them).
+ *   - the header's nr_traps, dom0_polling and dom0_hold (Dom0 writes; see "Spinning" and
+ *     "Letting go" for the last two).
  *
  * A hit on vCPU v (module side, int3 hook, address found in the trap table):
  *   1. mailbox.seq += 1; copy pt_regs into mailbox.regs (regs.rip = the address of the trap
@@ -245,7 +295,8 @@
  * abandons unclaimed hits after timeout_ms as before.
  *
  * Dom0 never trusts the control area: every index, count, offset and address in it is
- * bounds-checked, and Dom0 writes only into the mailboxes and tables inside control/pages.
+ * bounds-checked, and Dom0 writes only into the mailboxes, the tables and its own header
+ * words above, inside control/pages.
  *
  * Quiescence (before Dom0 reuses a slot or removes a trap entry a vCPU may still be using):
  *   quiesce-request  written by Dom0: a decimal token. The module watches it, waits until
@@ -473,13 +524,18 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 wait_max_ns;
 	xenprobes_u64 over_budget;    /* hits resumed without Dom0: their CPU's waiting budget was spent */
 	xenprobes_u64 closing;        /* module writes 1 when it begins detaching (see "Detaching") */
+	xenprobes_u32 dom0_hold;      /* Dom0 writes: XENPROBES_DOM0_* (see "Letting go") */
 	/*
 	 * Zero (the module writes them so). A field added later takes the first of them, so the
 	 * header keeps its size and every offset (the static_asserts below): an older module leaves
 	 * it 0, and an older Dom0 does not read it.
 	 */
-	xenprobes_u64 reserved[1];
+	xenprobes_u32 reserved[1];
 };
+
+/* header.dom0_hold (see "Letting go"): 0 is what the module wrote (no Dom0 said anything). */
+#define XENPROBES_DOM0_MAPPED 1u   /* a Dom0 session maps the module's areas and may write them */
+#define XENPROBES_DOM0_RELEASED 2u /* that session's last write to them: it never writes again */
 
 #define XENPROBES_MBOX_IDLE 0u
 #define XENPROBES_MBOX_HIT 1u       /* module: regs valid, waiting for Dom0 */

@@ -266,6 +266,26 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   // simulated hook calls no guest code and publishes hook-path/count = 0.
   [[nodiscard]] virtual Result<void> set_module_hook_calls(DomId, std::vector<std::uint64_t> functions,
                                                            bool publish) = 0;
+  // protocol.h "Letting go": after its restore pass the detach looks at whether a Dom0 holds
+  // the control area and the rings (header.dom0_hold, and whether Dom0 has the module's port
+  // bound), and waits for a holder's release up to this bound on the module's clock (the
+  // module parameter release_wait_ms; 5000 ms by default, as the module's). Before module_detach.
+  [[nodiscard]] virtual Result<void> set_module_release_wait(DomId, std::chrono::milliseconds) = 0;
+  // What the detach found, and so what the rmmod does with the control area and the rings.
+  enum class ModuleRelease {
+    NoDom0,    // no Dom0 held them: freed
+    Released,  // Dom0 released them: freed
+    Killed,    // the Dom0 process holding them closed its port without releasing: kept
+    TimedOut,  // no release within the wait: kept
+  };
+  static bool frees(ModuleRelease r) { return r == ModuleRelease::NoDom0 || r == ModuleRelease::Released; }
+  // The rmmod after module_detach: Busy while the detach would still wait (a Dom0 holds the
+  // areas, has not released them, and the wait has not run out: advance the clock, or let Dom0
+  // release); else what it found. Freed pages are remembered as they were: from then on a
+  // change in them is a write of Dom0 into memory the guest may have reused.
+  [[nodiscard]] virtual Result<ModuleRelease> module_unload(DomId) = 0;
+  // How many bytes of the pages module_unload freed differ from what they held then.
+  [[nodiscard]] virtual Result<std::uint64_t> module_freed_bytes_written(DomId) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

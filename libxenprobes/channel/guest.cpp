@@ -72,7 +72,46 @@ Result<void> module_can_emulate(DomId dom, const TrapEntry& t, bool register_bra
 }  // namespace
 
 GuestChannel::~GuestChannel() {
-  for (auto& [dom, a] : domains_) best_effort(hv_.evtchn_unbind(a.port), "guest channel: unbinding a port");
+  // A process going away lets go of the areas, then of the port (protocol.h "Letting go"); a
+  // killed one (abandon(), the tests' stand-in) says nothing: its port and mappings just go.
+  for (auto& [dom, a] : domains_) {
+    if (!abandoned_) release(a);
+    best_effort(hv_.evtchn_unbind(a.port), "guest channel: unbinding a port");
+  }
+}
+
+void GuestChannel::release(Attached& a) {
+  if (!a.map) return;
+  // Every write of ours to the area came before this one; the full barrier orders them, and
+  // this store before the unbind that follows (protocol.h "Letting go").
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, dom0_hold), XENPROBES_DOM0_RELEASED,
+                       std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  a.map.reset();  // nothing left to write with
+}
+
+Result<void> GuestChannel::hold(DomId dom, const hv::ForeignMapping& map, const guestmod::GuestChannelInfo& gc) {
+  const std::string ds = dom_str(dom);
+  XP_TRY(hv_.pause(dom));
+  auto why = [&]() -> std::optional<std::string> {
+    auto st = hv_.xs_read(guestmod::module_key(dom, XENPROBES_XS_STATE));
+    if (!st || *st != XENPROBES_XS_STATE_READY) return "it no longer says " XENPROBES_XS_STATE " = ready";
+    auto now = hv_.xs_read(guestmod::module_key(dom, XENPROBES_XS_CONTROL_ADDR));
+    if (!now || guestmod::parse_hex(*now) != gc.control.value)
+      return "its control area moved (the module was loaded anew)";
+    if (load<std::uint64_t>(map.data() + offsetof(xenprobes_ctl_header, closing)) != 0)
+      return "its control area says closing";
+    return std::nullopt;
+  }();
+  if (!why)
+    store<std::uint32_t>(map.data() + offsetof(xenprobes_ctl_header, dom0_hold), XENPROBES_DOM0_MAPPED,
+                         std::memory_order_seq_cst);
+  auto u = hv_.unpause(dom);
+  if (why)
+    return fail(Errc::Busy, ds + ": the guest module is detaching (" + *why +
+                                "): nothing was written; attach again once it is loaded and published anew");
+  return u;
 }
 
 GuestChannel::Attached* GuestChannel::find(DomId dom) {
@@ -173,6 +212,13 @@ Result<void> GuestChannel::attach(DomId dom) {
                                        std::to_string(gc.evtchn) + "): " + port.error().what);
   }
 
+  // Our first write, with the domain paused and only if the module is not leaving: from here
+  // on the module frees nothing before we let go (protocol.h "Letting go").
+  if (auto held = hold(dom, map, gc); !held) {
+    best_effort(hv_.evtchn_unbind(*port), "guest channel: unbinding the port of an attach refused");
+    return std::unexpected(held.error());
+  }
+
   Attached a;
   a.map = std::move(map);
   a.layout = Layout{h.nr_mailboxes, h.mailbox_offset, h.trap_capacity, h.trap_offset, h.ret_capacity, h.ret_offset};
@@ -201,11 +247,12 @@ Result<void> GuestChannel::detach(DomId dom) {
   auto it = domains_.find(dom);
   if (it == domains_.end()) return {};
   Attached& a = it->second;
-  // A module that removed `state` is leaving and may free the area (protocol.h): not a byte
-  // more from Dom0 then. (Between hits nothing else tells; the engine is expected to detach
-  // when it sees `state` go.)
+  // A module that removed `state` or set closing is leaving and restores everything itself
+  // (protocol.h "Detaching"): no write to the tables then, only our release. (The engine,
+  // which forgot the domain before this, no longer maps its rings or writes its OEA.)
   auto st = hv_.xs_read(guestmod::module_key(dom, XENPROBES_XS_STATE));
-  if (st && *st == XENPROBES_XS_STATE_READY) {
+  const bool leaving = load<std::uint64_t>(a.map.data() + offsetof(xenprobes_ctl_header, closing)) != 0;
+  if (st && *st == XENPROBES_XS_STATE_READY && !leaving) {
     store<std::uint32_t>(a.map.data() + offsetof(xenprobes_ctl_header, dom0_polling), 0u);
     // Count first: from then on the module sees no entry, whatever the entries still hold.
     set_nr_traps(a, 0);
@@ -228,6 +275,7 @@ Result<void> GuestChannel::detach(DomId dom) {
     // Without the event the module finds the hits at its next poll slice.
     if (gave_back) best_effort(hv_.evtchn_notify(a.port), "guest channel: notifying the hits given back");
   }
+  release(a);  // last: the module may free the area from now on
   auto r = hv_.evtchn_unbind(a.port);
   domains_.erase(it);
   if (!r && r.error().code != Errc::NoSuchDomain) return r;

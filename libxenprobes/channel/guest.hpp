@@ -32,10 +32,10 @@ class GuestChannel final : public Channel, public TrapTable {
  public:
   // Binds nothing until attach: each domain brings its own port.
   explicit GuestChannel(hv::Hypervisor& hv) : hv_(hv) {}
-  // Unbinds and unmaps, but leaves the trap tables as they are: bytes the engine did not
-  // restore (a Dom0 going away without detaching) still need their entries, or the module
-  // would take them for the kernel's own int3s; it restores them itself once Dom0 stops
-  // answering.
+  // Releases (protocol.h "Letting go"), unbinds and unmaps, but leaves the trap tables as they
+  // are: bytes the engine did not restore (a Dom0 going away without detaching) still need
+  // their entries, or the module would take them for the kernel's own int3s; it restores them
+  // itself once Dom0 stops answering. After abandon() it only unbinds and unmaps.
   ~GuestChannel() override;
   GuestChannel(const GuestChannel&) = delete;
   GuestChannel& operator=(const GuestChannel&) = delete;
@@ -45,13 +45,19 @@ class GuestChannel final : public Channel, public TrapTable {
   TrapTable* trap_table() override { return this; }
   // Reads the module's keys (refusing a module that is absent, not ready, too old, or gave up
   // on Dom0, saying what would work), maps the control area writable (translated through the
-  // guest's page tables), validates its header and binds the module's port.
+  // guest's page tables), validates its header, binds the module's port and, with the domain
+  // paused, says it holds the areas (header.dom0_hold = MAPPED, protocol.h "Letting go"),
+  // refusing a module that began detaching.
   Result<void> attach(DomId) override;
   // Empties the tables (the engine restored every byte), gives back any hit it holds claimed
-  // (detached from a handler: the module's timeout resumes it), unbinds, unmaps. Writes
-  // nothing when the module no longer says `state` = ready (it is unloading and may free the
-  // area).
+  // (detached from a handler: the module's timeout resumes it), then releases the areas
+  // (header.dom0_hold = RELEASED, the last write), unbinds, unmaps. Writes nothing but the
+  // release when the module no longer says `state` = ready or its header says closing (it is
+  // unloading and waits for the release to free the area). Call it only after the engine
+  // dropped its mappings of the domain's rings and OEA (Engine::forget does).
   Result<void> detach(DomId) override;
+  // A killed process's stand-in (the tests'): the destructor then releases nothing.
+  void abandon() override { abandoned_ = true; }
   // The handle's event-channel fd, shared with any other channel binding ports on the same
   // handle (the debugger channel's VIRQ). Each attached domain's port is its own: the event
   // loop wakes process_domain() for the domain whose port fired.
@@ -175,10 +181,15 @@ class GuestChannel final : public Channel, public TrapTable {
   void set_nr_traps(Attached&, std::size_t n);
   // Inside one of the module's OEA areas (re-read once when not: the area may be new).
   bool in_oea(DomId, Attached&, Gva);
+  // protocol.h "Letting go": MAPPED at attach (paused; refused once the module is leaving),
+  // RELEASED as the last write, which also unmaps the area (no mapping left to write with).
+  Result<void> hold(DomId, const hv::ForeignMapping&, const guestmod::GuestChannelInfo&);
+  static void release(Attached&);
   static void retire(Attached&, const xenprobes_trap&);
 
   hv::Hypervisor& hv_;
   std::map<DomId, Attached> domains_;
+  bool abandoned_ = false;
 };
 
 }  // namespace xenprobes::channel

@@ -128,16 +128,26 @@ struct Harness {
   }
 
   // Dom0's writes since `before`: only inside what the attached layout gives it.
-  void check_writes(const std::vector<std::uint8_t>& before, const char* op, bool none_allowed = false) {
+  // `release_only`: nothing but header.dom0_hold, and that RELEASED (protocol.h "Letting go").
+  void check_writes(const std::vector<std::uint8_t>& before, const char* op, bool none_allowed = false,
+                    bool release_only = false) {
     if (std::memcmp(before.data(), ctl, ctl_size) == 0) return;
     const auto now = area();
+    const std::size_t hold = offsetof(xenprobes_ctl_header, dom0_hold);
     for (std::size_t i = 0; i < ctl_size; ++i) {
       if (now[i] == before[i]) continue;
-      FUZZ_CHECK(!none_allowed, std::string(op) + ": Dom0 wrote byte " + std::to_string(i) + " of the area");
+      if (release_only && i >= hold && i < hold + 4) {
+        FUZZ_CHECK(at<std::uint32_t>(hold) == XENPROBES_DOM0_RELEASED, std::string(op) + ": dom0_hold is not RELEASED");
+        continue;
+      }
+      FUZZ_CHECK(!none_allowed && !release_only,
+                 std::string(op) + ": Dom0 wrote byte " + std::to_string(i) + " of the area");
       const bool ok =
           (i >= offsetof(xenprobes_ctl_header, nr_traps) && i < offsetof(xenprobes_ctl_header, nr_traps) + 4) ||
           // dom0_polling: Dom0's (protocol.h "Spinning"; cleared at attach and detach)
           (i >= offsetof(xenprobes_ctl_header, dom0_polling) && i < offsetof(xenprobes_ctl_header, dom0_polling) + 4) ||
+          // dom0_hold: Dom0's (protocol.h "Letting go"; MAPPED at attach, RELEASED last at detach)
+          (i >= hold && i < hold + 4) ||
           (i >= lay.mb_off && i < lay.mb_off + std::size_t{lay.nr_mb} * sizeof(xenprobes_mailbox)) ||
           (i >= lay.trap_off && i < lay.trap_off + std::size_t{lay.trap_cap} * sizeof(xenprobes_trap)) ||
           (i >= lay.ret_off && i < lay.ret_off + std::size_t{lay.ret_cap} * sizeof(xenprobes_ret));
@@ -511,7 +521,8 @@ void Harness::run() {
         const std::size_t old_n = traps.size();
         auto r = ch->detach(kDom);
         FUZZ_CHECK(r.has_value(), r.error().what);
-        check_writes(before, "detach", leaving || !was);
+        check_writes(before, "detach", !was, was && leaving);
+        if (was) FUZZ_CHECK(at<std::uint32_t>(offsetof(xenprobes_ctl_header, dom0_hold)) == XENPROBES_DOM0_RELEASED);
         if (was && !leaving) check_tables_after_detach(old_n);
         attached = false;
         traps.clear();

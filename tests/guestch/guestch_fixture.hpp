@@ -312,7 +312,10 @@ struct ChannelGuest {
   }
 
   // Dom0 goes away without a word: the channel (unbinding its ports) and the handle close.
+  // What kill -9 of the Dom0 process leaves: no detach, no release (protocol.h "Letting go"),
+  // its port and mappings gone.
   void kill_dom0() {
+    if (ch) ch->abandon();
     ch.reset();
     memory.reset();
     source.reset();

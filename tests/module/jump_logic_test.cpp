@@ -413,7 +413,8 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(h.notify_skipped, 0u);
   EXPECT_EQ(h.wait_ns, 0u);
   EXPECT_EQ(h.wait_max_ns, 0u);
-  for (xenprobes_u64 r : h.reserved) EXPECT_EQ(r, 0u);
+  for (xenprobes_u32 r : h.reserved) EXPECT_EQ(r, 0u);
+  EXPECT_EQ(h.dom0_hold, 0u);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, nested), offsetof(xenprobes_ctl_header, foreign) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, async_bad), offsetof(xenprobes_ctl_header, nested) + 8);
   // Each counter took the first reserved word of its day: no offset before it moved.
@@ -422,7 +423,9 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(offsetof(xenprobes_ctl_header, wait_max_ns), offsetof(xenprobes_ctl_header, wait_ns) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, over_budget), offsetof(xenprobes_ctl_header, wait_max_ns) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, closing), offsetof(xenprobes_ctl_header, over_budget) + 8);
-  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, closing) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, dom0_hold), offsetof(xenprobes_ctl_header, closing) + 8);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, dom0_hold) + 4);
+  EXPECT_EQ(sizeof(xenprobes_ctl_header), 136u);
   EXPECT_EQ(h.over_budget, 0u);
   EXPECT_EQ(h.closing, 0u);
 }

@@ -51,6 +51,11 @@ class SimHostImpl final : public SimHost {
   // The calls of the module's hit path (sim_module_nested.cpp), with nested hits in them
   // handled: false once the domain crashed.
   bool module_hook_calls_locked(Domain&, Vcpu&);
+  Result<void> set_module_release_wait(DomId, std::chrono::milliseconds) override;
+  Result<ModuleRelease> module_unload(DomId) override;
+  Result<std::uint64_t> module_freed_bytes_written(DomId) override;
+  // One look of the detach at Dom0's hold (sim_module_release.cpp): decides when it can.
+  void module_release_look_locked(Domain&);
   // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
   unsigned module_restore_locked(Domain&);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;

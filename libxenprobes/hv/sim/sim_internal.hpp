@@ -9,15 +9,17 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "hv/sim/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
-#include "xp_budget.h"  // guest-module/: the module's waiting budget per CPU
-#include "xp_gone.h"    // guest-module/: the module's own set of modules that went
-#include "xp_ring.h"    // guest-module/: the module's own ring producer
+#include "xp_budget.h"   // guest-module/: the module's waiting budget per CPU
+#include "xp_gone.h"     // guest-module/: the module's own set of modules that went
+#include "xp_release.h"  // guest-module/: whether the module may free what Dom0 maps
+#include "xp_ring.h"     // guest-module/: the module's own ring producer
 
 namespace xenprobes::hv::sim {
 
@@ -180,6 +182,15 @@ struct ModuleState {
   std::uint64_t wait_ns = 0, wait_max_ns = 0;    // header.wait_ns and wait_max_ns, on the ModuleClock
   std::uint64_t budget_ns = 0, over_budget = 0;  // SimHost::set_module_wait_budget; header.over_budget
   bool detaching = false;                        // SimHost::module_detach: hits no longer go to Dom0
+  // protocol.h "Letting go" (xp_release.h): the detach's looks at Dom0's hold, from
+  // module_detach on, bounded by release_wait (SimHost::set_module_release_wait); the outcome
+  // once decided; after module_unload, the pages it freed as they were then (a later change is
+  // a write of Dom0 into freed memory).
+  std::chrono::milliseconds release_wait{XP_RELEASE_WAIT_DEFAULT_MS};
+  xp_release_state release_state{};
+  ModuleClock::time_point release_deadline{};
+  std::optional<xp_release> release;
+  std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> freed;  // guest-virtual page, its bytes
   // Modules that went while a trap entry named them (SimHost::module_state, the module
   // notifier's calls): the restore leaves their entries alone (protocol.h "Modules that go").
   xp_gone gone{};

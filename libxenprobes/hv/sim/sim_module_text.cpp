@@ -112,6 +112,7 @@ Result<unsigned> SimHostImpl::module_detach(DomId id) {
   std::atomic_ref<std::uint64_t>(
       *reinterpret_cast<std::uint64_t*>(header_at(*d, offsetof(xenprobes_ctl_header, closing))))
       .store(1, std::memory_order_seq_cst);
+  const bool again = m.detaching;  // the module's detach is idempotent: its wait began at the first
   m.detaching = true;
   const auto now = clock_->now();
   for (auto& vp : d->vcpus)
@@ -121,6 +122,9 @@ Result<unsigned> SimHostImpl::module_detach(DomId id) {
   fire_watches_locked(state, true);
   const unsigned restored = module_restore_locked(*d);
   d->console += "xenprobesU: detached: restored " + std::to_string(restored) + " trap bytes and jump regions\n";
+  // protocol.h "Letting go": the first look at Dom0's hold; module_unload looks again.
+  if (!again) m.release_deadline = clock_->now() + m.release_wait;
+  module_release_look_locked(*d);
   cv_.notify_all();  // the scheduler gives the waiting vCPUs up
   return restored;
 }
