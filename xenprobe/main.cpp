@@ -290,6 +290,9 @@ class Tool {
     try {
       types_ = open_btf_file(o_.btf);
     } catch (const std::exception& e) { die(e.what()); }
+    types_->set_missing_type_hint(
+        "--btf gives the kernel's types only: without it, xenprobe reads the guest kernel's BTF and its loaded "
+        "modules' from its memory");
   }
 
   bool use_sim() const {
@@ -413,12 +416,16 @@ class Tool {
 
   // The guest kernel's BTF, read from each selected domain's memory (its __start_BTF ..
   // __stop_BTF). One compiled program serves every domain, so they must run the same kernel.
+  // With it, the BTF of the modules loaded now: read once, as bpftrace reads its types when it
+  // loads a program, so a module loaded later adds no types to a running xenprobe. Modules
+  // whose types cannot be used are said after a "no struct" error (missing_type_hint).
   std::unique_ptr<TypeSource> types_from_guests() {
     std::vector<std::byte> first;
     std::string first_name;
     // Loaded modules' BTF: a module's types are used when every domain has it with the same BTF.
     std::map<std::string, std::vector<std::byte>> modules;
     std::set<std::string> dropped;
+    std::vector<std::string> left_out;
     bool first_target = true;
     for (Target& t : targets_) {
       auto b = session_->kernel_btf(t.id);
@@ -434,9 +441,13 @@ class Tool {
             "reads both through one kernel's types; run one xenprobe per kernel");
       }
       std::map<std::string, std::vector<std::byte>> mine;
-      if (auto mb = session_->module_btf(t.id)) {
-        for (auto& m : *mb)
+      if (auto mb = session_->module_btf(t.id); !mb) {
+        left_out.push_back("every module of " + t.name + ": its module list cannot be read: " + mb.error().what);
+      } else {
+        for (auto& m : *mb) {
           if (m.why.empty()) mine[m.module] = std::move(m.btf);
+          else if (first_target) left_out.push_back("module " + m.module + ": " + m.why);
+        }
       }
       if (first_target) {
         modules = std::move(mine);
@@ -453,23 +464,26 @@ class Tool {
         }
       }
     }
-    if (!dropped.empty()) {
-      std::string names;
-      for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
-      std::fprintf(stderr,
-                   "xenprobe: the types of module(s) %s are not used: not loaded with the same BTF in every "
-                   "selected domain\n",
-                   names.c_str());
-    }
+    for (const auto& d : dropped)
+      left_out.push_back("module " + d + ": not loaded with the same BTF in every selected domain");
     std::vector<ModuleTypes> mods;
     for (auto& [name, blob] : modules) mods.push_back(ModuleTypes{name, std::move(blob)});
     std::vector<std::string> refused;
+    std::unique_ptr<TypeSource> types;
     try {
-      auto types =
-          open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
-      for (const std::string& r : refused) std::fprintf(stderr, "xenprobe: module %s\n", r.c_str());
-      return types;
+      types = open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
     } catch (const std::exception& e) { die("domain " + first_name + ": " + e.what()); }
+    for (const std::string& r : refused) left_out.push_back("module " + r);
+    std::string hint =
+        "a module's types are read with the kernel's when xenprobe starts, from the modules loaded then (as "
+        "bpftrace reads them when it loads a program): if the type is a module's, load that module in the "
+        "guest, then start xenprobe";
+    constexpr std::size_t kShown = 8;  // a guest may have a hundred modules without BTF
+    if (!left_out.empty()) hint += "\ntypes left out:";
+    for (std::size_t i = 0; i < left_out.size() && i < kShown; ++i) hint += "\n  " + left_out[i];
+    if (left_out.size() > kShown) hint += "\n  and " + std::to_string(left_out.size() - kShown) + " more";
+    types->set_missing_type_hint(std::move(hint));
+    return types;
   }
 
   void attach() {
@@ -504,8 +518,8 @@ class Tool {
             if (!fs) fail_attach(t, spec.text + ": " + fs.error().what);
             for (auto& f : *fs) points.push_back(f.name);
             if (points.empty())
-              fail_attach(
-                  t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" + spec.function + "')");
+              fail_attach(t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" +
+                                 spec.function + "')" + module_note(spec.function));
           } else {
             points.push_back(spec.function);
           }
@@ -539,7 +553,9 @@ class Tool {
                   xenprobes::RetProbeOptions{.maxactive = static_cast<int>(o_.maxactive)});
             }
             if (!p) {
-              if (!spec.wildcard) fail_attach(t, site->probe + ": " + p.error().what);
+              if (!spec.wildcard)
+                fail_attach(t, site->probe + ": " + p.error().what +
+                                   (p.error().code == xenprobes::Errc::NotFound ? module_note(fn) : ""));
               if (!skipped++) first_skip = site->probe + ": " + p.error().what;
               continue;
             }
@@ -582,6 +598,14 @@ class Tool {
     char b[32];
     std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(v));
     return b;
+  }
+
+  // After "no such function" for MODULE:FUNC: the module list is the one read at the start.
+  static std::string module_note(const std::string& function) {
+    const auto colon = function.find(':');
+    if (colon == std::string::npos) return {};
+    return "; a module's functions are those of the modules loaded when xenprobe starts: if " +
+           function.substr(0, colon) + " is not loaded, load it in the guest, then start xenprobe";
   }
 
   [[noreturn]] void fail_attach(const Target& t, const std::string& what) {

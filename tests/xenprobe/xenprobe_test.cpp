@@ -986,6 +986,66 @@ TEST(XenprobeModules, AProgramReadsThroughAModulesStructAndFunctionAddress) {
   EXPECT_NE(none.err.find("no symbol 'xfs_file_read_iter'"), std::string::npos) << none.err;
 }
 
+// Types are read once, when xenprobe starts (as bpftrace reads them when it loads a program):
+// a program naming a type of a module that is not loaded then fails before anything is
+// attached, saying where the type was looked for, when the modules' types are read and what to
+// do; a module whose types could not be used is named with the reason.
+TEST(XenprobeModules, ATypeOfAModuleNotLoadedAtTheStartIsAnErrorSayingWhatToDo) {
+  const std::string prog = "kprobe:sys_getppid { @ = ((struct xfs_inode *)kaddr(\"sys_getppid\"))->i_ino; }";
+  const std::string where =
+      "-e:1:27: error: no struct xfs_inode in the BTF of sim-1's kernel (read from its memory)\n" + prog +
+      "\n                          ^~~~~~~~~~~~~~~~~~~~\n"
+      "a module's types are read with the kernel's when xenprobe starts, from the modules loaded then (as bpftrace "
+      "reads them when it loads a program): if the type is a module's, load that module in the guest, then start "
+      "xenprobe\n";
+  // No module loaded.
+  ModuleGuest none = module_btf_guest({.module = false});
+  ToolRun n =
+      run({"--sim", "--sim-vcpus", "1", "--sim-image", none.image, "--symbols", "sim-1=" + none.map, "-e", prog});
+  EXPECT_EQ(n.status, 1);
+  EXPECT_TRUE(n.err.ends_with(where)) << n.err;
+  EXPECT_EQ(n.out, "");  // nothing attached
+  // The module loaded, without BTF: named, with the reason.
+  ModuleGuest no_btf = module_btf_guest({.module = true, .module_btf = false});
+  ToolRun b =
+      run({"--sim", "--sim-vcpus", "1", "--sim-image", no_btf.image, "--symbols", "sim-1=" + no_btf.map, "-e", prog});
+  EXPECT_EQ(b.status, 1);
+  EXPECT_TRUE(b.err.ends_with(where + "types left out:\n"
+                                      "  module xfs: it has no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES)\n"))
+      << b.err;
+  EXPECT_EQ(b.out, "");
+  // With the module's BTF, a name neither has: the modules looked at are named.
+  ModuleGuest with = module_guest();
+  ToolRun w = run({"--sim", "--sim-vcpus", "1", "--sim-image", with.image, "--symbols", "sim-1=" + with.map, "-e",
+                   "kprobe:sys_getppid { @ = ((struct xfs_inod *)kaddr(\"sys_getppid\"))->i_ino; }"});
+  EXPECT_EQ(w.status, 1);
+  EXPECT_NE(w.err.find("error: no struct xfs_inod in the BTF of sim-1's kernel (read from its memory), with the BTF "
+                       "of loaded module(s) xfs\n"),
+            std::string::npos)
+      << w.err;
+  // A module's function named with its module, the module not loaded.
+  ToolRun f = run({"--sim", "--sim-vcpus", "1", "--sim-image", none.image, "--symbols", "sim-1=" + none.map, "-e",
+                   "kprobe:xfs:xfs_file_read_iter { }"});
+  EXPECT_EQ(f.status, 1);
+  EXPECT_NE(f.err.find("xenprobe: domain sim-1: kprobe:xfs:xfs_file_read_iter: no symbol 'xfs:xfs_file_read_iter'"),
+            std::string::npos)
+      << f.err;
+  EXPECT_TRUE(
+      f.err.ends_with("; a module's functions are those of the modules loaded when xenprobe starts: if xfs "
+                      "is not loaded, load it in the guest, then start xenprobe\n"))
+      << f.err;
+  // --btf gives the kernel's types only, and says so.
+  const std::string btf = test_btf();
+  if (!btf.empty()) {
+    ToolRun k = run({"--check", "--btf", btf, "-e", prog});
+    EXPECT_EQ(k.status, 1);
+    EXPECT_TRUE(
+        k.err.ends_with("--btf gives the kernel's types only: without it, xenprobe reads the guest kernel's "
+                        "BTF and its loaded modules' from its memory\n"))
+        << k.err;
+  }
+}
+
 }  // namespace
 
 // ---- kstack ----
