@@ -88,16 +88,90 @@ ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
   return r;
 }
 
+// The schema of xenprobe's NDJSON (docs/xenprobe.md "Output": bpftrace's record types with a
+// "domain"), checked on every record every test reads: "" if `r` fits it, else what does not.
+std::string schema_violation(const json& r) {
+  if (!r.is_object() || r.size() != 3 || !r.contains("type") || !r.contains("domain") || !r.contains("data"))
+    return "a record is an object of exactly type, domain and data";
+  if (!r["type"].is_string() || !r["domain"].is_string() || r["domain"].get<std::string>().empty())
+    return "type and domain are non-empty strings";
+  const std::string type = r["type"];
+  const json& d = r["data"];
+  const auto one_map = [&]() -> const json* {
+    if (!d.is_object() || d.size() != 1 || !d.begin().key().starts_with("@")) return nullptr;
+    return &d.begin().value();
+  };
+  if (type == "attached_probes")
+    return d.is_object() && d.size() == 1 && d.contains("probes") && d["probes"].is_number_unsigned()
+               ? ""
+               : "attached_probes: {\"probes\": N}";
+  if (type == "lost_events")
+    return d.is_object() && d.size() == 1 && d.contains("events") && d["events"].is_number_unsigned()
+               ? ""
+               : "lost_events: {\"events\": N}";
+  if (type == "printf") return d.is_string() ? "" : "printf: a string";
+  if (type == "map") {
+    const json* m = one_map();
+    if (!m) return "map: {\"@name\": value}";
+    if (m->is_number_integer() || m->is_string()) return "";  // a map without keys
+    if (!m->is_object()) return "map: a value, or an object of keys";
+    for (const auto& [k, v] : m->items())
+      if (!v.is_number_integer() && !v.is_string()) return "map: key " + k + "'s value is not an integer or string";
+    return "";
+  }
+  if (type == "hist") {
+    const json* m = one_map();
+    if (!m) return "hist: {\"@name\": buckets}";
+    const auto buckets_ok = [](const json& b) {
+      if (!b.is_array()) return false;
+      for (const json& x : b) {
+        if (!x.is_object() || !x.contains("count") || !x["count"].is_number_unsigned()) return false;
+        for (const auto& [k, v] : x.items())
+          if ((k != "min" && k != "max" && k != "count") || !v.is_number_integer()) return false;
+        if (!x.contains("min") && !x.contains("max")) return false;
+      }
+      return true;
+    };
+    if (buckets_ok(*m)) return "";
+    if (!m->is_object()) return "hist: an array of buckets, or an object of keys";
+    for (const auto& [k, v] : m->items())
+      if (!buckets_ok(v)) return "hist: key " + k + "'s buckets";
+    return "";
+  }
+  return "unknown record type " + type;
+}
+
 std::vector<json> records(const std::string& ndjson) {
   std::vector<json> v;
   std::istringstream in(ndjson);
   std::string line;
   while (std::getline(in, line)) {
-    EXPECT_NO_THROW(v.push_back(json::parse(line))) << "not one JSON record: " << line;
-    const json& r = v.back();
-    EXPECT_TRUE(r.contains("type") && r.contains("domain") && r.contains("data")) << line;
+    json r = json::parse(line, nullptr, false);
+    EXPECT_FALSE(r.is_discarded()) << "not one JSON record: " << line;
+    if (r.is_discarded()) continue;
+    EXPECT_EQ(schema_violation(r), "") << line;
+    v.push_back(std::move(r));
   }
   return v;
+}
+
+// The check itself: what bpftrace's shapes are not is refused.
+TEST(XenprobeJson, TheSchemaCheckRefusesWhatIsNotARecordsShape) {
+  const auto bad = [](const char* text) { return schema_violation(json::parse(text)); };
+  EXPECT_EQ(bad(R"({"type": "map", "domain": "d", "data": {"@m": {"k": 1, "l": "s"}}})"), "");
+  EXPECT_EQ(
+      bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"max": -1, "count": 1}, {"min": 0, "max": 0, "count": 2}]}})"),
+      "");
+  EXPECT_EQ(bad(R"({"type": "hist", "domain": "d", "data": {"@h": {"k": [{"min": 4, "count": 1}]}}})"), "");
+  EXPECT_NE(bad(R"({"type": "map", "domain": "d", "data": {"m": 1}})"), "");  // no @
+  EXPECT_NE(bad(R"({"type": "map", "domain": "d", "data": {"@m": {"k": [1]}}})"), "");
+  EXPECT_NE(bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"count": 1}]}})"), "");  // no bound
+  EXPECT_NE(bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"min": 1, "max": 2, "count": -1}]}})"), "");
+  EXPECT_NE(bad(R"({"type": "attached_probes", "domain": "d", "data": {"probes": "2"}})"), "");
+  EXPECT_NE(bad(R"({"type": "lost_events", "domain": "d", "data": {"events": 1, "x": 0}})"), "");
+  EXPECT_NE(bad(R"({"type": "printf", "domain": "", "data": "x"})"), "");
+  EXPECT_NE(bad(R"({"type": "printf", "domain": "d", "data": "x", "extra": 1})"), "");
+  EXPECT_NE(bad(R"({"type": "time", "domain": "d", "data": "x"})"), "");
 }
 
 // The data of the map (or hist) record of `map` in `domain`'s final output (the last one).
