@@ -14,7 +14,9 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <deque>
@@ -30,6 +32,7 @@
 
 #include "async.hpp"
 #include "compile.hpp"
+#include "elf_symbols.hpp"
 #include "kstack.hpp"
 #include "lang.hpp"
 #include "runtime.hpp"
@@ -178,6 +181,34 @@ class SessionSymbols final : public SymbolSource {
 
  private:
   xenprobes::Session& s_;
+};
+
+// A file of our own in the temporary directory, removed with the object.
+struct TempFile {
+  std::string path;
+  TempFile() = default;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (!path.empty()) ::unlink(path.c_str());
+  }
+  void write(const std::string& text) {
+    const char* dir = secure_getenv("TMPDIR");
+    std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/xenprobe-symbols-XXXXXX";
+    const int fd = ::mkstemp(tmpl.data());
+    if (fd < 0) throw std::runtime_error("cannot create a file in " + tmpl + ": " + std::strerror(errno));
+    path = tmpl;
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n <= 0) {
+        ::close(fd);
+        throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
 };
 
 class Tool {
@@ -393,11 +424,19 @@ class Tool {
       auto eq = spec.find('=');
       if (eq == std::string::npos) die("--symbols " + spec + ": write DOMAIN=FILE");
       std::string dom = spec.substr(0, eq), file = spec.substr(eq + 1);
+      // A vmlinux: its .symtab becomes a System.map the library loads as any other.
+      TempFile map;
+      if (is_elf_file(file)) {
+        try {
+          map.write(system_map_from_elf(file));
+        } catch (const std::exception& e) { die("--symbols " + spec + ": " + e.what()); }
+      }
       bool any = false;
       for (Target& t : targets_)
         if (names_domain(dom, t.name, t.id)) {
           any = true;
-          if (auto r = session_->load_symbols(t.id, file); !r) die("--symbols " + spec + ": " + r.error().what);
+          if (auto r = session_->load_symbols(t.id, map.path.empty() ? file : map.path); !r)
+            die("--symbols " + spec + ": " + r.error().what);
           given_symbols.insert(t.id.value);
         }
       if (!any) die("--symbols " + spec + ": " + dom + " is not one of the selected domains");
@@ -410,7 +449,7 @@ class Tool {
       if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
         die("domain " + t.name + ": " + r.error().what +
-            " (or give its System.map or a /proc/kallsyms copy with --symbols " + t.name + "=FILE)");
+            " (or give its System.map, a /proc/kallsyms copy or its vmlinux with --symbols " + t.name + "=FILE)");
     }
   }
 
@@ -878,9 +917,10 @@ int main(int argc, char** argv) {
                  "a guest to probe: its name, its domid or a glob of names ('web*'); repeat for several "
                  "(default: the only guest)")
         ->allow_extra_args(false);
-    a.add_option("--symbols", o.symbol_files,
-                 "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy) for that domain "
-                 "(default: its kallsyms, read from its memory)")
+    a.add_option(
+         "--symbols", o.symbol_files,
+         "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy, or its vmlinux) for that domain "
+         "(default: its kallsyms, read from its memory)")
         ->allow_extra_args(false);
     a.add_option("--channel", o.channel, "how hits reach Dom0: auto, guest, vmevent or debugger")
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));

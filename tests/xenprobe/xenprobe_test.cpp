@@ -35,6 +35,13 @@ struct ToolRun {
   std::string out, err;
 };
 
+std::string slurp_binary(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -730,6 +737,41 @@ TEST(Xenprobe, SymbolsFromAFile) {
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("--symbols sim-9="), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("sim-9 is not one of the selected domains"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}
+
+// A vmlinux as the symbols (its .symtab): the same functions as its System.map, and probes
+// resolve through it. The copy has sys_getppid renamed in its string table, so the count can
+// only come from the file given; a truncated file is refused saying why.
+TEST(Xenprobe, SymbolsFromAVmlinux) {
+  const fs::path dir = fs::temp_directory_path() / ("xenprobe_test_vmlinux." + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path vmlinux = fs::path(XENPROBES_DEMO_GUEST_SYSTEM_MAP).parent_path() / "vmlinux";
+  const std::string elf = slurp_binary(vmlinux);
+  ASSERT_EQ(elf.substr(0, 4), std::string("\177ELF"));
+  // A name of the same length keeps every offset of the file.
+  std::string renamed = elf;
+  const std::string a("\0sys_getppid\0", 13), b("\0sys_getppie\0", 13);
+  std::size_t n = 0;
+  for (std::size_t at = renamed.find(a); at != std::string::npos; at = renamed.find(a, at + 1), ++n)
+    renamed.replace(at, a.size(), b);
+  ASSERT_GE(n, 1u);
+  std::ofstream(dir / "vmlinux", std::ios::binary) << renamed;
+  ToolRun l = run(args(kSim1, {"--symbols", "sim-1=" + vmlinux.string(), "list", "*"}));
+  ToolRun m = run(args(kSim1, {"list", "*"}));
+  EXPECT_EQ(l.status, 0) << l.err;
+  EXPECT_GT(l.out.size(), 100u);
+  EXPECT_EQ(l.out, m.out);
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "4", "--symbols", "sim-1=" + (dir / "vmlinux").string(), "-e",
+                               "kprobe:sys_getppie { @c[func] = count(); }"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@c[sys_getppie]: 8\n"), std::string::npos) << r.out;
+  std::ofstream(dir / "short", std::ios::binary) << elf.substr(0, 3000);
+  ToolRun bad = run(args(kSim1, {"--symbols", "sim-1=" + (dir / "short").string(), "-e", "BEGIN { }"}));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("not a symbol table xenprobe can read: its section headers are outside the file"),
+            std::string::npos)
+      << bad.err;
   fs::remove_all(dir);
 }
 
