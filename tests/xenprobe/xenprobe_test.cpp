@@ -63,7 +63,8 @@ std::vector<std::pair<fs::path, fs::path>> golden_cases(const fs::path& dir) {
 
 // Runs the tool with `args`; `during(pid, stdout_path)` runs while it does (for signals).
 ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
-            const std::function<void(pid_t, const fs::path&)>& during = {}) {
+            const std::function<void(pid_t, const fs::path&)>& during = {},
+            const std::vector<std::pair<std::string, std::string>>& env = {}) {
   static int serial = 0;
   fs::path dir =
       fs::temp_directory_path() / ("xenprobe_test." + std::to_string(getpid()) + "." + std::to_string(serial++));
@@ -77,6 +78,7 @@ ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
     dup2(e, 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     unsetenv("XENPROBES_BACKEND");
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(XENPROBE_BIN));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -773,6 +775,19 @@ TEST(Xenprobe, SymbolsFromAVmlinux) {
             std::string::npos)
       << bad.err;
   fs::remove_all(dir);
+}
+
+// kprobe:FUNC+OFFSET probes that instruction (sys_getppid+5, past its ftrace nop), and
+// XENPROBES_BACKEND=sim is --sim.
+TEST(Xenprobe, AnOffsetProbeAndTheSimBackendVariable) {
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "3", "-e", "kprobe:sys_getppid+5 { @[func, probe] = count(); }"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@[sys_getppid, kprobe:sys_getppid+0x5]: 6\n"), std::string::npos) << r.out;
+  ToolRun e = run({"--sim-vcpus", "1", "--sim-iterations", "3", "-e", "kprobe:sys_getppid { @ = count(); }"}, {}, {},
+                  {{"XENPROBES_BACKEND", "sim"}});
+  EXPECT_EQ(e.status, 0) << e.err;
+  EXPECT_NE(e.err.find("SIMULATED Xen"), std::string::npos) << e.err;
+  EXPECT_NE(e.out.find("@: 6\n"), std::string::npos) << e.out;
 }
 
 // ---- the tool's limits ----
