@@ -1027,6 +1027,53 @@ TEST(xenprobesd, AnAsyncProgramCountsWhatTheTrapOneCounts) {
   EXPECT_EQ(detached, 2);
 }
 
+// An async program that needs types cannot be planned at load: it is checked and planned with
+// the guest's own BTF when it attaches there (the guest of tests/module_btf_guest.hpp, whose
+// kernel and xfs module have BTF). One reading a field of a cast argument (a capture at
+// arg0 + 8) attaches and counts every call; one reading a field at a kaddr() address checks
+// against the types but a record cannot give it: that attachment fails with the planner's
+// message, naming the method.
+TEST(xenprobesd, AnAsyncProgramNeedingTypesIsPlannedWithTheGuestsBtfAtAttach) {
+  using xenprobes::testing::ModuleBtfGuest;
+  const ModuleBtfGuest g = xenprobes::testing::module_btf_guest();
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section() + R"(
+[[program]]
+name = "field"
+source = 'kprobe:sys_getppid { @f[((struct xfs_inode *)arg0)->i_flags >= 0] = count(); @c = count(); }'
+domains = [{ name = "sim-1" }]
+method = "async"
+
+[[program]]
+name = "kaddr"
+source = 'kprobe:sys_getppid { @i = max(((struct xfs_inode *)kaddr("xfs_file_read_iter"))->i_ino); }'
+domains = [{ name = "sim-1" }]
+method = "async"
+)");
+  Daemon d(cfg, sim(1, {"--sim-image", "sim-1=" + g.image, "--sim-symbols", "sim-1=" + g.map}), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  json f = d.next("attach_failed", "sim-1");
+  ASSERT_FALSE(f.is_null());
+  EXPECT_EQ(f["program"], "kaddr");
+  const std::string b = f["body"];
+  EXPECT_TRUE(b.starts_with("the program cannot run with method = \"async\":\n")) << b;
+  EXPECT_NE(b.find("error: this read of guest memory cannot come from an async record"), std::string::npos) << b;
+  ASSERT_FALSE(d.next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  EXPECT_EQ(sample(m, hits("sim-1", "field", "kprobe:sys_getppid")), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"field\",map=\"@c\",key=\"\"}"), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_async_lost_events_total{domain=\"sim-1\"}"), 0) << m;
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  int attached = 0;
+  for (const json& r : d.all())
+    if (r["kind"] == "attached") {
+      ++attached;
+      EXPECT_EQ(r["program"], "field") << r;
+      EXPECT_EQ(r["method"], "async") << r;
+    }
+  EXPECT_EQ(attached, 1);
+}
+
 // Async rings too small for the hits between two reads (--sim-ring-order 12: 4 KiB, three
 // records of this probe): the guest module drops hits, and they are the domain's lost events,
 // in the metrics and in the detached record. Every call the trap program counts in the other
