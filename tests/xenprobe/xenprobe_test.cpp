@@ -812,15 +812,48 @@ TEST(Xenprobe, DurationEndsARunOnAGuestThatNeverStops) {
 
 TEST(Xenprobe, SigtermDetachesAndPrintsTheMaps) {
   const std::string prog = R"(kprobe:sys_getppid { @c = count(); if (@c == 1) { printf("first hit\n"); } })";
-  ToolRun r = run(args(kSim1, {"-e", prog}), {}, [](pid_t pid, const fs::path& out) {
-    // Signal once the tool has handled a hit (it says so), as a user presses ^C after
-    // seeing output.
-    for (int i = 0; i < 3000 && slurp(out).find("first hit") == std::string::npos; ++i) usleep(10'000);
-    kill(pid, SIGTERM);
-  });
-  EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("terminated: detaching"), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("@c: "), std::string::npos) << r.out;
+  // SIGTERM, and SIGINT (^C) the same way.
+  for (const auto& [sig, says] :
+       {std::pair{SIGTERM, "terminated: detaching"}, std::pair{SIGINT, "interrupted: detaching"}}) {
+    ToolRun r = run(args(kSim1, {"-e", prog}), {}, [sig](pid_t pid, const fs::path& out) {
+      // Signal once the tool has handled a hit (it says so), as a user presses ^C after
+      // seeing output.
+      for (int i = 0; i < 3000 && slurp(out).find("first hit") == std::string::npos; ++i) usleep(10'000);
+      kill(pid, sig);
+    });
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("@c: "), std::string::npos) << r.out;
+  }
+}
+
+// --help is the complete reference of the options (docs/xenprobe.md): each one is there.
+TEST(Xenprobe, HelpNamesEveryOption) {
+  ToolRun h = run({"--help"});
+  EXPECT_EQ(h.status, 0) << h.err;
+  for (const char* o : {"-d",
+                        "-e",
+                        "-f",
+                        "-c",
+                        "--duration",
+                        "--symbols",
+                        "--btf",
+                        "--channel",
+                        "--method",
+                        "--check",
+                        "--maxactive",
+                        "--max-map-keys",
+                        "--sim",
+                        "--sim-guests",
+                        "--sim-vcpus",
+                        "--sim-iterations",
+                        "--sim-type",
+                        "--sim-image",
+                        "--sim-destroy",
+                        "--sim-ring-order",
+                        "list",
+                        "doctor"})
+    EXPECT_NE(h.out.find(o), std::string::npos) << o << "\n" << h.out;
 }
 
 // ---- several domains ----
