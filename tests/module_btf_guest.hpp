@@ -45,7 +45,18 @@ struct ModuleBtfGuest {
   struct Options {
     bool module = true;      // "xfs" is on the module list
     bool module_btf = true;  // and has its split BTF
+    bool linked = true;      // false: "xfs" is laid out in memory but the list is empty, as
+                             // before an insmod; writing link_bytes() at kHead loads it
   };
+  // The list head's two pointers once "xfs" is on the list (its next and prev): what an insmod
+  // writes last (Options::linked).
+  static std::vector<std::uint8_t> link_bytes() {
+    std::vector<std::uint8_t> b(16);
+    const std::uint64_t node = kStruct + k612.list;
+    std::memcpy(b.data(), &node, 8);
+    std::memcpy(b.data() + 8, &node, 8);
+    return b;
+  }
 
   std::string image, map;  // files, removed with the object
 
@@ -92,14 +103,17 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
   auto u32 = [&](std::uint64_t at, std::uint32_t v) { put(at, &v, 4); };
   const auto kbtf = module_btf(o);
   put(G::kSeg, kbtf.data(), kbtf.size());
-  if (!opt.module) {
+  if (!opt.module || !opt.linked) {
     // An empty list: the head points at itself.
     u64(G::kHead, G::kHead);
     u64(G::kHead + 8, G::kHead);
-  } else {
-    // The list: head <-> xfs.
-    u64(G::kHead, G::kStruct + o.list);
-    u64(G::kHead + 8, G::kStruct + o.list);
+  }
+  if (opt.module) {
+    // The list: head <-> xfs (the head's side written above when it is not linked yet).
+    if (opt.linked) {
+      u64(G::kHead, G::kStruct + o.list);
+      u64(G::kHead + 8, G::kStruct + o.list);
+    }
     u64(G::kStruct + o.list, G::kHead);
     u64(G::kStruct + o.list + 8, G::kHead);
     u32(G::kStruct + o.state, 0);  // MODULE_STATE_LIVE

@@ -36,9 +36,15 @@ class BtfFile final : public TypeSource {
   BtfFile(const BtfFile&) = delete;
   BtfFile& operator=(const BtfFile&) = delete;
 
+  // "X, with the BTF of loaded module(s) ext4, xfs": the modules by name (a guest may have a
+  // hundred: the first 8, then how many more), so that an error says where a type was looked for.
   std::string description() const override {
     if (parts_.empty()) return what_;
-    return what_ + " and the BTF of " + std::to_string(parts_.size()) + " loaded module(s)";
+    constexpr std::size_t kNamed = 8;
+    std::string d = what_ + ", with the BTF of loaded module(s) ";
+    for (std::size_t i = 0; i < parts_.size() && i < kNamed; ++i) d += (i ? ", " : "") + parts_[i].module;
+    if (parts_.size() > kNamed) d += " and " + std::to_string(parts_.size() - kNamed) + " more";
+    return d;
   }
 
   // The kernel's type of that name wins; then the modules' in the order they were added.

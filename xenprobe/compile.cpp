@@ -618,7 +618,9 @@ class Compiler {
     rec.resize(rec.size() - 2);  // " *"
     if (!types_) no_types(e, "casting to '" + e.name + "' needs the guest kernel's types");
     auto id = types_->find_record(rec, is_union);
-    if (!id) error(e, "no " + std::string(is_union ? "union " : "struct ") + rec + " in " + types_->description());
+    if (!id)
+      error(e, "no " + std::string(is_union ? "union " : "struct ") + rec + " in " + types_->description(),
+            types_->missing_type_hint());
     e.op = Op::PtrCast;
     Type t{Type::Kind::Ptr, *id};
     return t;

@@ -14,7 +14,9 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <deque>
@@ -30,6 +32,7 @@
 
 #include "async.hpp"
 #include "compile.hpp"
+#include "elf_symbols.hpp"
 #include "kstack.hpp"
 #include "lang.hpp"
 #include "runtime.hpp"
@@ -180,6 +183,34 @@ class SessionSymbols final : public SymbolSource {
   xenprobes::Session& s_;
 };
 
+// A file of our own in the temporary directory, removed with the object.
+struct TempFile {
+  std::string path;
+  TempFile() = default;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (!path.empty()) ::unlink(path.c_str());
+  }
+  void write(const std::string& text) {
+    const char* dir = secure_getenv("TMPDIR");
+    std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/xenprobe-symbols-XXXXXX";
+    const int fd = ::mkstemp(tmpl.data());
+    if (fd < 0) throw std::runtime_error("cannot create a file in " + tmpl + ": " + std::strerror(errno));
+    path = tmpl;
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n <= 0) {
+        ::close(fd);
+        throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
+};
+
 class Tool {
  public:
   explicit Tool(Options o)
@@ -290,6 +321,9 @@ class Tool {
     try {
       types_ = open_btf_file(o_.btf);
     } catch (const std::exception& e) { die(e.what()); }
+    types_->set_missing_type_hint(
+        "--btf gives the kernel's types only: without it, xenprobe reads the guest kernel's BTF and its loaded "
+        "modules' from its memory");
   }
 
   bool use_sim() const {
@@ -390,11 +424,19 @@ class Tool {
       auto eq = spec.find('=');
       if (eq == std::string::npos) die("--symbols " + spec + ": write DOMAIN=FILE");
       std::string dom = spec.substr(0, eq), file = spec.substr(eq + 1);
+      // A vmlinux: its .symtab becomes a System.map the library loads as any other.
+      TempFile map;
+      if (is_elf_file(file)) {
+        try {
+          map.write(system_map_from_elf(file));
+        } catch (const std::exception& e) { die("--symbols " + spec + ": " + e.what()); }
+      }
       bool any = false;
       for (Target& t : targets_)
         if (names_domain(dom, t.name, t.id)) {
           any = true;
-          if (auto r = session_->load_symbols(t.id, file); !r) die("--symbols " + spec + ": " + r.error().what);
+          if (auto r = session_->load_symbols(t.id, map.path.empty() ? file : map.path); !r)
+            die("--symbols " + spec + ": " + r.error().what);
           given_symbols.insert(t.id.value);
         }
       if (!any) die("--symbols " + spec + ": " + dom + " is not one of the selected domains");
@@ -407,18 +449,22 @@ class Tool {
       if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
         die("domain " + t.name + ": " + r.error().what +
-            " (or give its System.map or a /proc/kallsyms copy with --symbols " + t.name + "=FILE)");
+            " (or give its System.map, a /proc/kallsyms copy or its vmlinux with --symbols " + t.name + "=FILE)");
     }
   }
 
   // The guest kernel's BTF, read from each selected domain's memory (its __start_BTF ..
   // __stop_BTF). One compiled program serves every domain, so they must run the same kernel.
+  // With it, the BTF of the modules loaded now: read once, as bpftrace reads its types when it
+  // loads a program, so a module loaded later adds no types to a running xenprobe. Modules
+  // whose types cannot be used are said after a "no struct" error (missing_type_hint).
   std::unique_ptr<TypeSource> types_from_guests() {
     std::vector<std::byte> first;
     std::string first_name;
     // Loaded modules' BTF: a module's types are used when every domain has it with the same BTF.
     std::map<std::string, std::vector<std::byte>> modules;
     std::set<std::string> dropped;
+    std::vector<std::string> left_out;
     bool first_target = true;
     for (Target& t : targets_) {
       auto b = session_->kernel_btf(t.id);
@@ -434,9 +480,13 @@ class Tool {
             "reads both through one kernel's types; run one xenprobe per kernel");
       }
       std::map<std::string, std::vector<std::byte>> mine;
-      if (auto mb = session_->module_btf(t.id)) {
-        for (auto& m : *mb)
+      if (auto mb = session_->module_btf(t.id); !mb) {
+        left_out.push_back("every module of " + t.name + ": its module list cannot be read: " + mb.error().what);
+      } else {
+        for (auto& m : *mb) {
           if (m.why.empty()) mine[m.module] = std::move(m.btf);
+          else if (first_target) left_out.push_back("module " + m.module + ": " + m.why);
+        }
       }
       if (first_target) {
         modules = std::move(mine);
@@ -453,23 +503,26 @@ class Tool {
         }
       }
     }
-    if (!dropped.empty()) {
-      std::string names;
-      for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
-      std::fprintf(stderr,
-                   "xenprobe: the types of module(s) %s are not used: not loaded with the same BTF in every "
-                   "selected domain\n",
-                   names.c_str());
-    }
+    for (const auto& d : dropped)
+      left_out.push_back("module " + d + ": not loaded with the same BTF in every selected domain");
     std::vector<ModuleTypes> mods;
     for (auto& [name, blob] : modules) mods.push_back(ModuleTypes{name, std::move(blob)});
     std::vector<std::string> refused;
+    std::unique_ptr<TypeSource> types;
     try {
-      auto types =
-          open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
-      for (const std::string& r : refused) std::fprintf(stderr, "xenprobe: module %s\n", r.c_str());
-      return types;
+      types = open_btf_bytes(first, "the BTF of " + first_name + "'s kernel (read from its memory)", mods, &refused);
     } catch (const std::exception& e) { die("domain " + first_name + ": " + e.what()); }
+    for (const std::string& r : refused) left_out.push_back("module " + r);
+    std::string hint =
+        "a module's types are read with the kernel's when xenprobe starts, from the modules loaded then (as "
+        "bpftrace reads them when it loads a program): if the type is a module's, load that module in the "
+        "guest, then start xenprobe";
+    constexpr std::size_t kShown = 8;  // a guest may have a hundred modules without BTF
+    if (!left_out.empty()) hint += "\ntypes left out:";
+    for (std::size_t i = 0; i < left_out.size() && i < kShown; ++i) hint += "\n  " + left_out[i];
+    if (left_out.size() > kShown) hint += "\n  and " + std::to_string(left_out.size() - kShown) + " more";
+    types->set_missing_type_hint(std::move(hint));
+    return types;
   }
 
   void attach() {
@@ -504,8 +557,8 @@ class Tool {
             if (!fs) fail_attach(t, spec.text + ": " + fs.error().what);
             for (auto& f : *fs) points.push_back(f.name);
             if (points.empty())
-              fail_attach(
-                  t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" + spec.function + "')");
+              fail_attach(t, spec.text + " matches no function (see: xenprobe list -d " + t.name + " '" +
+                                 spec.function + "')" + module_note(spec.function));
           } else {
             points.push_back(spec.function);
           }
@@ -539,7 +592,9 @@ class Tool {
                   xenprobes::RetProbeOptions{.maxactive = static_cast<int>(o_.maxactive)});
             }
             if (!p) {
-              if (!spec.wildcard) fail_attach(t, site->probe + ": " + p.error().what);
+              if (!spec.wildcard)
+                fail_attach(t, site->probe + ": " + p.error().what +
+                                   (p.error().code == xenprobes::Errc::NotFound ? module_note(fn) : ""));
               if (!skipped++) first_skip = site->probe + ": " + p.error().what;
               continue;
             }
@@ -582,6 +637,14 @@ class Tool {
     char b[32];
     std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(v));
     return b;
+  }
+
+  // After "no such function" for MODULE:FUNC: the module list is the one read at the start.
+  static std::string module_note(const std::string& function) {
+    const auto colon = function.find(':');
+    if (colon == std::string::npos) return {};
+    return "; a module's functions are those of the modules loaded when xenprobe starts: if " +
+           function.substr(0, colon) + " is not loaded, load it in the guest, then start xenprobe";
   }
 
   [[noreturn]] void fail_attach(const Target& t, const std::string& what) {
@@ -856,9 +919,10 @@ static int run_main(int argc, char** argv) {
                  "a guest to probe: its name, its domid or a glob of names ('web*'); repeat for several "
                  "(default: the only guest)")
         ->allow_extra_args(false);
-    a.add_option("--symbols", o.symbol_files,
-                 "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy) for that domain "
-                 "(default: its kallsyms, read from its memory)")
+    a.add_option(
+         "--symbols", o.symbol_files,
+         "DOMAIN=FILE: the guest kernel's System.map (or a /proc/kallsyms copy, or its vmlinux) for that domain "
+         "(default: its kallsyms, read from its memory)")
         ->allow_extra_args(false);
     a.add_option("--channel", o.channel, "how hits reach Dom0: auto, guest, vmevent or debugger")
         ->check(CLI::IsMember({"auto", "guest", "vmevent", "debugger"}));

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace xenprobe {
@@ -43,6 +44,15 @@ class TypeSource {
   virtual std::vector<std::string> member_names(std::uint32_t record) const = 0;
   // The offset of a per-CPU variable from the per-CPU base (its place in .data..percpu).
   virtual std::optional<std::uint64_t> percpu_offset(std::string_view variable) const = 0;
+
+  // Said after "no struct X in <description>": where else such a type could come from and
+  // when it is read (a module loaded after the types were read, a module left out), set by
+  // whoever read the types; "" for nothing.
+  const std::string& missing_type_hint() const { return missing_type_hint_; }
+  void set_missing_type_hint(std::string hint) { missing_type_hint_ = std::move(hint); }
+
+ private:
+  std::string missing_type_hint_;
 };
 
 // A BTF file: a raw one (/sys/kernel/btf/vmlinux, `bpftool btf dump ... format raw`) or an ELF

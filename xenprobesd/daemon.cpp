@@ -101,6 +101,7 @@ void Daemon::open_session() {
     for (const std::string& c : sim_.create) creates_.push_back(parse_cue(c, "--sim-create"));
     for (const std::string& c : sim_.destroy) destroys_.push_back(parse_cue(c, "--sim-destroy"));
     for (const std::string& c : sim_.crash) crashes_.push_back(parse_cue(c, "--sim-crash"));
+    for (const std::string& c : sim_.writes) writes_.push_back(parse_write_cue(c));
     std::fprintf(stderr, "xenprobesd: the SIMULATED Xen (--sim): %u demo guest(s) at start\n", sim_.guests);
   } else {
     if (access("/dev/xen/privcmd", F_OK) != 0 && access("/proc/xen/privcmd", F_OK) != 0)

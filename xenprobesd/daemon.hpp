@@ -48,6 +48,9 @@ struct SimPlan {
   unsigned ring_order = 0;           // the guest module's async rings: 2^N bytes each (0 = the module's default)
   std::vector<std::string> images;   // NAME=FILE: that guest boots FILE (a static x86-64 ELF), not the demo guest
   std::vector<std::string> symbols;  // NAME=FILE: that guest's System.map (default: the demo guest's)
+  // NAME@HITS:ADDR=HEX: bytes written at a guest-virtual address inside its HITS-th hit's handler
+  // (what the guest's own kernel would write: the tests link a module into its module list)
+  std::vector<std::string> writes;
 };
 
 // Questions from other threads (the metrics endpoint's, the control socket's: "metrics",
@@ -164,10 +167,13 @@ class Daemon {
     std::string name;
     std::uint64_t hits = 0;
     bool done = false;
+    std::uint64_t address = 0;  // --sim-write: where, and what
+    std::vector<std::byte> bytes{};
   };
 
   void open_session();
   static SimCue parse_cue(const std::string& spec, const char* option);
+  static SimCue parse_write_cue(const std::string& spec);
   void sim_create(const std::string& name);
   void sim_step();
   void start_paused_guests();
@@ -232,7 +238,7 @@ class Daemon {
   bool last_reload_ok_ = true;
   Clock::time_point started_;
 
-  std::vector<SimCue> creates_, destroys_, crashes_;
+  std::vector<SimCue> creates_, destroys_, crashes_, writes_;
   std::vector<xenprobes::DomId> sim_paused_;  // started once the daemon has had its look at them
   std::set<std::uint32_t> sim_domids_;
   std::set<DomainKey> symbols_loaded_;      // domains whose kallsyms the session has read

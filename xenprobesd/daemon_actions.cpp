@@ -66,6 +66,13 @@ void Daemon::on_hit(Attachment& a, ProbeEntry& pe, xenprobes::HitContext& c) {
       if (auto r = host_->destroy_domain(a.id); !r)
         std::fprintf(stderr, "xenprobesd: --sim-destroy %s: %s\n", cue.name.c_str(), r.error().what.c_str());
     }
+  // --sim-write: bytes written into the guest's memory there, through the hit vCPU's page tables.
+  for (SimCue& cue : writes_)
+    if (!cue.done && cue.name == a.domain && n >= cue.hits) {
+      cue.done = true;
+      if (auto r = c.write(xenprobes::Gva{cue.address}, cue.bytes); !r)
+        std::fprintf(stderr, "xenprobesd: --sim-write %s: %s\n", cue.name.c_str(), r.error().what.c_str());
+    }
   // --sim-crash: the guest's kernel panics there instead (the domain stays, crashed).
   for (SimCue& cue : crashes_)
     if (!cue.done && cue.name == a.domain && n >= cue.hits) {

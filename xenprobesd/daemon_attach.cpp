@@ -64,8 +64,12 @@ const Daemon::DomainTypes* Daemon::types_for(const DomainKey& key, xenprobes::Do
   std::vector<std::string> refused;
   DomainTypes d;
   try {
-    d.types =
+    auto types =
         xenprobe::open_btf_bytes(*btf, "the BTF of " + name + "'s kernel (read from its memory)", modules, &refused);
+    types->set_missing_type_hint(
+        "a module's types are read from the modules loaded when the program attaches: once the module is "
+        "loaded, the next try attaches");
+    d.types = std::move(types);
   } catch (const std::exception& e) {
     *failure = e.what();
     return nullptr;

@@ -21,6 +21,23 @@ Daemon::SimCue Daemon::parse_cue(const std::string& spec, const char* option) {
   return SimCue{spec.substr(0, at), std::stoull(spec.substr(at + 1)), false};
 }
 
+// --sim-write NAME@HITS:ADDR=HEX: ADDR in hex (0x optional), HEX the bytes in memory order.
+Daemon::SimCue Daemon::parse_write_cue(const std::string& spec) {
+  const auto colon = spec.find(':'), eq = spec.find('=');
+  const auto bad = [&] { return std::runtime_error("--sim-write " + spec + ": write NAME@HITS:ADDR=HEXBYTES"); };
+  if (colon == std::string::npos || eq == std::string::npos || eq < colon) throw bad();
+  SimCue cue = parse_cue(spec.substr(0, colon), "--sim-write");
+  std::string addr = spec.substr(colon + 1, eq - colon - 1), hex = spec.substr(eq + 1);
+  if (addr.starts_with("0x")) addr = addr.substr(2);
+  if (addr.empty() || addr.size() > 16 || !std::all_of(addr.begin(), addr.end(), ::isxdigit)) throw bad();
+  if (hex.empty() || hex.size() % 2 || hex.size() > 8192 || !std::all_of(hex.begin(), hex.end(), ::isxdigit))
+    throw bad();
+  cue.address = std::stoull(addr, nullptr, 16);
+  for (std::size_t i = 0; i < hex.size(); i += 2)
+    cue.bytes.push_back(static_cast<std::byte>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  return cue;
+}
+
 // The FILE of the NAME=FILE `specs` (--sim-image, --sim-symbols) that name this guest, "" for none.
 static std::string sim_file_for(const std::vector<std::string>& specs, const std::string& name, const char* option) {
   std::string file;

@@ -49,7 +49,9 @@ SIMULATED XEN
   --sim-label NAME:KEY=VALUE writes /local/domain/<id>/KEY for a guest when it is created,
   --sim-ring-order N gives the guest module's async rings 2^N bytes each (12..24),
   --sim-image NAME=FILE boots that guest from FILE (a static x86-64 ELF) instead of the demo
-  guest, and --sim-symbols NAME=FILE gives its System.map.
+  guest, and --sim-symbols NAME=FILE gives its System.map; --sim-write NAME@HITS:ADDR=HEX
+  writes the bytes HEX (in memory order) at the guest-virtual address ADDR inside the handler
+  of that guest's HITS-th hit (what its own kernel would write, e.g. loading a module).
 )";
 
 }  // namespace
@@ -77,6 +79,7 @@ static int run_main(int argc, char** argv) {
                  "the simulated guest module's async rings hold 2^N bytes each (12 ... 24; default 14)");
   app.add_option("--sim-image", sim.images, "NAME=FILE: that simulated guest boots FILE, not the demo guest");
   app.add_option("--sim-symbols", sim.symbols, "NAME=FILE: that simulated guest's System.map (default: the demo's)");
+  app.add_option("--sim-write", sim.writes, "NAME@HITS:ADDR=HEX: bytes written into that guest in its HITS-th hit");
   std::string socket_path;
   auto* status_cmd = app.add_subcommand("status", "print what the running daemon serves: programs, domains, counts");
   auto* reload_cmd = app.add_subcommand(

@@ -35,6 +35,13 @@ struct ToolRun {
   std::string out, err;
 };
 
+std::string slurp_binary(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -56,7 +63,8 @@ std::vector<std::pair<fs::path, fs::path>> golden_cases(const fs::path& dir) {
 
 // Runs the tool with `args`; `during(pid, stdout_path)` runs while it does (for signals).
 ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
-            const std::function<void(pid_t, const fs::path&)>& during = {}) {
+            const std::function<void(pid_t, const fs::path&)>& during = {},
+            const std::vector<std::pair<std::string, std::string>>& env = {}) {
   static int serial = 0;
   fs::path dir =
       fs::temp_directory_path() / ("xenprobe_test." + std::to_string(getpid()) + "." + std::to_string(serial++));
@@ -70,6 +78,7 @@ ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
     dup2(e, 2);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     unsetenv("XENPROBES_BACKEND");
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(XENPROBE_BIN));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -88,16 +97,90 @@ ToolRun run(const std::vector<std::string>& args, const std::string& cwd = {},
   return r;
 }
 
+// The schema of xenprobe's NDJSON (docs/xenprobe.md "Output": bpftrace's record types with a
+// "domain"), checked on every record every test reads: "" if `r` fits it, else what does not.
+std::string schema_violation(const json& r) {
+  if (!r.is_object() || r.size() != 3 || !r.contains("type") || !r.contains("domain") || !r.contains("data"))
+    return "a record is an object of exactly type, domain and data";
+  if (!r["type"].is_string() || !r["domain"].is_string() || r["domain"].get<std::string>().empty())
+    return "type and domain are non-empty strings";
+  const std::string type = r["type"];
+  const json& d = r["data"];
+  const auto one_map = [&]() -> const json* {
+    if (!d.is_object() || d.size() != 1 || !d.begin().key().starts_with("@")) return nullptr;
+    return &d.begin().value();
+  };
+  if (type == "attached_probes")
+    return d.is_object() && d.size() == 1 && d.contains("probes") && d["probes"].is_number_unsigned()
+               ? ""
+               : "attached_probes: {\"probes\": N}";
+  if (type == "lost_events")
+    return d.is_object() && d.size() == 1 && d.contains("events") && d["events"].is_number_unsigned()
+               ? ""
+               : "lost_events: {\"events\": N}";
+  if (type == "printf") return d.is_string() ? "" : "printf: a string";
+  if (type == "map") {
+    const json* m = one_map();
+    if (!m) return "map: {\"@name\": value}";
+    if (m->is_number_integer() || m->is_string()) return "";  // a map without keys
+    if (!m->is_object()) return "map: a value, or an object of keys";
+    for (const auto& [k, v] : m->items())
+      if (!v.is_number_integer() && !v.is_string()) return "map: key " + k + "'s value is not an integer or string";
+    return "";
+  }
+  if (type == "hist") {
+    const json* m = one_map();
+    if (!m) return "hist: {\"@name\": buckets}";
+    const auto buckets_ok = [](const json& b) {
+      if (!b.is_array()) return false;
+      for (const json& x : b) {
+        if (!x.is_object() || !x.contains("count") || !x["count"].is_number_unsigned()) return false;
+        for (const auto& [k, v] : x.items())
+          if ((k != "min" && k != "max" && k != "count") || !v.is_number_integer()) return false;
+        if (!x.contains("min") && !x.contains("max")) return false;
+      }
+      return true;
+    };
+    if (buckets_ok(*m)) return "";
+    if (!m->is_object()) return "hist: an array of buckets, or an object of keys";
+    for (const auto& [k, v] : m->items())
+      if (!buckets_ok(v)) return "hist: key " + k + "'s buckets";
+    return "";
+  }
+  return "unknown record type " + type;
+}
+
 std::vector<json> records(const std::string& ndjson) {
   std::vector<json> v;
   std::istringstream in(ndjson);
   std::string line;
   while (std::getline(in, line)) {
-    EXPECT_NO_THROW(v.push_back(json::parse(line))) << "not one JSON record: " << line;
-    const json& r = v.back();
-    EXPECT_TRUE(r.contains("type") && r.contains("domain") && r.contains("data")) << line;
+    json r = json::parse(line, nullptr, false);
+    EXPECT_FALSE(r.is_discarded()) << "not one JSON record: " << line;
+    if (r.is_discarded()) continue;
+    EXPECT_EQ(schema_violation(r), "") << line;
+    v.push_back(std::move(r));
   }
   return v;
+}
+
+// The check itself: what bpftrace's shapes are not is refused.
+TEST(XenprobeJson, TheSchemaCheckRefusesWhatIsNotARecordsShape) {
+  const auto bad = [](const char* text) { return schema_violation(json::parse(text)); };
+  EXPECT_EQ(bad(R"({"type": "map", "domain": "d", "data": {"@m": {"k": 1, "l": "s"}}})"), "");
+  EXPECT_EQ(
+      bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"max": -1, "count": 1}, {"min": 0, "max": 0, "count": 2}]}})"),
+      "");
+  EXPECT_EQ(bad(R"({"type": "hist", "domain": "d", "data": {"@h": {"k": [{"min": 4, "count": 1}]}}})"), "");
+  EXPECT_NE(bad(R"({"type": "map", "domain": "d", "data": {"m": 1}})"), "");  // no @
+  EXPECT_NE(bad(R"({"type": "map", "domain": "d", "data": {"@m": {"k": [1]}}})"), "");
+  EXPECT_NE(bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"count": 1}]}})"), "");  // no bound
+  EXPECT_NE(bad(R"({"type": "hist", "domain": "d", "data": {"@h": [{"min": 1, "max": 2, "count": -1}]}})"), "");
+  EXPECT_NE(bad(R"({"type": "attached_probes", "domain": "d", "data": {"probes": "2"}})"), "");
+  EXPECT_NE(bad(R"({"type": "lost_events", "domain": "d", "data": {"events": 1, "x": 0}})"), "");
+  EXPECT_NE(bad(R"({"type": "printf", "domain": "", "data": "x"})"), "");
+  EXPECT_NE(bad(R"({"type": "printf", "domain": "d", "data": "x", "extra": 1})"), "");
+  EXPECT_NE(bad(R"({"type": "time", "domain": "d", "data": "x"})"), "");
 }
 
 // The data of the map (or hist) record of `map` in `domain`'s final output (the last one).
@@ -659,6 +742,54 @@ TEST(Xenprobe, SymbolsFromAFile) {
   fs::remove_all(dir);
 }
 
+// A vmlinux as the symbols (its .symtab): the same functions as its System.map, and probes
+// resolve through it. The copy has sys_getppid renamed in its string table, so the count can
+// only come from the file given; a truncated file is refused saying why.
+TEST(Xenprobe, SymbolsFromAVmlinux) {
+  const fs::path dir = fs::temp_directory_path() / ("xenprobe_test_vmlinux." + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path vmlinux = fs::path(XENPROBES_DEMO_GUEST_SYSTEM_MAP).parent_path() / "vmlinux";
+  const std::string elf = slurp_binary(vmlinux);
+  ASSERT_EQ(elf.substr(0, 4), std::string("\177ELF"));
+  // A name of the same length keeps every offset of the file.
+  std::string renamed = elf;
+  const std::string a("\0sys_getppid\0", 13), b("\0sys_getppie\0", 13);
+  std::size_t n = 0;
+  for (std::size_t at = renamed.find(a); at != std::string::npos; at = renamed.find(a, at + 1), ++n)
+    renamed.replace(at, a.size(), b);
+  ASSERT_GE(n, 1u);
+  std::ofstream(dir / "vmlinux", std::ios::binary) << renamed;
+  ToolRun l = run(args(kSim1, {"--symbols", "sim-1=" + vmlinux.string(), "list", "*"}));
+  ToolRun m = run(args(kSim1, {"list", "*"}));
+  EXPECT_EQ(l.status, 0) << l.err;
+  EXPECT_GT(l.out.size(), 100u);
+  EXPECT_EQ(l.out, m.out);
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "4", "--symbols", "sim-1=" + (dir / "vmlinux").string(), "-e",
+                               "kprobe:sys_getppie { @c[func] = count(); }"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@c[sys_getppie]: 8\n"), std::string::npos) << r.out;
+  std::ofstream(dir / "short", std::ios::binary) << elf.substr(0, 3000);
+  ToolRun bad = run(args(kSim1, {"--symbols", "sim-1=" + (dir / "short").string(), "-e", "BEGIN { }"}));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("not a symbol table xenprobe can read: its section headers are outside the file"),
+            std::string::npos)
+      << bad.err;
+  fs::remove_all(dir);
+}
+
+// kprobe:FUNC+OFFSET probes that instruction (sys_getppid+5, past its ftrace nop), and
+// XENPROBES_BACKEND=sim is --sim.
+TEST(Xenprobe, AnOffsetProbeAndTheSimBackendVariable) {
+  ToolRun r = run(args(kSim1, {"--sim-iterations", "3", "-e", "kprobe:sys_getppid+5 { @[func, probe] = count(); }"}));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("@[sys_getppid, kprobe:sys_getppid+0x5]: 6\n"), std::string::npos) << r.out;
+  ToolRun e = run({"--sim-vcpus", "1", "--sim-iterations", "3", "-e", "kprobe:sys_getppid { @ = count(); }"}, {}, {},
+                  {{"XENPROBES_BACKEND", "sim"}});
+  EXPECT_EQ(e.status, 0) << e.err;
+  EXPECT_NE(e.err.find("SIMULATED Xen"), std::string::npos) << e.err;
+  EXPECT_NE(e.out.find("@: 6\n"), std::string::npos) << e.out;
+}
+
 // ---- the tool's limits ----
 
 TEST(Xenprobe, HitLimitStopsAfterExactlyThatManyHits) {
@@ -681,15 +812,48 @@ TEST(Xenprobe, DurationEndsARunOnAGuestThatNeverStops) {
 
 TEST(Xenprobe, SigtermDetachesAndPrintsTheMaps) {
   const std::string prog = R"(kprobe:sys_getppid { @c = count(); if (@c == 1) { printf("first hit\n"); } })";
-  ToolRun r = run(args(kSim1, {"-e", prog}), {}, [](pid_t pid, const fs::path& out) {
-    // Signal once the tool has handled a hit (it says so), as a user presses ^C after
-    // seeing output.
-    for (int i = 0; i < 3000 && slurp(out).find("first hit") == std::string::npos; ++i) usleep(10'000);
-    kill(pid, SIGTERM);
-  });
-  EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("terminated: detaching"), std::string::npos) << r.err;
-  EXPECT_NE(r.out.find("@c: "), std::string::npos) << r.out;
+  // SIGTERM, and SIGINT (^C) the same way.
+  for (const auto& [sig, says] :
+       {std::pair{SIGTERM, "terminated: detaching"}, std::pair{SIGINT, "interrupted: detaching"}}) {
+    ToolRun r = run(args(kSim1, {"-e", prog}), {}, [sig](pid_t pid, const fs::path& out) {
+      // Signal once the tool has handled a hit (it says so), as a user presses ^C after
+      // seeing output.
+      for (int i = 0; i < 3000 && slurp(out).find("first hit") == std::string::npos; ++i) usleep(10'000);
+      kill(pid, sig);
+    });
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("@c: "), std::string::npos) << r.out;
+  }
+}
+
+// --help is the complete reference of the options (docs/xenprobe.md): each one is there.
+TEST(Xenprobe, HelpNamesEveryOption) {
+  ToolRun h = run({"--help"});
+  EXPECT_EQ(h.status, 0) << h.err;
+  for (const char* o : {"-d",
+                        "-e",
+                        "-f",
+                        "-c",
+                        "--duration",
+                        "--symbols",
+                        "--btf",
+                        "--channel",
+                        "--method",
+                        "--check",
+                        "--maxactive",
+                        "--max-map-keys",
+                        "--sim",
+                        "--sim-guests",
+                        "--sim-vcpus",
+                        "--sim-iterations",
+                        "--sim-type",
+                        "--sim-image",
+                        "--sim-destroy",
+                        "--sim-ring-order",
+                        "list",
+                        "doctor"})
+    EXPECT_NE(h.out.find(o), std::string::npos) << o << "\n" << h.out;
 }
 
 // ---- several domains ----
@@ -984,6 +1148,66 @@ TEST(XenprobeModules, AProgramReadsThroughAModulesStructAndFunctionAddress) {
   ToolRun none = run(args(kSim1, {"--sim-iterations", "1", "-e", "kprobe:xfs_file_read_iter { }"}));
   EXPECT_EQ(none.status, 1);
   EXPECT_NE(none.err.find("no symbol 'xfs_file_read_iter'"), std::string::npos) << none.err;
+}
+
+// Types are read once, when xenprobe starts (as bpftrace reads them when it loads a program):
+// a program naming a type of a module that is not loaded then fails before anything is
+// attached, saying where the type was looked for, when the modules' types are read and what to
+// do; a module whose types could not be used is named with the reason.
+TEST(XenprobeModules, ATypeOfAModuleNotLoadedAtTheStartIsAnErrorSayingWhatToDo) {
+  const std::string prog = "kprobe:sys_getppid { @ = ((struct xfs_inode *)kaddr(\"sys_getppid\"))->i_ino; }";
+  const std::string where =
+      "-e:1:27: error: no struct xfs_inode in the BTF of sim-1's kernel (read from its memory)\n" + prog +
+      "\n                          ^~~~~~~~~~~~~~~~~~~~\n"
+      "a module's types are read with the kernel's when xenprobe starts, from the modules loaded then (as bpftrace "
+      "reads them when it loads a program): if the type is a module's, load that module in the guest, then start "
+      "xenprobe\n";
+  // No module loaded.
+  ModuleGuest none = module_btf_guest({.module = false});
+  ToolRun n =
+      run({"--sim", "--sim-vcpus", "1", "--sim-image", none.image, "--symbols", "sim-1=" + none.map, "-e", prog});
+  EXPECT_EQ(n.status, 1);
+  EXPECT_TRUE(n.err.ends_with(where)) << n.err;
+  EXPECT_EQ(n.out, "");  // nothing attached
+  // The module loaded, without BTF: named, with the reason.
+  ModuleGuest no_btf = module_btf_guest({.module = true, .module_btf = false});
+  ToolRun b =
+      run({"--sim", "--sim-vcpus", "1", "--sim-image", no_btf.image, "--symbols", "sim-1=" + no_btf.map, "-e", prog});
+  EXPECT_EQ(b.status, 1);
+  EXPECT_TRUE(b.err.ends_with(where + "types left out:\n"
+                                      "  module xfs: it has no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES)\n"))
+      << b.err;
+  EXPECT_EQ(b.out, "");
+  // With the module's BTF, a name neither has: the modules looked at are named.
+  ModuleGuest with = module_guest();
+  ToolRun w = run({"--sim", "--sim-vcpus", "1", "--sim-image", with.image, "--symbols", "sim-1=" + with.map, "-e",
+                   "kprobe:sys_getppid { @ = ((struct xfs_inod *)kaddr(\"sys_getppid\"))->i_ino; }"});
+  EXPECT_EQ(w.status, 1);
+  EXPECT_NE(w.err.find("error: no struct xfs_inod in the BTF of sim-1's kernel (read from its memory), with the BTF "
+                       "of loaded module(s) xfs\n"),
+            std::string::npos)
+      << w.err;
+  // A module's function named with its module, the module not loaded.
+  ToolRun f = run({"--sim", "--sim-vcpus", "1", "--sim-image", none.image, "--symbols", "sim-1=" + none.map, "-e",
+                   "kprobe:xfs:xfs_file_read_iter { }"});
+  EXPECT_EQ(f.status, 1);
+  EXPECT_NE(f.err.find("xenprobe: domain sim-1: kprobe:xfs:xfs_file_read_iter: no symbol 'xfs:xfs_file_read_iter'"),
+            std::string::npos)
+      << f.err;
+  EXPECT_TRUE(
+      f.err.ends_with("; a module's functions are those of the modules loaded when xenprobe starts: if xfs "
+                      "is not loaded, load it in the guest, then start xenprobe\n"))
+      << f.err;
+  // --btf gives the kernel's types only, and says so.
+  const std::string btf = test_btf();
+  if (!btf.empty()) {
+    ToolRun k = run({"--check", "--btf", btf, "-e", prog});
+    EXPECT_EQ(k.status, 1);
+    EXPECT_TRUE(
+        k.err.ends_with("--btf gives the kernel's types only: without it, xenprobe reads the guest kernel's "
+                        "BTF and its loaded modules' from its memory\n"))
+        << k.err;
+  }
 }
 
 }  // namespace

@@ -780,6 +780,79 @@ domains = [{ glob = "*" }]
             1);
 }
 
+// A module loaded while the daemon runs: the guest's "xfs" is laid out in its memory but not on
+// its module list, so the program naming struct xfs_inode fails to attach; inside the handler
+// of the guest's 5th hit (of the program that needs no types) the daemon's --sim-write links
+// it in, as an insmod would, and the attachment's next try (2 s later) reads the types again
+// and attaches with no reload: every hit it serves prints the module's struct as it is in the
+// guest.
+TEST(xenprobesd, AModuleLoadedWhileItRunsBringsItsTypesAtTheNextTry) {
+  using xenprobes::testing::ModuleBtfGuest;
+  const ModuleBtfGuest g = xenprobes::testing::module_btf_guest({.linked = false});
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(ModuleBtfGuest::kHead));
+  std::string link = std::string("sim-1@5:") + hex + "=";
+  for (std::uint8_t b : ModuleBtfGuest::link_bytes()) {
+    std::snprintf(hex, sizeof hex, "%02x", b);
+    link += hex;
+  }
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section() + R"(
+[[program]]
+name = "xfs"
+source = '''
+kprobe:sys_getppid { printf("ino=%lx flags=%u\n", ((struct xfs_inode *)kaddr("xfs_file_read_iter"))->i_ino,
+                            ((struct xfs_inode *)kaddr("xfs:xfs_file_read_iter"))->i_flags); }
+'''
+domains = [{ name = "sim-1" }]
+
+[[program]]
+name = "plain"
+source = 'kprobe:sys_getppid { @c = count(); }'
+domains = [{ name = "sim-1" }]
+)");
+  // The guest runs until the daemon stops: the retry comes seconds after the module is loaded.
+  Daemon d(cfg,
+           {"--sim", "--sim-guests", "1", "--sim-vcpus", "1", "--sim-iterations", "0", "--sim-image",
+            "sim-1=" + g.image, "--sim-symbols", "sim-1=" + g.map, "--sim-write", link},
+           t.path);
+  json f = d.next("attach_failed", "sim-1");
+  ASSERT_FALSE(f.is_null());
+  EXPECT_EQ(f["program"], "xfs");
+  const std::string b = f["body"];
+  EXPECT_NE(b.find("error: no struct xfs_inode in the BTF of sim-1's kernel (read from its memory)\n"),
+            std::string::npos)
+      << b;
+  EXPECT_NE(b.find("a module's types are read from the modules loaded when the program attaches: once the module "
+                   "is loaded, the next try attaches\n"),
+            std::string::npos)
+      << b;
+  EXPECT_EQ(b.find("types left out"), std::string::npos) << b;  // no module on the list yet
+  // The same attachment, attached at a later try.
+  json a;
+  do a = d.next("attached", "sim-1");
+  while (!a.is_null() && a["program"] != "xfs");
+  ASSERT_FALSE(a.is_null()) << d.err();
+  char want[64];
+  std::snprintf(want, sizeof want, "ino=%llx flags=%u\n", static_cast<unsigned long long>(ModuleBtfGuest::kIno),
+                ModuleBtfGuest::kFlags);
+  json p = d.next("printf", "sim-1");
+  ASSERT_FALSE(p.is_null());
+  EXPECT_EQ(p["body"], want) << p;
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  int printed = 0, failed = 0;
+  for (const json& r : d.all()) {
+    if (r["kind"] == "printf") {
+      EXPECT_EQ(r["body"], want) << r;
+      ++printed;
+    }
+    if (r["kind"] == "attach_failed") ++failed;
+  }
+  EXPECT_GE(printed, 1);
+  EXPECT_EQ(failed, 1);  // one record per reason, not one per try
+  EXPECT_EQ(d.err().find("--sim-write"), std::string::npos) << d.err();
+}
+
 // Map keys and printf text are guest data. The bytes at sys_getppid are the ftrace nop
 // 0f 1f 44 00 00, and at +5 sits the probe's own trap byte while it is armed (0xcc on the
 // guest channel, tests/xenprobe): a lone 0xcc is not UTF-8. The metrics carry U+FFFD in its
@@ -952,6 +1025,53 @@ TEST(xenprobesd, AnAsyncProgramCountsWhatTheTrapOneCounts) {
       if (r["program"] == "async") { EXPECT_EQ(r["lost_events"], 0) << r; }
     }
   EXPECT_EQ(detached, 2);
+}
+
+// An async program that needs types cannot be planned at load: it is checked and planned with
+// the guest's own BTF when it attaches there (the guest of tests/module_btf_guest.hpp, whose
+// kernel and xfs module have BTF). One reading a field of a cast argument (a capture at
+// arg0 + 8) attaches and counts every call; one reading a field at a kaddr() address checks
+// against the types but a record cannot give it: that attachment fails with the planner's
+// message, naming the method.
+TEST(xenprobesd, AnAsyncProgramNeedingTypesIsPlannedWithTheGuestsBtfAtAttach) {
+  using xenprobes::testing::ModuleBtfGuest;
+  const ModuleBtfGuest g = xenprobes::testing::module_btf_guest();
+  TempDir t;
+  auto cfg = t.write("c.toml", daemon_section() + R"(
+[[program]]
+name = "field"
+source = 'kprobe:sys_getppid { @f[((struct xfs_inode *)arg0)->i_flags >= 0] = count(); @c = count(); }'
+domains = [{ name = "sim-1" }]
+method = "async"
+
+[[program]]
+name = "kaddr"
+source = 'kprobe:sys_getppid { @i = max(((struct xfs_inode *)kaddr("xfs_file_read_iter"))->i_ino); }'
+domains = [{ name = "sim-1" }]
+method = "async"
+)");
+  Daemon d(cfg, sim(1, {"--sim-image", "sim-1=" + g.image, "--sim-symbols", "sim-1=" + g.map}), t.path);
+  const int port = d.next("metrics_listening")["port"];
+  json f = d.next("attach_failed", "sim-1");
+  ASSERT_FALSE(f.is_null());
+  EXPECT_EQ(f["program"], "kaddr");
+  const std::string b = f["body"];
+  EXPECT_TRUE(b.starts_with("the program cannot run with method = \"async\":\n")) << b;
+  EXPECT_NE(b.find("error: this read of guest memory cannot come from an async record"), std::string::npos) << b;
+  ASSERT_FALSE(d.next("sim_idle").is_null());
+  const std::string m = metrics(port);
+  EXPECT_EQ(sample(m, hits("sim-1", "field", "kprobe:sys_getppid")), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_map_value{domain=\"sim-1\",program=\"field\",map=\"@c\",key=\"\"}"), 2 * K) << m;
+  EXPECT_EQ(sample(m, "xenprobesd_async_lost_events_total{domain=\"sim-1\"}"), 0) << m;
+  EXPECT_EQ(d.stop(), 0) << d.err();
+  int attached = 0;
+  for (const json& r : d.all())
+    if (r["kind"] == "attached") {
+      ++attached;
+      EXPECT_EQ(r["program"], "field") << r;
+      EXPECT_EQ(r["method"], "async") << r;
+    }
+  EXPECT_EQ(attached, 1);
 }
 
 // Async rings too small for the hits between two reads (--sim-ring-order 12: 4 KiB, three

@@ -43,6 +43,10 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock-qemu10 [stock_pv_module_idle]=sto
   [stock_pv_xenprobesd_service]=stock-qemu10 [stock_pv_jump]=stock-qemu10 [stock_pv_async]=stock-qemu10 [stock_pv_spin]=stock-qemu10 [stock_kill9_jump]=stock-qemu10 [stock_pv_sweep]=stock-qemu10 [stock_pv_module_gone]=stock-qemu10 [stock_pv_budget]=stock-qemu10 [stock_kill9_rounds]=stock-qemu10 [stock_pvh_kill9_rounds]=stock-qemu10 [gdbsx_kill9_rounds]=gdbsx)
 # The unload handshake (protocol.h "Letting go"): not in the default list yet.
 SCEN_XEN[stock_pv_module_release]=stock-qemu10
+# A loaded module's BTF read by xenprobe from a real guest (issue 15); not in the default list yet.
+SCEN_XEN[stock_pv_xenprobe_module_btf]=stock-qemu10
+# xenprobe on vm_event against a PVH guest without the module (issue 15); not in the default list yet.
+SCEN_XEN[stock_pvh_xenprobe_agentless]=stock-qemu10
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
