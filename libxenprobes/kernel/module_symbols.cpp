@@ -232,7 +232,9 @@ Result<std::vector<std::byte>> read_module_btf(const ReadFn& read, const Module&
                                                std::uint64_t max_bytes) {
   if (!m.usable) return fail(Errc::InvalidArgument, "it is kept out: " + m.why);
   if (m.btf_data == 0 || m.btf_size == 0)
-    return fail(Errc::NotFound, "it has no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES)");
+    return fail(Errc::NotFound,
+                "its struct module holds no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES, or initialised: "
+                "Linux 5.11 and later clear btf_data then, and the kernel's btf_modules list is not read yet)");
   if (m.btf_size > max_bytes)
     return fail(Errc::InvalidArgument, "its btf_data_size " + std::to_string(m.btf_size) +
                                            " is more than the limit of " + std::to_string(max_bytes) + " bytes");
