@@ -76,7 +76,7 @@ echo "check-tidy: $total units, $((total - todo)) clean before with the same inp
 
 # Each unit: clean ones go into the cache; the output of the others stays in $work/out.<n>.
 export XP_TIDY_WORK="$work" XP_TIDY_BUILD="$build" XP_TIDY_CACHE="$cache"
-awk '{ print NR, $1, $2 }' "$work/todo" | xargs -P "$jobs" -L 1 sh -c '
+awk '{ print NR, $1, $2 }' "$work/todo" | xargs -r -P "$jobs" -L 1 sh -c '
   out="$XP_TIDY_WORK/out.$1"
   if clang-tidy-19 -p "$XP_TIDY_BUILD" --quiet $XP_TIDY_ARGS "$2" >"$out" 2>"$out.err" &&
      ! grep -q "warning:\|error:" "$out"; then
