@@ -467,3 +467,28 @@ safety_scenario() {
   domu_verdict "$N" "$domid"
   [ $rc -eq 0 ] || result FAIL "xpe2e-probe safety failed (exit $rc; its XPE2E-CHECK lines above)"
 }
+
+# victim_unload_then_module NAME DOMID: the guest unloads its victim loop.ko, then detaches and
+# unloads our module; the scenario fails on a guest that could not, died, had a process fail, a
+# bad dmesg line or an unclean kernel. Leaves the guest's unload report in `un` and its console
+# in `log` (stock_pv_module_gone, stock_pv_xenprobe_module_btf).
+victim_unload_then_module() {
+  local n=$1 d=$2 bad
+  xenstore-write "/local/domain/$d/data/xpe2e/victim_unload" 1
+  wait_console "$n" "XPE2E-DOMU: victim loop unloaded" 120 || {
+    domu_release "$d"
+    dump_console "$n"
+    result FAIL "the guest could not unload loop.ko: $(xenstore-read "/local/domain/$d/data/xpe2e/victim" 2>&1)"
+  }
+  xenstore-write "/local/domain/$d/data/xpe2e/unload" 1
+  un=$(xs_wait "/local/domain/$d/data/xpe2e/unloaded" 120)
+  wait_console "$n" "XPE2E-DOMU: idle" 90
+  dump_console "$n"
+  domain_alive "$d" || result FAIL "DomU $n is not running any more (xl list: $(xl list "$d" 2>&1 | tail -n 1))"
+  log=$(tr -d '\r' <"$(console_log "$n")")
+  bad=$(echo "$log" | grep -a "XPE2E-DOMU: exercise .* failures=[1-9]" | head -n 1)
+  [ -z "$bad" ] || result FAIL "DomU $n: processes failed: ${bad#*XPE2E-DOMU: }"
+  bad=$(echo "$log" | grep -a "XPE2E-DOMU: dmesg-bad" | head -n 1)
+  [ -z "$bad" ] || result FAIL "DomU $n: ${bad#*dmesg-bad: }"
+  domu_kernel_clean "$n"
+}

@@ -29,23 +29,7 @@ echo "XPE2E-INFO: attached: $(grep '"attached_probes"' "$OUT")"
 kill -KILL $xp
 wait $xp
 echo "XPE2E-INFO: xenprobe killed (exit $?)"
-xenstore-write "/local/domain/$domid/data/xpe2e/victim_unload" 1
-wait_console $N "XPE2E-DOMU: victim loop unloaded" 120 || {
-  domu_release "$domid"
-  dump_console $N
-  result FAIL "the guest could not unload loop.ko: $(xenstore-read "/local/domain/$domid/data/xpe2e/victim" 2>&1)"
-}
-xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
-un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
-wait_console $N "XPE2E-DOMU: idle" 90
-dump_console $N
-domain_alive "$domid" || result FAIL "DomU $N is not running any more (xl list: $(xl list "$domid" 2>&1 | tail -n 1))"
-log=$(tr -d '\r' <"$(console_log $N)")
-bad=$(echo "$log" | grep -a "XPE2E-DOMU: exercise .* failures=[1-9]" | head -n 1)
-[ -z "$bad" ] || result FAIL "DomU $N: processes failed: ${bad#*XPE2E-DOMU: }"
-bad=$(echo "$log" | grep -a "XPE2E-DOMU: dmesg-bad" | head -n 1)
-[ -z "$bad" ] || result FAIL "DomU $N: ${bad#*dmesg-bad: }"
-domu_kernel_clean $N
+victim_unload_then_module $N "$domid"
 went=$(echo "$log" | grep -a "xenprobes: module loop went while probed" | head -n 1)
 left=$(echo "$log" | grep -a "trap bytes or jump regions were in modules unloaded since Dom0 probed them: left alone" | head -n 1)
 det=$(echo "$log" | grep -a "xenprobes: detached: restored" | head -n 1)

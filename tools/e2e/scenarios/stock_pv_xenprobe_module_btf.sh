@@ -40,23 +40,7 @@ PROG3='kprobe:loop:lo_release { @ = ((struct xfs_inode *)arg0)->i_ino; }'
 timeout 300 /usr/bin/xenprobe -d $N -e "$PROG3" >/tmp/$S.3.out 2>/tmp/$S.3.err
 rc3=$?
 sed 's/^/XPE2E-INFO: xenprobe 3: /' /tmp/$S.3.err
-xenstore-write "/local/domain/$domid/data/xpe2e/victim_unload" 1
-wait_console $N "XPE2E-DOMU: victim loop unloaded" 120 || {
-  domu_release "$domid"
-  dump_console $N
-  result FAIL "the guest could not unload loop.ko: $(xenstore-read "/local/domain/$domid/data/xpe2e/victim" 2>&1)"
-}
-xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
-un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
-wait_console $N "XPE2E-DOMU: idle" 90
-dump_console $N
-domain_alive "$domid" || result FAIL "DomU $N is not running any more (xl list: $(xl list "$domid" 2>&1 | tail -n 1))"
-log=$(tr -d '\r' <"$(console_log $N)")
-bad=$(echo "$log" | grep -a "XPE2E-DOMU: exercise .* failures=[1-9]" | head -n 1)
-[ -z "$bad" ] || result FAIL "DomU $N: processes failed: ${bad#*XPE2E-DOMU: }"
-bad=$(echo "$log" | grep -a "XPE2E-DOMU: dmesg-bad" | head -n 1)
-[ -z "$bad" ] || result FAIL "DomU $N: ${bad#*dmesg-bad: }"
-domu_kernel_clean $N
+victim_unload_then_module $N "$domid"
 [ $rc1 -eq 0 ] || result FAIL "xenprobe with struct loop_device exited $rc1: $(tail -n 3 "$ERR" | tr '\n' ' ')"
 case "$att" in *'"probes": 1'*) ;; *) result FAIL "xenprobe with struct loop_device: no attached_probes record for its one probe: '$att'" ;; esac
 [ $rc2 -eq 1 ] || result FAIL "a field loop_device lacks: xenprobe exited $rc2, not 1"
