@@ -16,6 +16,11 @@ namespace {
 // Guards against type graphs that loop (a hostile or broken file): no real chain of
 // typedefs/qualifiers or of nested anonymous members is this deep.
 constexpr int kMaxDepth = 32;
+// Members visited in one lookup, at most (the kernel's largest record, task_struct, has a few
+// hundred, anonymous members' own included). In C each anonymous struct or union is one
+// member's own type; a hostile BTF can give one record many anonymous members of one type, each
+// of them the same again, and the walk would grow as (members)^(depth).
+constexpr int kMaxMembersVisited = 8192;
 
 // The kernel's BTF and, on top of it, modules' split BTF. Ids: the kernel's as libbpf numbers
 // them; a module's own types (its ids from the kernel's count on) get the ids after the
@@ -49,6 +54,9 @@ class BtfFile final : public TypeSource {
 
   // The kernel's type of that name wins; then the modules' in the order they were added.
   std::optional<std::uint32_t> find_record(std::string_view name, bool is_union) const override {
+    // `void` is a keyword, never a record's name in C; libbpf's lookup answers "not found" for it
+    // whatever the BTF holds, so a hostile BTF naming a struct `void` gets the same answer here.
+    if (name == "void") return std::nullopt;
     std::string n(name);
     const auto kind = is_union ? BTF_KIND_UNION : BTF_KIND_STRUCT;
     int id = btf__find_by_name_kind(btf_, n.c_str(), kind);
@@ -105,12 +113,14 @@ class BtfFile final : public TypeSource {
   }
 
   std::optional<MemberDesc> member(std::uint32_t record, std::string_view name) const override {
-    return find_member(record, name, 0, 0);
+    int budget = kMaxMembersVisited;
+    return find_member(record, name, 0, 0, budget);
   }
 
   std::vector<std::string> member_names(std::uint32_t record) const override {
     std::vector<std::string> out;
-    collect_names(record, out, 0);
+    int budget = kMaxMembersVisited;
+    collect_names(record, out, 0, budget);
     return out;
   }
 
@@ -162,8 +172,8 @@ class BtfFile final : public TypeSource {
     return base;
   }
 
-  std::optional<MemberDesc> find_member(std::uint32_t record, std::string_view name, std::uint32_t base,
-                                        int depth) const {
+  std::optional<MemberDesc> find_member(std::uint32_t record, std::string_view name, std::uint32_t base, int depth,
+                                        int& budget) const {
     if (depth > kMaxDepth) return std::nullopt;
     const auto [part, id] = local(record);
     const btf* b = part_btf(part);
@@ -171,6 +181,7 @@ class BtfFile final : public TypeSource {
     if (!t || !btf_is_composite(t)) return std::nullopt;
     const btf_member* m = btf_members(t);
     for (unsigned i = 0; i < btf_vlen(t); ++i) {
+      if (--budget < 0) return std::nullopt;
       const char* mn = btf__name_by_offset(b, m[i].name_off);
       const std::uint32_t bit = btf_member_bit_offset(t, i);
       if (mn && *mn) {
@@ -183,25 +194,26 @@ class BtfFile final : public TypeSource {
         // An anonymous struct or union: its members are the record's own.
         TypeDesc inner = describe(global(part, m[i].type));
         if (inner.kind == TypeDesc::Kind::Record)
-          if (auto r = find_member(inner.id, name, base + bit / 8, depth + 1)) return r;
+          if (auto r = find_member(inner.id, name, base + bit / 8, depth + 1, budget)) return r;
       }
     }
     return std::nullopt;
   }
 
-  void collect_names(std::uint32_t record, std::vector<std::string>& out, int depth) const {
+  void collect_names(std::uint32_t record, std::vector<std::string>& out, int depth, int& budget) const {
     const auto [part, id] = local(record);
     const btf* b = part_btf(part);
     const btf_type* t = btf__type_by_id(b, id);
     if (depth > kMaxDepth || !t || !btf_is_composite(t)) return;
     const btf_member* m = btf_members(t);
     for (unsigned i = 0; i < btf_vlen(t); ++i) {
+      if (--budget < 0) return;
       const char* mn = btf__name_by_offset(b, m[i].name_off);
       if (mn && *mn) {
         out.emplace_back(mn);
       } else {
         TypeDesc inner = describe(global(part, m[i].type));
-        if (inner.kind == TypeDesc::Kind::Record) collect_names(inner.id, out, depth + 1);
+        if (inner.kind == TypeDesc::Kind::Record) collect_names(inner.id, out, depth + 1, budget);
       }
     }
   }

@@ -151,5 +151,46 @@ TEST(XenprobeModuleBtf, AModulesBtfLibbpfRefusesIsLeftOutWithTheReason) {
   EXPECT_TRUE(t->find_record("ext4_sb_info", false));
 }
 
+// Hostile kernel BTF (found by the fuzz target xenprobe_btf): a struct named `void` is never a
+// record (libbpf's lookup never answers one either), and a record whose anonymous members all
+// share one type, itself such a record, 20 deep (2^20 paths), is walked within a bound: the
+// record's own named member is still found, the lookup ends.
+TEST(XenprobeHostileBtf, AStructNamedVoidIsNeverFound) {
+  btf* k = btf__new_empty();
+  const int u32 = btf__add_int(k, "unsigned int", 4, 0);
+  btf__add_struct(k, "void", 4);
+  btf__add_field(k, "x", u32, 0, 0);
+  auto t = open_btf_bytes(raw_of(k), "hostile BTF", {}, nullptr);
+  btf__free(k);
+  EXPECT_FALSE(t->find_record("void", false));
+}
+
+TEST(XenprobeHostileBtf, AnonymousMembersSharingOneTypeAreWalkedWithinABound) {
+  btf* k = btf__new_empty();
+  const int u32 = btf__add_int(k, "unsigned int", 4, 0);
+  int inner = btf__add_struct(k, "", 4);  // the innermost anonymous struct: { u32 leaf; }
+  btf__add_field(k, "leaf", u32, 0, 0);
+  for (int level = 0; level < 20; ++level) {  // each: { <inner>; <inner>; } with both anonymous
+    const int s = btf__add_struct(k, "", 4);
+    btf__add_field(k, nullptr, inner, 0, 0);
+    btf__add_field(k, nullptr, inner, 0, 0);
+    inner = s;
+  }
+  btf__add_struct(k, "fan", 8);
+  btf__add_field(k, nullptr, inner, 0, 0);
+  btf__add_field(k, "own", u32, 32, 0);
+  auto t = open_btf_bytes(raw_of(k), "hostile BTF", {}, nullptr);
+  btf__free(k);
+  auto rec = t->find_record("fan", false);
+  ASSERT_TRUE(rec);
+  const std::vector<std::string> names = t->member_names(*rec);
+  EXPECT_LE(names.size(), 8192u);        // not 2^20 + 1
+  EXPECT_FALSE(t->member(*rec, "own"));  // past the bound: not reached, the lookup ends
+  EXPECT_EQ(std::count(names.begin(), names.end(), "own"), 0);
+  auto leaf = t->member(*rec, "leaf");  // the first path down is within it
+  ASSERT_TRUE(leaf);
+  EXPECT_EQ(leaf->offset, 0u);
+}
+
 }  // namespace
 }  // namespace xenprobe
