@@ -133,7 +133,9 @@ bool skipped(const char* what) {
 Args parse(int argc, char** argv) {
   Args a;
   if (argc < 2)
-    fatal("usage: xpe2e-probe probe|jump|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep --domid D ...");
+    fatal(
+        "usage: xpe2e-probe probe|jump|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep|int3-intercept "
+        "--domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string k = argv[i];
@@ -2504,11 +2506,13 @@ int cmd_safety(const Args& a) {
 
 }  // namespace
 
-int xpe2e_sweep_main(int argc, char** argv);  // xpe2e_sweep.cpp
+int xpe2e_sweep_main(int argc, char** argv);      // xpe2e_sweep.cpp
+int xpe2e_intercept_main(int argc, char** argv);  // xpe2e_intercept.cpp
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc >= 2 && std::strcmp(argv[1], "sweep") == 0) return xpe2e_sweep_main(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "int3-intercept") == 0) return xpe2e_intercept_main(argc, argv);
   Args a = parse(argc, argv);
   g_args = a;
   if (!a.skip.empty()) say("XPE2E-INFO: skipping probes: %s", a.skip.c_str());

@@ -49,6 +49,9 @@ SCEN_XEN[stock_pv_xenprobe_module_btf]=stock-qemu10
 # xenprobe on vm_event against a PVH guest without the module (issue 15): its first hit crashed
 # the guest (docs/probes.md "Known limits"); not in the default list.
 SCEN_XEN[stock_pvh_xenprobe_agentless]=stock-qemu10
+# Whether the platform hands a PVH guest's int3s to Dom0 (the vmevent channel's int3 mode and
+# agentless probing rest on it): xpe2e-probe int3-intercept, nothing written into the guest.
+SCEN_XEN[stock_pvh_int3_intercept]=stock-qemu10
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
