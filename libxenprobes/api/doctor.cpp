@@ -81,7 +81,8 @@ ChannelCheck check_vmevent(const hv::Capabilities& caps, const hv::DomainInfo& i
     c.available = true;
     c.detail = r.module ? "ICEBP traps, slots from the guest module"
                         : "agentless: int3 traps, Xen emulates the original instructions (no post-handlers, "
-                          "no return probes without the module)";
+                          "no return probes without the module; needs the CPU's #BP intercept, which QEMU's TCG "
+                          "does not give a nested Xen)";
   }
   return c;
 }
