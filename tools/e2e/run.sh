@@ -53,6 +53,8 @@ SCEN_XEN[stock_pv_xenprobe_module_btf]=stock-qemu10
 # second stops before its first probe, saying why); not in the default list.
 SCEN_XEN[stock_pvh_xenprobe_agentless]=stock-qemu10
 SCEN_XEN[stock_pvh_int3_intercept]=stock-qemu10
+# stock_pvh_vmevent with page-table isolation on in the guest (issue 12).
+SCEN_XEN[stock_pvh_vmevent_pti]=stock-qemu10
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
@@ -78,7 +80,7 @@ declare -A SCEN_PLATFORM=() SCEN_BODY=()
 for s in stock_kill9_rounds stock_pvh_kill9_rounds gdbsx_kill9_rounds; do SCEN_BODY[$s]=kill9_rounds; done
 # trixie_bench_table1_guest: the benchmark's guest channel there (a diagnostic, never in a list).
 for s in stock_pv_guest:stock-qemu10 stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock-qemu10 stock_kill9:stock-qemu10 \
-  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock-qemu10 stock_pv_xenprobe:stock-qemu10 stock_pv_xenprobe_async:stock-qemu10 stock_pv_jump:stock-qemu10 stock_pv_async:stock-qemu10 stock_pv_spin:stock-qemu10 stock_kill9_jump:stock-qemu10 stock_pv_module_gone:stock-qemu10 bench_table1_guest:stock; do
+  stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock-qemu10 stock_pv_xenprobe:stock-qemu10 stock_pv_xenprobe_async:stock-qemu10 stock_pv_jump:stock-qemu10 stock_pv_async:stock-qemu10 stock_pv_spin:stock-qemu10 stock_kill9_jump:stock-qemu10 stock_pv_module_gone:stock-qemu10 stock_pv_sweep:stock-qemu10 bench_table1_guest:stock; do
   t=trixie_${s%%:*}
   t=${t/trixie_stock_/trixie_}
   SCEN_PLATFORM[$t]=trixie
