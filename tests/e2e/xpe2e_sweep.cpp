@@ -166,6 +166,17 @@ const std::vector<Area> kAreas = {
          "mm_alloc",
          "__mm_populate",
          "populate_vma_page_range",
+         // Debian 13's 6.12 names (absent from 6.1, or over --max-fn-bytes there): the
+         // allocators' _noprof entry points (memory allocation profiling) and the folio rmap.
+         "vmalloc_noprof",
+         "__vmalloc_node_noprof",
+         "folio_alloc_noprof",
+         "__folio_alloc_noprof",
+         "folio_add_file_rmap_ptes",
+         "folio_remove_rmap_ptes",
+         "__folio_batch_release",
+         "__lruvec_stat_mod_folio",
+         "mmap_region",
      }},
     {"fs",
      {
@@ -234,6 +245,7 @@ const std::vector<Area> kAreas = {
          "new_inode",
          "alloc_inode",
          "inode_init_always",
+         "file_close_fd",  // 6.12's name for 6.1's __close_fd_get_file
          "touch_atime",
          "atime_needs_update",
          "file_update_time",
@@ -554,6 +566,7 @@ const std::vector<Area> kAreas = {
          "rcu_barrier",
          "rcu_exp_wait_wake",
          "rcu_momentary_dyntick_idle",
+         "rcu_momentary_eqs",  // 6.12's name for it
          "rcu_is_watching",
          "rcu_preempt_deferred_qs",
          "rcu_softirq_qs",
