@@ -66,7 +66,7 @@ BENCH_SCENARIOS="bench_table1_guest bench_table1_guest_spin bench_table1_debugge
 # "Probe safety", "Timings").
 declare -A SCEN_LIMIT=([diag_env_procs]=${XPE2E_DIAG_LIMIT:-1500} [diag_env_procs_q10]=${XPE2E_DIAG_LIMIT:-1500}
   [diag_tracepoint_toggle]=${XPE2E_DIAG_LIMIT:-1500} [diag_tracepoint_toggle_q10]=${XPE2E_DIAG_LIMIT:-1500} [bench_table1_guest]=1800 [bench_table1_guest_spin]=1800 [bench_table1_debugger]=1800 [bench_table1_vmevent]=1800
-  [stock_pv_safety]=600 [stock_pvh_safety_control]=600 [stock_pv_sweep]=900 [stock_kill9_rounds]=2400 [stock_pvh_kill9_rounds]=2400 [gdbsx_kill9_rounds]=2400)
+  [stock_pv_safety]=600 [stock_pvh_safety_control]=600 [stock_pvh_vmevent_pti]=1500 [stock_pv_sweep]=900 [stock_kill9_rounds]=2400 [stock_pvh_kill9_rounds]=2400 [gdbsx_kill9_rounds]=2400)
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's and trixie_kill9_jump (docs/e2e.md "Debian 13", "Timings").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
