@@ -235,7 +235,11 @@ int xpe2e_icall_main(int argc, char** argv) {
                     i->instruction.c_str(), mode_name(i->mode), i->address.value)
               : i.error().what);
     }
-    // Through memory: the module's fallback could not run it, so the library must refuse it.
+  }
+  must(s->end_batch(), "end_batch");
+  // Through memory (none where alternatives wrote `call *%reg`): the module's fallback could not
+  // run one, so the library must refuse it (asked for one at a time, outside the batch).
+  for (const Candidate* c : picked)
     for (const Decoded& d : c->via_mem) {
       const std::string where = fmt("%s+0x%" PRIx64, c->name.c_str(), d.addr - c->start);
       auto r = s->probe(o.dom, Gva{d.addr}, [](HitContext&) { return 0; });
@@ -248,8 +252,6 @@ int xpe2e_icall_main(int argc, char** argv) {
               d.text + ": " + errc_name(r.error().code) + " " + r.error().what);
       }
     }
-  }
-  must(s->end_batch(), "end_batch");
 
   std::string armed;
   view->flush();
