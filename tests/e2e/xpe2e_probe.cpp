@@ -2509,10 +2509,16 @@ int cmd_safety(const Args& a) {
 int xpe2e_sweep_main(int argc, char** argv);      // xpe2e_sweep.cpp
 int xpe2e_intercept_main(int argc, char** argv);  // xpe2e_intercept.cpp
 
+// xpe2e_icall.cpp, xpe2e_extable_all.cpp
+int xpe2e_icall_main(int argc, char** argv);
+int xpe2e_extable_all_main(int argc, char** argv);
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc >= 2 && std::strcmp(argv[1], "sweep") == 0) return xpe2e_sweep_main(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "int3-intercept") == 0) return xpe2e_intercept_main(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "kill-icall") == 0) return xpe2e_icall_main(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "safety-extable-all") == 0) return xpe2e_extable_all_main(argc, argv);
   Args a = parse(argc, argv);
   g_args = a;
   if (!a.skip.empty()) say("XPE2E-INFO: skipping probes: %s", a.skip.c_str());

@@ -25,7 +25,9 @@
  *       bench: for i = 1, 2, ... waits up to <seconds> for data/xpe2e/safety/go-<i> (a phase
  *       name) or data/xpe2e/safety/end, runs the phase in a child process and writes
  *       "phase=<name> ok=0|1 ..." to data/xpe2e/safety/result-<i>. Phases: extable (kernel
- *       accesses to user memory that fault and must be fixed up through __ex_table), statickey
+ *       accesses to user memory that fault and must be fixed up through __ex_table),
+ *       extable-all (extable's, then a fault in copy_to/from_user, put_user, strnlen_user and
+ *       clear_user each), statickey
  *       (a tracepoint's static key and static call toggled through tracefs), ftrace (the
  *       function tracer and a kprobe event on __x64_sys_getppid, exactly 20 getppid calls),
  *       activity (fork/exec, opens, getppid: the kernel paths the guest module's int3 hook
@@ -660,6 +662,74 @@ static int phase_extable(void)
 	return ok;
 }
 
+/* A child that runs execve("/bin/true", argv, {NULL}) and exits 42 when it failed with EFAULT;
+ * 1 when that is what happened. */
+static int exec_efault(char **argv)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		char *envp[] = { NULL };
+		syscall(SYS_execve, "/bin/true", argv, envp);
+		_exit(errno == EFAULT ? 42 : 4);
+	}
+	int st = 0;
+	if (pid < 0 || waitpid(pid, &st, 0) != pid)
+		return 0;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 42;
+}
+
+/* extable's accesses, then a fault in each other kind of user access (Dom0 probes every
+ * instruction of the kernel's uaccess routines meanwhile, xpe2e_extable_all.cpp): uname() and
+ * nanosleep() on a bad pointer (copy_to_user, copy_from_user), wait4() with a bad status pointer
+ * (put_user; the child is reaped all the same), execve() with argv[0] at user address 16
+ * (strnlen_user), a read() of /dev/zero cut short at a PROT_NONE page (clear_user). */
+static int phase_extable_all(void)
+{
+	int ok = phase_extable();
+	long pg = sysconf(_SC_PAGESIZE);
+	long r = syscall(SYS_uname, (void *)16);
+	int e = errno;
+	phase_add(" uname_bad_ptr=%s", r == -1 && e == EFAULT ? "EFAULT" : r == 0 ? "ok" : strerror(e));
+	ok &= r == -1 && e == EFAULT;
+	r = syscall(SYS_nanosleep, (void *)16, NULL);
+	e = errno;
+	phase_add(" nanosleep_bad_ptr=%s", r == -1 && e == EFAULT ? "EFAULT" : r == 0 ? "ok" : strerror(e));
+	ok &= r == -1 && e == EFAULT;
+
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(7);
+	r = pid > 0 ? syscall(SYS_wait4, pid, (int *)16, 0, NULL) : -1;
+	e = errno;
+	phase_add(" wait4_bad_status=%s", r == -1 && e == EFAULT ? "EFAULT" : r == pid ? "no-fault" : strerror(e));
+	ok &= r == -1 && e == EFAULT;
+	if (pid > 0)
+		waitpid(pid, NULL, WNOHANG); /* reaped by the wait4 already: ECHILD */
+
+	char *argv_bad[] = { (char *)16, NULL };
+	int good = exec_efault(argv_bad);
+	phase_add(" exec_bad_argv0=%s", good ? "EFAULT" : "wrong");
+	ok &= good;
+
+	char *buf = mmap(NULL, (size_t)pg * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int fd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+	if (buf == MAP_FAILED || fd < 0 || mprotect(buf + pg, (size_t)pg, PROT_NONE)) {
+		phase_add(" zero_short_read=setup-failed");
+		ok = 0;
+	} else {
+		memset(buf, 'z', (size_t)pg);
+		ssize_t n = read(fd, buf, (size_t)pg * 2);
+		e = errno;
+		int zeros = n == pg && buf[0] == 0 && buf[pg - 1] == 0 && !memcmp(buf, buf + 1, (size_t)pg - 1);
+		phase_add(" zero_short_read=%zd%s", n, n < 0 ? strerror(e) : zeros ? "" : "-wrong-bytes");
+		ok &= zeros;
+	}
+	if (fd >= 0)
+		close(fd);
+	printf("XPE2E-SAFETY: extable-all: done\n");
+	return ok;
+}
+
 static int phase_statickey(void)
 {
 	/* Enabling sched_process_fork patches its static call sites and trampoline
@@ -1054,6 +1124,7 @@ static int phase_sweep(void)
 static int safety_phase(const char *phase, double limit, char *out, size_t outsz)
 {
 	int (*fn)(void) = !strcmp(phase, "extable")	? phase_extable
+			  : !strcmp(phase, "extable-all") ? phase_extable_all
 			  : !strcmp(phase, "statickey") ? phase_statickey
 			  : !strcmp(phase, "ftrace")	? phase_ftrace
 			  : !strcmp(phase, "activity")	? phase_activity

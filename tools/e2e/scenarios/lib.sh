@@ -444,7 +444,8 @@ dom0_kernel_clean() {
 # <xpe2e-probe safety options...>: probe safety (issue 12, docs/e2e.md "Probe safety"). One
 # DomU runs the safety phases (xpe2e.safety=1) while xpe2e-probe safety registers probes on
 # each hazard class and drives them; the program's checks, the workload's phases, the module's
-# unload and both kernels' logs must all be clean.
+# unload and both kernels' logs must all be clean. SAFETY_CMD names another xpe2e-probe command
+# that drives the same guest loop (safety-extable-all).
 safety_scenario() {
   N=$1
   ch=$2
@@ -454,7 +455,7 @@ safety_scenario() {
   wait_console "$N" "XPE2E-WORKLOAD: waiting" "$4" || { dump_console "$N"; result FAIL "the safety loop did not start within $4 s"; }
   shift 4
   # shellcheck disable=SC2086
-  timeout 900 "$PROBE" safety --domid "$domid" --channel "$ch" "$@" $PROBE_EXTRA
+  timeout 900 "$PROBE" "${SAFETY_CMD:-safety}" --domid "$domid" --channel "$ch" "$@" $PROBE_EXTRA
   rc=$?
   # A guest that died (a crash of a PV guest may print nothing) has nothing left to wait for.
   if domain_alive "$domid"; then
@@ -465,7 +466,7 @@ safety_scenario() {
   domain_alive "$domid" || { dump_console "$N"; result FAIL "DomU $N is not running any more (xl list: $(xl list "$domid" 2>&1 | tail -n 1))"; }
   dom0_kernel_clean
   domu_verdict "$N" "$domid"
-  [ $rc -eq 0 ] || result FAIL "xpe2e-probe safety failed (exit $rc; its XPE2E-CHECK lines above)"
+  [ $rc -eq 0 ] || result FAIL "xpe2e-probe ${SAFETY_CMD:-safety} failed (exit $rc; its XPE2E-CHECK lines above)"
 }
 
 # victim_unload_then_module NAME DOMID: the guest unloads its victim loop.ko, then detaches and
