@@ -706,7 +706,9 @@ std::vector<Gva> trap_points(ProbeSet& ps) {
 }
 
 int cmd_probe(const Args& a) {
-  int unload_wait = 90;
+  // Half the workload's time limit, at least 90 s: a guest slow enough to need a long workload
+  // limit (page-table isolation under TCG) is as slow to detach and unload.
+  int unload_wait = std::max(90, a.timeout_s / 2);
   auto opt = must(parse_channel_kind(a.channel), "--channel");
   auto s = open_session(a, SessionOptions{opt});
   hv::Hypervisor& hv = s->hypervisor();
