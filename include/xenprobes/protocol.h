@@ -57,7 +57,9 @@
  *                 optional: the kernel functions the module's own hit path calls out to (the
  *                 int3 hook, the mailbox exchange and its wait, the fallback, the jump hit):
  *                 its clock, the event-channel poll and clear, lookup_address(), the no-fault
- *                 copies, irq_work_queue(), the paravirt irq operations, the return thunk.
+ *                 copies, irq_work_queue(), the paravirt irq operations, the return thunk;
+ *                 and of what those call in turn, what the module can name (the irq lookup,
+ *                 hardened usercopy's checks, the paravirt page-table reads).
  *                 count: decimal, 0..XENPROBES_HOOK_PATH_MAX; <i> for i in [0, count): hex,
  *                 an address the module took of such a function itself (`&function`, or the
  *                 function pointer it calls through), so each is the running kernel's, KASLR
