@@ -59,6 +59,7 @@
 #include <linux/ptrace.h>
 #include <linux/timekeeping.h>
 #include <linux/uaccess.h>
+#include <linux/version.h>
 #include <xen/xen-ops.h>
 
 #include "xp_internal.h"
@@ -323,8 +324,24 @@ static int xp_die_notify(struct notifier_block *nb, unsigned long val, void *dat
  * (xp_read_str_pieces()), which gives read_str's contract exactly (max bytes unterminated when
  * there is no NUL among them).
  */
+/*
+ * Before "mm: Fix copy_from_user_nofault()" (6.4; 6.1.36 and 6.3.10 in the stable series; never
+ * in 6.2), copy_from_user_nofault() ran hardened usercopy's vmalloc check on its destination,
+ * find_vmap_area(), which takes vmap_area_lock: the rings are vmalloc memory, so a hit on a CPU
+ * that holds the lock (a probe in the vmalloc code) would wait for itself with interrupts off.
+ * There a user capture reads nothing (a fault). Debian 12's 6.1 and 13's 6.12 have the fix.
+ */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 1, 36) || \
+	(LINUX_VERSION_CODE >= KERNEL_VERSION(6, 2, 0) && LINUX_VERSION_CODE < KERNEL_VERSION(6, 3, 10))
+#define XP_USER_NOFAULT_LOCKS 1
+#else
+#define XP_USER_NOFAULT_LOCKS 0
+#endif
+
 static int xp_cap_read(void *ctx, void *dst, u64 addr, u32 len, bool user)
 {
+	if (user && XP_USER_NOFAULT_LOCKS)
+		return -EFAULT;
 	if (user)
 		return copy_from_user_nofault(dst, (const void __user *)(unsigned long)addr, len) ?
 			       -EFAULT : 0;

@@ -12,6 +12,7 @@
  *   xp_logic.c    the pure decisions (also unit-tested in userspace)
  *   xp_fallback.c the pure fallback: branch emulation, the return table (unit-tested too)
  *   xp_ring.c     the async rings' producer and the async jump hit (pure, unit-tested too)
+ *   xp_slots.c    at unload: no task left on its way through a slot (xp_slots.h decides)
  *   xp_oea.S      the static OEA pool in the module's text
  */
 #ifndef XENPROBES_XP_INTERNAL_H
@@ -21,6 +22,7 @@
 #include <linux/irq_work.h>
 #include <linux/linkage.h>
 #include <linux/mutex.h>
+#include <linux/sched.h>
 #include <linux/types.h>
 #include <linux/workqueue.h>
 #include <xen/interface/event_channel.h>
@@ -28,6 +30,7 @@
 #include "xp_fixup.h"
 #include "xp_logic.h"
 #include "xp_ring.h"
+#include "xp_slots.h"
 
 #define XP_NAME "xenprobes"
 
@@ -202,6 +205,20 @@ bool xp_read_kernel_u64(u64 addr, u64 *val);
 bool xp_write_kernel_u64(u64 addr, u64 val);
 unsigned int xp_restore_traps(void);
 unsigned int xp_repair_return_slots(void);
+
+/* xp_slots.c: what the last look at the tasks' stacks found. */
+struct xp_slots_scan {
+	u64 lo, hi;		/* the slots: the OEA pool and the fixup slots */
+	unsigned int tasks;	/* switched-out tasks looked at */
+	unsigned int busy;	/* of them, holding a slot's address or not readable */
+	unsigned int stale;	/* a slot's address in a live word but in no frame (xp_slots.h) */
+	pid_t pid;		/* the first of them */
+	char comm[TASK_COMM_LEN];
+	bool unknown;		/* its stack could not be read */
+	u64 word;		/* the slot address on its stack */
+	unsigned int looks, waited_ms;
+};
+enum xp_slots xp_slots_wait(unsigned int wait_ms, struct xp_slots_scan *s);
 
 /* xp_modules.c */
 int xp_modules_watch(void);

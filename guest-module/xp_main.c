@@ -12,8 +12,10 @@
  * is refused while Dom0 may have traps, slots or return trampolines pointing into it.
  * `echo 1 > /sys/module/xenprobes/parameters/detach` disarms first (Dom0 is told by the
  * removal of `state`; trap bytes and jump regions are written back; live return-probe slots
- * get their real return addresses back; every CPU is out of the hook and the jump entry, every
- * task out of every slot and detour), then drops the reference; `rmmod` then succeeds. See
+ * get their real return addresses back; every CPU is out of the hook and the jump entry), then
+ * drops the reference once no task's stack holds an address in the slots (xp_slots.c: a task
+ * sleeping in a fault taken in a fixup slot comes back to it; the detach then fails with EBUSY
+ * and the module stays loaded, disarmed: write 1 again later); `rmmod` then succeeds. See
  * README.md.
  */
 #include <linux/delay.h>
@@ -95,12 +97,26 @@ MODULE_PARM_DESC(release_wait_ms, "How long detaching waits for a Dom0 that maps
 		 "rings to release them (0 .. " __stringify(XP_RELEASE_WAIT_MAX_MS) " ms, default "
 		 __stringify(XP_RELEASE_WAIT_DEFAULT_MS) "); without its release they are kept, never freed");
 
+/*
+ * How long the detach waits for the last task on its way through a slot (xp_slots.h); still
+ * one then: the detach fails (EBUSY) and the module stays loaded.
+ */
+static unsigned int slot_wait_ms = XP_SLOT_WAIT_DEFAULT_MS;
+module_param(slot_wait_ms, uint, 0444);
+MODULE_PARM_DESC(slot_wait_ms, "How long detaching waits for tasks still on their way through the OEA or the "
+		 "fixup slots (0 .. " __stringify(XP_SLOT_WAIT_MAX_MS) " ms, default "
+		 __stringify(XP_SLOT_WAIT_DEFAULT_MS) "); past it the detach fails with EBUSY and the module stays loaded");
+
 static unsigned long kernel_text;
 module_param(kernel_text, ulong, 0444);
 MODULE_PARM_DESC(kernel_text, "The kernel's _text (0 = find it, else it is checked)");
 
 static DEFINE_MUTEX(xp_detach_lock);
 static bool xp_detached;	/* the self reference was dropped */
+static bool xp_disarmed;	/* xp_disarm_all() ran */
+/* What the last look at the tasks' stacks found (xp_slots.h). */
+static enum xp_slots xp_slots_found = XP_SLOTS_WAIT;
+static struct xp_slots_scan xp_slots_last;
 static bool xp_loaded;		/* module_init completed */
 /* What detaching found of Dom0's hold on the control area and the rings (xp_release.h). */
 static enum xp_release xp_released = XP_RELEASE_NONE;
@@ -298,16 +314,47 @@ static void xp_disarm_all(void)
 			xp.layout.pages, (unsigned long)xp.ctl, xp.ring_count, (unsigned long)xp.ring_mem);
 }
 
+/*
+ * After the restore pass: waits up to slot_wait_ms for no task to hold a slot's address
+ * (xp_slots.c); 0 when none does, -EBUSY (and the module stays) when one still may come back.
+ */
+static int xp_slots_settle(unsigned int wait_ms)
+{
+	struct xp_slots_scan *s = &xp_slots_last;
+
+	xp_slots_found = xp_slots_wait(wait_ms, s);
+	if (xp_slots_found == XP_SLOTS_CLEAR) {
+		pr_info(XP_NAME ": slots: %s (%u tasks looked at, %u with a stale slot address in no frame; %u looks, after %u ms)\n",
+			xp_slots_name(xp_slots_found), s->tasks, s->stale, s->looks, s->waited_ms);
+		return 0;
+	}
+	if (s->unknown)
+		pr_warn(XP_NAME ": slots: %u of %u tasks may still return into the OEA or the fixup slots [0x%llx, 0x%llx) after %u ms: the first, pid %d (%s), has a stack the module cannot read; the module stays loaded: write 1 to detach again later\n",
+			s->busy, s->tasks, s->lo, s->hi, s->waited_ms, s->pid, s->comm);
+	else
+		pr_warn(XP_NAME ": slots: %u of %u tasks may still return into the OEA or the fixup slots [0x%llx, 0x%llx) after %u ms: the first, pid %d (%s), holds 0x%llx on its stack (sleeping in a fault taken in a slot?); the module stays loaded: write 1 to detach again later\n",
+			s->busy, s->tasks, s->lo, s->hi, s->waited_ms, s->pid, s->comm, s->word);
+	return -EBUSY;
+}
+
 static int xp_detach(void)
 {
+	int err = 0;
+
 	mutex_lock(&xp_detach_lock);
 	if (!xp_detached) {
-		xp_disarm_all();
-		xp_detached = true;
-		module_put(THIS_MODULE);
+		if (!xp_disarmed) {
+			xp_disarm_all();
+			xp_disarmed = true;
+		}
+		err = xp_slots_settle(slot_wait_ms);
+		if (!err) {
+			xp_detached = true;
+			module_put(THIS_MODULE);
+		}
 	}
 	mutex_unlock(&xp_detach_lock);
-	return 0;
+	return err;
 }
 
 /* Undoes xenprobes_init() from any point of failure (each step checks what exists). */
@@ -347,6 +394,10 @@ static int __init xenprobes_init(void)
 	}
 	if (release_wait_ms > XP_RELEASE_WAIT_MAX_MS) {
 		pr_err(XP_NAME ": release_wait_ms must be 0 (never wait) .. %u\n", XP_RELEASE_WAIT_MAX_MS);
+		return -EINVAL;
+	}
+	if (slot_wait_ms > XP_SLOT_WAIT_MAX_MS) {
+		pr_err(XP_NAME ": slot_wait_ms must be 0 (one look) .. %u\n", XP_SLOT_WAIT_MAX_MS);
 		return -EINVAL;
 	}
 	if (ring_order && (ring_order < XENPROBES_RING_MIN_ORDER || ring_order > XENPROBES_RING_MAX_ORDER)) {
@@ -410,15 +461,24 @@ static void __exit xenprobes_exit(void)
 {
 	u64 drops, nested, notifies;
 
-	/* Only reached after detach, or with rmmod --force: then disarm now. */
+	/*
+	 * Only reached after detach, or with rmmod --force: then disarm now, and wait for the slots
+	 * as long as it takes (the text goes when this returns; a hung rmmod is better than a task
+	 * returning into freed text).
+	 */
 	mutex_lock(&xp_detach_lock);
-	if (!xp_detached)
-		xp_disarm_all();
+	if (!xp_detached) {
+		if (!xp_disarmed)
+			xp_disarm_all();
+		xp_disarmed = true;
+		while (xp_slots_settle(XP_SLOT_WAIT_MAX_MS))
+			;
+	}
 	mutex_unlock(&xp_detach_lock);
 	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
 	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget; Dom0's areas: %s)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget; Dom0's areas: %s; slots: %s)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
@@ -430,7 +490,8 @@ static void __exit xenprobes_exit(void)
 		(long long)atomic64_read(&xp.spin_answered),
 		(long long)atomic64_read(&xp.spin_blocked),
 		(long long)atomic64_read(&xp.wait_ns) / 1000, (long long)atomic64_read(&xp.wait_max_ns) / 1000,
-		(long long)atomic64_read(&xp.over_budget), xp_release_name(xp_released));
+		(long long)atomic64_read(&xp.over_budget), xp_release_name(xp_released),
+		xp_slots_name(xp_slots_found));
 }
 
 module_init(xenprobes_init);

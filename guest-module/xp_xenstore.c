@@ -12,6 +12,11 @@
 #include <linux/mutex.h>
 #include <linux/rcupdate.h>
 #include <linux/rcupdate_wait.h>
+#include <linux/radix-tree.h>
+#include <linux/maple_tree.h>
+#include <linux/irq.h>
+#include <linux/mm.h>
+#include <linux/version.h>
 #include <linux/slab.h>
 #include <linux/utsname.h>
 #include <linux/timekeeping.h>
@@ -313,6 +318,34 @@ static int xp_publish_hook_path(void)
 		(unsigned long)pv_ops.irq.save_fl.func,	/* xp_jump_hit() */
 		(unsigned long)pv_ops.irq.irq_disable.func,
 		(unsigned long)pv_ops.irq.irq_enable.func,
+#endif
+		/*
+		 * What those call in turn, out of line, that the module can name (README.md "The hook
+		 * path"; what it cannot name Dom0 knows by name). Both event-channel calls find the
+		 * port by the irq: info_for_irq() -> irq_get_chip_data() -> irq_get_irq_data() ->
+		 * irq_to_desc(), a radix tree lookup on 6.1, a maple tree one from 6.5 on.
+		 */
+		(unsigned long)irq_get_irq_data,
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 5, 0)
+		(unsigned long)radix_tree_lookup,
+#else
+		(unsigned long)mtree_load,
+#endif
+#ifdef CONFIG_HARDENED_USERCOPY
+		/* copy_from_user_nofault() -> check_object_size() -> check_heap_object() */
+		(unsigned long)__check_object_size,
+		(unsigned long)is_vmalloc_addr,
+		(unsigned long)__virt_addr_valid,
+#endif
+#ifdef CONFIG_PARAVIRT_XXL
+		/* lookup_address()'s page walk reads entries through these (Xen's on a PV guest) */
+		(unsigned long)pv_ops.mmu.pgd_val.func,
+#if CONFIG_PGTABLE_LEVELS >= 5
+		(unsigned long)pv_ops.mmu.p4d_val.func,
+#endif
+		(unsigned long)pv_ops.mmu.pud_val.func,
+		(unsigned long)pv_ops.mmu.pmd_val.func,
+		(unsigned long)pv_ops.mmu.pte_val.func,
 #endif
 	};
 	unsigned int i, n = 0;

@@ -57,7 +57,9 @@
  *                 optional: the kernel functions the module's own hit path calls out to (the
  *                 int3 hook, the mailbox exchange and its wait, the fallback, the jump hit):
  *                 its clock, the event-channel poll and clear, lookup_address(), the no-fault
- *                 copies, irq_work_queue(), the paravirt irq operations, the return thunk.
+ *                 copies, irq_work_queue(), the paravirt irq operations, the return thunk;
+ *                 and of what those call in turn, what the module can name (the irq lookup,
+ *                 hardened usercopy's checks, the paravirt page-table reads).
  *                 count: decimal, 0..XENPROBES_HOOK_PATH_MAX; <i> for i in [0, count): hex,
  *                 an address the module took of such a function itself (`&function`, or the
  *                 function pointer it calls through), so each is the running kernel's, KASLR
@@ -129,8 +131,12 @@
  *   and Dom0 sees it and writes nothing. A Dom0 that attaches again later stores MAPPED
  *   again, so one session's RELEASED never speaks for the next (one Dom0 process at a time
  *   binds the port, and a session writes nothing before its MAPPED).
+ *   The tasks of the guest: a task may be on its way through a slot when the module detaches
+ *   (asleep in a fault a copy in a fixup slot took, preempted in an OEA copy). The module lets
+ *   itself be unloaded only once no task's stack holds a slot's address (its detach fails
+ *   with EBUSY otherwise and it stays loaded; guest-module/xp_slots.h); Dom0 has no part in it.
  *   What stays open: the OEA and the fixup slots are in the module's text, which the kernel
- *   frees at rmmod whatever the module decided. Dom0 writes there only while it registers,
+ *   frees at rmmod whatever the module decided about Dom0. Dom0 writes there only while it registers,
  *   removes or moves a probe, with the domain paused, so only a Dom0 stopped in such a step
  *   for longer than release_wait_ms and continued after the rmmod writes freed text. A Dom0
  *   that uses the OEA without the guest channel (the vmevent channel's slots, and the guardian

@@ -21,8 +21,15 @@ using x86::Insn;
 // Dom0 through an event channel). A trap on any of them re-enters the same path before the
 // module can refuse it: unbounded recursion, then a BUG in __nmi_enter or a stack overflow.
 // Only the guest channel has this path; the module's own text is refused by its published
-// range (module-text).
-constexpr std::array<std::string_view, 40> kGuestHookPath = {
+// range (module-text). The second group is what the functions the module calls (and publishes
+// as hook-path/*) call in turn, out of line, that the module cannot name (static, or not
+// exported): the irq lookup both event-channel calls make (info_for_irq → irq_get_chip_data →
+// irq_get_irq_data → irq_to_desc: a radix tree on 6.1, a maple tree from 6.5 on), the
+// event-channel ABI's clear_pending (2-level or FIFO), the clocksource read under
+// ktime_get_mono_fast_ns (Xen's or the TSC's), Xen PV's page-table entry reads under
+// lookup_address, hardened usercopy under copy_from_user_nofault (guest-module/README.md "The
+// hook path"). A name a kernel lacks (inlined there) matches nothing.
+constexpr std::array<std::string_view, 63> kGuestHookPath = {
     "exc_int3",
     "do_int3",
     "do_int3_user",
@@ -63,6 +70,29 @@ constexpr std::array<std::string_view, 40> kGuestHookPath = {
     "xen_force_evtchn_callback",
     "atomic_notifier_chain_register",
     "entry_untrain_ret",
+    "info_for_irq",
+    "irq_get_irq_data",
+    "irq_to_desc",
+    "radix_tree_lookup",
+    "__radix_tree_lookup",
+    "mtree_load",
+    "mtree_lookup_walk",
+    "mas_start",
+    "evtchn_2l_clear_pending",
+    "evtchn_fifo_clear_pending",
+    "xen_clocksource_get_cycles",
+    "xen_clocksource_read",
+    "pvclock_clocksource_read_nowd",
+    "read_tsc",
+    "xen_pgd_val",
+    "xen_p4d_val",
+    "xen_pud_val",
+    "xen_pmd_val",
+    "xen_pte_val",
+    "pte_mfn_to_pfn",
+    "__check_object_size",
+    "is_vmalloc_addr",
+    "__virt_addr_valid",
 };
 // Return and indirect-branch thunks: with retbleed/SRSO/ITS mitigations every `ret` and
 // indirect call on the hook path goes through them.

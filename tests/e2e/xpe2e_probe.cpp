@@ -40,6 +40,7 @@
 //       tar extraction (xpe2e-workload bench), disarms, checks the text is restored and every
 //       measured call was seen by the probes, and prints "XPE2E-BENCH ..." lines.
 //   xpe2e-probe safety  --domid D [--channel guest|vmevent] [--hazards extable,ftrace,statickey,hookpath]
+//                       (or --hazards slotunload alone: it unloads the guest module)
 //                       [--points P1,P2] [--timeout S]
 //       Probe safety (issue 12, docs/e2e.md "Probe safety"): for each hazard class, finds the
 //       points in the running guest itself (the kernel's own tables, read here, independently of
@@ -2072,31 +2073,31 @@ struct SafetyCtx {
   int timeout_s;
   int phase = 0;  // the guest's phase counter
   bool dead = false;
+  bool unloaded = false;  // a phase unloaded the guest module (slotunload)
 };
 
-// 1. Instructions covered by the exception table: their faults are fixed up by the faulting
-// address; run in an ordinary slot the fault finds no entry and oopses. The guest module's
-// fixup slots have entries of their own: every one of these instructions must register
-// (boosted, in a fixup slot), count exactly, and the guest's bad pointers must give it what
-// an unprobed kernel gives (EFAULT, a short read) without an oops.
-void hazard_extable(SafetyCtx& x) {
+struct ExFn {
+  const char* name;
+  std::uint64_t start = 0, end = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> sites;  // insn, fixup
+};
+
+// The user copies' instructions the guest's exception table covers, and the module's fixup
+// slots [*fx_lo, *fx_hi) where their copies must go; false (checks failed under `tag`) when
+// either cannot be found.
+bool extable_sites(SafetyCtx& x, const std::string& tag, std::vector<ExFn>& fns, std::uint64_t* fx_lo,
+                   std::uint64_t* fx_hi) {
   hv::Hypervisor& hv = x.s.hypervisor();
   std::uint64_t base = 0;
   std::string why;
   auto t = read_table(hv, x.dom, x.syms, "__start___ex_table", "__stop___ex_table", &base, &why);
-  if (!check("safety.extable.table", t && t->size() % 12 == 0 && !t->empty(),
+  if (!check("safety." + tag + ".table", t && t->size() % 12 == 0 && !t->empty(),
              t ? fmt("%zu entries of 12 bytes", t->size() / 12) : why))
-    return;
-  struct Fn {
-    const char* name;
-    std::uint64_t start = 0, end = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> sites;  // insn, fixup
-  };
-  std::vector<Fn> fns;
+    return false;
   // 6.1's user copies, and 6.12's (rep_movs_alternative, for CPUs without fast rep movsb).
   for (const char* n : {"strncpy_from_user", "copy_user_enhanced_fast_string", "copy_user_generic_string",
                         "copy_user_generic_unrolled", "rep_movs_alternative", "__get_user_8"})
-    fns.push_back(Fn{n, 0, 0, {}});
+    fns.push_back(ExFn{n, 0, 0, {}});
   for (auto& f : fns)
     if (auto a = x.ks.addr(f.name)) f.start = *a, f.end = x.ks.end_of(*a);
   // {s32 insn, s32 fixup, s32 data}: each offset relative to its own field.
@@ -2119,18 +2120,31 @@ void hazard_extable(SafetyCtx& x) {
           x.ks.describe(fx).c_str());
     total += f.sites.size();
   }
-  if (!check("safety.extable.sites", total > 0, fmt("%zu covered instructions: ", total) + found)) return;
+  if (!check("safety." + tag + ".sites", total > 0, fmt("%zu covered instructions: ", total) + found)) return false;
 
   // The module's fixup slots (protocol.h): where every copy must go.
-  std::uint64_t fx_lo = 0, fx_hi = 0;
   {
     auto a = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FIXUP_SLOTS_ADDR));
     auto n = hv.xs_read(dom_path(x.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FIXUP_SLOTS_COUNT));
-    if (!check("safety.extable.fixup_slots", a && n, "the module publishes fixup-slots/addr and /count")) return;
-    fx_lo = std::stoull(*a, nullptr, 16);
-    fx_hi = fx_lo + std::stoull(*n) * XENPROBES_FIXUP_SLOT_SIZE;
-    say("XPE2E-INFO: fixup slots [%#" PRIx64 ", %#" PRIx64 ")", fx_lo, fx_hi);
+    if (!check("safety." + tag + ".fixup_slots", a && n, "the module publishes fixup-slots/addr and /count"))
+      return false;
+    *fx_lo = std::stoull(*a, nullptr, 16);
+    *fx_hi = *fx_lo + std::stoull(*n) * XENPROBES_FIXUP_SLOT_SIZE;
+    say("XPE2E-INFO: fixup slots [%#" PRIx64 ", %#" PRIx64 ")", *fx_lo, *fx_hi);
   }
+  return true;
+}
+
+// 1. Instructions covered by the exception table: their faults are fixed up by the faulting
+// address; run in an ordinary slot the fault finds no entry and oopses. The guest module's
+// fixup slots have entries of their own: every one of these instructions must register
+// (boosted, in a fixup slot), count exactly, and the guest's bad pointers must give it what
+// an unprobed kernel gives (EFAULT, a short read) without an oops.
+void hazard_extable(SafetyCtx& x) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  std::vector<ExFn> fns;
+  std::uint64_t fx_lo = 0, fx_hi = 0;
+  if (!extable_sites(x, "extable", fns, &fx_lo, &fx_hi)) return;
   std::vector<Armed> armed;
   std::map<std::string, std::vector<std::size_t>> by_fn;  // indices into armed
   must(x.s.begin_batch(), "begin_batch");
@@ -2178,6 +2192,62 @@ void hazard_extable(SafetyCtx& x) {
   }
   unregister_all(armed, "extable");
   x.dead = !phase_checks(hv, x.dom, "extable", res);
+}
+
+// 5. The module's slots at unload (stock_pv_slot_unload): the user copies' exception-table
+// instructions probed (their copies run in fixup slots) and __x64_sys_getppid (an OEA copy).
+// In the guest a pread() sleeps in a userfaultfd fault its copy took in a fixup slot while a
+// process keeps calling getppid, and the guest detaches the module: the detach must fail with
+// EBUSY and rmmod with it (the slot is the module's text: freed, the reader would return into
+// freed memory), and once the fault is resolved and the read has left the slot, both succeed.
+// The module is gone afterwards: this hazard comes last.
+void hazard_slotunload(SafetyCtx& x) {
+  hv::Hypervisor& hv = x.s.hypervisor();
+  std::vector<ExFn> fns;
+  std::uint64_t fx_lo = 0, fx_hi = 0;
+  if (!extable_sites(x, "slotunload", fns, &fx_lo, &fx_hi)) return;
+  std::vector<Armed> armed;
+  std::size_t sites = 0, in_fixup = 0;
+  must(x.s.begin_batch(), "begin_batch");
+  for (auto& f : fns)
+    for (auto& [i, fx] : f.sites) {
+      ++sites;
+      auto r = x.s.probe(x.dom, Gva{i}, safety_counter());
+      if (!r) continue;
+      auto inf = r->info();
+      if (inf && inf->mode == ExecMode::Boosted && inf->slot.value >= fx_lo && inf->slot.value < fx_hi) ++in_fixup;
+      armed.push_back(Armed{x.ks.describe(i), Gva{i}, std::move(*r)});
+    }
+  const char* name = "__x64_sys_getppid";
+  auto g = x.s.probe(x.dom, std::string_view(name), safety_counter());
+  check("safety.slotunload.getppid", g.has_value(), g ? std::string("registered") : g.error().what);
+  if (g) {
+    auto inf = g->info();
+    armed.push_back(Armed{name, inf ? inf->address : Gva{0}, std::move(*g)});
+  }
+  must(x.s.end_batch(), "end_batch");
+  check("safety.slotunload.fixup_slots", sites > 0 && in_fixup == sites,
+        fmt("%zu of %zu covered instructions registered, boosted, in a fixup slot", in_fixup, sites));
+  // The guest: the reader asleep in its fault, detach (EBUSY) and rmmod (refused), the fault
+  // resolved, the read checked, detach and rmmod again (both succeed).
+  auto res = safety_phase(x.s, x.dom, ++x.phase, "slotunload", x.timeout_s);
+  std::uint64_t hits = 0;
+  for (auto& a : armed) hits += a.probe.stats().hits;
+  check("safety.slotunload.hits", hits > 0, fmt("%" PRIu64 " hits before the module went", hits));
+  if (res) {
+    auto m = kv(*res);
+    auto val = [&m](const char* k) { return m.count(k) ? m[k] : std::string("(none)"); };
+    check("safety.slotunload.held",
+          val("faulted") == "1" && val("first_detach") == "EBUSY" && val("held_rmmod") != "unloaded",
+          "the reader asleep in its fault: detach " + val("first_detach") + ", rmmod " + val("held_rmmod"));
+    check("safety.slotunload.read", val("read_ok") == "1", "the reader's pread() returned " + val("read"));
+    check("safety.slotunload.unloaded", val("second_detach") == "ok" && val("rmmod") == "unloaded",
+          "after the read: detach " + val("second_detach") + ", rmmod " + val("rmmod"));
+  }
+  // The module withdrew: the library forgot the guest's probes (unregistering says so).
+  unregister_all(armed, "slotunload");
+  x.unloaded = true;
+  x.dead = !phase_checks(hv, x.dom, "slotunload", res);
 }
 
 // 2. A tracepoint's static key (jump label) and static call sites in kernel_clone, and the
@@ -2479,6 +2549,7 @@ int cmd_safety(const Args& a) {
     else if (h == "statickey") hazard_statickey(x);
     else if (h == "ftrace") hazard_ftrace(x);
     else if (h == "hookpath") hazard_hookpath(x, a.points);
+    else if (h == "slotunload") hazard_slotunload(x);
     else fatal("unknown hazard " + h);
   }
   if (x.dead) {
@@ -2489,19 +2560,22 @@ int cmd_safety(const Args& a) {
   must(hv.xs_write(dom_path(a.dom, "data/xpe2e/safety/end"), "1"), "write data/xpe2e/safety/end");
   auto done = wait_key(hv, dom_path(a.dom, "data/xpe2e/done"), 60);
   check("workload.ok", done && num(kv(*done), "ok") == 1, done ? *done : "no data/xpe2e/done within 60 s");
-  if (channel == "guest") {
+  // A module a phase unloaded has no control area left to read.
+  if (channel == "guest" && !x.unloaded) {
     auto h = ctl_header(hv, a.dom);
     check("module.no_timeouts", h && h->timeouts == 0, describe(h));
   }
   s.reset();
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
-  if (channel == "guest") {
+  if (channel == "guest" && !x.unloaded) {
     auto h = ctl_header(*hvp, a.dom);
     check("module.traps_cleared", h && h->nr_traps == 0, "after the session closed: " + describe(h));
   }
   must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
   auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
-  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  const char* want = x.unloaded ? "gone" : "ok";
+  check("module.unload", un && *un == want,
+        un ? "detach + rmmod: " + *un + " (expected " + want + ")" : "no data/xpe2e/unloaded within 90 s");
   say("XPE2E-PROG safety %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
 }

@@ -208,6 +208,20 @@ TEST_F(Rules, TheGuestModulesOwnPathIsRefusedOnTheGuestChannel) {
   }
 }
 
+// What the hook's callees call in turn (guest-module/README.md "The hook path"), on 6.1 and
+// 6.12: Dom0 knows them by name, since the module cannot publish static functions.
+TEST(GuestHookPath, TheCalleesOfTheModulesCalleesAreOnItByName) {
+  for (const char* n :
+       {"info_for_irq", "irq_to_desc", "radix_tree_lookup", "__radix_tree_lookup", "mtree_load",
+        "evtchn_2l_clear_pending", "evtchn_fifo_clear_pending", "xen_clocksource_read", "xen_clocksource_get_cycles",
+        "read_tsc", "xen_pmd_val", "xen_pte_val", "pte_mfn_to_pfn", "__check_object_size", "is_vmalloc_addr"})
+    EXPECT_TRUE(kernel::on_guest_hook_path(n)) << n;
+  // The user copies stay probe-able: the extable support runs them in fixup slots, and a hit
+  // in them from the hook's own captures is a nested one (its fallback).
+  for (const char* n : {"copy_user_enhanced_fast_string", "rep_movs_alternative", "kvm_clock_read"})
+    EXPECT_FALSE(kernel::on_guest_hook_path(n)) << n;
+}
+
 // The functions the guest module publishes as its hit path (hook-path/*, protocol.h): a
 // function that contains a published address is refused on the guest channel, naming the
 // entry, though no name Dom0 knows matches it; the other channels accept it. Without the

@@ -34,7 +34,12 @@
  *       shares), sweep (one round of the real-kernel sweep's mixed load: exact numbers of
  *       getppid, getsid, fsync and listen calls, fork+exec churn, file I/O on tmpfs and on the
  *       initramfs root, TCP echo and UDP over 127.0.0.1, the function tracer and two tracepoints
- *       turned on and off). At the end prints "XPE2E-WORKLOAD: done ... ok=<all phases ok>".
+ *       turned on and off), slotunload (the guest module detached and unloaded while a read()
+ *       sleeps in a page fault taken by a copy in one of its fixup slots -- a userfaultfd page --
+ *       and a process keeps calling getppid: the first detach must fail with EBUSY and rmmod
+ *       with it; once the fault is resolved the read completes with the file's bytes and the
+ *       module detaches and unloads; stock_pv_slot_unload). At the end prints
+ *       "XPE2E-WORKLOAD: done ... ok=<all phases ok>".
  *
  * Keys are relative to the domain's home (/local/domain/<domid>/): the guest owns data/.
  * xenstore is reached through /dev/xen/xenbus (the kernel's xenbus device, no libraries),
@@ -50,7 +55,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <arpa/inet.h>
+#include <linux/userfaultfd.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
@@ -1119,6 +1126,104 @@ static int phase_sweep(void)
 	return lo && net && tcp_ok && udp_ok && execs == SW_EXECS && files == 4 && tr_on && tr_off && traced >= 1;
 }
 
+/* slotunload: a pread() whose user copy faults on a userfaultfd page and sleeps until the
+ * phase resolves the fault; Dom0 probes every instruction of the user copies the exception
+ * table covers, so the copy that faults runs in one of the module's fixup slots. */
+struct slot_reader {
+	int fd;
+	char *buf;
+	size_t len;
+	ssize_t got;
+	int err;
+};
+
+static void *slot_reader_run(void *arg)
+{
+	struct slot_reader *r = arg;
+	r->got = pread(r->fd, r->buf, r->len, 0);
+	r->err = errno;
+	return NULL;
+}
+
+/* Writes v to a sysfs file: 0, or the errno of the open or the write. */
+static int sysfs_put(const char *path, const char *v)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno;
+	ssize_t n = write(fd, v, strlen(v));
+	int e = n < 0 ? errno : 0;
+	close(fd);
+	return e;
+}
+
+static int phase_slotunload(void)
+{
+	static const char file[] = "/tmp/xpe2e-slot", detach[] = "/sys/module/xenprobes/parameters/detach";
+	long pg = sysconf(_SC_PAGESIZE);
+	char *want = malloc((size_t)pg);
+	memset(want, 's', (size_t)pg);
+	int fd = open(file, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0 || write_all(fd, want, (size_t)pg)) {
+		phase_add(" setup=file");
+		return 0;
+	}
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+	struct uffdio_api api = { .api = UFFD_API };
+	char *buf = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdio_register reg = { .range = { (unsigned long)buf, (unsigned long)pg },
+				       .mode = UFFDIO_REGISTER_MODE_MISSING };
+	if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api) || buf == MAP_FAILED || ioctl(uffd, UFFDIO_REGISTER, &reg)) {
+		phase_add(" setup=userfaultfd-%s", strerror(errno));
+		return 0;
+	}
+	/* A process that keeps hitting the getppid probe (OEA copies) through both detaches. */
+	pid_t spin = fork();
+	if (spin == 0)
+		for (;;)
+			syscall(SYS_getppid);
+	struct slot_reader rd = { fd, buf, (size_t)pg, -2, 0 };
+	pthread_t th;
+	if (spin < 0 || pthread_create(&th, NULL, slot_reader_run, &rd)) {
+		if (spin > 0)
+			kill(spin, SIGKILL);
+		phase_add(" setup=fork-or-thread");
+		return 0;
+	}
+	/* The reader's copy faulted: it sleeps in the fault until the page is supplied. */
+	struct pollfd pf = { uffd, POLLIN, 0 };
+	struct uffd_msg msg;
+	int faulted = poll(&pf, 1, 20000) == 1 && read(uffd, &msg, sizeof msg) == (ssize_t)sizeof msg &&
+		      msg.event == UFFD_EVENT_PAGEFAULT && msg.arg.pagefault.address - (unsigned long)buf < (unsigned long)pg;
+	printf("XPE2E-SAFETY: slotunload: reader asleep in its fault: %d\n", faulted);
+	int e1 = faulted ? sysfs_put(detach, "1") : -1;
+	printf("XPE2E-SAFETY: slotunload: first detach: %s\n", e1 > 0 ? strerror(e1) : e1 ? "not tried" : "ok");
+	long rm1 = syscall(SYS_delete_module, "xenprobes", O_NONBLOCK);
+	int erm1 = errno;
+	printf("XPE2E-SAFETY: slotunload: rmmod while the reader sleeps: %s\n", rm1 ? strerror(erm1) : "unloaded");
+	/* Supply the page: the reader returns into the slot, finishes its copy, leaves. */
+	struct uffdio_zeropage zp = { .range = { (unsigned long)buf, (unsigned long)pg }, .mode = 0 };
+	int woke = faulted && !ioctl(uffd, UFFDIO_ZEROPAGE, &zp);
+	pthread_join(th, NULL);
+	int read_ok = rd.got == pg && !memcmp(buf, want, (size_t)pg);
+	printf("XPE2E-SAFETY: slotunload: read %zd bytes (%s)\n", rd.got, read_ok ? "the file's" : "wrong");
+	int e2 = sysfs_put(detach, "1");
+	long rm2 = syscall(SYS_delete_module, "xenprobes", O_NONBLOCK);
+	int erm2 = errno;
+	printf("XPE2E-SAFETY: slotunload: second detach: %s, rmmod: %s\n", e2 ? strerror(e2) : "ok",
+	       rm2 ? strerror(erm2) : "unloaded");
+	kill(spin, SIGKILL);
+	waitpid(spin, NULL, 0);
+	close(fd);
+	close(uffd);
+	phase_add(" faulted=%d first_detach=%s held_rmmod=%s woke=%d read=%zd read_ok=%d second_detach=%s rmmod=%s",
+		  faulted, e1 > 0 ? (e1 == EBUSY ? "EBUSY" : strerror(e1)) : e1 ? "none" : "ok",
+		  rm1 ? (erm1 == EWOULDBLOCK ? "EWOULDBLOCK" : strerror(erm1)) : "unloaded", woke, rd.got, read_ok,
+		  e2 ? strerror(e2) : "ok", rm2 ? strerror(erm2) : "unloaded");
+	free(want);
+	return faulted && e1 == EBUSY && rm1 && woke && read_ok && !e2 && !rm2;
+}
+
 /* Runs one phase in a child; its one-line result in out. A child killed by an oops, or stuck
  * for <limit> s (a BUG() with a mutex held), is reported as such. */
 static int safety_phase(const char *phase, double limit, char *out, size_t outsz)
@@ -1129,6 +1234,7 @@ static int safety_phase(const char *phase, double limit, char *out, size_t outsz
 			  : !strcmp(phase, "ftrace")	? phase_ftrace
 			  : !strcmp(phase, "activity")	? phase_activity
 			  : !strcmp(phase, "sweep")	? phase_sweep
+			  : !strcmp(phase, "slotunload") ? phase_slotunload
 							: NULL;
 	if (!fn) {
 		snprintf(out, outsz, "phase=%s ok=0 error=unknown-phase", phase);
