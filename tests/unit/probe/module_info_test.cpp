@@ -7,13 +7,13 @@
 
 #include "guestmod/module_info.hpp"
 #include "probe/oea_pool.hpp"
-#include "sim/sim_fixture.hpp"
+#include "demo_guest.hpp"
 #include "xenprobes/protocol.h"
 
 namespace xenprobes::guestmod {
 namespace {
 
-using testing::SimGuest;
+using testing::Dom0Guest;
 
 std::string hexs(std::uint64_t v) {
   char b[24];
@@ -32,7 +32,7 @@ class ModuleInfoTest : public ::testing::Test {
     c.start_paused = true;  // nothing here needs the guest to run
     return c;
   }
-  SimGuest g{paused()};
+  Dom0Guest g{paused()};
   hv::sim::GuestLayout layout = *g.host->layout(g.dom);
 
   void put(std::string_view key, const std::string& value) {
@@ -82,7 +82,7 @@ TEST_F(ModuleInfoTest, ReadsWhatTheDemoGuestPublishes) {
 }
 
 TEST_F(ModuleInfoTest, RealPageTableCheck) {
-  auto mem = g.memory();
+  auto mem = g.memory_view();
   auto r = read(check_mapped_via(*mem));
   ASSERT_TRUE(r.has_value()) << r.error().what;
   EXPECT_EQ(r->areas.size(), 1u);
@@ -108,7 +108,7 @@ TEST(ModuleInfoNoModule, NotLoadedNamesTheAlternatives) {
   hv::sim::DomainConfig c;
   c.start_paused = true;
   c.publish_module = false;
-  SimGuest g{c};
+  Dom0Guest g{c};
   auto r = read_module_info(*g.hv, g.dom, all_mapped());
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, Errc::NotFound);
