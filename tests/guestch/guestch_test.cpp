@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "common/hex.hpp"
 #include "guestch/guestch_fixture.hpp"
