@@ -93,34 +93,7 @@ inline hv::sim::DomainConfig demo_config(unsigned vcpus = 1, std::uint64_t itera
   return c;
 }
 
-// The reference: vCPU `vcpu`'s statistics after the same workload without probes (memoised per
-// workload: a run takes a while, and the workload is deterministic, SimGuest.RunsOnSeveralVcpus-
-// AndIsDeterministic).
-inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsigned vcpus = 1,
-                                  hv::GuestType type = guest_type_for()) {
-  static std::mutex mu;
-  static std::map<std::tuple<unsigned, std::uint64_t, hv::GuestType>, std::vector<demo_stats>> memo;
-  std::lock_guard lk(mu);
-  auto& v = memo[{vcpus, iterations, type}];
-  if (v.empty()) {
-    auto host = hv::sim::SimHost::create();
-    hv::sim::DomainConfig c;
-    c.vcpus = vcpus;
-    c.iterations = iterations;
-    c.type = type;
-    auto dom = host->create_domain(c);
-    if (!dom) throw std::runtime_error("reference run: " + dom.error().what);
-    if (!host->wait_halted(*dom, 60s)) throw std::runtime_error("reference run did not finish");
-    std::vector<demo_stats> st(vcpus);
-    auto sym = host->symbol(*dom, DEMO_SYM_STATS);
-    if (!sym || !host->peek(*dom, *sym, std::as_writable_bytes(std::span(st))))
-      throw std::runtime_error("reference run: cannot read demo_stats");
-    v = std::move(st);
-  }
-  return v.at(vcpu);
-}
-
-// A simulated host with one demo-guest domain.
+// A simulated host with one demo-guest domain (running unless `cfg` says start_paused).
 class DemoGuest {
  public:
   std::shared_ptr<hv::sim::SimHost> host;
@@ -140,8 +113,9 @@ class DemoGuest {
   DemoGuest(DemoGuest&&) = default;
   DemoGuest& operator=(DemoGuest&&) = default;
 
-  // The Dom0 handle the test works through (its own, or its session's).
-  virtual hv::Hypervisor& dom0() = 0;
+  // The Dom0 handle the test works through (its own, or its session's; none here: a DemoGuest
+  // alone is for runs the test only watches).
+  virtual hv::Hypervisor& dom0() { throw std::logic_error("a DemoGuest alone has no Dom0 handle"); }
 
   // Releases the pause the domain was created with (DomainConfig::start_paused).
   void start() {
@@ -255,6 +229,27 @@ class DemoGuest {
  private:
   std::optional<symbols::SymbolTable> syms_;
 };
+
+// The reference: vCPU `vcpu`'s statistics after the same workload without probes (memoised per
+// workload: a run takes a while, and the workload is deterministic, SimGuest.RunsOnSeveralVcpus-
+// AndIsDeterministic).
+inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsigned vcpus = 1,
+                                  hv::GuestType type = guest_type_for()) {
+  static std::mutex mu;
+  static std::map<std::tuple<unsigned, std::uint64_t, hv::GuestType>, std::vector<demo_stats>> memo;
+  std::lock_guard lk(mu);
+  auto& v = memo[{vcpus, iterations, type}];
+  if (v.empty()) {
+    hv::sim::DomainConfig c;
+    c.vcpus = vcpus;
+    c.iterations = iterations;
+    c.type = type;
+    DemoGuest g(c);
+    if (!g.host->wait_halted(g.dom, 60s)) throw std::runtime_error("reference run did not finish");
+    v = g.peek_array<demo_stats>(g.sym(DEMO_SYM_STATS), vcpus);
+  }
+  return v.at(vcpu);
+}
 
 // Polls until the domain is paused (by whom: the test says).
 inline bool eventually_paused(DemoGuest& g, std::chrono::milliseconds timeout = 10s) {
