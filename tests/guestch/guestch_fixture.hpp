@@ -214,6 +214,11 @@ struct ChannelGuest : Dom0Guest {
   }
 };
 
+// The xenstore path of the module's key `k` (protocol.h, XENPROBES_XS_DIR).
+inline std::string key(ChannelGuest& g, const char* k) {
+  return "/local/domain/" + std::to_string(g.dom.value) + "/" XENPROBES_XS_DIR "/" + k;
+}
+
 // Whether vCPU 0's mailbox comes to hold hit number `seq` in state HIT (waiting for it).
 inline bool hit_with_seq(ChannelGuest& g, std::uint32_t seq) {
   return eventually([&] { return g.mailbox(0).state == XENPROBES_MBOX_HIT && g.mailbox(0).seq == seq; });
