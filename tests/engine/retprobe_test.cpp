@@ -40,18 +40,6 @@ CallData& call_data(std::span<std::byte> d) {
   return *reinterpret_cast<CallData*>(d.data());
 }
 
-// Counts every occurrence of `value` in the guest's vCPU stacks.
-unsigned on_stacks(ProbedGuest& g, std::uint64_t value) {
-  auto stacks = g.peek(g.sym(DEMO_SYM_STACKS), DEMO_MAX_VCPUS * DEMO_STACK_SIZE);
-  unsigned n = 0;
-  for (std::size_t i = 0; i + 8 <= stacks.size(); i += 8) {
-    std::uint64_t v;
-    std::memcpy(&v, stacks.data() + i, 8);
-    n += v == value;
-  }
-  return n;
-}
-
 struct Pairs {
   std::uint64_t entries = 0, returns = 0, wrong_value = 0, wrong_rip = 0, wrong_vcpu_data = 0;
 };
@@ -261,9 +249,9 @@ TEST(RetProbe, UnregisterWithCallsInFlightRestoresEveryStack) {
   ASSERT_LE(f.entries, 9u) << "still inside the first recursion";
   EXPECT_EQ(f.returns, 0u);
   EXPECT_EQ(f.probe.stats().active, f.entries);
-  EXPECT_GE(on_stacks(f.g, f.tramp.value), f.entries) << "every call in flight returns through the trampoline";
+  EXPECT_GE(f.g.on_stacks(f.tramp.value), f.entries) << "every call in flight returns through the trampoline";
   ASSERT_TRUE(f.probe.unregister());
-  EXPECT_EQ(on_stacks(f.g, f.tramp.value), 0u);
+  EXPECT_EQ(f.g.on_stacks(f.tramp.value), 0u);
   ASSERT_TRUE(f.g.run_to_completion()) << f.g.host->crash_reason(f.g.dom);
   EXPECT_EQ(f.g.stats(0).checksum, reference_stats(0, 3).checksum);
   EXPECT_EQ(f.g.stats(0).calls[DEMO_FN_RECURSE], expected_calls(DEMO_FN_RECURSE, 3));
@@ -272,10 +260,10 @@ TEST(RetProbe, UnregisterWithCallsInFlightRestoresEveryStack) {
 TEST(RetProbe, SessionEndWithCallsInFlightLeavesTheGuestCorrect) {
   InFlight f(7);
   ASSERT_GE(f.entries, 7u);
-  ASSERT_GE(on_stacks(f.g, f.tramp.value), f.entries - f.returns);
+  ASSERT_GE(f.g.on_stacks(f.tramp.value), f.entries - f.returns);
   f.probe.release();
   f.g.session.reset();  // detach: nobody will ever answer the trampoline again
-  EXPECT_EQ(on_stacks(f.g, f.tramp.value), 0u);
+  EXPECT_EQ(f.g.on_stacks(f.tramp.value), 0u);
   ASSERT_TRUE(f.g.finish_without_dom0(60s)) << f.g.host->crash_reason(f.g.dom);
   EXPECT_EQ(f.g.stats(0).checksum, reference_stats(0, 3).checksum);
 }

@@ -13,7 +13,7 @@ struct EngineGuest {
   probe::Engine engine;  // after g: destroyed first (it detaches, restoring every byte)
 
   explicit EngineGuest(hv::sim::DomainConfig cfg) : g(cfg), engine(*g.hv, *g.ch) {
-    auto r = engine.set_symbols(g.dom, g.syms);
+    auto r = engine.set_symbols(g.dom, g.demo_symbols());
     if (!r) throw std::runtime_error(r.error().what);
   }
   Gva resolve(const char* expr) {
@@ -145,7 +145,7 @@ TEST(GuestChannelEngine, Dom0KilledTheGuestFinishesOnItsOwn) {
   const auto text = g.peek(g.layout.text_start, g.layout.text_end - g.layout.text_start);
   alignas(probe::Engine) static unsigned char storage[sizeof(probe::Engine)];
   auto* engine = new (storage) probe::Engine(*g.hv, *g.ch);
-  ASSERT_TRUE(engine->set_symbols(g.dom, g.syms));
+  ASSERT_TRUE(engine->set_symbols(g.dom, g.demo_symbols()));
   auto at = [&](const char* expr) { return *engine->symbols(g.dom)->resolve(expr); };
   std::uint64_t hits = 0;
   auto count = [&](HitContext&) {

@@ -9,32 +9,22 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
-#include <thread>
 #include <vector>
 
 #include "channel/event_ports.hpp"
 #include "channel/guest.hpp"
-#include "demo_abi.h"
-#include "mem/frame_source.hpp"
-#include "mem/guest_memory.hpp"
-#include "mem/paging.hpp"
-#include "symbols/symbol_table.hpp"
-#include "x86/insn.hpp"
+#include "demo_guest.hpp"
 #include "xenprobes/protocol.h"
-#include "xenprobes/sim.hpp"
 
 namespace xenprobes::testing {
 
-using namespace std::chrono_literals;
 using channel::TrapEntry;
-
-inline std::string demo_map() { return hv::sim::default_guest_dir() + "/System.map"; }
 
 // Created paused, so traps are in place before the guest runs.
 inline hv::sim::DomainConfig guest_config(unsigned vcpus, std::uint64_t iterations, unsigned timeout_ms = 10000) {
@@ -57,29 +47,6 @@ inline hv::sim::SimOptions manual_clock() {
 inline std::chrono::milliseconds claim_bound(unsigned timeout_ms) {
   return std::chrono::milliseconds(std::max<std::uint64_t>(
       timeout_ms, std::min<std::uint64_t>(XENPROBES_CLAIM_FACTOR * std::uint64_t{timeout_ms}, XENPROBES_CLAIM_MAX_MS)));
-}
-
-inline std::uint64_t expected_calls(unsigned fn, std::uint64_t iterations) {
-  static const std::uint64_t k[DEMO_NFUNCS] = DEMO_CALLS_PER_ITER_INIT;
-  return k[fn] * iterations;
-}
-
-// The same workload without probes (memoised: a run takes a while).
-inline demo_stats reference_stats(unsigned vcpu, std::uint64_t iterations, unsigned vcpus = 1) {
-  static std::map<std::pair<unsigned, std::uint64_t>, std::vector<demo_stats>> memo;
-  auto& v = memo[{vcpus, iterations}];
-  if (v.empty()) {
-    auto host = hv::sim::SimHost::create();
-    hv::sim::DomainConfig c;
-    c.vcpus = vcpus;
-    c.iterations = iterations;
-    DomId dom = *host->create_domain(c);
-    if (!host->wait_halted(dom, 60s)) throw std::runtime_error("reference run did not finish");
-    v.resize(vcpus);
-    if (!host->peek(dom, *host->symbol(dom, DEMO_SYM_STATS), std::as_writable_bytes(std::span(v))))
-      throw std::runtime_error("reference run: cannot read demo_stats");
-  }
-  return v.at(vcpu);
 }
 
 // A StopSink standing in for the engine: the traps it owns, what each hit does.
@@ -120,64 +87,19 @@ struct FakeSink : channel::StopSink {
 };
 
 // A demo guest, a Dom0 handle with its GuestMemory and a guest channel on that handle.
-struct ChannelGuest {
-  std::shared_ptr<hv::sim::SimHost> host;
-  DomId dom;
-  std::unique_ptr<hv::Hypervisor> hv;
-  std::unique_ptr<mem::HypervisorFrameSource> source;
+struct ChannelGuest : Dom0Guest {
   std::unique_ptr<mem::GuestMemory> memory;
   std::unique_ptr<channel::GuestChannel> ch;
-  hv::sim::GuestLayout layout;
-  symbols::SymbolTable syms;
   unsigned max_batch = 0;  // most stops one process() handled
 
-  explicit ChannelGuest(hv::sim::DomainConfig cfg, hv::sim::SimOptions opts = manual_clock()) {
-    host = hv::sim::SimHost::create(opts);
-    auto id = host->create_domain(cfg);
-    if (!id) throw std::runtime_error(id.error().what);
-    dom = *id;
-    layout = *host->layout(dom);
-    hv = host->open();
-    source = std::make_unique<mem::HypervisorFrameSource>(*hv, dom);
-    memory = std::make_unique<mem::GuestMemory>(*source);
-    auto info = hv->domain_info(dom);
-    auto regs = hv->get_vcpu_regs(dom, VcpuId{0});
-    if (!info || !regs) throw std::runtime_error("cannot read domain state");
-    memory->set_context(*mem::paging_context(*info, *regs));
-    ch = std::make_unique<channel::GuestChannel>(*hv);
-    auto t = symbols::SymbolTable::load(demo_map());
-    if (!t) throw std::runtime_error(t.error().what);
-    syms = std::move(*t);
-  }
+  explicit ChannelGuest(const hv::sim::DomainConfig& cfg, const hv::sim::SimOptions& opts = manual_clock())
+      : Dom0Guest(cfg, opts), memory(memory_view()), ch(std::make_unique<channel::GuestChannel>(*hv)) {}
 
   void attach() {
     auto r = ch->attach(dom);
     if (!r) throw std::runtime_error(r.error().what);
   }
-  void start() {
-    auto r = hv->unpause(dom);
-    if (!r) throw std::runtime_error(r.error().what);
-  }
 
-  std::uint64_t sym(const char* name) { return *host->symbol(dom, name); }
-  // Oracle reads through the sim. A read that fails throws: a zeroed buffer would make every
-  // "counter is 0" and "entry cleared" check pass without looking.
-  void peek_into(std::uint64_t va, std::span<std::byte> out) {
-    auto r = host->peek(dom, va, out);
-    if (!r) throw std::runtime_error("peek at " + std::to_string(va) + ": " + r.error().what);
-  }
-  template <typename T>
-  std::vector<T> peek_array(std::uint64_t va, std::size_t n) {
-    std::vector<T> v(n);
-    if (n) peek_into(va, std::as_writable_bytes(std::span(v)));
-    return v;
-  }
-  demo_stats stats(unsigned vcpu) {
-    demo_stats st{};
-    peek_into(sym(DEMO_SYM_STATS) + vcpu * sizeof(demo_stats), std::as_writable_bytes(std::span(&st, 1)));
-    return st;
-  }
-  std::vector<std::uint8_t> peek(std::uint64_t va, std::size_t n) { return peek_array<std::uint8_t>(va, n); }
   // The control area as the module laid it out (read through the sim, not the channel).
   xenprobes_ctl_header header() {
     xenprobes_ctl_header h{};
@@ -196,27 +118,6 @@ struct ChannelGuest {
     return peek_array<xenprobes_ret>(layout.control_addr + h.ret_offset, h.ret_capacity);
   }
 
-  // The module's clock (manual_clock()). advance() returns once the module has looked at its
-  // waiting vCPUs at the new time.
-  void advance(std::chrono::milliseconds by) {
-    auto r = host->advance_clock(by);
-    if (!r) throw std::runtime_error("advance_clock: " + r.error().what);
-  }
-  // Advances the clock by `step` at a time until pred() holds, the guest crashed, or `limit`
-  // of real time passed. For a guest left to its module (Dom0 gone or silent): each step lets
-  // the waits that ran out end.
-  bool advance_until(const std::function<bool()>& pred, std::chrono::milliseconds step,
-                     std::chrono::milliseconds limit = 60s) {
-    auto end = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-      if (!host->crash_reason(dom).empty() || std::chrono::steady_clock::now() >= end) return false;
-      advance(step);
-    }
-    return true;
-  }
-  bool advance_until_halted(std::chrono::milliseconds step, std::chrono::milliseconds limit = 60s) {
-    return advance_until([&] { return host->wait_halted(dom, 0ms); }, step, limit);
-  }
   // The control area mapped through handle `h` (as Dom0 maps it), so a test can compare-and-
   // swap a mailbox's state the way the module or the channel does. Keep the mapping alive
   // while using the words it gives.
@@ -240,16 +141,6 @@ struct ChannelGuest {
     unsigned n = 0;
     for (unsigned v = 0; v < vcpus; ++v) n += mailbox(v).state == state;
     return n;
-  }
-
-  // Functions and instructions, from System.map and the decoder.
-  std::vector<x86::Insn> function(const char* name) {
-    auto f = syms.function_containing(Gva{sym(name)});
-    if (!f) throw std::runtime_error(f.error().what);
-    auto bytes = peek(f->start.value, f->size);
-    auto insns = x86::decode_function(bytes, f->start);
-    if (!insns) throw std::runtime_error(insns.error().what);
-    return *insns;
   }
 
   // What the engine does to arm a trap: with the domain paused, the table entry, then the byte.
@@ -302,13 +193,13 @@ struct ChannelGuest {
     while (std::chrono::steady_clock::now() < end) {
       if (pred()) return true;
       pump(sink);
-      if (!host->crash_reason(dom).empty()) return false;
+      if (crashed()) return false;
     }
     return pred();
   }
   bool run_to_completion(channel::StopSink& sink, std::chrono::milliseconds timeout = 60s) {
     return pump_until(
-        sink, [&] { return host->wait_halted(dom, 0ms); }, timeout);
+        sink, [&] { return halted(); }, timeout);
   }
 
   // Dom0 goes away without a word: the channel (unbinding its ports) and the handle close.
@@ -323,13 +214,9 @@ struct ChannelGuest {
   }
 };
 
-inline bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s) {
-  auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
+// The xenstore path of the module's key `k` (protocol.h, XENPROBES_XS_DIR).
+inline std::string key(ChannelGuest& g, const char* k) {
+  return "/local/domain/" + std::to_string(g.dom.value) + "/" XENPROBES_XS_DIR "/" + k;
 }
 
 // Whether vCPU 0's mailbox comes to hold hit number `seq` in state HIT (waiting for it).

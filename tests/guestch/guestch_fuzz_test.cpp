@@ -6,6 +6,8 @@
 #include <iostream>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "guestch/guestch_fixture.hpp"
 

@@ -11,20 +11,13 @@
 #include <set>
 #include <vector>
 
+#include "module/module_logic_fixture.hpp"
 #include "xp_logic.h"
 
 namespace {
 
-// The same guest layout as module_logic_test.cpp: core text, module area, our OEA inside it.
-constexpr std::uint64_t kText = 0xffffffff81000000ull;
-constexpr std::uint64_t kTextEnd = 0xffffffff82000000ull;
-constexpr std::uint64_t kModules = 0xffffffffc0000000ull;
-constexpr std::uint64_t kModulesEnd = 0xffffffffff000000ull;
-constexpr std::uint64_t kOea = 0xffffffffc0200000ull;
-constexpr std::uint64_t kOeaEnd = kOea + 0x200000;
-constexpr std::uint64_t kStack = 0xffffc90000013f00ull;
-constexpr std::uint64_t kRflagsIf = 0x200;
-constexpr std::uint64_t kRflagsDf = 0x400;
+// The same guest layout as the module's other tests (module_logic_fixture.hpp).
+using namespace module_logic;
 
 std::set<std::uint64_t> nx_pages;
 

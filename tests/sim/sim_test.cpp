@@ -8,7 +8,7 @@
 #include <set>
 
 #include "hv/hypervisor.hpp"
-#include "sim/sim_fixture.hpp"
+#include "demo_guest.hpp"
 #include "xenprobes/protocol.h"
 
 namespace xenprobes::testing {
@@ -28,7 +28,7 @@ DomainConfig finite(unsigned vcpus, std::uint64_t iterations, GuestType type = G
   return c;
 }
 
-void expect_workload_complete(SimGuest& g, unsigned vcpus, std::uint64_t iterations) {
+void expect_workload_complete(Dom0Guest& g, unsigned vcpus, std::uint64_t iterations) {
   for (unsigned v = 0; v < vcpus; ++v) {
     demo_stats st = g.stats(v);
     EXPECT_EQ(st.done, 1u) << "vcpu " << v;
@@ -46,7 +46,7 @@ bool readable(int fd, int ms) {
 // ---- the demo guest runs ----
 
 TEST(SimGuest, RunsToCompletionOnOneVcpu) {
-  SimGuest g(finite(1, 40));
+  Dom0Guest g(finite(1, 40));
   ASSERT_TRUE(g.host->wait_halted(g.dom, 30s)) << g.host->crash_reason(g.dom);
   expect_workload_complete(g, 1, 40);
   EXPECT_NE(g.stats(0).checksum, 0u);
@@ -55,7 +55,7 @@ TEST(SimGuest, RunsToCompletionOnOneVcpu) {
 }
 
 TEST(SimGuest, RunsOnSeveralVcpusAndIsDeterministic) {
-  SimGuest a(finite(4, 25)), b(finite(4, 25));
+  Dom0Guest a(finite(4, 25)), b(finite(4, 25));
   ASSERT_TRUE(a.host->wait_halted(a.dom, 30s)) << a.host->crash_reason(a.dom);
   ASSERT_TRUE(b.host->wait_halted(b.dom, 30s)) << b.host->crash_reason(b.dom);
   expect_workload_complete(a, 4, 25);
@@ -63,7 +63,7 @@ TEST(SimGuest, RunsOnSeveralVcpusAndIsDeterministic) {
 }
 
 TEST(SimGuest, CountersAdvanceWhileUnpaused) {
-  SimGuest g(finite(2, 0));
+  Dom0Guest g(finite(2, 0));
   ASSERT_TRUE(eventually([&] { return g.stats(1).iterations > 3; }));
   auto before = g.stats(0).iterations;
   ASSERT_TRUE(eventually([&] { return g.stats(0).iterations > before + 3; }));
@@ -72,7 +72,7 @@ TEST(SimGuest, CountersAdvanceWhileUnpaused) {
 // ---- pause reference counting ----
 
 TEST(SimPause, TwoPausesNeedTwoUnpauses) {
-  SimGuest g(finite(2, 0));
+  Dom0Guest g(finite(2, 0));
   ASSERT_TRUE(eventually([&] { return g.stats(0).iterations > 0; }));
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(g.hv->pause(g.dom));
@@ -93,7 +93,7 @@ TEST(SimPause, TwoPausesNeedTwoUnpauses) {
 TEST(SimPause, StartPausedDomainDoesNotRun) {
   DomainConfig c = finite(1, 5);
   c.start_paused = true;
-  SimGuest g(c);
+  Dom0Guest g(c);
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(g.stats(0).iterations, 0u);
   auto regs = g.hv->get_vcpu_regs(g.dom, VcpuId{0});
@@ -109,11 +109,11 @@ TEST(SimPause, StartPausedDomainDoesNotRun) {
 // the sim stopped engines only from their own thread, this storm corrupted the guest (wrong
 // checksums, a `ret` onto a smashed stack) in nearly every run on a loaded machine.
 TEST(SimPause, PauseStormLeavesTheGuestUntouched) {
-  SimGuest ref(finite(2, 1000));
+  Dom0Guest ref(finite(2, 1000));
   ASSERT_TRUE(ref.host->wait_halted(ref.dom, 60s)) << ref.host->crash_reason(ref.dom);
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(round);
-    SimGuest g(finite(2, 1000));
+    Dom0Guest g(finite(2, 1000));
     unsigned pauses = 0;
     while (!(g.stats(0).done && g.stats(1).done) && g.host->crash_reason(g.dom).empty()) {
       ASSERT_TRUE(g.hv->pause(g.dom));
@@ -131,8 +131,8 @@ TEST(SimPause, PauseStormLeavesTheGuestUntouched) {
 
 TEST(SimMemory, LibraryWalkReadsWhatTheGuestRuns) {
   for (GuestType type : {GuestType::Pv, GuestType::Hvm}) {
-    SimGuest g(finite(1, 0, type));
-    auto gm = g.memory();
+    Dom0Guest g(finite(1, 0, type));
+    auto gm = g.memory_view();
     std::uint64_t fn = g.sym("sys_getppid");
     std::array<std::byte, 32> via_walk{}, via_sim{};
     ASSERT_TRUE(gm->read(Gva{fn}, via_walk));
@@ -164,7 +164,7 @@ TEST(SimMemory, LibraryWalkReadsWhatTheGuestRuns) {
 }
 
 TEST(SimMemory, ForeignFramesOutsideTheDomainAreRefused) {
-  SimGuest g(finite(1, 0));
+  Dom0Guest g(finite(1, 0));
   Frame bogus{1};  // PV machine frames of domain 1 start at 0x100000
   auto m = g.hv->map_frames(g.dom, std::span(&bogus, 1), hv::MapAccess::Read);
   ASSERT_FALSE(m);
@@ -174,7 +174,7 @@ TEST(SimMemory, ForeignFramesOutsideTheDomainAreRefused) {
 // Code written through a foreign mapping is what every vCPU executes next, even vCPUs that
 // already translated (and cached) the old code.
 TEST(SimMemory, CodePatchedThroughMappingIsSeenByEveryVcpu) {
-  SimGuest g(finite(4, 0));
+  Dom0Guest g(finite(4, 0));
   ASSERT_TRUE(eventually([&] {
     for (unsigned v = 0; v < 4; ++v)
       if (g.stats(v).iterations < 3) return false;
@@ -182,7 +182,7 @@ TEST(SimMemory, CodePatchedThroughMappingIsSeenByEveryVcpu) {
   }));
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
   std::uint64_t fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -226,7 +226,7 @@ struct Stop {
 };
 
 // Waits until the domain is paused by a debug stop, then returns the vCPUs sitting at `rip`.
-std::vector<Stop> wait_stops(SimGuest& g, unsigned vcpus, std::uint64_t rip) {
+std::vector<Stop> wait_stops(Dom0Guest& g, unsigned vcpus, std::uint64_t rip) {
   std::vector<Stop> out;
   eventually([&] { return g.hv->domain_info(g.dom)->paused; });
   for (unsigned v = 0; v < vcpus; ++v) {
@@ -239,12 +239,12 @@ std::vector<Stop> wait_stops(SimGuest& g, unsigned vcpus, std::uint64_t rip) {
 TEST(SimDebugger, Int3PausesTheDomainWithoutVirq) {
   DomainConfig c = finite(1, 30);
   c.start_paused = true;  // probe before the first iteration
-  SimGuest g(c);
+  Dom0Guest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
   std::uint64_t fn = g.sym("sys_open");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   std::uint8_t orig = *gm->read_u8(Gva{fn});
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
@@ -275,12 +275,12 @@ TEST(SimDebugger, Int3PausesTheDomainWithoutVirq) {
 TEST(SimDebugger, IcebpRaisesVirqOnEveryHit) {
   DomainConfig c = finite(1, 30);
   c.start_paused = true;  // probe before the first iteration
-  SimGuest g(c);
+  Dom0Guest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
   std::uint64_t fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   std::uint8_t orig = *gm->read_u8(Gva{fn});
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xf1));
@@ -322,7 +322,7 @@ TEST(SimDebugger, IcebpRaisesVirqOnEveryHit) {
 TEST(SimDebugger, TrapFlagStepsOneInstructionAndRaisesVirq) {
   DomainConfig c = finite(1, 20);
   c.start_paused = true;  // step the first instruction of the entry point
-  SimGuest g(c);
+  Dom0Guest g(c);
   auto virq = g.hv->evtchn_bind_virq(hv::kVirqDebugger);
   ASSERT_TRUE(virq);
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
@@ -349,10 +349,10 @@ TEST(SimDebugger, TrapFlagStepsOneInstructionAndRaisesVirq) {
 }
 
 TEST(SimDebugger, SeveralVcpusCanTrapBeforeThePauseLands) {
-  SimGuest g(finite(4, 0));
+  Dom0Guest g(finite(4, 0));
   ASSERT_TRUE(g.hv->set_debugging(g.dom, true));
   std::uint64_t fn = g.sym("demo_classify");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -371,7 +371,7 @@ TEST(SimDebugger, SeveralVcpusCanTrapBeforeThePauseLands) {
 TEST(SimDebugger, WithoutGdbsxInt3IsSwallowedAndTheGuestOopses) {
   SimOptions o;
   o.gdbsx = false;
-  SimGuest g(finite(1, 0), o);
+  Dom0Guest g(finite(1, 0), o);
   auto caps = g.hv->capabilities();
   ASSERT_TRUE(caps);
   EXPECT_FALSE(caps->gdbsx);
@@ -380,7 +380,7 @@ TEST(SimDebugger, WithoutGdbsxInt3IsSwallowedAndTheGuestOopses) {
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code, Errc::NoSys);
   std::uint64_t fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));  // over the first byte of 0f 1f 44 00 00
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -392,9 +392,9 @@ TEST(SimDebugger, WithoutGdbsxInt3IsSwallowedAndTheGuestOopses) {
 }
 
 TEST(SimDebugger, Int3WithoutDebuggerIsDeliveredToTheGuest) {
-  SimGuest g(finite(1, 0));
+  Dom0Guest g(finite(1, 0));
   std::uint64_t fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -405,7 +405,7 @@ TEST(SimDebugger, Int3WithoutDebuggerIsDeliveredToTheGuest) {
 // ---- event channels ----
 
 TEST(SimEvtchn, GlobalVirqHasOneBinderPerHost) {
-  SimGuest g(finite(1, 1));
+  Dom0Guest g(finite(1, 1));
   auto other = g.host->open();
   ASSERT_TRUE(g.hv->evtchn_bind_virq(hv::kVirqDebugger));
   auto second = other->evtchn_bind_virq(hv::kVirqDebugger);
@@ -415,7 +415,7 @@ TEST(SimEvtchn, GlobalVirqHasOneBinderPerHost) {
 }
 
 TEST(SimEvtchn, InterdomainPendingMaskAndCoalescing) {
-  SimGuest g(finite(1, 1));
+  Dom0Guest g(finite(1, 1));
   auto gport = g.host->guest_evtchn_alloc_unbound(g.dom);
   ASSERT_TRUE(gport);
   auto port = g.hv->evtchn_bind_interdomain(g.dom, *gport);
@@ -446,7 +446,7 @@ TEST(SimEvtchn, InterdomainPendingMaskAndCoalescing) {
 // readable until the last is read, and each stays masked (a new event on it queues nothing)
 // until it is unmasked, as libxenevtchn's xenevtchn_pending/xenevtchn_unmask behave.
 TEST(SimEvtchn, PendingPortsAreReadOneAtATimeAndStayMaskedUntilUnmasked) {
-  SimGuest g(finite(1, 1));
+  Dom0Guest g(finite(1, 1));
   auto g1 = g.host->guest_evtchn_alloc_unbound(g.dom), g2 = g.host->guest_evtchn_alloc_unbound(g.dom);
   ASSERT_TRUE(g1 && g2);
   auto p1 = g.hv->evtchn_bind_interdomain(g.dom, *g1), p2 = g.hv->evtchn_bind_interdomain(g.dom, *g2);
@@ -473,7 +473,7 @@ TEST(SimEvtchn, PendingPortsAreReadOneAtATimeAndStayMaskedUntilUnmasked) {
 // ---- xenstore ----
 
 TEST(SimXenstore, ModuleKeysArePublished) {
-  SimGuest g(finite(2, 1));
+  Dom0Guest g(finite(2, 1));
   std::string dir = "/local/domain/" + std::to_string(g.dom.value) + "/" XENPROBES_XS_DIR "/";
   EXPECT_EQ(*g.hv->xs_read(dir + XENPROBES_XS_VERSION), std::to_string(XENPROBES_PROTOCOL_VERSION));
   EXPECT_EQ(std::stoull(*g.hv->xs_read(dir + XENPROBES_XS_KERNEL_TEXT), nullptr, 16), g.sym("_text"));
@@ -486,7 +486,7 @@ TEST(SimXenstore, ModuleKeysArePublished) {
 }
 
 TEST(SimXenstore, WatchesFireOnceAtOnceThenOnChanges) {
-  SimGuest g(finite(1, 1));
+  Dom0Guest g(finite(1, 1));
   ASSERT_TRUE(g.hv->xs_write("/test/a", "1"));
   ASSERT_TRUE(g.hv->xs_watch("/test", "tok"));
   ASSERT_TRUE(readable(g.hv->xs_fd(), 1000));
@@ -512,7 +512,7 @@ TEST(SimXenstore, WatchesFireOnceAtOnceThenOnChanges) {
 }
 
 TEST(SimXenstore, DomainLifecycleWatches) {
-  SimGuest g(finite(1, 0));
+  Dom0Guest g(finite(1, 0));
   ASSERT_TRUE(g.hv->xs_watch("@introduceDomain", "intro"));
   ASSERT_TRUE(g.hv->xs_watch("@releaseDomain", "release"));
   ASSERT_TRUE(g.hv->xs_read_watches());  // the initial firing
@@ -528,10 +528,10 @@ TEST(SimXenstore, DomainLifecycleWatches) {
 // ---- domain death ----
 
 TEST(SimDomain, DestroyWhileRunning) {
-  SimGuest g(finite(2, 0));
+  Dom0Guest g(finite(2, 0));
   ASSERT_TRUE(eventually([&] { return g.stats(0).iterations > 0; }));
   auto fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   auto before = gm->read_u64(Gva{fn});
   ASSERT_TRUE(before);
   ASSERT_TRUE(g.host->destroy_domain(g.dom));
@@ -546,7 +546,7 @@ TEST(SimDomain, DestroyWhileRunning) {
 }
 
 TEST(SimDomain, ListsDom0AndGuests) {
-  SimGuest g(finite(3, 1));
+  Dom0Guest g(finite(3, 1));
   auto doms = g.hv->list_domains();
   ASSERT_TRUE(doms);
   ASSERT_EQ(doms->size(), 2u);
@@ -573,7 +573,7 @@ TEST(SimDomain, BadImagesAreRefusedWithTheReason) {
 // ---- fault injection ----
 
 TEST(SimFaults, InjectedFaultsSurfaceAsErrors) {
-  SimGuest g(finite(1, 0));
+  Dom0Guest g(finite(1, 0));
   g.host->fail_op(Op::Pause, Errc::Io);
   auto r = g.hv->pause(g.dom);
   ASSERT_FALSE(r);

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "hv/hypervisor.hpp"
-#include "sim/sim_fixture.hpp"
+#include "demo_guest.hpp"
 
 namespace xenprobes::testing {
 namespace {
@@ -54,7 +54,7 @@ struct Monitored {
   std::uint64_t fn = 0;
 };
 
-Monitored monitor(SimGuest& g, const char* fn, std::uint8_t trap_byte) {
+Monitored monitor(Dom0Guest& g, const char* fn, std::uint8_t trap_byte) {
   Monitored m;
   auto ring = g.hv->monitor_enable(g.dom);
   EXPECT_TRUE(ring) << ring.error().what;
@@ -63,7 +63,7 @@ Monitored monitor(SimGuest& g, const char* fn, std::uint8_t trap_byte) {
   if (trap_byte == 0xcc) EXPECT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
   else EXPECT_TRUE(g.hv->monitor_debug_exceptions(g.dom, true, true));
   m.fn = g.sym(fn);
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   EXPECT_TRUE(gm->read(Gva{m.fn}, std::as_writable_bytes(std::span(m.orig))));
   EXPECT_TRUE(g.hv->pause(g.dom));
   EXPECT_TRUE(gm->write_u8(Gva{m.fn}, trap_byte));
@@ -72,7 +72,7 @@ Monitored monitor(SimGuest& g, const char* fn, std::uint8_t trap_byte) {
 }
 
 TEST(SimVmEvent, PvDomainsHaveNoMonitor) {
-  SimGuest g;  // PV
+  Dom0Guest g;  // PV
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_FALSE(ring);
   EXPECT_EQ(ring.error().code, Errc::NotSupported);
@@ -82,17 +82,17 @@ TEST(SimVmEvent, PvDomainsHaveNoMonitor) {
 // int3 + software-breakpoint monitoring, every hit answered with EMULATE of the original
 // bytes: the guest's results are exactly those of an unprobed run.
 TEST(SimVmEvent, SoftwareBreakpointWithEmulationIsTransparent) {
-  SimGuest ref(hvm(2, 30));
+  Dom0Guest ref(hvm(2, 30));
   ASSERT_TRUE(ref.host->wait_halted(ref.dom, 30s));
 
   DomainConfig c = hvm(2, 30);
   c.start_paused = true;
-  SimGuest g(c);
+  Dom0Guest g(c);
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_TRUE(ring) << ring.error().what;
   ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
   std::uint64_t fn = g.sym("sys_read");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   std::array<std::uint8_t, 16> orig{};
   ASSERT_TRUE(gm->read(Gva{fn}, std::as_writable_bytes(std::span(orig))));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
@@ -128,7 +128,7 @@ TEST(SimVmEvent, SoftwareBreakpointWithEmulationIsTransparent) {
 
 // While one vCPU waits on its request, the others keep running (and trapping).
 TEST(SimVmEvent, OnlyTheTrappingVcpuPauses) {
-  SimGuest g(hvm(2, 0));
+  Dom0Guest g(hvm(2, 0));
   Monitored mon = monitor(g, "sys_write", 0xcc);
   ASSERT_TRUE(mon.ring);
   auto* ring = &mon.ring;
@@ -157,12 +157,12 @@ TEST(SimVmEvent, OnlyTheTrappingVcpuPauses) {
 TEST(SimVmEvent, SetRegistersRedirectsTheVcpu) {
   DomainConfig c = hvm(1, 10);
   c.start_paused = true;  // probe before the first iteration
-  SimGuest g(c);
+  Dom0Guest g(c);
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_TRUE(ring);
   ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
   std::uint64_t fn = g.sym("sys_getppid");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -194,7 +194,7 @@ TEST(SimVmEvent, SetRegistersRedirectsTheVcpu) {
 TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
   DomainConfig c = hvm(1, 5);
   c.start_paused = true;  // probe before the first iteration
-  SimGuest g(c);
+  Dom0Guest g(c);
   Monitored mon = monitor(g, "sys_unlink", 0xf1);
   ASSERT_TRUE(mon.ring);
   auto* ring = &mon.ring;
@@ -217,7 +217,7 @@ TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
   // Put the byte back and answer the last stop plainly: the vCPU re-executes the original.
   auto req = next_request(**ring);
   ASSERT_TRUE(req);
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(g.hv->pause(g.dom));
   ASSERT_TRUE(gm->write_u8(Gva{fn}, orig[0]));
   ASSERT_TRUE(g.hv->unpause(g.dom));
@@ -235,7 +235,7 @@ TEST(SimVmEvent, IcebpWithDebugExceptionMonitoring) {
 TEST(SimVmEvent, FullRingMakesVcpusWait) {
   hv::sim::SimOptions o;
   o.ring_slots = 2;
-  SimGuest g(hvm(4, 0), o);
+  Dom0Guest g(hvm(4, 0), o);
   Monitored mon = monitor(g, "demo_classify", 0xcc);
   ASSERT_TRUE(mon.ring);
   auto* ring = &mon.ring;

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "channel/vmevent.hpp"
-#include "sim/sim_fixture.hpp"
+#include "demo_guest.hpp"
 #include "vmevent/recording_hv.hpp"
 
 namespace xenprobes::testing {
@@ -63,7 +63,7 @@ Verdict skip_nop(Stop& s) {
 }
 
 struct Rig {
-  SimGuest g;
+  Dom0Guest g;
   RecordingHv rec;
   std::unique_ptr<VmEventChannel> ch;
   std::unique_ptr<mem::GuestMemory> gm;
@@ -72,7 +72,7 @@ struct Rig {
     auto r = VmEventChannel::open(rec, mode);
     if (!r) throw std::runtime_error(r.error().what);
     ch = std::move(*r);
-    gm = g.memory();
+    gm = g.memory_view();
   }
 
   void attach() {
@@ -138,9 +138,9 @@ struct DomMemory {
 
 // The workload without probes, as the reference; `ppid` is what sys_getppid returns.
 std::vector<demo_stats> reference(unsigned vcpus, std::uint64_t iterations, std::int32_t ppid = 1) {
-  SimGuest ref(hvm(vcpus, iterations));
+  Dom0Guest ref(hvm(vcpus, iterations));
   if (ppid != 1) {
-    auto gm = ref.memory();
+    auto gm = ref.memory_view();
     EXPECT_TRUE(gm->write(Gva{ref.sym(DEMO_SYM_PPID)}, std::as_bytes(std::span(&ppid, 1))));
   }
   EXPECT_TRUE(ref.hv->unpause(ref.dom));
@@ -153,7 +153,7 @@ std::vector<demo_stats> reference(unsigned vcpus, std::uint64_t iterations, std:
 // ---- opening and attaching -----------------------------------------------------------
 
 TEST(VmEventChannel, RefusesAHypervisorWithoutTheMonitor) {
-  SimGuest g(hvm(1, 1));
+  Dom0Guest g(hvm(1, 1));
   RecordingHv rec(*g.hv);
   rec.vm_event = false;
   auto ch = VmEventChannel::open(rec);
@@ -502,12 +502,12 @@ TEST(VmEventChannel, ForeignLookingTrapWhoseByteIsGoneIsReexecuted) {
 // Without the channel's answers, disabling the ring would strand those vCPUs: Xen keeps a
 // vCPU paused by an unanswered request paused (the control for the next test).
 TEST(VmEventChannel, DisablingTheRingUnansweredStrandsTheVcpu) {
-  SimGuest g(hvm(1, 0));
+  Dom0Guest g(hvm(1, 0));
   auto ring = g.hv->monitor_enable(g.dom);
   ASSERT_TRUE(ring);
   ASSERT_TRUE(g.hv->monitor_software_breakpoint(g.dom, true));
   const std::uint64_t fn = g.sym("sys_read");
-  auto gm = g.memory();
+  auto gm = g.memory_view();
   ASSERT_TRUE(gm->write_u8(Gva{fn}, 0xcc));
   ASSERT_TRUE(g.hv->unpause(g.dom));
   ASSERT_TRUE(eventually([&] { return g.hv->get_vcpu_regs(g.dom, VcpuId{0})->rip == fn; }));

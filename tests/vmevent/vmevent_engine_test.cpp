@@ -7,7 +7,7 @@
 
 #include "channel/vmevent.hpp"
 #include "probe/engine.hpp"
-#include "sim/sim_fixture.hpp"
+#include "demo_guest.hpp"
 #include "symbols/symbol_table.hpp"
 
 namespace xenprobes::testing {
@@ -29,19 +29,15 @@ DomainConfig hvm_demo(unsigned vcpus, std::uint64_t iterations) {
 
 // The workload without probes (same guest type and vCPU count).
 std::vector<demo_stats> reference(unsigned vcpus, std::uint64_t iterations) {
-  DomainConfig c = hvm_demo(vcpus, iterations);
-  c.start_paused = false;
-  SimGuest ref(c);
-  EXPECT_TRUE(ref.host->wait_halted(ref.dom, 60s));
   std::vector<demo_stats> out;
-  for (unsigned v = 0; v < vcpus; ++v) out.push_back(ref.stats(v));
+  for (unsigned v = 0; v < vcpus; ++v) out.push_back(reference_stats(v, iterations, vcpus, hv::GuestType::Hvm));
   return out;
 }
 
 // A host, an HVM demo domain, the channel and the engine on one Dom0 handle, and the loop
 // Session::run_once would run.
 struct EngineRig {
-  SimGuest g;
+  Dom0Guest g;
   std::unique_ptr<VmEventChannel> ch;
   std::unique_ptr<probe::Engine> engine;
 
