@@ -3,15 +3,20 @@
 // run the tools as subprocesses on the simulated Xen with `--sim-image` and a System.map.
 //
 // The demo guest has no modules, so this one gets one: an extra read-only PT_LOAD segment at
-// kSeg holding the kernel's BTF (struct module in 6.12's layout, fake_module_btf.hpp), the
-// `modules` list head, one LIVE struct module "xfs" with its core_kallsyms (a function and a
-// data symbol) and its split BTF (struct xfs_inode), and its "text" (data a program reads
-// through the function's address as a struct xfs_inode: i_ino = kIno, i_flags = kFlags). Its
-// System.map is the demo guest's plus __start_BTF, __stop_BTF and modules.
+// kSeg holding the kernel's BTF (struct module in 6.12's layout, struct btf_module and struct
+// btf: fake_module_btf.hpp), the `modules` list head, the `btf_modules` list head, one LIVE
+// struct module "xfs" with its core_kallsyms (a function and a data symbol) and its split BTF
+// (struct xfs_inode), and its "text" (data a program reads through the function's address as a
+// struct xfs_inode: i_ino = kIno, i_flags = kFlags). As on a real kernel once the module's init
+// ran, its struct module's btf_data is NULL (btf_data_size kept) and its BTF is reachable only
+// through its entry on the kernel's btf_modules list (a struct btf_module at kBtfModule naming
+// the struct module, whose struct btf at kBtfStruct has data = kModBtf). Its System.map is the
+// demo guest's plus __start_BTF, __stop_BTF, modules and btf_modules.
 //
-// Variants (ModuleBtfGuest::Options): the module loaded without BTF (btf_data 0, as a kernel
-// built without CONFIG_DEBUG_INFO_BTF_MODULES leaves it), or no module at all (the list empty):
-// the kernel's BTF is there in every case.
+// Variants (ModuleBtfGuest::Options): the module loaded without BTF (btf_data 0 and no
+// btf_modules entry, as the kernel leaves a module built without BTF), its BTF through
+// btf_data instead of the list (the shape of a kernel that keeps btf_data), or no module at
+// all (both lists empty): the kernel's BTF is there in every case.
 //
 // (tests/engine/module_guest.hpp is another guest: a module list a test changes while it runs.)
 #pragma once
@@ -26,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,7 +42,9 @@ namespace xenprobes::testing {
 
 struct ModuleBtfGuest {
   static constexpr std::uint64_t kSeg = 0xffffffff81200000ull;  // 2 MiB above the demo's _text
-  static constexpr std::uint64_t kHead = kSeg + 0x2000, kStruct = kSeg + 0x3000, kSymtab = kSeg + 0x4000,
+  // kHead: the `modules` list head; kBtfHead (right after it) the `btf_modules` list head.
+  static constexpr std::uint64_t kHead = kSeg + 0x2000, kBtfHead = kHead + 0x10, kBtfModule = kSeg + 0x2100,
+                                 kBtfStruct = kSeg + 0x2200, kStruct = kSeg + 0x3000, kSymtab = kSeg + 0x4000,
                                  kStrtab = kSeg + 0x5000, kTypetab = kSeg + 0x6000, kModBtf = kSeg + 0x7000,
                                  kModText = kSeg + 0x8000, kFn = kModText + 0x100;
   static constexpr std::uint64_t kIno = 0x1122334455667788ull;
@@ -45,16 +53,20 @@ struct ModuleBtfGuest {
   struct Options {
     bool module = true;      // "xfs" is on the module list
     bool module_btf = true;  // and has its split BTF
-    bool linked = true;      // false: "xfs" is laid out in memory but the list is empty, as
+    bool btf_data = false;   // that BTF through struct module's btf_data, none on btf_modules
+    bool linked = true;      // false: "xfs" is laid out in memory but both lists are empty, as
                              // before an insmod; writing link_bytes() at kHead loads it
   };
-  // The list head's two pointers once "xfs" is on the list (its next and prev): what an insmod
-  // writes last (Options::linked).
+  // The two list heads' pointers once "xfs" is on both lists (each head's next and prev: the
+  // module's list_head, then its struct btf_module): what an insmod writes last
+  // (Options::linked, with the BTF on the list).
   static std::vector<std::uint8_t> link_bytes() {
-    std::vector<std::uint8_t> b(16);
-    const std::uint64_t node = kStruct + k612.list;
+    std::vector<std::uint8_t> b(32);
+    const std::uint64_t node = kStruct + k612.list, entry = kBtfModule;
     std::memcpy(b.data(), &node, 8);
     std::memcpy(b.data() + 8, &node, 8);
+    std::memcpy(b.data() + 16, &entry, 8);
+    std::memcpy(b.data() + 24, &entry, 8);
     return b;
   }
 
@@ -102,11 +114,12 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
   auto u64 = [&](std::uint64_t at, std::uint64_t v) { put(at, &v, 8); };
   auto u32 = [&](std::uint64_t at, std::uint32_t v) { put(at, &v, 4); };
   const auto kbtf = module_btf(o);
+  if (kbtf.size() > G::kHead - G::kSeg) throw std::runtime_error("the kernel's BTF does not fit below the list heads");
   put(G::kSeg, kbtf.data(), kbtf.size());
-  if (!opt.module || !opt.linked) {
-    // An empty list: the head points at itself.
-    u64(G::kHead, G::kHead);
-    u64(G::kHead + 8, G::kHead);
+  // Empty lists: each head points at itself (the module's entries linked below).
+  for (std::uint64_t h : {G::kHead, G::kBtfHead}) {
+    u64(h, h);
+    u64(h + 8, h);
   }
   if (opt.module) {
     // The list: head <-> xfs (the head's side written above when it is not linked yet).
@@ -128,7 +141,21 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
       const auto mbtf = module_btf_guest_detail::split_module_btf(kbtf);
       put(G::kModBtf, mbtf.data(), mbtf.size());
       u32(G::kStruct + o.btf_size, static_cast<std::uint32_t>(mbtf.size()));
-      u64(G::kStruct + o.btf_data, G::kModBtf);
+      if (opt.btf_data) {
+        u64(G::kStruct + o.btf_data, G::kModBtf);
+      } else {
+        // btf_modules: head <-> one struct btf_module naming "xfs", its struct btf's data the BTF.
+        if (opt.linked) {
+          u64(G::kBtfHead, G::kBtfModule);
+          u64(G::kBtfHead + 8, G::kBtfModule);
+        }
+        u64(G::kBtfModule, G::kBtfHead);
+        u64(G::kBtfModule + 8, G::kBtfHead);
+        u64(G::kBtfModule + kBtfModuleModule, G::kStruct);
+        u64(G::kBtfModule + kBtfModuleBtf, G::kBtfStruct);
+        u64(G::kBtfStruct + kBtfData, G::kModBtf);
+        u32(G::kBtfStruct + kBtfDataSize, static_cast<std::uint32_t>(mbtf.size()));
+      }
     }
     // core_kallsyms: the null symbol, xfs_file_read_iter (t, 0x80 bytes), xfs_stats (d).
     const char strtab[] = "\0xfs_file_read_iter\0xfs_stats";
@@ -165,10 +192,11 @@ inline ModuleBtfGuest module_btf_guest(ModuleBtfGuest::Options opt = {}) {
   std::stringstream demo_map;
   demo_map << std::ifstream(XENPROBES_DEMO_GUEST_SYSTEM_MAP).rdbuf();
   m << demo_map.str();
-  char line[128];
-  std::snprintf(line, sizeof line, "%016llx R __start_BTF\n%016llx R __stop_BTF\n%016llx D modules\n",
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%016llx R __start_BTF\n%016llx R __stop_BTF\n%016llx D modules\n%016llx d btf_modules\n",
                 static_cast<unsigned long long>(G::kSeg), static_cast<unsigned long long>(G::kSeg + kbtf.size()),
-                static_cast<unsigned long long>(G::kHead));
+                static_cast<unsigned long long>(G::kHead), static_cast<unsigned long long>(G::kBtfHead));
   m << line;
   return g;
 }

@@ -363,8 +363,10 @@ class XENPROBES_API Session {
   // The guest kernel's BTF (__start_BTF..__stop_BTF through the domain's symbols, loaded from
   // the guest if none were), validated by libbpf's parser: a blob for btf__new().
   [[nodiscard]] Result<std::vector<std::byte>> kernel_btf(DomId);
-  // The BTF of every live loaded module (struct module's btf_data, CONFIG_DEBUG_INFO_BTF_MODULES),
-  // each bounded (16 MiB) and accepted by libbpf as split BTF over kernel_btf(): parse one with
+  // The BTF of every live loaded module (CONFIG_DEBUG_INFO_BTF_MODULES): its entry on the
+  // kernel's btf_modules list (where Linux 5.11 and later keep it once the module's init ran and
+  // struct module's btf_data is NULL), else struct module's btf_data; each bounded (16 MiB) and
+  // accepted by libbpf as split BTF over kernel_btf(): parse one with
   // btf__new_split(m.btf, btf__new(kernel_btf)), or btf__parse_raw_split on a file of it where
   // libbpf does not export btf__new_split (Debian 12's 1.1.2). A module without BTF, or whose BTF is refused,
   // is listed with `why`. NotFound when the module list cannot be read (no BTF for struct

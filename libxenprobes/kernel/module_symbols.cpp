@@ -1,22 +1,16 @@
-// Loaded modules' function symbols and BTF, read from the guest (module_symbols.hpp).
+// Loaded modules' function symbols, read from the guest (module_symbols.hpp); their BTF is
+// module_btf.cpp's.
 #include "kernel/module_symbols.hpp"
 
-#include <bpf/btf.h>
-#include <bpf/libbpf.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <memory>
 #include <string>
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/bytes.hpp"
 #include "common/hex.hpp"
 #include "common/log.hpp"
 #include "kernel/btf.hpp"
+#include "kernel/modules_internal.hpp"
 
 namespace xenprobes::kernel {
 namespace {
@@ -26,24 +20,9 @@ constexpr std::size_t kSymSize = 24;
 constexpr std::size_t kStName = 0, kStShndx = 6, kStValue = 8, kStSize = 16;
 constexpr std::uint64_t kPage = 4096;
 
-bool in_kernel_half(std::uint64_t a, std::uint64_t bytes) { return a >= symbols::kKernelHalfStart && a + bytes >= a; }
-
 bool is_function_type(char c) { return c == 't' || c == 'T' || c == 'w' || c == 'W'; }
 
 bool valid_symbol_char(char c) { return c > ' ' && c < 0x7f && c != ':'; }
-
-// `bytes` at `addr`, chunk by chunk; Fault naming `what` when a chunk cannot be read.
-Result<std::vector<std::byte>> read_all(const ReadFn& read, std::uint64_t addr, std::uint64_t bytes, std::size_t chunk,
-                                        const char* what) {
-  std::vector<std::byte> out(bytes);
-  for (std::uint64_t off = 0; off < bytes; off += chunk) {
-    const std::uint64_t n = std::min<std::uint64_t>(chunk, bytes - off);
-    if (auto r = read(Gva{addr + off}, std::span(out.data() + off, n)); !r)
-      return fail(Errc::Fault,
-                  std::string("cannot read its ") + what + " at " + hex(addr + off) + ": " + r.error().what);
-  }
-  return out;
-}
 
 // The strtab bytes [0, want) as far as they can be read: page by page, stopping at the first
 // page that cannot be read (the strtab's end is not recorded, so a read past it may fail).
@@ -62,41 +41,6 @@ std::vector<std::byte> read_strtab(const ReadFn& read, std::uint64_t addr, std::
   }
   return out;
 }
-
-// Split BTF over `base` from bytes in memory. libbpf's btf__new_split would do, but Debian 12's
-// libbpf 1.1.2 declares it without exporting it; btf__parse_raw_split reads a file and parses
-// its bytes exactly as btf__new_split does (both end in libbpf's btf_new(data, size, base)), so
-// the bytes go through a memfd. Null (errno set) when libbpf refuses them.
-btf* new_split(std::span<const std::byte> data, btf* base) {
-  const int fd = memfd_create("xenprobes-module-btf", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      errno = e ? e : EIO;
-      return nullptr;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  errno = 0;
-  btf* b = btf__parse_raw_split(path.c_str(), base);
-  const int e = errno;
-  ::close(fd);
-  if (!b || libbpf_get_error(b)) {
-    errno = e ? e : EINVAL;
-    return nullptr;
-  }
-  return b;
-}
-
-struct BtfFree {
-  void operator()(btf* b) const { btf__free(b); }
-};
-using BtfPtr = std::unique_ptr<btf, BtfFree>;
 
 }  // namespace
 
@@ -213,38 +157,6 @@ ModuleSymbolsResult read_all_module_symbols(const ReadFn& read, const ModuleTabl
   return r;
 }
 
-Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob, std::span<const std::byte> base) {
-  if (blob.size() < sizeof(btf_header) || base.size() < sizeof(btf_header))
-    return fail(Errc::Io, "the module's BTF is " + std::to_string(blob.size()) + " bytes, shorter than its header");
-  errno = 0;
-  btf* raw = btf__new(base.data(), static_cast<__u32>(base.size()));
-  // NULL, or (libbpf's old mode) an error pointer: not an object to free either way.
-  if (!raw || libbpf_get_error(raw)) return fail(Errc::Io, "libbpf rejects the kernel's BTF the module's builds on");
-  BtfPtr b(raw);
-  BtfPtr s(new_split(blob, b.get()));
-  if (!s)
-    return fail(Errc::Io, std::string("libbpf rejects the module's BTF as split BTF over the kernel's: ") +
-                              std::strerror(errno ? errno : EINVAL));
-  return btf__type_cnt(s.get()) - btf__type_cnt(b.get());
-}
-
-Result<std::vector<std::byte>> read_module_btf(const ReadFn& read, const Module& m, std::span<const std::byte> base,
-                                               std::uint64_t max_bytes) {
-  if (!m.usable) return fail(Errc::InvalidArgument, "it is kept out: " + m.why);
-  if (m.btf_data == 0 || m.btf_size == 0)
-    return fail(Errc::NotFound,
-                "its struct module holds no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES, or initialised: "
-                "Linux 5.11 and later clear btf_data then, and the kernel's btf_modules list is not read yet)");
-  if (m.btf_size > max_bytes)
-    return fail(Errc::InvalidArgument, "its btf_data_size " + std::to_string(m.btf_size) +
-                                           " is more than the limit of " + std::to_string(max_bytes) + " bytes");
-  if (!in_kernel_half(m.btf_data, m.btf_size))
-    return fail(Errc::InvalidArgument, "its btf_data " + hex(m.btf_data) + " is outside the kernel's half");
-  auto blob = XP_TRY(read_all(read, m.btf_data, m.btf_size, 1u << 20, "BTF"));
-  XP_TRY(validate_split_btf(blob, base));
-  return blob;
-}
-
 Result<ModuleTables> walk_modules(const symbols::SymbolTable& syms, const ReadFn& read,
                                   std::span<const std::byte> kernel_btf) {
   auto layout = XP_TRY(module_layout_from_btf(kernel_btf));
@@ -263,20 +175,6 @@ Result<ModuleSymbolsResult> read_guest_module_symbols(const symbols::SymbolTable
   const auto btf = XP_TRY(read_kernel_btf(syms, read));
   const auto mods = XP_TRY(walk_modules(syms, read, btf));
   return read_all_module_symbols(read, mods, limits);
-}
-
-Result<std::vector<ModuleBtfBlob>> read_guest_module_btf(const symbols::SymbolTable& syms, const ReadFn& read) {
-  const auto btf = XP_TRY(read_kernel_btf(syms, read));
-  const auto mods = XP_TRY(walk_modules(syms, read, btf));
-  std::vector<ModuleBtfBlob> out;
-  for (const Module& m : mods.modules()) {
-    if (!m.usable) continue;
-    ModuleBtfBlob b{m.name, {}, {}};
-    if (auto blob = read_module_btf(read, m, btf)) b.btf = std::move(*blob);
-    else b.why = blob.error().what;
-    out.push_back(std::move(b));
-  }
-  return out;
 }
 
 }  // namespace xenprobes::kernel

@@ -1,5 +1,5 @@
-// What a loaded module brings besides its text: its function symbols (its kallsyms) and its
-// BTF, both read from the guest's memory through its struct module (modules.hpp).
+// What a loaded module brings besides its text: its function symbols (its kallsyms), read from
+// the guest's memory through its struct module (modules.hpp), and its BTF (module_btf.hpp).
 //
 // Symbols. A LIVE module's `core_kallsyms` (struct mod_kallsyms in include/linux/module.h,
 // 6.1 and 6.12: `Elf_Sym *symtab; unsigned int num_symtab; char *strtab; char *typetab;`) holds
@@ -14,11 +14,7 @@
 // kMaxNameLen bytes of readable strtab and be printable ASCII without spaces, and a function's
 // address must lie inside that module's core text (its size is clipped to the text). A symbol
 // failing a check is dropped and counted by reason; nothing is trusted because it parsed.
-//
-// BTF. With CONFIG_DEBUG_INFO_BTF_MODULES, `btf_data`/`btf_data_size` is the module's .BTF
-// section, split BTF on top of the kernel's (its type ids continue the kernel's). It is read
-// bounded (kMaxModuleBtfBytes) and kept only if libbpf's btf__new_split accepts it over the
-// kernel's BTF.
+
 #pragma once
 
 #include <cstdint>
@@ -27,6 +23,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "kernel/module_btf.hpp"
 #include "kernel/modules.hpp"
 #include "kernel/tables.hpp"
 #include "symbols/symbol_table.hpp"
@@ -71,21 +68,6 @@ struct ModuleSymbolsResult {
 ModuleSymbolsResult read_all_module_symbols(const ReadFn& read, const ModuleTables& mods,
                                             const ModuleSymbolLimits& limits = {});
 
-// A module's BTF blob is at most this (it holds only the module's own types).
-inline constexpr std::uint64_t kMaxModuleBtfBytes = 16ull << 20;
-
-// One module's BTF, validated as split BTF over `base` (the kernel's raw BTF). NotFound when
-// the module has none (or the layout has no btf_data), InvalidArgument when its size is over
-// `max_bytes` or its pointer is outside the kernel's half, Fault when it cannot be read, Io
-// when libbpf refuses it.
-[[nodiscard]] Result<std::vector<std::byte>> read_module_btf(const ReadFn& read, const Module& m,
-                                                             std::span<const std::byte> base,
-                                                             std::uint64_t max_bytes = kMaxModuleBtfBytes);
-// The check read_module_btf applies, on its own (for the fuzzer): libbpf's btf__new_split
-// over btf__new(base). Returns the module's own type count.
-[[nodiscard]] Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob,
-                                                       std::span<const std::byte> base);
-
 // Walks the guest's module list with the layout from its BTF `kernel_btf` (the caller read it
 // with read_kernel_btf). `core_text` from _stext/_etext of `syms`.
 [[nodiscard]] Result<ModuleTables> walk_modules(const symbols::SymbolTable& syms, const ReadFn& read,
@@ -97,8 +79,10 @@ inline constexpr std::uint64_t kMaxModuleBtfBytes = 16ull << 20;
 [[nodiscard]] Result<ModuleSymbolsResult> read_guest_module_symbols(const symbols::SymbolTable& syms,
                                                                     const ReadFn& read,
                                                                     const ModuleSymbolLimits& limits = {});
-// Every usable module's BTF (read_module_btf over the kernel's); `why` says why a module has
-// none. Fails when the kernel's BTF cannot be read or the list cannot be walked.
+// Every usable module's BTF over the kernel's (module_btf.hpp: the kernel's btf_modules list,
+// else its struct module's btf_data); `why` says why a module has none. Fails when the kernel's
+// BTF cannot be read or the module list cannot be walked; a btf_modules list that cannot be
+// read is no failure (each module without BTF then says why).
 struct ModuleBtfBlob {
   std::string module;
   std::vector<std::byte> btf;

@@ -1,18 +1,21 @@
 // Fuzz target: the guest kernel's kallsyms tables (symbols/kallsyms.cpp) searched for and
 // decoded in fuzzed guest memory, and a fuzzed BTF blob through the checks the library applies
 // before handing a guest's BTF out (kernel/btf.cpp). Both come from a guest: hostile. And its
-// loaded modules' kallsyms and split BTF (module_symbols_fuzz.hpp).
+// loaded modules' kallsyms and split BTF (module_symbols_fuzz.hpp), and the kernel's btf_modules
+// list that holds a module's BTF once its init ran (btf_modules_fuzz.hpp).
 //
 // Input: u32 n, then n bytes of BTF (at most the rest), then the guest memory: those bytes at
 // kBase, every other address faults (the search must step over faults). When n has its top bit
 // set (0x80000000 and up), the rest of the input is a loaded module's instead, in the format
-// module_symbols_fuzz.hpp describes.
+// module_symbols_fuzz.hpp describes; with its two top bits set (0xc0000000 and up), a
+// btf_modules list's, in the format btf_modules_fuzz.hpp describes.
 //
 // Invariants: the search never reads outside what it was given to search plus what the tables
 // it found point to, and fails cleanly (NotFound or Io) or returns tables that agree: at most
 // max_symbols entries, exactly kallsyms_num_syms of them, addresses sorted, every name 1..512
 // printable characters, every table inside the memory given; a SymbolTable built from them
 // parses. validate_btf() never crashes and counts at least one type when it accepts a blob.
+#include "fuzz/btf_modules_fuzz.hpp"
 #include "fuzz/fuzz_common.hpp"
 #include "fuzz/module_symbols_fuzz.hpp"
 #include "kernel/btf.hpp"
@@ -32,6 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size > (1u << 20)) return 0;
   Input in(data, size);
   const std::uint32_t btf_len = in.u32();
+  if (size >= 4 && (btf_len & 0xc0000000u) == 0xc0000000u) return fuzz::btf_modules::one_input(data + 4, size - 4);
   if (size >= 4 && (btf_len & 0x80000000u)) return fuzz::module_symbols::one_input(data + 4, size - 4);
   const std::size_t head = std::min<std::size_t>(4, size);
   const std::size_t blen = std::min<std::size_t>(btf_len, size - head);

@@ -1128,22 +1128,33 @@ TEST(XenprobeModules, AModulesFunctionsAreListedAndResolvedFromItsMemory) {
   EXPECT_EQ(c.out, "kprobe:sys_getppid\n") << c.err;
 }
 
+// The module's BTF where a real kernel keeps it once the module's init ran (struct module's
+// btf_data NULL, the BTF on the kernel's btf_modules list), and where a guest that keeps
+// btf_data has it: the same values either way.
 TEST(XenprobeModules, AProgramReadsThroughAModulesStructAndFunctionAddress) {
-  ModuleGuest g = module_guest();
-  const std::vector<std::string> base = {"--sim",     "--sim-vcpus",   "1", "--sim-image", g.image,
-                                         "--symbols", "sim-1=" + g.map};
-  // No --btf: the kernel's BTF and the module's split BTF, both read from the guest.
-  ToolRun r =
-      run(args(base, {"--sim-iterations", "2", "-f", "json", "-e",
-                      "kprobe:sys_getppid { @ino = max(((struct xfs_inode *)kaddr(\"xfs_file_read_iter\"))->i_ino); "
-                      "@flags = max(((struct xfs_inode *)kaddr(\"xfs:xfs_file_read_iter\"))->i_flags); "
-                      "@calls = count(); }"}));
-  ASSERT_EQ(r.status, 0) << r.err;
-  auto recs = records(r.out);
-  EXPECT_EQ(map_data(recs, "@ino"), static_cast<std::int64_t>(kIno));
-  EXPECT_EQ(map_data(recs, "@flags"), 42);
-  EXPECT_EQ(map_data(recs, "@calls"), 4);  // two getppid calls per iteration
-  EXPECT_EQ(r.err.find("reads failed"), std::string::npos) << r.err;
+  for (bool btf_data : {false, true}) {
+    SCOPED_TRACE(btf_data ? "through btf_data" : "through btf_modules");
+    ModuleGuest g = module_btf_guest({.btf_data = btf_data});
+    const std::vector<std::string> base = {"--sim",     "--sim-vcpus",   "1", "--sim-image", g.image,
+                                           "--symbols", "sim-1=" + g.map};
+    // No --btf: the kernel's BTF and the module's split BTF, both read from the guest.
+    ToolRun r =
+        run(args(base, {"--sim-iterations", "2", "-f", "json", "-e",
+                        "kprobe:sys_getppid { @ino = max(((struct xfs_inode *)kaddr(\"xfs_file_read_iter\"))->i_ino); "
+                        "@flags = max(((struct xfs_inode *)kaddr(\"xfs:xfs_file_read_iter\"))->i_flags); "
+                        "@calls = count(); }"}),
+            {}, {}, {{"XENPROBES_LOG", "debug"}});
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto recs = records(r.out);
+    EXPECT_EQ(map_data(recs, "@ino"), static_cast<std::int64_t>(kIno));
+    EXPECT_EQ(map_data(recs, "@flags"), 42);
+    EXPECT_EQ(map_data(recs, "@calls"), 4);  // two getppid calls per iteration
+    EXPECT_EQ(r.err.find("reads failed"), std::string::npos) << r.err;
+    // Where the types came from.
+    const std::string from = btf_data ? "guest module xfs: its BTF (100 bytes) from its struct module's btf_data\n"
+                                      : "guest module xfs: its BTF (100 bytes) from the kernel's btf_modules list\n";
+    EXPECT_NE(r.err.find(from), std::string::npos) << r.err;
+  }
   // The demo guest without the module has neither.
   ToolRun none = run(args(kSim1, {"--sim-iterations", "1", "-e", "kprobe:xfs_file_read_iter { }"}));
   EXPECT_EQ(none.status, 1);
@@ -1177,8 +1188,9 @@ TEST(XenprobeModules, ATypeOfAModuleNotLoadedAtTheStartIsAnErrorSayingWhatToDo) 
   EXPECT_TRUE(b.err.ends_with(
       where +
       "types left out:\n"
-      "  module xfs: its struct module holds no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES, or initialised: "
-      "Linux 5.11 and later clear btf_data then, and the kernel\'s btf_modules list is not read yet)\n"))
+      "  module xfs: it has no BTF: the kernel's btf_modules list has no entry for it (the module was built without "
+      "BTF, or the kernel refused its BTF when it loaded it), and its struct module's btf_data is NULL (Linux 5.11 "
+      "and later clear it once the module's init ran)\n"))
       << b.err;
   EXPECT_EQ(b.out, "");
   // With the module's BTF, a name neither has: the modules looked at are named.

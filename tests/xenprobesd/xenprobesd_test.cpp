@@ -703,7 +703,8 @@ domains = [{ glob = "*" }]
 
 // A program that reads through a loaded module's struct is checked with the guest's kernel
 // types and its live modules' (tests/module_btf_guest.hpp: the demo guest with a LIVE module
-// "xfs" whose split BTF has struct xfs_inode, given with --sim-image and --sim-symbols) and
+// "xfs" whose split BTF has struct xfs_inode on the kernel's btf_modules list, as a real kernel
+// keeps it, given with --sim-image and --sim-symbols) and
 // reads the exact values there. The same program in a guest with the same kernel BTF and no
 // module, or with the module but no BTF for it, fails to check, naming the type (and the
 // module left out, and why); those guests are served by the program beside it.
@@ -749,8 +750,9 @@ domains = [{ glob = "*" }]
   const std::string b3 = f3["body"];
   EXPECT_NE(b3.find(no_type + "sim-3's kernel (read from its memory)\n"), std::string::npos) << b3;
   EXPECT_TRUE(b3.ends_with(
-      "types left out:\n  module xfs: its struct module holds no BTF (built without CONFIG_DEBUG_INFO_BTF_MODULES, or "
-      "initialised: Linux 5.11 and later clear btf_data then, and the kernel's btf_modules list is not read yet)\n"))
+      "types left out:\n  module xfs: it has no BTF: the kernel's btf_modules list has no entry for it (the module "
+      "was built without BTF, or the kernel refused its BTF when it loaded it), and its struct module's btf_data is "
+      "NULL (Linux 5.11 and later clear it once the module's init ran)\n"))
       << b3;
   ASSERT_FALSE(d.next("sim_idle").is_null());
   const std::string m = metrics(port);
@@ -781,9 +783,9 @@ domains = [{ glob = "*" }]
 }
 
 // A module loaded while the daemon runs: the guest's "xfs" is laid out in its memory but not on
-// its module list, so the program naming struct xfs_inode fails to attach; inside the handler
-// of the guest's 5th hit (of the program that needs no types) the daemon's --sim-write links
-// it in, as an insmod would, and the attachment's next try (2 s later) reads the types again
+// its module list nor its BTF on btf_modules, so the program naming struct xfs_inode fails to
+// attach; inside the handler of the guest's 5th hit (of the program that needs no types) the
+// daemon's --sim-write links both in, as an insmod would, and the attachment's next try (2 s later) reads the types again
 // and attaches with no reload: every hit it serves prints the module's struct as it is in the
 // guest.
 TEST(xenprobesd, AModuleLoadedWhileItRunsBringsItsTypesAtTheNextTry) {

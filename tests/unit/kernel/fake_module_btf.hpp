@@ -25,15 +25,22 @@ struct Offsets {
   std::uint32_t core_kallsyms, btf_size, btf_data;
   // arch (struct mod_arch_specific: num_orcs +0, orc_unwind_ip +8, orc_unwind +16); 0: none.
   std::uint32_t arch = 0;
+  // struct btf's size (kernel/bpf/btf.c; data +0 and data_size +80 in both, kBtfData*).
+  std::uint32_t btf_struct = 0;
 };
+// struct btf_module (kernel/bpf/btf.c, 48 bytes in both: list +0, module +16, btf +24,
+// sysfs_attr +32, flags +40) and struct btf's data and data_size, as pahole prints them.
+inline constexpr std::uint32_t kBtfModuleSize = 48, kBtfModuleModule = 16, kBtfModuleBtf = 24, kBtfData = 0,
+                               kBtfDataSize = 80;
 inline constexpr Offsets k61{896, 0,   8,   24,  300, 304,   320, 400, 624, 632, 696,
-                             704, 760, 768, 788, 792, false, 552, 680, 688, 480};
+                             704, 760, 768, 788, 792, false, 552, 680, 688, 480, 208};
 // 6.12: mem[7] of struct module_memory (72 bytes) at 320: MOD_TEXT = 0, MOD_INIT_TEXT = 4.
 inline constexpr Offsets k612{1280, 0,    8,    24,   300,  304,  320, 320 + 4 * 72, 968,  976, 1048,
-                              1056, 1112, 1120, 1140, 1144, true, 896, 1024,         1032, 824};
+                              1056, 1112, 1120, 1140, 1144, true, 896, 1024,         1032, 824, 232};
 
-// A BTF holding struct module (and what it needs) with the offsets above; `drop` leaves one
-// member out.
+// A BTF holding struct module (and what it needs) with the offsets above, and struct btf_module
+// and struct btf (what the kernel's btf_modules list holds); `drop` leaves one member of struct
+// module out, or one of the two structs ("struct btf_module", "struct btf").
 inline std::vector<std::byte> module_btf(const Offsets& o, const std::string& drop = "") {
   btf* b = btf__new_empty();
   const int u32 = btf__add_int(b, "unsigned int", 4, 0);
@@ -120,6 +127,24 @@ inline std::vector<std::byte> module_btf(const Offsets& o, const std::string& dr
   field("btf_data_size", u32, o.btf_size);
   field("btf_data", vp, o.btf_data);
   if (o.arch) field("arch", arch, o.arch);
+  // struct btf { void *data; ...; u32 data_size; ... } and struct btf_module (libbpf adds fields
+  // to the type added last: the types they use come first).
+  if (drop != "struct btf") {
+    const int u32_t = btf__add_typedef(b, "u32", u32);
+    const int mod_p = btf__add_ptr(b, btf__find_by_name_kind(b, "module", BTF_KIND_STRUCT));
+    const int bt = btf__add_struct(b, "btf", o.btf_struct ? o.btf_struct : 208);
+    btf__add_field(b, "data", vp, kBtfData * 8, 0);
+    btf__add_field(b, "data_size", u32_t, kBtfDataSize * 8, 0);
+    const int bt_p = btf__add_ptr(b, bt);
+    if (drop != "struct btf_module") {
+      btf__add_struct(b, "btf_module", kBtfModuleSize);
+      btf__add_field(b, "list", lh, 0, 0);
+      btf__add_field(b, "module", mod_p, kBtfModuleModule * 8, 0);
+      btf__add_field(b, "btf", bt_p, kBtfModuleBtf * 8, 0);
+      btf__add_field(b, "sysfs_attr", vp, 32 * 8, 0);
+      btf__add_field(b, "flags", s32, 40 * 8, 0);
+    }
+  }
   std::uint32_t n = 0;
   auto* raw = static_cast<const std::byte*>(btf__raw_data(b, &n));
   std::vector<std::byte> out(raw, raw + n);

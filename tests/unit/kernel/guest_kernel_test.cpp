@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "kernel/btf.hpp"
+#include "kernel/module_btf.hpp"
+#include "kernel/module_symbols.hpp"
 #include "symbols/kallsyms.hpp"
 
 namespace fs = std::filesystem;
@@ -220,6 +222,36 @@ TEST_P(RealKernel, BtfThroughKallsymsIsTheImagesBtfSection) {
   // Cut short, the same bytes are refused.
   std::vector<std::byte> cut(blob->begin(), blob->begin() + static_cast<std::ptrdiff_t>(blob->size() / 2));
   EXPECT_FALSE(kernel::validate_btf(cut));
+}
+
+// The kernel's btf_modules list (where a loaded module's BTF lives once its init ran, kernel/
+// module_btf.hpp) through the decoded kallsyms, as Dom0 reads it from a guest: the static symbol
+// is there (KALLSYMS_ALL) at System.map's address, struct btf_module and struct btf are in the
+// kernel's BTF with the offsets Debian's builds have, and the list read from the image (no
+// module loaded: the head points at itself, as LIST_HEAD() leaves it) is read whole and empty.
+TEST_P(RealKernel, BtfModulesListThroughKallsymsAndTheKernelsBtf) {
+  auto found = symbols::find_kallsyms(reader(), image_->text_start, symbols::kKernelImageEnd);
+  ASSERT_TRUE(found) << found.error().what;
+  auto table = symbols::to_symbol_table(found->entries, "kallsyms");
+  ASSERT_TRUE(table) << table.error().what;
+  const auto map = read_system_map(dir_ / "System.map");
+  auto head = table->resolve("btf_modules");
+  ASSERT_TRUE(head) << head.error().what;
+  ASSERT_NE(map.find("btf_modules"), map.end());
+  EXPECT_EQ(head->value, map.find("btf_modules")->second.addr);
+  kernel::ReadFn read = [this](Gva a, std::span<std::byte> out) { return image_->read(a.value, out); };
+  auto blob = kernel::read_kernel_btf(*table, read);
+  ASSERT_TRUE(blob) << blob.error().what;
+  auto layout = kernel::btf_list_layout_from_btf(*blob);
+  ASSERT_TRUE(layout) << layout.error().what;
+  EXPECT_EQ(layout->describe(),
+            "struct btf_module 48 bytes (list +0, module +16, btf +24), struct btf's data at +0 and data_size at +80");
+  auto mods = kernel::walk_modules(*table, read, *blob);
+  ASSERT_TRUE(mods) << mods.error().what;
+  auto list = kernel::read_btf_module_list(*table, read, *layout, mods->modules());
+  EXPECT_TRUE(list.read) << list.why;
+  EXPECT_EQ(list.why, "");
+  EXPECT_EQ(list.nodes, 0u);
 }
 
 // Damaged tables are refused, not decoded into wrong symbols.
