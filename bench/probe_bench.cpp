@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <optional>
 
 #include "channel/debugger.hpp"
 #include "demo_abi.h"
@@ -144,17 +145,59 @@ void BM_HitRetProbePair(benchmark::State& st) {
 }
 BENCHMARK(BM_HitRetProbePair);
 
+// The same pair when the stop carries the guest's own read of the return slot and takes the
+// write back (the guest channel with a module that writes return slots, protocol.h "Return
+// slots written by the module"): the engine touches no guest memory.
+void BM_HitRetProbePairModuleWrites(benchmark::State& st) {
+  Rig rig;
+  std::uint64_t at = rig.sym("sys_getppid");
+  std::uint64_t returns = 0;
+  auto id = rig.engine->add_ret(
+      rig.dom, Gva{at}, [](HitContext&, std::span<std::byte>) { return 0; },
+      [&](HitContext& c, std::span<std::byte>) { returns += c.regs().rax & 1; }, RetProbeOptions{16, 16});
+  if (!id) return st.SkipWithError(id.error().what.c_str());
+  Gva tramp = rig.engine->info(*id)->trampoline;
+  at = rig.engine->info(*id)->address.value;
+  auto regs = *rig.hv->get_vcpu_regs(rig.dom, VcpuId{0});
+  regs.rsp = rig.sym(DEMO_SYM_STACKS) + DEMO_STACK_SIZE - 64;
+  const std::uint64_t ret = rig.sym("demo_main");
+  rig.host->reset_counts();
+  std::uint64_t allocs = 0, n = 0;
+  for (auto _ : st) {
+    std::uint64_t before = g_allocs.load(std::memory_order_relaxed);
+    channel::Stop entry{rig.dom, VcpuId{0}, Gva{at}, regs};
+    entry.stack_top = ret;
+    (void)rig.engine->on_stop(entry);
+    if (!entry.ret_write || entry.ret_write->value != tramp.value)
+      return st.SkipWithError("no write asked of the guest");
+    hv::VcpuRegs back = regs;
+    back.rsp += 8;
+    channel::Stop ret_stop{rig.dom, VcpuId{0}, tramp, back};
+    (void)rig.engine->on_stop(ret_stop);
+    allocs += g_allocs.load(std::memory_order_relaxed) - before;
+    ++n;
+    if (ret_stop.regs.rip != ret) return st.SkipWithError("the return did not resume at the real return address");
+  }
+  st.counters["allocs_per_pair"] = static_cast<double>(allocs) / static_cast<double>(n);
+  st.counters["maps_per_pair"] =
+      static_cast<double>(rig.host->op_count(hv::sim::Op::MapFrames)) / static_cast<double>(n);
+  benchmark::DoNotOptimize(returns);
+}
+BENCHMARK(BM_HitRetProbePairModuleWrites);
+
 // Whole hits through the session's loop on the simulated Xen, over the channel the
 // benchmark's argument names (0 debugger, 1 guest, 2 vmevent on an HVM guest). `install` puts
 // the probe in, counting handled hits in `hits`, and returns the label or an error.
 constexpr ChannelKind kLoopChannels[] = {ChannelKind::Debugger, ChannelKind::Guest, ChannelKind::VmEvent};
 
 template <typename Install>
-void run_loop(benchmark::State& st, const char* per, Install&& install) {
-  const ChannelKind kind = kLoopChannels[st.range(0)];
+void run_loop(benchmark::State& st, const char* per, Install&& install, bool module_ret_write = true,
+              std::optional<ChannelKind> channel = std::nullopt) {
+  const ChannelKind kind = channel.value_or(kLoopChannels[st.range(0)]);
   auto host = hv::sim::SimHost::create();
   hv::sim::DomainConfig c;
   c.vcpus = 1;
+  c.module_ret_write = module_ret_write;
   if (kind == ChannelKind::VmEvent) c.type = hv::GuestType::Hvm;
   DomId dom = *host->create_domain(c);
   auto s = std::move(*Session::open(host->open(), SessionOptions{kind}));
@@ -166,11 +209,16 @@ void run_loop(benchmark::State& st, const char* per, Install&& install) {
   (void)s->run_once(10);
   host->reset_counts();
   std::uint64_t calls0 = host->total_calls(), hits0 = hits;
+  // Every operator new of the process (the simulated Xen's threads included) while the loop runs.
+  const std::uint64_t allocs0 = g_allocs.load(std::memory_order_relaxed);
   for (auto _ : st) (void)s->run_once(5);
+  const std::uint64_t allocs = g_allocs.load(std::memory_order_relaxed) - allocs0;
   std::uint64_t dh = hits - hits0;
+  auto per_hit = [&](double v) { return dh ? v / static_cast<double>(dh) : 0; };
   st.counters[std::string(per) + "s"] = static_cast<double>(dh);
-  st.counters[std::string("hv_calls_per_") + per] =
-      dh ? static_cast<double>(host->total_calls() - calls0) / static_cast<double>(dh) : 0;
+  st.counters[std::string("hv_calls_per_") + per] = per_hit(static_cast<double>(host->total_calls() - calls0));
+  st.counters[std::string("maps_per_") + per] = per_hit(static_cast<double>(host->op_count(hv::sim::Op::MapFrames)));
+  st.counters[std::string("allocs_per_") + per] = per_hit(static_cast<double>(allocs));
 }
 
 void full_loop(benchmark::State& st, const char* where, bool post) {
@@ -210,6 +258,22 @@ void BM_LoopRetProbe(benchmark::State& st) {
   });
 }
 BENCHMARK(BM_LoopRetProbe)->DenseRange(0, 2)->UseRealTime()->MinTime(0.5);
+
+// The same on the guest channel of a PV guest whose module writes the return slots itself
+// (argument 1, protocol.h "Return slots written by the module") or does not (0, an older
+// module: Dom0 maps the stack's frame, writes it and unmaps it per call).
+void BM_LoopRetProbeGuestPv(benchmark::State& st) {
+  const bool module_writes = st.range(0) != 0;
+  run_loop(
+      st, "pair",
+      [&](Session& s, DomId dom, std::uint64_t& returns) -> Result<std::pair<Probe, std::string>> {
+        auto p =
+            XP_TRY(s.ret_probe(dom, "sys_getppid", {}, [&returns](HitContext&, std::span<std::byte>) { ++returns; }));
+        return std::pair{std::move(p), std::string(module_writes ? "module writes the slot" : "older module")};
+      },
+      module_writes, ChannelKind::Guest);
+}
+BENCHMARK(BM_LoopRetProbeGuestPv)->DenseRange(0, 1)->UseRealTime()->MinTime(0.5);
 
 // 1000 probes (two per instruction, in address order) registered on a paused guest.
 void register_1000(benchmark::State& st, bool batch) {

@@ -156,12 +156,15 @@ static void xp_account_wait(u64 start)
 /*
  * Hands the hit to Dom0 and waits (steps 1-4 of the protocol; mailbox.trap = trap, the
  * entry's address). true with *answer = a private snapshot of Dom0's answer, which the caller
- * validates (xp_answer_taken); false when the hit was abandoned: the caller resumes without
- * Dom0. Timeouts count towards declaring Dom0 gone here.
+ * validates (xp_answer_taken), and *ret = ret_expect and ret_value of the answer (protocol.h,
+ * "Return slots written by the module"; the caller takes ret_slot itself, with xp_ret_apply()
+ * once the answer is taken); false when the hit was abandoned: the caller
+ * resumes without Dom0. Timeouts count towards declaring Dom0 gone here.
  */
 bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
-		 struct xenprobes_regs *answer)
+		 struct xenprobes_regs *answer, struct xp_ret_request *ret)
 {
+	u64 top = 0;
 	u32 seq = this_cpu_inc_return(xp_seq);
 	u32 expected = XENPROBES_MBOX_HIT, seen, tries = 0, polling;
 	u64 start, deadline, claim_deadline;
@@ -170,6 +173,11 @@ bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_
 	WRITE_ONCE(mb->seq, seq);
 	WRITE_ONCE(mb->trap, trap);
 	xp_mbox_store_regs(mb, hit);
+	/* The return address a return probe's entry sees, so Dom0 need not map the stack. */
+	if (!xp_read_kernel_u64(hit->rsp, &top))
+		top = 0;
+	WRITE_ONCE(mb->stack_top, top);
+	WRITE_ONCE(mb->ret_slot, 0);
 	smp_wmb();
 	WRITE_ONCE(mb->state, XENPROBES_MBOX_HIT);
 	/*
@@ -230,6 +238,9 @@ bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_
 	if (w == XP_WAIT_DONE) {
 		smp_rmb();
 		xp_regs_snapshot(answer, &mb->regs);
+		ret->slot = 0;	/* taken later, by xp_ret_apply()'s exchange */
+		ret->expect = READ_ONCE(mb->ret_expect);
+		ret->value = READ_ONCE(mb->ret_value);
 		WRITE_ONCE(mb->state, XENPROBES_MBOX_IDLE);
 		xp_account_wait(start);
 		return true;

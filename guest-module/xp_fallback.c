@@ -7,6 +7,7 @@
  * calls.
  */
 #include "xp_logic.h"
+#include "xp_ret_write.h"
 
 /* ---- branches the fallback emulates ---- */
 
@@ -281,6 +282,50 @@ xp_s32 xp_ret_find(const struct xenprobes_ret *table, xenprobes_u32 capacity,
 		if (xp_ld64(&table[i].slot) == slot)
 			return (xp_s32)i;
 	return -1;
+}
+
+/* Is addr a RETURN entry among the live ones (the hook's own lookups: search, then scan)? */
+static bool xp_is_return_trap(const struct xenprobes_trap *table, xenprobes_u32 nr_traps,
+			      xenprobes_u32 capacity, xenprobes_u64 addr)
+{
+	struct xenprobes_trap e;
+
+	return (xp_trap_search(table, nr_traps, capacity, addr, &e) ||
+		xp_trap_scan(table, nr_traps, capacity, addr, &e)) &&
+	       e.flags == XENPROBES_TRAP_RETURN;
+}
+
+enum xp_ret_result xp_ret_write(const struct xp_ret_request *q, xenprobes_u64 hit_rsp,
+			       const struct xenprobes_trap *table, const xenprobes_u32 *nr_traps,
+			       xenprobes_u32 capacity, const struct xp_mem_ops *m)
+{
+	xenprobes_u64 cur;
+
+	if (q->slot == 0)
+		return XP_RET_NONE;
+	if (q->slot != hit_rsp || (q->slot & 7))
+		return XP_RET_BAD_SLOT;
+	/* Only ever the trampoline Dom0 published: a RETURN entry of the table. */
+	if (q->value == q->expect || !xp_is_return_trap(table, xp_ld32(nr_traps), capacity, q->value))
+		return XP_RET_BAD_VALUE;
+	if (!m->read_u64(m->ctx, q->slot, &cur))
+		return XP_RET_FAULT;
+	if (cur != q->expect)
+		return XP_RET_MISMATCH;
+	if (!m->write_u64(m->ctx, q->slot, q->value))
+		return XP_RET_FAULT;
+	/*
+	 * Dom0 may have paused the domain between the check and the write, put its return slots
+	 * back and removed the trampoline (a detach): a slot written now would return to an int3
+	 * no entry claims. Looked up again after the write: gone, the slot is put back unless
+	 * Dom0 already did.
+	 */
+	if (!xp_is_return_trap(table, xp_ld32(nr_traps), capacity, q->value)) {
+		if (m->read_u64(m->ctx, q->slot, &cur) && cur == q->value)
+			m->write_u64(m->ctx, q->slot, q->expect);
+		return XP_RET_UNDONE;
+	}
+	return XP_RET_WRITTEN;
 }
 
 /* ---- the fallback ---- */

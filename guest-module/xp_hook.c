@@ -125,6 +125,27 @@ static bool xp_kwrite(void *ctx, u64 addr, u64 val)
 
 static const struct xp_mem_ops xp_mem = { .read_u64 = xp_kread, .write_u64 = xp_kwrite };
 
+/*
+ * The return-slot write a taken answer asks for (protocol.h, "Return slots written by the
+ * module"; hit_rsp: the hit's stack pointer). A refusal writes nothing and takes nothing else
+ * from the answer away: the vCPU resumes as answered, the call just goes untracked.
+ */
+static void xp_ret_apply(struct xenprobes_mailbox *mb, struct xp_ret_request *q, u64 hit_rsp)
+{
+	/* Taken once, atomically: a request Dom0 withdrew (protocol.h, "Cancelling") reads 0. */
+	q->slot = xchg(&mb->ret_slot, 0);
+	switch (xp_ret_write(q, hit_rsp, xp.traps, &xp.hdr->nr_traps, xp.trap_cap, &xp_mem)) {
+	case XP_RET_NONE:
+		break;
+	case XP_RET_WRITTEN:
+		atomic64_inc(&xp.ret_written);
+		break;
+	default:
+		WRITE_ONCE(xp.hdr->ret_refused, (u32)atomic64_inc_return(&xp.ret_refused));
+		break;
+	}
+}
+
 /* ---- Dom0 gone ---- */
 
 static void xp_gone_irq_work(struct irq_work *w)
@@ -224,6 +245,7 @@ static int xp_redirect(struct pt_regs *regs, const struct xenprobes_trap *e,
 static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
 {
 	struct xenprobes_regs hit, answer, out;
+	struct xp_ret_request ret;
 	u32 mbox = xen_vcpu_nr(smp_processor_id());
 	bool over = false;
 
@@ -232,8 +254,9 @@ static int xp_handle_hit(struct pt_regs *regs, const struct xenprobes_trap *e)
 	if (xp_route_hit(atomic_read(&xp.dom0_gone) != XP_GONE_NOT, READ_ONCE(xp.detaching),
 			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH &&
 	    !(over = xp_over_budget()) &&
-	    xp_exchange(&xp.mbox[mbox], e->addr, &hit, &answer) &&
+	    xp_exchange(&xp.mbox[mbox], e->addr, &hit, &answer, &ret) &&
 	    xp_answer_taken(xp_answer_apply(&xp.bounds, &hit, &answer, &out))) {
+		xp_ret_apply(&xp.mbox[mbox], &ret, hit.rsp);
 		xp_regs_to_pt(regs, &out);
 		return NOTIFY_STOP;
 	}
@@ -401,6 +424,7 @@ static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes
 {
 	struct xenprobes_trap e;
 	struct xenprobes_regs hit, answer;
+	struct xp_ret_request rq;
 	u32 nr_traps = READ_ONCE(xp.hdr->nr_traps);
 	u64 call = xp_jump_call_addr(ret);
 	u32 mbox = xen_vcpu_nr(smp_processor_id());
@@ -426,9 +450,12 @@ static bool xp_jump_handle(const struct pt_regs *regs, u64 ret, struct xenprobes
 			 false, mbox, xp.nr_mailboxes) == XP_ROUTE_PUBLISH) {
 		if (xp_over_budget())
 			return false;
-		if (xp_exchange(&xp.mbox[mbox], e.addr, &hit, &answer) &&
-		    xp_answer_taken(xp_jump_answer_apply(&xp.bounds, &hit, &answer, ret, out)))
+		if (xp_exchange(&xp.mbox[mbox], e.addr, &hit, &answer, &rq) &&
+		    xp_answer_taken(xp_jump_answer_apply(&xp.bounds, &hit, &answer, ret, out))) {
+			/* The slot at the hit's rsp lies above everything xp_jump_hit() writes. */
+			xp_ret_apply(&xp.mbox[mbox], &rq, hit.rsp);
 			return true;
+		}
 	}
 	xp_count(&xp.timeouts, &xp.hdr->timeouts);
 	return false;

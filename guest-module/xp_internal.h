@@ -29,6 +29,7 @@
 
 #include "xp_fixup.h"
 #include "xp_logic.h"
+#include "xp_ret_write.h"
 #include "xp_ring.h"
 #include "xp_slots.h"
 
@@ -128,6 +129,12 @@ struct xp_state {
 	atomic64_t spin_answered;
 	atomic64_t spin_blocked;
 	/*
+	 * Return slots written for Dom0 (protocol.h, "Return slots written by the module";
+	 * module-private) and the writes refused (mirrored into header.ret_refused, a u32).
+	 */
+	atomic64_t ret_written;
+	atomic64_t ret_refused;
+	/*
 	 * int3s executed at a trap-table address outside the OEA whose byte was no longer an
 	 * int3 when the hook read it (module-private): the CPU ran an instruction fetched before
 	 * the byte was restored. Counted, then handled like any hit of the entry (once Dom0 is
@@ -174,7 +181,7 @@ asmlinkage void xp_jump_hit(struct pt_regs *regs, u64 ret);	/* called by xp_jump
 
 /* xp_exchange.c */
 bool xp_exchange(struct xenprobes_mailbox *mb, u64 trap, const struct xenprobes_regs *hit,
-		 struct xenprobes_regs *answer);
+		 struct xenprobes_regs *answer, struct xp_ret_request *ret);
 bool xp_answer_taken(enum xp_answer a);
 bool xp_over_budget(void);
 

@@ -56,8 +56,6 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 		    const struct xp_layout *l, xenprobes_u32 trap_capacity,
 		    xenprobes_u32 ret_capacity, xenprobes_u32 timeout_ms)
 {
-	unsigned int i;
-
 	h->magic = XENPROBES_CTL_MAGIC;
 	h->version = XENPROBES_PROTOCOL_VERSION;
 	h->nr_mailboxes = nr_mailboxes;
@@ -81,8 +79,7 @@ void xp_header_init(struct xenprobes_ctl_header *h, xenprobes_u32 nr_mailboxes,
 	h->over_budget = 0;
 	h->closing = 0;
 	h->dom0_hold = 0;
-	for (i = 0; i < sizeof(h->reserved) / sizeof(h->reserved[0]); i++)
-		h->reserved[i] = 0;
+	h->ret_refused = 0;
 }
 
 /* ---- the trap table ---- */

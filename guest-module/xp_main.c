@@ -478,7 +478,7 @@ static void __exit xenprobes_exit(void)
 	/* No CPU is in the jump entry any more (the quiescence): the rings hold still. */
 	xp_rings_totals(&drops, &nested, &notifies);
 	xp_teardown();
-	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget; Dom0's areas: %s; slots: %s)\n",
+	pr_info(XP_NAME ": unloaded (%lld hits, %lld timeouts, %lld of them claims Dom0 never finished, %lld foreign int3s or jump calls, %lld nested jump hits, %lld redirects, %lld refused answers, %lld hits without fallback, %lld stale int3s at restored bytes, the first at 0x%llx; after the restore: %lld hits in text, %lld in the OEA; async: %lld bad hits, %llu records dropped for room, %llu nested, %llu notifications; spinning: %lld notifications skipped while Dom0 polled, %lld answers found spinning, %lld spins ran out; waits for Dom0: %lld us in all, the longest %lld us; %lld hits over budget; return slots: %lld written for Dom0, %lld refused; Dom0's areas: %s; slots: %s)\n",
 		(long long)atomic64_read(&xp.hits), (long long)atomic64_read(&xp.timeouts),
 		(long long)atomic64_read(&xp.claims_expired),
 		(long long)atomic64_read(&xp.foreign), (long long)atomic64_read(&xp.nested),
@@ -490,7 +490,8 @@ static void __exit xenprobes_exit(void)
 		(long long)atomic64_read(&xp.spin_answered),
 		(long long)atomic64_read(&xp.spin_blocked),
 		(long long)atomic64_read(&xp.wait_ns) / 1000, (long long)atomic64_read(&xp.wait_max_ns) / 1000,
-		(long long)atomic64_read(&xp.over_budget), xp_release_name(xp_released),
+		(long long)atomic64_read(&xp.over_budget), (long long)atomic64_read(&xp.ret_written),
+		(long long)atomic64_read(&xp.ret_refused), xp_release_name(xp_released),
 		xp_slots_name(xp_slots_found));
 }
 

@@ -395,6 +395,9 @@ int xp_publish(void)
 		err = xp_xs_printf(XENPROBES_XS_EVTCHN, "%u", xp.port);
 	if (!err)
 		err = xp_publish_rings();
+	/* protocol.h, "Return slots written by the module" (xp_hook.c, xp_ret_apply()). */
+	if (!err)
+		err = xp_xs_printf(XENPROBES_XS_FEATURES, "0x%x", XENPROBES_FEATURE_RET_WRITE);
 	if (!err)
 		err = xp_watches_register();
 	/* Last: Dom0 watches `state` and must never see a half-published set. */

@@ -74,6 +74,12 @@
  *                 any value malformed, and Dom0 refuses every probe on the guest channel (it
  *                 cannot tell the hook's path from other code), as for an unreadable kprobe
  *                 blacklist. Absent (an older module): Dom0's names alone.
+ *   features      optional: hex, 0x-prefixed, the protocol additions this module implements,
+ *                 an or of XENPROBES_FEATURE_* (Dom0 ignores bits it does not know). Absent (an
+ *                 older module): none. Dom0 checks it as strictly as the other numbers and
+ *                 refuses the guest channel on a malformed value.
+ *                 XENPROBES_FEATURE_RET_WRITE: the module writes a return probe's return slot
+ *                 itself (see "Return slots written by the module" below).
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -366,6 +372,46 @@
  * there now, whose own bytes may equal the int3 (the int3 padding after every `ret`). An
  * entry with `module` 0 (a peer that predates the field wrote 0 there) is restored as before.
  *
+ * Return slots written by the module (XENPROBES_FEATURE_RET_WRITE, issue 14). A return
+ * probe's entry hit replaces the return address at the top of the stack (the slot at the
+ * hit's rsp) with the return trampoline. On a PV guest Dom0 would map the stack's frame
+ * writable for that and unmap it at once (a frame Dom0 holds writable cannot become a page
+ * table), per call; a module publishing the feature makes that write itself, in the guest,
+ * with the mailbox fields after regs:
+ *   Step 1 (module): mailbox.stack_top = the u64 at regs.rsp (read with a no-fault load; 0
+ *     when it cannot be read: Dom0 then reads the stack itself), and mailbox.ret_slot = 0,
+ *     both before state = HIT.
+ *   Step d (Dom0): for a return probe's entry, instead of writing guest memory, ret_slot =
+ *     the slot (regs.rsp of the hit), ret_expect = the return address Dom0 recorded (the
+ *     stack_top it read), ret_value = the trampoline; before answer_seq and the swap to DONE.
+ *     ret_slot stays 0 for every other answer.
+ *   Step 3 (module), with the answer taken: it takes the request by an atomic exchange of
+ *     ret_slot with 0 (ret_expect and ret_value read with the answer's registers); when what
+ *     it took is not 0, it writes ret_value there (one aligned 8-byte store to its own stack)
+ *     only if ret_slot is this hit's regs.rsp (8-byte aligned), ret_value is the address of a
+ *     XENPROBES_TRAP_RETURN entry of the trap table, ret_expect is not ret_value, and the
+ *     slot holds ret_expect now (guest-module/xp_fallback.c, xp_ret_write()). Anything else:
+ *     nothing is written, the registers are still taken, and header.ret_refused counts it.
+ *     After the write the module looks the trampoline's entry up again: Dom0 may have paused
+ *     the domain between the check and the write to put its return slots back and remove the
+ *     trampoline (a detach), so with the entry gone the slot gets ret_expect back (unless it no
+ *     longer holds ret_value), counted as refused too.
+ *   Cancelling (Dom0, with the domain paused, before it puts return slots back: an unregister
+ *     or a detach): a request the vCPU has not taken yet is withdrawn by a compare-and-swap of
+ *     ret_slot from the slot to 0; the module then never writes it. A swap that fails means
+ *     the module took it (the slot written, refused, or about to be written by a vCPU the
+ *     pause caught right after its exchange): Dom0 treats that slot as it treats any slot that
+ *     does not hold the trampoline (it remembers where the call returns while attached).
+ *   Dom0's bookkeeping is what it was (the return table entry, the instance): a refused write
+ *   leaves Dom0 an instance whose slot never holds the trampoline, which it reclaims as any
+ *   instance whose frame went away (when it needs the instance, or when the slot is used
+ *   again); an instance whose request the vCPU has not taken yet (ret_slot still holds it) is
+ *   never reclaimed. After a late answer (Dom0 side e.) Dom0's ret_* stores may land on a later hit:
+ *   the module zeroes ret_slot in each hit's step 1 and only takes it with a DONE for that
+ *   hit's seq, which Dom0 never gives a hit whose registers it may have overwritten.
+ * Older peers: an older module leaves stack_top 0 and never reads ret_*; an older Dom0
+ * never reads stack_top nor writes ret_slot, which the module zeroed.
+ *
  * Async jump probes. A JUMP entry with flags JUMP | ASYNC makes the hit a record in the hit
  * vCPU's async ring (below) instead of a mailbox hit: no Dom0, no wait, no hypercall (one
  * notification when Dom0 asked for it). The entry is a JUMP entry in every other way (addr the
@@ -474,6 +520,10 @@
 #define XENPROBES_XS_RINGS_CAP_FLAGS "rings/cap-flags"
 #define XENPROBES_XS_HOOK_PATH_COUNT "hook-path/count"
 #define XENPROBES_XS_HOOK_PATH_FMT "hook-path/%u"
+#define XENPROBES_XS_FEATURES "features"
+
+/* Bits of the features key (see "Return slots written by the module"). */
+#define XENPROBES_FEATURE_RET_WRITE 1u
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -532,11 +582,12 @@ struct xenprobes_ctl_header {
 	xenprobes_u64 closing;        /* module writes 1 when it begins detaching (see "Detaching") */
 	xenprobes_u32 dom0_hold;      /* Dom0 writes: XENPROBES_DOM0_* (see "Letting go") */
 	/*
-	 * Zero (the module writes them so). A field added later takes the first of them, so the
-	 * header keeps its size and every offset (the static_asserts below): an older module leaves
-	 * it 0, and an older Dom0 does not read it.
+	 * Module-written (XENPROBES_FEATURE_RET_WRITE): answers whose return-slot write it
+	 * refused (see "Return slots written by the module"); wraps. It took the header's last
+	 * reserved word, which an older module leaves 0, so the header keeps its size and every
+	 * offset (the static_asserts below).
 	 */
-	xenprobes_u32 reserved[1];
+	xenprobes_u32 ret_refused;
 };
 
 /* header.dom0_hold (see "Letting go"): 0 is what the module wrote (no Dom0 said anything). */
@@ -562,7 +613,12 @@ struct xenprobes_mailbox {
 	xenprobes_u32 spinning;   /* module: nonzero while the waiting vCPU spins (see "Spinning") */
 	xenprobes_u64 trap;       /* address of the trap byte */
 	struct xenprobes_regs regs;
-	xenprobes_u64 reserved[5];
+	/* See "Return slots written by the module" (XENPROBES_FEATURE_RET_WRITE); 0 otherwise. */
+	xenprobes_u64 stack_top;  /* module: the u64 at regs.rsp at the hit; 0: not read */
+	xenprobes_u64 ret_slot;   /* Dom0: write ret_value there (the hit's regs.rsp); 0: no write */
+	xenprobes_u64 ret_expect; /* Dom0: what the slot must hold for the write */
+	xenprobes_u64 ret_value;  /* Dom0: what to write (the return trampoline) */
+	xenprobes_u64 reserved[1];
 };
 
 #define XENPROBES_TRAP_FALLBACK 1u /* resume at `fallback` */

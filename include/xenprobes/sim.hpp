@@ -115,6 +115,10 @@ struct DomainConfig {
   // With the rings, rings/cap-flags with XENPROBES_CAP_AUTO (protocol.h): captures whose
   // address picks user or kernel memory (Capture::by_address). false: a module before it.
   bool module_cap_auto = true;
+  // Its features key says XENPROBES_FEATURE_RET_WRITE (protocol.h, "Return slots written by the
+  // module"): a return probe's entry hit has the module write the return slot, and Dom0 maps
+  // no stack for it. false: a module before it (Dom0 writes the slot itself).
+  bool module_ret_write = true;
   // Its waiting vCPUs spin on their mailboxes for up to this many microseconds of real time
   // (protocol.h "Spinning"; the module's spin_us): mailbox.spinning says so and the module looks
   // every 50 µs, so Dom0 may answer without a notification; then it clears the flag, looks once

@@ -28,6 +28,16 @@ struct Stop {
     std::array<std::uint8_t, 16> bytes{};  // the original instruction at `trap`
   };
   std::optional<Emulate> emulate{};
+  // The u64 at regs.rsp as the guest read it for this stop (the guest channel with a module
+  // that writes return slots itself, protocol.h "Return slots written by the module"); nullopt:
+  // not told, read guest memory. Only a stop that carries it takes ret_write.
+  std::optional<std::uint64_t> stack_top{};
+  // With Verdict::Resume: the guest writes `value` at `slot` (the stop's regs.rsp before any
+  // handler) if the slot still holds `expect`, instead of the engine writing guest memory.
+  struct RetWrite {
+    std::uint64_t slot = 0, expect = 0, value = 0;
+  };
+  std::optional<RetWrite> ret_write{};
 };
 
 enum class Verdict {
@@ -109,6 +119,12 @@ class TrapTable {
   // up: the guest channel's mailboxes in state DONE). A slot such a rip points into is still
   // in use. A channel without a table writes the registers itself: none.
   virtual std::vector<std::uint64_t> resumes_in_flight(DomId) const = 0;
+  // A return-slot write the engine asked of the guest in an answer to vCPU v (Stop::ret_write)
+  // that the guest has not taken yet: pending (a look, the guest may take it any moment), and
+  // withdrawn (with the domain paused: true when the guest will never make it). A channel
+  // without such writes: never pending, nothing to withdraw.
+  virtual bool return_write_pending(DomId, VcpuId, Gva /*slot*/) const { return false; }
+  virtual bool cancel_return_write(DomId, VcpuId, Gva /*slot*/) { return false; }
 
  protected:
   ~TrapTable() = default;  // owned as the Channel it is part of

@@ -226,6 +226,7 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.oea = mi->areas;
   a.register_branches = mi->has_module_text();
   a.jump_entry = mi->jump_entry;
+  a.ret_write = (gc.features & XENPROBES_FEATURE_RET_WRITE) != 0;
   a.rets.assign(h.ret_capacity, xenprobes_ret{0, 0});
   a.answered.assign(h.nr_mailboxes, std::nullopt);
   a.answered_rip.assign(h.nr_mailboxes, 0);
@@ -485,6 +486,7 @@ Result<GuestChannel::ModuleCounters> GuestChannel::module_counters(DomId dom) co
   c.wait_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_ns));
   c.wait_max_ns = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, wait_max_ns));
   c.over_budget = load<std::uint64_t>(h + offsetof(xenprobes_ctl_header, over_budget));
+  c.ret_refused = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, ret_refused));
   c.dom0_gone = load<std::uint32_t>(h + offsetof(xenprobes_ctl_header, dom0_gone)) != 0;
   return c;
 }

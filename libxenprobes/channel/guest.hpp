@@ -83,6 +83,11 @@ class GuestChannel final : public Channel, public TrapTable {
   // being made or, should the claim outlive its bound, at the entry's fallback; both the trap
   // and that fallback are reported).
   std::vector<std::uint64_t> resumes_in_flight(DomId) const override;
+  // protocol.h "Return slots written by the module": mailbox v's ret_slot still holds `slot`
+  // (the module takes a request by exchanging it with 0), and its withdrawal by a
+  // compare-and-swap to 0.
+  bool return_write_pending(DomId, VcpuId, Gva slot) const override;
+  bool cancel_return_write(DomId, VcpuId, Gva slot) override;
 
   static constexpr std::uint8_t kInt3 = 0xcc;
   // How many of the latest removals of traps in text a late hit is answered for (Stats::retired).
@@ -102,6 +107,10 @@ class GuestChannel final : public Channel, public TrapTable {
     // Hits it resumed without Dom0 because their CPU's waiting budget was spent (protocol.h
     // "Waiting budget"): no handler ran for them. 0 from a module before the budget.
     std::uint64_t over_budget = 0;
+    // Return-slot writes it refused (protocol.h "Return slots written by the module": the slot
+    // did not hold the return address Dom0 recorded, or the answer broke another rule); a u32
+    // that wraps. 0 from a module without the feature.
+    std::uint32_t ret_refused = 0;
     bool dom0_gone = false;
   };
   [[nodiscard]] Result<ModuleCounters> module_counters(DomId) const;
@@ -119,6 +128,9 @@ class GuestChannel final : public Channel, public TrapTable {
     std::uint64_t retired = 0;
     // Looks at the domain's mailboxes (process, process_domain, flush, the spin's polls).
     std::uint64_t looks = 0;
+    // Answers that asked the module to write a return slot (protocol.h "Return slots written
+    // by the module"): Dom0 mapped no stack for them.
+    std::uint64_t ret_writes = 0;
   };
   Stats stats(DomId) const;
   // Tells every attached domain's module that Dom0 polls the mailboxes (on) or no longer does
@@ -141,7 +153,10 @@ class GuestChannel final : public Channel, public TrapTable {
     // The module emulates jmp/call through a register (one that publishes module-text: both
     // came in the same version; an older one would oops the guest on such a fallback).
     bool register_branches = false;
-    std::optional<Gva> jump_entry;                       // the module's jump entry: it makes jump probes
+    std::optional<Gva> jump_entry;  // the module's jump entry: it makes jump probes
+    // The module writes return slots itself (features: XENPROBES_FEATURE_RET_WRITE): hits carry
+    // Stop::stack_top and answers Stop::ret_write (protocol.h "Return slots written by the module").
+    bool ret_write = false;
     std::vector<xenprobes_trap> traps;                   // sorted by addr: what the shared table is written from
     std::vector<xenprobes_ret> rets;                     // index = entry in the shared table; slot 0 = free
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered

@@ -87,12 +87,14 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       std::uint32_t seq;
       std::uint64_t trap;
       xenprobes_regs regs;
+      std::uint64_t stack_top;  // 0: not told (protocol.h "Return slots written by the module")
     };
     auto read_hit = [&] {
       Hit h;
       h.seq = load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq));
       h.trap = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap));
       std::memcpy(&h.regs, mb + offsetof(xenprobes_mailbox, regs), sizeof h.regs);
+      h.stack_top = a->ret_write ? load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, stack_top)) : 0;
       return h;
     };
     auto refusal = [&](const Hit& h) -> const char* {
@@ -173,6 +175,7 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
                          a->retired.contains(h.trap);
     a->claimed[v] = Attached::Claim{h.seq, h.trap, fallback};
     Stop s{dom, VcpuId{v}, Gva{h.trap}, from_mailbox(h.regs)};
+    if (h.stack_top) s.stack_top = h.stack_top;  // only from a module that writes return slots
     if (retired) {
       ++a->stats.retired;
       XP_LOG(Debug,
@@ -183,6 +186,7 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
       s.regs = from_mailbox(h.regs);
       // An int3's byte is the original again: execute it. A jump's hit goes on in its detour.
       if (!jump) s.regs.rip = h.trap;
+      s.ret_write.reset();
     }
     a = find(dom);
     if (!a) break;  // detached by a handler (which gave the claim back)
@@ -211,6 +215,17 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     }
     const xenprobes_regs out = to_mailbox(s.regs, h.regs);
     std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &out, sizeof out);
+    // The module zeroed ret_slot in step 1: written only for an answer that asks for the write,
+    // and only for the hit's own return slot (the module checks that too).
+    if (s.ret_write && s.stack_top && s.ret_write->slot == h.regs.rsp) {
+      store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_expect), s.ret_write->expect);
+      store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_value), s.ret_write->value);
+      store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_slot), s.ret_write->slot);
+      ++a->stats.ret_writes;
+    } else if (s.ret_write) {
+      XP_LOG_RATELIMITED(Error, "%s vcpu %u: hit %u: a return-slot write for %s, not the hit's rsp %s: not asked",
+                         dom_str(dom).c_str(), v, h.seq, hex(s.ret_write->slot).c_str(), hex(h.regs.rsp).c_str());
+    }
     store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq), h.seq);
     expected = XENPROBES_MBOX_CLAIMED;
     if (!state.compare_exchange_strong(expected, XENPROBES_MBOX_DONE, std::memory_order_release,
@@ -242,6 +257,22 @@ Result<unsigned> GuestChannel::scan(DomId dom, StopSink& sink) {
     if (a) XP_TRY(hv_.evtchn_notify(a->port));  // once for all of them
   }
   return answered;
+}
+
+bool GuestChannel::return_write_pending(DomId dom, VcpuId v, Gva slot) const {
+  const Attached* a = find(dom);
+  if (!a || !a->ret_write || v.value >= a->layout.nr_mailboxes || !slot.value) return false;
+  return load<std::uint64_t>(mailbox_at(*a, v.value) + offsetof(xenprobes_mailbox, ret_slot),
+                             std::memory_order_acquire) == slot.value;
+}
+
+bool GuestChannel::cancel_return_write(DomId dom, VcpuId v, Gva slot) {
+  Attached* a = find(dom);
+  if (!a || !a->ret_write || v.value >= a->layout.nr_mailboxes || !slot.value) return false;
+  std::byte* mb = mailbox_at(*a, v.value);
+  std::uint64_t expected = slot.value;
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(mb + offsetof(xenprobes_mailbox, ret_slot)))
+      .compare_exchange_strong(expected, 0, std::memory_order_acq_rel, std::memory_order_acquire);
 }
 
 std::vector<std::uint64_t> GuestChannel::resumes_in_flight(DomId dom) const {

@@ -390,6 +390,16 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
   }
 
   ch.evtchn = static_cast<std::uint32_t>(XP_TRY(read_decimal(hv, epath, 1, kMaxEvtchnPort)));
+
+  // features (optional): absent is an older module; malformed refuses, as every key does.
+  const std::string fpath = module_key(dom, XENPROBES_XS_FEATURES);
+  if (auto fs = hv.xs_read(fpath)) {
+    auto f = parse_hex(*fs);
+    if (!f) return fail(Errc::InvalidArgument, bad(fpath, *fs, "not a 0x-prefixed hex number"));
+    ch.features = static_cast<std::uint32_t>(*f & XENPROBES_FEATURE_RET_WRITE);  // the bits Dom0 knows
+  } else if (fs.error().code != Errc::NotFound) {
+    return fail(fs.error().code, "reading xenstore key " + fpath + ": " + fs.error().what);
+  }
   return ch;
 }
 

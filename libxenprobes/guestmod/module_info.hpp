@@ -115,6 +115,9 @@ struct GuestChannelInfo {
   Gva control;               // control/addr: page aligned, canonical upper half
   unsigned pages = 0;        // control/pages: 1..XENPROBES_CTL_MAX_PAGES
   std::uint32_t evtchn = 0;  // evtchn: the module's unbound port, 1..kMaxEvtchnPort
+  // features (optional): the XENPROBES_FEATURE_* bits Dom0 knows that the module says it
+  // implements; 0 from an older module.
+  std::uint32_t features = 0;
 
   std::uint64_t size() const { return std::uint64_t{pages} * kPageSize; }
   std::uint64_t last() const { return control.value + size() - 1; }

@@ -161,6 +161,11 @@ class Engine final : public channel::StopSink {
     std::uint64_t ret = 0;
     std::vector<std::byte> data;  // RetProbeOptions::data_size bytes, zeroed per call
     bool live = false;
+    // The guest module writes its slot (Stop::ret_write), after Dom0's answer: until the vCPU
+    // takes the answer up the slot still holds `ret`, which reclaiming must not take for a
+    // frame gone.
+    bool by_module = false;
+    VcpuId vcpu{0};               // by_module: whose answer carried the write
     std::uint32_t journal = ~0u;  // its record in the guardian's journal
   };
   struct RetState {
@@ -414,7 +419,10 @@ class Engine final : public channel::StopSink {
   channel::Verdict hit_slot(Domain&, const SlotTrap&, channel::Stop&);
   channel::Verdict hit_trampoline(Domain&, channel::Stop&);
   // A return probe's entry: takes an instance and rewrites the return address (or counts a miss).
-  void enter_return_probe(Domain&, Registration&, Ctx&);
+  void enter_return_probe(Domain&, Registration&, Ctx&, channel::Stop&);
+  // A handler's access to [va, va + len) covering the slot the stop asked the guest module to
+  // write (Stop::ret_write): Dom0 makes that write itself first (engine_return.cpp).
+  Result<void> settle_ret_write(Domain&, std::uint64_t va, std::uint64_t len);
   // The domain's return trampoline; made now if it has none (then `made` is set: the caller
   // commits Domain::trampoline_patch, or undo_trampoline() takes it away again).
   Result<Gva> ensure_trampoline(Domain&, bool* made);
@@ -467,7 +475,7 @@ class Engine final : public channel::StopSink {
   bool batching_ = false;
   std::vector<Domain*> batch_paused_;
   bool dispatching_ = false;
-  const channel::Stop* hit_stop_ = nullptr;  // the stop being dispatched (see hit_memory)
+  channel::Stop* hit_stop_ = nullptr;  // the stop being dispatched (see hit_memory)
   bool hit_memory_ready_ = false;
   std::uint64_t hit_gs_base_ = 0;  // the stop's kernel GS base, set with hit_memory_ready_
   std::vector<ProbeId> deferred_removals_;

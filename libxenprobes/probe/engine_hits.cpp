@@ -143,7 +143,7 @@ channel::Verdict Engine::hit_point(Domain& d, Point& p, channel::Stop& s) {
     if (!reg->enabled) continue;
     reg->stats.hits++;
     if (reg->ret) {
-      enter_return_probe(d, *reg, ctx);
+      enter_return_probe(d, *reg, ctx, s);
       if (r.rip != p.addr.value) return channel::Verdict::Resume;  // the entry handler sent it elsewhere
       continue;
     }

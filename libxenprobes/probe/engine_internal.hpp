@@ -41,19 +41,23 @@ class Engine::Ctx final : public HitContext {
   Regs& regs() override { return regs_; }
   Result<void> read(Gva va, std::span<std::byte> out) override {
     XP_TRY(e_.hit_memory(d_));
+    XP_TRY(e_.settle_ret_write(d_, va.value, out.size()));
     return d_.memory->read(va, out);
   }
   // Handlers write stacks and data the guest frees and reuses: no writable mapping stays.
   Result<void> write(Gva va, std::span<const std::byte> data) override {
     XP_TRY(e_.hit_memory(d_));
+    XP_TRY(e_.settle_ret_write(d_, va.value, data.size()));
     return d_.memory->write_transient(va, data);
   }
   Result<std::uint64_t> read_u64(Gva va) override {
     XP_TRY(e_.hit_memory(d_));
+    XP_TRY(e_.settle_ret_write(d_, va.value, 8));
     return d_.memory->read_u64(va);
   }
   Result<std::string> read_string(Gva va, std::size_t max_len) override {
     XP_TRY(e_.hit_memory(d_));
+    XP_TRY(e_.settle_ret_write(d_, va.value, max_len + 1));
     return d_.memory->read_string(va, max_len);
   }
   Result<std::uint64_t> kernel_gs_base() override {

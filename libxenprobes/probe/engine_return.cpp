@@ -140,13 +140,20 @@ void Engine::drop_instance(Domain& d, Instance& in, bool remember) {
   in.owner->ret->free.push_back(&in);
 }
 
-void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
+// The return address is read, and the trampoline written over it, by Dom0 through guest
+// memory, or, on a stop that carries the guest's own read of the slot (Stop::stack_top: the
+// guest channel with a module that writes return slots, protocol.h "Return slots written by
+// the module"), by the guest module: the stop carries the write back (Stop::ret_write) and
+// Dom0 maps no stack. The bookkeeping is the same either way.
+void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx, channel::Stop& s) {
   RetState& rs = *reg.ret;
   Regs& r = ctx.regs();
   const Gva slot{r.rsp};
   const std::uint64_t tramp = d.trampoline->value;
+  const bool by_module = s.stack_top.has_value();
   Result<std::uint64_t> ret = fail(Errc::InvalidArgument, "");
-  if (auto m = hit_memory(d); m) ret = d.memory->read_u64(slot);
+  if (by_module) ret = s.ret_write ? tramp : *s.stack_top;  // a return probe before this one wrote it
+  else if (auto m = hit_memory(d); m) ret = d.memory->read_u64(slot);
   else ret = std::unexpected(m.error());
   if (!ret) {
     XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot read the return address at %s: %s",
@@ -199,7 +206,9 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     }
     journaled = *j;
   }
-  if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
+  if (by_module) {
+    s.ret_write = channel::Stop::RetWrite{slot.value, *ret, tramp};
+  } else if (auto w = d.memory->write_u64_transient(slot, tramp); !w) {  // a kernel stack
     XP_LOG_RATELIMITED(Warn, "return probe at %s: cannot rewrite the return address at %s: %s",
                        hex(ctx.address().value).c_str(), hex(slot.value).c_str(), w.error().what.c_str());
     if (d.table) d.table->return_removed(d.id, slot);
@@ -209,11 +218,28 @@ void Engine::enter_return_probe(Domain& d, Registration& reg, Ctx& ctx) {
     return;
   }
   in.journal = journaled;
+  in.by_module = by_module;
+  in.vcpu = s.vcpu;
   in.owner = &reg;
   in.slot = slot;
   in.ret = *ret;
   in.live = true;
   d.live_returns.insert(slot.value, &in);
+}
+
+// The handlers after a return probe's entry in the same stop (an XP on the same point, a second
+// return probe) see and change the slot as they would had Dom0 written the trampoline there at
+// once: one that touches it has Dom0 make the write now, and the guest is asked for none.
+Result<void> Engine::settle_ret_write(Domain& d, std::uint64_t va, std::uint64_t len) {
+  if (!hit_stop_ || hit_stop_->domain != d.id || !hit_stop_->ret_write || len == 0) return {};
+  const channel::Stop::RetWrite w = *hit_stop_->ret_write;
+  const std::uint64_t last = len - 1 > ~va ? ~std::uint64_t{0} : va + (len - 1);
+  if (last < w.slot || va > w.slot + 7) return {};
+  XP_TRY(hit_memory(d));
+  XP_TRY(d.memory->write_u64_transient(Gva{w.slot}, w.value));
+  hit_stop_->ret_write.reset();
+  hit_stop_->stack_top = w.value;  // what the slot holds now, for a later return probe's entry
+  return {};
 }
 
 channel::Verdict Engine::hit_trampoline(Domain& d, channel::Stop& s) {
@@ -262,6 +288,8 @@ unsigned Engine::reclaim_instances(Domain& d, Registration& reg) {
   unsigned n = 0;
   for (Instance& in : reg.ret->instances) {
     if (!in.live) continue;
+    // Its write not taken up by the guest yet: the call has not even resumed.
+    if (in.by_module && d.table && d.table->return_write_pending(d.id, in.vcpu, in.slot)) continue;
     auto v = d.memory->read_u64(in.slot);
     if (v && *v == d.trampoline->value) continue;
     // Gone another way (longjmp-like, a killed task) or, rarely, an interrupt frame now
@@ -296,6 +324,11 @@ void Engine::restore_returns(Domain& d, Registration* only) {
     if (wanted(*in)) live.push_back(in);
   });
   for (Instance* in : live) {
+    // A write the guest has not taken yet is withdrawn: the slot keeps its return address.
+    if (in->by_module && d.table && d.table->cancel_return_write(d.id, in->vcpu, in->slot)) {
+      drop_instance(d, *in, false);
+      continue;
+    }
     auto v = d.memory->read_u64(in->slot);
     bool restored = false;
     if (v && *v == tramp) {

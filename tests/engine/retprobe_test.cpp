@@ -240,6 +240,12 @@ struct InFlight {
     g.start();
     auto r = g.session->run();
     if (!r) throw std::runtime_error(r.error().what);
+    // On the guest channel the guest module writes the last answered call's slot once its vCPU
+    // takes the answer up (protocol.h "Return slots written by the module"), which the guest,
+    // still running, does any moment now.
+    auto end = std::chrono::steady_clock::now() + 10s;
+    while (on_stacks(g, tramp.value) < entries - returns && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(1ms);
   }
 };
 

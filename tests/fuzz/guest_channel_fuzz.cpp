@@ -262,8 +262,10 @@ struct Harness {
       FUZZ_CHECK(a.state == XENPROBES_MBOX_DONE, "an answered hit is not DONE");
       FUZZ_CHECK(a.answer_seq == a.seq && a.seq == b.seq, "answer_seq is not the hit's seq");
       FUZZ_CHECK(a.trap == b.trap && a.regs.cs == b.regs.cs && a.regs.ss == b.regs.ss && a.spinning == b.spinning &&
-                     std::memcmp(a.reserved, b.reserved, sizeof a.reserved) == 0,
+                     a.stack_top == b.stack_top && std::memcmp(a.reserved, b.reserved, sizeof a.reserved) == 0,
                  "Dom0 changed a field of the mailbox that is the module's");
+      // This sink asks for no return-slot write (protocol.h "Return slots written by the module").
+      FUZZ_CHECK(a.ret_slot == b.ret_slot, "Dom0 asked for a return-slot write nobody asked it for");
       FUZZ_CHECK(a.regs.rip == s.rip, "the answer's rip is not the handler's");
     }
     for (unsigned v = 0; v < lay.nr_mb; ++v) {

@@ -1,5 +1,7 @@
 // The real probe engine over the guest channel: probe::Engine constructed with a GuestChannel
 // directly (no Session), XP pre/post handlers on the demo guest.
+#include <algorithm>
+#include <cstring>
 #include <new>
 
 #include "guestch/guestch_fixture.hpp"
@@ -230,6 +232,184 @@ TEST(GuestChannelEngine, APointThatChangesSlotsSendsTheModulesFallbackToTheNewSl
   t = module_trap(e.g, load);
   ASSERT_TRUE(t);
   EXPECT_EQ(t->fallback, third.value) << "the module would resume in the released slot";
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
+
+// protocol.h, "Return slots written by the module": with a module that publishes
+// XENPROBES_FEATURE_RET_WRITE, a return probe's entry hit has the module write the return slot,
+// and Dom0 maps no guest stack for it; with an older module Dom0 writes it as before. Either
+// way every call is seen, in the same order, with the same results.
+namespace xenprobes::testing {
+namespace {
+
+std::uint64_t recurse_ref(std::uint64_t n) {
+  if (n == 0) return 1;
+  std::uint64_t r = recurse_ref(n - 1);
+  return (r ^ (r >> 7)) * 0x9e3779b97f4a7c15ULL + n;
+}
+
+struct RetRun {
+  struct Return {
+    unsigned fn;
+    std::uint64_t arg, rip, rax;
+    bool operator==(const Return&) const = default;
+  };
+  std::vector<Return> returns;  // in the order they came
+  std::uint64_t entries[3] = {};
+  ProbeStats stats[3];
+  std::uint64_t maps = 0, get_regs = 0;  // hypervisor calls from the guest's start to its end
+  std::uint64_t ret_writes = 0;          // answers that asked the module for the write
+  std::uint32_t refused = 0;
+  std::uint64_t wrong_recurse = 0;
+  demo_stats st{};
+};
+
+// XrPs on demo_recurse (recursive: nested instances), demo_classify (several returns) and
+// sys_getppid; handlers that read no guest memory (the entry keeps the argument in the call's
+// data), so every map the run makes is the engine's own.
+RetRun run_ret_probes(bool module_writes, std::uint64_t iters) {
+  auto cfg = guest_config(1, iters);
+  cfg.module_ret_write = module_writes;
+  EngineGuest e(cfg);
+  RetRun out;
+  const char* fns[3] = {"demo_recurse", "demo_classify", "sys_getppid"};
+  std::vector<probe::ProbeId> ids;
+  for (unsigned f = 0; f < 3; ++f) {
+    auto p = e.engine.add_ret(
+        e.g.dom, e.resolve(fns[f]),
+        [&out, f](HitContext& c, std::span<std::byte> d) {
+          ++out.entries[f];
+          std::memcpy(d.data(), &c.regs().rdi, 8);
+          return 0;
+        },
+        [&out, f](HitContext& c, std::span<std::byte> d) {
+          std::uint64_t arg;
+          std::memcpy(&arg, d.data(), 8);
+          out.returns.push_back({f, arg, c.regs().rip, c.regs().rax});
+          if (f == 0 && c.regs().rax != recurse_ref(arg)) ++out.wrong_recurse;
+        },
+        RetProbeOptions{32, 8});
+    if (!p) throw std::runtime_error(p.error().what);
+    ids.push_back(*p);
+  }
+  e.g.host->reset_counts();
+  e.g.start();
+  if (!e.run_to_completion()) throw std::runtime_error("the guest did not finish: " + e.g.host->crash_reason(e.g.dom));
+  out.maps = e.g.host->op_count(hv::sim::Op::MapFrames);
+  out.get_regs = e.g.host->op_count(hv::sim::Op::GetRegs);
+  for (unsigned f = 0; f < 3; ++f) out.stats[f] = e.engine.stats(ids[f]);
+  out.ret_writes = e.g.ch->stats(e.g.dom).ret_writes;
+  out.refused = e.g.ch->module_counters(e.g.dom)->ret_refused;
+  out.st = e.g.stats(0);
+  return out;
+}
+
+TEST(GuestChannelRetWrite, TheModuleWritesTheSlotsDom0MapsNoStackAndTheResultsAreAnOlderModules) {
+  constexpr std::uint64_t kIters = 3;
+  const RetRun mod = run_ret_probes(true, kIters);
+  const RetRun old = run_ret_probes(false, kIters);
+  const unsigned fn_of[3] = {DEMO_FN_RECURSE, DEMO_FN_CLASSIFY, DEMO_FN_GETPPID};
+  std::uint64_t calls = 0;
+  for (unsigned f = 0; f < 3; ++f) {
+    SCOPED_TRACE(f);
+    const std::uint64_t want = expected_calls(fn_of[f], kIters);
+    calls += want;
+    for (const RetRun* r : {&mod, &old}) {
+      EXPECT_EQ(r->entries[f], want);
+      EXPECT_EQ(r->stats[f].hits, want);
+      EXPECT_EQ(r->stats[f].returns, want);
+      EXPECT_EQ(r->stats[f].untracked_calls, 0u);
+      EXPECT_EQ(r->stats[f].reclaimed, 0u);
+      EXPECT_EQ(r->stats[f].unhandled, 0u);
+      EXPECT_EQ(r->stats[f].active, 0u);
+    }
+  }
+  EXPECT_EQ(mod.returns.size(), calls);
+  EXPECT_TRUE(mod.returns == old.returns) << "every return, in order, with its rip and rax";
+  EXPECT_EQ(mod.wrong_recurse, 0u);
+  EXPECT_EQ(mod.st.checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(old.st.checksum, reference_stats(0, kIters).checksum);
+  EXPECT_EQ(mod.refused, 0u);
+  EXPECT_EQ(old.refused, 0u);
+  // The module wrote every slot; Dom0 mapped nothing and asked Xen for no vCPU's cr3.
+  EXPECT_EQ(mod.ret_writes, calls);
+  EXPECT_EQ(mod.maps, 0u) << "Dom0 mapped guest frames for return probes the module serves";
+  EXPECT_EQ(mod.get_regs, 0u);
+  // The older module: Dom0 reads and writes each slot (a frame mapped, then mapped writable).
+  EXPECT_EQ(old.ret_writes, 0u);
+  EXPECT_GE(old.maps, calls) << "the older module's path is Dom0's own write";
+  EXPECT_GE(old.get_regs, calls);
+}
+
+TEST(GuestChannelRetWrite, ASlotThatNoLongerHoldsTheReturnAddressIsRefusedAndNeverWritten) {
+  // Dom0 is told a return address the slot does not hold (the guest wrote stack_top after the
+  // hit was published, as a hostile or buggy guest may): the module refuses the write, counts
+  // it, and the call returns to its caller untouched; the next calls are served as usual.
+  constexpr std::uint64_t kIters = 2;
+  EngineGuest e(guest_config(1, kIters));
+  std::uint64_t entries = 0, returns = 0;
+  auto p = e.engine.add_ret(
+      e.g.dom, e.resolve("sys_getppid"),
+      [&](HitContext&, std::span<std::byte>) {
+        ++entries;
+        return 0;
+      },
+      [&](HitContext&, std::span<std::byte>) { ++returns; }, RetProbeOptions{});
+  ASSERT_TRUE(p) << p.error().what;
+  const Gva tramp = e.engine.info(*p)->trampoline;
+  e.g.start();
+  ASSERT_TRUE(eventually([&] { return e.g.mailbox(0).state == XENPROBES_MBOX_HIT; }));
+  const xenprobes_mailbox mb = e.g.mailbox(0);
+  ASSERT_NE(mb.stack_top, 0u) << "the module told Dom0 the return address";
+  const std::uint64_t bogus = mb.stack_top ^ 0x10;
+  const std::uint64_t at =
+      e.g.layout.control_addr + e.g.header().mailbox_offset + offsetof(xenprobes_mailbox, stack_top);
+  ASSERT_TRUE(e.g.memory->write_u64(Gva{at}, bogus));
+  ASSERT_TRUE(e.run_to_completion()) << e.g.host->crash_reason(e.g.dom);
+  const std::uint64_t calls = expected_calls(DEMO_FN_GETPPID, kIters);
+  EXPECT_EQ(entries, calls);
+  EXPECT_EQ(returns, calls - 1) << "the refused call returned without the trampoline";
+  EXPECT_EQ(e.g.ch->module_counters(e.g.dom)->ret_refused, 1u);
+  EXPECT_EQ(e.g.ch->stats(e.g.dom).ret_writes, calls);
+  EXPECT_EQ(e.g.stats(0).checksum, reference_stats(0, kIters).checksum) << "the guest ran as without probes";
+  auto stacks = e.g.peek_array<std::uint64_t>(e.g.sym(DEMO_SYM_STACKS), DEMO_MAX_VCPUS * DEMO_STACK_SIZE / 8);
+  EXPECT_EQ(std::count(stacks.begin(), stacks.end(), tramp.value), 0) << "no trampoline left on a stack";
+  EXPECT_EQ(e.g.ch->module_counters(e.g.dom)->timeouts, 0u);
+}
+
+TEST(GuestChannelRetWrite, AWriteTheVcpuHasNotTakenYetIsWithdrawnByAnUnregister) {
+  // Answered with the domain paused, the vCPU has not taken the answer (nor its write) when
+  // the return probe goes: Dom0 withdraws the write (protocol.h "Cancelling"), and the module,
+  // once it runs, writes nothing; the call returns to its caller.
+  EngineGuest e(guest_config(1, 1));
+  std::uint64_t entries = 0, returns = 0;
+  auto p = e.engine.add_ret(
+      e.g.dom, e.resolve("demo_recurse"),
+      [&](HitContext&, std::span<std::byte>) {
+        ++entries;
+        return 0;
+      },
+      [&](HitContext&, std::span<std::byte>) { ++returns; }, RetProbeOptions{});
+  ASSERT_TRUE(p) << p.error().what;
+  e.g.start();
+  ASSERT_TRUE(eventually([&] { return e.g.mailbox(0).state == XENPROBES_MBOX_HIT; }));
+  const std::uint64_t slot = e.g.mailbox(0).regs.rsp;
+  ASSERT_TRUE(e.g.hv->pause(e.g.dom));
+  e.g.acknowledge();
+  ASSERT_EQ(*e.g.ch->process(e.engine), 1u);
+  ASSERT_EQ(e.g.mailbox(0).state, XENPROBES_MBOX_DONE);
+  EXPECT_EQ(e.g.mailbox(0).ret_slot, slot) << "the answer asks for the write";
+  ASSERT_TRUE(e.engine.remove(*p));
+  EXPECT_EQ(e.g.mailbox(0).ret_slot, 0u) << "withdrawn before the vCPU took it";
+  ASSERT_TRUE(e.g.hv->unpause(e.g.dom));
+  ASSERT_TRUE(e.run_to_completion()) << e.g.host->crash_reason(e.g.dom);
+  EXPECT_EQ(entries, 1u);
+  EXPECT_EQ(returns, 0u);
+  EXPECT_EQ(e.g.stats(0).checksum, reference_stats(0, 1).checksum);
+  EXPECT_EQ(e.g.ch->module_counters(e.g.dom)->ret_refused, 0u) << "nothing taken, nothing refused";
+  EXPECT_EQ(e.g.ch->module_counters(e.g.dom)->timeouts, 0u);
 }
 
 }  // namespace

@@ -406,7 +406,7 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(h.notify_skipped, 0u);
   EXPECT_EQ(h.wait_ns, 0u);
   EXPECT_EQ(h.wait_max_ns, 0u);
-  for (xenprobes_u32 r : h.reserved) EXPECT_EQ(r, 0u);
+  EXPECT_EQ(h.ret_refused, 0u);
   EXPECT_EQ(h.dom0_hold, 0u);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, nested), offsetof(xenprobes_ctl_header, foreign) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, async_bad), offsetof(xenprobes_ctl_header, nested) + 8);
@@ -417,7 +417,12 @@ TEST_F(Jump, HeaderInitZeroesNested) {
   EXPECT_EQ(offsetof(xenprobes_ctl_header, over_budget), offsetof(xenprobes_ctl_header, wait_max_ns) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, closing), offsetof(xenprobes_ctl_header, over_budget) + 8);
   EXPECT_EQ(offsetof(xenprobes_ctl_header, dom0_hold), offsetof(xenprobes_ctl_header, closing) + 8);
-  EXPECT_EQ(offsetof(xenprobes_ctl_header, reserved), offsetof(xenprobes_ctl_header, dom0_hold) + 4);
+  EXPECT_EQ(offsetof(xenprobes_ctl_header, ret_refused), offsetof(xenprobes_ctl_header, dom0_hold) + 4);
+  // The mailbox's fields of "Return slots written by the module" took its first reserved words.
+  EXPECT_EQ(offsetof(xenprobes_mailbox, stack_top), offsetof(xenprobes_mailbox, regs) + sizeof(xenprobes_regs));
+  EXPECT_EQ(offsetof(xenprobes_mailbox, ret_value), offsetof(xenprobes_mailbox, stack_top) + 24);
+  EXPECT_EQ(offsetof(xenprobes_mailbox, reserved), offsetof(xenprobes_mailbox, ret_value) + 8);
+  EXPECT_EQ(sizeof(xenprobes_mailbox), 224u);
   EXPECT_EQ(sizeof(xenprobes_ctl_header), 136u);
   EXPECT_EQ(h.over_budget, 0u);
   EXPECT_EQ(h.closing, 0u);

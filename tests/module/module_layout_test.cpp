@@ -60,7 +60,7 @@ TEST(ModuleLayout, HeaderSaysWhatTheLayoutIs) {
   EXPECT_EQ(h.dom0_gone, 0u);
   EXPECT_EQ(h.hits + h.timeouts + h.foreign + h.nested, 0u);
   EXPECT_EQ(h.wait_ns + h.wait_max_ns + h.over_budget + h.closing, 0u);
-  for (auto r : h.reserved) EXPECT_EQ(r, 0u);
+  EXPECT_EQ(h.ret_refused, 0u);
 }
 
 // ---- the trap table ----

@@ -128,6 +128,10 @@ class SimHostImpl final : public SimHost {
   std::optional<ModuleClock::time_point> module_deadline_locked(const Domain&) const;
   void module_quiesce_request_locked(Domain&, const std::string& value);
   void module_give_up_locked(Domain&, Vcpu&);  // timeout: ABANDONED and the fallback, unless claimed
+  // protocol.h, "Return slots written by the module" (sim_module_return.cpp): step 1's
+  // stack_top and ret_slot, and the write a taken answer asks for (hit_rsp: the hit's rsp).
+  void module_ret_publish_locked(Domain&, std::uint8_t* mailbox, std::uint64_t rsp);
+  void module_ret_apply_locked(Domain&, std::uint8_t* mailbox, std::uint64_t hit_rsp);
   void module_fallback_locked(Domain&, Vcpu&, const xenprobes_trap&, VcpuRegs);
   void module_disarm_locked(Domain&);  // Dom0 declared gone
   bool module_quiescent_locked(Domain&);

@@ -181,7 +181,9 @@ struct ModuleState {
   std::uint64_t notified = 0, unnotified = 0;
   std::uint64_t wait_ns = 0, wait_max_ns = 0;    // header.wait_ns and wait_max_ns, on the ModuleClock
   std::uint64_t budget_ns = 0, over_budget = 0;  // SimHost::set_module_wait_budget; header.over_budget
-  bool detaching = false;                        // SimHost::module_detach: hits no longer go to Dom0
+  // Return slots written for Dom0, and writes refused (header.ret_refused; DomainConfig::module_ret_write).
+  std::uint64_t ret_written = 0, ret_refused = 0;
+  bool detaching = false;  // SimHost::module_detach: hits no longer go to Dom0
   // protocol.h "Letting go" (xp_release.h): the detach's looks at Dom0's hold, from
   // module_detach on, bounded by release_wait (SimHost::set_module_release_wait); the outcome
   // once decided; after module_unload, the pages it freed as they were then (a later change is

@@ -138,6 +138,8 @@ void publish_counters(Domain& d) {
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
   store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, over_budget)), d.module.over_budget);
+  store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, ret_refused)),
+                       static_cast<std::uint32_t>(d.module.ret_refused));
 }
 
 // A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
@@ -243,6 +245,10 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_table_va);
     store_[dir + XENPROBES_XS_FIXUP_SLOTS_TABLE] = text;
   }
+  if (d.cfg.module_ret_write) {
+    std::snprintf(text, sizeof text, "0x%x", XENPROBES_FEATURE_RET_WRITE);
+    store_[dir + XENPROBES_XS_FEATURES] = text;
+  }
   // hook-path (protocol.h): the guest functions its hit path calls; none until a test says so.
   store_[dir + XENPROBES_XS_HOOK_PATH_COUNT] = "0";
   // EVTCHNOP_alloc_unbound for remote domain 0, as guest_evtchn_alloc_unbound does.
@@ -317,6 +323,7 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   const xenprobes_regs x = to_protocol(r);
   std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
   store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
+  module_ret_publish_locked(d, mb, r.rsp);
   if (d.cfg.module_spin_us) {
     store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
     v.module_spinning = true;
@@ -448,6 +455,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       r.rbp = x.rbp, r.rsp = x.rsp, r.r8 = x.r8, r.r9 = x.r9, r.r10 = x.r10, r.r11 = x.r11;
       r.r12 = x.r12, r.r13 = x.r13, r.r14 = x.r14, r.r15 = x.r15, r.rip = x.rip;
       r.rflags = (r.rflags & ~kFlagsFromDom0) | (x.rflags & kFlagsFromDom0);
+      bool usable = true;  // the answer taken: its return-slot write too (protocol.h)
       if (v.module_jump_ret) {
         // protocol.h, "Jump probes", by the module's own rules (xp_jump_answer_apply).
         const xp_bounds b = module_bounds(d);
@@ -462,9 +470,11 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
           r = v.module_regs;  // unusable: resumed as if unanswered, in the detour
           r.rip = v.module_jump_ret;
           ++m.bad_answers;
+          usable = false;
         }
         v.module_jump_ret = 0;
       }
+      if (usable) module_ret_apply_locked(d, mb, v.module_regs.rsp);
       write_regs(v, r, false);
       store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
       v.module_spinning = false;
