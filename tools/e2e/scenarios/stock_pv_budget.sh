@@ -25,10 +25,10 @@ xenstore-write "/local/domain/$domid/data/xpe2e/unload" 1
 un=$(xs_wait "/local/domain/$domid/data/xpe2e/unloaded" 120)
 domu_verdict $N "$domid"
 domu_kernel_clean $N
-# The module's unload line: "... N timeouts, ...; N hits over budget)".
+# The module's unload line: "... N timeouts, ...; N hits over budget; return slots: ...".
 line=$(tr -d '\r' <"$(console_log $N)" | grep -a "xenprobes: unloaded (" | tail -n 1)
 echo "XPE2E-INFO: DomU $N: ${line#*] }"
-over=$(echo "$line" | sed -n 's/.*; \([0-9]*\) hits over budget).*/\1/p')
+over=$(echo "$line" | sed -n 's/.*; \([0-9]*\) hits over budget[;)].*/\1/p')
 tmo=$(echo "$line" | sed -n 's/.*hits, \([0-9]*\) timeouts,.*/\1/p')
 [ $xp_rc -eq 0 ] || result FAIL "xenprobe exited $xp_rc after SIGTERM: $(tail -n 1 "$ERR")"
 [ "$un" = ok ] || result FAIL "detach + rmmod of the guest module: '$un'"
