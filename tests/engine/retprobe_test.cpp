@@ -244,7 +244,7 @@ struct InFlight {
     // takes the answer up (protocol.h "Return slots written by the module"), which the guest,
     // still running, does any moment now.
     auto end = std::chrono::steady_clock::now() + 10s;
-    while (on_stacks(g, tramp.value) < entries - returns && std::chrono::steady_clock::now() < end)
+    while (g.on_stacks(tramp.value) < entries - returns && std::chrono::steady_clock::now() < end)
       std::this_thread::sleep_for(1ms);
   }
 };
