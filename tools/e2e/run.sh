@@ -46,8 +46,9 @@ SCEN_XEN[stock_pv_module_release]=stock-qemu10
 # The module's slots at unload (issue 12): a read asleep in a fault taken in a fixup slot keeps
 # the module loaded until it has left the slot; not in the default list until it has passed.
 SCEN_XEN[stock_pv_slot_unload]=stock-qemu10
-# A loaded module's BTF read by xenprobe from a real guest (issue 15): fails on 6.1, where the
-# kernel clears the module's btf_data after its init (docs/xenprobe.md); not in the default list.
+# A loaded module's BTF read by xenprobe from a real guest (issue 15), through the kernel's
+# btf_modules list (6.1 clears a module's btf_data after its init; docs/xenprobe.md); not in
+# the default list.
 SCEN_XEN[stock_pv_xenprobe_module_btf]=stock-qemu10
 # xenprobe on vm_event against a PVH guest without the module (issue 15), and whether the
 # platform hands a PVH guest's int3s to Dom0 at all (xpe2e-probe int3-intercept, nothing written
