@@ -44,7 +44,7 @@ declare -A SCEN_XEN=([stock_pv_baseline]=stock-qemu10 [stock_pv_module_idle]=sto
 # The unload handshake (protocol.h "Letting go").
 SCEN_XEN[stock_pv_module_release]=stock-qemu10
 # The module's slots at unload (issue 12): a read asleep in a fault taken in a fixup slot keeps
-# the module loaded until it has left the slot; not in the default list until it has passed.
+# the module loaded until it has left the slot; passed, not in the default list (CI's time).
 SCEN_XEN[stock_pv_slot_unload]=stock-qemu10
 # A loaded module's BTF read by xenprobe from a real guest (issue 15), through the kernel's
 # btf_modules list (6.1 clears a module's btf_data after its init; docs/xenprobe.md); not in
@@ -53,7 +53,7 @@ SCEN_XEN[stock_pv_xenprobe_module_btf]=stock-qemu10
 # xenprobe on vm_event against a PVH guest without the module (issue 15), and whether the
 # platform hands a PVH guest's int3s to Dom0 at all (xpe2e-probe int3-intercept, nothing written
 # into the guest), which agentless probing rests on. Under QEMU's TCG it does not (docs/e2e.md
-# "What TCG cannot show"): both fail there (the first is recorded in SCEN_XFAIL below; the
+# "QEMU's TCG does not take a guest's int3 to Xen"): both fail there (the first is recorded in SCEN_XFAIL below; the
 # second stops before its first probe, saying why); not in the default list.
 SCEN_XEN[stock_pvh_xenprobe_agentless]=stock-qemu10
 SCEN_XEN[stock_pvh_int3_intercept]=stock-qemu10
@@ -61,7 +61,7 @@ SCEN_XEN[stock_pvh_int3_intercept]=stock-qemu10
 SCEN_XEN[stock_pvh_vmevent_pti]=stock-qemu10
 # kill -9 inside the handler of a probe on an indirect call (the guest module's fallback emulates
 # `call *%reg`), and every instruction of the user-access routines probed while the guest's user
-# accesses fault (issue 12); not in the default list yet.
+# accesses fault (issue 12).
 SCEN_XEN[stock_kill9_icall]=stock-qemu10
 SCEN_XEN[stock_pv_safety_extable_all]=stock-qemu10
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
