@@ -164,4 +164,36 @@ inline const char* mode_name(xenprobes::ExecMode m) {
   return "?";
 }
 
+// The rule a refusal names (`rule '<name>'`), or a short name for the instruction rule's reason
+// or the guest channel's refusal, or "other:<errno name>" (the sweep's tally, kill-icall,
+// safety-extable-all).
+inline std::string rule_of(const xenprobes::Error& e) {
+  const std::string& w = e.what;
+  if (auto p = w.find("rule '"); p != std::string::npos) {
+    auto q = w.find('\'', p + 6);
+    if (q != std::string::npos) return w.substr(p + 6, q - p - 6);
+  }
+  static const std::pair<const char*, const char*> kInsn[] = {
+      {"foreign breakpoint", "insn:int3"},
+      {"returns to another context", "insn:context-return"},
+      {"software interrupt or system call", "insn:software-interrupt"},
+      {"hlt parks the vCPU", "insn:hlt"},
+      {"deliberate #UD", "insn:ud2"},
+      {"swapgs", "insn:swapgs"},
+      {"loads SS", "insn:ss-load"},
+      {"far jump/call/return", "insn:far-transfer"},
+      {"xbegin", "insn:xbegin"},
+      {"operand-size prefix on a relative branch", "insn:opsize-branch"},
+      {"EIP-relative", "insn:addr32"},
+      {"sti: its one-instruction interrupt shadow", "insn:sti"},
+      {"a 1-byte instruction", "insn:one-byte-debugger"},
+      // The guest channel: what the guest module's fallback could not run once Dom0 is gone.
+      {"cannot emulate a memory-indirect branch", "guest:memory-indirect-branch"},
+      {"fallback cannot emulate this instruction", "guest:fallback-cannot-emulate"},
+  };
+  for (auto& [needle, name] : kInsn)
+    if (w.find(needle) != std::string::npos) return name;
+  return std::string("other:") + xenprobes::errc_name(e.code);
+}
+
 }  // namespace xpe2e

@@ -85,6 +85,7 @@
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 #include "xpe2e_common.hpp"
+#include "xpe2e_kallsyms.hpp"
 
 using namespace xenprobes;
 using namespace xpe2e;
@@ -1823,59 +1824,10 @@ int cmd_bench(const Args& a) {
 // GuestView with Dom0's symbols: independent of the library's rules, so a rule that misses a
 // point shows up as a probe that got registered (and, in the guest, as the hazard itself).
 
-// Dom0's /proc/kallsyms (a PV guest runs Dom0's kernel build, no KASLR; the PVH guest boots
-// with nokaslr), and the kernel's System.map for linker symbols kallsyms might leave out.
-struct KSyms {
-  struct Sym {
-    std::uint64_t addr;
-    char type;
-    std::string name;
-  };
-  std::vector<Sym> all;  // sorted by address; the kernel's own symbols only (no [module])
-  std::map<std::string, std::vector<std::uint64_t>> by_name;
-  std::string source;
-
-  bool load(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) return false;
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      std::string addr, type, name, mod;
-      if (!(ls >> addr >> type >> name) || type.size() != 1) continue;
-      if (ls >> mod) continue;  // a module's symbol
-      std::uint64_t a = std::strtoull(addr.c_str(), nullptr, 16);
-      if (!a) continue;
-      all.push_back(Sym{a, type[0], name});
-    }
-    std::stable_sort(all.begin(), all.end(), [](const Sym& x, const Sym& y) { return x.addr < y.addr; });
-    for (auto& y : all) by_name[y.name].push_back(y.addr);
-    source = path;
-    return !all.empty();
-  }
-  std::optional<std::uint64_t> addr(const std::string& name) const {
-    auto it = by_name.find(name);
-    if (it == by_name.end() || it->second.empty()) return std::nullopt;
-    return it->second.front();
-  }
-  // The extent of the function at `start`: up to the next symbol at a higher address.
-  std::uint64_t end_of(std::uint64_t start) const {
-    auto it = std::upper_bound(all.begin(), all.end(), start, [](std::uint64_t a, const Sym& y) { return a < y.addr; });
-    return it == all.end() ? start : it->addr;
-  }
-  // "name+0xoff" of an address (the symbol at or below it).
-  std::string describe(std::uint64_t a) const {
-    auto it = std::upper_bound(all.begin(), all.end(), a, [](std::uint64_t v, const Sym& y) { return v < y.addr; });
-    if (it == all.begin()) return fmt("%#" PRIx64, a);
-    --it;
-    return fmt("%s+0x%" PRIx64, it->name.c_str(), a - it->addr);
-  }
-};
-
 // A symbol from kallsyms, else from the System.map (whose source is named in the detail).
 struct SymSource {
-  const KSyms* kallsyms;
-  const KSyms* map;  // may be empty
+  const Kallsyms* kallsyms;
+  const Kallsyms* map;  // may be empty
   std::optional<std::uint64_t> addr(const std::string& name, std::string* from = nullptr) const {
     if (auto a = kallsyms->addr(name)) {
       if (from) *from = kallsyms->source;
@@ -2067,7 +2019,7 @@ void unregister_all(std::vector<Armed>& armed, const std::string& tag) {
 struct SafetyCtx {
   Session& s;
   DomId dom;
-  const KSyms& ks;
+  const Kallsyms& ks;
   SymSource syms;
   std::string channel;
   int timeout_s;
@@ -2530,7 +2482,7 @@ int cmd_safety(const Args& a) {
   auto s = open_session(a, SessionOptions{opt});
   hv::Hypervisor& hv = s->hypervisor();
   std::string channel = must(s->channel_name(a.dom), "channel_name");
-  KSyms ks, map;
+  Kallsyms ks, map;
   if (!ks.load("/proc/kallsyms")) fatal("cannot read /proc/kallsyms");
   std::string rel;
   if (std::ifstream f("/proc/sys/kernel/osrelease"); f) std::getline(f, rel);

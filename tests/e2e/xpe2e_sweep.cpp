@@ -735,33 +735,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The rule a refusal names, or a short name for the instruction rule's reason.
-std::string rule_of(const Error& e) {
-  const std::string& w = e.what;
-  if (auto p = w.find("rule '"); p != std::string::npos) {
-    auto q = w.find('\'', p + 6);
-    if (q != std::string::npos) return w.substr(p + 6, q - p - 6);
-  }
-  static const std::pair<const char*, const char*> kInsn[] = {
-      {"foreign breakpoint", "insn:int3"},
-      {"returns to another context", "insn:context-return"},
-      {"software interrupt or system call", "insn:software-interrupt"},
-      {"hlt parks the vCPU", "insn:hlt"},
-      {"deliberate #UD", "insn:ud2"},
-      {"swapgs", "insn:swapgs"},
-      {"loads SS", "insn:ss-load"},
-      {"far jump/call/return", "insn:far-transfer"},
-      {"xbegin", "insn:xbegin"},
-      {"operand-size prefix on a relative branch", "insn:opsize-branch"},
-      {"EIP-relative", "insn:addr32"},
-      {"sti: its one-instruction interrupt shadow", "insn:sti"},
-      {"a 1-byte instruction", "insn:one-byte-debugger"},
-  };
-  for (auto& [needle, name] : kInsn)
-    if (w.find(needle) != std::string::npos) return name;
-  return std::string("other:") + errc_name(e.code);
-}
-
 // Every line of the console from `*offset` on that a hurt kernel prints (scenarios/lib.sh's
 // KERNEL_BAD_RE, plus the lockup and stall reports).
 std::vector<std::string> console_bad(const std::string& path, std::streamoff* offset) {

@@ -1,7 +1,9 @@
 // What the kill-icall and safety-extable-all commands share (xpe2e_icall.cpp,
-// xpe2e_extable_all.cpp): a session on the guest module's channel, the kernel's symbols from
-// Dom0's /proc/kallsyms (a PV guest runs Dom0's kernel build), kernel text read from the running
-// guest and decoded with Capstone (independently of the library), and the rule a refusal names.
+// xpe2e_extable_all.cpp): a session on the guest module's channel with the kernel's symbols from
+// Dom0's /proc/kallsyms (a PV guest runs Dom0's kernel build), and kernel text read from the
+// running guest and decoded with Capstone (independently of the library). The symbols as this
+// program reads them (Kallsyms) are in xpe2e_kallsyms.hpp, the rule a refusal names (rule_of) in
+// xpe2e_common.hpp.
 #pragma once
 
 #include <capstone/capstone.h>
@@ -9,9 +11,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,56 +19,9 @@
 #include "xenprobes/protocol.h"
 #include "xenprobes/xenprobes.hpp"
 #include "xpe2e_common.hpp"
+#include "xpe2e_kallsyms.hpp"
 
 namespace xpe2e {
-
-// The kernel's own symbols (no [module] lines), sorted by address.
-struct Kallsyms {
-  struct Sym {
-    std::uint64_t addr;
-    char type;
-    std::string name;
-  };
-  std::vector<Sym> all;
-  std::map<std::string, std::uint64_t> first;  // name -> its lowest address
-
-  bool load(const std::string& path) {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      std::string addr, type, name, mod;
-      if (!(ls >> addr >> type >> name) || type.size() != 1 || (ls >> mod)) continue;
-      const std::uint64_t a = std::strtoull(addr.c_str(), nullptr, 16);
-      if (a) all.push_back(Sym{a, type[0], name});
-    }
-    std::stable_sort(all.begin(), all.end(), [](const Sym& x, const Sym& y) { return x.addr < y.addr; });
-    for (const Sym& y : all) first.emplace(y.name, y.addr);
-    return !all.empty();
-  }
-  std::optional<std::uint64_t> addr(const std::string& name) const {
-    auto it = first.find(name);
-    if (it == first.end()) return std::nullopt;
-    return it->second;
-  }
-  // The first symbol above `start`: where the function at `start` ends (0 when none).
-  std::uint64_t end_of(std::uint64_t start) const {
-    auto it = std::upper_bound(all.begin(), all.end(), start, [](std::uint64_t a, const Sym& y) { return a < y.addr; });
-    return it == all.end() ? 0 : it->addr;
-  }
-  // "name+0xoff" of an address (the last symbol at or below it).
-  std::string describe(std::uint64_t a) const {
-    auto it = std::upper_bound(all.begin(), all.end(), a, [](std::uint64_t v, const Sym& y) { return v < y.addr; });
-    if (it == all.begin()) return fmt("%#" PRIx64, a);
-    --it;
-    return fmt("%s+0x%" PRIx64, it->name.c_str(), a - it->addr);
-  }
-  // The name of the symbol exactly at `a`, or "".
-  std::string at(std::uint64_t a) const {
-    auto it = std::lower_bound(all.begin(), all.end(), a, [](const Sym& y, std::uint64_t v) { return y.addr < v; });
-    return it != all.end() && it->addr == a ? it->name : std::string();
-  }
-};
 
 // n bytes of guest memory at addr, page by page (a range need not be mapped as one run).
 inline bool read_guest(xenprobes::GuestView& view, std::uint64_t addr, std::size_t n, std::vector<std::byte>* out,
@@ -150,37 +103,6 @@ inline std::unique_ptr<xenprobes::Session> open_module_session(xenprobes::DomId 
   must(s->load_symbols(dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
   *channel = must(s->channel_name(dom), "channel_name");
   return s;
-}
-
-// The rule a refusal names (`rule '<name>'`), or a short name for the instruction rule's reason
-// (the sweep's names, xpe2e_sweep.cpp), or "other:<errno name>".
-inline std::string rule_of(const xenprobes::Error& e) {
-  const std::string& w = e.what;
-  if (auto p = w.find("rule '"); p != std::string::npos) {
-    auto q = w.find('\'', p + 6);
-    if (q != std::string::npos) return w.substr(p + 6, q - p - 6);
-  }
-  static const std::pair<const char*, const char*> kInsn[] = {
-      {"foreign breakpoint", "insn:int3"},
-      {"returns to another context", "insn:context-return"},
-      {"software interrupt or system call", "insn:software-interrupt"},
-      {"hlt parks the vCPU", "insn:hlt"},
-      {"deliberate #UD", "insn:ud2"},
-      {"swapgs", "insn:swapgs"},
-      {"loads SS", "insn:ss-load"},
-      {"far jump/call/return", "insn:far-transfer"},
-      {"xbegin", "insn:xbegin"},
-      {"operand-size prefix on a relative branch", "insn:opsize-branch"},
-      {"EIP-relative", "insn:addr32"},
-      {"sti: its one-instruction interrupt shadow", "insn:sti"},
-      {"a 1-byte instruction", "insn:one-byte-debugger"},
-      // The guest channel: what the guest module's fallback could not run once Dom0 is gone.
-      {"cannot emulate a memory-indirect branch", "guest:memory-indirect-branch"},
-      {"fallback cannot emulate this instruction", "guest:fallback-cannot-emulate"},
-  };
-  for (auto& [needle, name] : kInsn)
-    if (w.find(needle) != std::string::npos) return name;
-  return std::string("other:") + xenprobes::errc_name(e.code);
 }
 
 }  // namespace xpe2e
