@@ -14,11 +14,11 @@
 # then times a busybox tar extraction of 8 directories x 8 files x 4 KiB; it does so once per
 # config: native (nothing armed), kprobe / kretprobe (tracefs kprobe events on the same kernel
 # functions, armed by the guest itself), xp / xrp (our probes, a counting handler, armed from
-# Dom0 by tests/e2e/xpe2e_probe.cpp "bench"), jump (xp's handler on a jump probe) and async (the
-# same count from an async probe's records; both guest channel only, and only when asked for in
-# XPE2E_BENCH_CONFIGS). guest-spin: the guest channel again, in a boot of its own, with the
-# module spinning (spin_us=200) and Dom0 polling (--spin-us 20000): native, xp and jump
-# (XPE2E_BENCH_SPIN_CONFIGS). Ratios are to the native run of the same boot.
+# Dom0 by xpe2e-probe bench, tests/e2e/xpe2e_bench.cpp), jump (xp's handler on a jump probe)
+# and async (the same count from an async probe's records; both guest channel only, and only
+# when asked for in XPE2E_BENCH_CONFIGS). guest-spin: the guest channel again, in a boot of its
+# own, with the module spinning (spin_us=200) and Dom0 polling (--spin-us 20000): native, xp
+# and jump (XPE2E_BENCH_SPIN_CONFIGS). Ratios are to the native run of the same boot.
 #
 # Knobs (environment): XPE2E_BENCH_CONFIGS (native,kprobe,kretprobe,xp,xrp), XPE2E_BENCH_ROUND
 # (seconds per measured round, 1), XPE2E_BENCH_ROUNDS (rounds per syscall, 3; the median is
