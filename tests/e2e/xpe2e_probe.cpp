@@ -59,7 +59,7 @@
 // xpe2e_jump.cpp, pair in xpe2e_pair.cpp, bench in xpe2e_bench.cpp, safety in xpe2e_safety.cpp
 // and xpe2e_safety_*.cpp, sweep in xpe2e_sweep*.cpp, and those with a main of their own below
 // (int3-intercept, kill-icall, safety-extable-all) in theirs. What they share: xpe2e_probe.hpp
-// (defined in xpe2e_session.cpp) and xpe2e_common.hpp.
+// (defined in xpe2e_session.cpp and xpe2e_probe_set.cpp), xpe2e_common.hpp, xpe2e_kallsyms.hpp.
 //
 // Every check prints one line "XPE2E-CHECK <name> PASS|FAIL <detail>"; the last line is
 // "XPE2E-PROG <command> PASS|FAIL <failed checks>". Exit status 0 only when all passed.
