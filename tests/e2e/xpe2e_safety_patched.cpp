@@ -1,6 +1,10 @@
 // xpe2e-probe safety --hazards statickey and ftrace: sites the guest's kernel rewrites at run
 // time (a tracepoint's static key and static calls, a function's ftrace site).
+#include <capstone/capstone.h>
+
+#include <algorithm>
 #include <cinttypes>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -85,11 +89,75 @@ void hazard_statickey(SafetyCtx& x) {
                    x.s.probe(x.dom, Gva{a}, safety_counter()), "static-call", x.ks.describe(a), Gva{a}, armed);
   expect_refused("safety.statickey.refused.static-call-trampoline", x.s.probe(x.dom, Gva{*sct}, safety_counter()),
                  "static-call-trampoline", "__SCT__tp_func_sched_process_fork", Gva{*sct}, armed);
+  // The instructions right before and right after each site, armed while the kernel rewrites
+  // the site next to them (text_poke_bp: an int3 over the site's first byte, its tail, its
+  // first byte, each checked against what the kernel expects there): our trap bytes next door
+  // must neither disturb the rewrite nor be disturbed by it.
+  std::vector<Armed> near;
+  std::vector<std::pair<std::uint64_t, std::vector<std::byte>>> near_bytes;
+  {
+    std::vector<std::uint64_t> sites = jump_sites;
+    sites.insert(sites.end(), call_sites.begin(), call_sites.end());
+    std::set<std::uint64_t> points;
+    auto view = must(GuestView::open(hv, x.dom), "GuestView::open");
+    std::vector<std::byte> b(fn_end > *fn && fn_end - *fn <= 65536 ? fn_end - *fn : 0);
+    csh h;
+    if (!b.empty() && view->read(Gva{*fn}, b) && cs_open(CS_ARCH_X86, CS_MODE_64, &h) == CS_ERR_OK) {
+      cs_insn* insn = nullptr;
+      const std::size_t n = cs_disasm(h, reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), *fn, 0, &insn);
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::uint64_t site : sites) {
+          const bool is_site = std::find(sites.begin(), sites.end(), insn[i].address) != sites.end();
+          if (!is_site && (insn[i].address + insn[i].size == site || insn[i].address == site + 5))
+            points.insert(insn[i].address);
+        }
+      if (n) cs_free(insn, n);
+      cs_close(&h);
+    }
+    for (std::uint64_t a : points) {
+      auto r = x.s.probe(x.dom, Gva{a}, safety_counter());
+      if (!r) {
+        say("XPE2E-INFO: statickey: neighbour %s refused: %s", x.ks.describe(a).c_str(), r.error().what.c_str());
+        continue;
+      }
+      auto i = r->info();
+      say("XPE2E-INFO: statickey: neighbour %s armed (%s, mode=%s)", x.ks.describe(a).c_str(),
+          i ? i->instruction.c_str() : "?", i ? mode_name(i->mode) : "?");
+      near_bytes.emplace_back(a, b.size() >= a - *fn + 16
+                                     ? std::vector<std::byte>(b.begin() + static_cast<long>(a - *fn),
+                                                              b.begin() + static_cast<long>(a - *fn + 16))
+                                     : std::vector<std::byte>{});
+      near.push_back(Armed{"neighbour " + x.ks.describe(a), Gva{a}, std::move(*r)});
+    }
+    check("safety.statickey.neighbours.armed", !near.empty(),
+          fmt("%zu of the %zu instructions next to the %zu sites armed", near.size(), points.size(), sites.size()));
+  }
   must(x.s.end_batch(), "end_batch");
   // Enable sched_process_fork, fork 5 times, disable it, then toggle sched_process_exec.
   auto res = safety_phase(x.s, x.dom, ++x.phase, "statickey", x.timeout_s);
+  std::uint64_t near_hits = 0;
+  for (auto& a : near) near_hits += g_safety_hits[a.at.value];
   unregister_all(armed, "statickey");
+  unregister_all(near, "statickey");
   x.dead = !phase_checks(hv, x.dom, "statickey", res);
+  if (!near_bytes.empty()) {
+    check("safety.statickey.neighbours.hits", near_hits > 0,
+          fmt("%" PRIu64 " hits on the instructions next to the sites while the guest forked with the key on and off",
+              near_hits));
+    if (!x.dead) {
+      auto view = must(GuestView::open(hv, x.dom), "GuestView::open");
+      std::size_t same = 0;
+      std::string diff;
+      for (auto& [a, was] : near_bytes) {
+        std::vector<std::byte> now(was.size());
+        if (!was.empty() && view->read(Gva{a}, now) && now == was) ++same;
+        else diff += fmt(" %s", x.ks.describe(a).c_str());
+      }
+      check("safety.statickey.neighbours.text_restored", same == near_bytes.size(),
+            diff.empty() ? fmt("the %zu neighbours' 16 bytes each byte-identical afterwards", same)
+                         : "changed or unreadable:" + diff);
+    }
+  }
 }
 
 // 3. The ftrace site at a function's entry: ftrace rewrites it (tracers, kprobe events on

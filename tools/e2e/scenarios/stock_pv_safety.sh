@@ -12,7 +12,9 @@
 #              it work in the guest and the probes count its 20 calls exactly;
 #   statickey  kernel_clone's sched_process_fork jump label and static call sites and the
 #              static call's trampoline: refused ('jump-label', 'static-call',
-#              'static-call-trampoline'); the tracepoint toggles in the guest;
+#              'static-call-trampoline'); the instructions right before and after each site
+#              armed while the tracepoint toggles in the guest (they count kernel_clone's
+#              calls, their bytes identical afterwards);
 #   hookpath   __rcu_read_lock, lookup_address, notifier_call_chain ('guest-hook-path') and the
 #              module's die notifier ('module-text'): refused; copy_from_user_nofault, which
 #              Dom0 knows by no name, refused for the module's published hook-path keys (the
