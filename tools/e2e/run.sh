@@ -67,6 +67,9 @@ SCEN_XEN[stock_pv_safety_extable_all]=stock-qemu10
 # Scenarios whose Dom0 boots systemd (dom0-init DOM0_SYSTEMD: the toolstack by hand, then exec
 # systemd, which runs the scenarios as a service).
 declare -A SCEN_SYSTEMD=([stock_pv_xenprobesd_service]=1)
+# Scenarios that get a boot of their own under --group too: a Dom0 that boots systemd is
+# another Dom0 (it would boot every scenario of its group that way).
+declare -A SCEN_ALONE=([stock_pv_xenprobesd_service]=1)
 # The benchmark (tools/bench/table1.sh runs it; never in the default list) and its time limit
 # per boot, in seconds (a scenario's default is 420 s).
 BENCH_SCENARIOS="bench_table1_guest bench_table1_guest_spin bench_table1_debugger bench_table1_vmevent"
@@ -501,7 +504,8 @@ e2e_stage "scenarios:$SCENARIOS"
 groups=()
 cur="" curxen=""
 for s in $SCENARIOS; do
-  if [ "$ISOLATE" = 1 ] || [ "${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}" != "$curxen" ]; then
+  if [ "$ISOLATE" = 1 ] || [ "${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}" != "$curxen" ] ||
+    [ -n "${SCEN_ALONE[$s]:-}" ] || { [ -n "$cur" ] && [ -n "${SCEN_ALONE[${cur##* }]:-}" ]; }; then
     [ -n "$cur" ] && groups+=("$cur")
     cur=$s
     curxen=${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}
