@@ -4,9 +4,9 @@
 //                 the simulation (an oracle that bypasses the library): symbols, bytes, the
 //                 workload's statistics, its stacks, decoded functions; the guest module's
 //                 clock; waiting for the workload to end.
-//   Dom0Guest     + a Dom0 handle on that host and the guest's memory as the library reads it
-//                 (page-table walk): for tests of the lower layers (the simulation itself, the
-//                 channels, probe/).
+//   Dom0Guest     + a Dom0 handle on that host and the guest's memory (or that of another
+//                 domain on the host) as the library reads it (page-table walk): for tests of
+//                 the lower layers (the simulation itself, the channels, probe/).
 //   SessionGuest  + a Session over a Dom0 handle, on a channel of the test's choosing, the
 //                 demo guest's symbols loaded (which attaches the domain).
 //
@@ -271,10 +271,22 @@ class Dom0Guest : public DemoGuest {
   hv::Hypervisor& dom0() override { return *hv; }
 
   // Guest memory the way the library sees it: page-table walk from vCPU 0's CR3 as it is now.
-  std::unique_ptr<mem::GuestMemory> memory_view() {
-    auto gm = std::make_unique<mem::GuestMemory>(*source);
-    auto info = hv->domain_info(dom);
-    auto regs = hv->get_vcpu_regs(dom, VcpuId{0});
+  std::unique_ptr<mem::GuestMemory> memory_view() { return memory_view_over(dom, *source); }
+  // The same for another domain `d` on the host (one the test created), read through this
+  // Dom0 handle; its frame source lives as long as this fixture.
+  std::unique_ptr<mem::GuestMemory> memory_view(DomId d) {
+    if (d == dom) return memory_view();
+    other_sources_.push_back(std::make_unique<mem::HypervisorFrameSource>(*hv, d));
+    return memory_view_over(d, *other_sources_.back());
+  }
+
+ private:
+  std::vector<std::unique_ptr<mem::HypervisorFrameSource>> other_sources_;
+
+  std::unique_ptr<mem::GuestMemory> memory_view_over(DomId d, mem::HypervisorFrameSource& src) {
+    auto gm = std::make_unique<mem::GuestMemory>(src);
+    auto info = hv->domain_info(d);
+    auto regs = hv->get_vcpu_regs(d, VcpuId{0});
     if (!info || !regs) throw std::runtime_error("cannot read domain state");
     auto ctx = mem::paging_context(*info, *regs);
     if (!ctx) throw std::runtime_error(ctx.error().what);

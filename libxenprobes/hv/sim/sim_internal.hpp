@@ -4,6 +4,7 @@
 #include <unicorn/unicorn.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -273,9 +274,22 @@ std::recursive_mutex& emulation_mutex();
 inline constexpr std::uint64_t kModulesVa = 0xffffffffa0000000ull, kModulesEnd = 0xffffffffff000000ull;
 inline constexpr std::uint64_t kOeaStride = 16ull << 20;  // create_domain's reserve-area spacing
 
-// The simulated module's helpers (sim_module.cpp), shared with sim_module_async.cpp.
+// The simulated module's helpers (sim_module.cpp), shared with sim_module_*.cpp.
+// Its accesses to the control area (header, mailboxes, tables), which Dom0 may write at any
+// time: one load or store each.
+template <typename T>
+T shm_load(const std::uint8_t* p, std::memory_order o = std::memory_order_relaxed) {
+  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::uint8_t*>(p))).load(o);
+}
+template <typename T>
+void shm_store(std::uint8_t* p, T v, std::memory_order o = std::memory_order_relaxed) {
+  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
+}
 // [va, va + len) inside one of the guest's mappings: where it is in RAM, or null.
 std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len);
+// The guest's memory for the module's own code (xp_emulate, xp_ret_write): 8-byte reads and
+// writes through guest_ptr, false where nothing is mapped.
+xp_mem_ops module_mem_ops(Domain& d);
 // The module's counters into its control area's header.
 void publish_counters(Domain& d);
 // Its control area in guest RAM, and a field of its header there.

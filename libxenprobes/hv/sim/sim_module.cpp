@@ -49,16 +49,6 @@ std::chrono::milliseconds claim_bound(std::uint32_t timeout_ms) {
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
-// Shared-memory accesses: one load or store each (the other side may write at any time).
-template <typename T>
-T load(const std::uint8_t* p, std::memory_order o = std::memory_order_relaxed) {
-  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::uint8_t*>(p))).load(o);
-}
-template <typename T>
-void store(std::uint8_t* p, T v, std::memory_order o = std::memory_order_relaxed) {
-  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, o);
-}
-
 std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
   return area(d) + d.module.mailbox_offset + std::size_t{vcpu} * sizeof(xenprobes_mailbox);
 }
@@ -68,7 +58,7 @@ std::uint8_t* mailbox(Domain& d, unsigned vcpu) {
 bool lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) {
   const ModuleState& m = d.module;
   std::uint32_t n =
-      load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)), std::memory_order_acquire);
+      shm_load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)), std::memory_order_acquire);
   n = std::min(n, m.trap_capacity);
   std::uint32_t lo = 0, hi = n;
   while (lo < hi) {
@@ -88,20 +78,7 @@ bool lookup(Domain& d, std::uint64_t addr, xenprobes_trap& out) {
 // the module could not run the entry either.
 bool emulate(Domain& d, const xenprobes_trap& e, VcpuRegs& r) {
   xp_bounds b = module_bounds(d);
-  xp_mem_ops m{};
-  m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
-    const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
-    if (!p) return false;
-    std::memcpy(val, p, 8);
-    return true;
-  };
-  m.write_u64 = [](void* ctx, std::uint64_t va, std::uint64_t val) {
-    std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
-    if (!p) return false;
-    std::memcpy(p, &val, 8);
-    return true;
-  };
-  m.ctx = &d;
+  const xp_mem_ops m = module_mem_ops(d);
   xenprobes_regs x = to_protocol(r);
   if (xp_emulate(e.insn, e.len, &x, &b, &m) != XP_EMUL_OK) return false;
   r.rip = x.rip;
@@ -129,17 +106,17 @@ bool in_oea(const Domain& d, std::uint64_t va) {
 }
 
 void publish_counters(Domain& d) {
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, nested)), d.module.nested);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, async_bad)), d.module.async_bad);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
-  store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, over_budget)), d.module.over_budget);
-  store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, ret_refused)),
-                       static_cast<std::uint32_t>(d.module.ret_refused));
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, hits)), d.module.hits);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, timeouts)), d.module.timeouts);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, foreign)), d.module.foreign);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, nested)), d.module.nested);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, async_bad)), d.module.async_bad);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, notify_skipped)), d.module.unnotified);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_ns)), d.module.wait_ns);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, wait_max_ns)), d.module.wait_max_ns);
+  shm_store<std::uint64_t>(header_at(d, offsetof(xenprobes_ctl_header, over_budget)), d.module.over_budget);
+  shm_store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, ret_refused)),
+                           static_cast<std::uint32_t>(d.module.ret_refused));
 }
 
 // A wait for Dom0 is over (answered or given up): its time since the hit into the header's sums.
@@ -160,6 +137,24 @@ std::uint8_t* guest_ptr(Domain& d, std::uint64_t va, std::uint64_t len) {
   for (const Alias& a : d.aliases)
     if (va >= a.va && va - a.va < a.len && len <= a.len - (va - a.va)) return d.ram->base + a.gpa + (va - a.va);
   return nullptr;
+}
+
+xp_mem_ops module_mem_ops(Domain& d) {
+  xp_mem_ops m{};
+  m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
+    const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
+    if (!p) return false;
+    std::memcpy(val, p, 8);
+    return true;
+  };
+  m.write_u64 = [](void* ctx, std::uint64_t va, std::uint64_t val) {
+    std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
+    if (!p) return false;
+    std::memcpy(p, &val, 8);
+    return true;
+  };
+  m.ctx = &d;
+  return m;
 }
 
 xenprobes_regs to_protocol(const VcpuRegs& r) {
@@ -319,22 +314,22 @@ void SimHostImpl::module_publish_hit_locked(Domain& d, Vcpu& v, const xenprobes_
   // Step 1 of a hit: regs and trap, then state = HIT (release), then the notification.
   std::uint8_t* mb = mailbox(d, v.id);
   ++v.module_seq;
-  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
+  shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, seq), v.module_seq);
   const xenprobes_regs x = to_protocol(r);
   std::memcpy(mb + offsetof(xenprobes_mailbox, regs), &x, sizeof x);
-  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
+  shm_store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, trap), e.addr);
   module_ret_publish_locked(d, mb, r.rsp);
   if (d.cfg.module_spin_us) {
-    store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
+    shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 1);
     v.module_spinning = true;
     v.module_spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(d.cfg.module_spin_us);
   }
-  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
+  shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), XENPROBES_MBOX_HIT, std::memory_order_release);
   ++m.hits;
   publish_counters(d);
   // No notification while Dom0 polls (protocol.h "Spinning"): HIT, a barrier, dom0_polling.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_polling))) != 0) {
+  if (shm_load<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_polling))) != 0) {
     ++m.unnotified;
     publish_counters(d);  // header.notify_skipped
   } else {
@@ -406,14 +401,14 @@ void SimHostImpl::module_poll_locked(Domain& d) {
       std::uint8_t* mb = mailbox(d, v.id);
       if (v.module_spinning && std::chrono::steady_clock::now() >= v.module_spin_end) {
         // The spin ran out: spinning = 0, a barrier, the look below; then only a notification.
-        store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+        shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         v.module_spinning = false;
       }
       const std::uint32_t state =
-          load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire);
+          shm_load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, state), std::memory_order_acquire);
       const bool answered = state == XENPROBES_MBOX_DONE &&
-                            load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq;
+                            shm_load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq;
       // A claimed hit is waited for up to the claim bound; Dom0 gone (declared on another
       // vCPU's timeouts) ends only waits Dom0 has not claimed.
       const bool due = now >= (state == XENPROBES_MBOX_CLAIMED ? v.module_claim_deadline : v.module_deadline);
@@ -447,7 +442,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       break;
     }
     if (seen == XENPROBES_MBOX_DONE &&
-        load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq) {
+        shm_load<std::uint32_t>(mb + offsetof(xenprobes_mailbox, answer_seq)) == v.module_seq) {
       xenprobes_regs x;
       std::memcpy(&x, mb + offsetof(xenprobes_mailbox, regs), sizeof x);
       VcpuRegs r = v.module_regs;  // cs/ss and everything else stay the guest's
@@ -476,7 +471,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
       }
       if (usable) module_ret_apply_locked(d, mb, v.module_regs.rsp);
       write_regs(v, r, false);
-      store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+      shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
       v.module_spinning = false;
       state.store(XENPROBES_MBOX_IDLE, std::memory_order_release);
       end_wait(d, v, clock_->now());
@@ -493,7 +488,7 @@ void SimHostImpl::module_give_up_locked(Domain& d, Vcpu& v) {
     state.store(XENPROBES_MBOX_ABANDONED, std::memory_order_release);  // whatever was there
     break;
   }
-  store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
+  shm_store<std::uint32_t>(mb + offsetof(xenprobes_mailbox, spinning), 0);
   v.module_spinning = false;
   ++m.timeouts;
   end_wait(d, v, clock_->now());
@@ -529,9 +524,9 @@ void SimHostImpl::module_fallback_locked(Domain& d, Vcpu& v, const xenprobes_tra
       std::uint32_t i = 0;
       for (; i < m.ret_capacity; ++i) {
         std::uint8_t* ent = rets + std::size_t{i} * sizeof(xenprobes_ret);
-        if (load<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), std::memory_order_acquire) != slot) continue;
-        r.rip = load<std::uint64_t>(ent + offsetof(xenprobes_ret, ret));
-        store<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), 0, std::memory_order_release);
+        if (shm_load<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), std::memory_order_acquire) != slot) continue;
+        r.rip = shm_load<std::uint64_t>(ent + offsetof(xenprobes_ret, ret));
+        shm_store<std::uint64_t>(ent + offsetof(xenprobes_ret, slot), 0, std::memory_order_release);
         break;
       }
       if (i == m.ret_capacity) return die("a return reached the trampoline without a return-table entry");
@@ -546,7 +541,7 @@ void SimHostImpl::module_disarm_locked(Domain& d) {
   ModuleState& m = d.module;
   const unsigned restored = module_restore_locked(d);
   m.dom0_gone = true;
-  store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
+  shm_store<std::uint32_t>(header_at(d, offsetof(xenprobes_ctl_header, dom0_gone)), 1, std::memory_order_release);
   char buf[160];
   std::snprintf(buf, sizeof buf,
                 "xenprobesU: Dom0 did not answer %u hits in a row: restored %u trap bytes, left %u "

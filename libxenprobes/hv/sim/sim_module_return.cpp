@@ -11,25 +11,13 @@
 #include "xp_ret_write.h"
 
 namespace xenprobes::hv::sim {
-namespace {
-
-template <typename T>
-T load(const std::uint8_t* p) {
-  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<std::uint8_t*>(p))).load(std::memory_order_relaxed);
-}
-template <typename T>
-void store(std::uint8_t* p, T v) {
-  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, std::memory_order_relaxed);
-}
-
-}  // namespace
 
 void SimHostImpl::module_ret_publish_locked(Domain& d, std::uint8_t* mb, std::uint64_t rsp) {
   if (!d.cfg.module_ret_write) return;  // a module before it: both stay as the area was zeroed
   std::uint64_t top = 0;
   if (const std::uint8_t* p = guest_ptr(d, rsp, 8)) std::memcpy(&top, p, 8);  // 0: not readable
-  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, stack_top), top);
-  store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_slot), 0);
+  shm_store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, stack_top), top);
+  shm_store<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_slot), 0);
 }
 
 void SimHostImpl::module_ret_apply_locked(Domain& d, std::uint8_t* mb, std::uint64_t hit_rsp) {
@@ -38,22 +26,9 @@ void SimHostImpl::module_ret_apply_locked(Domain& d, std::uint8_t* mb, std::uint
   // Taken once, atomically: a request Dom0 withdrew (protocol.h, "Cancelling") reads 0.
   q.slot = std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(mb + offsetof(xenprobes_mailbox, ret_slot)))
                .exchange(0, std::memory_order_acq_rel);
-  q.expect = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_expect));
-  q.value = load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_value));
-  xp_mem_ops m{};
-  m.read_u64 = [](void* ctx, std::uint64_t va, std::uint64_t* val) {
-    const std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
-    if (!p) return false;
-    std::memcpy(val, p, 8);
-    return true;
-  };
-  m.write_u64 = [](void* ctx, std::uint64_t va, std::uint64_t val) {
-    std::uint8_t* p = guest_ptr(*static_cast<Domain*>(ctx), va, 8);
-    if (!p) return false;
-    std::memcpy(p, &val, 8);
-    return true;
-  };
-  m.ctx = &d;
+  q.expect = shm_load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_expect));
+  q.value = shm_load<std::uint64_t>(mb + offsetof(xenprobes_mailbox, ret_value));
+  const xp_mem_ops m = module_mem_ops(d);
   ModuleState& s = d.module;
   const auto* table = reinterpret_cast<const xenprobes_trap*>(area(d) + s.trap_offset);
   const auto* n = reinterpret_cast<const std::uint32_t*>(header_at(d, offsetof(xenprobes_ctl_header, nr_traps)));
