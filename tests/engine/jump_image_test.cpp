@@ -77,5 +77,30 @@ TEST(JumpImage, AnImageOfAnotherBuildGivesNoProofAndTheRefusalSaysWhy) {
   std::filesystem::remove(image);
 }
 
+// A vmlinux without a symbol table (a decompressed vmlinuz; here the demo's with its section
+// headers cut off) goes with the System.map loaded before it: the proof, not the symbols.
+TEST(JumpImage, AnImageWithoutSymbolsGoesWithTheSystemMapLoadedBefore) {
+  std::vector<char> f = demo_file();
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, f.data(), sizeof eh);
+  eh.e_shnum = 0;
+  eh.e_shoff = 0;
+  std::memcpy(f.data(), &eh, sizeof eh);
+  const auto path =
+      std::filesystem::temp_directory_path() / ("xp-jump-index-" + std::to_string(::getpid()) + "-stripped.vmlinux");
+  std::ofstream(path, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
+  SessionGuest g(config(), {}, guest_channel(), false);
+  auto early = g.session->load_symbols(g.dom, path.string());
+  ASSERT_FALSE(early) << "no symbols to go with yet";
+  EXPECT_NE(early.error().what.find("has no symbol table: load the kernel's System.map first"), std::string::npos)
+      << early.error().what;
+  ASSERT_TRUE(g.session->load_symbols(g.dom, demo_map()));
+  ASSERT_TRUE(g.session->load_symbols(g.dom, path.string()));
+  auto p = g.session->probe(g.dom, "demo_tail_call", nothing, {}, jump());
+  ASSERT_TRUE(p) << p.error().what;
+  EXPECT_EQ(p->info()->method, ProbeMethod::Jump);
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
