@@ -91,10 +91,12 @@ Result<Image> parse(std::span<const std::uint8_t> file, const std::string& what)
 }
 
 Result<Image> load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return fail(Errc::NotFound, "cannot open " + path);
   Source s;
-  s.size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+  s.size = end > 0 ? static_cast<std::uint64_t>(end) : 0;  // no size (a /proc file): nothing to read
   s.read_at = [&in](std::uint64_t off, std::uint64_t len, std::uint8_t* out) {
     in.clear();
     in.seekg(static_cast<std::streamoff>(off));
