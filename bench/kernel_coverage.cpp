@@ -27,9 +27,11 @@
 
 #include "common/hex.hpp"
 #include "common/log.hpp"
-#include "hv/sim/elf_image.hpp"
+#include "common/elf_image.hpp"
 #include "kernel/address_rules.hpp"
+#include "kernel/addresses_taken.hpp"
 #include "kernel/tables.hpp"
+#include "symbols/kernel_image.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
 #include "x86/detour.hpp"
@@ -44,29 +46,6 @@ constexpr std::size_t kEngineSlotSize = 32;              // probe/engine.hpp kSl
 // Where the detours would run for the size check: the modules' area of x86-64 Linux (its
 // MODULES_VADDR), where the guest module's slots are.
 constexpr std::uint64_t kModuleArea = 0xffffffffa0000000ull;
-
-// The image's loadable segments at their virtual addresses: what a guest's memory holds there.
-class ImageMemory {
- public:
-  explicit ImageMemory(hv::sim::ElfImage img) : img_(std::move(img)) {}
-  const hv::sim::ElfImage& image() const { return img_; }
-  Result<void> read(Gva addr, std::span<std::byte> out) const {
-    for (const auto& s : img_.segments) {
-      if (s.vaddr < symbols::kKernelImageStart) continue;  // the per-CPU segment, linked at 0
-      const std::uint64_t a = addr.value;
-      if (a < s.vaddr || a - s.vaddr > s.memsz || s.memsz - (a - s.vaddr) < out.size()) continue;
-      const std::uint64_t off = a - s.vaddr;
-      std::memset(out.data(), 0, out.size());  // bss past filesz reads as zeros
-      if (off < s.bytes.size())
-        std::memcpy(out.data(), s.bytes.data() + off, std::min<std::uint64_t>(out.size(), s.bytes.size() - off));
-      return {};
-    }
-    return fail(Errc::Fault, "not in the image: " + hex(addr.value));
-  }
-
- private:
-  hv::sim::ElfImage img_;
-};
 
 struct Counter {
   std::map<std::string, std::size_t> n;
@@ -163,47 +142,12 @@ std::optional<std::string> engine_refuses(const x86::JumpFunction& f, const x86:
   return std::nullopt;
 }
 
-// Every code address of [lo, hi) the image forms outside a branch, with who forms it: the
-// operands of every decoded instruction (x86::materialized_addresses), every aligned 8-byte word
-// and sign-extended aligned 4-byte word of every segment (pointers and tables, .quad and .long),
-// and every unaligned one in `raw` ranges (code without symbols: alternatives' replacements).
-void collect_taken(const hv::sim::ElfImage& img, const std::vector<const std::vector<x86::Insn>*>& code,
-                   const std::vector<std::pair<std::uint64_t, std::uint64_t>>& raw, std::uint64_t lo, std::uint64_t hi,
-                   const std::vector<std::uint64_t>& starts, x86::SiteIndex& out) {
-  auto interior = [&](std::uint64_t v) {
-    return v >= lo && v < hi && !std::binary_search(starts.begin(), starts.end(), v);
-  };
-  for (const auto* insns : code)
-    for (const x86::Insn& i : *insns)
-      for (std::uint64_t a : x86::materialized_addresses(i))
-        if (interior(a)) out.add(a, 1, "the instruction at " + hex(i.address.value));
-  for (const auto& seg : img.segments) {
-    if (seg.vaddr < symbols::kKernelImageStart) continue;
-    const std::size_t n = seg.bytes.size();
-    auto in_raw = [&](std::uint64_t a) {
-      return std::any_of(raw.begin(), raw.end(), [&](const auto& r) { return a >= r.first && a < r.second; });
-    };
-    for (std::size_t off = 0; off + 4 <= n; ++off) {
-      const std::uint64_t at = seg.vaddr + off;
-      if (off % 4 != 0 && !in_raw(at)) continue;
-      std::int32_t w = 0;
-      std::memcpy(&w, seg.bytes.data() + off, 4);
-      if (auto v = static_cast<std::uint64_t>(static_cast<std::int64_t>(w)); interior(v))
-        out.add(v, 1, "the word at " + hex(at));
-      if ((off % 8 != 0 && !in_raw(at)) || off + 8 > n) continue;
-      std::uint64_t q = 0;
-      std::memcpy(&q, seg.bytes.data() + off, 8);
-      if (interior(q)) out.add(q, 1, "the word at " + hex(at));
-    }
-  }
-}
-
 // What the kernel rewrites at boot, from its own lists in the image (none of which the kernel
 // layer reads): alternatives (`struct alt_instr`, 12 bytes on 6.1, 14 on 6.12), paravirt sites
 // (6.1), retpoline and return sites, the endbr64 it seals (6.12), and for each direct call
 // listed for call-depth tracking (6.12) the 16 bytes before its destination, where the kernel
 // copies its accounting template. Dead padding that overlaps any of them is not used.
-x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const ImageMemory& mem) {
+x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const symbols::KernelImage& mem) {
   x86::SiteIndex out;
   auto bounds = [&](const char* a, const char* b) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
     auto x = syms.lookup(a), y = syms.lookup(b);
@@ -288,17 +232,18 @@ int main(int argc, char** argv) {
   log::set_level(log::Level::Error);
   const auto t0 = std::chrono::steady_clock::now();
 
-  auto elf = hv::sim::load_elf(args[0]);
+  auto elf = elf::load(args[0]);
   if (!elf) {
     std::fprintf(stderr, "kernel_coverage: %s\n", elf.error().what.c_str());
     return 1;
   }
-  const ImageMemory mem(std::move(*elf));
   auto syms = symbols::SymbolTable::load(args[1]);
   if (!syms) {
     std::fprintf(stderr, "kernel_coverage: %s\n", syms.error().what.c_str());
     return 1;
   }
+  // The image stands in for the guest's memory, with the System.map's symbols.
+  const symbols::KernelImage mem = symbols::KernelImage::with_symbols(std::move(*elf), *syms, args[0]);
   // The kernel layer's readers, unchanged, over the image.
   const kernel::KernelTables tables =
       kernel::KernelTables::read(*syms, [&](Gva a, std::span<std::byte> out) { return mem.read(a, out); });
@@ -453,38 +398,20 @@ int main(int argc, char** argv) {
   };
 
   // Measured, not placed by the engine yet (docs/benchmarks.md says which): (b) tail calls
-  // proven from the addresses the image forms, over every function of the core and init text
+  // proven from the addresses the image forms (kernel::addresses_taken, which the engine runs
+  // when it is given the guest's vmlinux), over every function of the core and init text
   // (all of them, whatever --every says) and the alternatives' code, which has no symbols;
   // (i) short jumps to islands in dead padding (which padding per kernel: dead_padding(),
   // whose bytes no kernel of 6.1 or 6.12 rewrites: the 6.2+ call padding is its own __pfx_
   // symbol, left out above).
   x86::SiteIndex taken;
+  double taken_secs = 0;
   {
-    std::vector<std::vector<x86::Insn>> extra;
     std::vector<const std::vector<x86::Insn>*> code;
     for (const Decoded& d : decoded) code.push_back(&d.insns);
-    std::vector<std::uint64_t> analysed;
-    for (const Decoded& d : decoded) analysed.push_back(d.fn->start.value);
-    std::sort(analysed.begin(), analysed.end());
-    const kernel::Range init = tables.init_text();
-    for (const symbols::Symbol& sym : syms->matching("*")) {
-      if (sym.kind != symbols::SymbolKind::Text ||
-          !(text.contains(sym.address.value) || init.contains(sym.address.value)))
-        continue;
-      if (std::binary_search(analysed.begin(), analysed.end(), sym.address.value)) continue;
-      auto f = syms->function_containing(sym.address);
-      if (!f || f->start != sym.address || f->size == 0 || f->size > kMaxFunctionBytes) continue;
-      std::vector<std::uint8_t> bytes(f->size);
-      if (!mem.read(f->start, std::as_writable_bytes(std::span(bytes)))) continue;
-      if (auto in = x86::decode_function(bytes, f->start)) extra.push_back(std::move(*in));
-    }
-    for (const auto& e : extra) code.push_back(&e);
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> raw;
-    if (auto a = syms->lookup("_einittext"); a && !a->empty())
-      raw.emplace_back(a->front().address.value, a->front().address.value + 0x10000);
-    auto b = syms->lookup("__alt_instructions_end"), e = syms->lookup("__init_end");
-    if (b && e && !b->empty() && !e->empty()) raw.emplace_back(b->front().address.value, e->front().address.value);
-    collect_taken(mem.image(), code, raw, text.start, text.end, starts, taken);
+    const auto t_taken = std::chrono::steady_clock::now();
+    taken = kernel::taken_index(kernel::addresses_taken(mem, text, tables.init_text(), code));
+    taken_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_taken).count();
   }
   x86::JumpContext jc_proof = jc;
   jc_proof.addresses_taken = &taken;
@@ -646,10 +573,11 @@ int main(int argc, char** argv) {
       "inside them formed anywhere); jump tables read: %zu\n",
       fn_with_unknown, fn_relaxed, tables_read);
   std::printf(
-      "interior code addresses formed: %zu; dead padding: %zu functions (%zu with the tail-call proof); "
+      "interior code addresses formed: %zu (found in %.1f s); dead padding: %zu functions (%zu with the tail-call "
+      "proof); "
       "boot-time patch sites: %zu, overlapping dead padding: %zu; padding cut before a function "
       "without __pfx_ (call-depth tracking): %zu\n",
-      taken.size(), pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
+      taken.size(), taken_secs, pad.size(), pad_proof.size(), patched.size(), pad_dropped, pad_trimmed);
   if (examples && pad_dropped)
     std::printf("  e.g. dead padding with a boot-time patch site: %s\n", pad_dropped_example.c_str());
   if (examples)
@@ -666,8 +594,8 @@ int main(int argc, char** argv) {
   std::printf("%-58s %9zu  %6.2f%%\n", "  a region starting earlier in its basic block", jump_earlier,
               pct(jump_earlier, total));
   std::printf("measured, not placed by the engine yet (jump-optimizable if it placed them):\n");
-  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + tail calls proven", jump_ok + if_proof,
-              pct(jump_ok + if_proof, total), pct(jump_ok + if_proof, probeable));
+  std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + tail calls proven (the engine, given the vmlinux)",
+              jump_ok + if_proof, pct(jump_ok + if_proof, total), pct(jump_ok + if_proof, probeable));
   std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + short jumps to islands", jump_ok + if_islands,
               pct(jump_ok + if_islands, total), pct(jump_ok + if_islands, probeable));
   std::printf("%-58s %9zu  %6.2f%%  (%.2f%% of probe-able)\n", "  + both", jump_ok + if_both,

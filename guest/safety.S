@@ -122,6 +122,19 @@ demo_cross_from:
 	jmp 1b
 	.size demo_cross_from, . - demo_cross_from
 
+/* A tail call through a register, as a kernel without retpolines compiles `return op(x)`
+   through a function pointer: an indirect jump whose targets nobody can list, so every region
+   of the function is refused, unless the kernel image shows that no address inside it is
+   formed anywhere (only a function's start is, in demo_tail_ptr): then the jump can only leave
+   it (docs/probes.md "Jump probes", tail calls proven). Never called. */
+	.globl demo_tail_call
+	.type demo_tail_call, @function
+demo_tail_call:
+	movq demo_tail_ptr(%rip), %rax
+	addl $1, %edi
+	jmp *%rax
+	.size demo_tail_call, . - demo_tail_call
+
 /* A static call: an inline site calling the trampoline __SCT__demo_hook, which jumps to the
    current target. The kernel rewrites both when the call is updated. */
 	.globl demo_static_call
@@ -245,6 +258,10 @@ demo_kprobes_fn:
 	.size demo_kprobes_fn, . - demo_kprobes_fn
 
 	.data
+	.balign 8
+	.globl demo_tail_ptr
+demo_tail_ptr:
+	.quad demo_cross_into
 	.balign 8
 	.globl demo_static_key
 demo_static_key:

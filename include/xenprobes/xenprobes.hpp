@@ -352,8 +352,11 @@ class XENPROBES_API Session {
   [[nodiscard]] Result<std::string> channel_name(DomId);
 
   // Symbols for `symbol+offset` probe points: a System.map (or /proc/kallsyms copy) of the
-  // guest's kernel. KASLR: the slide comes from the kernel-text address the guest module
-  // publishes, when it does.
+  // guest's kernel, or its vmlinux (an ELF with a symbol table, such as Debian's -dbg
+  // package's). KASLR: the slide comes from the kernel-text address the guest module
+  // publishes, when it does. A vmlinux also lets jump probes prove tail calls, when its build id
+  // is the guest's (docs/probes.md "Jump probes"); one without a symbol table (a decompressed
+  // vmlinuz) is taken for that alone, after the kernel's System.map was loaded.
   [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
   // Symbols with no file: the guest kernel's own kallsyms tables, found and decoded in its
   // memory (docs/guest-symbols.md). They hold running addresses, so no slide is needed; with a

@@ -94,7 +94,27 @@ Result<std::string> Session::channel_name(DomId dom) {
 static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId dom);
 
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
-  auto t = XP_TRY(symbols::SymbolTable::load(path));
+  // A vmlinux (ELF) gives its symbol table, and its image to jump probes (tail calls proven).
+  // One without a symbol table (a decompressed vmlinuz) goes with the symbols loaded before.
+  std::shared_ptr<const symbols::KernelImage> image;
+  if (symbols::is_elf_file(path)) {
+    auto elf = XP_TRY(elf::load(path));
+    if (elf.symtab.empty()) {
+      const symbols::SymbolTable* have = impl_->engine->symbols(dom);
+      if (!have)
+        return fail(Errc::InvalidArgument, path +
+                                               " has no symbol table: load the kernel's System.map first, then "
+                                               "this image");
+      symbols::SymbolTable link = *have;
+      link.clear_module_functions();
+      XP_TRY(link.set_slide(0));
+      return impl_->engine->set_kernel_image(
+          dom, std::make_shared<const symbols::KernelImage>(
+                   symbols::KernelImage::with_symbols(std::move(elf), std::move(link), path)));
+    }
+    image = std::make_shared<const symbols::KernelImage>(XP_TRY(symbols::KernelImage::from_elf(std::move(elf), path)));
+  }
+  auto t = image ? image->symbols() : XP_TRY(symbols::SymbolTable::load(path));
   XP_TRY(impl_->engine->attach(dom));
   if (!impl_->engine->published_kernel_text(dom)) {
     // No guest module to publish the running _text (agentless): the guest's own kallsyms
@@ -116,7 +136,9 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
     }
   }
   // The loaded modules' functions join them in the engine, once the slide is known.
-  return impl_->engine->set_symbols(dom, std::move(t));
+  XP_TRY(impl_->engine->set_symbols(dom, std::move(t)));
+  if (image) XP_TRY(impl_->engine->set_kernel_image(dom, std::move(image)));
+  return {};
 }
 
 Result<void> Session::load_symbols_from_guest(DomId dom) {

@@ -25,6 +25,7 @@
 #include "probe/oea_pool.hpp"
 #include "probe/patcher.hpp"
 #include "probe/slot_map.hpp"
+#include "symbols/kernel_image.hpp"
 #include "symbols/symbol_table.hpp"
 #include "x86/analysis.hpp"
 #include "x86/detour.hpp"
@@ -72,6 +73,10 @@ class Engine final : public channel::StopSink {
   // Disarms every probe in the domain (restoring bytes, resuming pending stops), detaches.
   [[nodiscard]] Result<void> detach(DomId);
   [[nodiscard]] Result<void> set_symbols(DomId, symbols::SymbolTable);
+  // The kernel image those symbols came from (a vmlinux): jump probes prove tail calls from it
+  // when its build id is the guest's (probe/engine_jump_index.cpp). Drops what jump probes
+  // knew of the kernel, so that the next one reads it.
+  [[nodiscard]] Result<void> set_kernel_image(DomId, std::shared_ptr<const symbols::KernelImage>);
   const symbols::SymbolTable* symbols(DomId) const;
   // The running _text the guest module published (attached domains), or nullopt: no module,
   // so a System.map's KASLR slide must come from somewhere else.
@@ -324,8 +329,17 @@ class Engine final : public channel::StopSink {
       x86::SiteIndex fixups;
       x86::SiteIndex thunks;  // retpoline thunks: a jmp into one is an indirect jump
       bool ibt = false;       // an IBT build (endbr64 marks every indirect target)
+      std::string build;      // the build the guest says it runs (probe/jump_index.hpp)
+      // Every code address formed inside a core-text function, from the kernel image given as
+      // the domain's symbols when its build is the guest's (JumpContext::addresses_taken: tail
+      // calls proven); else why not, said beside a refusal it would have decided.
+      std::optional<x86::SiteIndex> taken;
+      std::string no_taken;
     };
     std::unique_ptr<JumpIndex> jump_index;
+    // The kernel image the symbols came from (a vmlinux given to load_symbols), kept until jump
+    // probes have read what they need of it (JumpIndex::taken), then dropped.
+    std::shared_ptr<const symbols::KernelImage> image;
     unsigned jumps_waiting = 0;
     std::optional<std::uint64_t> quiesce_done;
     // Async probes: the rings the module publishes (read at attach; why not, when it publishes
@@ -450,6 +464,7 @@ class Engine final : public channel::StopSink {
   void advance_jumps(Domain&);
   const x86::SiteIndex& jump_fixups(Domain&);
   void cross_function_branches(Domain&, Domain::JumpIndex&);
+  void image_proof(Domain&, Domain::JumpIndex&);
   channel::Verdict hit_jump(Domain&, const SlotTrap&, channel::Stop&);
   // Async probes (probe/engine_async.cpp).
   std::optional<std::string> plan_async(Domain&, const Registration&);

@@ -142,6 +142,10 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   Domain* d = XP_TRY(domain(id));
   if (d->kernel_text.value) XP_TRY(t.slide_from_text(d->kernel_text));
   d->syms = std::move(t);
+  // What jump probes knew of the kernel came from the symbols before (the index per build is
+  // kept by the process: reading it again costs a read of the text), and no image is theirs.
+  d->jump_index.reset();
+  d->image.reset();
   // The kernel's own tables, through vCPU 0's current page tables (the domain may be paused
   // in a batch: pause() took them then).
   if (d->pause_depth == 0) {
@@ -158,6 +162,13 @@ Result<void> Engine::set_symbols(DomId id, symbols::SymbolTable t) {
   d->generation_ready = false;
   update_modules(*d);
   XP_LOG(Info, "domain %u: guest kernel tables: %s", id.value, d->tables->summary().c_str());
+  return {};
+}
+
+Result<void> Engine::set_kernel_image(DomId id, std::shared_ptr<const symbols::KernelImage> img) {
+  Domain* d = XP_TRY(domain(id));
+  d->image = std::move(img);
+  d->jump_index.reset();
   return {};
 }
 

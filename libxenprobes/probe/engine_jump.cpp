@@ -61,61 +61,14 @@ const x86::SiteIndex& Engine::jump_fixups(Domain& d) {
                             f->name);
       idx->ibt = d.syms->lookup("__ibt_endbr_seal").has_value();
     }
-    if (d.syms && d.tables) {
-      // Every function read and decoded: seconds on real hardware, tens of seconds in a Dom0
-      // under TCG (stock_pv_jump: 36 s). Before the pause when the registration that needs it
-      // is the first of its batch (Engine::add decodes and plans before pausing); said either way.
-      const auto t0 = std::chrono::steady_clock::now();
-      cross_function_branches(d, *idx);
-      XP_LOG(Info,
-             "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (once "
-             "per domain)%s",
-             d.id.value, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-             d.pause_depth ? ", with the domain paused: a batch whose first probe was not a jump holds it" : "");
-    }
+    // Branches from other functions into the middle of one: every function of the core text
+    // decoded, once per kernel build per process (probe/engine_jump_index.cpp).
+    if (d.syms && d.tables) cross_function_branches(d, *idx);
+    // Tail calls proven from the kernel image, when one of the guest's build was given.
+    if (d.tables) image_proof(d, *idx);
     d.jump_index = std::move(idx);
   }
   return d.jump_index->fixups;
-}
-
-// Branches from one function into the middle of another: a compiler's split part (foo.cold),
-// assembly whose local labels are symbols of their own (6.1's copy_mc_fragile and its .E_*
-// labels). Every function of the core text is decoded once per domain for them, as
-// bench/kernel_coverage does; a branch to another function's start is a call or tail call.
-void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
-  const kernel::Range& text = d.tables->core_text();
-  std::vector<symbols::Function> fns;
-  for (const symbols::Symbol& s : d.syms->matching("*")) {
-    if (s.kind != symbols::SymbolKind::Text || !text.contains(s.address.value)) continue;
-    if (auto f = d.syms->function_containing(s.address); f && f->start == s.address) fns.push_back(*f);
-  }
-  std::sort(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start.value < b.start.value; });
-  fns.erase(std::unique(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start == b.start; }),
-            fns.end());
-  std::vector<std::uint64_t> starts;
-  for (const symbols::Function& f : fns) starts.push_back(f.start.value);
-  std::size_t unknown = 0;
-  for (const symbols::Function& f : fns) {
-    if (f.size == 0 || f.size > kMaxFunctionBytes) continue;
-    auto bytes = read_text(d, f.start, f.size);
-    auto insns =
-        bytes ? x86::decode_function(*bytes, f.start) : Result<std::vector<x86::Insn>>(std::unexpected(bytes.error()));
-    if (!insns) {
-      ++unknown;
-      continue;
-    }
-    const std::uint64_t lo = f.start.value, hi = lo + f.size;
-    for (const x86::Insn& i : *insns) {
-      const std::uint64_t t = i.branch_target.value;
-      if (!i.is_relative_branch() || (t >= lo && t < hi) || !text.contains(t)) continue;
-      if (std::binary_search(starts.begin(), starts.end(), t)) continue;
-      idx.fixups.add(t, 1, "a branch from " + f.name + " (" + hex(i.address.value) + ")");
-    }
-  }
-  // Those cannot be seen; the same as the coverage figures leave out (docs/benchmarks.md).
-  if (unknown)
-    XP_LOG(Info, "domain %u: %zu kernel functions do not decode: their branches into other functions are not known",
-           d.id.value, unknown);
 }
 
 const Engine::Point* Engine::overlapping_point(const Domain& d, std::uint64_t lo, std::uint64_t hi,
@@ -202,6 +155,7 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   jc.entry_points = &entries;
   jc.indirect_thunks = &d.jump_index->thunks;
   jc.endbr_marks_indirect_targets = d.jump_index->ibt;
+  if (d.jump_index->taken) jc.addresses_taken = &*d.jump_index->taken;
   mem::GuestMemory& m = *d.memory;
   jc.indirect_targets = [&](const x86::Insn& i) -> std::optional<std::vector<Gva>> {
     // A jump table (jmp [index*8 + table]): its entries while they point into the function.
@@ -219,8 +173,19 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   };
   const x86::JumpFunction jf = x86::JumpFunction::from_insns(*insns, fn->start, Gva{hi}, jc);
   const x86::JumpVerdict v = x86::check_jump(jf, p.addr);
-  if (!v.optimizable)
-    return "refused by jump rule '" + std::string(x86::jump_rule_name(v.refusal.rule)) + "': " + v.refusal.reason;
+  if (!v.optimizable) {
+    std::string why =
+        "refused by jump rule '" + std::string(x86::jump_rule_name(v.refusal.rule)) + "': " + v.refusal.reason;
+    // An indirect jump of unknown targets decided it: what the tail-call proof would need.
+    if (jf.unknown_targets() && v.refusal.reason.find(*jf.unknown_targets()) != std::string::npos) {
+      if (jc.addresses_taken)
+        why += "; the kernel image forms an address inside the function (" +
+               x86::interior_address_taken(jf).value_or("?") + "), so they may not be tail calls";
+      else if (!d.jump_index->no_taken.empty()) why += "; no tail-call proof: " + d.jump_index->no_taken;
+      else why += "; tail calls are proven only from the kernel image (give load_symbols() the guest's vmlinux)";
+    }
+    return why;
+  }
   // Short jumps to islands are measured (bench/kernel_coverage), not placed: the guest module
   // restores a region whole and knows no island. The context above lists no island padding, so
   // check_jump gives none; this says so should that change without the placement.

@@ -55,7 +55,7 @@ Result<DomId> SimHostImpl::create_domain(const DomainConfig& cfg_in) {
   if (cfg.oea_size == 0 || cfg.oea_size % 4096 || cfg.oea_size > (8u << 20))
     return fail(Errc::InvalidArgument, "sim: oea_size must be a multiple of 4096, at most 8 MiB");
   if (cfg.image.empty()) cfg.image = default_guest_dir() + "/vmlinux";
-  ElfImage img = XP_TRY(load_elf(cfg.image));
+  elf::Image img = XP_TRY(elf::load(cfg.image));
 
   auto d = std::make_unique<Domain>();
   d->cfg = cfg;

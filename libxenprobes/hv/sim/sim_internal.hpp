@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "hv/sim/elf_image.hpp"
+#include "common/elf_image.hpp"
 #include "hv/sim/sim.hpp"
 #include "xenprobes/protocol.h"
 #include "xp_budget.h"   // guest-module/: the module's waiting budget per CPU
@@ -224,7 +224,7 @@ struct Domain {
   std::uint64_t root_gpa = 0;  // L4 page table
   std::vector<Alias> aliases;
   GuestLayout layout;
-  ElfImage image;
+  elf::Image image;
   std::vector<std::unique_ptr<Vcpu>> vcpus;
 
   unsigned pause_count = 0;

@@ -1,0 +1,152 @@
+// The jump probes' index per kernel build (probe/jump_index.hpp, docs/probes.md "Jump probes"):
+// the branches between the kernel's functions are decoded once per build per process; a second
+// domain of the same build, or a second session, reuses them after checking that its own text
+// and functions hash the same; a guest that claims another's build id with other text decodes
+// its own. On the simulated Xen, guest channel, with demo guests whose images the tests change.
+#include "engine/jump_index_fixture.hpp"
+
+namespace xenprobes::testing {
+namespace {
+
+using probe::JumpIndexCache;
+
+auto nothing = [](HitContext&) { return 0; };
+
+TEST(JumpIndex, TwoDomainsOfOneKernelBuildDecodeItOnce) {
+  JumpIndexCache::process().clear();
+  const Delta d;
+  SessionGuest g(config(), {}, guest_channel());
+  const DomId b = add_domain(g);
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  EXPECT_EQ(d.builds(), 1u) << "the first domain decodes the kernel";
+  ASSERT_TRUE(g.session->prepare_jump_probes(b));
+  EXPECT_EQ(d.builds(), 1u) << "the second domain of the same build does not";
+  EXPECT_EQ(d.reuses(), 1u);
+  EXPECT_EQ(d.mismatches(), 0u);
+
+  // The reused index serves the second domain: the branch from demo_cross_from into
+  // demo_cross_into (guest/safety.S) is known there too.
+  auto p = g.session->probe(b, Gva{demo_sym("demo_cross_into")}, nothing, {}, ProbeOptions{ProbeMethod::Jump});
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what.find("a branch from demo_cross_from"), std::string::npos) << p.error().what;
+  // And a jump probe there counts every call.
+  std::uint64_t hits = 0;
+  auto q = g.session->probe(
+      b, "sys_getppid", [&](HitContext&) { return ++hits, 0; }, {}, ProbeOptions{ProbeMethod::Jump});
+  ASSERT_TRUE(q) << q.error().what;
+  EXPECT_EQ(q->info()->method, ProbeMethod::Jump);
+  ASSERT_TRUE(g.session->hypervisor().unpause(b));
+  ASSERT_TRUE(run_until(g, [&] { return g.host->wait_halted(b, std::chrono::milliseconds(0)); }))
+      << g.host->crash_reason(b);
+  EXPECT_EQ(hits, expected_calls(DEMO_FN_GETPPID, kIters));
+}
+
+TEST(JumpIndex, ASecondSessionInTheProcessReusesIt) {
+  JumpIndexCache::process().clear();
+  const Delta d;
+  {
+    SessionGuest g(config(), {}, guest_channel());
+    ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  }
+  SessionGuest g(config(), {}, guest_channel());
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  EXPECT_EQ(d.builds(), 1u);
+  EXPECT_EQ(d.reuses(), 1u);
+}
+
+TEST(JumpIndex, AnotherBuildDecodesItsOwn) {
+  JumpIndexCache::process().clear();
+  const Delta d;
+  const std::string image = demo_image_of_another_build("other-build");
+  SessionGuest g(config(), {}, guest_channel());
+  const DomId b = add_domain(g, image);
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  ASSERT_TRUE(g.session->prepare_jump_probes(b));
+  EXPECT_EQ(d.builds(), 2u) << "each build decodes its own";
+  EXPECT_EQ(d.reuses(), 0u);
+  EXPECT_EQ(d.mismatches(), 0u) << "a different build id is no lie";
+  std::filesystem::remove(image);
+}
+
+// A guest that says it runs another's build (the same build id) with other text: the branch
+// its text has and the other's has not must still be seen. Image A is the demo with
+// demo_cross_from's `jmp 1b` into demo_cross_into made a jump to itself (no branch between
+// the two), its build id unchanged; domain B runs the demo itself. A is indexed first.
+TEST(JumpIndex, AForgedBuildIdWithOtherTextIsNotReused) {
+  JumpIndexCache::process().clear();
+  const Delta d;
+  const std::uint64_t jmp = demo_sym("demo_cross_from") + 5;
+  {
+    std::vector<char> f = demo_file();
+    ASSERT_EQ(static_cast<std::uint8_t>(f[file_offset(f, jmp, 2)]), 0xeb) << "guest/safety.S changed";
+  }
+  const std::string image = demo_image_with(jmp, {0xeb, 0xfe}, "forged");
+  SessionGuest g(config(image), {}, guest_channel());
+  const DomId b = add_domain(g);
+  const Gva into{demo_sym("demo_cross_into")};
+  ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+  auto a = g.session->probe(g.dom, into, nothing, {}, ProbeOptions{ProbeMethod::Jump});
+  ASSERT_TRUE(a) << "image A has no branch into demo_cross_into: " << a.error().what;
+  EXPECT_EQ(a->info()->method, ProbeMethod::Jump);
+
+  ASSERT_TRUE(g.session->prepare_jump_probes(b));
+  EXPECT_EQ(d.reuses(), 0u) << "B's text is not A's: A's index must not serve it";
+  EXPECT_EQ(d.mismatches(), 1u);
+  EXPECT_EQ(d.builds(), 2u);
+  auto p = g.session->probe(b, into, nothing, {}, ProbeOptions{ProbeMethod::Jump});
+  ASSERT_FALSE(p) << "B's branch from demo_cross_from lands inside the region";
+  EXPECT_NE(p.error().what.find("a branch from demo_cross_from"), std::string::npos) << p.error().what;
+  std::filesystem::remove(image);
+}
+
+// ---- The build id, from hostile bytes.
+
+std::vector<std::uint8_t> note(std::uint32_t namesz, std::uint32_t descsz, std::uint32_t type, std::string name,
+                               std::vector<std::uint8_t> desc) {
+  const std::size_t name_at = 12, desc_at = name_at + ((name.size() + 3) & ~std::size_t{3});
+  std::vector<std::uint8_t> n(desc_at + ((desc.size() + 3) & ~std::size_t{3}), 0);
+  const std::uint32_t h[3] = {namesz, descsz, type};
+  std::memcpy(n.data(), h, sizeof h);
+  for (std::size_t k = 0; k < name.size(); ++k) n[name_at + k] = static_cast<std::uint8_t>(name[k]);
+  for (std::size_t k = 0; k < desc.size(); ++k) n[desc_at + k] = desc[k];
+  return n;
+}
+
+TEST(JumpIndexBuild, TheGnuBuildIdIsFoundAfterOtherNotes) {
+  auto xen = note(4, 8, 1, std::string("Xen\0", 4), std::vector<std::uint8_t>(8, 7));
+  auto gnu = note(4, 3, NT_GNU_BUILD_ID, std::string("GNU\0", 4), {0xab, 0x01, 0xff});
+  xen.insert(xen.end(), gnu.begin(), gnu.end());
+  EXPECT_EQ(probe::gnu_build_id(xen), "ab01ff");
+}
+
+TEST(JumpIndexBuild, MalformedNotesGiveNoBuildId) {
+  const std::string gnu("GNU\0", 4);
+  EXPECT_FALSE(probe::gnu_build_id({}));
+  auto n = note(4, 20, NT_GNU_BUILD_ID, gnu, std::vector<std::uint8_t>(20, 1));
+  EXPECT_FALSE(probe::gnu_build_id(std::span(n).first(n.size() - 4))) << "its descriptor runs past the notes";
+  auto huge = note(4, 20, NT_GNU_BUILD_ID, gnu, std::vector<std::uint8_t>(20, 1));
+  const std::uint32_t big = 0xfffffff0u;
+  std::memcpy(huge.data(), &big, 4);
+  EXPECT_FALSE(probe::gnu_build_id(huge)) << "a name size past the notes";
+  EXPECT_FALSE(probe::gnu_build_id(note(4, 0, NT_GNU_BUILD_ID, gnu, {})));
+  EXPECT_FALSE(probe::gnu_build_id(note(4, 65, NT_GNU_BUILD_ID, gnu, std::vector<std::uint8_t>(65, 1))))
+      << "longer than any build id";
+  EXPECT_FALSE(probe::gnu_build_id(note(4, 4, NT_GNU_BUILD_ID, std::string("GNV\0", 4), {1, 2, 3, 4})));
+}
+
+TEST(JumpIndexBuild, TheKeyedHashDoesNotDependOnHowTheBytesArePassed) {
+  std::vector<std::uint8_t> b(1000);
+  for (std::size_t k = 0; k < b.size(); ++k) b[k] = static_cast<std::uint8_t>(k * 7);
+  probe::KeyedHash whole, pieces, other;
+  whole.update(b);
+  pieces.update(std::span(b).first(3));
+  pieces.update(std::span(b).subspan(3, 500));
+  pieces.update(std::span(b).subspan(503));
+  EXPECT_EQ(whole.finish(), pieces.finish());
+  b[999] ^= 1;
+  other.update(b);
+  EXPECT_NE(whole.finish(), other.finish());
+}
+
+}  // namespace
+}  // namespace xenprobes::testing
