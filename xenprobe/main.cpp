@@ -95,6 +95,8 @@ SIMULATED XEN
   iterations of its deterministic workload and halt; xenprobe then ends by itself.
   --sim-destroy NAME@HITS destroys a guest once HITS of its hits have been handled (xl destroy).
   --sim-ring-order N gives the simulated guest module's async rings 2^N bytes each (12..24).
+  --sim-image ELF boots another guest image (its symbols from its memory, or --symbols);
+  --sim-no-module runs the guests without the guest module (agentless, vm_event).
 
 EXIT STATUS
   0 done; 1 the program, the options or the attachment was wrong, or the session failed
@@ -124,6 +126,7 @@ struct Options {
   std::uint64_t sim_iterations = 0;
   std::string sim_type = "pv";
   std::string sim_image;                 // "" = the demo guest
+  bool sim_no_module = false;            // the simulated guests run without the guest module
   std::vector<std::string> sim_destroy;  // NAME@HITS
   unsigned sim_ring_order = 0;           // 0 = the simulated module's default
   std::string list_pattern = "*";
@@ -358,6 +361,7 @@ class Tool {
         c.start_paused = true;  // started once the probes are in place
         c.image = o_.sim_image;
         if (o_.sim_ring_order) c.module_ring_order = o_.sim_ring_order;
+        c.publish_module = !o_.sim_no_module;
         if (o_.sim_type == "hvm" || o_.sim_type == "pvh") c.type = xenprobes::hv::GuestType::Hvm;
         else if (o_.sim_type != "pv") die("--sim-type: pv, pvh or hvm");
         auto id = host_->create_domain(c);
@@ -443,8 +447,9 @@ class Tool {
     }
     // The others: the kernel's own kallsyms, found and decoded in the guest's memory (KASLR
     // included: the tables hold running addresses). The simulated Xen's demo guest comes with
-    // its System.map, which the library loads by itself.
-    if (!symbols || session_->hypervisor().name() == "sim") return;
+    // its System.map, which the library loads by itself; a guest booted from --sim-image is
+    // read as a real one is.
+    if (!symbols || (session_->hypervisor().name() == "sim" && o_.sim_image.empty())) return;
     for (Target& t : targets_) {
       if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
@@ -946,8 +951,11 @@ static int run_main(int argc, char** argv) {
                  "the simulated module's, 14)");
     a.add_option("--sim-image", o.sim_image,
                  "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
-                 "give --symbols; default: the demo guest)")
+                 "its kallsyms, read from its memory as on a real Xen, or --symbols; default: the demo guest)")
         ->check(CLI::ExistingFile);
+    a.add_flag("--sim-no-module", o.sim_no_module,
+               "the simulated guests run without the guest module (agentless: only vm_event can probe them, "
+               "with --sim-type pvh or hvm)");
   };
   add_common(app);
   app.add_option("--btf", o.btf,

@@ -69,6 +69,7 @@ TEST(Xenprobe, HelpNamesEveryOption) {
                         "--sim-iterations",
                         "--sim-type",
                         "--sim-image",
+                        "--sim-no-module",
                         "--sim-destroy",
                         "--sim-ring-order",
                         "list",
