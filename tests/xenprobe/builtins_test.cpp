@@ -146,5 +146,25 @@ TEST(XenprobeBuiltins, ArgumentsRetvalCpuAndTheCurrentTasksCommPidTid) {
   std::fclose(sink);
 }
 
+// bpftrace's builtins and functions xenprobe does not have fail when the program is checked, at
+// their position, each saying what to use instead (never a bare "not supported").
+TEST(XenprobeBuiltins, EachUnsupportedOneSaysWhatToUseInstead) {
+  for (const char* name : {"cgroup", "rand", "numaid", "ntop", "sizeof", "offsetof", "uptr", "macaddr", "cgroup_path",
+                           "uid", "elapsed", "ksym", "stats", "curtask", "jiffies"}) {
+    const std::string prog = std::string("kprobe:f { @ = ") + name + "(arg0); }";
+    try {
+      xenprobe::compile(xenprobe::parse(prog), nullptr);
+      ADD_FAILURE() << prog << " was accepted";
+    } catch (const xenprobe::ProgramError& e) {
+      EXPECT_EQ(e.pos.line, 1) << name;
+      EXPECT_EQ(e.pos.col, 16) << name;
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      // What to use, or why it is not needed: more than the words "not supported".
+      EXPECT_NE(e.hint, "not supported") << name;
+      EXPECT_GE(e.hint.size(), 20u) << name << ": " << e.hint;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xenprobes::testing
