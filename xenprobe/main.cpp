@@ -599,7 +599,7 @@ class Tool {
             if (!p) {
               if (!spec.wildcard)
                 fail_attach(t, site->probe + ": " + p.error().what +
-                                   (p.error().code == xenprobes::Errc::NotFound ? module_note(fn) : ""));
+                                   (p.error().code == xenprobes::Errc::NotFound ? not_found_note(t, fn) : ""));
               if (!skipped++) first_skip = site->probe + ": " + p.error().what;
               continue;
             }
@@ -650,6 +650,12 @@ class Tool {
     if (colon == std::string::npos) return {};
     return "; a module's functions are those of the modules loaded when xenprobe starts: if " +
            function.substr(0, colon) + " is not loaded, load it in the guest, then start xenprobe";
+  }
+
+  // After "no symbol" for FUNC: where to look for the name (or, for MODULE:FUNC, module_note).
+  static std::string not_found_note(const Target& t, const std::string& function) {
+    if (function.find(':') != std::string::npos) return module_note(function);
+    return " (the functions whose names contain it: xenprobe list -d " + t.name + " '*" + function + "*')";
   }
 
   [[noreturn]] void fail_attach(const Target& t, const std::string& what) {
