@@ -96,7 +96,7 @@ SIMULATED XEN
   --sim-destroy NAME@HITS destroys a guest once HITS of its hits have been handled (xl destroy).
   --sim-ring-order N gives the simulated guest module's async rings 2^N bytes each (12..24).
   --sim-image ELF boots another guest image (its symbols from its memory, or --symbols);
-  --sim-no-module runs the guests without the guest module (agentless, vm_event).
+  --sim-no-module GLOB runs the guests it names without the guest module (agentless: vm_event).
 
 EXIT STATUS
   0 done; 1 the program, the options or the attachment was wrong, or the session failed
@@ -125,10 +125,10 @@ struct Options {
   unsigned sim_vcpus = 2;
   std::uint64_t sim_iterations = 0;
   std::string sim_type = "pv";
-  std::string sim_image;                 // "" = the demo guest
-  bool sim_no_module = false;            // the simulated guests run without the guest module
-  std::vector<std::string> sim_destroy;  // NAME@HITS
-  unsigned sim_ring_order = 0;           // 0 = the simulated module's default
+  std::string sim_image;                   // "" = the demo guest
+  std::vector<std::string> sim_no_module;  // globs of simulated guests without the guest module
+  std::vector<std::string> sim_destroy;    // NAME@HITS
+  unsigned sim_ring_order = 0;             // 0 = the simulated module's default
   std::string list_pattern = "*";
   bool check_only = false;
   unsigned maxactive = 64;
@@ -361,7 +361,8 @@ class Tool {
         c.start_paused = true;  // started once the probes are in place
         c.image = o_.sim_image;
         if (o_.sim_ring_order) c.module_ring_order = o_.sim_ring_order;
-        c.publish_module = !o_.sim_no_module;
+        c.publish_module = std::none_of(o_.sim_no_module.begin(), o_.sim_no_module.end(),
+                                        [&](const std::string& g) { return names_domain(g, c.name, DomId{i}); });
         if (o_.sim_type == "hvm" || o_.sim_type == "pvh") c.type = xenprobes::hv::GuestType::Hvm;
         else if (o_.sim_type != "pv") die("--sim-type: pv, pvh or hvm");
         auto id = host_->create_domain(c);
@@ -959,9 +960,10 @@ static int run_main(int argc, char** argv) {
                  "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
                  "its kallsyms, read from its memory as on a real Xen, or --symbols; default: the demo guest)")
         ->check(CLI::ExistingFile);
-    a.add_flag("--sim-no-module", o.sim_no_module,
-               "the simulated guests run without the guest module (agentless: only vm_event can probe them, "
-               "with --sim-type pvh or hvm)");
+    a.add_option("--sim-no-module", o.sim_no_module,
+                 "GLOB: the simulated guests it names (a name, domid or glob, like -d) run without the guest "
+                 "module (agentless: only vm_event can probe them, with --sim-type pvh or hvm)")
+        ->allow_extra_args(false);
   };
   add_common(app);
   app.add_option("--btf", o.btf,

@@ -29,7 +29,7 @@ struct AgentlessImage {
 };
 
 std::vector<std::string> agentless(const AgentlessImage& img) {
-  return {"--sim", "--sim-type", "pvh", "--sim-no-module", "--sim-image", img.path};
+  return {"--sim", "--sim-type", "pvh", "--sim-no-module", "sim-1", "--sim-image", img.path};
 }
 
 constexpr std::uint64_t kRecurseCalls = DEMO_RECURSE_DEPTH + 1 + DEMO_DISPATCH_RECURSE_DEPTH + 1;
@@ -75,6 +75,21 @@ TEST(XenprobeAgentless, SymbolsAndTypesFromTheGuestsMemoryThroughVmEvent) {
   EXPECT_NE(t.err.find("error: no struct file in the BTF of sim-1's kernel (read from its memory)"), std::string::npos)
       << t.err;
   EXPECT_EQ(t.out, "");
+}
+
+// The library picks each domain's channel: a guest with the module gets the guest channel, one
+// without it vm_event, in one run; each counts exactly.
+TEST(XenprobeAgentless, EachDomainGetsItsOwnChannel) {
+  constexpr std::uint64_t K = 4;
+  ToolRun r = run({"--sim", "--sim-guests", "2", "--sim-vcpus", "1", "--sim-type", "pvh", "--sim-no-module", "2",
+                   "--sim-iterations", std::to_string(K), "-d", "sim-*", "-e", "kprobe:sys_getppid { @c = count(); }"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("[sim-1] Attaching 1 probe to sim-1 (domain 1, channel guest)...\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[sim-2] Attaching 1 probe to sim-2 (domain 2, channel vmevent)...\n"), std::string::npos)
+      << r.out;
+  for (const char* dom : {"[sim-1] @c: ", "[sim-2] @c: "})
+    EXPECT_NE(r.out.find(dom + std::to_string(2 * K) + "\n"), std::string::npos) << dom << "\n" << r.out;
 }
 
 // A System.map of a kernel that KASLR moved (linked 2 MiB below where the guest runs), given
