@@ -185,8 +185,8 @@ class BtfFile final : public TypeSource {
       const std::uint32_t bit = btf_member_bit_offset(t, i);
       if (mn && *mn) {
         if (name == mn) {
-          MemberDesc d{global(part, m[i].type), base + bit / 8, btf_member_bitfield_size(t, i)};
-          if (bit % 8) d.bitfield = d.bitfield ? d.bitfield : 1;
+          MemberDesc d{global(part, m[i].type), base + bit / 8, btf_member_bitfield_size(t, i), bit % 8};
+          d.misaligned = d.bitfield == 0 && bit % 8 != 0;
           return d;
         }
       } else {

@@ -689,9 +689,20 @@ class Compiler {
       if (names.size() > 12) hint += ", ... (" + std::to_string(names.size()) + " in all)";
       error(e, types_->describe(record).name + " has no field '" + e.name + "'", names.empty() ? "" : hint);
     }
-    if (m->bitfield) error(e, "'" + e.name + "' is a bitfield, which xenprobe cannot read yet");
+    if (m->misaligned) error(e, "'" + e.name + "' starts inside a byte and is no bitfield, which xenprobe cannot read");
     e.offset = m->offset;
-    return from_btf(e, m->type, e.op, e.load_size, e.load_signed, true);
+    Type t = from_btf(e, m->type, e.op, e.load_size, e.load_signed, true);
+    if (m->bitfield) {
+      // The bytes that hold its bits, loaded whole (1, 2, 4 or 8), then shifted and masked.
+      const std::uint32_t bits = m->bit_shift + m->bitfield;
+      if (t.kind != Type::Kind::Int) error(e, "'" + e.name + "' is a bitfield of a type xenprobe cannot read");
+      if (m->bitfield > 64 || bits > 64)
+        error(e, "'" + e.name + "' is a bitfield over more than 8 bytes, which xenprobe cannot read");
+      e.bit_shift = static_cast<std::uint8_t>(m->bit_shift);
+      e.bit_width = static_cast<std::uint8_t>(m->bitfield);
+      e.load_size = bits <= 8 ? 1 : bits <= 16 ? 2 : bits <= 32 ? 4 : 8;
+    }
+    return t;
   }
 
   Type index(Expr& e) {

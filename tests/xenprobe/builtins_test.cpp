@@ -146,6 +146,56 @@ TEST(XenprobeBuiltins, ArgumentsRetvalCpuAndTheCurrentTasksCommPidTid) {
   std::fclose(sink);
 }
 
+// Bitfields through BTF: btf_types.c's struct demo_bits, compiled here for the host too (the
+// same C, the same little-endian layout), filled by C's own assignments; each field read by a
+// program is the value C stored, signed ones sign-extended.
+struct demo_bits {
+  std::uint32_t lo : 3;
+  std::uint32_t mid : 9;
+  std::int32_t neg : 5;
+  std::uint64_t wide : 40;
+  std::int64_t swide : 33;
+  std::uint8_t byte;
+};
+
+TEST(XenprobeBuiltins, BitfieldsReadAsCStoresThem) {
+  const std::string btf = test_btf_path();
+  if (btf.empty()) GTEST_SKIP() << "no clang to build the test BTF";
+  auto types = xenprobe::open_btf_file(btf);
+  xenprobe::Compiled c = xenprobe::compile(
+      xenprobe::parse("kprobe:f { $b = (struct demo_bits *)arg0; @lo = $b->lo; @mid = $b->mid; @neg = $b->neg; "
+                      "@wide = $b->wide; @swide = $b->swide; @byte = $b->byte; }"),
+      types.get());
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  ASSERT_NE(sink, nullptr);
+  xenprobe::Output out(xenprobe::OutputFormat::Json, sink, false);
+  xenprobe::Instance inst(c, out, "d", {});
+  const xenprobe::ProbeSite site{"f", "kprobe:f"};
+  const std::pair<std::int64_t, std::int64_t> cases[] = {{-7, -(std::int64_t{1} << 31) - 5}, {15, (1ll << 32) - 1}};
+  for (const auto& [neg, swide] : cases) {
+    unsigned char mem[64];
+    std::memset(mem, 0xa5, sizeof mem);  // bits around the fields are set: the masks must drop them
+    demo_bits b;
+    std::memcpy(&b, mem, sizeof b);
+    b.lo = 5, b.mid = 300, b.neg = static_cast<std::int32_t>(neg), b.wide = 0xabcdef1234ull, b.swide = swide;
+    b.byte = 0x7f;
+    std::memcpy(mem, &b, sizeof b);
+    FakeHit h;
+    h.r.rdi = 0xffff888000300000ull;
+    h.put(h.r.rdi, mem, sizeof mem);
+    inst.run(0, site, &h);
+    EXPECT_EQ(inst.read_errors(), 0u);
+    using M = std::map<std::string, std::int64_t>;
+    EXPECT_EQ(inst.snapshot("@lo"), (M{{"", 5}}));
+    EXPECT_EQ(inst.snapshot("@mid"), (M{{"", 300}}));
+    EXPECT_EQ(inst.snapshot("@neg"), (M{{"", neg}}));
+    EXPECT_EQ(inst.snapshot("@wide"), (M{{"", 0xabcdef1234ll}}));
+    EXPECT_EQ(inst.snapshot("@swide"), (M{{"", swide}}));
+    EXPECT_EQ(inst.snapshot("@byte"), (M{{"", 0x7f}}));
+  }
+  std::fclose(sink);
+}
+
 // bpftrace's builtins and functions xenprobe does not have fail when the program is checked, at
 // their position, each saying what to use instead (never a bare "not supported").
 TEST(XenprobeBuiltins, EachUnsupportedOneSaysWhatToUseInstead) {
