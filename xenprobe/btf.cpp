@@ -160,6 +160,7 @@ class BtfFile final : public TypeSource {
   }
 
   static std::string name_of(const btf* b, std::uint32_t id) {
+    if (id == 0) return "void";
     const btf_type* t = btf__type_by_id(b, id);
     if (!t) return "?";
     const char* n = btf__name_by_offset(b, t->name_off);

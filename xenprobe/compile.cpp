@@ -669,7 +669,10 @@ class Compiler {
     if (base.kind == Type::Kind::Ptr) {
       TypeDesc p = types_->describe(base.btf);
       if (p.kind != TypeDesc::Kind::Record)
-        error(e, "'->" + e.name + "' needs a pointer to a struct, not to " + (p.name.empty() ? "void" : p.name));
+        error(e,
+              "'" + std::string(e.arrow ? "->" : ".") + e.name + "' needs a pointer to a struct, not to " +
+                  (p.name.empty() ? "void" : p.name),
+              "cast the pointer to the struct it points to: ((struct NAME *)PTR)->" + e.name);
       if (!e.arrow) error(e, "'." + e.name + "' on a pointer", "use '->" + e.name + "'");
       record = p.id;
     } else if (base.kind == Type::Kind::Record) {

@@ -89,6 +89,13 @@ TEST(XenprobeBtf, FieldErrorsNameTheFieldsThereAre) {
             "its fields: f_u, f_path, f_flags\n");
   ToolRun bf = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_flags; }"});
   EXPECT_EQ(bf.status, 0) << bf.err;  // a bitfield (read: XenprobeBuiltins.BitfieldsReadAsCStoresThem)
+  ToolRun vp = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_u->x; }"});
+  EXPECT_EQ(vp.status, 1);
+  EXPECT_EQ(vp.err,
+            "-e:1:44: error: '->x' needs a pointer to a struct, not to void\n"
+            "kprobe:f { @ = ((struct file *)arg0)->f_u->x; }\n"
+            "                                           ^\n"
+            "cast the pointer to the struct it points to: ((struct NAME *)PTR)->x\n");
   ToolRun ns = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct inode *)arg0)->i_mode; }"});
   EXPECT_NE(ns.err.find("no struct inode in BTF file " + btf), std::string::npos) << ns.err;
   // A file that is not BTF at all.
