@@ -297,7 +297,8 @@ class Compiler {
     Type t = expression(v);
     if (t.kind == Type::Kind::Array && t.char_like) t = to_string(s.value);
     if (t.kind != Type::Kind::Str && !t.is_int())
-      error(*s.value, "a map value must be an integer, a string or an aggregation, not " + describe(t));
+      error(*s.value, "a map value must be an integer, a string or an aggregation, not " + describe(t),
+            "store one of its fields (.FIELD) or elements ([N])");
     MapDecl* m = find_map(target.name);
     if (m && m->kind != MapKind::Int && m->kind != MapKind::Str && t.is_int() &&
         (m->kind == MapKind::Count || m->kind == MapKind::Sum)) {

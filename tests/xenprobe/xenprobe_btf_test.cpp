@@ -89,6 +89,13 @@ TEST(XenprobeBtf, FieldErrorsNameTheFieldsThereAre) {
             "its fields: f_u, f_path, f_flags\n");
   ToolRun bf = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_flags; }"});
   EXPECT_EQ(bf.status, 0) << bf.err;  // a bitfield (read: XenprobeBuiltins.BitfieldsReadAsCStoresThem)
+  ToolRun st = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_path; }"});
+  EXPECT_EQ(st.status, 1);
+  EXPECT_TRUE(
+      st.err.ends_with("not a struct\nkprobe:f { @ = ((struct file *)arg0)->f_path; }\n"
+                       "                                      ^~~~~~\n"
+                       "store one of its fields (.FIELD) or elements ([N])\n"))
+      << st.err;
   ToolRun vp = run({"--check", "--btf", btf, "-e", "kprobe:f { @ = ((struct file *)arg0)->f_u->x; }"});
   EXPECT_EQ(vp.status, 1);
   EXPECT_EQ(vp.err,
