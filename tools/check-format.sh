@@ -14,7 +14,7 @@ command -v clang-format-14 >/dev/null || {
   exit 1
 }
 
-files=$(find bench examples guest include libxenprobes tests tools xenprobe xenprobesd -type f \
+files=$(find bench examples guest include libxenprobes shared tests tools xenprobe xenprobesd -type f \
           \( -name '*.c' -o -name '*.h' -o -name '*.cpp' -o -name '*.hpp' \) \
           ! -path include/xenprobes/protocol.h ! -path 'tools/e2e/domu/*' | sort)
 

@@ -19,7 +19,10 @@
 # ...; probe and api everything below them). The public headers include only each other (and
 # the C++ library). A folder under
 # libxenprobes/ that is not in the list fails the check too: a new layer gets its place here
-# and in docs/architecture.md first. The test command (tools/run-tests.sh) runs this.
+# and in docs/architecture.md first. The top-level shared/ holds headers that the library and
+# the programs both compile (shared/README.md): any layer may include "shared/...", and a
+# header there includes no header of the project (only <...> ones). The test command
+# (tools/run-tests.sh) runs this.
 #
 #   sh tools/check-layers.sh
 set -eu
@@ -76,6 +79,7 @@ echo "$includes" | {
         continue ;;
     esac
     [ "$target" = xenprobes ] && continue
+    [ "$target" = shared ] && continue  # shared/: below every layer (checked below)
     layer=$(echo "$file" | cut -d/ -f2)
     [ "$target" = "$layer" ] && continue
     own=$(rank_of "$layer")
@@ -99,6 +103,14 @@ echo "$includes" | {
   done
   exit $status
 } || bad=1
+
+# shared/ sits below the library's layers: its headers include only system and third-party ones.
+for f in $(find shared -type f \( -name '*.h' -o -name '*.hpp' -o -name '*.c' -o -name '*.cpp' \) 2>/dev/null); do
+  if grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" >&2; then
+    echo "$f: includes a header of the project (above): a header in shared/ includes only <...> ones" >&2
+    bad=1
+  fi
+done
 
 if [ "$bad" != 0 ]; then
   echo "check-layers: FAILED (docs/architecture.md says what each layer may use)" >&2

@@ -1,13 +1,12 @@
 // TypeSource over a BTF file, read with libbpf's BTF API.
 #include <bpf/btf.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 
+#include "shared/btf_split.hpp"
 #include "types.hpp"
 
 namespace xenprobe {
@@ -161,6 +160,7 @@ class BtfFile final : public TypeSource {
   }
 
   static std::string name_of(const btf* b, std::uint32_t id) {
+    if (id == 0) return "void";
     const btf_type* t = btf__type_by_id(b, id);
     if (!t) return "?";
     const char* n = btf__name_by_offset(b, t->name_off);
@@ -186,8 +186,8 @@ class BtfFile final : public TypeSource {
       const std::uint32_t bit = btf_member_bit_offset(t, i);
       if (mn && *mn) {
         if (name == mn) {
-          MemberDesc d{global(part, m[i].type), base + bit / 8, btf_member_bitfield_size(t, i)};
-          if (bit % 8) d.bitfield = d.bitfield ? d.bitfield : 1;
+          MemberDesc d{global(part, m[i].type), base + bit / 8, btf_member_bitfield_size(t, i), bit % 8};
+          d.misaligned = d.bitfield == 0 && bit % 8 != 0;
           return d;
         }
       } else {
@@ -224,33 +224,6 @@ class BtfFile final : public TypeSource {
   std::vector<Part> parts_;
 };
 
-// Split BTF over `base` from bytes: btf__new_split, which Debian 12's libbpf 1.1.2 declares
-// but does not export; btf__parse_raw_split parses a file's bytes the same way (both end in
-// libbpf's btf_new(data, size, base)), so the bytes go through a memfd. Null, errno set, when
-// libbpf refuses them.
-btf* new_split(std::span<const std::byte> data, btf* base) {
-  const int fd = memfd_create("xenprobe-module-btf", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      errno = e ? e : EIO;
-      return nullptr;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  errno = 0;
-  btf* b = btf__parse_raw_split(path.c_str(), base);
-  const int e = errno;
-  ::close(fd);
-  if (!b) errno = e ? e : EINVAL;
-  return b;
-}
-
 }  // namespace
 
 std::unique_ptr<TypeSource> open_btf_file(const std::string& path) {
@@ -272,7 +245,7 @@ std::unique_ptr<TypeSource> open_btf_bytes(std::span<const std::byte> bytes, con
   auto file = std::make_unique<BtfFile>(b, what);
   for (const ModuleTypes& m : modules) {
     if (m.btf.size() > std::numeric_limits<__u32>::max()) continue;
-    btf* s = new_split(m.btf, b);
+    btf* s = xp_shared::btf_new_split(m.btf, b);
     if (!s) {
       if (refused) refused->push_back(m.module + ": libbpf refused its BTF: " + std::strerror(errno ? errno : EINVAL));
       continue;

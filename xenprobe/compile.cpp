@@ -38,13 +38,14 @@ constexpr UnsupportedName kUnsupported[] = {
     {"gid", "not supported: read it through BTF, e.g. ((struct task_struct *)ADDR)->cred->gid.val"},
     {"username", "not supported: Dom0 cannot see the guest's user names"},
     {"elapsed", "not supported: use nsecs and keep the start in a map (@start = nsecs in BEGIN)"},
-    {"cgroup", "not supported"},
+    {"cgroup", "not supported: filter by comm, pid or tid, or read the task's cgroups through BTF fields"},
     {"curtask", "not supported: comm, pid and tid read the current task through the guest kernel's BTF"},
-    {"rand", "not supported"},
+    {"rand",
+     "not supported: to sample every Nth hit, count and test the count: @n = count(); if (@n % 10 == 0) { ... }"},
     {"args", "use arg0 ... arg5"},
     {"ctx", "use arg0 ... arg5 and retval"},
     {"jiffies", "not supported: use nsecs (Dom0's monotonic clock)"},
-    {"numaid", "not supported"},
+    {"numaid", "not supported: use cpu (the hit vCPU)"},
     {"sarg0", "stack arguments are not supported: use arg0 ... arg5"},
     {"system", "not supported: xenprobe never runs commands"},
     {"cat", "not supported: xenprobe never reads Dom0 files from a program"},
@@ -53,21 +54,21 @@ constexpr UnsupportedName kUnsupported[] = {
     {"strftime", "not supported: print nsecs with printf"},
     {"ksym", "not supported yet: print the address with printf(\"%lx\")"},
     {"usym", "not supported: xenprobe probes guest kernels"},
-    {"ntop", "not supported"},
+    {"ntop", "not supported: read the address's bytes through BTF fields and print them with printf"},
     {"buf", "not supported: use str(addr, n)"},
     {"reg", "use arg0 ... arg5 and retval"},
     {"signal", "not supported: xenprobe never changes the guest"},
     {"override", "not supported: xenprobe never changes the guest"},
     {"strncmp", "compare whole strings: str(arg0) == \"name\""},
-    {"sizeof", "not supported"},
-    {"offsetof", "not supported"},
+    {"sizeof", "not supported: casts and field access take sizes and offsets from BTF; write a constant otherwise"},
+    {"offsetof", "not supported: casts and field access take sizes and offsets from BTF; write a constant otherwise"},
     {"zero", "use clear(@map)"},
     {"stats", "use count(), sum() and avg() in three maps"},
     {"tseries", "not supported: use interval:s:N { print(@m); clear(@m); }"},
     {"kptr", "not needed: casts read guest kernel memory"},
-    {"uptr", "not supported"},
-    {"macaddr", "not supported"},
-    {"cgroup_path", "not supported"},
+    {"uptr", "not needed: str() and casts read through the hit vCPU's page tables, user pointers included"},
+    {"macaddr", "not supported: read the six bytes through BTF fields and print them with printf(\"%02x:...\")"},
+    {"cgroup_path", "not supported: follow the cgroup's kernfs node through BTF fields and print its name with str()"},
     {"path", "not supported: follow the dentry through BTF fields"},
     {"percpu_kaddr", "not supported: comm, pid and tid read the current task through the guest kernel's BTF"},
 };
@@ -296,7 +297,8 @@ class Compiler {
     Type t = expression(v);
     if (t.kind == Type::Kind::Array && t.char_like) t = to_string(s.value);
     if (t.kind != Type::Kind::Str && !t.is_int())
-      error(*s.value, "a map value must be an integer, a string or an aggregation, not " + describe(t));
+      error(*s.value, "a map value must be an integer, a string or an aggregation, not " + describe(t),
+            "store one of its fields (.FIELD) or elements ([N])");
     MapDecl* m = find_map(target.name);
     if (m && m->kind != MapKind::Int && m->kind != MapKind::Str && t.is_int() &&
         (m->kind == MapKind::Count || m->kind == MapKind::Sum)) {
@@ -668,7 +670,10 @@ class Compiler {
     if (base.kind == Type::Kind::Ptr) {
       TypeDesc p = types_->describe(base.btf);
       if (p.kind != TypeDesc::Kind::Record)
-        error(e, "'->" + e.name + "' needs a pointer to a struct, not to " + (p.name.empty() ? "void" : p.name));
+        error(e,
+              "'" + std::string(e.arrow ? "->" : ".") + e.name + "' needs a pointer to a struct, not to " +
+                  (p.name.empty() ? "void" : p.name),
+              "cast the pointer to the struct it points to: ((struct NAME *)PTR)->" + e.name);
       if (!e.arrow) error(e, "'." + e.name + "' on a pointer", "use '->" + e.name + "'");
       record = p.id;
     } else if (base.kind == Type::Kind::Record) {
@@ -688,9 +693,20 @@ class Compiler {
       if (names.size() > 12) hint += ", ... (" + std::to_string(names.size()) + " in all)";
       error(e, types_->describe(record).name + " has no field '" + e.name + "'", names.empty() ? "" : hint);
     }
-    if (m->bitfield) error(e, "'" + e.name + "' is a bitfield, which xenprobe cannot read yet");
+    if (m->misaligned) error(e, "'" + e.name + "' starts inside a byte and is no bitfield, which xenprobe cannot read");
     e.offset = m->offset;
-    return from_btf(e, m->type, e.op, e.load_size, e.load_signed, true);
+    Type t = from_btf(e, m->type, e.op, e.load_size, e.load_signed, true);
+    if (m->bitfield) {
+      // The bytes that hold its bits, loaded whole (1, 2, 4 or 8), then shifted and masked.
+      const std::uint32_t bits = m->bit_shift + m->bitfield;
+      if (t.kind != Type::Kind::Int) error(e, "'" + e.name + "' is a bitfield of a type xenprobe cannot read");
+      if (m->bitfield > 64 || bits > 64)
+        error(e, "'" + e.name + "' is a bitfield over more than 8 bytes, which xenprobe cannot read");
+      e.bit_shift = static_cast<std::uint8_t>(m->bit_shift);
+      e.bit_width = static_cast<std::uint8_t>(m->bitfield);
+      e.load_size = bits <= 8 ? 1 : bits <= 16 ? 2 : bits <= 32 ? 4 : 8;
+    }
+    return t;
   }
 
   Type index(Expr& e) {

@@ -147,6 +147,9 @@ struct Expr {
   std::int64_t offset = 0;  // field offset, index element size, cast width...
   std::uint32_t load_size = 0;
   bool load_signed = false;
+  // Load of a bitfield: bits [bit_shift, bit_shift + bit_width) of the load_size bytes loaded
+  // (little-endian), sign-extended when load_signed. 0: the whole load.
+  std::uint8_t bit_shift = 0, bit_width = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 

@@ -95,6 +95,8 @@ SIMULATED XEN
   iterations of its deterministic workload and halt; xenprobe then ends by itself.
   --sim-destroy NAME@HITS destroys a guest once HITS of its hits have been handled (xl destroy).
   --sim-ring-order N gives the simulated guest module's async rings 2^N bytes each (12..24).
+  --sim-image ELF boots another guest image (its symbols from its memory, or --symbols);
+  --sim-no-module GLOB runs the guests it names without the guest module (agentless: vm_event).
 
 EXIT STATUS
   0 done; 1 the program, the options or the attachment was wrong, or the session failed
@@ -123,9 +125,10 @@ struct Options {
   unsigned sim_vcpus = 2;
   std::uint64_t sim_iterations = 0;
   std::string sim_type = "pv";
-  std::string sim_image;                 // "" = the demo guest
-  std::vector<std::string> sim_destroy;  // NAME@HITS
-  unsigned sim_ring_order = 0;           // 0 = the simulated module's default
+  std::string sim_image;                   // "" = the demo guest
+  std::vector<std::string> sim_no_module;  // globs of simulated guests without the guest module
+  std::vector<std::string> sim_destroy;    // NAME@HITS
+  unsigned sim_ring_order = 0;             // 0 = the simulated module's default
   std::string list_pattern = "*";
   bool check_only = false;
   unsigned maxactive = 64;
@@ -358,6 +361,8 @@ class Tool {
         c.start_paused = true;  // started once the probes are in place
         c.image = o_.sim_image;
         if (o_.sim_ring_order) c.module_ring_order = o_.sim_ring_order;
+        c.publish_module = std::none_of(o_.sim_no_module.begin(), o_.sim_no_module.end(),
+                                        [&](const std::string& g) { return names_domain(g, c.name, DomId{i}); });
         if (o_.sim_type == "hvm" || o_.sim_type == "pvh") c.type = xenprobes::hv::GuestType::Hvm;
         else if (o_.sim_type != "pv") die("--sim-type: pv, pvh or hvm");
         auto id = host_->create_domain(c);
@@ -443,8 +448,9 @@ class Tool {
     }
     // The others: the kernel's own kallsyms, found and decoded in the guest's memory (KASLR
     // included: the tables hold running addresses). The simulated Xen's demo guest comes with
-    // its System.map, which the library loads by itself.
-    if (!symbols || session_->hypervisor().name() == "sim") return;
+    // its System.map, which the library loads by itself; a guest booted from --sim-image is
+    // read as a real one is.
+    if (!symbols || (session_->hypervisor().name() == "sim" && o_.sim_image.empty())) return;
     for (Target& t : targets_) {
       if (given_symbols.contains(t.id.value)) continue;
       if (auto r = session_->load_symbols_from_guest(t.id); !r)
@@ -594,7 +600,7 @@ class Tool {
             if (!p) {
               if (!spec.wildcard)
                 fail_attach(t, site->probe + ": " + p.error().what +
-                                   (p.error().code == xenprobes::Errc::NotFound ? module_note(fn) : ""));
+                                   (p.error().code == xenprobes::Errc::NotFound ? not_found_note(t, fn) : ""));
               if (!skipped++) first_skip = site->probe + ": " + p.error().what;
               continue;
             }
@@ -645,6 +651,12 @@ class Tool {
     if (colon == std::string::npos) return {};
     return "; a module's functions are those of the modules loaded when xenprobe starts: if " +
            function.substr(0, colon) + " is not loaded, load it in the guest, then start xenprobe";
+  }
+
+  // After "no symbol" for FUNC: where to look for the name (or, for MODULE:FUNC, module_note).
+  static std::string not_found_note(const Target& t, const std::string& function) {
+    if (function.find(':') != std::string::npos) return module_note(function);
+    return " (the functions whose names contain it: xenprobe list -d " + t.name + " '*" + function + "*')";
   }
 
   [[noreturn]] void fail_attach(const Target& t, const std::string& what) {
@@ -946,8 +958,12 @@ static int run_main(int argc, char** argv) {
                  "the simulated module's, 14)");
     a.add_option("--sim-image", o.sim_image,
                  "a static x86-64 guest ELF the simulated guests boot instead of the demo guest (its symbols: "
-                 "give --symbols; default: the demo guest)")
+                 "its kallsyms, read from its memory as on a real Xen, or --symbols; default: the demo guest)")
         ->check(CLI::ExistingFile);
+    a.add_option("--sim-no-module", o.sim_no_module,
+                 "GLOB: the simulated guests it names (a name, domid or glob, like -d) run without the guest "
+                 "module (agentless: only vm_event can probe them, with --sim-type pvh or hvm)")
+        ->allow_extra_args(false);
   };
   add_common(app);
   app.add_option("--btf", o.btf,

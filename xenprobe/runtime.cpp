@@ -427,7 +427,19 @@ void Instance::eval(const Expr& e, Value& out) {
     }
     case Op::PtrCast: out.i = eval_int(*e.kids[0]); return;
     case Op::Load:
-      out.i = load(static_cast<std::uint64_t>(eval_int(*e.kids[0]) + e.offset), e.load_size, e.load_signed);
+      if (e.bit_width) {  // a bitfield: its bits of the bytes that hold them
+        const auto raw = static_cast<std::uint64_t>(
+            load(static_cast<std::uint64_t>(eval_int(*e.kids[0]) + e.offset), e.load_size, false));
+        std::uint64_t v = raw >> e.bit_shift;
+        if (e.bit_width < 64) {
+          const std::uint64_t mask = (std::uint64_t{1} << e.bit_width) - 1;
+          v &= mask;
+          if (e.load_signed && (v >> (e.bit_width - 1)) & 1) v |= ~mask;
+        }
+        out.i = static_cast<std::int64_t>(v);
+      } else {
+        out.i = load(static_cast<std::uint64_t>(eval_int(*e.kids[0]) + e.offset), e.load_size, e.load_signed);
+      }
       return;
     case Op::AddrOffset: out.i = eval_int(*e.kids[0]) + e.offset; return;
     case Op::IndexLoad:

@@ -27,9 +27,11 @@ struct TypeDesc {
 };
 
 struct MemberDesc {
-  std::uint32_t type = 0;      // unresolved id
-  std::uint32_t offset = 0;    // bytes from the start of the record
-  std::uint32_t bitfield = 0;  // bits, 0 if not a bitfield
+  std::uint32_t type = 0;       // unresolved id
+  std::uint32_t offset = 0;     // bytes from the start of the record
+  std::uint32_t bitfield = 0;   // bits, 0 if not a bitfield
+  std::uint32_t bit_shift = 0;  // a bitfield's first bit in the byte at `offset` (0 ... 7)
+  bool misaligned = false;      // not a bitfield, yet not at a byte boundary: unreadable
 };
 
 class TypeSource {

@@ -12,15 +12,13 @@
 #include <set>
 #include <string>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include "common/bytes.hpp"
 #include "common/hex.hpp"
 #include "common/log.hpp"
 #include "kernel/btf.hpp"
 #include "kernel/module_symbols.hpp"
 #include "kernel/modules_internal.hpp"
+#include "shared/btf_split.hpp"
 
 namespace xenprobes::kernel {
 namespace {
@@ -32,36 +30,6 @@ struct BtfFree {
   void operator()(btf* b) const { btf__free(b); }
 };
 using BtfPtr = std::unique_ptr<btf, BtfFree>;
-
-// Split BTF over `base` from bytes in memory. libbpf's btf__new_split would do, but Debian 12's
-// libbpf 1.1.2 declares it without exporting it; btf__parse_raw_split reads a file and parses
-// its bytes exactly as btf__new_split does (both end in libbpf's btf_new(data, size, base)), so
-// the bytes go through a memfd. Null (errno set) when libbpf refuses them.
-btf* new_split(std::span<const std::byte> data, btf* base) {
-  const int fd = memfd_create("xenprobes-module-btf", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      errno = e ? e : EIO;
-      return nullptr;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  errno = 0;
-  btf* b = btf__parse_raw_split(path.c_str(), base);
-  const int e = errno;
-  ::close(fd);
-  if (!b || libbpf_get_error(b)) {
-    errno = e ? e : EINVAL;
-    return nullptr;
-  }
-  return b;
-}
 
 // A top-level member of struct `sid` by name: its byte offset and the type behind typedefs and
 // qualifiers. Bitfields and members off a byte boundary are no member here.
@@ -285,7 +253,7 @@ Result<std::uint32_t> validate_split_btf(std::span<const std::byte> blob, std::s
   // NULL, or (libbpf's old mode) an error pointer: not an object to free either way.
   if (!raw || libbpf_get_error(raw)) return fail(Errc::Io, "libbpf rejects the kernel's BTF the module's builds on");
   BtfPtr b(raw);
-  BtfPtr s(new_split(blob, b.get()));
+  BtfPtr s(xp_shared::btf_new_split(blob, b.get()));
   if (!s)
     return fail(Errc::Io, std::string("libbpf rejects the module's BTF as split BTF over the kernel's: ") +
                               std::strerror(errno ? errno : EINVAL));

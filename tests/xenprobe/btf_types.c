@@ -38,7 +38,18 @@ struct path {
 struct file {
   void *f_u;
   struct path f_path;
-  unsigned int f_flags : 4; /* a bitfield: refused with a message */
+  unsigned int f_flags : 4; /* a bitfield */
+};
+/* Bitfields in one 4-byte unit, one across a byte boundary, one in an 8-byte unit that
+ * starts inside a byte, signed ones (builtins_test.cpp reads them against the same struct
+ * compiled for the host). */
+struct demo_bits {
+  uint32_t lo : 3;
+  uint32_t mid : 9;
+  int32_t neg : 5;
+  uint64_t wide : 40;
+  int64_t swide : 33;
+  uint8_t byte;
 };
 struct task_struct {
   long state;
@@ -53,4 +64,5 @@ struct demo_stats btf_demo_stats;
 struct file btf_file;
 struct dentry btf_dentry; /* a type only pointed to would be a forward declaration */
 struct task_struct btf_task;
+struct demo_bits btf_demo_bits;
 __attribute__((section(".data..percpu"))) struct task_struct *current_task;

@@ -69,6 +69,7 @@ TEST(Xenprobe, HelpNamesEveryOption) {
                         "--sim-iterations",
                         "--sim-type",
                         "--sim-image",
+                        "--sim-no-module",
                         "--sim-destroy",
                         "--sim-ring-order",
                         "list",
@@ -194,6 +195,8 @@ TEST(Xenprobe, AttachErrorsNameTheFunctionAndWhatToDo) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("xenprobe: domain sim-1: kprobe:no_such_function: no symbol 'no_such_function'"),
             std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.err.ends_with(" (the functions whose names contain it: xenprobe list -d sim-1 '*no_such_function*')\n"))
       << r.err;
   ToolRun w = run(args(kSim1, {"-e", "kprobe:nothing_* { }"}));
   EXPECT_EQ(w.status, 1);
