@@ -99,6 +99,8 @@ TEST_P(JumpSweep, EveryJumpIsTransparentAndEveryRefusalNamed) {
   for (auto& [why, n] : refusals) std::cout << " | " << n << " " << why;
   std::cout << "\n";
   EXPECT_GT(jumps, sites.size() / 2) << "most of the demo guest's instructions can be jump probes";
+  EXPECT_GT(short_jumps, 0u)
+      << "the demo guest has points only a short jump to an island serves (sys_write's last pop)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, JumpSweep, ::testing::Values(false, true),
