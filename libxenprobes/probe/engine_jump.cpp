@@ -249,14 +249,14 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   std::copy_n(bytes->begin() + static_cast<std::ptrdiff_t>(v.region.start.value - lo), v.region.length,
               j.original.begin());
   if (v.island) {
-    if (v.island->value < lo || v.island->value + x86::kIslandLen > hi)
-      return std::string("its island lies outside its function");  // only the function's own padding is listed
+    // Its function's padding, or the previous function's (engine_island.cpp): as decoded.
+    auto isl = read_text(d, *v.island, x86::kIslandLen);
+    if (!isl) return "its island at " + hex(v.island->value) + " cannot be read: " + isl.error().what;
+    std::copy_n(isl->begin(), x86::kIslandLen, j.island_original.begin());
     j.island = *v.island;
     j.short_because = "a short jump (eb rel8) to an island at " + hex(v.island->value) +
-                      " (its function's dead padding): no 5-byte jump, refused by jump rule '" +
+                      " (dead padding): no 5-byte jump, refused by jump rule '" +
                       std::string(x86::jump_rule_name(v.refusal.rule)) + "': " + v.refusal.reason;
-    std::copy_n(bytes->begin() + static_cast<std::ptrdiff_t>(v.island->value - lo), x86::kIslandLen,
-                j.island_original.begin());
   }
   // The detour must fit one slot, wherever the slot is (relocation never changes its size).
   std::array<std::uint8_t, x86::kMaxDetourSize> scratch{};
