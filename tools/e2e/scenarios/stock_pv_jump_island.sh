@@ -2,7 +2,7 @@
 # channel: a short jump to an island (issue 14, protocol.h "Short jumps to islands"). The
 # module publishes the jump-island feature; a jump probe on the first instruction of a function
 # of the workload's openat/unlink/close paths that only a short jump serves (putname on 6.1.0-50:
-# bench/kernel_coverage --islands) goes in as eb rel8 to an island in the function's own dead
+# bench/kernel_coverage --islands) goes in as eb rel8 to an island in its (or the previous) function's dead
 # padding, whose e9 goes to the detour; it counts hits (putname: at least one per openat and
 # unlink of the workload), the workload's results are unchanged, the module timed nothing out;
 # unregistering gives the region back at once and the island after the module's quiescence;
