@@ -13,7 +13,11 @@
 // ftrace sites (still `call __fentry__`) are rewritten when it boots, and .smp_locks is still
 // there (docs/benchmarks.md says what that changes).
 //
-//   kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>
+//   kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] <vmlinux> <System.map>
+//
+// --islands: one line per instruction that only a short jump to an island serves (islands
+// alone, no tail-call proof: what the engine places), "ISLAND <function>+<offset> island
+// <function>+<offset> <instruction>", to pick e2e targets (docs/e2e.md).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -30,6 +34,7 @@
 #include "common/elf_image.hpp"
 #include "kernel/address_rules.hpp"
 #include "kernel/addresses_taken.hpp"
+#include "kernel/island_padding.hpp"
 #include "kernel/tables.hpp"
 #include "symbols/kernel_image.hpp"
 #include "symbols/symbol_table.hpp"
@@ -203,7 +208,9 @@ x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const symbols::Ker
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: kernel_coverage [--every N] [--max-functions N] [--examples] <vmlinux> <System.map>\n");
+  std::fprintf(stderr,
+               "usage: kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] <vmlinux> "
+               "<System.map>\n");
   return 2;
 }
 
@@ -211,7 +218,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::size_t every = 1, max_functions = 0;
-  bool examples = false;
+  bool examples = false, list_islands = false;
   std::vector<std::string> args;
   for (int k = 1; k < argc; ++k) {
     std::string a = argv[k];
@@ -220,6 +227,8 @@ int main(int argc, char** argv) {
       unsigned long v = std::strtoul(argv[++k], &end, 10);
       if (!end || *end || v == 0) return usage();
       (a == "--every" ? every : max_functions) = v;
+    } else if (a == "--islands") {
+      list_islands = true;
     } else if (a == "--examples") {
       examples = true;
     } else if (a.starts_with("--")) {
@@ -425,24 +434,17 @@ int main(int argc, char** argv) {
   // function with no __pfx_ symbol of its own, those bytes are the previous function's
   // padding, and no island goes there. (Its copy checks for nops first, but a vCPU paused
   // between that check and the copy would write over an island placed meanwhile.)
-  const bool call_thunks = syms->lookup("__call_sites").has_value();
+  kernel::IslandPaddingRules pad_rules = kernel::island_padding_rules(*syms);
+  pad_rules.boot_patched = &patched;
   std::size_t pad_trimmed = 0;
   auto usable = [&](std::optional<std::pair<Gva, Gva>>& p) {
     if (!p) return false;
-    if (call_thunks) {
-      auto next = syms->function_containing(p->second);
-      if (next && next->start == p->second && !next->name.starts_with("__pfx_")) {
-        ++pad_trimmed;
-        p->second = Gva{p->second.value - std::min<std::uint64_t>(16, p->second.value - p->first.value)};
-        if (p->second.value - p->first.value < x86::kIslandLen) return false;
-      }
-    }
-    if (const x86::SiteIndex::Site* b = patched.overlapping(p->first.value, p->second.value)) {
-      if (pad_dropped++ == 0)
-        pad_dropped_example = syms->symbolize(p->first) + ": " + b->what + " at " + syms->symbolize(Gva{b->addr});
-      return false;
-    }
-    return true;
+    kernel::IslandPaddingCut cut;
+    const std::pair<Gva, Gva> whole = *p;
+    const bool ok = kernel::usable_island_padding(*syms, pad_rules, *p, &cut);
+    pad_trimmed += cut.trimmed;
+    if (cut.dropped && pad_dropped++ == 0) pad_dropped_example = syms->symbolize(whole.first) + ": " + *cut.dropped;
+    return ok;
   };
   std::vector<std::string> still_unknown;  // with the proof: who forms an address inside
   for (const Decoded& d : decoded) {
@@ -535,7 +537,11 @@ int main(int argc, char** argv) {
         return w;
       };
       const bool proof = placed(jf_proof, jc_proof).optimizable;
-      const bool islands = placed(jf_islands, jc_islands).optimizable;
+      const x86::JumpVerdict wi = placed(jf_islands, jc_islands);
+      const bool islands = wi.optimizable;
+      if (list_islands && islands && wi.island)
+        std::printf("ISLAND %s+%s island %s %s\n", d.fn->name.c_str(), hex(i.address.value - lo.value).c_str(),
+                    syms->symbolize(*wi.island).c_str(), i.describe().c_str());
       const x86::JumpVerdict w = placed(jf_both, jc_both);
       if_proof += proof;
       if_islands += islands;

@@ -171,6 +171,9 @@ static void xp_disarm_work(struct work_struct *w)
 		return;		/* detach restores everything itself */
 	restored = xp_restore_traps();
 	WRITE_ONCE(xp.text_restored, true);
+	/* Islands only once no task can still be between a region's eb and its island. */
+	xp_quiesce();
+	restored += xp_restore_islands();
 	if (atomic_read(&xp.dom0_gone) == XP_GONE_RESUMED)
 		pr_warn(XP_NAME ": domain resumed (restore/migration): restored %u trap bytes and jump regions; every hit now resumes without Dom0; reload the module to attach again\n",
 			restored);

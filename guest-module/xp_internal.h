@@ -211,6 +211,8 @@ void xp_module_text(unsigned long *start, unsigned long *end);
 bool xp_read_kernel_u64(u64 addr, u64 *val);
 bool xp_write_kernel_u64(u64 addr, u64 val);
 unsigned int xp_restore_traps(void);
+/* After xp_restore_traps() and a quiescence: the short jumps' islands (xp_text.c). */
+unsigned int xp_restore_islands(void);
 unsigned int xp_repair_return_slots(void);
 
 /* xp_slots.c: what the last look at the tasks' stacks found. */

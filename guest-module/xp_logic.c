@@ -163,8 +163,12 @@ bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 {
 	enum xp_addr_kind k = xp_addr_classify(b, e->addr);
 
-	/* A jump's region is restored whole (xp_region_restore_ok); a JUMP entry is a key. */
-	if (e->flags == XENPROBES_TRAP_REDIRECT || e->flags == XENPROBES_TRAP_JUMP)
+	/*
+	 * A jump's region is restored whole (xp_region_restore_ok), an island after its region
+	 * (xp_island_restore_ok); a JUMP entry is a key.
+	 */
+	if (e->flags == XENPROBES_TRAP_REDIRECT || e->flags == XENPROBES_TRAP_JUMP ||
+	    e->flags == XENPROBES_TRAP_ISLAND)
 		return false;
 	if (e->len < 1 || e->len > sizeof(e->insn))
 		return false;	/* no original bytes to put back */
@@ -173,49 +177,6 @@ bool xp_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
 	if (current_byte != XP_INT3 || e->insn[0] == XP_INT3)
 		return false;
 	return xp_exec(b, e->addr);
-}
-
-bool xp_region_bytes_ours(const struct xenprobes_trap *e, const xenprobes_u8 *cur,
-			  xenprobes_u32 n)
-{
-	xenprobes_u64 rel;
-
-	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn) || n < e->len)
-		return false;
-	if (cur[0] == XP_INT3)
-		return true;	/* the jump being put in place (or taken down) */
-	if (cur[0] != XP_JMP_REL32)
-		return false;
-	/* e9 <rel32>: the jump to this entry's detour, rel32 counted from addr + 5. */
-	rel = (xenprobes_u64)xp_rel32_at(&cur[1]);
-	return e->addr + XP_JMP_REL32_LEN + rel == e->fallback;
-}
-
-bool xp_region_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
-			  const xenprobes_u8 *cur, xenprobes_u32 n)
-{
-	enum xp_addr_kind k = xp_addr_classify(b, e->addr);
-	xenprobes_u64 last;
-
-	if (e->flags != XENPROBES_TRAP_REDIRECT)
-		return false;
-	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn))
-		return false;
-	last = e->addr + e->len - 1;
-	if (last < e->addr)
-		return false;	/* wraps */
-	/* Kernel or module text outside the OEA, the whole region of one kind. */
-	if (k != XP_ADDR_KTEXT && k != XP_ADDR_MODULE)
-		return false;
-	if (xp_addr_classify(b, last) != k)
-		return false;
-	/* Putting an int3 back as the original first byte would be pointless (and wrong). */
-	if (e->insn[0] == XP_INT3)
-		return false;
-	if (!xp_region_bytes_ours(e, cur, n))
-		return false;
-	/* Both pages when the region crosses a page boundary. */
-	return xp_exec(b, e->addr) && xp_exec(b, last);
 }
 
 /* ---- registers ---- */
@@ -358,6 +319,8 @@ enum xp_int3_action xp_int3_action(const struct xenprobes_trap *e)
 		return XP_INT3_FOREIGN;	/* a key (a detour's call), never a trap byte of ours */
 	case XENPROBES_TRAP_REDIRECT:
 		return XP_INT3_REDIRECT;
+	case XENPROBES_TRAP_ISLAND:
+		return XP_INT3_FOREIGN;	/* an island is never a trap byte of ours */
 	default:
 		return XP_INT3_HIT;
 	}

@@ -14,7 +14,8 @@
  * would resume at is validated, shared memory is read once (volatile loads) into a private
  * snapshot before it is checked and used.
  *
- * Implemented in xp_logic.c and xp_fallback.c (the fallback: branch emulation, return table).
+ * Implemented in xp_logic.c, xp_fallback.c (the fallback: branch emulation, return table) and
+ * xp_region.c (jump regions and islands, xp_region.h).
  */
 #ifndef XENPROBES_XP_LOGIC_H
 #define XENPROBES_XP_LOGIC_H
@@ -193,33 +194,6 @@ static inline bool xp_trap_stale(const struct xp_bounds *b, xenprobes_u64 addr,
 {
 	return !xp_in_range(&b->oea, addr) && current_byte != XP_INT3;
 }
-
-/*
- * Jump regions (protocol.h, "Jump probes"). A REDIRECT entry describes the region [addr,
- * addr + len), 5 <= len <= 15, whose original bytes are insn[0..len); fallback is its detour.
- */
-#define XP_JUMP_REGION_MIN 5u
-#define XP_JMP_REL32 0xe9u
-#define XP_JMP_REL32_LEN 5u
-
-/*
- * Do the current bytes at a REDIRECT entry's region (cur[0..n), n >= e->len) hold what Dom0
- * put there: the int3 (first byte; the rest either the original or the new rel32), or
- * `e9 <rel32>` jumping to e->fallback. Anything else (the original bytes, someone else's
- * patch) is not ours to touch.
- */
-bool xp_region_bytes_ours(const struct xenprobes_trap *e, const xenprobes_u8 *cur,
-			  xenprobes_u32 n);
-
-/*
- * May the module write a REDIRECT entry's insn[0..len) back over its whole region (once Dom0
- * is gone, or at detach; e: a private snapshot, cur[0..n): the bytes there now): flags exactly
- * REDIRECT, len 5..15, the region in kernel text or module text outside the OEA (all of it of
- * one kind), insn[0] not an int3, xp_region_bytes_ours(), and the pages of its first and last
- * byte executable. Else the region is left as it is: never half a region.
- */
-bool xp_region_restore_ok(const struct xp_bounds *b, const struct xenprobes_trap *e,
-			  const xenprobes_u8 *cur, xenprobes_u32 n);
 
 /* ---- registers ---- */
 
@@ -591,5 +565,8 @@ const char *xp_oea_reason(enum xp_oea_result r);
 #ifdef __cplusplus
 }
 #endif
+
+/* A jump's region and a short jump's island: what the module's own restore writes back. */
+#include "xp_region.h"
 
 #endif /* XENPROBES_XP_LOGIC_H */

@@ -305,6 +305,7 @@ static void xp_disarm_all(void)
 	restored = xp_restore_traps();
 	repaired = xp_repair_return_slots();
 	xp_quiesce();
+	restored += xp_restore_islands();	/* after the quiescence (protocol.h) */
 	/* closing and its barrier came first: a Dom0 attaching after them stores no MAPPED. */
 	xp_released = xp_release_wait();
 	pr_info(XP_NAME ": detached: restored %u trap bytes and jump regions, repaired %u return slots; control area and rings: %s (after %u ms)\n",

@@ -247,16 +247,20 @@ int xp_text_init(unsigned long kernel_text_param)
 }
 
 /*
- * One place to put back: a trap byte (len 1), or a jump's whole region (protocol.h, "Jump
- * probes": a REDIRECT entry, len 5..15), through a writable alias of its page(s).
+ * One place to put back: a trap byte (len 1), a jump's whole region (protocol.h, "Jump
+ * probes": a REDIRECT entry, len 2..15), or a short jump's island (an ISLAND entry, len 5),
+ * through a writable alias of its page(s).
  */
+enum xp_poke_kind { XP_POKE_BYTE, XP_POKE_REGION, XP_POKE_ISLAND };
+
 struct xp_poke {
 	u8 *map;		/* vmap() alias of the page(s) holding the bytes */
-	u64 addr;		/* where the bytes are (for the region's re-check) */
-	u64 fallback;		/* a region: its detour (the jump's target) */
+	u64 addr;		/* where the bytes are (for the re-check) */
+	u64 fallback;		/* a region or island: its detour (the jump's target) */
+	u64 island;		/* a short region: its island (0: none) */
 	unsigned int off;	/* offset of the first byte in the alias */
 	u8 len;			/* bytes to write */
-	bool region;		/* a REDIRECT entry's region */
+	u8 kind;		/* enum xp_poke_kind */
 	u8 bytes[15];		/* the original bytes (insn[0..len)) */
 };
 
@@ -312,14 +316,23 @@ static int xp_poke_stopped(void *arg)
 		struct xp_poke *p = &pk->p[i];
 		u8 *at = p->map + p->off;
 
-		if (p->region) {
+		if (p->kind != XP_POKE_BYTE) {
 			struct xenprobes_trap e = { .addr = p->addr, .fallback = p->fallback,
 						    .flags = XENPROBES_TRAP_REDIRECT, .len = p->len };
+			struct xenprobes_trap isl = { .addr = p->island, .fallback = p->fallback,
+						      .flags = XENPROBES_TRAP_ISLAND, .len = XP_ISLAND_LEN };
 			u8 cur[sizeof(p->bytes)];
+			bool ours;
 
 			for (k = 0; k < p->len; k++)
 				cur[k] = READ_ONCE(at[k]);
-			if (!xp_region_bytes_ours(&e, cur, p->len)) {
+			if (p->kind == XP_POKE_ISLAND) {
+				isl.addr = p->addr;
+				ours = xp_island_bytes_ours(&isl, cur, p->len);
+			} else {
+				ours = xp_region_bytes_ours_island(&e, cur, p->len, p->island ? &isl : NULL);
+			}
+			if (!ours) {
 				pk->changed++;
 				continue;
 			}
@@ -353,17 +366,52 @@ static void xp_sync_core(void *unused)
 	sync_core();
 }
 
+/* [addr, addr + len) is kernel or module text (outside the OEA), all of one kind. */
+static bool xp_text_span_ok(u64 addr, unsigned int len)
+{
+	enum xp_addr_kind kind = xp_addr_classify(&xp.bounds, addr);
+
+	return (kind == XP_ADDR_KTEXT || kind == XP_ADDR_MODULE) && addr + len - 1 > addr &&
+	       xp_addr_classify(&xp.bounds, addr + len - 1) == kind;
+}
+
+/*
+ * The live ISLAND entry of a short region e whose bytes are cur[0..n) (protocol.h "Short jumps
+ * to islands"): the one its eb goes to, or while it holds the int3, the one of its fallback.
+ */
+static bool xp_island_of(const struct xenprobes_trap *e, const u8 *cur, u32 n,
+			 struct xenprobes_trap *isl)
+{
+	u32 live = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap), i;
+	u64 to;
+
+	if (xp_short_jump_target(e->addr, cur, n, &to))
+		return xp_trap_search(xp.traps, live, xp.trap_cap, to, isl) && xp_island_pairs(e, isl);
+	if (cur[0] != XP_INT3)
+		return false;
+	for (i = 0; i < live; i++) {
+		xp_trap_snapshot(isl, &xp.traps[i]);
+		if (xp_island_pairs(e, isl))
+			return true;
+	}
+	return false;
+}
+
 /*
  * What to put back for entry e (a private snapshot of a live entry), if anything: *len bytes
  * of e->insn. 0 when nothing; *foreign set when e is a jump's region whose bytes are neither
- * Dom0's (the int3, the jump to its detour) nor the original ones.
+ * Dom0's (the int3, the jump to its detour or to its island) nor the original ones; *island:
+ * a short region's island (0: none).
  */
-static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreign)
+static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreign, u64 *island)
 {
 	enum xp_addr_kind kind = xp_addr_classify(&xp.bounds, e->addr);
+	struct xenprobes_trap isl;
+	bool has_isl;
 	u8 cur[sizeof(e->insn)];
 
 	*foreign = false;
+	*island = 0;
 	/* Never even read outside text: a hostile address could be MMIO. */
 	if (kind != XP_ADDR_KTEXT && kind != XP_ADDR_MODULE)
 		return 0;
@@ -373,14 +421,18 @@ static unsigned int xp_restore_what(const struct xenprobes_trap *e, bool *foreig
 		return xp_restore_ok(&xp.bounds, e, cur[0]) ? 1 : 0;
 	}
 	/* A region's last byte must be text of the same kind before it is read. */
-	if (e->len < XP_JUMP_REGION_MIN || e->len > sizeof(e->insn) ||
+	if (e->len < XP_JUMP_SHORT_MIN || e->len > sizeof(e->insn) ||
 	    xp_addr_classify(&xp.bounds, e->addr + e->len - 1) != kind)
 		return 0;
 	if (copy_from_kernel_nofault(cur, (const void *)(unsigned long)e->addr, e->len))
 		return 0;
-	if (xp_region_restore_ok(&xp.bounds, e, cur, e->len))
+	has_isl = xp_island_of(e, cur, e->len, &isl);
+	if (xp_region_restore_ok_island(&xp.bounds, e, cur, e->len, has_isl ? &isl : NULL)) {
+		*island = has_isl ? isl.addr : 0;
 		return e->len;
-	*foreign = memcmp(cur, e->insn, e->len) != 0 && !xp_region_bytes_ours(e, cur, e->len);
+	}
+	*foreign = memcmp(cur, e->insn, e->len) != 0 &&
+		   !xp_region_bytes_ours_island(e, cur, e->len, has_isl ? &isl : NULL);
 	return 0;
 }
 
@@ -413,6 +465,7 @@ unsigned int xp_restore_traps(void)
 		struct xp_poke *p;
 		unsigned int len;
 		bool other;
+		u64 island;
 		u8 *map;
 
 		xp_trap_snapshot(&e, &xp.traps[i]);
@@ -421,7 +474,7 @@ unsigned int xp_restore_traps(void)
 			went++;
 			continue;
 		}
-		len = xp_restore_what(&e, &other);
+		len = xp_restore_what(&e, &other, &island);
 		if (other && foreign++ == 0)
 			pr_warn(XP_NAME ": the jump region at 0x%llx holds neither its original bytes nor Dom0's: left alone\n",
 				e.addr);
@@ -437,8 +490,9 @@ unsigned int xp_restore_traps(void)
 		p->addr = e.addr;
 		p->fallback = e.fallback;
 		p->off = offset_in_page(e.addr);
+		p->island = island;
 		p->len = len;
-		p->region = e.flags == XENPROBES_TRAP_REDIRECT;
+		p->kind = e.flags == XENPROBES_TRAP_REDIRECT ? XP_POKE_REGION : XP_POKE_BYTE;
 		memcpy(p->bytes, e.insn, len);
 		if (++pk.n == XP_POKES_PER_STOP)
 			xp_pokes_flush(&pk);
@@ -461,86 +515,82 @@ unsigned int xp_restore_traps(void)
 	return pk.written;
 }
 
-#define XP_MAX_TRAMPOLINES 16
 
-struct xp_repair {
-	u64 tramp[XP_MAX_TRAMPOLINES];
-	unsigned int nr_tramp;
-	unsigned int repaired;
-};
-
-static bool xp_in_some_task_stack(u64 slot)
+/* A live region of the island's fallback still jumps there (it was left alone): so is the island. */
+static bool xp_island_still_used(const struct xenprobes_trap *isl, u32 live)
 {
-	struct task_struct *g, *t;
-	bool found = false;
-
-	rcu_read_lock();
-	for_each_process_thread(g, t) {
-		unsigned long lo = (unsigned long)READ_ONCE(t->stack);
-
-		if (lo && slot >= lo && slot + 8 <= lo + THREAD_SIZE) {
-			found = true;
-			break;
-		}
-	}
-	rcu_read_unlock();
-	return found;
-}
-
-/* Runs with every other CPU stopped: no stack frame can change under us. */
-static int xp_repair_stopped(void *arg)
-{
-	struct xp_repair *rp = arg;
+	struct xenprobes_trap e;
+	u8 cur[XP_JMP_REL8_LEN];
+	u64 to;
 	u32 i;
 
-	for (i = 0; i < xp.ret_cap; i++) {
-		u64 slot = xp_ld64(&xp.rets[i].slot);
-		u64 ret = xp_ld64(&xp.rets[i].ret);
-		u64 cur;
-		unsigned int k;
-
-		if (!slot || !xp_resume_ok(&xp.bounds, ret) || !xp_in_some_task_stack(slot))
+	for (i = 0; i < live; i++) {
+		xp_trap_snapshot(&e, &xp.traps[i]);
+		if (e.flags != XENPROBES_TRAP_REDIRECT || e.fallback != isl->fallback ||
+		    !xp_text_span_ok(e.addr, XP_JMP_REL8_LEN))
 			continue;
-		if (!xp_read_kernel_u64(slot, &cur))
-			continue;
-		for (k = 0; k < rp->nr_tramp; k++) {
-			if (cur != rp->tramp[k])
-				continue;
-			/*
-			 * The entry stays: a task that already popped the slot is about to
-			 * trap at the trampoline and needs it for the fallback.
-			 */
-			if (xp_write_kernel_u64(slot, ret))
-				rp->repaired++;
-			break;
-		}
+		if (copy_from_kernel_nofault(cur, (const void *)(unsigned long)e.addr, sizeof(cur)))
+			return true;	/* cannot tell: leave the island */
+		if (cur[0] == XP_INT3 || (xp_short_jump_target(e.addr, cur, sizeof(cur), &to) && to == isl->addr))
+			return true;
 	}
-	return 0;
+	return false;
 }
 
 /*
- * Before the OEA (the module's text) goes away: every live return-probe instance whose
- * stack slot still holds a trampoline address gets its real return address back, so no
- * function returns into freed memory. Only slots inside some task's stack are written.
+ * Short jumps' islands (protocol.h, "Short jumps to islands"), after xp_restore_traps() and a
+ * quiescence (a task interrupted between a region's eb and its island resumes at the island):
+ * insn[0..5) back at every live ISLAND entry whose bytes still hold the jump to its detour and
+ * at which no region still jumps. Process context. Returns how many it restored.
  */
-unsigned int xp_repair_return_slots(void)
+unsigned int xp_restore_islands(void)
 {
-	struct xp_repair rp = { .nr_tramp = 0 };
 	u32 n = xp_live_traps(READ_ONCE(xp.hdr->nr_traps), xp.trap_cap);
+	struct xp_pokes pk = { .n = 0, .written = 0, .changed = 0 };
+	unsigned int left = 0, unmapped = 0;
 	u32 i;
 
-	if (!xp.ret_cap)
-		return 0;
-	for (i = 0; i < n && rp.nr_tramp < XP_MAX_TRAMPOLINES; i++) {
+	might_sleep();
+	xp_modules_lock();
+	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
+		struct xp_poke *p;
+		u8 cur[XP_ISLAND_LEN];
+		u8 *map;
 
 		xp_trap_snapshot(&e, &xp.traps[i]);
-		if (e.flags == XENPROBES_TRAP_RETURN &&
-		    xp_addr_classify(&xp.bounds, e.addr) == XP_ADDR_OEA)
-			rp.tramp[rp.nr_tramp++] = e.addr;
+		/* Never even read outside text: a hostile address could be MMIO. */
+		if (e.flags != XENPROBES_TRAP_ISLAND || xp_module_went(&e) || !xp_text_span_ok(e.addr, XP_ISLAND_LEN) ||
+		    copy_from_kernel_nofault(cur, (const void *)(unsigned long)e.addr, sizeof(cur)))
+			continue;
+		if (!xp_island_restore_ok(&xp.bounds, &e, cur, sizeof(cur)) || xp_island_still_used(&e, n)) {
+			left += memcmp(cur, e.insn, sizeof(cur)) != 0;
+			continue;
+		}
+		map = xp_text_alias(e.addr, XP_ISLAND_LEN);
+		if (!map) {
+			unmapped++;
+			continue;
+		}
+		p = &pk.p[pk.n];
+		p->map = map;
+		p->addr = e.addr;
+		p->fallback = e.fallback;
+		p->island = 0;
+		p->off = offset_in_page(e.addr);
+		p->len = XP_ISLAND_LEN;
+		p->kind = XP_POKE_ISLAND;
+		memcpy(p->bytes, e.insn, XP_ISLAND_LEN);
+		if (++pk.n == XP_POKES_PER_STOP)
+			xp_pokes_flush(&pk);
+		cond_resched();
 	}
-	if (!rp.nr_tramp)
-		return 0;
-	stop_machine(xp_repair_stopped, &rp, NULL);
-	return rp.repaired;
+	xp_pokes_flush(&pk);
+	xp_modules_unlock();
+	if (left || unmapped || pk.changed)
+		pr_warn(XP_NAME ": %u short-jump islands left alone (not Dom0's bytes, or a region still jumps there), %u not mapped writable, %u changed under the restore\n",
+			left, unmapped, pk.changed);
+	if (pk.written)
+		on_each_cpu(xp_sync_core, NULL, 1);
+	return pk.written;
 }

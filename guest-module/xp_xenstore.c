@@ -230,6 +230,8 @@ static int xp_publish_fixup_slots(void)
  * thunk its final RET goes through shifts a per-CPU counter and so changes the flags the
  * entry just restored for the probed instruction. Only with module-text, which holds it.
  */
+static bool xp_jump_published;	/* jump-entry published: short jumps to islands too */
+
 static int xp_publish_jump_entry(void)
 {
 #ifdef X86_FEATURE_CALL_DEPTH
@@ -238,6 +240,7 @@ static int xp_publish_jump_entry(void)
 		return 0;
 	}
 #endif
+	xp_jump_published = true;
 	return xp_xs_printf(XENPROBES_XS_JUMP_ENTRY, "0x%lx", (unsigned long)xp_jump_entry);
 }
 
@@ -397,7 +400,8 @@ int xp_publish(void)
 		err = xp_publish_rings();
 	/* protocol.h, "Return slots written by the module" (xp_hook.c, xp_ret_apply()). */
 	if (!err)
-		err = xp_xs_printf(XENPROBES_XS_FEATURES, "0x%x", XENPROBES_FEATURE_RET_WRITE);
+		err = xp_xs_printf(XENPROBES_XS_FEATURES, "0x%x",
+				   XENPROBES_FEATURE_RET_WRITE | (xp_jump_published ? XENPROBES_FEATURE_JUMP_ISLAND : 0));
 	if (!err)
 		err = xp_watches_register();
 	/* Last: Dom0 watches `state` and must never see a half-published set. */

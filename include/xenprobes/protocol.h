@@ -80,6 +80,8 @@
  *                 refuses the guest channel on a malformed value.
  *                 XENPROBES_FEATURE_RET_WRITE: the module writes a return probe's return slot
  *                 itself (see "Return slots written by the module" below).
+ *                 XENPROBES_FEATURE_JUMP_ISLAND: the module knows short jumps to islands (see
+ *                 "Short jumps to islands" below); published only with jump-entry.
  *   state         "ready" once every other key is written (Dom0 watches this key)
  *
  * Written last so Dom0 never sees a half-published set: `state`. Removed first when the
@@ -362,6 +364,29 @@
  * when addr holds the int3 or the jump to the entry's fallback, in one stop_machine() (never
  * half a region); it leaves anything else alone.
  *
+ * Short jumps to islands (XENPROBES_FEATURE_JUMP_ISLAND; Dom0 makes them only on a module that
+ * publishes it). Where no 5-byte region fits, a region of 2..15 bytes starts with `eb rel8` to
+ * an island: 5 bytes of dead padding (int3s and nops after a function's last ret or jmp,
+ * which nothing executes) within rel8 reach, which hold `e9 <rel32 -> the detour>`. Entries:
+ *   XENPROBES_TRAP_REDIRECT  as above, with len 2..15; its bytes are Dom0's when they hold the
+ *                            int3 or `eb rel8` to the island of the same detour (below); e9
+ *                            only when len >= 5.
+ *   XENPROBES_TRAP_ISLAND    addr = the island, fallback = the detour's first byte (the same
+ *                            as its REDIRECT entry's), len = 5, insn = the padding's original
+ *                            bytes. Never a trap byte (an int3 there is foreign).
+ * Putting it in (Dom0, paused): the detour and its JUMP entry; the ISLAND entry, then the
+ * island's 5 bytes (over the padding, checked); the REDIRECT entry and the int3; after the
+ * quiescence, paused and with no vCPU's rip in (start, start + len): the rel8, then eb over
+ * the int3. Taking it down (paused): the region's original bytes over the eb (or the int3),
+ * and only after a later quiescence (a task interrupted between the eb and the island resumes
+ * at the island), paused and with no vCPU's rip in the island, its padding back, then the
+ * ISLAND entry goes.
+ * The module's own restore (Dom0 gone, unload), in two steps: first the regions, as above, a
+ * short one only when its eb goes to a live ISLAND entry of the same fallback (then its island
+ * is left as it is); then, after its quiescence, every ISLAND entry whose 5 bytes still hold
+ * `e9 <rel32 -> fallback>` and at which no live REDIRECT entry of the same fallback still
+ * jumps gets insn[0..5) back. Anything else is left alone and counted.
+ *
  * Modules that go. An entry whose addr lies in a loaded module's text carries that module's
  * identity (`module`, xenprobes_module_id()); Dom0 writes it with the entry. The module
  * watches the kernel's module notifier: when a module goes (MODULE_STATE_GOING) while a live
@@ -524,6 +549,7 @@
 
 /* Bits of the features key (see "Return slots written by the module"). */
 #define XENPROBES_FEATURE_RET_WRITE 1u
+#define XENPROBES_FEATURE_JUMP_ISLAND 2u
 
 /* Bounds Dom0 enforces on published values. */
 #define XENPROBES_OEA_MAX_AREAS 16
@@ -627,6 +653,7 @@ struct xenprobes_mailbox {
 #define XENPROBES_TRAP_JUMP 8u     /* a jump probe's detour call (key only; see "Jump probes") */
 #define XENPROBES_TRAP_REDIRECT 16u /* int3 at a jump's region: resume at `fallback`, no hit */
 #define XENPROBES_TRAP_ASYNC 32u    /* with JUMP: the hit is a record in the vCPU's async ring */
+#define XENPROBES_TRAP_ISLAND 64u   /* a short jump's island (see "Short jumps to islands") */
 /* An async JUMP entry's key in insn (see "Async jump probes"). */
 #define XENPROBES_ASYNC_KEY_PROBE 0u  /* u32 */
 #define XENPROBES_ASYNC_KEY_NCAPS 4u  /* u8 */

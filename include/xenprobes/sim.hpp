@@ -119,6 +119,10 @@ struct DomainConfig {
   // module"): a return probe's entry hit has the module write the return slot, and Dom0 maps
   // no stack for it. false: a module before it (Dom0 writes the slot itself).
   bool module_ret_write = true;
+  // Its features key says XENPROBES_FEATURE_JUMP_ISLAND (protocol.h, "Short jumps to islands";
+  // with the jump entry): Dom0 may place short jumps to islands, which its restore gives back.
+  // false: a module before it (Dom0 makes no short jumps). In the padding after the bool above.
+  bool module_jump_island = true;
   // Its waiting vCPUs spin on their mailboxes for up to this many microseconds of real time
   // (protocol.h "Spinning"; the module's spin_us): mailbox.spinning says so and the module looks
   // every 50 µs, so Dom0 may answer without a notification; then it clears the flag, looks once

@@ -369,21 +369,22 @@ enum xenprobe_mode {
  */
 struct xenprobe_info {
   uint32_t version;
-  uint32_t method;              /* XENPROBE_METHOD_TRAP or XENPROBE_METHOD_JUMP (never FASTEST) */
-  uint32_t mode;                /* enum xenprobe_mode */
-  uint32_t jump_pending;        /* 1: a jump probe whose jump is not written yet (the guest module has
+  uint32_t method;           /* XENPROBE_METHOD_TRAP or XENPROBE_METHOD_JUMP (never FASTEST) */
+  uint32_t mode;             /* enum xenprobe_mode */
+  uint32_t jump_pending;     /* 1: a jump probe whose jump is not written yet (the guest module has
                              not yet confirmed that no task is stopped inside the bytes it covers);
                              meanwhile a trap byte sends every hit to the detour, so it fires */
-  uint32_t async;               /* 1: an async probe (register_xenprobe_async()) */
-  uint32_t ret;                 /* 1: a return probe */
-  uint64_t address;             /* where the probe sits */
-  uint64_t requested;           /* the address asked for (see moved_because) */
-  uint64_t slot;                /* its out-of-line slot, a jump probe's detour (0: none) */
-  uint64_t trampoline;          /* a return probe's return trampoline (else 0) */
-  const char *instruction;      /* e.g. "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)" */
-  const char *moved_because;    /* why address != requested: a function's first byte is past
+  uint32_t async;            /* 1: an async probe (register_xenprobe_async()) */
+  uint32_t ret;              /* 1: a return probe */
+  uint64_t address;          /* where the probe sits */
+  uint64_t requested;        /* the address asked for (see moved_because) */
+  uint64_t slot;             /* its out-of-line slot, a jump probe's detour (0: none) */
+  uint64_t trampoline;       /* a return probe's return trampoline (else 0) */
+  const char *instruction;   /* e.g. "0xffffffff81000123: 48 89 e5 (mov rbp, rsp)" */
+  const char *moved_because; /* why address != requested: a function's first byte is past
                                    its endbr64 and its ftrace site, which are the kernel's */
-  const char *not_jump_because; /* FASTEST that became a trap: why the point cannot be a jump */
+  const char *
+      not_jump_because; /* FASTEST that became a trap: why the point cannot be a jump; a short jump to an island: "a short jump ..." */
 };
 
 /*

@@ -226,7 +226,9 @@ struct ProbeInfo {
   std::string moved_because;
   // Trap or Jump: what the probe became (never Fastest). A jump probe's `slot` is its detour.
   ProbeMethod method = ProbeMethod::Trap;
-  // Asked for a jump (Fastest) and got a trap: why the point cannot be a jump.
+  // Asked for a jump (Fastest) and got a trap: why the point cannot be a jump. A jump probe
+  // that is a short jump to an island (protocol.h "Short jumps to islands"): it says so,
+  // where the island is, and why no 5-byte jump (it starts "a short jump").
   std::string not_jump_because;
   // A jump probe whose jump is not written yet: the guest module has not yet confirmed that no
   // task is stopped inside the bytes the jump covers (protocol.h "Jump probes"). Meanwhile a

@@ -75,6 +75,10 @@ struct TrapEntry {
     // An int3 over a jump's region while the jump is put in place: the module sends the vCPU
     // to `resume_at` (the detour) with no stop at all; `insn` holds the region's bytes.
     Redirect,
+    // A short jump's island (protocol.h "Short jumps to islands"): `addr` the island (5 bytes
+    // of dead padding holding the jmp rel32 to the detour), `resume_at` the detour, `insn` the
+    // padding's original bytes (len 5). Never a trap byte; only on a module with the feature.
+    Island,
   };
   Gva addr;
   Fallback fallback = Fallback::ResumeAt;

@@ -227,6 +227,7 @@ Result<void> GuestChannel::attach(DomId dom) {
   a.register_branches = mi->has_module_text();
   a.jump_entry = mi->jump_entry;
   a.ret_write = (gc.features & XENPROBES_FEATURE_RET_WRITE) != 0;
+  a.islands = a.jump_entry && (gc.features & XENPROBES_FEATURE_JUMP_ISLAND) != 0;
   a.rets.assign(h.ret_capacity, xenprobes_ret{0, 0});
   a.answered.assign(h.nr_mailboxes, std::nullopt);
   a.answered_rip.assign(h.nr_mailboxes, 0);
@@ -345,9 +346,18 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
     return fail(Errc::InvalidArgument, "jump entry key " + hex(t.addr.value) +
                                            ": must be a detour's call inside the out-of-line execution area, "
                                            "with no original bytes");
-  if (t.fallback == TrapEntry::Fallback::Redirect && (t.len < 5 || in_oea(dom, *a, t.addr)))
-    return fail(Errc::InvalidArgument, "jump region at " + hex(t.addr.value) +
-                                           ": needs its 5..15 original bytes and lies outside the out-of-line "
+  if (t.fallback == TrapEntry::Fallback::Island && !a->islands)
+    return fail(Errc::NotSupported, dom_str(dom) +
+                                        ": the guest module does not publish the jump-island feature: it "
+                                        "makes no short jumps (install the current xenprobesU in the guest)");
+  const unsigned region_min = a->islands ? 2 : 5;  // a short region (eb rel8) only on a module that knows it
+  if (t.fallback == TrapEntry::Fallback::Redirect && (t.len < region_min || in_oea(dom, *a, t.addr)))
+    return fail(Errc::InvalidArgument, "jump region at " + hex(t.addr.value) + ": needs its " +
+                                           std::to_string(region_min) +
+                                           "..15 original bytes and lies outside the out-of-line execution area");
+  if (t.fallback == TrapEntry::Fallback::Island && (t.len != 5 || in_oea(dom, *a, t.addr)))
+    return fail(Errc::InvalidArgument, "island at " + hex(t.addr.value) +
+                                           ": needs its 5 original bytes and lies outside the out-of-line "
                                            "execution area");
   if (t.len == 0 && (t.fallback == TrapEntry::Fallback::Emulate || !in_oea(dom, *a, t.addr)))
     return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) +
@@ -368,9 +378,11 @@ Result<void> GuestChannel::trap_added(DomId dom, const TrapEntry& t) {
     case TrapEntry::Fallback::Jump:
     case TrapEntry::Fallback::AsyncJump:
     case TrapEntry::Fallback::Redirect:
+    case TrapEntry::Fallback::Island:
       if (!t.resume_at.value)
         return fail(Errc::InvalidArgument, "trap at " + hex(t.addr.value) + ": a jump entry without its address");
       e.flags = t.fallback == TrapEntry::Fallback::Redirect ? XENPROBES_TRAP_REDIRECT
+                : t.fallback == TrapEntry::Fallback::Island ? XENPROBES_TRAP_ISLAND
                 : t.fallback == TrapEntry::Fallback::Jump   ? XENPROBES_TRAP_JUMP
                                                             : XENPROBES_TRAP_JUMP | XENPROBES_TRAP_ASYNC;
       e.fallback = t.resume_at.value;

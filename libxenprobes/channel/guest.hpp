@@ -157,6 +157,9 @@ class GuestChannel final : public Channel, public TrapTable {
     // The module writes return slots itself (features: XENPROBES_FEATURE_RET_WRITE): hits carry
     // Stop::stack_top and answers Stop::ret_write (protocol.h "Return slots written by the module").
     bool ret_write = false;
+    // The module knows short jumps to islands (features: XENPROBES_FEATURE_JUMP_ISLAND, with
+    // jump-entry): Island entries and REDIRECT regions of 2..4 bytes.
+    bool islands = false;
     std::vector<xenprobes_trap> traps;                   // sorted by addr: what the shared table is written from
     std::vector<xenprobes_ret> rets;                     // index = entry in the shared table; slot 0 = free
     std::vector<std::optional<std::uint32_t>> answered;  // per mailbox: the last seq answered

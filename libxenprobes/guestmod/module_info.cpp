@@ -391,16 +391,22 @@ Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, 
 
   ch.evtchn = static_cast<std::uint32_t>(XP_TRY(read_decimal(hv, epath, 1, kMaxEvtchnPort)));
 
-  // features (optional): absent is an older module; malformed refuses, as every key does.
+  ch.features = XP_TRY(read_features(hv, dom));
+  return ch;
+}
+
+Result<std::uint32_t> read_features(hv::Hypervisor& hv, DomId dom) {
+  // Absent is an older module; malformed refuses, as every key does.
   const std::string fpath = module_key(dom, XENPROBES_XS_FEATURES);
-  if (auto fs = hv.xs_read(fpath)) {
-    auto f = parse_hex(*fs);
-    if (!f) return fail(Errc::InvalidArgument, bad(fpath, *fs, "not a 0x-prefixed hex number"));
-    ch.features = static_cast<std::uint32_t>(*f & XENPROBES_FEATURE_RET_WRITE);  // the bits Dom0 knows
-  } else if (fs.error().code != Errc::NotFound) {
+  auto fs = hv.xs_read(fpath);
+  if (!fs) {
+    if (fs.error().code == Errc::NotFound) return 0u;
     return fail(fs.error().code, "reading xenstore key " + fpath + ": " + fs.error().what);
   }
-  return ch;
+  auto f = parse_hex(*fs);
+  if (!f) return fail(Errc::InvalidArgument, bad(fpath, *fs, "not a 0x-prefixed hex number"));
+  // The bits Dom0 knows.
+  return static_cast<std::uint32_t>(*f & (XENPROBES_FEATURE_RET_WRITE | XENPROBES_FEATURE_JUMP_ISLAND));
 }
 
 Result<std::optional<RingsInfo>> read_rings_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,

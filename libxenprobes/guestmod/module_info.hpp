@@ -139,6 +139,10 @@ inline constexpr std::uint32_t kMaxEvtchnPort = (1u << 17) - 1;
 [[nodiscard]] Result<GuestChannelInfo> read_guest_channel_info(hv::Hypervisor& hv, DomId dom, const ModuleInfo& info,
                                                                const ModuleInfoOptions& options = {});
 
+// features (protocol.h; optional): the XENPROBES_FEATURE_* bits Dom0 knows that the module
+// publishes, 0 when the key is absent (an older module). InvalidArgument when malformed.
+[[nodiscard]] Result<std::uint32_t> read_features(hv::Hypervisor& hv, DomId dom);
+
 // The async rings (rings/*, protocol.h "Async jump probes"): `count` rings of
 // XENPROBES_RING_DATA_OFFSET + 2^order bytes each, one after the other from `addr`, ring v for
 // the vCPU whose Xen id is v.

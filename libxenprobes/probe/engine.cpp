@@ -360,6 +360,7 @@ Result<ProbeInfo> Engine::info(ProbeId id) const {
     i.slot = p.jump->detour;
     i.jump_pending = p.armed && !p.jump->jmp;
     i.async = p.jump->async_key != 0;
+    if (p.jump->island) i.not_jump_because = p.jump->short_because;  // a jump, but a short one
   }
   if (it->second->ret)
     if (auto d = domains_.find(p.dom); d != domains_.end()) i.trampoline = d->second->trampoline.value_or(Gva{0});

@@ -209,6 +209,12 @@ class Engine final : public channel::StopSink {
     std::optional<Patch> jmp;       // the jump over that trap byte and the next four
     // The quiescence the jump waits for (requested after the trap byte went in).
     std::optional<std::uint64_t> waits_for;
+    // A short jump (region.patch == 2, protocol.h "Short jumps to islands"): its island in
+    // dead padding, the padding's bytes there, and the island's jmp rel32 to the detour.
+    std::optional<Gva> island;
+    std::array<std::uint8_t, x86::kIslandLen> island_original{};
+    std::optional<Patch> island_patch;
+    std::string short_because;  // ProbeInfo::not_jump_because of a short jump: why not 5 bytes
     Gva key() const { return detour + layout.call_offset; }  // its JUMP entry
   };
   struct Point {
@@ -342,6 +348,16 @@ class Engine final : public channel::StopSink {
     std::shared_ptr<const symbols::KernelImage> image;
     unsigned jumps_waiting = 0;
     std::optional<std::uint64_t> quiesce_done;
+    // Short jumps to islands: the module publishes XENPROBES_FEATURE_JUMP_ISLAND; islands whose
+    // short jump is gone, given back after the quiescence `token` (engine_island.cpp).
+    bool jump_islands = false;
+    struct ReturningIsland {
+      Patch patch;
+      std::uint64_t token = 0;
+      Gva detour;  // where its jump goes: that slot stays dirty until the island is back
+      std::array<std::uint8_t, x86::kIslandLen> original{};  // the padding it goes over
+    };
+    std::vector<ReturningIsland> islands_returning;
     // Async probes: the rings the module publishes (read at attach; why not, when it publishes
     // them wrongly), mapped with the first async probe; the probes by record key; Dom0's counts.
     std::optional<guestmod::RingsInfo> rings_info;
@@ -463,6 +479,17 @@ class Engine final : public channel::StopSink {
   // Writes the jumps whose quiescence the module confirmed (takes its own pause).
   void advance_jumps(Domain&);
   const x86::SiteIndex& jump_fixups(Domain&);
+  // Short jumps to islands (probe/engine_island.cpp): the dead padding of the function
+  // [lo, hi) (decoded as `insns` under `jc`) the kernel leaves alone, and the islands taken.
+  void island_context(Domain&, const std::vector<x86::Insn>& insns, Gva lo, Gva hi, const x86::JumpContext& jc,
+                      x86::SiteIndex& padding, x86::SiteIndex& taken);
+  // The island's jmp rel32 to the detour, over the padding listed (paused, before the trap byte).
+  Result<void> arm_island(Domain&, JumpState&);
+  // After the short jump went: the island waits for a later quiescence.
+  void return_island(Domain&, JumpState&);
+  // Gives back the islands whose quiescence the module confirmed (takes its own pause); with
+  // `wait_ms`, first waits that long at most for it (detach).
+  void advance_islands(Domain&, int wait_ms = 0);
   void cross_function_branches(Domain&, Domain::JumpIndex&);
   void image_proof(Domain&, Domain::JumpIndex&);
   channel::Verdict hit_jump(Domain&, const SlotTrap&, channel::Stop&);

@@ -103,6 +103,9 @@ Result<void> Engine::attach(DomId id) {
       d->pool = std::make_unique<OeaPool>(XP_TRY(OeaPool::create(mi->areas, OeaPoolOptions{kSlotSize, 0})));
       d->fixup = mi->fixup_slots;
       d->jump_entry = mi->jump_entry;
+      // Short jumps to islands: only a module that restores islands (features) gets them.
+      if (auto f = guestmod::read_features(hv_, id); f && d->jump_entry)
+        d->jump_islands = (*f & XENPROBES_FEATURE_JUMP_ISLAND) != 0;
       // The functions the module's hit path calls: malformed, and the guest channel refuses
       // every probe (address_rules.hpp); the other channels do not need them.
       if (auto hp = guestmod::read_hook_path(hv_, id)) {
@@ -240,6 +243,15 @@ Result<void> Engine::detach(DomId id) {
       d->trampoline.reset();
     }
   }
+  // The islands of the short jumps just taken out, after a quiescence (bounded, 2 s: a guest
+  // that does not run keeps them: 5 bytes of dead padding that nothing reaches any more, jumping
+  // into the guest module's area).
+  advance_islands(*d, 2000);
+  if (!d->islands_returning.empty())
+    XP_LOG(Warn,
+           "domain %u: %zu islands not given back (the guest module confirmed no quiescence within 2 s): left in "
+           "dead padding, which nothing reaches",
+           d->id.value, d->islands_returning.size());
   forget(id);
   return {};
 }

@@ -171,6 +171,13 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     if (out.empty()) return std::nullopt;
     return out;
   };
+  // Short jumps to islands only on a module that restores them (engine_island.cpp).
+  x86::SiteIndex island_padding, islands_taken;
+  if (d.jump_islands) {
+    island_context(d, *insns, fn->start, Gva{hi}, jc, island_padding, islands_taken);
+    jc.island_padding = &island_padding;
+    jc.islands_taken = &islands_taken;
+  }
   const x86::JumpFunction jf = x86::JumpFunction::from_insns(*insns, fn->start, Gva{hi}, jc);
   const x86::JumpVerdict v = x86::check_jump(jf, p.addr);
   if (!v.optimizable) {
@@ -184,13 +191,15 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
       else if (!d.jump_index->no_taken.empty()) why += "; no tail-call proof: " + d.jump_index->no_taken;
       else why += "; tail calls are proven only from the kernel image (give load_symbols() the guest's vmlinux)";
     }
+    if (!d.jump_islands)
+      why += " (a short jump to an island was not tried: the guest module does not publish the jump-island feature)";
     return why;
   }
-  // Short jumps to islands are measured (bench/kernel_coverage), not placed: the guest module
-  // restores a region whole and knows no island. The context above lists no island padding, so
-  // check_jump gives none; this says so should that change without the placement.
-  if (v.island || v.region.patch != x86::kJumpPatchLen)
-    return std::string("a short jump to an island is not placed yet");
+  if (v.island.has_value() != (v.region.patch == x86::kShortJumpLen))
+    return std::string("its short jump has no island");  // check_jump gives both or neither
+  if (v.island &&
+      overlaps(v.island->value, v.island->value + x86::kIslandLen, v.region.start.value, v.region.end().value))
+    return std::string("its island lies inside its region");  // island_in_reach never gives one
   if (v.region.length > x86::kMaxInsnLen)
     return "its region [" + hex(v.region.start.value) + ", " + hex(v.region.end().value) + ") is " +
            std::to_string(v.region.length) + " bytes, more than the 15 the guest module restores";
@@ -203,6 +212,16 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
                  insns->begin() + static_cast<std::ptrdiff_t>(v.region.first + v.region.count));
   std::copy_n(bytes->begin() + static_cast<std::ptrdiff_t>(v.region.start.value - lo), v.region.length,
               j.original.begin());
+  if (v.island) {
+    // Its function's padding, or the previous function's (engine_island.cpp): as decoded.
+    auto isl = read_text(d, *v.island, x86::kIslandLen);
+    if (!isl) return "its island at " + hex(v.island->value) + " cannot be read: " + isl.error().what;
+    std::copy_n(isl->begin(), x86::kIslandLen, j.island_original.begin());
+    j.island = *v.island;
+    j.short_because = "a short jump (eb rel8) to an island at " + hex(v.island->value) +
+                      " (dead padding): no 5-byte jump, refused by jump rule '" +
+                      std::string(x86::jump_rule_name(v.refusal.rule)) + "': " + v.refusal.reason;
+  }
   // The detour must fit one slot, wherever the slot is (relocation never changes its size).
   std::array<std::uint8_t, x86::kMaxDetourSize> scratch{};
   const Gva somewhere = d.pool->areas().front().addr;
@@ -253,8 +272,20 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
   }
   // The trap byte at the region's start: every vCPU arriving there goes to the detour.
   auto undo_detour = [&] {
+    if (j.island_patch && !p.text) {  // put in by this call: the island goes back first
+      if (auto u = j.island_patch->undo(); !u)
+        XP_LOG(Warn, "domain %u: island at %s: %s", d.id.value, hex(j.island_patch->at().value).c_str(),
+               u.error().what.c_str());
+      j.island_patch.reset();
+    }
     if (detour) j.detour = Gva{0};  // dropping the uncommitted patch gives the slot back
   };
+  // A short jump's island, before anything can reach it (the trap byte sends vCPUs to the
+  // detour directly; only the eb, written later, goes through the island).
+  if (auto r = arm_island(d, j); !r) {
+    undo_detour();
+    return std::unexpected(r.error());
+  }
   if (p.text) {
     if (auto r = p.text->reapply(trap_entry(p)); !r) {
       undo_detour();
@@ -324,12 +355,14 @@ Result<void> Engine::disarm_jump(Domain& d, Point& p) {
            d.id.value, hex(j.region.start.value).c_str());
     ++d.text_changed;
   }
+  return_island(d, j);  // after a later quiescence
   p.armed = false;
   p.flush_pending = true;
   return {};
 }
 
 void Engine::advance_jumps(Domain& d) {
+  advance_islands(d);
   if (!d.jumps_waiting) return;
   advance_quiescence(d);
   auto due = [&](const Point& p) {
@@ -355,13 +388,18 @@ void Engine::advance_jumps(Domain& d) {
       continue;
     PatchSpec spec;
     spec.at = j.region.start;
-    spec.bytes.assign(x86::kJmpRel32Len, 0);
-    if (auto n = x86::emit_jmp_rel32(spec.bytes, j.region.start, j.detour); !n) {
+    // A short jump: eb rel8 to its island, which already holds the jump to the detour.
+    const bool short_jump = j.island && j.island_patch;
+    if (j.island && !short_jump) continue;
+    spec.bytes.assign(short_jump ? x86::kShortJumpLen : x86::kJmpRel32Len, 0);
+    if (short_jump) {
+      spec.bytes = {0xeb, static_cast<std::uint8_t>(j.island->value - (j.region.start.value + x86::kShortJumpLen))};
+    } else if (auto n = x86::emit_jmp_rel32(spec.bytes, j.region.start, j.detour); !n) {
       XP_LOG(Error, "domain %u: %s: %s", d.id.value, hex(j.region.start.value).c_str(), n.error().what.c_str());
       continue;
     }
     spec.expect = {d.traits.trap_byte};
-    spec.expect.insert(spec.expect.end(), j.original.begin() + 1, j.original.begin() + x86::kJmpRel32Len);
+    spec.expect.insert(spec.expect.end(), j.original.begin() + 1, j.original.begin() + spec.bytes.size());
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) {
       // The trap byte keeps serving the probe; the log says why the jump could not go in.
@@ -381,7 +419,7 @@ void Engine::advance_jumps(Domain& d) {
 int Engine::wake_interval_ms() const {
   int ms = 0;
   for (const auto& [id, d] : domains_) {
-    if (d->jumps_waiting) return 10;
+    if (d->jumps_waiting || !d->islands_returning.empty()) return 10;
     if (!d->async_keys.empty()) ms = kDrainIntervalMs;
   }
   return ms;

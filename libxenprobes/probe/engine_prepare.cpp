@@ -30,7 +30,15 @@ Result<std::vector<std::uint8_t>> Engine::read_text(Domain& d, Gva start, std::u
   std::vector<std::uint8_t> bytes(size);
   XP_TRY(d.memory->read(start, std::as_writable_bytes(std::span(bytes))));
   // Bytes we patched ourselves read back as the original instruction.
+  auto original = [&](Gva at, std::span<const std::uint8_t> was) {
+    for (std::uint64_t k = 0; k < was.size(); ++k)
+      if (at.value + k >= start.value && at.value + k < start.value + size) bytes[at.value + k - start.value] = was[k];
+  };
+  // Islands in dead padding (engine_island.cpp): the padding they went over (a multi-byte nop
+  // cut by an island would decode as something else after it).
+  for (const Domain::ReturningIsland& r : d.islands_returning) original(r.patch.at(), r.original);
   for (auto& [a, q] : d.points) {
+    if (q->jump && q->jump->island_patch) original(*q->jump->island, q->jump->island_original);
     if (q->jump && (q->armed || q->text)) {  // the trap byte, and maybe the jump over the next four
       const x86::JumpRegion& r = q->jump->region;
       for (std::uint64_t k = 0; k < r.length; ++k)

@@ -284,7 +284,7 @@ void Engine::advance_quiescence(Domain& d) {
       d.quiesce_asked.reset();
     }
   }
-  if ((!d.quiesce_wait.empty() || d.jumps_waiting) && !d.quiesce_asked) {
+  if ((!d.quiesce_wait.empty() || d.jumps_waiting || !d.islands_returning.empty()) && !d.quiesce_asked) {
     std::uint64_t token = d.quiesce_next;
     if (auto w = hv_.xs_write(guestmod::module_key(d.id, XENPROBES_XS_QUIESCE_REQUEST), std::to_string(token)); w) {
       d.quiesce_asked = token;
@@ -301,7 +301,8 @@ Result<void> Engine::reclaim_slots(Domain& d) {
   // module has confirmed that no preempted task is inside either.
   advance_quiescence(d);
   std::vector<std::uint64_t> rips;
-  for (const auto& [slot, token] : d.quiesce_wait) rips.push_back(slot);  // not quiesced yet
+  for (const auto& [slot, token] : d.quiesce_wait) rips.push_back(slot);                        // not quiesced yet
+  for (const Domain::ReturningIsland& r : d.islands_returning) rips.push_back(r.detour.value);  // its jump goes there
   for (unsigned v = 0; v < d.info.vcpus; ++v) rips.push_back(XP_TRY(hv_.get_vcpu_regs(d.id, VcpuId{v})).rip);
   if (d.table)
     for (std::uint64_t rip : d.table->resumes_in_flight(d.id)) rips.push_back(rip);  // answered, not yet taken

@@ -9,6 +9,10 @@
 //   xpe2e-probe jump    --domid D [--timeout S]
 //       Jump probes (issue 14) on the guest channel: registered as jumps, the jumps written
 //       once the module confirmed quiescence, every call counted, the text restored.
+//   xpe2e-probe jump-island --domid D [--timeout S]
+//       A short jump to an island (issue 14, protocol.h "Short jumps to islands") on a function
+//       of the workload's openat/unlink/close paths: eb rel8 and the island's e9 written, hits
+//       counted, the workload's results unchanged, region and island restored.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -56,8 +60,9 @@
 //
 // Where the commands are: probe, kill, verify-text and refuse-debugger in
 // xpe2e_probe_kill.cpp (their probe set in xpe2e_probe_set.cpp), jump and async in
-// xpe2e_jump.cpp, pair in xpe2e_pair.cpp, bench in xpe2e_bench.cpp, safety in xpe2e_safety.cpp
-// and xpe2e_safety_*.cpp, sweep in xpe2e_sweep*.cpp, and those with a main of their own below
+// xpe2e_jump.cpp, jump-island in xpe2e_jump_island.cpp, pair in xpe2e_pair.cpp, bench in
+// xpe2e_bench.cpp, safety in xpe2e_safety.cpp and xpe2e_safety_*.cpp, sweep in
+// xpe2e_sweep*.cpp, and those with a main of their own below
 // (int3-intercept, kill-icall, safety-extable-all) in theirs. What they share: xpe2e_probe.hpp
 // (defined in xpe2e_session.cpp and xpe2e_probe_set.cpp), xpe2e_common.hpp, xpe2e_kallsyms.hpp.
 //
@@ -84,7 +89,8 @@ Args parse(int argc, char** argv) {
   Args a;
   if (argc < 2)
     fatal(
-        "usage: xpe2e-probe probe|jump|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep|int3-intercept "
+        "usage: xpe2e-probe "
+        "probe|jump|jump-island|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep|int3-intercept "
         "--domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -148,6 +154,7 @@ int main(int argc, char** argv) {
   if (a.cmd == "kill") return cmd_kill(a);
   if (a.cmd == "jump") return cmd_jump(a);
   if (a.cmd == "async") return cmd_async(a);
+  if (a.cmd == "jump-island") return cmd_jump_island(a);
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);

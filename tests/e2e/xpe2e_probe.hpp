@@ -128,6 +128,7 @@ int cmd_verify_text(const Args& a);      // xpe2e_probe_kill.cpp
 int cmd_refuse_debugger(const Args& a);  // xpe2e_probe_kill.cpp
 int cmd_jump(const Args& a);             // xpe2e_jump.cpp
 int cmd_async(const Args& a);            // xpe2e_jump.cpp
+int cmd_jump_island(const Args& a);      // xpe2e_jump_island.cpp
 int cmd_pair(const Args& a);             // xpe2e_pair.cpp
 int cmd_bench(const Args& a);            // xpe2e_bench.cpp
 int cmd_safety(const Args& a);           // xpe2e_safety.cpp

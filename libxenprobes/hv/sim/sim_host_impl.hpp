@@ -58,6 +58,8 @@ class SimHostImpl final : public SimHost {
   void module_release_look_locked(Domain&);
   // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
   unsigned module_restore_locked(Domain&);
+  // The module wrote [p, p + len) of guest text: the vCPUs' translated blocks of it go.
+  void module_poked_locked(Domain&, std::uint8_t* p, std::size_t len);
   Result<unsigned> module_state(DomId, const std::string& name, std::uint64_t text_base, bool going) override;
   Result<bool> module_hit_held(DomId, VcpuId) override;
 

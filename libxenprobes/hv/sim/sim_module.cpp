@@ -240,8 +240,10 @@ void SimHostImpl::module_publish_locked(Domain& d, const std::string& dir) {
     std::snprintf(text, sizeof text, "0x%" PRIx64, m.fixup_table_va);
     store_[dir + XENPROBES_XS_FIXUP_SLOTS_TABLE] = text;
   }
-  if (d.cfg.module_ret_write) {
-    std::snprintf(text, sizeof text, "0x%x", XENPROBES_FEATURE_RET_WRITE);
+  const unsigned features = (d.cfg.module_ret_write ? XENPROBES_FEATURE_RET_WRITE : 0u) |
+                            (d.cfg.module_jump_island && m.jump_entry ? XENPROBES_FEATURE_JUMP_ISLAND : 0u);
+  if (features) {
+    std::snprintf(text, sizeof text, "0x%x", features);
     store_[dir + XENPROBES_XS_FEATURES] = text;
   }
   // hook-path (protocol.h): the guest functions its hit path calls; none until a test says so.

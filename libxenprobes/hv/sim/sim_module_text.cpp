@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "hv/sim/page_table_builder.hpp"
@@ -56,9 +57,43 @@ Result<void> SimHostImpl::module_create_jump_entry(Domain& d, PageTableBuilder& 
   return {};
 }
 
+namespace {
+
+xenprobes_trap trap_at(Domain& d, const ModuleState& m, std::uint32_t i) {
+  xenprobes_trap e;
+  std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
+  return e;
+}
+
+// The live ISLAND entry of a short region whose bytes are p (xp_text.c, xp_island_of()).
+std::optional<xenprobes_trap> island_of(Domain& d, const ModuleState& m, std::uint32_t n, const xenprobes_trap& e,
+                                        const std::uint8_t* p, std::size_t len) {
+  std::uint64_t to = 0;
+  const bool eb = xp_short_jump_target(e.addr, p, static_cast<std::uint32_t>(len), &to);
+  if (!eb && p[0] != kInt3) return std::nullopt;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const xenprobes_trap t = trap_at(d, m, i);
+    if (xp_island_pairs(&e, &t) && (!eb || t.addr == to)) return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void SimHostImpl::module_poked_locked(Domain& d, std::uint8_t* p, std::size_t len) {
+  const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
+  for (const Alias& a : d.aliases) {
+    if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
+    const std::uint64_t va = a.va + (gpa - a.gpa);
+    for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + len);
+  }
+}
+
 // The module's restore pass (xp_restore_traps): insn[0] back at every live trap-table address
 // outside its OEA still holding the int3 (a jump's region whole), but those of modules that
-// went. Returns how many it restored; m.gone_left: how many it left for that reason.
+// went; then (xp_restore_islands, after the module's quiescence: here, no vCPU stands in the
+// island) the islands of short jumps no region jumps to any more. Returns how many it
+// restored; m.gone_left: how many it left for that reason.
 unsigned SimHostImpl::module_restore_locked(Domain& d) {
   ModuleState& m = d.module;
   std::uint32_t n = std::atomic_ref<std::uint32_t>(
@@ -71,32 +106,54 @@ unsigned SimHostImpl::module_restore_locked(Domain& d) {
     // stop_machine in a real module; here no vCPU of the domain runs meanwhile anyway (this
     // is its scheduler thread), and the translated blocks of the patched bytes are dropped.
     std::lock_guard emu(emulation_mutex());
+    const xp_bounds b = module_bounds(d);
+    const bool islands = d.cfg.module_jump_island;
     for (std::uint32_t i = 0; i < n; ++i) {
-      xenprobes_trap e;
-      std::memcpy(&e, area(d) + m.trap_offset + std::size_t{i} * sizeof e, sizeof e);
+      const xenprobes_trap e = trap_at(d, m, i);
       if (in_oea(d, e.addr)) continue;  // slot traps: the slots are not text, vCPUs may be in them
       if (xp_gone_has(&m.gone, &e)) {
         ++m.gone_left;
         continue;
-      }  // its module went (xp_modules.c)
-      // A jump's region goes back whole, from the int3 or from the jump to its detour; any
-      // other trap its one byte.
+      }                                                // its module went (xp_modules.c)
+      if (e.flags == XENPROBES_TRAP_ISLAND) continue;  // after every region, below
+      // A jump's region goes back whole, from the int3 or from the jump to its detour (or, a
+      // short one, to its island); any other trap its one byte.
       const bool region = e.flags == XENPROBES_TRAP_REDIRECT;
       const std::size_t len = region ? std::min<std::size_t>(e.len, sizeof e.insn) : 1;
-      if (region && len < 5) continue;
+      if (region && len < (islands ? 2 : 5)) continue;
       std::uint8_t* p = guest_ptr(d, e.addr, len);
       if (!p) continue;
       // The module's own decision (xp_logic.c): the int3, or the jump to this entry's detour.
-      const xp_bounds b = module_bounds(d);
-      const bool ours = region ? xp_region_restore_ok(&b, &e, p, static_cast<std::uint32_t>(len)) : *p == kInt3;
+      const auto isl = region && islands ? island_of(d, m, n, e, p, len) : std::nullopt;
+      const bool ours =
+          region ? xp_region_restore_ok_island(&b, &e, p, static_cast<std::uint32_t>(len), isl ? &*isl : nullptr)
+                 : *p == kInt3;
       if (!ours) continue;  // already restored (or not a trap Dom0 wrote)
       std::memcpy(p, e.insn, len);
-      const std::uint64_t gpa = static_cast<std::uint64_t>(p - d.ram->base);
-      for (const Alias& a : d.aliases) {
-        if (gpa < a.gpa || gpa - a.gpa >= a.len) continue;
-        const std::uint64_t va = a.va + (gpa - a.gpa);
-        for (auto& vp : d.vcpus) uc_ctl_remove_cache(vp->uc, va, va + len);
+      module_poked_locked(d, p, len);
+      ++restored;
+    }
+    for (std::uint32_t i = 0; islands && i < n; ++i) {
+      const xenprobes_trap e = trap_at(d, m, i);
+      if (e.flags != XENPROBES_TRAP_ISLAND || xp_gone_has(&m.gone, &e)) continue;
+      std::uint8_t* p = guest_ptr(d, e.addr, 5);
+      if (!p || !xp_island_restore_ok(&b, &e, p, 5)) continue;
+      bool used = false;  // a region still jumps there (it was left alone): so is the island
+      for (std::uint32_t k = 0; k < n && !used; ++k) {
+        const xenprobes_trap r = trap_at(d, m, k);
+        const std::uint8_t* rp = r.flags == XENPROBES_TRAP_REDIRECT ? guest_ptr(d, r.addr, 2) : nullptr;
+        std::uint64_t to = 0;
+        used = rp && r.fallback == e.fallback &&
+               (rp[0] == kInt3 || (xp_short_jump_target(r.addr, rp, 2, &to) && to == e.addr));
       }
+      for (auto& vp : d.vcpus) {
+        std::uint64_t rip = 0;
+        uc_reg_read(vp->uc, UC_X86_REG_RIP, &rip);
+        used = used || (rip >= e.addr && rip < e.addr + 5);
+      }
+      if (used) continue;
+      std::memcpy(p, e.insn, 5);
+      module_poked_locked(d, p, 5);
       ++restored;
     }
   }

@@ -1,0 +1,136 @@
+// xpe2e-probe jump-island (issue 14): a short jump to an island on a function of the
+// workload's paths, written, counted and given back (protocol.h "Short jumps to islands").
+#include <array>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xenprobes/guest_view.hpp"
+#include "xenprobes/protocol.h"
+#include "xenprobes/xenprobes.hpp"
+#include "xpe2e_common.hpp"
+#include "xpe2e_probe.hpp"
+#include "xpe2e_text.hpp"
+
+namespace xpe2e::probe {
+
+// jump-island: a short jump to an island (protocol.h "Short jumps to islands"). The first
+// instruction of kIslandCandidates (functions on the workload's openat, unlink and close paths;
+// bench/kernel_coverage --islands found points of each on Debian 12's 6.1.0-50 whose island is
+// in the function's own dead padding) that the engine places as a short jump gets a counting
+// probe: its eb rel8 to the island and the island's e9 to the detour are read back, it counts
+// hits while the workload runs (at least one per openat + unlink of the workload for putname,
+// which each of them calls once; other processes call it too), the workload's results are
+// unchanged, the module timed nothing out, and after unregistering the region at once and the
+// island after the module's quiescence are byte-identical to before; the module unloads.
+constexpr const char* kIslandCandidates[] = {
+    "putname",           "pick_file",           "filp_close", "__x64_sys_close", "may_open", "security_path_unlink",
+    "strncpy_from_user", "lookup_one_qstr_excl"};
+
+int cmd_jump_island(const Args& a) {
+  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
+  hv::Hypervisor& hv = s->hypervisor();
+  auto feat = hv.xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FEATURES));
+  const unsigned long bits = feat ? std::strtoul(feat->c_str(), nullptr, 16) : 0;
+  check("module.jump_island", (bits & XENPROBES_FEATURE_JUMP_ISLAND) != 0,
+        feat ? "features " + *feat : std::string("the module publishes no features"));
+  must(s->prepare_jump_probes(a.dom), "prepare_jump_probes");
+  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
+  std::uint64_t hits = 0;
+  std::optional<Probe> probe;
+  std::string fn, why;
+  std::uint64_t tried = 0;
+  for (const char* name : kIslandCandidates) {
+    auto at = s->resolve(a.dom, name);
+    if (!at) continue;
+    std::vector<std::byte> bytes;
+    std::string err;
+    if (!read_guest(*view, at->value, 512, &bytes, &err)) continue;
+    std::uint64_t end = 0;
+    for (const Decoded& d : decode(bytes, at->value, &end)) {
+      ++tried;
+      auto p = s->probe(
+          a.dom, Gva{d.addr},
+          [&hits](HitContext&) {
+            ++hits;
+            return 0;
+          },
+          {}, ProbeOptions{ProbeMethod::Jump});
+      if (!p) continue;
+      auto i = p->info();
+      if (i && i->address.value == d.addr && i->not_jump_because.rfind("a short jump", 0) == 0) {
+        probe = std::move(*p);
+        fn = name;
+        why = i->not_jump_because;
+        break;
+      }
+      (void)p->unregister();
+    }
+    if (probe) break;
+  }
+  if (!check("island.found", probe.has_value(),
+             probe ? fn + ": " + why : fmt("no short jump among %" PRIu64 " instructions tried", tried)))
+    return 1;
+  const ProbeInfo info = must(probe->info(), "info");
+  const std::uint64_t island =
+      std::strtoull(why.c_str() + std::strlen("a short jump (eb rel8) to an island at "), nullptr, 16);
+  say("XPE2E-INFO: %s: a short jump at 0x%" PRIx64 " (%s), island 0x%" PRIx64 ", detour 0x%" PRIx64, fn.c_str(),
+      info.address.value, info.instruction.c_str(), island, info.slot.value);
+  check("island.method", info.method == ProbeMethod::Jump && info.mode == ExecMode::Detour,
+        probe_method_name(info.method));
+  std::vector<Probe> probes;
+  probes.push_back(std::move(*probe));
+  const JumpsWritten jw = wait_for_jumps(*s, probes);
+  check("island.written", jw.waiting == 0, fmt("%ld jumps still wait after %.1f s", jw.waiting, jw.seconds));
+  std::array<std::byte, 5> isl{};
+  std::array<std::byte, 2> eb{};
+  const bool read_ok = view->read(Gva{island}, isl).has_value() && view->read(info.address, eb).has_value();
+  std::int32_t rel = 0;
+  std::memcpy(&rel, isl.data() + 1, 4);
+  check("text.island",
+        read_ok && isl[0] == std::byte{0xe9} &&
+            island + 5 + static_cast<std::uint64_t>(std::int64_t{rel}) == info.slot.value,
+        "e9 <rel32 to the detour> at the island");
+  check(
+      "text.short_jump",
+      read_ok && eb[0] == std::byte{0xeb} &&
+          info.address.value + 2 + static_cast<std::uint64_t>(std::int64_t{static_cast<std::int8_t>(eb[1])}) == island,
+      "eb <rel8 to the island> at the region");
+
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
+  auto w = kv(done.value_or(""));
+  check("workload.ok", num(w, "ok") == 1, "the guest's own results are unchanged (ok=1)");
+  const long lower = fn == "putname" ? num(w, "openat") + num(w, "unlink_ok") + num(w, "unlink_enoent") : 1;
+  check("island.hits", (long)hits >= lower, fmt("%" PRIu64 " hits, at least %ld expected", hits, lower));
+  auto h = ctl_header(hv, a.dom);
+  check("module.no_timeouts", h && h->timeouts == 0, describe(h));
+  // Unregistered: the region at once, the island after a quiescence (the loop gives it back).
+  auto r = probes.front().unregister();
+  check("unregister", r.has_value(), r ? "ok" : r.error().what);
+  probes.clear();
+  bool back = false;
+  for (int k = 0; k < 1000 && !back; ++k) {
+    (void)s->run_once(10);
+    std::array<std::byte, 5> now{};
+    back = view->read(Gva{island}, now).has_value() && now[0] != std::byte{0xe9};
+  }
+  check("text.island_restored", back, "the island's padding back after the module's quiescence");
+  std::array<std::byte, 2> now{};
+  check("text.region_restored",
+        view->read(info.address, now).has_value() && now[0] != std::byte{0xeb} && now[0] != std::byte{0xcc},
+        "the region's bytes back");
+  s.reset();
+  auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
+  must(hvp->xs_write(dom_path(a.dom, "data/xpe2e/unload"), "1"), "write data/xpe2e/unload");
+  auto un = wait_key(*hvp, dom_path(a.dom, "data/xpe2e/unloaded"), 90);
+  check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
+  say("XPE2E-PROG jump-island %s %d", g_failed ? "FAIL" : "PASS", g_failed);
+  return g_failed ? 1 : 0;
+}
+
+}  // namespace xpe2e::probe
