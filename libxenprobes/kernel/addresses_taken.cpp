@@ -10,7 +10,7 @@ namespace xenprobes::kernel {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as the engine: larger "functions" are gaps
+constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as the engine: larger "functions" are gaps
 
 // The functions whose start is a symbol, in [lo, hi) of `r` or `r2`, sorted by start.
 std::vector<symbols::Function> functions_in(const symbols::SymbolTable& syms, const Range& r, const Range& r2) {

@@ -14,7 +14,7 @@ constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as en
 // Debian's 6.1 core text is about 16 MiB; a symbol table that claims more than this is not
 // believed (the text is then indexed nothing from, and every function counts as unknown).
 constexpr std::uint64_t kMaxCoreTextBytes = std::uint64_t{128} << 20;
-constexpr std::uint64_t kReadChunk = 64 * 1024;
+constexpr std::uint64_t kReadChunk = std::uint64_t{64} * 1024;
 constexpr std::uint64_t kPage = 4096;
 
 // The bytes of the core text the kernel rewrites while it runs, as [offset, offset + len):

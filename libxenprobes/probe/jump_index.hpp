@@ -35,7 +35,7 @@ using GuestRead = std::function<Result<void>(Gva, std::span<std::byte>)>;
 
 // At most this many bytes between __start_notes and __stop_notes are read (Debian's 6.1 has a
 // few hundred: the build id and Xen's ELF notes); a longer span is a lie.
-inline constexpr std::uint64_t kMaxNotesBytes = 16 * 1024;
+inline constexpr std::uint64_t kMaxNotesBytes = std::uint64_t{16} * 1024;
 inline constexpr std::size_t kMaxBuildIdBytes = 64;  // GNU build ids: 16 (md5), 20 (sha1)
 inline constexpr std::size_t kMaxBannerBytes = 512;
 
