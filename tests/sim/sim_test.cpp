@@ -28,6 +28,31 @@ TEST(SimGuest, RunsOnSeveralVcpusAndIsDeterministic) {
   for (unsigned v = 0; v < 4; ++v) EXPECT_EQ(a.stats(v).checksum, b.stats(v).checksum) << "vcpu " << v;
 }
 
+// Counting executions (DomainConfig::count_executions, the sweeps' reference runs) changes
+// nothing the guest does: each vCPU resumes a quantum at the block it had not run yet. (With
+// the counting hook, Unicorn 2.0.1's RIP at a quantum's end is the last instruction already
+// run: resuming there ran the call before the stop twice and the workload crashed in its third
+// iteration.) Short quanta as well, to stop at many more points.
+TEST(SimGuest, CountingExecutionsChangesNothingTheGuestDoes) {
+  for (GuestType type : {GuestType::Pv, GuestType::Hvm})
+    for (unsigned quantum : {512u, 5u}) {
+      SCOPED_TRACE(std::string(type == GuestType::Pv ? "PV" : "HVM") + ", quantum " + std::to_string(quantum));
+      SimOptions o;
+      o.quantum_blocks = quantum;
+      Dom0Guest plain(finite(2, 12, type), o);
+      ASSERT_TRUE(plain.host->wait_halted(plain.dom, 30s)) << plain.host->crash_reason(plain.dom);
+      DomainConfig c = finite(2, 12, type);
+      c.count_executions = {plain.sym("demo_dispatch"), plain.sym("demo_kstack_entry")};
+      Dom0Guest counted(c, o);
+      ASSERT_TRUE(counted.host->wait_halted(counted.dom, 30s)) << counted.host->crash_reason(counted.dom);
+      expect_workload_complete(counted, 2, 12);
+      for (unsigned v = 0; v < 2; ++v) EXPECT_EQ(counted.stats(v).checksum, plain.stats(v).checksum) << "vcpu " << v;
+      EXPECT_EQ(*counted.host->executions(counted.dom, plain.sym("demo_dispatch")),
+                2 * expected_calls(DEMO_FN_DISPATCH, 12));
+      EXPECT_EQ(*counted.host->executions(counted.dom, plain.sym("demo_kstack_entry")), 2 * 12u);
+    }
+}
+
 TEST(SimGuest, CountersAdvanceWhileUnpaused) {
   Dom0Guest g(finite(2, 0));
   ASSERT_TRUE(eventually([&] { return g.stats(1).iterations > 3; }));

@@ -29,13 +29,18 @@ void SimHostImpl::hook_intr(uc_engine* uc, std::uint32_t intno, void* ud) {
   uc_emu_stop(uc);
 }
 
-void SimHostImpl::hook_block(uc_engine* uc, std::uint64_t, std::uint32_t, void* ud) {
+void SimHostImpl::hook_block(uc_engine* uc, std::uint64_t address, std::uint32_t, void* ud) {
   auto* self = static_cast<SimHostImpl*>(ud);
   // The running vCPU is found through the per-thread pointer the scheduler sets.
   Vcpu* v = t_current;
   if (!v) return;
   if (++v->blocks >= self->opts_.quantum_blocks || v->stop_requested.load(std::memory_order_relaxed)) {
+    // The block at `address` has not run: the vCPU resumes there. Unicorn's RIP is not to be
+    // trusted here: with a UC_HOOK_CODE hook (DomainConfig::count_executions) Unicorn 2.0.1
+    // leaves it at the previous block's last instruction, already executed (a call there
+    // would push its return address twice).
     v->quantum_expired = true;
+    v->quantum_resume = address;
     uc_emu_stop(uc);
   }
 }
@@ -154,7 +159,10 @@ void SimHostImpl::handle_exit(Domain& d, Vcpu& v, uc_err err) {
     std::snprintf(buf, sizeof buf, "vcpu %u: exception %d at rip 0x%" PRIx64, v.id, v.exit_intno, rip);
     return crash(d, buf);
   }
-  if (v.quantum_expired) return;
+  if (v.quantum_expired) {
+    uc_reg_write(v.uc, UC_X86_REG_RIP, &v.quantum_resume);  // hook_block: where the vCPU stopped
+    return;
+  }
   std::uint8_t prev = 0;
   if (uc_mem_read(v.uc, rip - 1, &prev, 1) == UC_ERR_OK && prev == 0xf4) {
     v.halted = true;  // hlt: the vCPU blocks (a PV kernel's hlt becomes SCHEDOP_block)

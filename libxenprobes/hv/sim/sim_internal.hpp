@@ -118,6 +118,7 @@ struct Vcpu {
   // Set by the Unicorn hooks during a quantum (scheduler thread only).
   int exit_intno = -1;
   bool quantum_expired = false;
+  std::uint64_t quantum_resume = 0;  // with quantum_expired: the block not run, where to resume
   std::atomic<bool> stop_requested{false};
   std::uint64_t blocks = 0;
   std::string console;
