@@ -14,7 +14,7 @@
 namespace xenprobes::testing {
 namespace {
 
-constexpr std::uint64_t kIterations = 2;
+constexpr std::uint64_t kIterations = 6;
 
 ProbeOptions jump() { return ProbeOptions{ProbeMethod::Jump}; }
 
