@@ -1,12 +1,13 @@
 #!/bin/bash
 # End-to-end tests of libxenprobes on a real Xen hypervisor under QEMU (TCG).
 #
-#   tools/e2e/run.sh [--group] [scenario...]   default: every scenario of the default list
+#   tools/e2e/run.sh [--group[=N]] [scenario...]   default: every scenario of the default list
 #   tools/e2e/run.sh --list
 #
 # Each scenario gets its own boot (Dom0's toolstack is up ~13 s into its uptime on an idle host).
-# --group runs consecutive scenarios that need the same platform and hypervisor in one boot
-# instead (faster, less isolated). See docs/e2e.md.
+# --group runs up to N (default 6) consecutive scenarios that need the same platform and
+# hypervisor in one boot instead (faster, less isolated: the test command's choice). See
+# docs/e2e.md.
 #
 # Builds and caches everything outside the source tree (XENPROBES_E2E_CACHE, default
 # /var/cache/xenprobes-e2e), keyed by the inputs: the Dom0 root file system (debootstrap of
@@ -110,18 +111,23 @@ done
 declare -A SCEN_XFAIL=([stock_pvh_int3_intercept]="QEMU's TCG does not take a guest's int3 through the #BP intercept Xen sets")
 
 usage() {
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   echo "scenarios: $SCEN_ORDER"
   echo "Debian 13 (trixie_*; those in the default list are named above): ${!SCEN_PLATFORM[*]}"
 }
 
 SCENARIOS=""
 ISOLATE=1
+GROUP_MAX=6
 for a in "$@"; do
   case "$a" in
     --list) echo "$SCEN_ORDER"; exit 0 ;;
     --list-bench) echo "$BENCH_SCENARIOS"; exit 0 ;;
     --group) ISOLATE=0 ;;
+    --group=*)
+      GROUP_MAX=${a#--group=}
+      case "$GROUP_MAX" in ''|*[!0-9]*|0) echo "run.sh: --group=N needs a number N >= 1, not '$GROUP_MAX'" >&2; exit 2 ;; esac
+      ISOLATE=0 ;;
     --isolate) ISOLATE=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) usage >&2; exit 2 ;;
@@ -503,17 +509,21 @@ boot() {
 }
 
 e2e_stage "scenarios:$SCENARIOS"
-# Groups: consecutive scenarios on the same hypervisor share a boot (unless --isolate).
+# Groups (--group): up to GROUP_MAX consecutive scenarios on the same platform and hypervisor
+# share a boot; otherwise a boot each. The cap bounds what one Dom0-level fault can take down.
 groups=()
-cur="" curxen=""
+cur="" curxen="" curn=0
 for s in $SCENARIOS; do
   if [ "$ISOLATE" = 1 ] || [ "${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}" != "$curxen" ] ||
+    [ "$curn" -ge "$GROUP_MAX" ] ||
     [ -n "${SCEN_ALONE[$s]:-}" ] || { [ -n "$cur" ] && [ -n "${SCEN_ALONE[${cur##* }]:-}" ]; }; then
     [ -n "$cur" ] && groups+=("$cur")
     cur=$s
+    curn=1
     curxen=${SCEN_PLATFORM[$s]:-bookworm}-${SCEN_XEN[$s]}
   else
     cur="$cur $s"
+    curn=$((curn + 1))
   fi
 done
 [ -n "$cur" ] && groups+=("$cur")
