@@ -361,9 +361,38 @@ static void xp_pokes_flush(struct xp_pokes *pk)
 	pk->n = 0;
 }
 
+/*
+ * Queues the original bytes e->insn[0..len) for writing back at e->addr through its alias map
+ * (island: a short region's island, 0 for none); flushes when the batch is full.
+ */
+static void xp_poke_add(struct xp_pokes *pk, u8 *map, const struct xenprobes_trap *e, unsigned int len,
+			u8 kind, u64 island)
+{
+	struct xp_poke *p = &pk->p[pk->n];
+
+	p->map = map;
+	p->addr = e->addr;
+	p->fallback = e->fallback;
+	p->island = island;
+	p->off = offset_in_page(e->addr);
+	p->len = len;
+	p->kind = kind;
+	memcpy(p->bytes, e->insn, len);
+	if (++pk->n == XP_POKES_PER_STOP)
+		xp_pokes_flush(pk);
+}
+
 static void xp_sync_core(void *unused)
 {
 	sync_core();
+}
+
+/* The last batch; then, like text_poke_sync(), no CPU keeps executing stale bytes from its pipeline. */
+static void xp_pokes_finish(struct xp_pokes *pk)
+{
+	xp_pokes_flush(pk);
+	if (pk->written)
+		on_each_cpu(xp_sync_core, NULL, 1);
 }
 
 /* [addr, addr + len) is kernel or module text (outside the OEA), all of one kind. */
@@ -462,7 +491,6 @@ unsigned int xp_restore_traps(void)
 	xp_modules_lock();
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
-		struct xp_poke *p;
 		unsigned int len;
 		bool other;
 		u64 island;
@@ -485,20 +513,11 @@ unsigned int xp_restore_traps(void)
 			unmapped++;
 			continue;
 		}
-		p = &pk.p[pk.n];
-		p->map = map;
-		p->addr = e.addr;
-		p->fallback = e.fallback;
-		p->off = offset_in_page(e.addr);
-		p->island = island;
-		p->len = len;
-		p->kind = e.flags == XENPROBES_TRAP_REDIRECT ? XP_POKE_REGION : XP_POKE_BYTE;
-		memcpy(p->bytes, e.insn, len);
-		if (++pk.n == XP_POKES_PER_STOP)
-			xp_pokes_flush(&pk);
+		xp_poke_add(&pk, map, &e, len, e.flags == XENPROBES_TRAP_REDIRECT ? XP_POKE_REGION : XP_POKE_BYTE,
+			    island);
 		cond_resched();
 	}
-	xp_pokes_flush(&pk);
+	xp_pokes_finish(&pk);
 	xp_modules_unlock();
 	if (went)
 		pr_warn(XP_NAME ": %u trap bytes or jump regions were in modules unloaded since Dom0 probed them: left alone\n",
@@ -509,9 +528,6 @@ unsigned int xp_restore_traps(void)
 	if (foreign || pk.changed)
 		pr_warn(XP_NAME ": %u jump regions left alone (bytes neither original nor Dom0's), %u changed under the restore\n",
 			foreign, pk.changed);
-	/* Like text_poke_sync(): no CPU keeps executing a stale int3 or jump from its pipeline. */
-	if (pk.written)
-		on_each_cpu(xp_sync_core, NULL, 1);
 	return pk.written;
 }
 
@@ -554,7 +570,6 @@ unsigned int xp_restore_islands(void)
 	xp_modules_lock();
 	for (i = 0; i < n; i++) {
 		struct xenprobes_trap e;
-		struct xp_poke *p;
 		u8 cur[XP_ISLAND_LEN];
 		u8 *map;
 
@@ -572,25 +587,13 @@ unsigned int xp_restore_islands(void)
 			unmapped++;
 			continue;
 		}
-		p = &pk.p[pk.n];
-		p->map = map;
-		p->addr = e.addr;
-		p->fallback = e.fallback;
-		p->island = 0;
-		p->off = offset_in_page(e.addr);
-		p->len = XP_ISLAND_LEN;
-		p->kind = XP_POKE_ISLAND;
-		memcpy(p->bytes, e.insn, XP_ISLAND_LEN);
-		if (++pk.n == XP_POKES_PER_STOP)
-			xp_pokes_flush(&pk);
+		xp_poke_add(&pk, map, &e, XP_ISLAND_LEN, XP_POKE_ISLAND, 0);
 		cond_resched();
 	}
-	xp_pokes_flush(&pk);
+	xp_pokes_finish(&pk);
 	xp_modules_unlock();
 	if (left || unmapped || pk.changed)
 		pr_warn(XP_NAME ": %u short-jump islands left alone (not Dom0's bytes, or a region still jumps there), %u not mapped writable, %u changed under the restore\n",
 			left, unmapped, pk.changed);
-	if (pk.written)
-		on_each_cpu(xp_sync_core, NULL, 1);
 	return pk.written;
 }
