@@ -22,7 +22,7 @@ namespace {
 // ---- bench: the paper's Table 1 side by side ---------------------------------------------
 
 // What the probes sit on: the four measured syscalls (the guest's kprobe events use the same
-// functions, workload.c) and two more that only the tar extraction reaches (Table 2/3).
+// functions, workload_bench.c) and two more that only the tar extraction reaches (Table 2/3).
 struct BenchFn {
   const char* role;
   const char* fn;

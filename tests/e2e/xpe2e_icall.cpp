@@ -36,7 +36,7 @@ using namespace xpe2e;
 
 namespace {
 
-// On the paths of the workload's openat, read and unlink calls (tools/e2e/domu/workload.c run),
+// On the paths of the workload's openat, read and unlink calls (tools/e2e/domu/workload_run.c),
 // in the order they are tried. On Debian 12's 6.1 booted with indirect branches in place
 // (spectre_v2=off) the first three are vfs_read (f_op->read, the xenbus device's, and read_iter,
 // tmpfs's), security_file_open (the LSMs' file_open hooks) and vfs_unlink (i_op->unlink).

@@ -9,7 +9,7 @@
 # Each channel gets its own boot of the e2e harness (tools/e2e/run.sh, docs/e2e.md): guest =
 # Debian's stock hypervisor + PV DomU + the guest module; debugger = the GDBSX hypervisor + PV
 # DomU; vmevent = the stock hypervisor under QEMU 10 + PVH DomU. Inside the DomU a
-# lat_syscall-style loop (tools/e2e/domu/workload.c, "bench") measures getppid ("null"), a
+# lat_syscall-style loop (tools/e2e/domu/workload_bench.c, "bench") measures getppid ("null"), a
 # 1-byte read of /dev/zero, a 1-byte write to /dev/null and openat + close of a tmpfs file,
 # then times a busybox tar extraction of 8 directories x 8 files x 4 KiB; it does so once per
 # config: native (nothing armed), kprobe / kretprobe (tracefs kprobe events on the same kernel

@@ -294,11 +294,13 @@ build_module() {
 }
 
 # ---- stage: DomU initramfs and the run's payload ----------------------------------------
-# The static DomU programs and busybox run on either platform's kernel: built once.
+# The static DomU programs and busybox run on either platform's kernel: built once, from
+# source every run (no cache). xpe2e-workload is workload.c and its workload_*.c (workload.h
+# says which file holds what).
 e2e_stage "DomU programs (static)"
 DOMU_BIN=$RUN_DIR/domu-bin
 mkdir -p "$DOMU_BIN"
-gcc -static -O2 -Wall -Wextra -Werror -o "$DOMU_BIN/xpe2e-workload" "$E2E_TOOLS/domu/workload.c" \
+gcc -static -O2 -Wall -Wextra -Werror -o "$DOMU_BIN/xpe2e-workload" "$E2E_TOOLS"/domu/workload*.c \
   >"$RUN_DIR/workload-build.log" 2>&1 || e2e_die "workload build failed (log: $RUN_DIR/workload-build.log)"
 gcc -static -O2 -mgeneral-regs-only -Wall -Wextra -Werror -o "$DOMU_BIN/fpucheck" "$E2E_TOOLS/domu/fpucheck.c" \
   >>"$RUN_DIR/workload-build.log" 2>&1 || e2e_die "fpucheck build failed (log: $RUN_DIR/workload-build.log)"
