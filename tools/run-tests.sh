@@ -60,8 +60,10 @@ elif [ "$(id -u)" != 0 ]; then
   echo "== end-to-end suite NOT run: it needs root (sudo sh tools/run-tests.sh, or XENPROBES_E2E=0)" >&2
   exit 1
 else
-  echo "== end-to-end on a real Xen under QEMU (tools/e2e/run.sh)"
-  bash tools/e2e/run.sh
+  # --group: up to six consecutive scenarios on the same platform and hypervisor share a boot
+  # (a Dom0 boot each saved; docs/e2e.md "Timings"), which keeps the suite well inside CI's time.
+  echo "== end-to-end on a real Xen under QEMU (tools/e2e/run.sh --group)"
+  bash tools/e2e/run.sh --group
 fi
 if [ -n "${CCACHE_STATSLOG:-}" ] && [ -s "$CCACHE_STATSLOG" ]; then
   echo "== ccache, this run's builds (the e2e payloads' included, the Debian 13 one's not)"
