@@ -109,8 +109,9 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
       const symbols::SymbolTable* have = impl_->engine->symbols(dom);
       if (!have)
         return fail(Errc::InvalidArgument, path +
-                                               " has no symbol table: load the kernel's System.map first, then "
-                                               "this image");
+                                               " has no symbol table: load the kernel's System.map first, or "
+                                               "the guest's own kallsyms (load_symbols_from_guest), then this "
+                                               "image");
       symbols::SymbolTable link = *have;
       link.clear_module_functions();
       // A System.map goes back to its link addresses; the guest's kallsyms (its running
