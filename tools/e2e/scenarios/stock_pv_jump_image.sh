@@ -15,7 +15,8 @@ img=/tmp/vmlinux-$KVER
 [ -f "$E2E/vmlinux-$KVER.gz" ] || result FAIL "no $E2E/vmlinux-$KVER.gz (run.sh stages it for the scenarios in SCEN_VMLINUX)"
 gzip -dc "$E2E/vmlinux-$KVER.gz" >"$img" || result FAIL "cannot unpack $E2E/vmlinux-$KVER.gz"
 echo "XPE2E-INFO: the DomUs' kernel image: $img, $(wc -c <"$img") bytes (the ELF inside /boot/vmlinuz-$KVER)"
-domid=$(domu_start $N "xpe2e.modparams=timeout_ms=2000 xpe2e.work=200:20:10") || result FAIL "xl create failed"
+# The workload waits for its go while the kernel is read twice (xpe2e.wait: up to 900 s).
+domid=$(domu_start $N "xpe2e.modparams=timeout_ms=2000 xpe2e.work=200:20:10 xpe2e.wait=900") || result FAIL "xl create failed"
 echo "XPE2E-INFO: DomU $N is domain $domid"
 if ! wait_console $N "XPE2E-WORKLOAD: waiting" 180; then
   dump_console $N
