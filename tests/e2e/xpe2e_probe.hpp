@@ -106,7 +106,10 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps);  // xpe2e_probe_set.c
 
 // ---- the session, the workload, trap bytes, jumps, stalls (xpe2e_session.cpp) ------------
 
-std::unique_ptr<Session> open_session(const Args& a, SessionOptions o);
+// Waits for the guest module, opens a session and loads Dom0's /proc/kallsyms as the guest's
+// symbols (the same build: checked), unless `dom0_kallsyms` is false (the session then reads the
+// guest's own kallsyms when it needs symbols).
+std::unique_ptr<Session> open_session(const Args& a, SessionOptions o, bool dom0_kallsyms = true);
 std::optional<std::string> run_workload(Session& s, DomId dom, int seconds);
 std::uint8_t trap_byte_of(const std::string& channel);
 bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>& points, std::uint8_t trap,
