@@ -13,11 +13,15 @@
 // ftrace sites (still `call __fentry__`) are rewritten when it boots, and .smp_locks is still
 // there (docs/benchmarks.md says what that changes).
 //
-//   kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] <vmlinux> <System.map>
+//   kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] [--proof] <vmlinux> <System.map>
 //
 // --islands: one line per instruction that only a short jump to an island serves (islands
 // alone, no tail-call proof: what the engine places), "ISLAND <function>+<offset> island
 // <function>+<offset> <instruction>", to pick e2e targets (docs/e2e.md).
+// --proof: one line per instruction that neither a 5-byte region nor a short jump to an island
+// serves without the tail-call proof, and a 5-byte region serves with it (what a session given
+// the guest's vmlinux places as a jump, and refuses without it), "PROOF <function>+<offset>
+// <instruction>", for the same purpose.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -209,8 +213,8 @@ x86::SiteIndex boot_patched(const symbols::SymbolTable& syms, const symbols::Ker
 
 int usage() {
   std::fprintf(stderr,
-               "usage: kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] <vmlinux> "
-               "<System.map>\n");
+               "usage: kernel_coverage [--every N] [--max-functions N] [--examples] [--islands] [--proof] "
+               "<vmlinux> <System.map>\n");
   return 2;
 }
 
@@ -218,7 +222,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::size_t every = 1, max_functions = 0;
-  bool examples = false, list_islands = false;
+  bool examples = false, list_islands = false, list_proof = false;
   std::vector<std::string> args;
   for (int k = 1; k < argc; ++k) {
     std::string a = argv[k];
@@ -229,6 +233,8 @@ int main(int argc, char** argv) {
       (a == "--every" ? every : max_functions) = v;
     } else if (a == "--islands") {
       list_islands = true;
+    } else if (a == "--proof") {
+      list_proof = true;
     } else if (a == "--examples") {
       examples = true;
     } else if (a.starts_with("--")) {
@@ -536,9 +542,13 @@ int main(int argc, char** argv) {
         }
         return w;
       };
-      const bool proof = placed(jf_proof, jc_proof).optimizable;
+      const x86::JumpVerdict wp = placed(jf_proof, jc_proof);
+      const bool proof = wp.optimizable;
       const x86::JumpVerdict wi = placed(jf_islands, jc_islands);
       const bool islands = wi.optimizable;
+      if (list_proof && proof && !islands)
+        std::printf("PROOF %s+%s %s%s\n", d.fn->name.c_str(), hex(i.address.value - lo.value).c_str(),
+                    i.describe().c_str(), wp.starts_earlier ? " (a region starting earlier)" : "");
       if (list_islands && islands && wi.island)
         std::printf("ISLAND %s+%s island %s %s\n", d.fn->name.c_str(), hex(i.address.value - lo.value).c_str(),
                     syms->symbolize(*wi.island).c_str(), i.describe().c_str());

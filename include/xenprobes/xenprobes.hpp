@@ -357,8 +357,10 @@ class XENPROBES_API Session {
   // guest's kernel, or its vmlinux (an ELF with a symbol table, such as Debian's -dbg
   // package's). KASLR: the slide comes from the kernel-text address the guest module
   // publishes, when it does. A vmlinux also lets jump probes prove tail calls, when its build id
-  // is the guest's (docs/probes.md "Jump probes"); one without a symbol table (a decompressed
-  // vmlinuz) is taken for that alone, after the kernel's System.map was loaded.
+  // is the guest's (docs/probes.md "Jump probes"); one without a symbol table (the ELF inside a
+  // vmlinuz) is taken for that alone, with the symbols loaded before (the kernel's System.map, or
+  // the guest's own kallsyms: load_symbols_from_guest, or what resolve() loaded). A vmlinuz
+  // itself is refused (InvalidArgument): the library does not decompress kernels.
   [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
   // Symbols with no file: the guest kernel's own kallsyms tables, found and decoded in its
   // memory (docs/guest-symbols.md). They hold running addresses, so no slide is needed; with a

@@ -97,17 +97,30 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   // A vmlinux (ELF) gives its symbol table, and its image to jump probes (tail calls proven).
   // One without a symbol table (a decompressed vmlinuz) goes with the symbols loaded before.
   std::shared_ptr<const symbols::KernelImage> image;
+  // The library does not decompress kernels (docs/probes.md says why): the ELF inside, please.
+  if (!symbols::is_elf_file(path) && symbols::is_bzimage_file(path))
+    return fail(Errc::InvalidArgument,
+                path +
+                    " is a compressed kernel (an x86 bzImage, vmlinuz): give load_symbols() the ELF inside it "
+                    "(vmlinux), the payload its boot header locates, decompressed (xz, zstd or gzip)");
   if (symbols::is_elf_file(path)) {
     auto elf = XP_TRY(elf::load(path));
     if (elf.symtab.empty()) {
       const symbols::SymbolTable* have = impl_->engine->symbols(dom);
       if (!have)
         return fail(Errc::InvalidArgument, path +
-                                               " has no symbol table: load the kernel's System.map first, then "
-                                               "this image");
+                                               " has no symbol table: load the kernel's System.map first, or "
+                                               "the guest's own kallsyms (load_symbols_from_guest), then this "
+                                               "image");
       symbols::SymbolTable link = *have;
       link.clear_module_functions();
-      XP_TRY(link.set_slide(0));
+      // A System.map goes back to its link addresses; the guest's kallsyms (its running
+      // addresses) too, by its KASLR slide when its kernel was moved.
+      const std::int64_t moved = XP_TRY(symbols::link_to_image(link, elf, path));
+      if (moved)
+        XP_LOG(Info, "domain %u: %s goes with %s moved by %s%llx (the kernel runs KASLR-slid from where it was linked)",
+               dom.value, path.c_str(), link.source().c_str(), moved < 0 ? "-0x" : "0x",
+               static_cast<unsigned long long>(moved < 0 ? -static_cast<__int128>(moved) : moved));
       return impl_->engine->set_kernel_image(
           dom, std::make_shared<const symbols::KernelImage>(
                    symbols::KernelImage::with_symbols(std::move(elf), std::move(link), path)));

@@ -36,6 +36,12 @@ bool is_elf_file(const std::filesystem::path& path) {
   return in.read(m, 4) && std::memcmp(m, ELFMAG, SELFMAG) == 0;
 }
 
+bool is_bzimage_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char m[4] = {};
+  return in.seekg(0x202) && in.read(m, 4) && std::memcmp(m, "HdrS", 4) == 0;
+}
+
 Result<KernelImage> KernelImage::load(const std::filesystem::path& path) {
   auto img = XP_TRY(elf::load(path.string()));
   return from_elf(std::move(img), path.string());
@@ -63,6 +69,22 @@ KernelImage KernelImage::with_symbols(elf::Image img, SymbolTable syms, std::str
   k.syms_ = std::move(syms);
   k.source_ = std::move(source);
   return k;
+}
+
+Result<std::int64_t> link_to_image(SymbolTable& syms, const elf::Image& img, const std::string& source) {
+  std::uint64_t text = 0;
+  for (const elf::Segment& s : img.segments)
+    if (s.executable && s.vaddr >= kKernelImageStart && s.vaddr < kKernelImageEnd && (text == 0 || s.vaddr < text))
+      text = s.vaddr;
+  if (text == 0)
+    return fail(Errc::InvalidArgument, source + ": no executable segment in the x86-64 kernel image window [" +
+                                           hex(kKernelImageStart) + ", " + hex(kKernelImageEnd) + "): not a vmlinux");
+  XP_TRY(syms.set_slide(0));
+  auto moved = syms.slide_from_text(Gva{text});
+  if (!moved)
+    return fail(moved.error().code,
+                source + " does not fit the symbols loaded before (" + syms.source() + "): " + moved.error().what);
+  return *moved;
 }
 
 Result<void> KernelImage::read(Gva addr, std::span<std::byte> out) const {

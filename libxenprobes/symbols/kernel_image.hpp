@@ -20,6 +20,20 @@ namespace xenprobes::symbols {
 
 // Whether the file starts with ELF's magic (a System.map and kallsyms text never do).
 bool is_elf_file(const std::filesystem::path& path);
+// Whether the file is an x86 bzImage (a vmlinuz: "HdrS" at 0x202, the boot protocol's setup
+// header): not a vmlinux itself, but the ELF compressed inside it.
+bool is_bzimage_file(const std::filesystem::path& path);
+
+// Puts `syms` at the link addresses of `img` (an image without a symbol table), so that they
+// can go with it (KernelImage::with_symbols). `syms` are the guest's symbols as a session holds
+// them: a System.map slid to the running kernel, or the guest's own kallsyms, whose addresses
+// are running ones. Their slide goes back to 0, then their _text is moved onto the image's
+// kernel text (the lowest executable PT_LOAD in the kernel image window, where x86-64's
+// vmlinux.lds puts _text). Returns that move: 0 for a System.map and for the kallsyms of a
+// kernel that runs where it was linked (a PV guest), minus the KASLR slide for the kallsyms of
+// one that was moved. InvalidArgument when the image has no such segment, or the move is no
+// valid slide (symbols of another kernel).
+[[nodiscard]] Result<std::int64_t> link_to_image(SymbolTable& syms, const elf::Image& img, const std::string& source);
 
 class KernelImage {
  public:

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,64 +32,57 @@ constexpr const char* kIslandCandidates[] = {
     "putname",           "pick_file",           "filp_close", "__x64_sys_close", "may_open", "security_path_unlink",
     "strncpy_from_user", "lookup_one_qstr_excl"};
 
-int cmd_jump_island(const Args& a) {
-  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
-  hv::Hypervisor& hv = s->hypervisor();
-  auto feat = hv.xs_read(dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FEATURES));
-  const unsigned long bits = feat ? std::strtoul(feat->c_str(), nullptr, 16) : 0;
-  check("module.jump_island", (bits & XENPROBES_FEATURE_JUMP_ISLAND) != 0,
-        feat ? "features " + *feat : std::string("the module publishes no features"));
-  must(s->prepare_jump_probes(a.dom), "prepare_jump_probes");
-  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
-  std::uint64_t hits = 0;
+namespace {
+
+struct IslandProbe {
   std::optional<Probe> probe;
   std::string fn, why;
   std::uint64_t tried = 0;
+  std::uint64_t island = 0;  // the island's address (from not_jump_because)
+};
+
+// The first instruction of kIslandCandidates that the engine places as a short jump, with
+// `handler` (the module publishes the feature: checked by the caller).
+IslandProbe find_island_probe(Session& s, DomId dom, GuestView& view, std::function<int(HitContext&)> handler) {
+  IslandProbe out;
   for (const char* name : kIslandCandidates) {
-    auto at = s->resolve(a.dom, name);
+    auto at = s.resolve(dom, name);
     if (!at) continue;
     std::vector<std::byte> bytes;
     std::string err;
-    if (!read_guest(*view, at->value, 512, &bytes, &err)) continue;
+    if (!read_guest(view, at->value, 512, &bytes, &err)) continue;
     std::uint64_t end = 0;
     for (const Decoded& d : decode(bytes, at->value, &end)) {
-      ++tried;
-      auto p = s->probe(
-          a.dom, Gva{d.addr},
-          [&hits](HitContext&) {
-            ++hits;
-            return 0;
-          },
-          {}, ProbeOptions{ProbeMethod::Jump});
+      ++out.tried;
+      auto p = s.probe(dom, Gva{d.addr}, handler, {}, ProbeOptions{ProbeMethod::Jump});
       if (!p) continue;
       auto i = p->info();
       if (i && i->address.value == d.addr && i->not_jump_because.rfind("a short jump", 0) == 0) {
-        probe = std::move(*p);
-        fn = name;
-        why = i->not_jump_because;
-        break;
+        out.probe = std::move(*p);
+        out.fn = name;
+        out.why = i->not_jump_because;
+        out.island =
+            std::strtoull(out.why.c_str() + std::strlen("a short jump (eb rel8) to an island at "), nullptr, 16);
+        return out;
       }
       (void)p->unregister();
     }
-    if (probe) break;
   }
-  if (!check("island.found", probe.has_value(),
-             probe ? fn + ": " + why : fmt("no short jump among %" PRIu64 " instructions tried", tried)))
-    return 1;
-  const ProbeInfo info = must(probe->info(), "info");
-  const std::uint64_t island =
-      std::strtoull(why.c_str() + std::strlen("a short jump (eb rel8) to an island at "), nullptr, 16);
-  say("XPE2E-INFO: %s: a short jump at 0x%" PRIx64 " (%s), island 0x%" PRIx64 ", detour 0x%" PRIx64, fn.c_str(),
-      info.address.value, info.instruction.c_str(), island, info.slot.value);
-  check("island.method", info.method == ProbeMethod::Jump && info.mode == ExecMode::Detour,
-        probe_method_name(info.method));
-  std::vector<Probe> probes;
-  probes.push_back(std::move(*probe));
-  const JumpsWritten jw = wait_for_jumps(*s, probes);
-  check("island.written", jw.waiting == 0, fmt("%ld jumps still wait after %.1f s", jw.waiting, jw.seconds));
+  return out;
+}
+
+void check_island_feature(hv::Hypervisor& hv, DomId dom) {
+  auto feat = hv.xs_read(dom_path(dom, XENPROBES_XS_DIR "/" XENPROBES_XS_FEATURES));
+  const unsigned long bits = feat ? std::strtoul(feat->c_str(), nullptr, 16) : 0;
+  check("module.jump_island", (bits & XENPROBES_FEATURE_JUMP_ISLAND) != 0,
+        feat ? "features " + *feat : std::string("the module publishes no features"));
+}
+
+// The eb rel8 at the region and the island's e9 to the detour, read back.
+void check_short_jump_written(GuestView& view, const ProbeInfo& info, std::uint64_t island) {
   std::array<std::byte, 5> isl{};
   std::array<std::byte, 2> eb{};
-  const bool read_ok = view->read(Gva{island}, isl).has_value() && view->read(info.address, eb).has_value();
+  const bool read_ok = view.read(Gva{island}, isl).has_value() && view.read(info.address, eb).has_value();
   std::int32_t rel = 0;
   std::memcpy(&rel, isl.data() + 1, 4);
   check("text.island",
@@ -100,6 +94,38 @@ int cmd_jump_island(const Args& a) {
       read_ok && eb[0] == std::byte{0xeb} &&
           info.address.value + 2 + static_cast<std::uint64_t>(std::int64_t{static_cast<std::int8_t>(eb[1])}) == island,
       "eb <rel8 to the island> at the region");
+}
+
+}  // namespace
+
+int cmd_jump_island(const Args& a) {
+  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
+  hv::Hypervisor& hv = s->hypervisor();
+  check_island_feature(hv, a.dom);
+  must(s->prepare_jump_probes(a.dom), "prepare_jump_probes");
+  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
+  std::uint64_t hits = 0;
+  IslandProbe found = find_island_probe(*s, a.dom, *view, [&hits](HitContext&) {
+    ++hits;
+    return 0;
+  });
+  std::optional<Probe>& probe = found.probe;
+  const std::string &fn = found.fn, &why = found.why;
+  const std::uint64_t tried = found.tried;
+  if (!check("island.found", probe.has_value(),
+             probe ? fn + ": " + why : fmt("no short jump among %" PRIu64 " instructions tried", tried)))
+    return 1;
+  const ProbeInfo info = must(probe->info(), "info");
+  const std::uint64_t island = found.island;
+  say("XPE2E-INFO: %s: a short jump at 0x%" PRIx64 " (%s), island 0x%" PRIx64 ", detour 0x%" PRIx64, fn.c_str(),
+      info.address.value, info.instruction.c_str(), island, info.slot.value);
+  check("island.method", info.method == ProbeMethod::Jump && info.mode == ExecMode::Detour,
+        probe_method_name(info.method));
+  std::vector<Probe> probes;
+  probes.push_back(std::move(*probe));
+  const JumpsWritten jw = wait_for_jumps(*s, probes);
+  check("island.written", jw.waiting == 0, fmt("%ld jumps still wait after %.1f s", jw.waiting, jw.seconds));
+  check_short_jump_written(*view, info, island);
 
   auto done = run_workload(*s, a.dom, a.timeout_s);
   check("workload.done", done.has_value(), done ? *done : fmt("no data/xpe2e/done within %d s", a.timeout_s));
@@ -131,6 +157,72 @@ int cmd_jump_island(const Args& a) {
   check("module.unload", un && *un == "ok", un ? "detach + rmmod: " + *un : "no data/xpe2e/unloaded within 90 s");
   say("XPE2E-PROG jump-island %s %d", g_failed ? "FAIL" : "PASS", g_failed);
   return g_failed ? 1 : 0;
+}
+
+// kill-island: kill -9 with a short jump to an island armed (issue 14; the guest module's own
+// restore, protocol.h "Short jumps to islands"). The text around every candidate (its first 512
+// bytes and the 256 before it, where the previous function's padding may hold its island) is
+// saved to --snapshot before anything is written; the short jump jump-island finds goes in, its
+// eb rel8 and the island's e9 are read back; then the workload runs and this process SIGKILLs
+// itself inside the probe's handler on its --die-after-hits'th hit after the jump was written
+// (a vCPU waits in the module's jump entry for that answer). What the scenario checks then
+// (verify-text against the snapshot): the module put back the region and, after its
+// quiescence, the island.
+int cmd_kill_island(const Args& a) {
+  if (a.snapshot.empty()) fatal("--snapshot is required");
+  auto s = open_session(a, SessionOptions{ChannelKind::Guest});
+  hv::Hypervisor& hv = s->hypervisor();
+  check_island_feature(hv, a.dom);
+  std::vector<std::pair<std::string, Gva>> around;
+  for (const char* name : kIslandCandidates)
+    if (auto at = s->resolve(a.dom, name)) {
+      around.emplace_back(std::string(name) + "-0x100", Gva{at->value - 0x100});
+      around.emplace_back(name, *at);
+    }
+  const std::vector<TextRange> before = snapshot(hv, a.dom, around);
+  must(s->prepare_jump_probes(a.dom), "prepare_jump_probes");
+  auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
+  static bool killing = false;  // from when the short jump is written
+  static std::uint64_t hits = 0;
+  g_die_after = a.die_after;
+  g_die_in = "island";
+  IslandProbe found = find_island_probe(*s, a.dom, *view, [](HitContext&) {
+    if (killing) maybe_die("island", ++hits);
+    return 0;
+  });
+  if (!check("island.found", found.probe.has_value(),
+             found.probe ? found.fn + ": " + found.why
+                         : fmt("no short jump among %" PRIu64 " instructions tried", found.tried)))
+    return 1;
+  const ProbeInfo info = must(found.probe->info(), "info");
+  say("XPE2E-INFO: %s: a short jump at 0x%" PRIx64 " (%s), island 0x%" PRIx64 ", detour 0x%" PRIx64, found.fn.c_str(),
+      info.address.value, info.instruction.c_str(), found.island, info.slot.value);
+  // Only the found function's ranges go to the snapshot: they hold the region and the island.
+  std::vector<TextRange> kept;
+  for (const TextRange& r : before)
+    if (r.name == found.fn || r.name == found.fn + "-0x100") kept.push_back(r);
+  auto covered = [&](std::uint64_t lo, std::uint64_t len) {
+    return std::any_of(kept.begin(), kept.end(), [&](const TextRange& r) {
+      return lo >= r.addr.value && lo + len <= r.addr.value + r.bytes.size();
+    });
+  };
+  if (!check("snapshot.covers", kept.size() == 2 && covered(info.address.value, 2) && covered(found.island, 5),
+             fmt("the region at 0x%" PRIx64 " and the island at 0x%" PRIx64 " in the %zu saved ranges of %s",
+                 info.address.value, found.island, kept.size(), found.fn.c_str())))
+    return 1;
+  save(kept, a.snapshot);
+  std::vector<Probe> probes;
+  probes.push_back(std::move(*found.probe));
+  const JumpsWritten jw = wait_for_jumps(*s, probes);
+  check("island.written", jw.waiting == 0, fmt("%ld jumps still wait after %.1f s", jw.waiting, jw.seconds));
+  check_short_jump_written(*view, info, found.island);
+  killing = true;
+  auto done = run_workload(*s, a.dom, a.timeout_s);
+  // Only reached when the probe was hit fewer times than --die-after-hits.
+  check("killed", false,
+        fmt("the workload finished (%s) before %u hits", done.value_or("no done").c_str(), a.die_after));
+  say("XPE2E-PROG kill-island FAIL %d", g_failed);
+  return 1;
 }
 
 }  // namespace xpe2e::probe

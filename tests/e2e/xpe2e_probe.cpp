@@ -13,6 +13,15 @@
 //       A short jump to an island (issue 14, protocol.h "Short jumps to islands") on a function
 //       of the workload's openat/unlink/close paths: eb rel8 and the island's e9 written, hits
 //       counted, the workload's results unchanged, region and island restored.
+//   xpe2e-probe kill-island --domid D --snapshot FILE [--die-after-hits N] [--timeout S]
+//       kill -9 with a short jump to an island armed: the text around the candidates saved to
+//       FILE, jump-island's short jump written and read back, then a SIGKILL to itself inside
+//       its handler on the N-th hit (the scenario checks the module's restore with verify-text).
+//   xpe2e-probe jump-image --domid D --image VMLINUX [--timeout S]
+//       The tail-call proof from the guest's kernel image: a point that is refused as a jump
+//       without it (Jump refused, Fastest a trap probe, both saying the image would prove it),
+//       given the guest's vmlinux (load_symbols, the ELF without symbols going with the guest's
+//       kallsyms) becomes a jump, counts the workload's unlinks, and the text comes back.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -60,7 +69,8 @@
 //
 // Where the commands are: probe, kill, verify-text and refuse-debugger in
 // xpe2e_probe_kill.cpp (their probe set in xpe2e_probe_set.cpp), jump and async in
-// xpe2e_jump.cpp, jump-island in xpe2e_jump_island.cpp, pair in xpe2e_pair.cpp, bench in
+// xpe2e_jump.cpp, jump-island and kill-island in xpe2e_jump_island.cpp, jump-image in
+// xpe2e_jump_image.cpp, pair in xpe2e_pair.cpp, bench in
 // xpe2e_bench.cpp, safety in xpe2e_safety.cpp and xpe2e_safety_*.cpp, sweep in
 // xpe2e_sweep*.cpp, and those with a main of their own below
 // (int3-intercept, kill-icall, safety-extable-all) in theirs. What they share: xpe2e_probe.hpp
@@ -90,7 +100,8 @@ Args parse(int argc, char** argv) {
   if (argc < 2)
     fatal(
         "usage: xpe2e-probe "
-        "probe|jump|jump-island|async|kill|verify-text|refuse-debugger|pair|bench|safety|sweep|int3-intercept "
+        "probe|jump|jump-island|jump-image|async|kill|kill-island|verify-text|refuse-debugger|pair|bench|safety|sweep|"
+        "int3-intercept "
         "--domid D ...");
   a.cmd = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -119,13 +130,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--hazards") a.hazards = v;
     else if (k == "--method") a.method = v;
     else if (k == "--points") a.points = v;
+    else if (k == "--image") a.image = v;
     else fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
   if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
   if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
-      a.die_in != "unregister")
-    fatal("--die-in: getppid, call, filp, register or unregister");
+      a.die_in != "unregister" && a.die_in != "island")
+    fatal("--die-in: getppid, call, filp, register, unregister or island (kill-island)");
+  if (a.cmd == "jump-image" && a.image.empty()) fatal("jump-image: --image (the guest kernel's vmlinux) is required");
   if (a.cmd == "pair" && (!a.dom2.value || a.dom2 == a.dom)) fatal("pair: --domid2 (another domain) is required");
   return a;
 }
@@ -155,6 +168,8 @@ int main(int argc, char** argv) {
   if (a.cmd == "jump") return cmd_jump(a);
   if (a.cmd == "async") return cmd_async(a);
   if (a.cmd == "jump-island") return cmd_jump_island(a);
+  if (a.cmd == "kill-island") return cmd_kill_island(a);
+  if (a.cmd == "jump-image") return cmd_jump_image(a);
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);

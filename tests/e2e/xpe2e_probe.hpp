@@ -31,7 +31,8 @@ struct Args {
   int timeout_s = 240;
   std::string snapshot;
   unsigned die_after = 50;
-  std::string die_in = "getppid";  // kill: where it SIGKILLs itself (getppid, call, filp, register, unregister)
+  std::string die_in = "getppid";  // kill: where it SIGKILLs itself (getppid, call, filp, register, unregister;
+                                   // island: kill-island's probe)
   bool exercise_attached = false;  // probe: the guest forks/execs while the session is still open
   std::string skip;  // comma-separated: xrp, branch, boosted, openat, openat2, filp, skipped (to bisect a failure)
   std::string configs = "native,kprobe,kretprobe,xp,xrp";  // bench
@@ -47,6 +48,7 @@ struct Args {
   // probe, kill: how the probes without a post-handler go in (trap, or fastest: jump probes
   // where the point allows, issue 14).
   std::string method = "trap";
+  std::string image;  // jump-image: the guest kernel's vmlinux (the ELF inside its vmlinuz)
 };
 
 extern Args g_args;  // main() sets it (xpe2e_probe.cpp)
@@ -104,7 +106,10 @@ void register_probes(Session& s, DomId dom, ProbeSet& ps);  // xpe2e_probe_set.c
 
 // ---- the session, the workload, trap bytes, jumps, stalls (xpe2e_session.cpp) ------------
 
-std::unique_ptr<Session> open_session(const Args& a, SessionOptions o);
+// Waits for the guest module, opens a session and loads Dom0's /proc/kallsyms as the guest's
+// symbols (the same build: checked), unless `dom0_kallsyms` is false (the session then reads the
+// guest's own kallsyms when it needs symbols).
+std::unique_ptr<Session> open_session(const Args& a, SessionOptions o, bool dom0_kallsyms = true);
 std::optional<std::string> run_workload(Session& s, DomId dom, int seconds);
 std::uint8_t trap_byte_of(const std::string& channel);
 bool first_bytes_are_traps(hv::Hypervisor& hv, DomId dom, const std::vector<Gva>& points, std::uint8_t trap,
@@ -129,6 +134,8 @@ int cmd_refuse_debugger(const Args& a);  // xpe2e_probe_kill.cpp
 int cmd_jump(const Args& a);             // xpe2e_jump.cpp
 int cmd_async(const Args& a);            // xpe2e_jump.cpp
 int cmd_jump_island(const Args& a);      // xpe2e_jump_island.cpp
+int cmd_kill_island(const Args& a);      // xpe2e_jump_island.cpp
+int cmd_jump_image(const Args& a);       // xpe2e_jump_image.cpp
 int cmd_pair(const Args& a);             // xpe2e_pair.cpp
 int cmd_bench(const Args& a);            // xpe2e_bench.cpp
 int cmd_safety(const Args& a);           // xpe2e_safety.cpp

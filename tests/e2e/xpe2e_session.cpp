@@ -69,7 +69,7 @@ std::string compare(hv::Hypervisor& hv, DomId dom, const std::vector<TextRange>&
 }
 
 // Everything before the probes: the module's keys, the session, the symbols.
-std::unique_ptr<Session> open_session(const Args& a, SessionOptions o) {
+std::unique_ptr<Session> open_session(const Args& a, SessionOptions o, bool dom0_kallsyms) {
   auto hvp = must(hv::open_hypervisor("xen"), "open_hypervisor(xen)");
   auto state = wait_key(*hvp, dom_path(a.dom, XENPROBES_XS_DIR "/" XENPROBES_XS_STATE), 120);
   check("module.state", state && *state == XENPROBES_XS_STATE_READY,
@@ -87,7 +87,7 @@ std::unique_ptr<Session> open_session(const Args& a, SessionOptions o) {
   if (a.spin_us)
     say("XPE2E-INFO: Dom0 polls the mailboxes for %u us after each hit (SessionOptions::spin_us)", a.spin_us);
   auto s = must(Session::open(std::move(hvp), o), "Session::open");
-  must(s->load_symbols(a.dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
+  if (dom0_kallsyms) must(s->load_symbols(a.dom, "/proc/kallsyms"), "load_symbols(/proc/kallsyms)");
   auto ch = s->channel_name(a.dom);
   check("channel", ch && (a.channel == "auto" ? *ch == "guest" : *ch == a.channel),
         ch ? "serving channel: " + *ch : "channel_name: " + ch.error().what);

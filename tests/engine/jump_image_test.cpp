@@ -102,5 +102,22 @@ TEST(JumpImage, AnImageWithoutSymbolsGoesWithTheSystemMapLoadedBefore) {
   std::filesystem::remove(path);
 }
 
+// A vmlinuz is not taken for a System.map: the refusal says what it is and what to give instead.
+TEST(JumpImage, ACompressedKernelIsRefusedSayingWhatToGive) {
+  std::vector<char> f(0x1000, '\0');
+  std::memcpy(f.data() + 0x202, "HdrS", 4);
+  const auto path =
+      std::filesystem::temp_directory_path() / ("xp-jump-index-" + std::to_string(::getpid()) + "-vmlinuz");
+  std::ofstream(path, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
+  SessionGuest g(config(), {}, guest_channel(), false);
+  auto r = g.session->load_symbols(g.dom, path.string());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::InvalidArgument);
+  EXPECT_NE(r.error().what.find("is a compressed kernel (an x86 bzImage, vmlinuz): give load_symbols() the ELF inside"),
+            std::string::npos)
+      << r.error().what;
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace xenprobes::testing

@@ -19,10 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "common/elf_image.hpp"
+#include "kernel/addresses_taken.hpp"
 #include "kernel/btf.hpp"
 #include "kernel/module_btf.hpp"
 #include "kernel/module_symbols.hpp"
+#include "kernel/tables.hpp"
 #include "symbols/kallsyms.hpp"
+#include "symbols/kernel_image.hpp"
 
 namespace fs = std::filesystem;
 using namespace xenprobes;
@@ -176,6 +180,78 @@ TEST_P(RealKernel, KallsymsFromTheImageMatchSystemMap) {
   auto fn = table->function_containing(Gva{at("vfs_read") + 1});
   ASSERT_TRUE(fn) << fn.error().what;
   EXPECT_EQ(fn->name, "vfs_read");
+}
+
+// The ELF inside a vmlinux (it has no symbol table) goes with the symbols a session already
+// has (Session::load_symbols), here the guest's own kallsyms: as a kernel that runs where it was
+// linked lists them (a PV guest), and as one moved by KASLR does (every address in the kernel
+// half moved by the slide). Either way link_to_image puts them at the image's link addresses:
+// the image's build-id note is read through them, and it forms the same code addresses inside
+// functions as it does with its System.map (what the tail-call proof takes).
+TEST_P(RealKernel, AnImageWithoutSymbolsGoesWithTheGuestsKallsyms) {
+  auto found = symbols::find_kallsyms(reader(), image_->text_start, symbols::kKernelImageEnd);
+  ASSERT_TRUE(found) << found.error().what;
+  auto elf = elf::load((dir_ / "vmlinux").string());
+  ASSERT_TRUE(elf) << elf.error().what;
+  ASSERT_TRUE(elf->symtab.empty()) << "the ELF inside Debian's vmlinuz has no symbol table";
+  auto map = symbols::SymbolTable::load(dir_ / "System.map");
+  ASSERT_TRUE(map) << map.error().what;
+  auto taken_with = [](const symbols::KernelImage& img, kernel::Range* core) {
+    const kernel::KernelTables t =
+        kernel::KernelTables::read(img.symbols(), [&](Gva a, std::span<std::byte> out) { return img.read(a, out); });
+    *core = t.core_text();
+    std::set<std::uint64_t> to;
+    for (const kernel::TakenAddress& a : kernel::addresses_taken(img, t.core_text(), t.init_text())) to.insert(a.to);
+    return to;
+  };
+  kernel::Range ref_core;
+  const std::set<std::uint64_t> ref = taken_with(symbols::KernelImage::with_symbols(*elf, *map, "vmlinux"), &ref_core);
+  ASSERT_FALSE(ref_core.empty());
+  ASSERT_GT(ref.size(), 1000u);
+  const std::uint64_t vfs_read = map->resolve("vfs_read")->value;
+  for (const std::int64_t slide : {std::int64_t{0}, std::int64_t{0x3a00000}}) {
+    SCOPED_TRACE("kallsyms slid by " + std::to_string(slide));
+    std::vector<symbols::KallsymsEntry> entries = found->entries;
+    for (symbols::KallsymsEntry& e : entries)
+      if (e.address >= symbols::kKernelHalfStart) e.address += static_cast<std::uint64_t>(slide);
+    auto table = symbols::to_symbol_table(entries, "kallsyms");
+    ASSERT_TRUE(table) << table.error().what;
+    ASSERT_EQ(table->resolve("vfs_read")->value, vfs_read + static_cast<std::uint64_t>(slide));
+    auto moved = symbols::link_to_image(*table, *elf, "vmlinux");
+    ASSERT_TRUE(moved) << moved.error().what;
+    EXPECT_EQ(*moved, -slide);
+    EXPECT_EQ(table->resolve("vfs_read")->value, vfs_read);
+    const symbols::KernelImage img = symbols::KernelImage::with_symbols(*elf, *table, "vmlinux");
+    // The GNU build-id note (type 3) between __start_notes and __stop_notes, as the engine reads
+    // the image's build id.
+    const std::uint64_t n0 = img.symbols().resolve("__start_notes")->value,
+                        n1 = img.symbols().resolve("__stop_notes")->value;
+    ASSERT_LT(n0, n1);
+    std::vector<std::byte> notes(n1 - n0);
+    ASSERT_TRUE(img.read(Gva{n0}, notes));
+    bool build_id = false;
+    for (std::size_t o = 0; o + 12 + 4 <= notes.size() && !build_id;) {
+      std::uint32_t h[3];
+      std::memcpy(h, notes.data() + o, sizeof h);
+      build_id = h[0] == 4 && h[2] == 3 && std::memcmp(notes.data() + o + 12, "GNU", 4) == 0 && h[1] >= 16;
+      o += 12 + ((h[0] + 3) & ~3u) + ((h[1] + 3) & ~3u);
+    }
+    EXPECT_TRUE(build_id) << "no GNU build-id note read through the kallsyms";
+    kernel::Range core;
+    EXPECT_EQ(taken_with(img, &core), ref);
+    EXPECT_EQ(core.start, ref_core.start);
+    EXPECT_EQ(core.end, ref_core.end);
+  }
+  // Symbols of another kernel (moved by no multiple of 2 MiB) do not go with it.
+  std::vector<symbols::KallsymsEntry> off = found->entries;
+  for (symbols::KallsymsEntry& e : off)
+    if (e.address >= symbols::kKernelHalfStart) e.address += 0x1000;
+  auto other = symbols::to_symbol_table(off, "kallsyms");
+  ASSERT_TRUE(other);
+  auto refused = symbols::link_to_image(*other, *elf, "vmlinux");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().what.find("does not fit the symbols loaded before"), std::string::npos)
+      << refused.error().what;
 }
 
 // A KASLR slide applied to System.map from one running address (what MSR_LSTAR gives).

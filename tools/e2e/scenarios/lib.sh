@@ -359,14 +359,15 @@ kill9_scenario() {
   # (xpe2e-probe kill --die-in, --die-after-hits; kill9_rounds.sh draws them at random);
   # KILL_METHOD: how its pre-handler-only probes go in (--method trap|fastest: jump probes).
   die_in=${KILL_DIE_IN:-call}
-  timeout 400 "$E2E/xpe2e-reap" --wait 120 -- "$PROBE" kill --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap \
+  # KILL_CMD: the xpe2e-probe command (kill; kill-island: a short jump to an island armed).
+  timeout 400 "$E2E/xpe2e-reap" --wait 120 -- "$PROBE" "${KILL_CMD:-kill}" --domid "$domid" --channel "$2" --snapshot /tmp/$S.snap \
     --die-in "$die_in" --die-after-hits "${KILL_AFTER:-50}" --method "${KILL_METHOD:-trap}" --timeout 300 $PROBE_EXTRA >/tmp/$S.out 2>&1
   rc=$?
   cat /tmp/$S.out
-  grep -q "^XPE2E-KILL" /tmp/$S.out || { dump_console $N; result FAIL "xpe2e-probe kill did not reach its SIGKILL (exit $rc)"; }
-  [ $rc -eq 137 ] || result FAIL "xpe2e-probe kill exited $rc, not 137 (SIGKILL)"
+  grep -q "^XPE2E-KILL" /tmp/$S.out || { dump_console $N; result FAIL "xpe2e-probe ${KILL_CMD:-kill} did not reach its SIGKILL (exit $rc)"; }
+  [ $rc -eq 137 ] || result FAIL "xpe2e-probe ${KILL_CMD:-kill} exited $rc, not 137 (SIGKILL)"
   bad=$(grep -a "^XPE2E-CHECK .* FAIL" /tmp/$S.out | head -n 1)
-  [ -z "$bad" ] || result FAIL "xpe2e-probe kill, before the kill: ${bad#XPE2E-CHECK }"
+  [ -z "$bad" ] || result FAIL "xpe2e-probe ${KILL_CMD:-kill}, before the kill: ${bad#XPE2E-CHECK }"
   # The call and filp handlers run while an XrP'd call is in flight: the recovery must put its
   # return address back.
   case $die_in in
@@ -407,6 +408,9 @@ kill9_scenario() {
       *) result FAIL "DomU $N: int3s executed at text the module had restored: ${unl#*unloaded }" ;;
     esac
   fi
+  # KILL_CHECK: a function of the scenario's own, given the DomU's name, that FAILs it on
+  # anything else it must see.
+  [ -z "${KILL_CHECK:-}" ] || "$KILL_CHECK" "$N"
   case $die_in in
     call | filp) result PASS "guest kept running, workload ok, text restored by the $by ($2 channel) with an XrP call in flight, module unloaded" ;;
     *) result PASS "guest kept running, workload ok, text restored by the $by ($2 channel) after a kill in $die_in at ${KILL_AFTER:-50}, module unloaded" ;;
