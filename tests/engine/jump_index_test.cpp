@@ -3,6 +3,9 @@
 // domain of the same build, or a second session, reuses them after checking that its own text
 // and functions hash the same; a guest that claims another's build id with other text decodes
 // its own. On the simulated Xen, guest channel, with demo guests whose images the tests change.
+#include <cstdlib>
+
+#include "common/log.hpp"
 #include "engine/jump_index_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -230,6 +233,48 @@ TEST(JumpIndexBuild, TheProcessKeyIsNotAFixedOne) {
   zero.update(m);
   ASSERT_TRUE(zero.finish());
   EXPECT_NE(a.finish(), zero.finish()) << "not a key of zeros";
+}
+
+// Without SipHash in OpenSSL (the ctest JumpIndexWithoutSipHash runs this under
+// openssl-base-only.cnf, an OpenSSL that has none): nothing hashes, so no index is kept or
+// reused, every domain decodes its own and still knows its branches, and the reason is logged
+// once. Skipped elsewhere.
+TEST(JumpIndexWithoutSipHash, EveryDomainDecodesItsOwnAndNothingIsKept) {
+  if (!std::getenv("XENPROBES_TEST_NO_SIPHASH"))
+    GTEST_SKIP() << "run by the ctest JumpIndexWithoutSipHash, with an OpenSSL that has no SIPHASH";
+  const log::Level level = log::level();
+  log::set_level(log::Level::Info);
+  ::testing::internal::CaptureStderr();
+  const std::vector<std::uint8_t> m = counting(15);
+  probe::KeyedHash h, k{std::span(kSipKey)};
+  h.update(m);
+  k.update(m);
+  EXPECT_FALSE(h.finish());
+  EXPECT_FALSE(k.finish());
+  EXPECT_FALSE(probe::KeyedHash(h).finish());
+
+  JumpIndexCache::process().clear();
+  const Delta d;
+  {
+    SessionGuest g(config(), {}, guest_channel());
+    const DomId b = add_domain(g);
+    ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+    ASSERT_TRUE(g.session->prepare_jump_probes(b));
+    EXPECT_EQ(d.builds(), 0u) << "no index kept";
+    EXPECT_EQ(d.reuses(), 0u);
+    for (const DomId dom : {g.dom, b}) {
+      auto p = g.session->probe(dom, Gva{demo_sym("demo_cross_into")}, nothing, {}, ProbeOptions{ProbeMethod::Jump});
+      ASSERT_FALSE(p);
+      EXPECT_NE(p.error().what.find("a branch from demo_cross_from"), std::string::npos) << p.error().what;
+    }
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  log::set_level(level);
+  const std::string why = "jump probes: no keyed hash (OpenSSL has no SIPHASH";
+  const std::size_t at = said.find(why);
+  EXPECT_NE(at, std::string::npos) << said;
+  EXPECT_EQ(said.find(why, at + 1), std::string::npos) << "said once: " << said;
+  EXPECT_NE(said.find("not kept, its text could not be hashed"), std::string::npos) << said;
 }
 
 }  // namespace
