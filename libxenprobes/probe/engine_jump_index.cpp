@@ -52,8 +52,8 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> mask_runtime_sites(const ke
   return m;
 }
 
-std::uint64_t text_hash(std::span<const std::uint8_t> text,
-                        const std::vector<std::pair<std::uint64_t, std::uint64_t>>& masked) {
+std::optional<std::uint64_t> text_hash(std::span<const std::uint8_t> text,
+                                       const std::vector<std::pair<std::uint64_t, std::uint64_t>>& masked) {
   KeyedHash h;
   h.update_u64(text.size());
   std::uint64_t at = 0;
@@ -120,9 +120,10 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
   }
 
   // Its build, and what its text and functions hash to: the index of exactly this text is
-  // reused (a text that could not be read whole is decoded, and not kept).
+  // reused (a text that could not be read whole, or not hashed, is decoded, and not kept).
   key.text_size = size;
-  key.text_hash = text_hash(bytes, mask_runtime_sites(*d.tables, bytes, fns));
+  const std::optional<std::uint64_t> text_tag = text_hash(bytes, mask_runtime_sites(*d.tables, bytes, fns));
+  std::optional<std::uint64_t> layout_tag;
   {
     KeyedHash h;
     for (const symbols::Function& f : fns) {
@@ -130,12 +131,15 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
       h.update_u64(f.size);
       h.update(std::span(reinterpret_cast<const std::uint8_t*>(f.name.data()), f.name.size() + 1));
     }
-    key.layout_hash = h.finish();
+    layout_tag = h.finish();
   }
+  key.text_hash = text_tag.value_or(0);
+  key.layout_hash = layout_tag.value_or(0);
+  const bool hashed = text_tag && layout_tag;
   const std::string build = key.build.empty() ? std::string("a kernel with no build id or banner") : key.build;
   JumpIndexCache& cache = JumpIndexCache::process();
   const std::uint64_t mismatches = cache.counters().mismatches;
-  std::shared_ptr<const CrossBranches> cb = complete ? cache.find(key) : nullptr;
+  std::shared_ptr<const CrossBranches> cb = complete && hashed ? cache.find(key) : nullptr;
   const double checked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cb) {
     XP_LOG(Info,
@@ -181,13 +185,16 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
     XP_LOG(Info,
            "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (once per "
            "kernel build: %s%s)%s",
-           d.id.value, fresh->seconds, build.c_str(), complete ? "" : "; not kept, its text could not be read whole",
+           d.id.value, fresh->seconds, build.c_str(),
+           !complete ? "; not kept, its text could not be read whole"
+           : !hashed ? "; not kept, its text could not be hashed"
+                     : "",
            d.pause_depth ? ", with the domain paused: a batch whose first probe was not a jump holds it" : "");
     // Those cannot be seen; the same as the coverage figures leave out (docs/benchmarks.md).
     if (fresh->unknown)
       XP_LOG(Info, "domain %u: %zu kernel functions do not decode: their branches into other functions are not known",
              d.id.value, fresh->unknown);
-    if (complete) cache.put(key, fresh);
+    if (complete && hashed) cache.put(key, fresh);
     cb = std::move(fresh);
   }
   for (const CrossBranches::Branch& b : cb->branches)

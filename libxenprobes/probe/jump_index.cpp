@@ -2,11 +2,18 @@
 // the keyed hash that checks it, and the process's cache.
 #include "probe/jump_index.hpp"
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "common/hex.hpp"
+#include "common/log.hpp"
 
 namespace xenprobes::probe {
 
@@ -22,20 +29,70 @@ std::uint32_t u32_at(std::span<const std::uint8_t> b, std::size_t off) {
 
 std::uint64_t align4(std::uint64_t v) { return (v + 3) & ~std::uint64_t{3}; }
 
-std::uint64_t rotl(std::uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+constexpr std::size_t kSipKeyBytes = 16, kSipTagBytes = 8;
 
-struct ProcessKey {
-  std::uint64_t k0, k1;
-  ProcessKey() {
-    std::random_device rd;
-    k0 = (std::uint64_t{rd()} << 32) ^ rd();
-    k1 = (std::uint64_t{rd()} << 32) ^ rd();
+// What OpenSSL last said went wrong on this thread, its queue emptied.
+std::string openssl_error() {
+  std::string why;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    why += why.empty() ? "" : "; ";
+    why += buf;
   }
+  return why.empty() ? std::string("no reason given") : why;
+}
+
+// A SipHash-2-4 context with a 64-bit tag under `key`, ready for its message; null on failure.
+EVP_MAC_CTX* sip_context(EVP_MAC* mac, const unsigned char* key) {
+  if (!mac) return nullptr;
+  EVP_MAC_CTX* c = EVP_MAC_CTX_new(mac);
+  std::size_t size = kSipTagBytes;
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size), OSSL_PARAM_construct_end()};
+  if (c && EVP_MAC_init(c, key, kSipKeyBytes, params) == 1 && EVP_MAC_CTX_get_mac_size(c) == kSipTagBytes) return c;
+  EVP_MAC_CTX_free(c);
+  return nullptr;
+}
+
+// OpenSSL's SipHash, fetched once per process, and a context under the process's key that every
+// KeyedHash() starts as a copy of (the key itself is wiped once it is in there). When either
+// cannot be had, the reason is logged here, once, and no KeyedHash() hashes.
+struct ProcessMac {
+  EVP_MAC* mac = nullptr;
+  EVP_MAC_CTX* keyed = nullptr;
+  ProcessMac() {
+    mac = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
+    unsigned char key[kSipKeyBytes];
+    const bool random = mac && RAND_bytes(key, sizeof key) == 1;
+    keyed = random ? sip_context(mac, key) : nullptr;
+    OPENSSL_cleanse(key, sizeof key);
+    if (!keyed)
+      XP_LOG(Warn,
+             "jump probes: no keyed hash (%s: %s): a kernel build's index of branches between functions is decoded for "
+             "every domain, never reused",
+             !mac      ? "OpenSSL has no SIPHASH"
+             : !random ? "OpenSSL gave no random key"
+                       : "OpenSSL's SIPHASH would not start",
+             openssl_error().c_str());
+  }
+  ~ProcessMac() {
+    EVP_MAC_CTX_free(keyed);
+    EVP_MAC_free(mac);
+  }
+  ProcessMac(const ProcessMac&) = delete;
+  ProcessMac& operator=(const ProcessMac&) = delete;
 };
 
-const ProcessKey& process_key() {
-  static const ProcessKey k;
-  return k;
+const ProcessMac& process_mac() {
+  static const ProcessMac m;
+  return m;
+}
+
+// A copy of `c` (null for null, or when OpenSSL cannot copy it).
+EVP_MAC_CTX* dup_or_null(const EVP_MAC_CTX* c) {
+  EVP_MAC_CTX* d = c ? EVP_MAC_CTX_dup(c) : nullptr;
+  if (c && !d) ERR_clear_error();
+  return d;
 }
 
 }  // namespace
@@ -84,71 +141,53 @@ std::string kernel_build(const symbols::SymbolTable& syms, const GuestRead& read
       if (nul != s.end() && nul != s.begin() && printable) {
         KeyedHash h;
         h.update(std::span(s.data(), static_cast<std::size_t>(nul - s.begin())));
-        return "banner " + hex(h.finish());
+        if (auto tag = h.finish()) return "banner " + hex(*tag);
       }
     }
   }
   return {};
 }
 
-// SipHash-2-4 (Aumasson and Bernstein), 64-bit output.
-KeyedHash::KeyedHash() {
-  const ProcessKey& k = process_key();
-  v0_ = k.k0 ^ 0x736f6d6570736575ull;
-  v1_ = k.k1 ^ 0x646f72616e646f6dull;
-  v2_ = k.k0 ^ 0x6c7967656e657261ull;
-  v3_ = k.k1 ^ 0x7465646279746573ull;
+void KeyedHash::Free::operator()(evp_mac_ctx_st* c) const { EVP_MAC_CTX_free(c); }
+
+KeyedHash::KeyedHash() : ctx_(dup_or_null(process_mac().keyed)) {}
+
+KeyedHash::KeyedHash(std::span<const std::uint8_t, 16> key) : ctx_(sip_context(process_mac().mac, key.data())) {
+  if (!ctx_) ERR_clear_error();
 }
 
-void KeyedHash::block(std::uint64_t m) {
-  v3_ ^= m;
-  for (int r = 0; r < 2; ++r) {
-    v0_ += v1_;
-    v1_ = rotl(v1_, 13) ^ v0_;
-    v0_ = rotl(v0_, 32);
-    v2_ += v3_;
-    v3_ = rotl(v3_, 16) ^ v2_;
-    v0_ += v3_;
-    v3_ = rotl(v3_, 21) ^ v0_;
-    v2_ += v1_;
-    v1_ = rotl(v1_, 17) ^ v2_;
-    v2_ = rotl(v2_, 32);
-  }
-  v0_ ^= m;
+KeyedHash::KeyedHash(const KeyedHash& o) : ctx_(dup_or_null(o.ctx_.get())) {}
+
+KeyedHash& KeyedHash::operator=(const KeyedHash& o) {
+  if (this != &o) ctx_.reset(dup_or_null(o.ctx_.get()));
+  return *this;
 }
 
 void KeyedHash::update(std::span<const std::uint8_t> bytes) {
-  std::size_t k = 0;
-  total_ += bytes.size();
-  while (k < bytes.size() && tail_len_) {  // finish a partial word
-    tail_ |= std::uint64_t{bytes[k++]} << (8 * tail_len_);
-    if (++tail_len_ == 8) {
-      block(tail_);
-      tail_ = 0;
-      tail_len_ = 0;
-    }
+  if (ctx_ && EVP_MAC_update(ctx_.get(), bytes.data(), bytes.size()) != 1) {
+    ctx_.reset();
+    ERR_clear_error();
   }
-  for (; bytes.size() - k >= 8; k += 8) {
-    std::uint64_t m = 0;
-    std::memcpy(&m, bytes.data() + k, 8);
-    block(m);
-  }
-  for (; k < bytes.size(); ++k) tail_ |= std::uint64_t{bytes[k]} << (8 * tail_len_++);
 }
 
 void KeyedHash::update_u64(std::uint64_t v) {
   std::uint8_t b[8];
-  std::memcpy(b, &v, 8);
+  for (unsigned k = 0; k < 8; ++k) b[k] = static_cast<std::uint8_t>(v >> (8 * k));
   update(b);
 }
 
-std::uint64_t KeyedHash::finish() const {
-  KeyedHash h = *this;
-  h.block(h.tail_ | ((h.total_ & 0xff) << 56));
-  h.v2_ ^= 0xff;
-  h.block(0);  // the 4 finalization rounds: two blocks of zero (xoring 0 changes nothing)
-  h.block(0);
-  return h.v0_ ^ h.v1_ ^ h.v2_ ^ h.v3_;
+std::optional<std::uint64_t> KeyedHash::finish() const {
+  // On a copy: this one can take more bytes after.
+  const std::unique_ptr<evp_mac_ctx_st, Free> c(dup_or_null(ctx_.get()));
+  unsigned char tag[kSipTagBytes];
+  std::size_t n = 0;
+  if (!c || EVP_MAC_final(c.get(), tag, &n, sizeof tag) != 1 || n != sizeof tag) {
+    ERR_clear_error();
+    return std::nullopt;
+  }
+  std::uint64_t v = 0;
+  for (unsigned k = 0; k < sizeof tag; ++k) v |= std::uint64_t{tag[k]} << (8 * k);
+  return v;
 }
 
 JumpIndexCache& JumpIndexCache::process() {

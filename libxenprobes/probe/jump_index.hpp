@@ -28,6 +28,8 @@
 #include "symbols/symbol_table.hpp"
 #include "xenprobes/types.hpp"
 
+struct evp_mac_ctx_st;  // OpenSSL's EVP_MAC_CTX (jump_index.cpp includes OpenSSL)
+
 namespace xenprobes::probe {
 
 // Reads guest memory (the domain's, as the engine reads it).
@@ -49,21 +51,31 @@ std::optional<std::string> gnu_build_id(std::span<const std::uint8_t> notes);
 // the index). Hostile input: bounded and validated; a claim is never trusted on its own.
 std::string kernel_build(const symbols::SymbolTable& syms, const GuestRead& read);
 
-// A 64-bit SipHash-2-4 under a key drawn once per process: a guest cannot make its text hash
-// like another's without knowing the key.
+// SipHash-2-4 with a 64-bit output, OpenSSL's (EVP_MAC "SIPHASH"), under a key drawn once per
+// process from OpenSSL's random generator and never shown: a guest cannot make its text hash
+// like another's without knowing the key. finish() is nullopt when OpenSSL could not hash (no
+// SIPHASH in the library, no randomness, no memory): what was hashed then matches nothing (the
+// process's key failing is logged once). Copies are independent (EVP_MAC_CTX_dup).
 class KeyedHash {
  public:
   KeyedHash();
+  // Under this key instead of the process's: for the tests (SipHash's published vectors).
+  explicit KeyedHash(std::span<const std::uint8_t, 16> key);
+  KeyedHash(const KeyedHash&);
+  KeyedHash& operator=(const KeyedHash&);
+  KeyedHash(KeyedHash&&) noexcept = default;
+  KeyedHash& operator=(KeyedHash&&) noexcept = default;
+  ~KeyedHash() = default;
+
   void update(std::span<const std::uint8_t> bytes);
-  void update_u64(std::uint64_t v);
-  std::uint64_t finish() const;
+  void update_u64(std::uint64_t v);             // its 8 bytes, least significant first
+  std::optional<std::uint64_t> finish() const;  // the tag's 8 bytes, least significant first
 
  private:
-  void block(std::uint64_t m);
-  std::uint64_t v0_, v1_, v2_, v3_;
-  std::uint64_t tail_ = 0;
-  unsigned tail_len_ = 0;
-  std::uint64_t total_ = 0;
+  struct Free {
+    void operator()(evp_mac_ctx_st* c) const;
+  };
+  std::unique_ptr<evp_mac_ctx_st, Free> ctx_;  // null once anything failed
 };
 
 // The cross-function branches of one build, slide-independent.

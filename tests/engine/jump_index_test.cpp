@@ -3,6 +3,9 @@
 // domain of the same build, or a second session, reuses them after checking that its own text
 // and functions hash the same; a guest that claims another's build id with other text decodes
 // its own. On the simulated Xen, guest channel, with demo guests whose images the tests change.
+#include <cstdlib>
+
+#include "common/log.hpp"
 #include "engine/jump_index_fixture.hpp"
 
 namespace xenprobes::testing {
@@ -142,10 +145,136 @@ TEST(JumpIndexBuild, TheKeyedHashDoesNotDependOnHowTheBytesArePassed) {
   pieces.update(std::span(b).first(3));
   pieces.update(std::span(b).subspan(3, 500));
   pieces.update(std::span(b).subspan(503));
+  ASSERT_TRUE(whole.finish());
   EXPECT_EQ(whole.finish(), pieces.finish());
   b[999] ^= 1;
   other.update(b);
+  ASSERT_TRUE(other.finish());
   EXPECT_NE(whole.finish(), other.finish());
+}
+
+// SipHash-2-4's published 64-bit tags (its authors' vectors.h) under the key 00 01 ... 0f, for
+// the messages 00 01 ... of lengths 0, 1, 7, 8 and 15, each tag's bytes as printed there.
+constexpr std::uint8_t kSipKey[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+struct SipVector {
+  std::size_t len;
+  std::uint8_t tag[8];
+};
+constexpr SipVector kSipVectors[] = {
+    {0, {0x31, 0x0e, 0x0e, 0xdd, 0x47, 0xdb, 0x6f, 0x72}},  {1, {0xfd, 0x67, 0xdc, 0x93, 0xc5, 0x39, 0xf8, 0x74}},
+    {7, {0x37, 0xd1, 0x01, 0x8b, 0xf5, 0x00, 0x02, 0xab}},  {8, {0x62, 0x24, 0x93, 0x9a, 0x79, 0xf5, 0xf5, 0x93}},
+    {15, {0xe5, 0x45, 0xbe, 0x49, 0x61, 0xca, 0x29, 0xa1}},
+};
+
+std::uint64_t tag_of(const SipVector& v) {
+  std::uint64_t t = 0;
+  for (unsigned k = 0; k < 8; ++k) t |= std::uint64_t{v.tag[k]} << (8 * k);
+  return t;
+}
+
+std::vector<std::uint8_t> counting(std::size_t n) {
+  std::vector<std::uint8_t> m(n);
+  for (std::size_t k = 0; k < n; ++k) m[k] = static_cast<std::uint8_t>(k);
+  return m;
+}
+
+TEST(JumpIndexBuild, TheKeyedHashIsSipHash24) {
+  for (const SipVector& v : kSipVectors) {
+    const std::vector<std::uint8_t> m = counting(v.len);
+    probe::KeyedHash h{std::span(kSipKey)};
+    h.update(m);
+    EXPECT_EQ(h.finish(), tag_of(v)) << v.len << " bytes";
+    // The same bytes split at every point, and one at a time.
+    for (std::size_t cut = 0; cut <= v.len; ++cut) {
+      probe::KeyedHash s{std::span(kSipKey)};
+      s.update(std::span(m).first(cut));
+      s.update(std::span(m).subspan(cut));
+      EXPECT_EQ(s.finish(), tag_of(v)) << v.len << " bytes cut at " << cut;
+    }
+    probe::KeyedHash bytewise{std::span(kSipKey)};
+    for (std::uint8_t c : m) bytewise.update(std::span(&c, 1));
+    EXPECT_EQ(bytewise.finish(), tag_of(v)) << v.len << " bytes one at a time";
+  }
+  // update_u64 passes its bytes least significant first: 00 01 ... 07 is the 8-byte vector.
+  probe::KeyedHash u{std::span(kSipKey)};
+  u.update_u64(0x0706050403020100ull);
+  EXPECT_EQ(u.finish(), tag_of(kSipVectors[3]));
+}
+
+TEST(JumpIndexBuild, KeyedHashCopiesAndFinishLeaveEachOtherAlone) {
+  const std::vector<std::uint8_t> m = counting(15);
+  probe::KeyedHash h{std::span(kSipKey)};
+  h.update(std::span(m).first(7));
+  ASSERT_EQ(h.finish(), tag_of(kSipVectors[2])) << "finish() on the first 7 bytes";
+  probe::KeyedHash copy = h;
+  h.update(std::span(m).subspan(7));
+  EXPECT_EQ(h.finish(), tag_of(kSipVectors[4])) << "bytes after finish() go on from where they were";
+  EXPECT_EQ(copy.finish(), tag_of(kSipVectors[2])) << "a copy does not see what the original takes after";
+  copy.update(std::span(m).subspan(7, 1));
+  EXPECT_EQ(copy.finish(), tag_of(kSipVectors[3]));
+  EXPECT_EQ(h.finish(), tag_of(kSipVectors[4])) << "nor the original what the copy takes";
+  probe::KeyedHash assigned;
+  assigned = copy;
+  EXPECT_EQ(assigned.finish(), tag_of(kSipVectors[3]));
+  probe::KeyedHash moved = std::move(assigned);
+  EXPECT_EQ(moved.finish(), tag_of(kSipVectors[3]));
+}
+
+TEST(JumpIndexBuild, TheProcessKeyIsNotAFixedOne) {
+  const std::vector<std::uint8_t> m = counting(15);
+  probe::KeyedHash a, b;
+  a.update(m);
+  b.update(m);
+  ASSERT_TRUE(a.finish());
+  EXPECT_EQ(a.finish(), b.finish()) << "one key for the whole process";
+  EXPECT_NE(a.finish(), tag_of(kSipVectors[4])) << "not the test key";
+  constexpr std::uint8_t kZeroKey[16] = {};
+  probe::KeyedHash zero{std::span(kZeroKey)};
+  zero.update(m);
+  ASSERT_TRUE(zero.finish());
+  EXPECT_NE(a.finish(), zero.finish()) << "not a key of zeros";
+}
+
+// Without SipHash in OpenSSL (the ctest JumpIndexWithoutSipHash runs this under
+// openssl-base-only.cnf, an OpenSSL that has none): nothing hashes, so no index is kept or
+// reused, every domain decodes its own and still knows its branches, and the reason is logged
+// once. Skipped elsewhere.
+TEST(JumpIndexWithoutSipHash, EveryDomainDecodesItsOwnAndNothingIsKept) {
+  if (!std::getenv("XENPROBES_TEST_NO_SIPHASH"))
+    GTEST_SKIP() << "run by the ctest JumpIndexWithoutSipHash, with an OpenSSL that has no SIPHASH";
+  const log::Level level = log::level();
+  log::set_level(log::Level::Info);
+  ::testing::internal::CaptureStderr();
+  const std::vector<std::uint8_t> m = counting(15);
+  probe::KeyedHash h, k{std::span(kSipKey)};
+  h.update(m);
+  k.update(m);
+  EXPECT_FALSE(h.finish());
+  EXPECT_FALSE(k.finish());
+  EXPECT_FALSE(probe::KeyedHash(h).finish());
+
+  JumpIndexCache::process().clear();
+  const Delta d;
+  {
+    SessionGuest g(config(), {}, guest_channel());
+    const DomId b = add_domain(g);
+    ASSERT_TRUE(g.session->prepare_jump_probes(g.dom));
+    ASSERT_TRUE(g.session->prepare_jump_probes(b));
+    EXPECT_EQ(d.builds(), 0u) << "no index kept";
+    EXPECT_EQ(d.reuses(), 0u);
+    for (const DomId dom : {g.dom, b}) {
+      auto p = g.session->probe(dom, Gva{demo_sym("demo_cross_into")}, nothing, {}, ProbeOptions{ProbeMethod::Jump});
+      ASSERT_FALSE(p);
+      EXPECT_NE(p.error().what.find("a branch from demo_cross_from"), std::string::npos) << p.error().what;
+    }
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  log::set_level(level);
+  const std::string why = "jump probes: no keyed hash (OpenSSL has no SIPHASH";
+  const std::size_t at = said.find(why);
+  EXPECT_NE(at, std::string::npos) << said;
+  EXPECT_EQ(said.find(why, at + 1), std::string::npos) << "said once: " << said;
+  EXPECT_NE(said.find("not kept, its text could not be hashed"), std::string::npos) << said;
 }
 
 }  // namespace

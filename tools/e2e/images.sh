@@ -69,7 +69,7 @@ e2e_buildroot() {
   # the sanitizer stage and the benchmarks stay on Debian 12), and the DomU kernel's headers.
   # xenprobesd's (libtomlplusplus-dev, libcpp-httplib-dev, libsystemd-dev): the whole tree
   # configures only with them. ccache: a clean clone's build hits the cache (build-cache.sh).
-  local pkgs="build-essential,ccache,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,libtomlplusplus-dev,libcpp-httplib-dev,libsystemd-dev,linux-headers-$E2E_KERNEL_ABI"
+  local pkgs="build-essential,ccache,cmake,pkg-config,binutils,kmod,libxen-dev,libcapstone-dev,libunicorn-dev,libbpf-dev,libssl-dev,libcli11-dev,nlohmann-json3-dev,googletest,libgtest-dev,libgmock-dev,libtomlplusplus-dev,libcpp-httplib-dev,libsystemd-dev,linux-headers-$E2E_KERNEL_ABI"
   local out
   out=$E2E_CACHE/buildroot/$(e2e_hash -s "recipe $E2E_BUILDROOT_RECIPE $E2E_MIRROR $E2E_SUITE $pkgs $E2E_XEN_VERSION $E2E_KERNEL_VERSION")
   BUILDROOT=$out/tree
