@@ -75,7 +75,8 @@ struct IslandPaddingListed {
 // The dead padding an island for a point of the function [lo, hi) may use, added to `padding`
 // (for JumpContext::island_padding): the function's own (x86::dead_padding() of `insns`
 // under `jc`, the context its points are checked in), and the padding of the function that
-// ends right at `lo`, the one before it. That one is read and decoded here in a context of its
+// ends right at `lo`, the one before it (with call padding, 6.2+, the one before the function's
+// `__pfx_` symbol, whose bytes the kernel rewrites). That one is read and decoded here in a context of its
 // own: its retpoline thunks and IBT as `jc` says, no jump table read (an indirect jump makes
 // its padding unknown: stricter) and no tail-call proof; a table entry reaching into its
 // padding, or an address `src.entered` lists there, refuses it. Each as usable_island_padding()

@@ -127,6 +127,12 @@ TEST(IslandPadding, AnEntryFromOutsideOrATableSiteRefusesThePreviousFunctionsPad
     x86::SiteIndex pad;
     EXPECT_FALSE(l.run(pad).previous);
   }
+  {  // an exception-table instruction starting 2 bytes before it (its bytes may run into it)
+    Layout l;
+    l.k.ex_table({{A + 1, kText + 0x900, 0}});
+    x86::SiteIndex pad;
+    EXPECT_FALSE(l.run(pad).previous);
+  }
   {  // a lock prefix in it
     Layout l;
     l.k.smp_locks({A + 0x18});
@@ -158,6 +164,34 @@ TEST(IslandPadding, CallDepthTrackingCutsThePaddingBeforeAFunctionWithoutPfx) {
   EXPECT_EQ(site(pad, A + 3), (std::pair{A + 3, B - 16}));
   EXPECT_TRUE(got.own_cut.trimmed);  // fc has no __pfx_fc either
   EXPECT_EQ(site(pad, B + 6), (std::pair{B + 6, C - 16}));
+}
+
+TEST(IslandPadding, WithCallPaddingThePreviousFunctionIsTheOneBeforePfx) {
+  // 6.2+: fb's 16 bytes of call padding are its own symbol, __pfx_fb, which has no padding of
+  // its own (no ret); fa's padding ends where it starts.
+  for (bool call_thunks : {false, true}) {
+    Layout l;
+    l.k.sym(B - 16, 't', "__pfx_fb");
+    if (call_thunks) {
+      l.k.sym(kText + 0xa00, 'T', "__call_sites");
+      l.k.sym(kText + 0xa00, 'T', "__call_sites_end");
+    }
+    x86::SiteIndex pad;
+    IslandPaddingListed got = l.run(pad);
+    ASSERT_TRUE(got.previous) << call_thunks;
+    EXPECT_EQ(*got.previous, "fa");
+    // Never the __pfx_ bytes, and with call thunks nothing cut (they are the pfx symbol).
+    EXPECT_EQ(site(pad, A + 3), (std::pair{A + 3, B - 16}));
+    EXPECT_FALSE(got.previous_cut.trimmed);
+  }
+  {  // a __pfx_ symbol with code before it that does not end in padding: nothing listed
+    Layout l;
+    l.k.sym(B - 16, 't', "__pfx_fb");
+    std::fill(l.a.begin() + 3, l.a.end(), 0xcc);
+    l.a[B - 16 - A - 1] = 0xc3;  // a ret right before __pfx_fb: fa's padding [.., B-16) is empty
+    x86::SiteIndex pad;
+    EXPECT_FALSE(l.run(pad).previous);
+  }
 }
 
 TEST(IslandPadding, ABootTimePatchSiteDropsThePadding) {
