@@ -1,10 +1,12 @@
 // xpe2e-probe jump-island (issue 14): a short jump to an island on a function of the
 // workload's paths, written, counted and given back (protocol.h "Short jumps to islands").
+#include <algorithm>
 #include <array>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,7 +21,8 @@
 namespace xpe2e::probe {
 
 // jump-island: a short jump to an island (protocol.h "Short jumps to islands"). The first
-// instruction of kIslandCandidates (functions on the workload's openat, unlink and close paths;
+// instruction of kIslandCandidates (or of --functions; --island own|previous checks which
+// function's padding holds the island) (functions on the workload's openat, unlink and close paths;
 // bench/kernel_coverage --islands found points of each on Debian 12's 6.1.0-50 whose island is
 // in the function's own dead padding) that the engine places as a short jump gets a counting
 // probe: its eb rel8 to the island and the island's e9 to the detour are read back, it counts
@@ -44,7 +47,17 @@ int cmd_jump_island(const Args& a) {
   std::optional<Probe> probe;
   std::string fn, why;
   std::uint64_t tried = 0;
-  for (const char* name : kIslandCandidates) {
+  std::vector<std::string> candidates(std::begin(kIslandCandidates), std::end(kIslandCandidates));
+  if (!a.functions.empty()) {
+    candidates.clear();
+    for (std::size_t b = 0; b <= a.functions.size();) {
+      const std::size_t e = std::min(a.functions.find(',', b), a.functions.size());
+      if (e > b) candidates.push_back(a.functions.substr(b, e - b));
+      b = e + 1;
+    }
+  }
+  std::uint64_t fn_start = 0;
+  for (const std::string& name : candidates) {
     auto at = s->resolve(a.dom, name);
     if (!at) continue;
     std::vector<std::byte> bytes;
@@ -65,6 +78,7 @@ int cmd_jump_island(const Args& a) {
       if (i && i->address.value == d.addr && i->not_jump_because.rfind("a short jump", 0) == 0) {
         probe = std::move(*p);
         fn = name;
+        fn_start = at->value;
         why = i->not_jump_because;
         break;
       }
@@ -82,6 +96,11 @@ int cmd_jump_island(const Args& a) {
       info.address.value, info.instruction.c_str(), island, info.slot.value);
   check("island.method", info.method == ProbeMethod::Jump && info.mode == ExecMode::Detour,
         probe_method_name(info.method));
+  // Which padding it is in: before the function's start is the previous function's (past its
+  // __pfx_ symbol on 6.2+); at or after it, the function's own.
+  if (!a.island_in.empty())
+    check("island.in_" + a.island_in, (a.island_in == "previous") == (island < fn_start),
+          fmt("island 0x%" PRIx64 ", %s starts at 0x%" PRIx64, island, fn.c_str(), fn_start));
   std::vector<Probe> probes;
   probes.push_back(std::move(*probe));
   const JumpsWritten jw = wait_for_jumps(*s, probes);

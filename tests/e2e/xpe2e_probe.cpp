@@ -9,10 +9,11 @@
 //   xpe2e-probe jump    --domid D [--timeout S]
 //       Jump probes (issue 14) on the guest channel: registered as jumps, the jumps written
 //       once the module confirmed quiescence, every call counted, the text restored.
-//   xpe2e-probe jump-island --domid D [--timeout S]
+//   xpe2e-probe jump-island --domid D [--timeout S] [--functions F1,F2] [--island own|previous]
 //       A short jump to an island (issue 14, protocol.h "Short jumps to islands") on a function
-//       of the workload's openat/unlink/close paths: eb rel8 and the island's e9 written, hits
-//       counted, the workload's results unchanged, region and island restored.
+//       of the workload's openat/unlink/close paths (or of --functions): eb rel8 and the island's
+//       e9 written (with --island, in the function's own padding or the previous function's),
+//       hits counted, the workload's results unchanged, region and island restored.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -119,10 +120,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--hazards") a.hazards = v;
     else if (k == "--method") a.method = v;
     else if (k == "--points") a.points = v;
+    else if (k == "--functions") a.functions = v;
+    else if (k == "--island") a.island_in = v;
     else fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
   if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
+  if (!a.island_in.empty() && a.island_in != "own" && a.island_in != "previous") fatal("--island: own or previous");
   if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
       a.die_in != "unregister")
     fatal("--die-in: getppid, call, filp, register or unregister");

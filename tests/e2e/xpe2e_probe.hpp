@@ -47,6 +47,11 @@ struct Args {
   // probe, kill: how the probes without a post-handler go in (trap, or fastest: jump probes
   // where the point allows, issue 14).
   std::string method = "trap";
+  // jump-island: the functions to look in, comma-separated (default: kIslandCandidates), and
+  // where the island must be: "own" (the function's padding), "previous" (before its start), or
+  // "" (either).
+  std::string functions;
+  std::string island_in;
 };
 
 extern Args g_args;  // main() sets it (xpe2e_probe.cpp)
