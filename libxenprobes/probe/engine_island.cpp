@@ -11,10 +11,6 @@
 
 namespace xenprobes::probe {
 
-namespace {
-constexpr std::uint64_t kIslandMaxFunction = std::uint64_t{256} * 1024;  // as engine_prepare.cpp
-}  // namespace
-
 void Engine::island_context(Domain& d, const std::vector<x86::Insn>& insns, Gva lo, Gva hi, const x86::JumpContext& jc,
                             x86::SiteIndex& padding, x86::SiteIndex& taken) {
   // Islands other probes hold, and those waiting to be given back: one probe's at a time.
@@ -23,35 +19,16 @@ void Engine::island_context(Domain& d, const std::vector<x86::Insn>& insns, Gva 
       taken.add(p->jump->island->value, x86::kIslandLen, "the island of " + hex(addr.value));
   for (const Domain::ReturningIsland& r : d.islands_returning)
     taken.add(r.patch.at().value, x86::kIslandLen, "an island given back after the next quiescence");
-  // The function's own dead padding, read from live text (after the kernel's boot-time
-  // patching), as far as the kernel leaves it alone.
-  const kernel::IslandPaddingRules rules = kernel::island_padding_rules(*d.syms);
-  auto pad = x86::dead_padding(x86::JumpFunction::from_insns(insns, lo, hi, jc));
-  if (pad && kernel::usable_island_padding(*d.syms, rules, *pad))
-    padding.add(pad->first.value, static_cast<std::uint32_t>(pad->second.value - pad->first.value), "dead padding");
-  // And the previous function's, right before this one (within reach of its first bytes), as
-  // bench/kernel_coverage counts it: decoded with what the kernel's tables say of it (its
-  // reserved sites and the entries from outside, none of which may lie in the padding).
-  auto prev = d.syms->function_containing(Gva{lo.value - 1});
-  if (!prev || prev->start == lo || prev->size == 0 || prev->size > kIslandMaxFunction ||
-      prev->start.value + prev->size != lo.value)
-    return;
-  auto bytes = read_text(d, prev->start, prev->size);
-  auto pi = bytes ? x86::decode_function(*bytes, prev->start)
-                  : Result<std::vector<x86::Insn>>(std::unexpected(bytes.error()));
-  if (!pi) return;
-  x86::JumpContext pc;  // no jump tables read: one makes the padding unknown (stricter)
-  pc.indirect_thunks = jc.indirect_thunks;
-  pc.endbr_marks_indirect_targets = jc.endbr_marks_indirect_targets;
-  auto pp = x86::dead_padding(x86::JumpFunction::from_insns(*pi, prev->start, lo, pc));
-  if (!pp || !d.tables) return;
-  const std::uint64_t a = pp->first.value - 4, b = pp->second.value;  // a site reaching into it
-  if (d.tables->exception_entry_in(a, b) || d.tables->jump_label_in(a, b) || d.tables->static_call_in(a, b) ||
-      d.tables->smp_lock_in(a, b) || jump_fixups(d).overlapping(pp->first.value, b))
-    return;
-  if (kernel::usable_island_padding(*d.syms, rules, *pp))
-    padding.add(pp->first.value, static_cast<std::uint32_t>(pp->second.value - pp->first.value),
-                "dead padding of " + prev->name);
+  // The function's own dead padding and the previous function's, read from live text (after
+  // the kernel's boot-time patching), as far as the kernel leaves them alone: the library's
+  // selection, which bench/kernel_coverage counts over a whole kernel.
+  kernel::IslandPaddingSource src;
+  src.syms = &*d.syms;
+  src.tables = d.tables ? &*d.tables : nullptr;
+  src.entered = &jump_fixups(d);
+  src.rules = kernel::island_padding_rules(*d.syms);
+  src.read = [&](Gva at, std::uint64_t size) { return read_text(d, at, size); };
+  kernel::island_padding_near(src, insns, lo, hi, jc, padding);
 }
 
 Result<void> Engine::arm_island(Domain& d, JumpState& j) {

@@ -1,11 +1,13 @@
 // xpe2e-probe jump-island (issue 14): a short jump to an island on a function of the
 // workload's paths, written, counted and given back (protocol.h "Short jumps to islands").
+#include <algorithm>
 #include <array>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,7 +22,8 @@
 namespace xpe2e::probe {
 
 // jump-island: a short jump to an island (protocol.h "Short jumps to islands"). The first
-// instruction of kIslandCandidates (functions on the workload's openat, unlink and close paths;
+// instruction of kIslandCandidates (or of --functions; --island own|previous checks which
+// function's padding holds the island) (functions on the workload's openat, unlink and close paths;
 // bench/kernel_coverage --islands found points of each on Debian 12's 6.1.0-50 whose island is
 // in the function's own dead padding) that the engine places as a short jump gets a counting
 // probe: its eb rel8 to the island and the island's e9 to the detour are read back, it counts
@@ -38,14 +41,30 @@ struct IslandProbe {
   std::optional<Probe> probe;
   std::string fn, why;
   std::uint64_t tried = 0;
-  std::uint64_t island = 0;  // the island's address (from not_jump_because)
+  std::uint64_t island = 0;    // the island's address (from not_jump_because)
+  std::uint64_t fn_start = 0;  // fn's address
 };
 
-// The first instruction of kIslandCandidates that the engine places as a short jump, with
+// The functions to look in: --functions (comma-separated), or kIslandCandidates.
+std::vector<std::string> island_candidates(const Args& a) {
+  std::vector<std::string> candidates(std::begin(kIslandCandidates), std::end(kIslandCandidates));
+  if (!a.functions.empty()) {
+    candidates.clear();
+    for (std::size_t b = 0; b <= a.functions.size();) {
+      const std::size_t e = std::min(a.functions.find(',', b), a.functions.size());
+      if (e > b) candidates.push_back(a.functions.substr(b, e - b));
+      b = e + 1;
+    }
+  }
+  return candidates;
+}
+
+// The first instruction of `candidates` that the engine places as a short jump, with
 // `handler` (the module publishes the feature: checked by the caller).
-IslandProbe find_island_probe(Session& s, DomId dom, GuestView& view, std::function<int(HitContext&)> handler) {
+IslandProbe find_island_probe(Session& s, DomId dom, GuestView& view, const std::vector<std::string>& candidates,
+                              std::function<int(HitContext&)> handler) {
   IslandProbe out;
-  for (const char* name : kIslandCandidates) {
+  for (const std::string& name : candidates) {
     auto at = s.resolve(dom, name);
     if (!at) continue;
     std::vector<std::byte> bytes;
@@ -60,6 +79,7 @@ IslandProbe find_island_probe(Session& s, DomId dom, GuestView& view, std::funct
       if (i && i->address.value == d.addr && i->not_jump_because.rfind("a short jump", 0) == 0) {
         out.probe = std::move(*p);
         out.fn = name;
+        out.fn_start = at->value;
         out.why = i->not_jump_because;
         out.island =
             std::strtoull(out.why.c_str() + std::strlen("a short jump (eb rel8) to an island at "), nullptr, 16);
@@ -105,7 +125,7 @@ int cmd_jump_island(const Args& a) {
   must(s->prepare_jump_probes(a.dom), "prepare_jump_probes");
   auto view = must(GuestView::open(hv, a.dom), "GuestView::open");
   std::uint64_t hits = 0;
-  IslandProbe found = find_island_probe(*s, a.dom, *view, [&hits](HitContext&) {
+  IslandProbe found = find_island_probe(*s, a.dom, *view, island_candidates(a), [&hits](HitContext&) {
     ++hits;
     return 0;
   });
@@ -121,6 +141,11 @@ int cmd_jump_island(const Args& a) {
       info.address.value, info.instruction.c_str(), island, info.slot.value);
   check("island.method", info.method == ProbeMethod::Jump && info.mode == ExecMode::Detour,
         probe_method_name(info.method));
+  // Which padding it is in: before the function's start is the previous function's (past its
+  // __pfx_ symbol on 6.2+); at or after it, the function's own.
+  if (!a.island_in.empty())
+    check("island.in_" + a.island_in, (a.island_in == "previous") == (island < found.fn_start),
+          fmt("island 0x%" PRIx64 ", %s starts at 0x%" PRIx64, island, fn.c_str(), found.fn_start));
   std::vector<Probe> probes;
   probes.push_back(std::move(*probe));
   const JumpsWritten jw = wait_for_jumps(*s, probes);
@@ -173,10 +198,11 @@ int cmd_kill_island(const Args& a) {
   auto s = open_session(a, SessionOptions{ChannelKind::Guest});
   hv::Hypervisor& hv = s->hypervisor();
   check_island_feature(hv, a.dom);
+  const std::vector<std::string> candidates = island_candidates(a);
   std::vector<std::pair<std::string, Gva>> around;
-  for (const char* name : kIslandCandidates)
+  for (const std::string& name : candidates)
     if (auto at = s->resolve(a.dom, name)) {
-      around.emplace_back(std::string(name) + "-0x100", Gva{at->value - 0x100});
+      around.emplace_back(name + "-0x100", Gva{at->value - 0x100});
       around.emplace_back(name, *at);
     }
   const std::vector<TextRange> before = snapshot(hv, a.dom, around);
@@ -186,7 +212,7 @@ int cmd_kill_island(const Args& a) {
   static std::uint64_t hits = 0;
   g_die_after = a.die_after;
   g_die_in = "island";
-  IslandProbe found = find_island_probe(*s, a.dom, *view, [](HitContext&) {
+  IslandProbe found = find_island_probe(*s, a.dom, *view, candidates, [](HitContext&) {
     if (killing) maybe_die("island", ++hits);
     return 0;
   });

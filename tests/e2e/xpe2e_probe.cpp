@@ -9,10 +9,11 @@
 //   xpe2e-probe jump    --domid D [--timeout S]
 //       Jump probes (issue 14) on the guest channel: registered as jumps, the jumps written
 //       once the module confirmed quiescence, every call counted, the text restored.
-//   xpe2e-probe jump-island --domid D [--timeout S]
+//   xpe2e-probe jump-island --domid D [--timeout S] [--functions F1,F2] [--island own|previous]
 //       A short jump to an island (issue 14, protocol.h "Short jumps to islands") on a function
-//       of the workload's openat/unlink/close paths: eb rel8 and the island's e9 written, hits
-//       counted, the workload's results unchanged, region and island restored.
+//       of the workload's openat/unlink/close paths (or of --functions): eb rel8 and the island's
+//       e9 written (with --island, in the function's own padding or the previous function's),
+//       hits counted, the workload's results unchanged, region and island restored.
 //   xpe2e-probe kill-island --domid D --snapshot FILE [--die-after-hits N] [--timeout S]
 //       kill -9 with a short jump to an island armed: the text around the candidates saved to
 //       FILE, jump-island's short jump written and read back, then a SIGKILL to itself inside
@@ -131,10 +132,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--method") a.method = v;
     else if (k == "--points") a.points = v;
     else if (k == "--image") a.image = v;
+    else if (k == "--functions") a.functions = v;
+    else if (k == "--island") a.island_in = v;
     else fatal("unknown option " + k);
   }
   if (!a.dom.value) fatal("--domid is required");
   if (a.method != "trap" && a.method != "fastest") fatal("--method: trap or fastest");
+  if (!a.island_in.empty() && a.island_in != "own" && a.island_in != "previous") fatal("--island: own or previous");
   if (a.die_in != "getppid" && a.die_in != "call" && a.die_in != "filp" && a.die_in != "register" &&
       a.die_in != "unregister" && a.die_in != "island")
     fatal("--die-in: getppid, call, filp, register, unregister or island (kill-island)");

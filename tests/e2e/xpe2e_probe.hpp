@@ -49,6 +49,11 @@ struct Args {
   // where the point allows, issue 14).
   std::string method = "trap";
   std::string image;  // jump-image: the guest kernel's vmlinux (the ELF inside its vmlinuz)
+  // jump-island: the functions to look in, comma-separated (default: kIslandCandidates), and
+  // where the island must be: "own" (the function's padding), "previous" (before its start), or
+  // "" (either).
+  std::string functions;
+  std::string island_in;
 };
 
 extern Args g_args;  // main() sets it (xpe2e_probe.cpp)

@@ -2,9 +2,10 @@
 # Coverage of real kernels (issue 14, docs/benchmarks.md "Coverage of a real kernel"): every
 # instruction of every function of Debian's kernels in the cache that
 # tools/fetch-debian-kernels.sh fills, and the share the library would probe on the vmevent
-# channel, boost, and replace with a 5-byte jump, with per-reason counts (bench/kernel_coverage.cpp).
-# A benchmark, not a test (~15 s for 6.1, ~20 s for 6.12 on 2 cores); ctest runs it over a
-# slice (--every) to show it works.
+# channel, boost, and replace with a jump (5-byte regions, and with the engine's two rules:
+# tail calls proven, short jumps to islands), with per-reason counts (bench/kernel_coverage.cpp).
+# A benchmark, not a test (~100 s for 6.1, ~120 s for 6.12 on 2 shared cores at load average
+# 6-10); ctest runs it over a slice (--every) to show it works.
 #
 #   sh tools/bench/kernel-coverage.sh [--build DIR] [--bin PROGRAM] [--every N] [--examples] [release...]
 #
