@@ -83,8 +83,8 @@ struct CrossBranches {
 
 // ---- Building it (probe/jump_index_decode.cpp).
 
-// An index decodes at most this many threads at once (and fewer than this many functions per
-// thread are decoded on one).
+// An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
+// kMinIndexFunctionsPerThread functions.
 inline constexpr unsigned kMaxIndexThreads = 4;
 inline constexpr std::size_t kMinIndexFunctionsPerThread = 512;
 

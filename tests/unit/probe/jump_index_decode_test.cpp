@@ -107,6 +107,8 @@ TEST(JumpIndexDecode, MoreThreadsThanFunctions) {
 TEST(JumpIndexDecode, IndexThreads) {
   EXPECT_EQ(index_threads(0), 1u);
   EXPECT_EQ(index_threads(100), 1u);
+  EXPECT_EQ(index_threads(kMinIndexFunctionsPerThread * 2 - 1), 1u);
+  EXPECT_LE(index_threads(kMinIndexFunctionsPerThread * 2), 2u);
   EXPECT_LE(index_threads(50000), kMaxIndexThreads);
   EXPECT_GE(index_threads(50000), 1u);
 }
