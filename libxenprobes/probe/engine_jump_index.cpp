@@ -10,7 +10,6 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as engine_prepare.cpp
 // Debian's 6.1 core text is about 16 MiB; a symbol table that claims more than this is not
 // believed (the text is then indexed nothing from, and every function counts as unknown).
 constexpr std::uint64_t kMaxCoreTextBytes = std::uint64_t{128} << 20;
@@ -78,14 +77,7 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
   const auto t0 = std::chrono::steady_clock::now();
   const kernel::Range& text = d.tables->core_text();
   const std::uint64_t base = text.start, size = text.end - text.start;
-  std::vector<symbols::Function> fns;
-  for (const symbols::Symbol& s : d.syms->matching("*")) {
-    if (s.kind != symbols::SymbolKind::Text || !text.contains(s.address.value)) continue;
-    if (auto f = d.syms->function_containing(s.address); f && f->start == s.address) fns.push_back(*f);
-  }
-  std::sort(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start.value < b.start.value; });
-  fns.erase(std::unique(fns.begin(), fns.end(), [](const auto& a, const auto& b) { return a.start == b.start; }),
-            fns.end());
+  const std::vector<symbols::Function> fns = index_functions(*d.syms, text);
   BuildKey key;
   key.build = kernel_build(*d.syms, [&](Gva a, std::span<std::byte> out) { return d.memory->read(a, out); });
   idx.build = key.build;
@@ -155,37 +147,15 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
     auto fresh = std::make_shared<CrossBranches>();
     fresh->build = key.build;
     fresh->decoded_in = d.id.value;
-    std::vector<std::uint64_t> starts;
-    for (const symbols::Function& f : fns) starts.push_back(f.start.value);
-    for (const symbols::Function& f : fns) {
-      const std::uint64_t lo = f.start.value - base;
-      if (f.size == 0 || f.size > kMaxFunctionBytes || f.size > size - lo) continue;
-      bool readable = true;
-      for (std::uint64_t p = lo / kPage; p <= (lo + f.size - 1) / kPage; ++p) readable = readable && !unread[p];
-      auto insns = readable ? x86::decode_function(std::span(bytes).subspan(lo, f.size), f.start)
-                            : Result<std::vector<x86::Insn>>(fail(Errc::Fault, "unreadable"));
-      if (!insns) {
-        ++fresh->unknown;
-        continue;
-      }
-      const std::uint64_t hi = f.start.value + f.size;
-      bool named = false;
-      for (const x86::Insn& i : *insns) {
-        const std::uint64_t t = i.branch_target.value;
-        if (!i.is_relative_branch() || (t >= f.start.value && t < hi) || !text.contains(t)) continue;
-        if (std::binary_search(starts.begin(), starts.end(), t)) continue;
-        if (!named) fresh->names.push_back(f.name), named = true;
-        fresh->branches.push_back(
-            {t - base, i.address.value - base, static_cast<std::uint32_t>(fresh->names.size() - 1)});
-      }
-    }
+    const unsigned threads = index_threads(fns.size());
+    decode_cross_branches(bytes, base, unread, fns, threads, *fresh);
     fresh->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Before the pause when the registration that needs it is the first of its batch (Engine::add
     // decodes and plans before pausing); said either way.
     XP_LOG(Info,
-           "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (once per "
-           "kernel build: %s%s)%s",
-           d.id.value, fresh->seconds, build.c_str(),
+           "domain %u: jump probes: the branches between the kernel's functions indexed in %.1f s (%zu functions "
+           "on %u thread%s; once per kernel build: %s%s)%s",
+           d.id.value, fresh->seconds, fns.size(), threads, threads == 1 ? "" : "s", build.c_str(),
            !complete ? "; not kept, its text could not be read whole"
            : !hashed ? "; not kept, its text could not be hashed"
                      : "",

@@ -25,6 +25,7 @@
 
 #include "common/result.hpp"
 #include "kernel/addresses_taken.hpp"
+#include "kernel/tables.hpp"
 #include "symbols/symbol_table.hpp"
 #include "xenprobes/types.hpp"
 
@@ -91,6 +92,34 @@ struct CrossBranches {
   std::uint32_t decoded_in = 0;  // that domain (for the log)
   double seconds = 0;            // what decoding took
 };
+
+// ---- Building it (probe/jump_index_decode.cpp).
+
+// An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
+// kMinIndexFunctionsPerThread functions.
+inline constexpr unsigned kMaxIndexThreads = 4;
+inline constexpr std::size_t kMinIndexFunctionsPerThread = 512;
+
+// The functions of the core text an index decodes: the function (SymbolTable::function_containing)
+// of every text symbol inside `core_text` that starts at that symbol, in address order, once
+// each.
+std::vector<symbols::Function> index_functions(const symbols::SymbolTable& syms, const kernel::Range& core_text);
+
+// How many threads decode `functions` functions: min(the hardware's threads, kMaxIndexThreads),
+// fewer when there are few functions, at least 1.
+unsigned index_threads(std::size_t functions);
+
+// Decodes every function of `fns` (index_functions(), in address order) out of the core text
+// `text` (its first byte at `base`; unread[p] when its page p could not be read) with
+// x86::relative_branches() for its branches into the middle of another function of the core
+// text, and adds them to out.names and out.branches (in function order, then address order);
+// a function that does not decode, or lies on an unread page, is counted in out.unknown (an
+// empty one, or one larger than the engine's limit of 256 KiB, is left out). On up to
+// `threads` threads, each over its own contiguous range of `fns`, merged in function order:
+// the index is the same whatever `threads`. An exception of a thread (memory) is rethrown
+// here, after every thread ended.
+void decode_cross_branches(std::span<const std::uint8_t> text, std::uint64_t base, const std::vector<bool>& unread,
+                           std::span<const symbols::Function> fns, unsigned threads, CrossBranches& out);
 
 // The code addresses a kernel image forms inside its core text's functions
 // (kernel/addresses_taken.hpp), at its link addresses, for a build: the tail-call proof.

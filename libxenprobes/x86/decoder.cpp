@@ -9,23 +9,28 @@
 namespace xenprobes::x86 {
 namespace {
 
-// One handle per thread: cs_disasm on a shared handle is not documented as thread-safe.
+// One handle per thread: cs_disasm on a shared handle is not documented as thread-safe. With
+// it, the one cs_insn (and its detail) that relative_branches() decodes every instruction into.
 class Handle {
  public:
   Handle() {
     ok_ = cs_open(CS_ARCH_X86, CS_MODE_64, &h_) == CS_ERR_OK && cs_option(h_, CS_OPT_DETAIL, CS_OPT_ON) == CS_ERR_OK;
+    if (ok_) insn_ = cs_malloc(h_);
   }
   ~Handle() {
+    if (insn_ != nullptr) cs_free(insn_, 1);
     if (h_ != 0) cs_close(&h_);
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
   bool ok() const { return ok_; }
   csh get() const { return h_; }
+  cs_insn* insn() const { return insn_; }  // nullptr when it could not be allocated
 
  private:
   csh h_ = 0;
   bool ok_ = false;
+  cs_insn* insn_ = nullptr;
 };
 
 Handle& handle() {
@@ -114,6 +119,30 @@ bool jcc_cond(unsigned id, Cond& cc) {
     case X86_INS_JG: cc = Cond::G; return true;
     default: return false;
   }
+}
+
+// The first memory operand (the one Insn::mem describes), or nullptr.
+const cs_x86_op* first_mem(const cs_x86& x) {
+  for (int i = 0; i < x.op_count; ++i)
+    if (x.operands[i].type == X86_OP_MEM) return &x.operands[i];
+  return nullptr;
+}
+
+// Capstone names the base of an addr32 (0x67) RIP-relative operand EIP; reg_of maps both to Rip.
+bool is_rip(const cs_x86_op& mem) { return reg_of(mem.mem.base) == Reg::Rip; }
+
+// Where the disp32 of a RIP-relative operand whose displacement Capstone says is `disp` starts
+// in the instruction, or 0 when its bytes hold no such field (decode() refuses it). RIP-relative
+// is always ModRM mod=00 rm=101 followed by a disp32 (never a SIB). Capstone 4.0.2 reports
+// disp_size 2 when a 66 prefix is present (`66 89 05 <disp32>` = mov word [rip+X], ax), so the
+// field is derived from the ModRM offset and its value cross-checked.
+unsigned rip_disp32_at(const cs_insn& ci, std::int64_t disp) {
+  const cs_x86& x = ci.detail->x86;
+  const unsigned at = x.encoding.modrm_offset + 1u;
+  if (x.encoding.modrm_offset == 0 || at + 4u > ci.size) return 0;
+  std::uint32_t u = 0;
+  for (unsigned k = 0; k < 4; ++k) u |= static_cast<std::uint32_t>(ci.bytes[at + k]) << (8 * k);
+  return static_cast<std::int32_t>(u) == disp ? at : 0;
 }
 
 // Sets kind/branch (and the branch's operands) from Capstone's instruction id.
@@ -227,6 +256,30 @@ void classify(const cs_insn& ci, Insn& out) {
   }
 }
 
+// Whether classify() makes `ci` a relative branch (Insn::is_relative_branch()), and its
+// target as classify() sets branch_target (0 when the operand is no immediate), without an
+// Insn: relative_branches()'s test compares the two over whole kernels.
+bool relative_branch(const cs_insn& ci, std::uint64_t& target) {
+  const cs_x86& x = ci.detail->x86;
+  const bool op0_imm = x.op_count > 0 && x.operands[0].type == X86_OP_IMM;
+  target = op0_imm ? static_cast<std::uint64_t>(x.operands[0].imm) : 0;
+  switch (ci.id) {
+    case X86_INS_JMP:
+    case X86_INS_CALL:  // far through memory (FF /3, FF /5) or indirect: not relative
+      return !(x.opcode[0] == 0xff && (((x.modrm >> 3) & 7) == 3 || ((x.modrm >> 3) & 7) == 5)) && op0_imm;
+    case X86_INS_LOOP:
+    case X86_INS_LOOPE:
+    case X86_INS_LOOPNE:
+    case X86_INS_JRCXZ:
+    case X86_INS_JECXZ:
+    case X86_INS_JCXZ: return true;
+    default: {
+      Cond cc{};
+      return jcc_cond(ci.id, cc);
+    }
+  }
+}
+
 }  // namespace
 
 std::string hex_addr(std::uint64_t v) {
@@ -281,32 +334,19 @@ Result<Insn> decode(std::span<const std::uint8_t> bytes, Gva addr) {
   out.imm_offset = x.encoding.imm_offset;
   out.imm_size = x.encoding.imm_size;
 
-  for (int i = 0; i < x.op_count; ++i) {
-    const cs_x86_op& op = x.operands[i];
-    if (op.type != X86_OP_MEM) continue;
+  if (const cs_x86_op* op = first_mem(x)) {
     out.mem.present = true;
-    out.mem.seg = seg_of(op.mem.segment);
-    out.mem.base = reg_of(op.mem.base);
-    out.mem.index = reg_of(op.mem.index);
-    out.mem.scale = static_cast<std::uint8_t>(op.mem.scale);
-    out.mem.disp = op.mem.disp;
+    out.mem.seg = seg_of(op->mem.segment);
+    out.mem.base = reg_of(op->mem.base);
+    out.mem.index = reg_of(op->mem.index);
+    out.mem.scale = static_cast<std::uint8_t>(op->mem.scale);
+    out.mem.disp = op->mem.disp;
     out.mem.addr32 = x.prefix[3] == 0x67;
-    // Capstone names the base of an addr32 (0x67) RIP-relative operand EIP; reg_of maps both to Rip.
-    out.is_rip_relative = out.mem.base == Reg::Rip;
-    break;
+    out.is_rip_relative = is_rip(*op);
   }
   if (out.is_rip_relative) {
-    // RIP-relative is always ModRM mod=00 rm=101 followed by a disp32 (never a SIB). Capstone
-    // 4.0.2 reports disp_size 2 when a 66 prefix is present (`66 89 05 <disp32>` = mov word
-    // [rip+X], ax), so derive the field from the ModRM offset and cross-check its value.
-    const unsigned at = x.encoding.modrm_offset + 1u;
-    std::int32_t d = 0;
-    if (x.encoding.modrm_offset != 0 && at + 4u <= out.length) {
-      std::uint32_t u = 0;
-      for (unsigned k = 0; k < 4; ++k) u |= static_cast<std::uint32_t>(out.bytes[at + k]) << (8 * k);
-      d = static_cast<std::int32_t>(u);
-    }
-    if (x.encoding.modrm_offset == 0 || at + 4u > out.length || d != out.mem.disp) {
+    const unsigned at = rip_disp32_at(ci, out.mem.disp);
+    if (at == 0) {
       return fail(Errc::IllegalSequence, "RIP-relative operand without a disp32 after ModRM at " +
                                              hex_addr(addr.value) + ": bytes [" + hex_bytes(out.code()) + "]");
     }
@@ -355,6 +395,32 @@ Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_st
     off += r->length;
   }
   return fail(Errc::IllegalSequence, "unreachable: " + hex_addr(target.value));  // not reached
+}
+
+Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start, std::vector<RelativeBranch>& out) {
+  out.clear();
+  Handle& h = handle();
+  if (!h.ok() || h.insn() == nullptr) return fail(Errc::NotSupported, "capstone: cannot open an x86-64 handle");
+  cs_insn* ci = h.insn();
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    // What decode() gives cs_disasm: at most kMaxInsnLen bytes.
+    const std::uint8_t* code = bytes.data() + off;
+    std::size_t avail = std::min(bytes.size() - off, kMaxInsnLen);
+    std::uint64_t at = start.value + off;
+    if (!cs_disasm_iter(h.get(), &code, &avail, &at, ci)) {
+      return fail(Errc::IllegalSequence, "function at " + hex_addr(start.value) + ", offset " + hex_addr(off) +
+                                             ": no valid x86-64 instruction");
+    }
+    const cs_x86_op* mem = first_mem(ci->detail->x86);
+    if (mem != nullptr && is_rip(*mem) && rip_disp32_at(*ci, mem->mem.disp) == 0) {
+      return fail(Errc::IllegalSequence, "function at " + hex_addr(start.value) + ", offset " + hex_addr(off) +
+                                             ": RIP-relative operand without a disp32 after ModRM");
+    }
+    if (std::uint64_t target = 0; relative_branch(*ci, target)) out.push_back({start + off, Gva{target}});
+    off += ci->size;
+  }
+  return {};
 }
 
 }  // namespace xenprobes::x86

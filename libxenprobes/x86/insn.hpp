@@ -169,6 +169,20 @@ struct Insn {
 // any undecodable byte → EILSEQ naming the offset.
 [[nodiscard]] Result<std::vector<Insn>> decode_function(std::span<const std::uint8_t> bytes, Gva start);
 
+// A relative branch (Insn::is_relative_branch()) and its target (Insn::branch_target).
+struct RelativeBranch {
+  Gva address;
+  Gva target;
+};
+
+// decode_function() reduced to what the jump probes' index uses, at a fraction of its cost (no
+// Insn, one Capstone instruction per thread): fails exactly when decode_function() fails, and
+// fills `out` with every instruction that is_relative_branch(), in order (cleared first; its
+// contents are unspecified after a failure). A function of the whole kernel's, once per build
+// (probe/jump_index.hpp).
+[[nodiscard]] Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start,
+                                             std::vector<RelativeBranch>& out);
+
 // Decodes the function from its start and returns the instruction starting at `target`.
 // `target` outside the function → EINVAL; inside an instruction → EILSEQ naming the enclosing
 // instruction and its start.
