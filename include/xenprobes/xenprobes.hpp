@@ -358,7 +358,8 @@ class XENPROBES_API Session {
   // package's). KASLR: the slide comes from the kernel-text address the guest module
   // publishes, when it does. A vmlinux also lets jump probes prove tail calls, when its build id
   // is the guest's (docs/probes.md "Jump probes"); one without a symbol table (a decompressed
-  // vmlinuz) is taken for that alone, after the kernel's System.map was loaded.
+  // vmlinuz) is taken for that alone, after the kernel's System.map was loaded; one whose
+  // section headers or symbol table cannot be read is refused, the error saying why.
   [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
   // Symbols with no file: the guest kernel's own kallsyms tables, found and decoded in its
   // memory (docs/guest-symbols.md). They hold running addresses, so no slide is needed; with a
