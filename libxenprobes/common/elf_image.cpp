@@ -41,8 +41,8 @@ bool libelf_ready() {
   return ok;
 }
 
-// The identification bytes, checked before libelf reads further: libelf would convert a
-// big-endian image's headers in its buffers, and parse() hands it the caller's memory.
+// The identification bytes, checked on the raw bytes before libelf reads further, by both
+// reads alike: libelf is handed only little-endian ELF64 (by parse(), the caller's memory).
 Result<void> check_ident(const std::uint8_t* p, std::uint64_t size, const std::string& what) {
   if (size < sizeof(Elf64_Ehdr)) return fail(Errc::InvalidArgument, what + ": too small for an ELF header");
   if (std::memcmp(p, ELFMAG, SELFMAG) != 0) return fail(Errc::InvalidArgument, what + ": not an ELF file");
@@ -179,7 +179,7 @@ Result<void> need_libelf(const std::string& what) {
 Result<Image> parse(std::span<const std::uint8_t> file, const std::string& what) {
   XP_TRY(need_libelf(what));
   XP_TRY(check_ident(file.data(), file.size(), what));
-  // libelf takes a char*; it reads a little-endian image in place and writes nothing.
+  // libelf takes a char* but writes nothing into it (ElfImage.ParsesAnImageInReadOnlyMemory).
   ElfPtr e(elf_memory(reinterpret_cast<char*>(const_cast<std::uint8_t*>(file.data())), file.size()));
   if (!e) return fail(Errc::InvalidArgument, what + ": libelf cannot open it" + libelf_says());
   return read_image(e.get(), what);

@@ -3,6 +3,7 @@
 #include "common/elf_image.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -100,6 +101,19 @@ TEST(ElfImage, ReadsSegmentsSectionsAndSymbolsFromMemoryAndFromAFile) {
   auto l = load(f.path());
   ASSERT_TRUE(l) << l.error().what;
   expect_the_small_kernel(*l);
+}
+
+// parse() hands libelf the caller's memory as a char*: it must not write into it.
+TEST(ElfImage, ParsesAnImageInReadOnlyMemory) {
+  const BuiltElf b = small_kernel_elf();
+  void* p = ::mmap(nullptr, b.bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::memcpy(p, b.bytes.data(), b.bytes.size());
+  ASSERT_EQ(::mprotect(p, b.bytes.size(), PROT_READ), 0);
+  auto r = parse(std::span(static_cast<const std::uint8_t*>(p), b.bytes.size()), "read-only");
+  ASSERT_TRUE(r) << r.error().what;
+  expect_the_small_kernel(*r);
+  ::munmap(p, b.bytes.size());
 }
 
 TEST(ElfImage, FilesThatAreNoImageAreRefusedNamingThePath) {
