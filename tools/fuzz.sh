@@ -20,7 +20,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-all="module_info guest_channel vmevent walker x86 journal symbols kernel_tables kallsyms ring orc xenprobe_btf"
+all="module_info guest_channel vmevent walker x86 journal symbols elf_image kernel_tables kallsyms ring orc xenprobe_btf"
 secs=20
 case "${1:-}" in
   ''|*[!0-9]*) ;;

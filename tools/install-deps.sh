@@ -5,7 +5,7 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential ccache cmake pkg-config binutils libxen-dev libcapstone-dev libunicorn-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev linux-headers-amd64
       clang-14 libclang-rt-14-dev clang-format-14 clang-tidy-19
-      libbpf-dev libssl-dev libcli11-dev nlohmann-json3-dev
+      libbpf-dev libelf-dev libssl-dev libcli11-dev nlohmann-json3-dev
       libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev prometheus systemd
       xz-utils zstd"
 missing=""

@@ -359,7 +359,8 @@ class XENPROBES_API Session {
   // publishes, when it does. A vmlinux also lets jump probes prove tail calls, when its build id
   // is the guest's (docs/probes.md "Jump probes"); one without a symbol table (the ELF inside a
   // vmlinuz) is taken for that alone, with the symbols loaded before (the kernel's System.map, or
-  // the guest's own kallsyms: load_symbols_from_guest, or what resolve() loaded). A vmlinuz
+  // the guest's own kallsyms: load_symbols_from_guest, or what resolve() loaded); one whose
+  // section headers or symbol table cannot be read is refused, the error saying why. A vmlinuz
   // itself is refused (InvalidArgument): the library does not decompress kernels.
   [[nodiscard]] Result<void> load_symbols(DomId, const std::string& system_map);
   // Symbols with no file: the guest kernel's own kallsyms tables, found and decoded in its

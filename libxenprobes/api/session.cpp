@@ -95,7 +95,8 @@ static Result<symbols::KallsymsResult> guest_kallsyms(hv::Hypervisor& hv, DomId 
 
 Result<void> Session::load_symbols(DomId dom, const std::string& path) {
   // A vmlinux (ELF) gives its symbol table, and its image to jump probes (tail calls proven).
-  // One without a symbol table (a decompressed vmlinuz) goes with the symbols loaded before.
+  // One without a symbol table (a decompressed vmlinuz) goes with the symbols loaded before;
+  // one whose section headers or symbol table are broken is refused, saying what is wrong.
   std::shared_ptr<const symbols::KernelImage> image;
   // The library does not decompress kernels (docs/probes.md says why): the ELF inside, please.
   if (!symbols::is_elf_file(path) && symbols::is_bzimage_file(path))
@@ -105,6 +106,7 @@ Result<void> Session::load_symbols(DomId dom, const std::string& path) {
                     "(vmlinux), the payload its boot header locates, decompressed (xz, zstd or gzip)");
   if (symbols::is_elf_file(path)) {
     auto elf = XP_TRY(elf::load(path));
+    if (!elf.symtab_error.empty()) return fail(Errc::InvalidArgument, path + ": " + elf.symtab_error);
     if (elf.symtab.empty()) {
       const symbols::SymbolTable* have = impl_->engine->symbols(dom);
       if (!have)

@@ -55,7 +55,9 @@ Result<KernelImage> KernelImage::from_elf(elf::Image img, std::string source) {
   for (const elf::Symbol* s : order)
     if (char c = nm_letter(img, *s); c && s->name.size() < kMaxNameLen)
       map += hex(s->value).substr(2) + " " + c + " " + s->name + "\n";
-  if (map.empty()) return fail(Errc::InvalidArgument, source + ": no kernel symbols in its symbol table");
+  if (map.empty())
+    return fail(Errc::InvalidArgument, source + ": no kernel symbols in its symbol table" +
+                                           (img.symtab_error.empty() ? "" : " (" + img.symtab_error + ")"));
   KernelImage k;
   k.syms_ = XP_TRY(SymbolTable::parse(map, source));
   k.img_ = std::move(img);

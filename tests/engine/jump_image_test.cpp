@@ -102,6 +102,7 @@ TEST(JumpImage, AnImageWithoutSymbolsGoesWithTheSystemMapLoadedBefore) {
   std::filesystem::remove(path);
 }
 
+<<<<<<< HEAD
 // A vmlinuz is not taken for a System.map: the refusal says what it is and what to give instead.
 TEST(JumpImage, ACompressedKernelIsRefusedSayingWhatToGive) {
   std::vector<char> f(0x1000, '\0');
@@ -114,6 +115,34 @@ TEST(JumpImage, ACompressedKernelIsRefusedSayingWhatToGive) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::InvalidArgument);
   EXPECT_NE(r.error().what.find("is a compressed kernel (an x86 bzImage, vmlinuz): give load_symbols() the ELF inside"),
+=======
+// A vmlinux whose symbol table is broken (its string table named as a PROGBITS section) is
+// refused, saying why, even with a System.map loaded: its symbols are not quietly missing.
+TEST(JumpImage, AnImageWithABrokenSymbolTableIsRefusedSayingWhy) {
+  std::vector<char> f = demo_file();
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, f.data(), sizeof eh);
+  bool broken = false;
+  for (unsigned i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr sh;
+    std::memcpy(&sh, f.data() + eh.e_shoff + i * sizeof sh, sizeof sh);
+    if (sh.sh_type != SHT_SYMTAB) continue;
+    sh.sh_link = 1;  // .text
+    std::memcpy(f.data() + eh.e_shoff + i * sizeof sh, &sh, sizeof sh);
+    broken = true;
+  }
+  ASSERT_TRUE(broken) << "the demo vmlinux has a symbol table";
+  const auto path =
+      std::filesystem::temp_directory_path() / ("xp-jump-index-" + std::to_string(::getpid()) + "-badsyms.vmlinux");
+  std::ofstream(path, std::ios::binary).write(f.data(), static_cast<std::streamsize>(f.size()));
+  SessionGuest g(config(), {}, guest_channel(), false);
+  ASSERT_TRUE(g.session->load_symbols(g.dom, demo_map()));
+  auto r = g.session->load_symbols(g.dom, path.string());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::InvalidArgument);
+  EXPECT_NE(r.error().what.find(path.string() + ": the symbol table (section "), std::string::npos) << r.error().what;
+  EXPECT_NE(r.error().what.find("names section 1 as its string table, which is of type 1, not SHT_STRTAB"),
+>>>>>>> h52
             std::string::npos)
       << r.error().what;
   std::filesystem::remove(path);

@@ -26,7 +26,8 @@ e2e_platform() {
       E2E_XEN_VERSION=4.17.5+72-g01140da4e8-1
       E2E_KERNEL_ABI=6.1.0-50-amd64
       E2E_KERNEL_VERSION=6.1.176-1
-      # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp);
+      # libbpf1: libxenprobes checks the guest's BTF with it (libxenprobes/kernel/btf.cpp); it
+      # brings libelf1, with which libxenprobes reads kernel images (common/elf_image.cpp);
       # libtomlplusplus3, libcpp-httplib0.11, libsystemd0: xenprobesd's (its scenario runs it).
       # systemd: stock_pv_xenprobesd_service boots Dom0 with systemd as PID 1 to run the unit.
       E2E_ROOTFS_PKGS="xen-utils-4.17,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone4,libbpf1,libstdc++6,libtomlplusplus3,libcpp-httplib0.11,libsystemd0,systemd"
@@ -39,7 +40,8 @@ e2e_platform() {
       E2E_XEN_VERSION=4.20.4+63-g7abfd2bce2-0+deb13u1
       E2E_KERNEL_ABI=6.12.117+deb13-amd64
       E2E_KERNEL_VERSION=6.12.117-1
-      # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp);
+      # libbpf1: libxenprobes reads the guest's BTF with it (libxenprobes/kernel/btf.cpp); it
+      # brings libelf1t64, with which libxenprobes reads kernel images (common/elf_image.cpp);
       # libtomlplusplus3t64, libcpp-httplib0.18, libsystemd0: xenprobesd's.
       E2E_ROOTFS_PKGS="xen-utils-4.20,xenstore-utils,linux-image-$E2E_KERNEL_ABI,kmod,busybox,procps,libcapstone5,libbpf1,libstdc++6,libtomlplusplus3t64,libcpp-httplib0.18,libsystemd0"
       ;;

@@ -8,9 +8,42 @@
 #include <iterator>
 
 #include "symbols/kernel_image.hpp"
+#include "unit/common/elf_builder.hpp"
 
 namespace xenprobes::symbols {
 namespace {
+
+// An image written by the test: its symbols with nm's letters, the undefined, nameless and
+// non-allocated ones left out; the same image with a broken symbol table is refused, saying why.
+TEST(KernelImage, ABuiltImageGivesItsSymbolsAndABrokenSymbolTableIsRefusedSayingWhy) {
+  testing::BuiltElf b = testing::small_kernel_elf();
+  auto img = elf::parse(b.bytes, "small.elf");
+  ASSERT_TRUE(img) << img.error().what;
+  auto k = KernelImage::from_elf(std::move(*img), "small.elf");
+  ASSERT_TRUE(k) << k.error().what;
+  auto letter = [&](const std::string& name) {
+    auto l = k->symbols().lookup(name);
+    return l ? l->front().type : '?';
+  };
+  EXPECT_EQ(letter("start_kernel"), 'T');
+  EXPECT_EQ(letter("local_helper"), 't');
+  EXPECT_EQ(letter("jiffies"), 'D');
+  EXPECT_EQ(letter("printk"), '?');
+  std::uint8_t byte = 0;
+  ASSERT_TRUE(k->read(Gva{0xffffffff81200003ull}, std::as_writable_bytes(std::span(&byte, 1))));
+  EXPECT_EQ(byte, 4);
+  ASSERT_TRUE(k->read(Gva{0xffffffff81200800ull}, std::as_writable_bytes(std::span(&byte, 1))));
+  EXPECT_EQ(byte, 0) << "the bss";
+
+  b.edit_shdr(b.symtab_index, [](Elf64_Shdr& s) { s.sh_link = 1; });
+  auto bad = elf::parse(b.bytes, "bad.elf");
+  ASSERT_TRUE(bad) << bad.error().what;
+  auto r = KernelImage::from_elf(std::move(*bad), "bad.elf");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().what,
+            "bad.elf: no kernel symbols in its symbol table (the symbol table (section 3) names section 1 as its "
+            "string table, which is of type 1, not SHT_STRTAB)");
+}
 
 #ifdef XENPROBES_DEMO_VMLINUX
 std::vector<std::uint8_t> demo() {
