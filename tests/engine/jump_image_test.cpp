@@ -102,7 +102,6 @@ TEST(JumpImage, AnImageWithoutSymbolsGoesWithTheSystemMapLoadedBefore) {
   std::filesystem::remove(path);
 }
 
-<<<<<<< HEAD
 // A vmlinuz is not taken for a System.map: the refusal says what it is and what to give instead.
 TEST(JumpImage, ACompressedKernelIsRefusedSayingWhatToGive) {
   std::vector<char> f(0x1000, '\0');
@@ -115,7 +114,11 @@ TEST(JumpImage, ACompressedKernelIsRefusedSayingWhatToGive) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::InvalidArgument);
   EXPECT_NE(r.error().what.find("is a compressed kernel (an x86 bzImage, vmlinuz): give load_symbols() the ELF inside"),
-=======
+            std::string::npos)
+      << r.error().what;
+  std::filesystem::remove(path);
+}
+
 // A vmlinux whose symbol table is broken (its string table named as a PROGBITS section) is
 // refused, saying why, even with a System.map loaded: its symbols are not quietly missing.
 TEST(JumpImage, AnImageWithABrokenSymbolTableIsRefusedSayingWhy) {
@@ -142,7 +145,6 @@ TEST(JumpImage, AnImageWithABrokenSymbolTableIsRefusedSayingWhy) {
   EXPECT_EQ(r.error().code, Errc::InvalidArgument);
   EXPECT_NE(r.error().what.find(path.string() + ": the symbol table (section "), std::string::npos) << r.error().what;
   EXPECT_NE(r.error().what.find("names section 1 as its string table, which is of type 1, not SHT_STRTAB"),
->>>>>>> h52
             std::string::npos)
       << r.error().what;
   std::filesystem::remove(path);
