@@ -15,8 +15,6 @@ namespace xenprobes::coverage {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = 256 * 1024;  // as the engine: larger "functions" are gaps
-
 // The functions of the core text, by address (the preferred alias of each start).
 std::vector<symbols::Function> core_functions(const symbols::SymbolTable& syms, const kernel::Range& text) {
   std::vector<symbols::Function> fns;
@@ -80,7 +78,7 @@ void decode_functions(Kernel& k, const Options& o) {
   }
   k.decoded.reserve(todo.size());
   for (const symbols::Function* f : todo) {
-    if (f->size == 0 || f->size > kMaxFunctionBytes) {
+    if (f->size == 0 || f->size > symbols::kMaxFunctionBytes) {
       ++k.too_large;
       continue;
     }

@@ -10,8 +10,6 @@ namespace xenprobes::kernel {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as the engine: larger "functions" are gaps
-
 // The functions whose start is a symbol, in [lo, hi) of `r` or `r2`, sorted by start.
 std::vector<symbols::Function> functions_in(const symbols::SymbolTable& syms, const Range& r, const Range& r2) {
   std::vector<symbols::Function> fns;
@@ -44,7 +42,8 @@ std::vector<TakenAddress> addresses_taken(const symbols::KernelImage& image, con
   std::sort(done.begin(), done.end());
   std::vector<std::vector<x86::Insn>> extra;
   for (const symbols::Function& f : functions_in(syms, core, init)) {
-    if (std::binary_search(done.begin(), done.end(), f.start.value) || f.size == 0 || f.size > kMaxFunctionBytes)
+    if (std::binary_search(done.begin(), done.end(), f.start.value) || f.size == 0 ||
+        f.size > symbols::kMaxFunctionBytes)
       continue;
     std::vector<std::uint8_t> bytes(f.size);
     if (!image.read(f.start, std::as_writable_bytes(std::span(bytes)))) continue;

@@ -31,7 +31,6 @@ bool usable_island_padding(const symbols::SymbolTable& syms, const IslandPadding
 
 IslandPaddingListed island_padding_near(const IslandPaddingSource& src, const std::vector<x86::Insn>& insns, Gva lo,
                                         Gva hi, const x86::JumpContext& jc, x86::SiteIndex& padding) {
-  constexpr std::uint64_t kMaxFunction = std::uint64_t{256} * 1024;  // as the engine's jump planning
   constexpr std::uint64_t kPfxMax = 64;  // CONFIG_FUNCTION_PADDING_BYTES: 16 on x86-64 (at most 64)
   IslandPaddingListed out;
   if (!src.syms) return out;
@@ -45,7 +44,8 @@ IslandPaddingListed island_padding_near(const IslandPaddingSource& src, const st
   // The previous function's, when it ends right at lo (within reach of this one's first bytes).
   if (!src.tables || !src.read || lo.value == 0) return out;
   auto ends_at = [&](const Result<symbols::Function>& f, Gva end) {
-    return f && f->start != end && f->size != 0 && f->size <= kMaxFunction && f->start.value + f->size == end.value;
+    return f && f->start != end && f->size != 0 && f->size <= symbols::kMaxFunctionBytes &&
+           f->start.value + f->size == end.value;
   };
   auto prev = syms.function_containing(Gva{lo.value - 1});
   if (!ends_at(prev, lo)) return out;

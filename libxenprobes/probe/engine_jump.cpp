@@ -14,8 +14,6 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as engine_prepare.cpp
-
 bool overlaps(std::uint64_t a_lo, std::uint64_t a_hi, std::uint64_t b_lo, std::uint64_t b_hi) {
   return a_lo < b_hi && b_lo < a_hi;
 }
@@ -102,7 +100,7 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     if (!t->found) return std::string("the kernel's ") + t->name + " could not be read (" + t->why + ")";
 
   auto fn = d.syms->function_containing(p.addr);
-  if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) return std::string("no function symbol covers it");
+  if (!fn || fn->size == 0 || fn->size > symbols::kMaxFunctionBytes) return std::string("no function symbol covers it");
   // The detour's call pushes onto the stack: not in code that runs before the kernel has one
   // (its entry point at _text, and the CPU bring-up paths of x86-64 Linux's head code).
   if (fn->name == "startup_64" || fn->name.starts_with("secondary_startup_64") || fn->name == "verify_cpu")
@@ -141,7 +139,7 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     entries.add(s->addr, 1, s->what);
   for (const symbols::Symbol& cold : d.syms->matching(fn->name + ".cold*")) {
     auto cf = d.syms->function_containing(cold.address);
-    if (!cf || cf->start != cold.address || cf->size == 0 || cf->size > kMaxFunctionBytes)
+    if (!cf || cf->start != cold.address || cf->size == 0 || cf->size > symbols::kMaxFunctionBytes)
       return "its cold part " + cold.name + " has no extent to decode";
     auto cb = read_text(d, cf->start, cf->size);
     auto ci = cb ? x86::decode_function(*cb, cf->start) : Result<std::vector<x86::Insn>>(std::unexpected(cb.error()));

@@ -7,11 +7,7 @@
 
 namespace xenprobes::probe {
 
-namespace {
-
-constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // larger "functions" are symbol gaps
-
-}  // namespace
+namespace {}  // namespace
 
 kernel::RuleContext Engine::rule_context(const Domain& d) const {
   kernel::RuleContext c;
@@ -60,7 +56,7 @@ Result<kernel::EntryPlacement> Engine::place(Domain& d, Gva addr) {
   // of a module loaded since is placed (and decoded) like any other.
   update_modules(d);
   auto fn = d.syms->function_containing(addr);
-  if (!fn || fn->start != addr || fn->size == 0 || fn->size > kMaxFunctionBytes)
+  if (!fn || fn->start != addr || fn->size == 0 || fn->size > symbols::kMaxFunctionBytes)
     return kernel::EntryPlacement{addr, {}};
   // Only the first instructions matter: read a little, not the whole function. Three of them:
   // endbr64, the ftrace site and the instruction the probe moves to (Linux 6.12 as Debian 13
@@ -93,7 +89,7 @@ Result<void> Engine::decode_probe_point(Domain& d, Point& p) {
                     "System.map or kallsyms first)");
   // (place() brought the module list up to date for this registration.)
   auto fn = d.syms->function_containing(addr);
-  if (!fn || fn->size == 0 || fn->size > kMaxFunctionBytes) {
+  if (!fn || fn->size == 0 || fn->size > symbols::kMaxFunctionBytes) {
     // No function to decode from: the address rules say why (data, a gap, not text).
     x86::Insn bare;
     bare.address = addr;

@@ -16,7 +16,6 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;  // as engine_prepare.cpp
 constexpr std::uint64_t kPage = 4096;
 
 // What one thread found in its range of functions: each branch with the function it is in.
@@ -36,7 +35,7 @@ struct Part {
 bool decodable_size(const symbols::Function& f, std::uint64_t base, std::uint64_t size) {
   if (f.start.value < base || f.start.value - base >= size) return false;
   const std::uint64_t lo = f.start.value - base;
-  return f.size != 0 && f.size <= kMaxFunctionBytes && f.size <= size - lo;
+  return f.size != 0 && f.size <= symbols::kMaxFunctionBytes && f.size <= size - lo;
 }
 
 struct Input {

@@ -57,6 +57,10 @@ struct ModuleFunction {
   char type = 't';         // t T w W
 };
 
+// The largest function the library decodes: a larger "function" is a gap between symbols
+// (data, or the end of a section), not code.
+inline constexpr std::uint64_t kMaxFunctionBytes = std::uint64_t{256} * 1024;
+
 // A function and its extent [start, start + size), at running addresses.
 struct Function {
   std::string name;
