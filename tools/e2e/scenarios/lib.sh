@@ -15,6 +15,12 @@ result() {
     r=SKIP
     set -- "$* (but XPE2E_PROBE_EXTRA='$PROBE_EXTRA' narrowed the checks)"
   fi
+  # A failure keeps the console of every DomU the scenario created and has not printed yet.
+  if [ "$r" = FAIL ] && [ -f "/tmp/$S.domus" ]; then
+    for _d in $(sort -u "/tmp/$S.domus"); do
+      grep -qx "$_d" "/tmp/$S.dumped" 2>/dev/null || dump_console "$_d"
+    done
+  fi
   notes=$([ -f "/tmp/$S.notes" ] && tr '\n' ' ' <"/tmp/$S.notes" | sed 's/ $//')
   echo "XPE2E-RESULT $S $r $*${notes:+ [$notes]}"
   exit 0
@@ -34,6 +40,7 @@ domain_booting() {
 domu_start() {
   CUR_DOMU=$1
   rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
+  echo "$1" >>"/tmp/$S.domus"  # (domu_start runs in a subshell: a file, not a variable)
   # PVH under TCG wants shadow paging (hap = 0: with nested paging QEMU's guest faults early,
   # docs/e2e.md). Debian 13's Xen 4.20 is built without it (virt_caps has no "shadow"): there
   # the guest gets the default, nested paging.
@@ -127,6 +134,7 @@ wait_console() {
 
 # dump_console <name>: the guest's console, prefixed, for the serial log.
 dump_console() {
+  echo "$1" >>"/tmp/$S.dumped"
   echo "XPE2E-INFO: ---- console of DomU $1 ----"
   tr -d '\r' <"$(console_log "$1")" 2>/dev/null | sed "s/^/[domu $1] /"
   echo "XPE2E-INFO: ---- end of console of DomU $1 ----"
