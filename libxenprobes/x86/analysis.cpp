@@ -228,23 +228,7 @@ Result<BranchOutcome> loaded_branch_outcome(const Insn& i, std::uint64_t loaded)
 std::optional<std::string> xen_emulator_refusal(const Insn& i) {
   // The opcode after the legacy prefixes and REX.
   std::size_t k = 0;
-  auto is_legacy = [](std::uint8_t b) {
-    switch (b) {
-      case 0xf0:
-      case 0xf2:
-      case 0xf3:
-      case 0x2e:
-      case 0x36:
-      case 0x3e:
-      case 0x26:
-      case 0x64:
-      case 0x65:
-      case 0x66:
-      case 0x67: return true;
-      default: return false;
-    }
-  };
-  while (k < i.length && is_legacy(i.bytes[k])) ++k;
+  while (k < i.length && is_legacy_prefix(i.bytes[k])) ++k;
   if (k < i.length && (i.bytes[k] & 0xf0) == 0x40) ++k;
   if (k >= i.length) return std::nullopt;
   const std::uint8_t op = i.bytes[k];

@@ -58,23 +58,6 @@ class Writer {
   std::size_t n_ = 0;
 };
 
-bool is_legacy_prefix(std::uint8_t b) {
-  switch (b) {
-    case 0xf0:
-    case 0xf2:
-    case 0xf3:
-    case 0x2e:
-    case 0x36:
-    case 0x3e:
-    case 0x26:
-    case 0x64:
-    case 0x65:
-    case 0x66:
-    case 0x67: return true;
-    default: return false;
-  }
-}
-
 // `b` with its RIP-relative displacement rewritten for the copy that starts at `copy_at`.
 Result<void> fix_rip_relative(std::span<std::uint8_t> b, const Insn& i, Gva copy_at) {
   if (!i.is_rip_relative) return {};

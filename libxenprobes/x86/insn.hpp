@@ -188,6 +188,24 @@ struct RelativeBranch {
 // instruction and its start.
 [[nodiscard]] Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_start, Gva target);
 
+// An x86 legacy prefix: lock, rep/repne, the segment overrides, operand and address size.
+constexpr bool is_legacy_prefix(std::uint8_t b) {
+  switch (b) {
+    case 0xf0:
+    case 0xf2:
+    case 0xf3:
+    case 0x2e:
+    case 0x36:
+    case 0x3e:
+    case 0x26:
+    case 0x64:
+    case 0x65:
+    case 0x66:
+    case 0x67: return true;
+    default: return false;
+  }
+}
+
 // "48 8b 05" for messages.
 std::string hex_bytes(std::span<const std::uint8_t> bytes);
 std::string hex_addr(std::uint64_t v);
