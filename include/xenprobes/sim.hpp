@@ -294,6 +294,10 @@ class XENPROBES_API SimHost : public std::enable_shared_from_this<SimHost> {
   [[nodiscard]] virtual Result<ModuleRelease> module_unload(DomId) = 0;
   // How many bytes of the pages module_unload freed differ from what they held then.
   [[nodiscard]] virtual Result<std::uint64_t> module_freed_bytes_written(DomId) = 0;
+  // Dom0's writable mappings, alive now, of the frame behind the guest-virtual `va`. On a PV
+  // guest each one is a writable type reference on the frame, and Xen refuses to make such a
+  // frame a page table (the guest's fork or exec then fails).
+  [[nodiscard]] virtual Result<unsigned> writable_mappings(DomId, std::uint64_t va) = 0;
 };
 
 // The SimHost behind a Hypervisor handle, or null when the handle is not the simulated Xen.

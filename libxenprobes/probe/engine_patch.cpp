@@ -5,7 +5,12 @@
 namespace xenprobes::probe {
 
 Patcher Engine::patcher(Domain& d) {
-  return Patcher(*d.memory, *d.ch, d.table, d.journaled ? journal_ : nullptr, d.id);
+  // Text outside the core kernel's and outside the module's slot areas is a loaded module's,
+  // which the guest frees when it unloads the module: no writable mapping of it is kept.
+  auto reused = [&d](Gva a) {
+    return d.tables && !d.tables->core_text().contains(a.value) && !(d.pool && d.pool->contains(a));
+  };
+  return Patcher(*d.memory, *d.ch, d.table, d.journaled ? journal_ : nullptr, d.id, reused);
 }
 
 Result<void> Engine::arm(Domain& d, Point& p) {

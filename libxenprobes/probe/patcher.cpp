@@ -9,8 +9,6 @@
 namespace xenprobes::probe {
 namespace {
 
-std::span<const std::byte> as_bytes(const std::vector<std::uint8_t>& v) { return std::as_bytes(std::span(v)); }
-
 Result<std::vector<std::uint8_t>> read_bytes(mem::GuestMemory& m, Gva at, std::size_t n) {
   std::vector<std::uint8_t> out(n);
   XP_TRY(m.read(at, std::as_writable_bytes(std::span(out))));
@@ -28,6 +26,7 @@ Patch::Patch(Patch&& o) noexcept
       spec_(std::move(o.spec_)),
       before_(std::move(o.before_)),
       trap_added_(o.trap_added_),
+      transient_(o.transient_),
       journaled_(o.journaled_),
       committed_(o.committed_),
       state_(std::exchange(o.state_, State::None)) {}
@@ -45,6 +44,11 @@ Patch::~Patch() {
   if (auto u = undo(); !u)
     XP_LOG(Error, "domain %u: cannot undo the patch at %s: %s", dom_.value, hex(spec_.at.value).c_str(),
            u.error().what.c_str());
+}
+
+Result<void> Patch::write(std::span<const std::uint8_t> bytes) {
+  return transient_ ? mem_->write_transient(spec_.at, std::as_bytes(bytes))
+                    : mem_->write(spec_.at, std::as_bytes(bytes));
 }
 
 Result<void> Patch::check_expected() const {
@@ -73,7 +77,7 @@ Result<bool> Patch::restore() {
   auto now = XP_TRY(read_bytes(*mem_, spec_.at, spec_.bytes.size()));
   bool ours = now == spec_.bytes;
   // Only over our own bytes: if the guest rewrote them, the old ones would corrupt its new code.
-  if (ours) XP_TRY(mem_->write(spec_.at, as_bytes(before_)));
+  if (ours) XP_TRY(write(before_));
   state_ = State::Restored;
   return ours;
 }
@@ -106,7 +110,7 @@ Result<void> Patch::reapply(std::optional<channel::TrapEntry> trap) {
     if (table_) XP_TRY(table_->trap_added(dom_, *trap));
     spec_.trap = trap;
   }
-  XP_TRY(mem_->write(spec_.at, as_bytes(spec_.bytes)));
+  XP_TRY(write(spec_.bytes));
   state_ = State::Applied;
   return {};
 }
@@ -123,6 +127,7 @@ Result<Patch> Patcher::apply(PatchSpec spec) {
   if (!spec.expect.empty() && spec.expect.size() < spec.bytes.size())
     return fail(Errc::InvalidArgument, "a patch checks fewer bytes than it writes");
   Patch p(&mem_, &ch_, table_, journal_, dom_, std::move(spec));
+  p.transient_ = reused_ && reused_(p.spec_.at);
   // From here on the handle undoes what was done (nothing written yet: Restored writes nothing,
   // but on_undo runs).
   p.state_ = Patch::State::Restored;
@@ -138,7 +143,7 @@ Result<Patch> Patcher::apply(PatchSpec spec) {
     XP_TRY(journal_->add_patch(dom_, j.kind, j.at, j.written, j.restore, j.resume, j.module));
     p.journaled_ = true;
   }
-  XP_TRY(mem_.write(p.spec_.at, as_bytes(p.spec_.bytes)));
+  XP_TRY(p.write(p.spec_.bytes));
   p.state_ = Patch::State::Applied;
   return p;
 }
@@ -148,7 +153,7 @@ Result<void> Patcher::replace(Gva at, std::span<const std::uint8_t> expect, std:
   if (!std::equal(now.begin(), now.end(), expect.begin(), expect.end()))
     return fail(Errc::Again, hex(at.value) + " holds " + hex_bytes(std::span(now)) + ", not the expected " +
                                  hex_bytes(expect) + ": left as it is");
-  return mem_.write(at, std::as_bytes(bytes));
+  return reused_ && reused_(at) ? mem_.write_transient(at, std::as_bytes(bytes)) : mem_.write(at, std::as_bytes(bytes));
 }
 
 std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout& l, const kernel::ModuleIdentity& m) {

@@ -84,6 +84,7 @@ class Patch {
       : mem_(m), ch_(ch), table_(table), journal_(j), dom_(dom), spec_(std::move(spec)) {}
   Result<void> check_expected() const;
   void drop_entries();
+  Result<void> write(std::span<const std::uint8_t> bytes);  // at `at`, transient_ or not
 
   mem::GuestMemory* mem_ = nullptr;
   channel::Channel* ch_ = nullptr;
@@ -93,6 +94,7 @@ class Patch {
   PatchSpec spec_;
   std::vector<std::uint8_t> before_;  // what `at` held before the write
   bool trap_added_ = false;           // spec_.trap is the channel's (in its table, if it has one)
+  bool transient_ = false;            // `at` is in memory the guest may free and reuse (Patcher)
   bool journaled_ = false;
   bool committed_ = false;
   State state_ = State::None;
@@ -107,9 +109,15 @@ std::optional<guardian::JournalModule> journal_module(const kernel::ModuleLayout
 class Patcher {
  public:
   // `table` is the channel's trap table (Channel::trap_table(), null when it keeps none);
-  // `journal` is null for a domain the guardian does not watch.
-  Patcher(mem::GuestMemory& m, channel::Channel& ch, channel::TrapTable* table, Journal* journal, DomId dom)
-      : mem_(m), ch_(ch), table_(table), journal_(journal), dom_(dom) {}
+  // `journal` is null for a domain the guardian does not watch. `reused(at)` says whether the
+  // guest may free the page of `at` and reuse it (a loaded module's text: the module may be
+  // unloaded): a write there lets go of its writable mapping at once
+  // (GuestMemory::write_transient), because on a PV guest a frame Dom0 keeps mapped writable
+  // cannot become a page table, and the guest's fork or exec would fail on it. Elsewhere (the
+  // core kernel's text, the module's slot areas) the mapping stays cached.
+  Patcher(mem::GuestMemory& m, channel::Channel& ch, channel::TrapTable* table, Journal* journal, DomId dom,
+          std::function<bool(Gva)> reused = {})
+      : mem_(m), ch_(ch), table_(table), journal_(journal), dom_(dom), reused_(std::move(reused)) {}
   // Check, trap entry, journal, write; the handle undoes all of it unless committed.
   [[nodiscard]] Result<Patch> apply(PatchSpec spec);
   // A one-off write over bytes that must be `expect` (no entry, no record): e.g. a slot's
@@ -122,6 +130,7 @@ class Patcher {
   channel::TrapTable* table_;
   Journal* journal_;
   DomId dom_;
+  std::function<bool(Gva)> reused_;
 };
 
 }  // namespace xenprobes::probe

@@ -261,6 +261,17 @@ Result<void> SimHostImpl::peek(DomId id, std::uint64_t va, std::span<std::byte> 
   return fail(Errc::Fault, "sim: peek outside the guest's mappings");
 }
 
+Result<unsigned> SimHostImpl::writable_mappings(DomId id, std::uint64_t va) {
+  std::lock_guard lk(mu_);
+  Domain* d = XP_TRY(dom(id));
+  for (const Alias& a : d->aliases) {
+    if (va < a.va || va - a.va >= a.len) continue;
+    auto it = d->wframes.find((a.gpa + (va - a.va)) / kPageSize);
+    return it == d->wframes.end() ? 0u : it->second.refs;
+  }
+  return fail(Errc::Fault, "sim: writable_mappings outside the guest's mappings");
+}
+
 std::string SimHostImpl::console(DomId id) {
   std::lock_guard lk(mu_);
   auto it = domains_.find(id);

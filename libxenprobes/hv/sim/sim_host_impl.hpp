@@ -54,6 +54,7 @@ class SimHostImpl final : public SimHost {
   Result<void> set_module_release_wait(DomId, std::chrono::milliseconds) override;
   Result<ModuleRelease> module_unload(DomId) override;
   Result<std::uint64_t> module_freed_bytes_written(DomId) override;
+  Result<unsigned> writable_mappings(DomId, std::uint64_t va) override;
   // One look of the detach at Dom0's hold (sim_module_release.cpp): decides when it can.
   void module_release_look_locked(Domain&);
   // The module's restore pass (sim_module_text.cpp): how many bytes and regions it restored.
