@@ -14,7 +14,6 @@ namespace {
 // believed (the text is then indexed nothing from, and every function counts as unknown).
 constexpr std::uint64_t kMaxCoreTextBytes = std::uint64_t{128} << 20;
 constexpr std::uint64_t kReadChunk = std::uint64_t{64} * 1024;
-constexpr std::uint64_t kPage = 4096;
 
 // The bytes of the core text the kernel rewrites while it runs, as [offset, offset + len):
 // masked out of the text's hash, so that two guests of one build whose static keys, static

@@ -95,6 +95,10 @@ struct CrossBranches {
 
 // ---- Building it (probe/jump_index_decode.cpp).
 
+// The unit in which text that cannot be read is left out of an index: `unread` in
+// decode_cross_branches() has one flag per page of this size.
+inline constexpr std::uint64_t kPage = 4096;
+
 // An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
 // kMinIndexFunctionsPerThread functions.
 inline constexpr unsigned kMaxIndexThreads = 4;
