@@ -13,7 +13,17 @@ Result<void> Engine::arm(Domain& d, Point& p) {
   if (auto gone = module_gone(d, p))
     return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *gone +
                                     "; unregister the probe (and register it again if the module is back)");
-  if (p.jump) return arm_jump(d, p);
+  if (p.jump) {
+    // A jump's region and its trap entry go only into a module the list shows LIVE as it was
+    // decoded: a module GOING has passed the guest module's notifier, which would not know to
+    // leave this region alone once the module is freed.
+    const kernel::Module* live = nullptr;
+    if (p.module)
+      if (auto why = module_jump_check(d, p, live))
+        return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *why +
+                                        " (not LIVE, or the module list cannot be read)");
+    return arm_jump(d, p);
+  }
   // Never a trap over bytes we did not decode: the guest may have rewritten the instruction
   // since (a static key flipped while the probe was disabled, a module unloaded and another
   // loaded at the address). Its slot copy would then run the old instruction.

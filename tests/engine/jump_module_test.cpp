@@ -323,6 +323,33 @@ TEST(JumpModule, NoJumpIsWrittenIntoAModuleThatIsGoing) {
   EXPECT_EQ(g.peek(at, 16), before);
 }
 
+// Disabled, then its module starts GOING: enabling it is refused and writes nothing (the guest
+// module's notifier has seen the module go, so its restore would not know the region).
+TEST(JumpModule, EnablingAJumpProbeInAModuleThatIsGoingIsRefused) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ModuleGuest mg;
+  make_module_guest(mg, Split::Callee);
+  ProbedGuest g(module_config(mg, 1));
+  Session& s = *g.session;
+  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
+  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  w.load();
+  const std::uint64_t at = g.sym("demo_kstack_outer");
+  const auto before = g.peek(at, 16);
+  auto p = s.probe(
+      g.dom, "kmod:demo_kstack_outer", [](HitContext&) { return 0; }, {}, jump());
+  ASSERT_TRUE(p) << p.error().what;
+  ASSERT_TRUE(p->disable());
+  EXPECT_EQ(g.peek(at, 16), before);
+  w.u32(ModuleGuest::kSlot0 + mg.o.state, 2);  // MODULE_STATE_GOING
+  auto on = p->enable();
+  ASSERT_FALSE(on);
+  EXPECT_NE(on.error().what.find("refused by rule 'module-gone'"), std::string::npos) << on.error().what;
+  EXPECT_EQ(g.peek(at, 16), before) << "enable wrote into a module that is going";
+  ASSERT_TRUE(p->unregister());
+  EXPECT_EQ(g.peek(at, 16), before);
+}
+
 // The guest module's own restore (Dom0 gone) after the module went with a jump written in its
 // text: (a) another module is loaded over it: the region is left alone (its bytes are the other
 // module's now); (b) the same module is back at the same address: the region is restored.
