@@ -114,7 +114,8 @@ for s in stock_kill9_rounds stock_pvh_kill9_rounds gdbsx_kill9_rounds; do SCEN_B
 # trixie_bench_table1_guest: the benchmark's guest channel there (a diagnostic, never in a list).
 for s in stock_pv_guest:stock-qemu10 stock_pvh_vmevent:stock-qemu10 stock_debugger_refusal:stock-qemu10 stock_kill9:stock-qemu10 \
   stock_pvh_kill9:stock-qemu10 stock_pv_safety:stock-qemu10 stock_pv_xenprobe:stock-qemu10 stock_pv_xenprobe_async:stock-qemu10 stock_pv_jump:stock-qemu10 stock_pv_async:stock-qemu10 stock_pv_spin:stock-qemu10 stock_kill9_jump:stock-qemu10 stock_pv_module_gone:stock-qemu10 stock_pv_sweep:stock-qemu10 bench_table1_guest:stock \
-  stock_kill9_icall:stock-qemu10 stock_pv_safety_extable_all:stock-qemu10 stock_pv_jump_island:stock-qemu10; do
+  stock_kill9_icall:stock-qemu10 stock_pv_safety_extable_all:stock-qemu10 stock_pv_jump_island:stock-qemu10 \
+  stock_pv_jump_module:stock-qemu10; do
   t=trixie_${s%%:*}
   t=${t/trixie_stock_/trixie_}
   SCEN_PLATFORM[$t]=trixie
