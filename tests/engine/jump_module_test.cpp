@@ -200,6 +200,30 @@ TEST(JumpModule, AModuleLoadedAgainIsIndexedAfresh) {
   EXPECT_EQ(q->info()->method, ProbeMethod::Jump);
 }
 
+// demo_locked_inc's `lock incq` in the module, while the kernel may still rewrite lock prefixes
+// (the demo kernel's .smp_locks is mapped): a module's lock sites are not read, so no region
+// covers an instruction with a lock prefix. The `ret` after it would take the 5-byte region
+// [lock incq, ret) otherwise (seen accepted with the reservation taken out).
+TEST(JumpModule, NoRegionCoversALockPrefixInAModuleWhileTheKernelMayRewriteThem) {
+  XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
+  ModuleGuest mg;
+  make_module_guest(mg, Split::Cross);
+  ProbedGuest g(module_config(mg, 1));
+  Session& s = *g.session;
+  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
+  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  w.load();
+  const std::uint64_t fn = g.sym("demo_locked_inc");
+  ASSERT_EQ(g.peek(fn + 0xc, 5), (std::vector<std::uint8_t>{0xf0, 0x48, 0xff, 0x00, 0xc3}))
+      << "the layout this test names";
+  auto p = s.probe(
+      g.dom, Gva{fn + 0x10}, [](HitContext&) { return 0; }, {}, jump());
+  // (The refusal the jump rules report is the point's own region's: it would cross the
+  // function's end. Without the lock prefix reserved, the earlier region is accepted.)
+  ASSERT_FALSE(p) << "a region over the lock prefix of a module";
+  EXPECT_NE(p.error().what.find("refused by jump rule"), std::string::npos) << p.error().what;
+}
+
 // demo_tail_call (`jmp *%rax`) in the module: its indirect jump refuses every region, and the
 // proof from the kernel image is not for module text.
 TEST(JumpModule, NoTailCallProofInAModulesText) {
