@@ -114,17 +114,22 @@ void Engine::prune_module_jump_indexes(Domain& d, const std::vector<kernel::Modu
   });
 }
 
-std::optional<std::string> Engine::module_detour_reach(const Domain& d, const x86::JumpRegion& region) const {
+std::optional<std::string> detour_out_of_reach(std::span<const guestmod::OeaArea> areas, Gva region_start,
+                                               Gva region_end, std::uint64_t slot_size) {
   // The jump from the region's start to the detour, the detour's jump back to the region's
-  // end: any slot of any area may be the detour (areas may be added later: a slot out of reach
-  // then fails its arming, and nothing is written).
-  const std::uint64_t from = region.start.value + x86::kJmpRel32Len, back = region.end().value;
-  for (const guestmod::OeaArea& a : d.pool->areas())
+  // end: any slot of any area may be the detour.
+  const std::uint64_t from = region_start.value + x86::kJmpRel32Len, back = region_end.value;
+  for (const guestmod::OeaArea& a : areas)
     for (const std::uint64_t slot : {a.addr.value, a.last()})
-      if (!in_rel32(from, slot) || !in_rel32(slot, back) || !in_rel32(slot + kSlotSize, back))
+      if (!in_rel32(from, slot) || !in_rel32(slot, back) || !in_rel32(slot + slot_size, back))
         return "the guest module's slots at " + hex(a.addr.value) + " are out of a rel32 jump's reach of the region [" +
-               hex(region.start.value) + ", " + hex(region.end().value) + ")";
+               hex(region_start.value) + ", " + hex(region_end.value) + ")";
   return std::nullopt;
+}
+
+std::optional<std::string> Engine::module_detour_reach(const Domain& d, const x86::JumpRegion& region) const {
+  // (Areas added later: a slot out of reach then fails its arming, and nothing is written.)
+  return detour_out_of_reach(d.pool->areas(), region.start, region.end(), kSlotSize);
 }
 
 }  // namespace xenprobes::probe
