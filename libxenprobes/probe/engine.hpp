@@ -343,6 +343,17 @@ class Engine final : public channel::StopSink {
       std::string no_taken;
     };
     std::unique_ptr<JumpIndex> jump_index;
+    // Jump probes in a loaded module's text (engine_jump_module.cpp): per module, what enters
+    // its functions from outside their own branches (its exception fixups, its jump labels'
+    // targets, branches from its other functions), built at its first jump probe and kept by
+    // the module's identity: a module unloaded and loaded again gets a fresh one. Dropped when
+    // the module leaves the list (update_modules).
+    struct ModuleJumpIndex {
+      kernel::ModuleIdentity module;
+      x86::SiteIndex entries;
+      std::size_t functions = 0, unknown = 0;  // decoded; not decoded (their branches unknown)
+    };
+    std::vector<std::unique_ptr<ModuleJumpIndex>> module_jump_indexes;
     // The kernel image the symbols came from (a vmlinux given to load_symbols), kept until jump
     // probes have read what they need of it (JumpIndex::taken), then dropped.
     std::shared_ptr<const symbols::KernelImage> image;
@@ -479,6 +490,20 @@ class Engine final : public channel::StopSink {
   // Writes the jumps whose quiescence the module confirmed (takes its own pause).
   void advance_jumps(Domain&);
   const x86::SiteIndex& jump_fixups(Domain&);
+  // A point in a loaded module's text (engine_jump_module.cpp): why it cannot be a jump on
+  // the module's own terms (the module changed, a table of it unread), else nullopt and `mod`.
+  std::optional<std::string> module_jump_check(Domain&, const Point&, const kernel::Module*& mod);
+  // The module's index (built now if it has none), or null with `why`.
+  const Domain::ModuleJumpIndex* module_jump_index(Domain&, const kernel::Module&, std::string& why);
+  // Why a jump at `region` in module text could not reach a detour in any of the guest
+  // module's slot areas (rel32), else nullopt.
+  std::optional<std::string> module_detour_reach(const Domain&, const x86::JumpRegion& region) const;
+  // Drops the module indexes of modules no longer in `live` (update_modules).
+  static void prune_module_jump_indexes(Domain&, const std::vector<kernel::ModuleIdentity>& live);
+  // Reads [base, base + size) of text as read_text() does, in chunks, page by page where a
+  // chunk cannot be read: unread[p] for a page p that could not be. False when any could not.
+  bool read_text_pages(Domain&, std::uint64_t base, std::uint64_t size, std::vector<std::uint8_t>& bytes,
+                       std::vector<bool>& unread);
   // Short jumps to islands (probe/engine_island.cpp): the dead padding of the function
   // [lo, hi) (decoded as `insns` under `jc`) the kernel leaves alone, and the islands taken.
   void island_context(Domain&, const std::vector<x86::Insn>& insns, Gva lo, Gva hi, const x86::JumpContext& jc,

@@ -90,7 +90,6 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     return std::string(
         "a post-handler needs a stop after the instruction, which a jump does not make (use a "
         "pre-handler, or a trap probe)");
-  if (p.module) return std::string("jump probes in a loaded module's text are not supported yet");
   if (p.in_place || p.own_address)
     return "its fault must reach the kernel's fixup at its own address (" +
            (p.own_address ? p.own_address->why : std::string("no slots")) + ")";
@@ -98,9 +97,16 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   for (const kernel::TableStatus* t :
        {&d.tables->ex_status(), &d.tables->jump_status(), &d.tables->static_call_status()})
     if (!t->found) return std::string("the kernel's ") + t->name + " could not be read (" + t->why + ")";
+  // In a loaded module's text (engine_jump_module.cpp): the very module decoded there, with its
+  // own tables read.
+  const kernel::Module* mod = nullptr;
+  if (p.module)
+    if (auto why = module_jump_check(d, p, mod)) return why;
 
   auto fn = d.syms->function_containing(p.addr);
   if (!fn || fn->size == 0 || fn->size > symbols::kMaxFunctionBytes) return std::string("no function symbol covers it");
+  if (mod && (fn->start.value < mod->text.start || fn->size > mod->text.end - fn->start.value))
+    return "its function " + fn->name + " runs past its module's text";
   // The detour's call pushes onto the stack: not in code that runs before the kernel has one
   // (its entry point at _text, and the CPU bring-up paths of x86-64 Linux's head code).
   if (fn->name == "startup_64" || fn->name.starts_with("secondary_startup_64") || fn->name == "verify_cpu")
@@ -129,15 +135,31 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     reserved.add(s->addr, kernel::KernelTables::kStaticCallSiteLen, "static call");
   for (auto l = d.tables->smp_lock_in(lo, hi); l; l = d.tables->smp_lock_in(*l + 1, hi))
     reserved.add(*l, 1, "lock prefix");  // rewritten only while the kernel may still patch it
+  // A module's lock sites are not read (address_rules.cpp): while the kernel may still rewrite
+  // lock prefixes, every instruction of the module's function that has one is left alone.
+  if (mod && !d.tables->smp_locks_status().freed)
+    for (const x86::Insn& i : *insns)
+      if (i.has_lock() || i.prefixes[1] == 0x3e)
+        reserved.add(i.address.value, i.length,
+                     "a lock prefix (the kernel may still rewrite lock prefixes, and a "
+                     "module's lock sites are not read)");
   for (std::size_t k = 0; k < std::min<std::size_t>(2, insns->size()); ++k)
     if (kernel::is_ftrace_site(rule_context(d), *insns, (*insns)[k]))
       reserved.add((*insns)[k].address.value, 5, "ftrace site");
   // Entered from outside its own branches: exception fixups, jump-label targets, branches from
-  // other functions (its cold part's among them).
+  // other functions (its cold part's among them); in a module, the module's own.
   const x86::SiteIndex& fixups = jump_fixups(d);
-  for (std::uint64_t at = lo; const x86::SiteIndex::Site* s = fixups.overlapping(at, hi); at = s->addr + 1)
+  const x86::SiteIndex* entered = &fixups;
+  if (mod) {
+    std::string why;
+    const Domain::ModuleJumpIndex* mi = module_jump_index(d, *mod, why);
+    if (!mi) return why;
+    entered = &mi->entries;
+  }
+  for (std::uint64_t at = lo; const x86::SiteIndex::Site* s = entered->overlapping(at, hi); at = s->addr + 1)
     entries.add(s->addr, 1, s->what);
-  for (const symbols::Symbol& cold : d.syms->matching(fn->name + ".cold*")) {
+  // (A module's cold parts are functions of the module: its index has their branches.)
+  for (const symbols::Symbol& cold : mod ? std::vector<symbols::Symbol>{} : d.syms->matching(fn->name + ".cold*")) {
     auto cf = d.syms->function_containing(cold.address);
     if (!cf || cf->start != cold.address || cf->size == 0 || cf->size > symbols::kMaxFunctionBytes)
       return "its cold part " + cold.name + " has no extent to decode";
@@ -153,7 +175,7 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   jc.entry_points = &entries;
   jc.indirect_thunks = &d.jump_index->thunks;
   jc.endbr_marks_indirect_targets = d.jump_index->ibt;
-  if (d.jump_index->taken) jc.addresses_taken = &*d.jump_index->taken;
+  if (d.jump_index->taken && !mod) jc.addresses_taken = &*d.jump_index->taken;  // the core text's only
   mem::GuestMemory& m = *d.memory;
   jc.indirect_targets = [&](const x86::Insn& i) -> std::optional<std::vector<Gva>> {
     // A jump table (jmp [index*8 + table]): its entries while they point into the function.
@@ -169,9 +191,12 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
     if (out.empty()) return std::nullopt;
     return out;
   };
-  // Short jumps to islands only on a module that restores them (engine_island.cpp).
+  // Short jumps to islands only on a module that restores them (engine_island.cpp), and only in
+  // the core text: a module's functions end where its symtab's st_size says, so the padding
+  // after them lies outside every function, which kernel::island_padding_near() was not made
+  // for.
   x86::SiteIndex island_padding, islands_taken;
-  if (d.jump_islands) {
+  if (d.jump_islands && !mod) {
     island_context(d, *insns, fn->start, Gva{hi}, jc, island_padding, islands_taken);
     jc.island_padding = &island_padding;
     jc.islands_taken = &islands_taken;
@@ -183,13 +208,16 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
         "refused by jump rule '" + std::string(x86::jump_rule_name(v.refusal.rule)) + "': " + v.refusal.reason;
     // An indirect jump of unknown targets decided it: what the tail-call proof would need.
     if (jf.unknown_targets() && v.refusal.reason.find(*jf.unknown_targets()) != std::string::npos) {
-      if (jc.addresses_taken)
+      if (mod)
+        why += "; tail calls are not proven in a module's text (the kernel image that proves them holds no module)";
+      else if (jc.addresses_taken)
         why += "; the kernel image forms an address inside the function (" +
                x86::interior_address_taken(jf).value_or("?") + "), so they may not be tail calls";
       else if (!d.jump_index->no_taken.empty()) why += "; no tail-call proof: " + d.jump_index->no_taken;
       else why += "; tail calls are proven only from the kernel image (give load_symbols() the guest's vmlinux)";
     }
-    if (!d.jump_islands)
+    if (mod) why += " (a short jump to an island is not tried in a module's text)";
+    else if (!d.jump_islands)
       why += " (a short jump to an island was not tried: the guest module does not publish the jump-island feature)";
     return why;
   }
@@ -204,6 +232,8 @@ std::optional<std::string> Engine::plan_jump(Domain& d, Point& p, const Registra
   if (const Point* q = overlapping_point(d, v.region.start.value, v.region.end().value, &p))
     return "its region [" + hex(v.region.start.value) + ", " + hex(v.region.end().value) + ") holds the probe at " +
            hex(q->addr.value);
+  if (mod)
+    if (auto why = module_detour_reach(d, v.region)) return why;
   JumpState j;
   j.region = v.region;
   j.insns.assign(insns->begin() + static_cast<std::ptrdiff_t>(v.region.first),
@@ -297,6 +327,8 @@ Result<void> Engine::arm_jump(Domain& d, Point& p) {
     spec.trap = trap_entry(p);
     spec.journal =
         PatchSpec::Record{PatchKind::Text, j.region.start, {d.traits.trap_byte}, {j.original[0]}, j.region.start};
+    const kernel::ModuleTables* mods = d.tables ? d.tables->modules() : nullptr;
+    if (p.module && mods && mods->status().found) spec.journal->module = journal_module(mods->layout(), *p.module);
     auto patch = patcher(d).apply(std::move(spec));
     if (!patch) {
       undo_detour();
@@ -384,6 +416,19 @@ void Engine::advance_jumps(Domain& d) {
     if (std::any_of(rips.begin(), rips.end(),
                     [&](std::uint64_t r) { return r > j.region.start.value && r < j.region.end().value; }))
       continue;
+    // In a module that went (its text freed, or another module's now): the jump is never
+    // written; the probe writes nothing more there (disarm: module_gone).
+    if (auto gone = module_gone(d, p)) {
+      XP_LOG(Warn, "domain %u: the jump at %s not written: %s (rule 'module-gone')", d.id.value,
+             hex(j.region.start.value).c_str(), gone->c_str());
+      j.waits_for.reset();
+      --d.jumps_waiting;
+      continue;
+    }
+    // Only into a module the list shows LIVE as it was decoded (not one GOING, nor while the
+    // list cannot be read): else the trap byte keeps serving the probe, and the next turn looks.
+    const kernel::Module* live = nullptr;
+    if (p.module && module_jump_check(d, p, live)) continue;
     PatchSpec spec;
     spec.at = j.region.start;
     // A short jump: eb rel8 to its island, which already holds the jump to the detour.

@@ -14,7 +14,6 @@ namespace {
 // believed (the text is then indexed nothing from, and every function counts as unknown).
 constexpr std::uint64_t kMaxCoreTextBytes = std::uint64_t{128} << 20;
 constexpr std::uint64_t kReadChunk = std::uint64_t{64} * 1024;
-constexpr std::uint64_t kPage = 4096;
 
 // The bytes of the core text the kernel rewrites while it runs, as [offset, offset + len):
 // masked out of the text's hash, so that two guests of one build whose static keys, static
@@ -68,6 +67,30 @@ std::optional<std::uint64_t> text_hash(std::span<const std::uint8_t> text,
 
 }  // namespace
 
+bool Engine::read_text_pages(Domain& d, std::uint64_t base, std::uint64_t size, std::vector<std::uint8_t>& bytes,
+                             std::vector<bool>& unread) {
+  bytes.assign(size, 0);
+  unread.assign((size + kPage - 1) / kPage, false);
+  bool complete = true;
+  for (std::uint64_t off = 0; off < size; off += kReadChunk) {
+    const std::uint64_t n = std::min(kReadChunk, size - off);
+    if (auto b = read_text(d, Gva{base + off}, n)) {
+      std::copy(b->begin(), b->end(), bytes.begin() + static_cast<std::ptrdiff_t>(off));
+      continue;
+    }
+    for (std::uint64_t p = off; p < off + n; p += kPage) {
+      const std::uint64_t m = std::min(kPage, off + n - p);
+      if (auto b = read_text(d, Gva{base + p}, m)) {
+        std::copy(b->begin(), b->end(), bytes.begin() + static_cast<std::ptrdiff_t>(p));
+      } else {
+        unread[p / kPage] = true;
+        complete = false;
+      }
+    }
+  }
+  return complete;
+}
+
 // Branches from one function into the middle of another: a compiler's split part (foo.cold),
 // assembly whose local labels are symbols of their own (6.1's copy_mc_fragile and its .E_*
 // labels). Every function of the core text is decoded for them, as bench/kernel_coverage does,
@@ -91,25 +114,9 @@ void Engine::cross_function_branches(Domain& d, Domain::JumpIndex& idx) {
 
   // The whole core text as the guest runs it (our own probes' bytes read as the original),
   // a page that cannot be read left out.
-  std::vector<std::uint8_t> bytes(size);
-  std::vector<bool> unread((size + kPage - 1) / kPage);
-  bool complete = true;
-  for (std::uint64_t off = 0; off < size; off += kReadChunk) {
-    const std::uint64_t n = std::min(kReadChunk, size - off);
-    if (auto b = read_text(d, Gva{base + off}, n)) {
-      std::copy(b->begin(), b->end(), bytes.begin() + static_cast<std::ptrdiff_t>(off));
-      continue;
-    }
-    for (std::uint64_t p = off; p < off + n; p += kPage) {
-      const std::uint64_t m = std::min(kPage, off + n - p);
-      if (auto b = read_text(d, Gva{base + p}, m)) {
-        std::copy(b->begin(), b->end(), bytes.begin() + static_cast<std::ptrdiff_t>(p));
-      } else {
-        unread[p / kPage] = true;
-        complete = false;
-      }
-    }
-  }
+  std::vector<std::uint8_t> bytes;
+  std::vector<bool> unread;
+  const bool complete = read_text_pages(d, base, size, bytes, unread);
 
   // Its build, and what its text and functions hash to: the index of exactly this text is
   // reused (a text that could not be read whole, or not hashed, is decoded, and not kept).

@@ -69,6 +69,7 @@ void Engine::update_modules(Domain& d) {
            read_what.c_str());
   else if (!now.empty()) XP_LOG(Info, "domain %u: %s from its memory", d.id.value, read_what.c_str());
   if (mods && !mods->status().found) XP_LOG(Debug, "domain %u: %s", d.id.value, mods->summary().c_str());
+  prune_module_jump_indexes(d, now);  // a module that went, or came again, decodes afresh
   d.module_set = std::move(now);
   d.generation_ready = true;
   ++d.symbols_generation;

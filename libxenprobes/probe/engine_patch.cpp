@@ -15,7 +15,20 @@ Patcher Engine::patcher(Domain& d) {
 
 Result<void> Engine::arm(Domain& d, Point& p) {
   if (p.armed) return {};
-  if (p.jump) return arm_jump(d, p);
+  if (auto gone = module_gone(d, p))
+    return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *gone +
+                                    "; unregister the probe (and register it again if the module is back)");
+  if (p.jump) {
+    // A jump's region and its trap entry go only into a module the list shows LIVE as it was
+    // decoded: a module GOING has passed the guest module's notifier, which would not know to
+    // leave this region alone once the module is freed.
+    const kernel::Module* live = nullptr;
+    if (p.module)
+      if (auto why = module_jump_check(d, p, live))
+        return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *why +
+                                        " (not LIVE, or the module list cannot be read)");
+    return arm_jump(d, p);
+  }
   // Never a trap over bytes we did not decode: the guest may have rewritten the instruction
   // since (a static key flipped while the probe was disabled, a module unloaded and another
   // loaded at the address). Its slot copy would then run the old instruction.
@@ -27,9 +40,6 @@ Result<void> Engine::arm(Domain& d, Point& p) {
                                   p.insn.describe() + "; " + e.what +
                                   "); unregister the probe and register it again to decode it afresh"};
   };
-  if (auto gone = module_gone(d, p))
-    return fail(Errc::NotFound, hex(p.addr.value) + ": refused by rule 'module-gone': " + *gone +
-                                    "; unregister the probe (and register it again if the module is back)");
   if (p.text) {
     // Restored, not flushed yet: the channel and the journal still have it.
     if (auto r = p.text->reapply(trap_entry(p)); !r) return std::unexpected(text_changed(r.error()));
@@ -61,6 +71,14 @@ Result<void> Engine::disarm(Domain& d, Point& p) {
     XP_LOG(Warn, "domain %u: %s: %s; its trap byte is not ours any more: nothing written", d.id.value,
            hex(p.addr.value).c_str(), gone->c_str());
     ++d.text_changed;
+    if (p.jump) {  // its jump (if written) is forgotten too, nothing written; its detour goes as any
+      if (p.jump->waits_for) {
+        p.jump->waits_for.reset();
+        --d.jumps_waiting;
+      }
+      if (p.jump->jmp) p.jump->jmp->forget();
+      p.jump->jmp.reset();
+    }
     p.armed = false;
     p.flush_pending = true;
     return {};

@@ -25,6 +25,7 @@
 
 #include "common/result.hpp"
 #include "kernel/addresses_taken.hpp"
+#include "guestmod/module_info.hpp"
 #include "kernel/tables.hpp"
 #include "symbols/symbol_table.hpp"
 #include "xenprobes/types.hpp"
@@ -93,7 +94,19 @@ struct CrossBranches {
   double seconds = 0;            // what decoding took
 };
 
+// ---- Jump probes in a loaded module's text (probe/engine_jump_module.cpp).
+
+// Why a jump at `region` could not reach a detour in one of `areas` (the guest module's slot
+// areas) with rel32 jumps both ways (region -> slot, slot -> the region's end), naming the
+// first such area; nullopt when every slot of every area is in reach.
+std::optional<std::string> detour_out_of_reach(std::span<const guestmod::OeaArea> areas, Gva region_start,
+                                               Gva region_end, std::uint64_t slot_size);
+
 // ---- Building it (probe/jump_index_decode.cpp).
+
+// The unit in which text that cannot be read is left out of an index: `unread` in
+// decode_cross_branches() has one flag per page of this size.
+inline constexpr std::uint64_t kPage = 4096;
 
 // An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
 // kMinIndexFunctionsPerThread functions.

@@ -16,8 +16,6 @@ namespace xenprobes::probe {
 
 namespace {
 
-constexpr std::uint64_t kPage = 4096;
-
 // What one thread found in its range of functions: each branch with the function it is in.
 struct Part {
   std::size_t lo = 0, hi = 0;  // [lo, hi) of fns

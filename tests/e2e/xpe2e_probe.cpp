@@ -23,6 +23,11 @@
 //       without it (Jump refused, Fastest a trap probe, both saying the image would prove it),
 //       given the guest's vmlinux (load_symbols, the ELF without symbols going with the guest's
 //       kallsyms) becomes a jump, counts the workload's unlinks, and the text comes back.
+//   xpe2e-probe jump-module --domid D [--timeout S]
+//       Jump probes in a loaded module's text: the DomU (xpe2e.victim=2) loads loop.ko; a jump
+//       probe and then an async probe on its lo_ioctl count each round of the DomU's 40
+//       LOOP_GET_STATUS64 ioctls exactly, the module's text identical after each; then a jump
+//       written there again while the guest runs `rmmod loop`: unregistering writes nothing.
 //   xpe2e-probe kill    --domid D --snapshot FILE [--die-after-hits N]
 //                       [--die-in getppid|call|filp|register|unregister]
 //       The same probes, then SIGKILLs itself from inside a handler after N hits (a vCPU is
@@ -174,6 +179,7 @@ int main(int argc, char** argv) {
   if (a.cmd == "jump-island") return cmd_jump_island(a);
   if (a.cmd == "kill-island") return cmd_kill_island(a);
   if (a.cmd == "jump-image") return cmd_jump_image(a);
+  if (a.cmd == "jump-module") return cmd_jump_module(a);
   if (a.cmd == "verify-text") return cmd_verify_text(a);
   if (a.cmd == "refuse-debugger") return cmd_refuse_debugger(a);
   if (a.cmd == "pair") return cmd_pair(a);

@@ -141,6 +141,7 @@ int cmd_async(const Args& a);            // xpe2e_jump.cpp
 int cmd_jump_island(const Args& a);      // xpe2e_jump_island.cpp
 int cmd_kill_island(const Args& a);      // xpe2e_jump_island.cpp
 int cmd_jump_image(const Args& a);       // xpe2e_jump_image.cpp
+int cmd_jump_module(const Args& a);      // xpe2e_jump_module.cpp
 int cmd_pair(const Args& a);             // xpe2e_pair.cpp
 int cmd_bench(const Args& a);            // xpe2e_bench.cpp
 int cmd_safety(const Args& a);           // xpe2e_safety.cpp

@@ -12,6 +12,9 @@
 //    leaves the module for the kernel's demo_kstack_entry;
 //  - Split::Caller: the module is entry and outer ([entry, middle), `_stext` moved up to
 //    middle): a probe on the kernel's demo_kstack_leaf has the module's functions as callers.
+//  - Split::Cross: the module is every function from demo_cross_into to the end of the text
+//    (`_etext` moved down to demo_cross_into): demo_cross_from's jump into the middle of
+//    demo_cross_into (guest/safety.S) is a branch between two functions of one module.
 // Those functions are left out of the map: they are the module's (its core_kallsyms). The
 // module's ORC table is the demo's whole table (struct module's arch.*): the reader keeps the
 // entries in the module's text, the kernel's keeps those in its own.
@@ -44,7 +47,7 @@
 
 namespace xenprobes::testing {
 
-enum class Split { Callee, Caller };
+enum class Split { Callee, Caller, Cross };
 
 struct ModuleGuest {
   static constexpr std::uint64_t kSeg = 0xffffffff81200000ull;
@@ -104,6 +107,16 @@ inline void make_module_guest(ModuleGuest& g, Split split) {
   if (split == Split::Callee) {
     g.text_start = outer, g.text_end = etext;
     g.functions = {"demo_kstack_outer", "demo_kstack_middle", "demo_kstack_leaf"};
+  } else if (split == Split::Cross) {
+    g.text_start = addr_of(map, "demo_cross_into"), g.text_end = etext;
+    // Every function there, by address (demo_nokprobe_fn_end, a label at demo_ibt_fn, is left out
+    // of both: module functions do not overlap).
+    for (const MapLine& l : map)
+      if ((l.type == 't' || l.type == 'T') && l.addr >= g.text_start && l.addr < etext &&
+          l.name != "demo_nokprobe_fn_end")
+        g.functions.push_back(l.name);
+    std::stable_sort(g.functions.begin(), g.functions.end(),
+                     [&](const std::string& a, const std::string& b) { return addr_of(map, a) < addr_of(map, b); });
   } else {
     g.text_start = entry, g.text_end = middle;
     g.functions = {"demo_kstack_entry", "demo_kstack_outer"};
@@ -141,8 +154,10 @@ inline void make_module_guest(ModuleGuest& g, Split split) {
   char line[640];
   for (const MapLine& l : map) {
     if (std::find(g.functions.begin(), g.functions.end(), l.name) != g.functions.end()) continue;
+    if (split == Split::Cross && l.name == "demo_nokprobe_fn_end") continue;
     std::uint64_t a = l.addr;
     if (split == Split::Callee && l.name == "_etext") a = outer;
+    if (split == Split::Cross && l.name == "_etext") a = g.text_start;
     if (split == Split::Caller && l.name == "_stext") a = middle;
     std::snprintf(line, sizeof line, "%016llx %c %s\n", static_cast<unsigned long long>(a), l.type, l.name.c_str());
     m << line;

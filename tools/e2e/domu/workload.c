@@ -12,6 +12,9 @@
  *       plus one that fails with ENOENT; prints the counts on the console and writes them to
  *       data/xpe2e/done, then stays until Dom0 writes data/xpe2e/exercise or data/xpe2e/unload.
  *       Each call is a raw syscall, so nothing in libc caches or adds calls.
+ *   xpe2e-workload loopctl <device> <n>
+ *       exactly <n> LOOP_GET_STATUS64 ioctls on an unbound loop device; prints
+ *       "calls=<n> enxio=<m> ok=<0|1>" (stock_pv_jump_module)
  *   xpe2e-workload bench <seconds>
  *       The paper's Table 1 (and a scaled-down Table 2/3), driven by Dom0: for i = 1, 2, ...
  *       waits up to <seconds> for data/xpe2e/bench/go-<i> ("<config> <round-seconds> <rounds>
@@ -84,8 +87,10 @@ int main(int argc, char **argv)
 		return bench(atof(argv[2]));
 	if (argc == 3 && !strcmp(argv[1], "safety"))
 		return safety(atof(argv[2]));
+	if (argc == 4 && !strcmp(argv[1], "loopctl"))
+		return loopctl(argv[2], atol(argv[3]));
 	if (argc == 8 && !strcmp(argv[1], "run"))
 		return run(argv[2], atof(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), argv[7]);
-	fprintf(stderr, "usage: xpe2e-workload wait|put|get|first|run|bench|safety ... (see the source)\n");
+	fprintf(stderr, "usage: xpe2e-workload wait|put|get|first|run|bench|safety|loopctl ... (see the source)\n");
 	return 2;
 }

@@ -51,6 +51,9 @@ int phase_statickey(void);
 int phase_ftrace(void);
 int phase_activity(void);
 
+/* workload_loop.c */
+int loopctl(const char *dev, long n);
+
 /* workload_sweep.c */
 int phase_sweep(void);
 int phase_slotunload(void);
