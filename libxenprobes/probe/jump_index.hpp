@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.hpp"
 #include "common/result.hpp"
 #include "kernel/addresses_taken.hpp"
 #include "kernel/tables.hpp"
@@ -97,7 +98,7 @@ struct CrossBranches {
 
 // An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
 // kMinIndexFunctionsPerThread functions.
-inline constexpr unsigned kMaxIndexThreads = 4;
+inline constexpr unsigned kMaxIndexThreads = kMaxWorkerThreads;
 inline constexpr std::size_t kMinIndexFunctionsPerThread = 512;
 
 // The functions of the core text an index decodes: the function (SymbolTable::function_containing)
