@@ -24,15 +24,25 @@ namespace xenprobes::kernel {
 // and sign-extended aligned 4-byte word of every segment (pointers and tables), and every
 // unaligned one in the code without symbols (the alternatives' replacements, after
 // __alt_instructions_end and _einittext). Functions are those of image.symbols() whose start
-// is a symbol; `decoded` may hold some of them decoded already (the bench's), by start.
-// Seconds for a distribution kernel.
+// is a symbol; `decoded` may hold some of them decoded already (the bench's), by start. The
+// others are decoded with x86::formed_addresses() (a function that does not decode forms
+// nothing) on `threads` threads (0: taken_threads()), in contiguous ranges merged in function
+// order: the list, in its order, is the same whatever `threads`. Seconds for a distribution
+// kernel.
 struct TakenAddress {
   std::uint64_t to = 0;  // the address formed
   std::uint64_t by = 0;  // the instruction, or the data word, that forms it
   bool data = false;     // `by` is a data word
 };
 std::vector<TakenAddress> addresses_taken(const symbols::KernelImage& image, const Range& core, const Range& init,
-                                          std::span<const std::vector<x86::Insn>* const> decoded = {});
+                                          std::span<const std::vector<x86::Insn>* const> decoded = {},
+                                          unsigned threads = 0);
+
+// How many threads addresses_taken() decodes `functions` functions on by default:
+// min(the hardware's threads, kMaxWorkerThreads), and no more than one per
+// kMinTakenFunctionsPerThread functions.
+inline constexpr std::size_t kMinTakenFunctionsPerThread = 512;
+unsigned taken_threads(std::size_t functions);
 
 // As JumpContext::addresses_taken takes them, each with who forms it, moved by `delta`
 // (running − link: the guest's KASLR slide).

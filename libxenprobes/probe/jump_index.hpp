@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.hpp"
 #include "common/result.hpp"
 #include "kernel/addresses_taken.hpp"
 #include "guestmod/module_info.hpp"
@@ -110,7 +111,7 @@ inline constexpr std::uint64_t kPage = 4096;
 
 // An index is decoded on at most kMaxIndexThreads threads, and on no more than one per
 // kMinIndexFunctionsPerThread functions.
-inline constexpr unsigned kMaxIndexThreads = 4;
+inline constexpr unsigned kMaxIndexThreads = kMaxWorkerThreads;
 inline constexpr std::size_t kMinIndexFunctionsPerThread = 512;
 
 // The functions of the core text an index decodes: the function (SymbolTable::function_containing)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "x86/insn.hpp"
 
@@ -397,8 +398,14 @@ Result<Insn> decode_at(std::span<const std::uint8_t> function_bytes, Gva func_st
   return fail(Errc::IllegalSequence, "unreachable: " + hex_addr(target.value));  // not reached
 }
 
-Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start, std::vector<RelativeBranch>& out) {
-  out.clear();
+namespace {
+
+// decode_function()'s walk without an Insn: every instruction of `bytes` decoded into the
+// thread's one cs_insn, with decode()'s refusals (no valid instruction in kMaxInsnLen bytes, a
+// RIP-relative operand without its disp32), `each(ci, off)` called for every one in order. Fails
+// exactly where decode_function() fails.
+template <class Each>
+Result<void> each_insn(std::span<const std::uint8_t> bytes, Gva start, Each&& each) {
   Handle& h = handle();
   if (!h.ok() || h.insn() == nullptr) return fail(Errc::NotSupported, "capstone: cannot open an x86-64 handle");
   cs_insn* ci = h.insn();
@@ -417,10 +424,49 @@ Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start, s
       return fail(Errc::IllegalSequence, "function at " + hex_addr(start.value) + ", offset " + hex_addr(off) +
                                              ": RIP-relative operand without a disp32 after ModRM");
     }
-    if (std::uint64_t target = 0; relative_branch(*ci, target)) out.push_back({start + off, Gva{target}});
+    each(*ci, off);
     off += ci->size;
   }
   return {};
+}
+
+}  // namespace
+
+Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start, std::vector<RelativeBranch>& out) {
+  out.clear();
+  return each_insn(bytes, start, [&](const cs_insn& ci, std::size_t off) {
+    if (std::uint64_t target = 0; relative_branch(ci, target)) out.push_back({start + off, Gva{target}});
+  });
+}
+
+// materialized_addresses() (x86/jump_safety.cpp) of the Insn decode() would make of `ci`, from
+// the same Capstone fields decode() copies into it: the memory operand's target when it is
+// RIP-relative (the next instruction + disp) or absolute with a disp32 (no base: decode() sets
+// mem.base from reg_of(), and takes disp_size from Capstone unless RIP-relative), then the
+// immediate of 4 or 8 bytes of anything but a relative branch or xbegin.
+Result<void> formed_addresses(std::span<const std::uint8_t> bytes, Gva start, std::vector<FormedAddress>& out) {
+  out.clear();
+  return each_insn(bytes, start, [&](const cs_insn& ci, std::size_t off) {
+    const cs_x86& x = ci.detail->x86;
+    const Gva by = start + off;
+    if (const cs_x86_op* mem = first_mem(x)) {
+      if (is_rip(*mem)) out.push_back({by, by.value + ci.size + static_cast<std::uint64_t>(mem->mem.disp)});
+      else if (reg_of(mem->mem.base) == Reg::None && x.encoding.disp_size == 4)
+        out.push_back({by, static_cast<std::uint64_t>(mem->mem.disp)});
+    }
+    const unsigned imm_at = x.encoding.imm_offset, imm_size = x.encoding.imm_size;
+    if ((imm_size != 4 && imm_size != 8) || imm_at + imm_size > ci.size || ci.id == X86_INS_XBEGIN) return;
+    if (std::uint64_t target = 0; relative_branch(ci, target)) return;
+    std::uint64_t v = 0;
+    if (imm_size == 8) {
+      std::memcpy(&v, ci.bytes + imm_at, 8);
+    } else {
+      std::int32_t w = 0;
+      std::memcpy(&w, ci.bytes + imm_at, 4);
+      v = static_cast<std::uint64_t>(static_cast<std::int64_t>(w));
+    }
+    out.push_back({by, v});
+  });
 }
 
 }  // namespace xenprobes::x86

@@ -183,6 +183,21 @@ struct RelativeBranch {
 [[nodiscard]] Result<void> relative_branches(std::span<const std::uint8_t> bytes, Gva start,
                                              std::vector<RelativeBranch>& out);
 
+// An address an instruction forms: `value`, an operand of the instruction at `by`.
+struct FormedAddress {
+  Gva by;
+  std::uint64_t value = 0;
+};
+
+// decode_function() + materialized_addresses() (x86/jump_safety.hpp) of every instruction,
+// without an Insn, as relative_branches() is for branches: fails exactly when decode_function()
+// fails, and fills `out` (cleared first; unspecified after a failure) with what
+// materialized_addresses() returns for each instruction, in instruction order, each with its
+// instruction. Every function of a kernel image, for the tail-call proof
+// (kernel/addresses_taken.hpp).
+[[nodiscard]] Result<void> formed_addresses(std::span<const std::uint8_t> bytes, Gva start,
+                                            std::vector<FormedAddress>& out);
+
 // Decodes the function from its start and returns the instruction starting at `target`.
 // `target` outside the function → EINVAL; inside an instruction → EILSEQ naming the enclosing
 // instruction and its start.

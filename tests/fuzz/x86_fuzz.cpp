@@ -13,12 +13,15 @@
 // re-decodes to the same instruction addressing the same RIP-relative byte, followed by a
 // jmp to resume_at (or the trap byte), and emit_slot writes nothing when it fails; branch
 // emulation returns one of the two possible next rips; when the module's decoder accepts the
-// bytes, Capstone decodes the same branch (kind, length, condition, target, register).
+// bytes, Capstone decodes the same branch (kind, length, condition, target, register); the lean
+// decoders of whole kernels (relative_branches, formed_addresses) fail where decode_function
+// fails and give what its instructions give.
 #include <array>
 
 #include "fuzz/fuzz_common.hpp"
 #include "x86/analysis.hpp"
 #include "x86/insn.hpp"
+#include "x86/jump_safety.hpp"
 #include "x86/relocate.hpp"
 #include "xp_logic.h"
 
@@ -202,6 +205,32 @@ void check_module_decoder(std::span<const std::uint8_t> bytes, Gva addr) {
   }
 }
 
+// The lean decoders of whole kernels (the jump index's relative_branches(), the tail-call
+// proof's formed_addresses()) fail exactly when decode_function() fails, and give what its
+// instructions give.
+void check_lean_decoders(std::span<const std::uint8_t> fn, Gva addr, const Result<std::vector<Insn>>& all) {
+  std::vector<RelativeBranch> rel;
+  std::vector<FormedAddress> formed;
+  const bool rel_ok = relative_branches(fn, addr, rel).has_value();
+  const bool formed_ok = formed_addresses(fn, addr, formed).has_value();
+  FUZZ_CHECK(rel_ok == all.has_value() && formed_ok == all.has_value(), "a lean decoder fails differently");
+  if (!all) return;
+  std::size_t r = 0, f = 0;
+  for (const Insn& i : *all) {
+    if (i.is_relative_branch()) {
+      FUZZ_CHECK(r < rel.size() && rel[r].address == i.address && rel[r].target == i.branch_target,
+                 i.describe() + ": relative_branches() differs");
+      ++r;
+    }
+    for (std::uint64_t a : materialized_addresses(i)) {
+      FUZZ_CHECK(f < formed.size() && formed[f].by == i.address && formed[f].value == a,
+                 i.describe() + ": formed_addresses() differs");
+      ++f;
+    }
+  }
+  FUZZ_CHECK(r == rel.size() && f == formed.size(), "a lean decoder gives more");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -236,6 +265,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The bytes as a whole function: contiguous instructions, decode_at at every boundary.
   const auto fn = bytes.first(std::min<std::size_t>(bytes.size(), 256));
   auto all = decode_function(fn, addr);
+  check_lean_decoders(fn, addr, all);
   // (A function that wraps around the top of the address space cannot come from the symbols,
   // whose extents never wrap: decode_at refuses addresses past the wrap, decode_function does not.)
   const bool wraps = addr.value + fn.size() < addr.value;
