@@ -103,7 +103,7 @@ SCEN_LIMIT[stock_pv_jump_module]=900
 # Debian 13 last (its payload is built in the trixie build root): every trixie_* twin but the
 # benchmark's and trixie_kill9_jump (docs/e2e.md "Debian 13", "Timings").
 SCEN_ORDER="stock_pv_baseline stock_pv_module_idle stock_pv_guest stock_pv_guest_churn stock_pv_guest_cr3 stock_debugger_refusal stock_kill9
-  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_jump_island stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone stock_pv_jump_module stock_pv_budget stock_pv_module_release stock_kill9_icall stock_kill9_island stock_pv_safety_extable_all gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control stock_pvh_vmevent_pti
+  stock_pv_two_guests stock_pv_safety stock_pv_xenprobe stock_pv_xenprobe_async stock_pv_xenprobesd stock_pv_xenprobesd_service stock_pv_jump stock_pv_jump_island stock_pv_async stock_pv_spin stock_pv_sweep stock_pv_module_gone stock_pv_jump_module stock_pv_jump_image stock_pv_budget stock_pv_module_release stock_kill9_icall stock_kill9_island stock_pv_safety_extable_all gdbsx_pv_debugger gdbsx_kill9 stock_pvh_vmevent stock_pvh_kill9 stock_pvh_safety_control stock_pvh_vmevent_pti
   trixie_pv_guest trixie_debugger_refusal trixie_kill9 trixie_pv_safety trixie_pv_xenprobe trixie_pv_xenprobe_async trixie_pv_jump trixie_pv_jump_island trixie_pv_async trixie_pv_spin trixie_pv_module_gone trixie_kill9_icall trixie_pv_safety_extable_all trixie_pvh_vmevent trixie_pvh_kill9"
 # Debian 13 (issue 17): trixie_* repeats a Debian 12 scenario (SCEN_BODY, the same script) on
 # trixie's Dom0, DomUs and stock Xen 4.20 (no CONFIG_GDBSX there, so no gdbsx_* twin).
