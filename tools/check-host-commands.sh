@@ -534,7 +534,8 @@ function normpath(p,    n, t, k, out, o) {
 }
 # The script a reference names: a literal path from the top of the tree (the scripts cd
 # there) or from the script own directory; after an expansion ($(dirname "$0")/lib.sh,
-# $E2E_TOOLS/images.sh, "$here/../e2e/run.sh"), the literal tail from the script directory.
+# $E2E_TOOLS/images.sh, "$here/../e2e/run.sh"), the literal tail from the script directory,
+# else from the top of the tree ("$E2E_SRC/tools/vmlinuz-payload.sh").
 # "" when it names no script here (a build output, a file in the cache).
 function resolve(w, from,    dir, tail, p) {
   dir = from; sub(/\/[^\/]*$/, "", dir)
@@ -546,7 +547,8 @@ function resolve(w, from,    dir, tail, p) {
   tail = w
   sub(/^.*(\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9@*#?$!-])/, "", tail)
   if (tail !~ /^\//) return ""
-  p = normpath(dir tail); return (p in TEXT) ? p : ""
+  p = normpath(dir tail); if (p in TEXT) return p
+  p = normpath(tail); return (p in TEXT) ? p : ""
 }
 function fail(msg) { print "check-host-commands: " msg > "/dev/stderr"; BAD++ }
 END {
@@ -566,10 +568,13 @@ END {
     SCOPE = scopeof(FILE); S = TEXT[FILE]; CL = 1; LINE = 1; HDN = 0
     lex(1, 0, 0)
   }
-  # Reachability from ENTRY over the references.
+  # Reachability from ENTRY over the references, per scope: a script under tools/e2e or
+  # tools/bench runs in the e2e scope; any other runs in the scope of each script that runs
+  # it (tools/vmlinuz-payload.sh: main from fetch-debian-kernels.sh, e2e from run.sh), and its
+  # commands must come from the packages of that scope.
   n = split(ENVIRON["XP_ENTRY"], t, /[ \t\n]+/)
   for (j = 1; j <= n; j++) if (t[j] != "") {
-    if (t[j] in TEXT) REACH[t[j]] = 1
+    if (t[j] in TEXT) { REACH[t[j]] = 1; RSC[t[j], scopeof(t[j])] = 1 }
     else fail("ENTRY names " t[j] ", which is no shell script here: update ENTRY in tools/check-host-commands.sh")
   }
   do {
@@ -577,7 +582,13 @@ END {
     for (k = 1; k <= RN; k++) {
       if (!(RFROM[k] in REACH)) continue
       f = resolve(RTO[k], RFROM[k])
-      if (f != "" && !(f in REACH)) { REACH[f] = 1; more = 1 }
+      if (f == "") continue
+      for (ns = 1; ns <= 2; ns++) {
+        sc = (ns == 1) ? "main" : "e2e"
+        if (!((RFROM[k], sc) in RSC)) continue
+        if (scopeof(f) == "e2e") sc = "e2e"
+        if (!((f, sc) in RSC)) { RSC[f, sc] = 1; REACH[f] = 1; more = 1 }
+      }
     }
   } while (more)
   for (k = 1; k <= M; k++) {
@@ -588,7 +599,7 @@ END {
   for (k = 1; k <= N; k++) {
     if ((CFILE[k] in TEXT) && !(CFILE[k] in REACH)) continue
     USES++
-    w = CW[k]; sc = CSCOPE[k]; at = CFILE[k] ":" CLINE[k]
+    w = CW[k]; at = CFILE[k] ":" CLINE[k]
     if (ENVIRON["XP_MODE"] == "words") printf "%s\t%s%s\n", at, w, (CDYN[k] ? "\t(variable)" : "") > "/dev/stderr"
     if (CDYN[k]) {
       # A path under a variable ($E2E_TOOLS/images.sh, "$here/../e2e/run.sh", a build dir):
@@ -604,12 +615,17 @@ END {
     if (w ~ /\//) { if (w !~ /^\//) continue; sub(/.*\//, "", w) }
     if (!(w in MAP)) { fail(at ": runs \"" w "\", which is not in MAP in tools/check-host-commands.sh: add it with the Debian package that ships it (dpkg -S $(command -v " w "))"); continue }
     p = MAP[w]; USED[w] = 1
-    if (!((sc, p) in PKG)) {
-      fail(at ": runs \"" w "\" from package " p ", which no install list of its scope (" sc ") names: add " p \
-           (sc == "e2e" ? " to E2E_HOST_PKGS in tools/e2e/lib.sh" : " to tools/install-deps.sh"))
-      continue
+    for (ns = 1; ns <= 2; ns++) {
+      sc = (ns == 1) ? "main" : "e2e"
+      if (CFILE[k] in TEXT) { if (!((CFILE[k], sc) in RSC)) continue }
+      else if (sc != CSCOPE[k]) continue
+      if (!((sc, p) in PKG)) {
+        fail(at ": runs \"" w "\" from package " p ", which no install list of its scope (" sc ") names: add " p \
+             (sc == "e2e" ? " to E2E_HOST_PKGS in tools/e2e/lib.sh" : " to tools/install-deps.sh"))
+        continue
+      }
+      if (!((w, sc) in FIRST)) { FIRST[w, sc] = at; LIST[++NLIST] = w SUBSEP sc }
     }
-    if (!((w, sc) in FIRST)) { FIRST[w, sc] = at; LIST[++NLIST] = w SUBSEP sc }
   }
   if (ENVIRON["XP_MODE"] != "check")
     for (k = 1; k <= NFILES; k++)

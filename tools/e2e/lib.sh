@@ -49,8 +49,12 @@ e2e_platform() {
   esac
 }
 e2e_platform bookworm
-# Host tools the harness uses (Debian package names).
-E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip binutils cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev linux-headers-$E2E_KERNEL_ABI"
+# Host tools the harness uses (Debian package names). xz-utils and zstd: run.sh takes the
+# DomUs' kernel ELF out of its vmlinuz (tools/vmlinuz-payload.sh). The -dev packages after
+# libunicorn-dev: what the payload's build (the library, its examples, xenprobe and
+# xenprobesd: build_payload_libs in run.sh) finds with CMake, so that run.sh alone builds on a
+# fresh machine (tools/install-deps.sh installs them too, with the test suite's own).
+E2E_HOST_PKGS="qemu-system-x86 debootstrap kmod cpio busybox-static e2fsprogs gzip xz-utils zstd binutils cmake pkg-config gcc g++ make libxen-dev libcapstone-dev libunicorn-dev libbpf-dev libelf-dev libssl-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev linux-headers-$E2E_KERNEL_ABI"
 
 E2E_CACHE=${XENPROBES_E2E_CACHE:-/var/cache/xenprobes-e2e}
 E2E_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
