@@ -373,9 +373,7 @@ ModuleIdentity ModuleIdentity::of(const Module& m) { return ModuleIdentity{m.nam
 std::optional<std::string> module_replaced(const ModuleTables& now, std::uint64_t addr, const ModuleIdentity& was) {
   if (!now.status().found) return std::nullopt;
   const Module* m = now.module_at(addr);
-  if (m && m->address == was.address && m->text.start == was.text.start && m->text.end == was.text.end &&
-      m->name == was.name)
-    return std::nullopt;
+  if (m && ModuleIdentity::of(*m) == was) return std::nullopt;
   if (!m) return "module " + was.name + " was unloaded";
   return "module " + was.name + " was unloaded and " + m->name + " loaded over its text";
 }

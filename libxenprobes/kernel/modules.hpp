@@ -93,6 +93,7 @@ struct ModuleIdentity {
   std::uint64_t address = 0;  // its struct module
   Range text;
   static ModuleIdentity of(const struct Module& m);
+  bool operator==(const ModuleIdentity&) const = default;  // the same load of the same module
 };
 
 class ModuleTables;

@@ -39,6 +39,7 @@ struct Range {
   bool contains(std::uint64_t a) const { return a >= start && a < end; }
   bool overlaps(std::uint64_t lo, std::uint64_t hi) const { return lo < end && hi > start; }
   bool empty() const { return end <= start; }
+  bool operator==(const Range&) const = default;
 };
 
 // Bounds on what is read from a guest (a distribution 6.1 kernel has ~8k exception entries,

@@ -19,10 +19,10 @@
 //    tail calls holds no module). A return address is the instruction after a call, which the
 //    jump rules treat as they do in the core text.
 #include <chrono>
-#include <limits>
 
 #include "probe/engine_internal.hpp"
 #include "probe/jump_index.hpp"
+#include "x86/relocate.hpp"
 
 namespace xenprobes::probe {
 
@@ -32,14 +32,9 @@ namespace {
 // claims more is not believed.
 constexpr std::uint64_t kMaxModuleTextBytes = std::uint64_t{64} << 20;
 
-bool same_module(const kernel::ModuleIdentity& a, const kernel::ModuleIdentity& b) {
-  return a.address == b.address && a.name == b.name && a.text.start == b.text.start && a.text.end == b.text.end;
-}
-
-// The longest rel32 reach: a jump at `from` (its end) to `to`.
+// A jump ending at `from_end` reaches `to` with a rel32.
 bool in_rel32(std::uint64_t from_end, std::uint64_t to) {
-  const auto d = static_cast<std::int64_t>(to - from_end);
-  return d >= std::numeric_limits<std::int32_t>::min() && d <= std::numeric_limits<std::int32_t>::max();
+  return x86::fits_rel32(static_cast<std::int64_t>(to - from_end));
 }
 
 }  // namespace
@@ -51,7 +46,7 @@ std::optional<std::string> Engine::module_jump_check(Domain& d, const Point& p, 
     return "the guest's module list could not be read (" + (mods ? mods->status().why : std::string("never walked")) +
            ")";
   const kernel::Module* m = d.tables->live_module_at(p.addr.value);
-  if (!m || !same_module(kernel::ModuleIdentity::of(*m), *p.module))
+  if (!m || kernel::ModuleIdentity::of(*m) != *p.module)
     return "module " + p.module->name + " is not the module that was decoded there any more";
   for (const kernel::TableStatus* t : {&m->ex_status, &m->jump_status, &m->sc_status})
     if (!t->found) return "module " + m->name + "'s " + t->name + " could not be read (" + t->why + ")";
@@ -62,7 +57,7 @@ std::optional<std::string> Engine::module_jump_check(Domain& d, const Point& p, 
 const Engine::Domain::ModuleJumpIndex* Engine::module_jump_index(Domain& d, const kernel::Module& m, std::string& why) {
   const kernel::ModuleIdentity id = kernel::ModuleIdentity::of(m);
   for (const auto& x : d.module_jump_indexes)
-    if (same_module(x->module, id)) return x.get();
+    if (x->module == id) return x.get();
   const auto t0 = std::chrono::steady_clock::now();
   const std::uint64_t base = m.text.start, size = m.text.end - m.text.start;
   if (m.text.empty() || size > kMaxModuleTextBytes) {
@@ -109,8 +104,7 @@ const Engine::Domain::ModuleJumpIndex* Engine::module_jump_index(Domain& d, cons
 
 void Engine::prune_module_jump_indexes(Domain& d, const std::vector<kernel::ModuleIdentity>& live) {
   std::erase_if(d.module_jump_indexes, [&](const auto& x) {
-    return std::none_of(live.begin(), live.end(),
-                        [&](const kernel::ModuleIdentity& m) { return same_module(m, x->module); });
+    return std::none_of(live.begin(), live.end(), [&](const kernel::ModuleIdentity& m) { return m == x->module; });
   });
 }
 

@@ -9,19 +9,10 @@ namespace xenprobes::probe {
 
 namespace {
 
-bool same(const kernel::ModuleIdentity& a, const kernel::ModuleIdentity& b) {
-  return a.address == b.address && a.name == b.name && a.text.start == b.text.start && a.text.end == b.text.end;
-}
-
-bool same(const std::vector<kernel::ModuleIdentity>& a, const std::vector<kernel::ModuleIdentity>& b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) { return same(x, y); });
-}
-
 // "+ext4 -xfs" (at most a few names; the counts say the rest).
 std::string difference(const std::vector<kernel::ModuleIdentity>& was, const std::vector<kernel::ModuleIdentity>& now) {
   auto in = [](const std::vector<kernel::ModuleIdentity>& v, const kernel::ModuleIdentity& m) {
-    return std::any_of(v.begin(), v.end(), [&](const auto& x) { return same(x, m); });
+    return std::find(v.begin(), v.end(), m) != v.end();
   };
   std::string s;
   std::size_t shown = 0, more = 0;
@@ -50,7 +41,7 @@ void Engine::update_modules(Domain& d) {
   if (mods && mods->status().found)
     for (const kernel::Module& mod : mods->modules())
       if (mod.usable) now.push_back(kernel::ModuleIdentity::of(mod));
-  if (d.generation_ready && same(now, d.module_set)) return;
+  if (d.generation_ready && now == d.module_set) return;
   std::vector<symbols::ModuleFunction> fns;
   std::string read_what = "no module functions";
   if (!now.empty()) {
