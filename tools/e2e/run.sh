@@ -470,6 +470,11 @@ boot() {
   for s in $scen; do
     [ -z "${SCEN_BODY[$s]:-}" ] || printf 'BODY_%s=%s\n' "$s" "${SCEN_BODY[$s]}"
   done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
+  # Each scenario's own limit (dom0-init ends one still running 100 s past it): a scenario that
+  # hangs costs its own limit, not the boot's.
+  for s in $scen; do
+    printf 'LIMIT_%s=%s\n' "$s" "${SCEN_LIMIT[$s]:-420}"
+  done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
   for s in $scen; do
     [ -z "${SCEN_SYSTEMD[$s]:-}" ] || { echo "DOM0_SYSTEMD=1"; break; }
   done >>"$d/payload-conf/xpe2e/root/usr/lib/xenprobes-e2e/run.conf"
@@ -501,6 +506,12 @@ boot() {
   "${qemu[@]}" >"$d/qemu.out" 2>&1 </dev/null &
   QEMU_PID=$!
   status=""
+  # Dom0's liveness: dom0-init prints a line starting XPE2E- at least once a minute while
+  # scenarios run (its XPE2E-ALIVE heartbeat). A boot whose serial log has had none for
+  # XENPROBES_E2E_SILENCE seconds (default 300) has a hung Dom0 or Xen: QEMU is killed then,
+  # not at the boot's limit (which, for a group, can be most of an hour).
+  local last_alive silence=${XENPROBES_E2E_SILENCE:-300}
+  last_alive=$(date +%s)
   while :; do
     # Progress: the XPE2E-STAGE markers and the check lines, as they appear.
     local total
@@ -508,7 +519,13 @@ boot() {
     if [ "$total" -gt "$lines" ]; then
       sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aE '^XPE2E-(STAGE|CHECK|RESULT|PROG|KILL|BENCH|DIAG|FPU)' |
         while IFS= read -r line; do e2e_log "  ${line#XPE2E-}"; done
+      sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aq '^XPE2E-' && last_alive=$(date +%s)
       lines=$total
+    fi
+    if [ $(($(date +%s) - last_alive)) -ge "$silence" ]; then
+      status="Dom0 silent for ${silence}s (no XPE2E- line, not even its heartbeat): QEMU killed"
+      kill_qemu
+      break
     fi
     if ! kill -0 "$QEMU_PID" 2>/dev/null; then
       wait "$QEMU_PID"

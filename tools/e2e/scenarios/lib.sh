@@ -26,6 +26,11 @@ result() {
   exit 0
 }
 
+# uptime_s: Dom0's uptime in whole seconds. Every wait here is bounded in wall time: under TCG
+# with a busy Dom0 one round of a polling loop (an `xl list`, a `grep`) can take seconds, so a
+# bound in rounds is no bound (a 600-round wait once meant 120 s, and could mean 20 min).
+uptime_s() { cut -d. -f1 /proc/uptime; }
+
 # domain_booting <domid>: the domain exists and is neither shut down, crashed nor dying (xl
 # list's state letters s, c, d).
 domain_booting() {
@@ -36,7 +41,7 @@ domain_booting() {
 
 # domu_start <name> <extra kernel args>: creates a PV DomU (DOMU_TYPE=pvh: a PVH one) running
 # Dom0's kernel with the e2e initramfs; prints its domid once the guest's init said its first
-# line (or after 120 s).
+# line (or after 120 s, its vCPUs' state then in the serial log: domu_diag).
 domu_start() {
   CUR_DOMU=$1
   rm -f "$(console_log "$1")"  # a stale log of an earlier DomU of that name would fool wait_console
@@ -78,12 +83,17 @@ EOF
       # later): a guest that dies there (a triple fault in the early TSC calibration of a PVH
       # 6.12 guest under TCG, once in run 20261126-173751-18059; it "rebooted" under a new
       # domid) is created again, and the result line says so.
-      _w=0
-      while [ $_w -lt 600 ] && ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; do
+      _end=$(($(uptime_s) + 120))
+      while [ "$(uptime_s)" -lt $_end ] && ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; do
         sleep 0.2
-        _w=$((_w + 1))
       done
-      if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null || [ $_w -ge 600 ]; then
+      if ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; then
+        # Still in its own boot after 120 s: where its vCPUs stand, for the serial log (a
+        # guest slow under a loaded host goes on; one that hangs there fails its next wait).
+        domu_diag "$_id" "DomU $1 not up 120 s after its creation (try $try)" >&2
+        echo "DomU $1 not up 120 s after its creation (try $try)" >>"/tmp/$S.notes"
+      fi
+      if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null || domain_booting "$_id"; then
         if [ $try -gt 1 ]; then
           echo "XPE2E-INFO: $1 created on try $try" >&2
           echo "$1 needed $try tries" >>"/tmp/$S.notes"
@@ -112,7 +122,8 @@ EOF
   return 1
 }
 
-console_log() { echo "/var/log/xen/console/guest-$1.log"; }
+# XPE2E_CONSOLE_DIR: another directory, for tests/e2e/harness_waits_test.sh.
+console_log() { echo "${XPE2E_CONSOLE_DIR:-/var/log/xen/console}/guest-$1.log"; }
 
 # domu_broken: the current DomU's console shows it is beyond saving (waits stop early).
 CUR_DOMU=""
@@ -123,13 +134,14 @@ domu_broken() {
 # wait_console <name> <grep -E pattern> <seconds>
 wait_console() {
   _w=0
-  while [ $_w -lt $(($3 * 5)) ]; do
+  _end=$(($(uptime_s) + $3))
+  while [ "$(uptime_s)" -lt $_end ]; do
     grep -qE "$2" "$(console_log "$1")" 2>/dev/null && return 0
     [ $((_w % 10)) = 9 ] && domu_broken && return 1
     sleep 0.2
     _w=$((_w + 1))
   done
-  return 1
+  grep -qE "$2" "$(console_log "$1")" 2>/dev/null
 }
 
 # dump_console <name>: the guest's console, prefixed, for the serial log.
@@ -194,10 +206,9 @@ domain_alive() {
 # xenprobe_attached <json output file> <pid>: waits up to 240 s for xenprobe's attached_probes
 # record; fails (1) when it did not come, or xenprobe ended first.
 xenprobe_attached() {
-  _i=0
-  while [ $_i -lt 480 ] && ! grep -q '"attached_probes"' "$1" && kill -0 "$2" 2>/dev/null; do
+  _end=$(($(uptime_s) + 240))
+  while [ "$(uptime_s)" -lt $_end ] && ! grep -q '"attached_probes"' "$1" && kill -0 "$2" 2>/dev/null; do
     sleep 0.5
-    _i=$((_i + 1))
   done
   grep -q '"attached_probes"' "$1"
 }
@@ -240,13 +251,14 @@ xenprobe_workload() {
 
 xs_wait() { # <path> <seconds>: prints the value once the key exists
   _w=0
-  while [ $_w -lt $(($2 * 5)) ]; do
+  _end=$(($(uptime_s) + $2))
+  while [ "$(uptime_s)" -lt $_end ]; do
     xenstore-read "$1" 2>/dev/null && return 0
     [ $((_w % 10)) = 9 ] && domu_broken && return 1
     sleep 0.2
     _w=$((_w + 1))
   done
-  return 1
+  xenstore-read "$1" 2>/dev/null
 }
 
 # domu_verdict <name> <domid>: FAILs the scenario on anything wrong in the guest: not
