@@ -9,8 +9,7 @@
 
 #include "api/session_testing.hpp"
 #include "common/log.hpp"
-#include "engine/engine_fixture.hpp"
-#include "engine/module_guest.hpp"
+#include "engine/module_session.hpp"
 
 namespace xenprobes::testing {
 namespace {
@@ -18,12 +17,6 @@ namespace {
 constexpr std::uint64_t kIterations = 12;
 
 ProbeOptions jump() { return ProbeOptions{ProbeMethod::Jump}; }
-
-hv::sim::DomainConfig module_config(const ModuleGuest& g, std::uint64_t iterations) {
-  hv::sim::DomainConfig c = demo_config(1, iterations);
-  c.image = g.image;
-  return c;
-}
 
 std::uint64_t jump_target(std::uint64_t at, const std::vector<std::uint8_t>& b) {
   std::int32_t v = 0;
@@ -35,12 +28,11 @@ std::uint64_t jump_target(std::uint64_t at, const std::vector<std::uint8_t>& b) 
 // in Split::Callee, is called kIterations times.
 TEST(JumpModule, AJumpInAModulesTextCountsEveryCallAndGivesTheTextBack) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, kIterations));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, kIterations);
+  const ModuleGuest& mg = m.mg;
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto text = g.peek(mg.text_start, mg.text_end - mg.text_start);
@@ -78,14 +70,12 @@ TEST(JumpModule, AJumpInAModulesTextCountsEveryCallAndGivesTheTextBack) {
 // An async probe there: every call one record, from the module's text, nothing dropped.
 TEST(JumpModule, AnAsyncProbeInAModulesTextRecordsEveryCall) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  auto cfg = module_config(mg, kIterations);
-  cfg.module_ring_order = 16;  // room for every record however late Dom0 reads
-  ProbedGuest g(cfg);
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  // room for every record however late Dom0 reads
+  ModuleSession m(Split::Callee, kIterations, [](hv::sim::DomainConfig& c) { c.module_ring_order = 16; });
+  const ModuleGuest& mg = m.mg;
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto text = g.peek(mg.text_start, mg.text_end - mg.text_start);
@@ -113,12 +103,10 @@ TEST(JumpModule, AnAsyncProbeInAModulesTextRecordsEveryCall) {
 // it is refused by rule 'module-gone' and writes nothing.
 TEST(JumpModule, EnablingAJumpProbeWhoseModuleWentIsRefused) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, kIterations));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, kIterations);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto before = g.peek(at, 16);
@@ -146,12 +134,10 @@ TEST(JumpModule, EnablingAJumpProbeWhoseModuleWentIsRefused) {
 // demo_cross_from jumps to demo_cross_into+2; in Split::Cross both are functions of the module.
 TEST(JumpModule, ABranchFromAnotherFunctionOfTheModuleIsNeverInsideARegion) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Cross);
-  ProbedGuest g(module_config(mg, 1));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Cross, 1);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   auto pre = [](HitContext&) { return 0; };
   const std::uint64_t at = g.sym("demo_cross_into");
@@ -178,12 +164,10 @@ TEST(JumpModule, ABranchFromAnotherFunctionOfTheModuleIsNeverInsideARegion) {
 // code) is decoded afresh, and the region its old branch refused is a jump now.
 TEST(JumpModule, AModuleLoadedAgainIsIndexedAfresh) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Cross);
-  ProbedGuest g(module_config(mg, 1));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Cross, 1);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   auto pre = [](HitContext&) { return 0; };
   auto p = s.probe(g.dom, "kmod:demo_cross_into", pre, {}, jump());
@@ -206,12 +190,10 @@ TEST(JumpModule, AModuleLoadedAgainIsIndexedAfresh) {
 // [lock incq, ret) otherwise (seen accepted with the reservation taken out).
 TEST(JumpModule, NoRegionCoversALockPrefixInAModuleWhileTheKernelMayRewriteThem) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Cross);
-  ProbedGuest g(module_config(mg, 1));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Cross, 1);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t fn = g.sym("demo_locked_inc");
   ASSERT_EQ(g.peek(fn + 0xc, 5), (std::vector<std::uint8_t>{0xf0, 0x48, 0xff, 0x00, 0xc3}))
@@ -228,12 +210,10 @@ TEST(JumpModule, NoRegionCoversALockPrefixInAModuleWhileTheKernelMayRewriteThem)
 // proof from the kernel image is not for module text.
 TEST(JumpModule, NoTailCallProofInAModulesText) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Cross);
-  ProbedGuest g(module_config(mg, 1));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Cross, 1);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   auto p = s.probe(
       g.dom, "kmod:demo_tail_call", [](HitContext&) { return 0; }, {}, jump());
@@ -247,12 +227,10 @@ TEST(JumpModule, NoTailCallProofInAModulesText) {
 enum class Gone { Unloaded, Replaced };
 
 void dom0_after_the_module_went(Gone how) {
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, kIterations));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, kIterations);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   std::uint64_t hits = 0;
@@ -290,12 +268,10 @@ TEST(JumpModule, Dom0WritesNothingIntoAnotherModuleLoadedOverTheJump) {
 
 TEST(JumpModule, AJumpWaitingForItsQuiescenceIsNeverWrittenOnceItsModuleWent) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, kIterations));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, kIterations);
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto before = g.peek(at, 5);
@@ -324,12 +300,11 @@ TEST(JumpModule, AJumpWaitingForItsQuiescenceIsNeverWrittenOnceItsModuleWent) {
 // (the module is still in the list, its text not freed).
 TEST(JumpModule, NoJumpIsWrittenIntoAModuleThatIsGoing) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, kIterations));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, kIterations);
+  const ModuleGuest& mg = m.mg;
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto before = g.peek(at, 16);
@@ -351,12 +326,11 @@ TEST(JumpModule, NoJumpIsWrittenIntoAModuleThatIsGoing) {
 // module's notifier has seen the module go, so its restore would not know the region).
 TEST(JumpModule, EnablingAJumpProbeInAModuleThatIsGoingIsRefused) {
   XP_ONLY_ON_CHANNEL(ChannelKind::Guest);
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, 1));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  ModuleWriter w(s.hypervisor(), g.dom, mg);
+  ModuleSession m(Split::Callee, 1);
+  const ModuleGuest& mg = m.mg;
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto before = g.peek(at, 16);
@@ -378,13 +352,11 @@ TEST(JumpModule, EnablingAJumpProbeInAModuleThatIsGoingIsRefused) {
 // text: (a) another module is loaded over it: the region is left alone (its bytes are the other
 // module's now); (b) the same module is back at the same address: the region is restored.
 void dom0_dies_with_a_jump_then_the_module_goes(bool another_comes) {
-  ModuleGuest mg;
-  make_module_guest(mg, Split::Callee);
-  ProbedGuest g(module_config(mg, 60));
-  Session& s = *g.session;
-  ASSERT_TRUE(s.load_symbols(g.dom, mg.map));
-  auto hv = g.host->open();  // the guest's own doings: not through the session that dies
-  ModuleWriter w(*hv, g.dom, mg);
+  ModuleSession m(Split::Callee, 60, {}, ModuleSession::Writer::Own);
+  auto& hv = m.own;  // the guest's own doings: not through the session that dies
+  ProbedGuest& g = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t at = g.sym("demo_kstack_outer");
   const auto before = g.peek(at, 5);

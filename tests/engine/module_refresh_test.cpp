@@ -9,19 +9,12 @@
 
 #include "api/session_testing.hpp"
 #include "common/log.hpp"
-#include "engine/engine_fixture.hpp"
-#include "engine/module_guest.hpp"
+#include "engine/module_session.hpp"
 
 namespace xenprobes::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-hv::sim::DomainConfig module_config(const ModuleGuest& g, std::uint64_t iterations) {
-  hv::sim::DomainConfig c = demo_config(1, iterations);
-  c.image = g.image;
-  return c;
-}
 
 // The demo's kstack chain from a hit at demo_kstack_leaf: five frames to the end of the stack.
 std::vector<std::uint64_t> whole_chain(ProbedGuest& pg) {
@@ -44,11 +37,10 @@ std::vector<std::string> names(const Result<std::vector<SymbolInfo>>& r) {
 }
 
 TEST(ModuleRefresh, AModuleLoadedAfterTheSymbolsIsResolvedProbedAndUnwoundThrough) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 3));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  ModuleSession m(Split::Callee, 3);
+  const ModuleGuest& g = m.mg;
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
   auto tables = s.load_unwind_tables(pg.dom);  // no module yet: the kernel's table only
   ASSERT_TRUE(tables) << tables.error().what;
   EXPECT_NE(tables->find("0 module table(s)"), std::string::npos) << *tables;
@@ -109,11 +101,10 @@ TEST(ModuleRefresh, AModuleLoadedAfterTheSymbolsIsResolvedProbedAndUnwoundThroug
 // list does not change, and moves when a module comes and again when it goes (xenprobesd
 // reads a domain's types again then: docs/xenprobesd.md "Types").
 TEST(ModuleRefresh, CheckModulesMovesTheGenerationWhenAModuleComesOrGoes) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 1));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  ModuleSession m(Split::Callee, 1);
+  const ModuleGuest& g = m.mg;
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
   auto g0 = s.check_modules(pg.dom);
   ASSERT_TRUE(g0) << g0.error().what;
   EXPECT_EQ(*g0, s.symbols_generation(pg.dom));
@@ -140,11 +131,10 @@ TEST(ModuleRefresh, CheckModulesMovesTheGenerationWhenAModuleComesOrGoes) {
 // table goes at the next look, at most a second later. The module clock is virtual: the test
 // says when time passes.
 TEST(ModuleRefresh, AHitsWalkLooksAtTheModuleListAtABoundedRate) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Caller);
-  ProbedGuest pg(module_config(g, 5));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
+  ModuleSession m(Split::Caller, 5);
+  const ModuleGuest& g = m.mg;
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
   auto now = std::make_shared<Clock::time_point>(Clock::now());
   SessionTesting::set_module_clock(s, [now] { return *now; });
   ASSERT_TRUE(s.load_unwind_tables(pg.dom));
@@ -201,12 +191,11 @@ TEST(ModuleRefresh, AHitsWalkLooksAtTheModuleListAtABoundedRate) {
 // checks: docs/probes.md "Address rules"), the kernel's symbols stay, and a sane list afterwards
 // is read again.
 TEST(ModuleRefresh, AHostileListDropsTheModulesAndKeepsTheKernel) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 1));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
-  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  ModuleSession m(Split::Callee, 1);
+  const ModuleGuest& g = m.mg;
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   ASSERT_TRUE(s.resolve(pg.dom, "kmod:demo_kstack_leaf"));
   auto kernel_fine = [&] {
@@ -251,13 +240,11 @@ TEST(ModuleRefresh, AHostileListDropsTheModulesAndKeepsTheKernel) {
 // restore leaves that byte alone and restores the kernel's; (b) the same module comes back at
 // the same address: its trap byte is restored like the kernel's.
 void dom0_dies_then_the_module_goes(bool another_comes) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 40));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
-  auto hv = pg.host->open();  // the guest's own doings: not through the session that dies
-  ModuleWriter w(*hv, pg.dom, g);
+  ModuleSession m(Split::Callee, 40, {}, ModuleSession::Writer::Own);
+  auto& hv = m.own;  // the guest's own doings: not through the session that dies
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t leaf = pg.sym("demo_kstack_leaf"), outer = pg.sym("demo_kstack_outer");
   const std::uint64_t getppid = pg.sym("sys_getppid");
@@ -323,12 +310,10 @@ TEST(ModuleRefresh, TheGuestModulesRestoreRestoresAModuleThatCameBack) {
 // the log; enabling the disabled one is refused with the rule and writes nothing either. A
 // probe in the kernel's text in the same session is restored as usual.
 void dom0_unregisters_after_the_module_went(bool another_comes) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 3));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
-  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  ModuleSession m(Split::Callee, 3);
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t leaf = pg.entry("demo_kstack_leaf"), middle = pg.entry("demo_kstack_middle");
   const std::uint64_t getppid = pg.entry("sys_getppid");
@@ -394,12 +379,10 @@ void dom0_unregisters_after_the_module_went(bool another_comes) {
 // seen on a real Xen, e2e stock_pv_jump_module). The core kernel's text keeps its cached
 // mapping.
 TEST(ModuleRefresh, Dom0KeepsNoWritableMappingOfAModulesText) {
-  ModuleGuest g;
-  make_module_guest(g, Split::Callee);
-  ProbedGuest pg(module_config(g, 3));
-  Session& s = *pg.session;
-  ASSERT_TRUE(s.load_symbols(pg.dom, g.map));
-  ModuleWriter w(s.hypervisor(), pg.dom, g);
+  ModuleSession m(Split::Callee, 3);
+  ProbedGuest& pg = m.g;
+  Session& s = m.s;
+  ModuleWriter& w = m.w;
   w.load();
   const std::uint64_t leaf = pg.entry("demo_kstack_leaf"), getppid = pg.entry("sys_getppid");
   const auto leaf_before = pg.peek(leaf, 1);
