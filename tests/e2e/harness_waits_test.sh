@@ -38,7 +38,7 @@ E2E=$T
 # polling loop sleeps half a real second: 600 rounds would be 300 s, 240 s of rounds 120 s.
 uptime_s() { echo $(($(date +%s%N) / 10000000)); }
 sleep() { command sleep 0.5; }
-domu_diag() { echo "$*" >>"$T/diag"; }
+domu_diag() { echo "$* (no_sysrq=${DIAG_NO_SYSRQ:-})" >>"$T/diag"; }
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 log=$T/console/guest-xpe2e-t.log
 
@@ -85,6 +85,7 @@ el=$(ms_since "$t0")
 check "domu_start: still booting -> its domid ($id)" [ "$id" = 7 ]
 check "domu_start: still booting -> within its bound ($el ms)" [ "$el" -lt 4000 ]
 check "domu_start: still booting -> diagnostics" grep -q "not up 120 s after its creation (try 1)" "$T/diag"
+check "domu_start: still booting -> no sysrq into a guest that goes on" grep -q "(no_sysrq=1)" "$T/diag"
 check "domu_start: still booting -> a note" grep -q "not up 120 s" "/tmp/$S.notes"
 
 # A guest that died in its own boot each time: three creations, then failure.

@@ -90,7 +90,7 @@ EOF
       if ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; then
         # Still in its own boot after 120 s: where its vCPUs stand, for the serial log (a
         # guest slow under a loaded host goes on; one that hangs there fails its next wait).
-        domu_diag "$_id" "DomU $1 not up 120 s after its creation (try $try)" >&2
+        DIAG_NO_SYSRQ=1 domu_diag "$_id" "DomU $1 not up 120 s after its creation (try $try)" >&2
         echo "DomU $1 not up 120 s after its creation (try $try)" >>"/tmp/$S.notes"
       fi
       if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null || domain_booting "$_id"; then
@@ -158,7 +158,7 @@ dump_console() {
 #    (xenctx pauses the domain for the read; works with the guest's interrupts off);
 #  - the guest's own view through sysrq (xenstore control/sysrq, handled by its xenwatch
 #    thread: needs one vCPU that still schedules; the DomU's init enables these keys): 'l'
-#    backtraces of every CPU (NMI), 'w' blocked tasks, 't' every task;
+#    backtraces of every CPU (NMI), 'w' blocked tasks, 't' every task (not with DIAG_NO_SYSRQ);
 #  - Xen's per-vCPU state ('q' debug key: blocked/running, pending events; on the serial
 #    console directly, Xen's log goes there);
 #  - the DomU's console: its last 80 lines before, and everything after (the sysrq output).
@@ -182,10 +182,14 @@ domu_diag() {
       awk '$2 == "t" || $2 == "T"' /proc/kallsyms | sort -s -u -k1,1 >/tmp/xpe2e-kallsyms.text
     timeout 60 xenctx -s /tmp/xpe2e-kallsyms.text -S -C "$_d" 2>&1
   } | sed "s/^/[diag d$_d] /"
-  for k in l w t; do
-    timeout 20 xl sysrq "$_d" $k >/dev/null 2>&1 || echo "[diag d$_d] xl sysrq $k failed"
-    sleep 4
-  done
+  # DIAG_NO_SYSRQ=1: not for a guest that goes on (its console would carry the backtraces into
+  # the checks that read it).
+  if [ -z "${DIAG_NO_SYSRQ:-}" ]; then
+    for k in l w t; do
+      timeout 20 xl sysrq "$_d" $k >/dev/null 2>&1 || echo "[diag d$_d] xl sysrq $k failed"
+      sleep 4
+    done
+  fi
   timeout 20 xl debug-keys q >/dev/null 2>&1
   sleep 4
   _from=$((_m > 80 ? _m - 79 : 1))
