@@ -6,7 +6,9 @@
 set -u
 LIB=${1:?usage: harness_waits_test.sh <tools/e2e/scenarios/lib.sh>}
 T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+S=harness-test-$$
+# lib.sh's own files: domu_start writes /tmp/<name>.cfg and .create.log, result notes /tmp/$S.*.
+trap 'rm -rf "$T" /tmp/xpe2e-t.cfg /tmp/xpe2e-t.create.log "/tmp/$S.notes" "/tmp/$S.domus"' EXIT
 mkdir -p "$T/bin" "$T/console"
 fails=0
 check() { # <name> <condition...>
@@ -29,10 +31,11 @@ STUB
 printf '#!/bin/sh\nexit 0\n' >"$T/bin/xenstore-read"
 chmod +x "$T/bin/xl" "$T/bin/xenstore-read"
 PATH=$T/bin:$PATH
-S=harness-test
+# shellcheck disable=SC2034 # read by lib.sh's console_log
 XPE2E_CONSOLE_DIR=$T/console
 # shellcheck disable=SC1090
 . "$LIB"
+# shellcheck disable=SC2034 # read by lib.sh's domu_start (the DomU's ramdisk in its config)
 E2E=$T
 # The clock runs 100 times fast (a wait's bound of 120 s is 1.2 s here), and each round of a
 # polling loop sleeps half a real second: 600 rounds would be 300 s, 240 s of rounds 120 s.
@@ -96,6 +99,5 @@ rc=$?
 check "domu_start: died -> failure (rc $rc)" [ $rc -eq 1 ]
 check "domu_start: died -> three creations" [ "$(wc -l <"$T/creates")" -eq 3 ]
 check "domu_start: died -> noted per try" [ "$(grep -c "died in its own boot" "/tmp/$S.notes")" -eq 3 ]
-rm -f "/tmp/$S.notes" "/tmp/$S.domus"
 echo "$fails failed"
 [ "$fails" -eq 0 ]
