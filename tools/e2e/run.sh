@@ -517,9 +517,13 @@ boot() {
     local total
     total=$(wc -l <"$serial")
     if [ "$total" -gt "$lines" ]; then
-      sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aE '^XPE2E-(STAGE|CHECK|RESULT|PROG|KILL|BENCH|DIAG|FPU)' |
-        while IFS= read -r line; do e2e_log "  ${line#XPE2E-}"; done
-      sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -aq '^XPE2E-' && last_alive=$(date +%s)
+      local new
+      new=$(sed -n "$((lines + 1)),${total}p" "$serial" | tr -d '\r' | grep -a '^XPE2E-')
+      if [ -n "$new" ]; then
+        last_alive=$(date +%s)
+        printf '%s\n' "$new" | grep -aE '^XPE2E-(STAGE|CHECK|RESULT|PROG|KILL|BENCH|DIAG|FPU)' |
+          while IFS= read -r line; do e2e_log "  ${line#XPE2E-}"; done
+      fi
       lines=$total
     fi
     if [ $(($(date +%s) - last_alive)) -ge "$silence" ]; then

@@ -87,13 +87,17 @@ EOF
       while [ "$(uptime_s)" -lt $_end ] && ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; do
         sleep 0.2
       done
-      if ! grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null && domain_booting "$_id"; then
+      _state=died
+      if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null; then
+        _state=up
+      elif domain_booting "$_id"; then
         # Still in its own boot after 120 s: where its vCPUs stand, for the serial log (a
         # guest slow under a loaded host goes on; one that hangs there fails its next wait).
+        _state=booting
         DIAG_NO_SYSRQ=1 domu_diag "$_id" "DomU $1 not up 120 s after its creation (try $try)" >&2
         echo "DomU $1 not up 120 s after its creation (try $try)" >>"/tmp/$S.notes"
       fi
-      if grep -q "XPE2E-DOMU: up" "$(console_log "$1")" 2>/dev/null || domain_booting "$_id"; then
+      if [ "$_state" != died ]; then
         if [ $try -gt 1 ]; then
           echo "XPE2E-INFO: $1 created on try $try" >&2
           echo "$1 needed $try tries" >>"/tmp/$S.notes"
@@ -170,7 +174,7 @@ domu_diag() {
   _n=$(xl domname "$_d" 2>/dev/null)
   _log=$(console_log "${_n:-?}")
   _m=$(wc -l <"$_log" 2>/dev/null || echo 0)
-  _t0=$(cut -d. -f1 /proc/uptime)
+  _t0=$(uptime_s)
   echo "XPE2E-DIAG domain $_d (${_n:-no name}): $*"
   {
     xl list "$_d" 2>&1
@@ -195,7 +199,7 @@ domu_diag() {
   _from=$((_m > 80 ? _m - 79 : 1))
   echo "[diag d$_d] ---- console of ${_n:-?} from line $_from (the sysrq output from line $((_m + 1))) ----"
   tr -d '\r' <"$_log" 2>/dev/null | tail -n +"$_from" | sed "s/^/[diag d$_d] /"
-  echo "XPE2E-DIAG domain $_d: end of diagnostics ($(($(cut -d. -f1 /proc/uptime) - _t0)) s)"
+  echo "XPE2E-DIAG domain $_d: end of diagnostics ($(($(uptime_s) - _t0)) s)"
 }
 
 # domain_alive <domid>: running, not crashed
@@ -401,14 +405,14 @@ kill9_scenario() {
   # Killed while registering: the workload was never started; start it (it runs into the armed
   # probes, which the guest module or the guardian must make harmless).
   xenstore-exists "/local/domain/$domid/data/xpe2e/go" 2>/dev/null || xenstore-write "/local/domain/$domid/data/xpe2e/go" 1
-  t0=$(cut -d. -f1 /proc/uptime)
+  t0=$(uptime_s)
   done=$(xs_wait "/local/domain/$domid/data/xpe2e/done" 240) || {
     grep -a "xenprobes-guardian" /tmp/$S.out | sed 's/^/XPE2E-INFO: /'
     xl list "$domid" | sed 's/^/XPE2E-INFO: /'
     dump_console $N
     result FAIL "the workload did not finish within 240 s after the kill"
   }
-  echo "XPE2E-INFO: workload finished $(($(cut -d. -f1 /proc/uptime) - t0)) s after the kill: $done"
+  echo "XPE2E-INFO: workload finished $(($(uptime_s) - t0)) s after the kill: $done"
   if [ $by = guardian ]; then
     guardian_account /tmp/$S.out
   elif grep -aq "xenprobes-guardian" /tmp/$S.out; then
